@@ -1,0 +1,34 @@
+# Quick start: `make run` (install + optimise/inspect a default model), `make test` (install + tests).
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+MODEL ?= transformer_lm
+PRESET ?= small
+DEVICES ?= 8
+
+.PHONY: run test install install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[test,service]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+run: install
+	$(BIN)/disco graph --model $(MODEL) --preset $(PRESET) --devices $(DEVICES)
+
+test: install-test
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,35 @@
+"""disco: joint op fusion and gradient bucketing for data-parallel JAX training steps.
+
+Public names are imported lazily so that ``import disco`` (and ``disco --help``)
+does not import jax.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "HloGraph": "disco.graph",
+    "Node": "disco.graph",
+    "GraphArrays": "disco.graph",
+    "extract": "disco.extractor",
+    "hlo_text": "disco.extractor",
+    "HloParseError": "disco.hlo_parse",
+    "FusionPlan": "disco.plan",
+    "Bucket": "disco.plan",
+    "make_plan": "disco.plan",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'disco' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))

@@ -1,0 +1,5 @@
+import sys
+
+from disco.cli import main
+
+sys.exit(main())

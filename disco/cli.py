@@ -1,0 +1,172 @@
+"""The ``disco`` command line.
+
+Heavy libraries (jax, flax) are imported inside the commands, so ``disco --help``
+stays fast and does not import jax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+DEFAULT_MODEL = "transformer_lm"
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2, no traceback."""
+
+
+def _setup_devices(n: int) -> None:
+    """Makes at least ``n`` virtual CPU devices available (before jax's backend starts)."""
+    import jax
+
+    if n < 1:
+        raise CliError(f"--devices must be at least 1, got {n}")
+    try:
+        jax.config.update("jax_num_cpu_devices", max(n, 1))
+    except RuntimeError:
+        pass  # backend already initialised: make_train_step reports a shortage clearly
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo model name (default {DEFAULT_MODEL}; see `disco models`)")
+    p.add_argument("--preset", default="tiny", help="tiny | small | paper (default tiny)")
+    p.add_argument("--devices", type=int, default=4, help="data-parallel devices (default 4)")
+    p.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd (default adamw)")
+
+
+def _make_step(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import trax_models
+
+    if args.model not in trax_models.names():
+        raise CliError(f"unknown model {args.model!r}; expected one of: {', '.join(trax_models.names())}")
+    if args.preset not in trax_models.presets():
+        raise CliError(f"unknown preset {args.preset!r}; expected one of: {', '.join(trax_models.presets())}")
+    _setup_devices(args.devices)
+    return trax_models.make_train_step(args.model, preset=args.preset, devices=args.devices,
+                                       optimizer=args.optimizer)
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# -- disco models ------------------------------------------------------------------------------
+def cmd_models(args: argparse.Namespace) -> int:
+    import trax_models
+
+    if args.json:
+        _print_json({"models": trax_models.names(), "presets": list(trax_models.presets())})
+    else:
+        for name in trax_models.names():
+            print(name)
+    return 0
+
+
+# -- disco graph -------------------------------------------------------------------------------
+def cmd_graph(args: argparse.Namespace) -> int:
+    import time
+
+    from disco.graph import HloGraph
+
+    t0 = time.perf_counter()
+    if args.hlo:
+        try:
+            with open(args.hlo, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise CliError(f"cannot read --hlo file {args.hlo!r}: {e.strerror}") from None
+        source = {"hlo_file": args.hlo}
+        optimized_text = None
+    else:
+        from disco import extractor
+
+        step, example = _make_step(args)
+        lowered = extractor.lower(step, *example)
+        text = lowered.as_text(dialect="hlo", debug_info=True)
+        optimized_text = lowered.compile().as_text() if args.optimized else None
+        source = {"model": args.model, "preset": args.preset, "devices": args.devices}
+    graph = HloGraph.from_hlo_text(optimized_text if optimized_text is not None else text)
+    elapsed = time.perf_counter() - t0
+    if args.dump:
+        os.makedirs(args.dump, exist_ok=True)
+        with open(os.path.join(args.dump, "step.pre_opt.hlo.txt"), "w") as f:
+            f.write(text)
+        if optimized_text is not None:
+            with open(os.path.join(args.dump, "step.optimized.hlo.txt"), "w") as f:
+                f.write(optimized_text)
+        with open(os.path.join(args.dump, "graph.json"), "w") as f:
+            f.write(graph.to_json())
+    summary = {**source, "optimized": bool(args.optimized), **graph.summary(),
+               "extract_seconds": round(elapsed, 3)}
+    if args.json:
+        _print_json(summary)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    what = " ".join(f"{k}={v}" for k, v in source.items())
+    console.print(f"[bold]disco graph[/bold] {what} ({'post' if args.optimized else 'pre'}-optimisation HLO)")
+    t = Table(show_header=False)
+    for key in ("name", "fingerprint", "nodes", "edges", "all_reduces", "gradient_all_reduces",
+                "gradient_bytes", "flops", "extract_seconds"):
+        val = summary[key]
+        t.add_row(key, f"{val:,.0f}" if isinstance(val, float) and key == "flops" else str(val))
+    console.print(t)
+    hist = Table("opcode", "count", title="opcode histogram (top 15)")
+    for op, n in list(summary["opcodes"].items())[:15]:
+        hist.add_row(op, str(n))
+    console.print(hist)
+    if args.dump:
+        console.print(f"wrote HLO and graph.json to {args.dump}")
+    return 0
+
+
+# -- parser ------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="disco",
+        description="Joint op fusion and gradient bucketing for data-parallel JAX training steps.")
+    parser.add_argument("--version", action="version", version="disco 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("models", help="list the trax model zoo")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("graph", help="extract a step's HLO graph and print a summary")
+    _add_model_args(p)
+    p.add_argument("--hlo", metavar="FILE", help="read an HLO text dump instead of building a zoo model")
+    p.add_argument("--optimized", action="store_true", help="the post-optimisation (compiled) HLO")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--dump", metavar="DIR", help="write the HLO text and graph.json to DIR")
+    p.set_defaults(func=cmd_graph)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except CliError as e:
+        print(f"disco {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # bad input from the library (unknown names, unparsable HLO, ...)
+        print(f"disco {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Getting the HLO graph out of a jitted training step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from disco.graph import HloGraph
+
+
+def lower(step_fn: Callable[..., Any], *args: Any) -> Any:
+    """``jax.jit(step_fn).lower(*args)``; accepts an already jitted function too."""
+    import jax
+
+    jitted = step_fn if hasattr(step_fn, "lower") else jax.jit(step_fn)
+    return jitted.lower(*args)
+
+
+def hlo_text(
+    step_fn: Callable[..., Any],
+    *args: Any,
+    optimized: bool = False,
+    compiler_options: Mapping[str, Any] | None = None,
+) -> str:
+    """The step's HLO text: pre-optimisation (with metadata) or as compiled by XLA."""
+    lowered = lower(step_fn, *args)
+    if optimized:
+        return lowered.compile(compiler_options=dict(compiler_options or {})).as_text()
+    return lowered.as_text(dialect="hlo", debug_info=True)
+
+
+def extract(
+    step_fn: Callable[..., Any],
+    *args: Any,
+    optimized: bool = False,
+    compiler_options: Mapping[str, Any] | None = None,
+) -> HloGraph:
+    """Extracts the HLO graph of ``step_fn`` applied to ``args``.
+
+    Args:
+      step_fn: the training step (a plain function or a ``jax.jit`` result).
+      *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+      optimized: False for the pre-optimisation HLO that plans are written
+        against; True for the module XLA compiled (with its fusions).
+      compiler_options: per-compile XLA options, used when ``optimized``.
+
+    Returns:
+      The step computation as an :class:`HloGraph`.
+
+    Example::
+
+      step, args = trax_models.make_train_step("mlp", devices=4)
+      graph = disco.extract(step, *args)
+      print(graph.summary()["all_reduces"])
+    """
+    return HloGraph.from_hlo_text(
+        hlo_text(step_fn, *args, optimized=optimized, compiler_options=compiler_options))

@@ -1,0 +1,129 @@
+"""Opcode vocabulary and per-instruction flop estimates (pure Python).
+
+Estimates follow the usual counting conventions: a multiply-add is two flops
+(dot, convolution), an elementwise op is one flop per output element, a
+reduction is one flop per input element. Data movement counts zero flops;
+its cost shows up in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from disco.hlo_parse import Instruction, Module
+
+ELEMENTWISE_UNARY = frozenset({
+    "abs", "cbrt", "ceil", "convert", "cosine", "count-leading-zeros", "erf", "exponential",
+    "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one", "logistic",
+    "negate", "not", "popcnt", "real", "reduce-precision", "round-nearest-afz",
+    "round-nearest-even", "rsqrt", "sign", "sine", "sqrt", "tan", "tanh", "bitcast-convert",
+    "stochastic-convert",
+})
+ELEMENTWISE_BINARY = frozenset({
+    "add", "and", "atan2", "compare", "complex", "divide", "maximum", "minimum", "multiply",
+    "or", "power", "remainder", "shift-left", "shift-right-arithmetic", "shift-right-logical",
+    "subtract", "xor",
+})
+ELEMENTWISE = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"select", "clamp"}
+COLLECTIVES = frozenset({
+    "all-reduce", "all-reduce-start", "all-reduce-done", "all-gather", "all-gather-start",
+    "all-gather-done", "reduce-scatter", "all-to-all", "collective-permute",
+    "collective-permute-start", "collective-permute-done", "collective-broadcast",
+})
+
+# A fixed vocabulary so array features mean the same thing for every graph.
+OPCODES: tuple[str, ...] = tuple(sorted(ELEMENTWISE | COLLECTIVES | {
+    "after-all", "batch-norm-grad", "batch-norm-inference", "batch-norm-training", "bitcast",
+    "broadcast", "call", "cholesky", "concatenate", "conditional", "constant", "convolution",
+    "copy", "copy-start", "copy-done", "custom-call", "domain", "dot", "dynamic-reshape",
+    "dynamic-slice", "dynamic-update-slice", "fft", "fusion", "gather", "get-dimension-size",
+    "get-tuple-element", "infeed", "iota", "map", "optimization-barrier", "outfeed", "pad",
+    "parameter", "partition-id", "recv", "recv-done", "reduce", "reduce-window", "replica-id",
+    "reshape", "reverse", "rng", "rng-bit-generator", "rng-get-and-update-state", "scatter",
+    "select-and-scatter", "send", "send-done", "set-dimension-size", "slice", "sort",
+    "transpose", "triangular-solve", "tuple", "while", "async-start", "async-done",
+    "async-update", "top-k", "ragged-all-to-all", "ragged-dot",
+}))
+OPCODE_INDEX: dict[str, int] = {op: i for i, op in enumerate(OPCODES)}
+UNKNOWN_OPCODE = len(OPCODES)  # index for opcodes outside the vocabulary
+
+
+def opcode_id(opcode: str) -> int:
+    return OPCODE_INDEX.get(opcode, UNKNOWN_OPCODE)
+
+
+def _dims_attr(ins: Instruction, key: str) -> tuple[int, ...]:
+    val = ins.attrs.get(key, "").strip("{} ")
+    return tuple(int(v) for v in val.split(",") if v.strip())
+
+
+def instruction_flops(
+    ins: Instruction,
+    operand: Callable[[str], Instruction | None],
+    called_flops: Callable[[str], float],
+) -> float:
+    """Estimates the flops of one instruction.
+
+    Args:
+      ins: the instruction.
+      operand: looks up an operand instruction by name (None if unknown).
+      called_flops: flops of a called computation by name.
+    """
+    out = sum(a.elements for a in ins.arrays)
+    op = ins.opcode
+    if op in ELEMENTWISE:
+        return float(out)
+    if op == "dot":
+        lhs = operand(ins.operands[0]) if ins.operands else None
+        if lhs is None or not lhs.arrays:
+            return 2.0 * out
+        dims = lhs.arrays[0].dims
+        k = math.prod(dims[d] for d in _dims_attr(ins, "lhs_contracting_dims") if d < len(dims))
+        return 2.0 * out * k
+    if op == "convolution":
+        rhs = operand(ins.operands[1]) if len(ins.operands) > 1 else None
+        labels = ins.attrs.get("dim_labels", "")
+        if rhs is None or "_" not in labels:
+            return 2.0 * out
+        kernel_labels = labels.split("_")[1].split("->")[0]
+        rdims = rhs.arrays[0].dims
+        k = math.prod(d for lab, d in zip(kernel_labels, rdims) if lab != "o")
+        return 2.0 * out * k
+    if op in ("reduce", "reduce-window", "all-reduce", "reduce-scatter", "select-and-scatter"):
+        first = operand(ins.operands[0]) if ins.operands else None
+        n_in = first.arrays[0].elements if first is not None and first.arrays else out
+        if op == "all-reduce":
+            return float(out)
+        return float(max(n_in, out))
+    if op in ("fusion", "call", "while", "conditional", "map", "sort", "scatter"):
+        return float(sum(called_flops(c) for c in ins.called))
+    return 0.0
+
+
+def module_flops(module: Module) -> Mapping[str, float]:
+    """Flops per instruction name over the whole module (called computations summed in)."""
+    comps = {c.name: c for c in module.computations}
+    memo: dict[str, float] = {}
+    per_ins: dict[str, float] = {}
+    names: dict[str, Instruction] = {}
+    for c in module.computations:
+        names.update(c.by_name())
+
+    def comp_flops(name: str) -> float:
+        if name in memo:
+            return memo[name]
+        memo[name] = 0.0  # guards against recursion
+        comp = comps.get(name)
+        total = 0.0
+        if comp is not None:
+            for ins in comp.instructions:
+                f = instruction_flops(ins, names.get, comp_flops)
+                per_ins[ins.name] = f
+                total += f
+        memo[name] = total
+        return total
+
+    for c in module.computations:
+        comp_flops(c.name)
+    return per_ins

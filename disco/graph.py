@@ -1,0 +1,362 @@
+"""The HLO graph disco reasons about: nodes, data-dependency edges, features.
+
+The graph holds the *step computation*: the module's entry computation with
+every ``call`` inlined (jax's ``shard_map`` lowers its body to a called
+computation). Fusion bodies, reduction regions and loop bodies stay inside the
+instruction that calls them; their flops are summed into that node.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from disco import flops as _flops
+from disco import hlo_parse
+
+if TYPE_CHECKING:
+    import networkx as nx
+    import numpy as np
+
+SCHEMA = "disco.graph/1"
+_GRAD_RE = re.compile(r"disco_grad\[(.*)\]")
+_CANON_DROP_ATTRS = frozenset({"metadata", "channel_id", "origin", "statistics"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One HLO instruction of the step computation."""
+
+    name: str
+    opcode: str
+    computation: str
+    shape: str  # the shape text without layouts, e.g. "f32[8,16]" or "(f32[2], s32[])"
+    dtype: str  # the first array's dtype
+    out_bytes: int
+    out_elements: int
+    flops: float
+    operands: tuple[str, ...] = ()
+    grad_bytes: int = 0  # all-reduce nodes: bytes reduced
+    param_path: str | None = None  # all-reduce nodes: the parameter it reduces, if known
+    replica_groups: str | None = None  # all-reduce nodes: replica groups text
+    reduction: str | None = None  # all-reduce nodes: the reduction's binary opcode
+
+    @property
+    def is_all_reduce(self) -> bool:
+        return self.opcode == "all-reduce"
+
+    @property
+    def is_gradient(self) -> bool:
+        return self.is_all_reduce and self.param_path is not None
+
+
+class GraphArrays(NamedTuple):
+    """An array form for learning: one row of features per node, edges as index pairs."""
+
+    node_features: np.ndarray  # float32 [n_node, n_features]
+    opcode_ids: np.ndarray  # int32 [n_node]
+    senders: np.ndarray  # int32 [n_edge]
+    receivers: np.ndarray  # int32 [n_edge]
+    edge_bytes: np.ndarray  # float32 [n_edge]
+
+
+NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "is_all_reduce",
+                 "n_operands", "is_elementwise")
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class HloGraph:
+    """A DAG of HLO instructions.
+
+    Attributes:
+      name: the HLO module's name.
+      nodes: the instructions, in program (text) order, which is a topological order.
+      edges: (producer index, consumer index) pairs of data dependencies.
+      fingerprint: a hash of the canonical program (independent of instruction names).
+    """
+
+    name: str
+    nodes: tuple[Node, ...]
+    edges: tuple[tuple[int, int], ...]
+    fingerprint: str
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_hlo_text(cls, text: str) -> HloGraph:
+        """Builds the graph from any HLO module text (jax, XLA dumps, other frameworks).
+
+        Raises:
+          ValueError: if the text cannot be parsed as HLO.
+        """
+        return from_module(hlo_parse.parse_module(text))
+
+    # -- views --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    def all_reduces(self) -> list[Node]:
+        return [n for n in self.nodes if n.is_all_reduce]
+
+    def gradient_bytes(self) -> int:
+        return sum(n.grad_bytes for n in self.nodes if n.is_gradient)
+
+    def opcode_histogram(self) -> dict[str, int]:
+        return dict(collections.Counter(n.opcode for n in self.nodes).most_common())
+
+    def to_networkx(self) -> nx.DiGraph:
+        import networkx as nx
+
+        g = nx.DiGraph(name=self.name, fingerprint=self.fingerprint)
+        for n in self.nodes:
+            g.add_node(n.name, **{k: v for k, v in dataclasses.asdict(n).items() if k != "name"})
+        g.add_edges_from((self.nodes[s].name, self.nodes[d].name) for s, d in self.edges)
+        return g
+
+    def to_arrays(self) -> GraphArrays:
+        import numpy as np
+
+        feats = np.array([
+            [math.log1p(n.out_elements), math.log1p(n.out_bytes), math.log1p(n.flops),
+             float(n.is_all_reduce), float(len(n.operands)), float(n.opcode in _flops.ELEMENTWISE)]
+            for n in self.nodes], dtype=np.float32).reshape(len(self.nodes), len(NODE_FEATURES))
+        edges = np.array(self.edges, dtype=np.int32).reshape(-1, 2)
+        edge_bytes = np.array([self.nodes[s].out_bytes for s, _ in self.edges], dtype=np.float32)
+        return GraphArrays(
+            node_features=feats,
+            opcode_ids=np.array([_flops.opcode_id(n.opcode) for n in self.nodes], dtype=np.int32),
+            senders=edges[:, 0].copy(), receivers=edges[:, 1].copy(), edge_bytes=edge_bytes)
+
+    def summary(self) -> dict[str, Any]:
+        ars = self.all_reduces()
+        grads = [n for n in ars if n.is_gradient]
+        return {
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "nodes": len(self.nodes),
+            "edges": len(self.edges),
+            "all_reduces": len(ars),
+            "gradient_all_reduces": len(grads),
+            "gradient_bytes": sum(n.grad_bytes for n in grads),
+            "all_reduce_bytes": sum(n.grad_bytes for n in ars),
+            "flops": sum(n.flops for n in self.nodes),
+            "opcodes": self.opcode_histogram(),
+        }
+
+    # -- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "nodes": [dataclasses.asdict(n) for n in self.nodes],
+            "edges": [list(e) for e in self.edges],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HloGraph:
+        """Reads ``to_dict``'s output. Raises ValueError naming a missing or wrong field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"graph JSON must be an object, got {type(data).__name__}")
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"graph JSON field 'schema': expected {SCHEMA!r}, got {data.get('schema')!r}")
+        for key in ("name", "fingerprint", "nodes", "edges"):
+            if key not in data:
+                raise ValueError(f"graph JSON is missing field {key!r}")
+        fields = {f.name for f in dataclasses.fields(Node)}
+        nodes = []
+        for i, nd in enumerate(data["nodes"]):
+            if not isinstance(nd, dict) or not {"name", "opcode"} <= nd.keys():
+                raise ValueError(f"graph JSON field 'nodes[{i}]': expected an object with name and opcode")
+            unknown = set(nd) - fields
+            if unknown:
+                raise ValueError(f"graph JSON field 'nodes[{i}]': unknown keys {sorted(unknown)}")
+            nd = dict(nd)
+            nd["operands"] = tuple(nd.get("operands", ()))
+            nodes.append(Node(**nd))
+        n = len(nodes)
+        edges = []
+        for i, e in enumerate(data["edges"]):
+            if (not isinstance(e, (list, tuple)) or len(e) != 2
+                    or not all(isinstance(v, int) and 0 <= v < n for v in e)):
+                raise ValueError(f"graph JSON field 'edges[{i}]': expected [src, dst] node indices < {n}, got {e!r}")
+            edges.append((e[0], e[1]))
+        return cls(name=data["name"], nodes=tuple(nodes), edges=tuple(edges),
+                   fingerprint=data["fingerprint"])
+
+    @classmethod
+    def from_json(cls, text: str) -> HloGraph:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"graph JSON is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+
+# ---------------------------------------------------------------------------------------------
+def _strip_layout(shape: str) -> str:
+    return re.sub(r"\{[^{}]*\}", "", re.sub(r"/\*.*?\*/", "", shape)).replace(" ", "")
+
+
+def step_computations(module: hlo_parse.Module) -> list[hlo_parse.Computation]:
+    """The entry computation and every computation reached from it through ``call``."""
+    comps = {c.name: c for c in module.computations}
+    out: list[hlo_parse.Computation] = []
+    seen: set[str] = set()
+
+    def visit(comp: hlo_parse.Computation) -> None:
+        if comp.name in seen:
+            return
+        seen.add(comp.name)
+        out.append(comp)
+        for ins in comp.instructions:
+            if ins.opcode == "call":
+                for c in ins.called:
+                    if c in comps:
+                        visit(comps[c])
+
+    visit(module.entry)
+    return out
+
+
+def _grad_path(ins: hlo_parse.Instruction) -> str | None:
+    name = ins.op_name
+    if not name:
+        return None
+    m = _GRAD_RE.search(name)
+    return m.group(1) if m else None
+
+
+def _reduction_opcode(module: hlo_parse.Module, ins: hlo_parse.Instruction) -> str | None:
+    for c in ins.called:
+        try:
+            return module.computation(c).root.opcode
+        except KeyError:
+            return None
+    return None
+
+
+def _canonical_computation_hashes(module: hlo_parse.Module) -> dict[str, str]:
+    memo: dict[str, str] = {}
+    comps = {c.name: c for c in module.computations}
+
+    def h(name: str) -> str:
+        if name in memo:
+            return memo[name]
+        memo[name] = "rec"
+        comp = comps.get(name)
+        memo[name] = _hash_lines(_canonical_lines(comp.instructions, h)) if comp else "missing"
+        return memo[name]
+
+    for c in module.computations:
+        h(c.name)
+    return memo
+
+
+def _canonical_lines(instrs: Iterable[hlo_parse.Instruction], comp_hash) -> list[str]:
+    idx: dict[str, int] = {}
+    lines = []
+    for i, ins in enumerate(instrs):
+        idx[ins.name] = i
+        attrs = []
+        for k in sorted(ins.attrs):
+            if k in _CANON_DROP_ATTRS:
+                continue
+            v = ins.attrs[k]
+            if k in hlo_parse._CALL_ATTRS:
+                v = ",".join(comp_hash(c) for c in ins.called)
+            attrs.append(f"{k}={v}")
+        ops = ",".join(str(idx.get(o, "?")) for o in ins.operands)
+        lit = ins.raw_operands if ins.opcode in ("constant", "parameter", "iota") else ""
+        lines.append(f"{ins.opcode}|{_strip_layout(ins.shape)}|{ops}|{lit}|{';'.join(attrs)}|{int(ins.is_root)}")
+    return lines
+
+
+def _hash_lines(lines: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def fingerprint(module: hlo_parse.Module) -> str:
+    """A hash of the canonical step program: names, metadata and channel ids left out."""
+    comp_hashes = _canonical_computation_hashes(module)
+    lines: list[str] = []
+    for comp in step_computations(module):
+        lines.append(f"computation {comp_hashes[comp.name]}")
+    return _hash_lines(lines)[:32]
+
+
+def _ordered_instructions(module: hlo_parse.Module) -> list[hlo_parse.Instruction]:
+    """Entry instructions in text order, each call's body placed just before the call."""
+    comps = {c.name: c for c in module.computations}
+    out: list[hlo_parse.Instruction] = []
+    seen: set[str] = set()
+
+    def walk(comp: hlo_parse.Computation) -> None:
+        seen.add(comp.name)
+        for ins in comp.instructions:
+            if ins.opcode == "call":
+                for c in ins.called:
+                    if c in comps and c not in seen:
+                        walk(comps[c])
+            out.append(ins)
+
+    walk(module.entry)
+    return out
+
+
+def from_module(module: hlo_parse.Module) -> HloGraph:
+    """Builds an HloGraph from a parsed module (entry computation with calls inlined)."""
+    per_ins_flops = _flops.module_flops(module)
+    by_comp = {c.name: c for c in step_computations(module)}
+    ordered = _ordered_instructions(module)
+    nodes: list[Node] = []
+    index: dict[str, int] = {}
+    for ins in ordered:
+        is_ar = ins.opcode == "all-reduce"
+        arrays = ins.arrays
+        if ins.name in index:
+            raise hlo_parse.HloParseError(f"instruction name {ins.name!r} appears twice")
+        index[ins.name] = len(nodes)
+        nodes.append(Node(
+            name=ins.name, opcode=ins.opcode, computation=ins.computation,
+            shape=_strip_layout(ins.shape), dtype=arrays[0].dtype if arrays else "token",
+            out_bytes=ins.out_bytes, out_elements=sum(a.elements for a in arrays),
+            flops=float(per_ins_flops.get(ins.name, 0.0)), operands=ins.operands,
+            grad_bytes=ins.out_bytes if is_ar else 0,
+            param_path=_grad_path(ins) if is_ar else None,
+            replica_groups=ins.attrs.get("replica_groups") if is_ar else None,
+            reduction=_reduction_opcode(module, ins) if is_ar else None,
+        ))
+    edges: list[tuple[int, int]] = []
+    for ins in ordered:
+        dst = index[ins.name]
+        for op in ins.operands:
+            if op not in index:
+                raise hlo_parse.HloParseError(
+                    f"instruction {ins.name!r} uses {op!r}, which is not defined before it "
+                    f"in computation {ins.computation!r}")
+            edges.append((index[op], dst))
+        if ins.opcode == "call":
+            for c in ins.called:
+                callee = by_comp.get(c)
+                if callee is None:
+                    continue
+                params = {int(p.raw_operands): p for p in callee.instructions if p.opcode == "parameter"}
+                for i, op in enumerate(ins.operands):
+                    if i in params:
+                        edges.append((index[op], index[params[i].name]))
+                edges.append((index[callee.root.name], dst))
+    edges = sorted(set(edges))
+    return HloGraph(name=module.name, nodes=tuple(nodes), edges=tuple(edges),
+                    fingerprint=fingerprint(module))

@@ -1,0 +1,191 @@
+"""Fusion plans: op-fusion groups plus gradient buckets, validated against a graph.
+
+A plan is written against the *pre-optimisation* HLO of a step (the names in
+:class:`disco.HloGraph`). It never changes what the step computes, only how
+XLA groups the work: which instructions become one kLoop fusion, and which
+all-reduces are merged into one.
+
+Inside the library a plan is a frozen dataclass; at the boundary (files, the
+REST API, ``--json``) it is JSON checked by a pydantic model with a schema version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from disco.graph import HloGraph
+
+SCHEMA_VERSION = 1
+BucketBuild = Literal["tuple", "concat"]
+XlaFusion = Literal["off", "extend"]
+
+# Opcodes that XLA:CPU accepts inside an injected kLoop fusion (measured: see
+# tests/test_fusible.py, which compiles a one-op fusion for each of them).
+FUSIBLE_OPCODES: frozenset[str] = frozenset({
+    "abs", "add", "and", "atan2", "broadcast", "cbrt", "ceil", "clamp", "compare", "concatenate",
+    "constant", "convert", "copy", "cosine", "divide", "exponential", "exponential-minus-one",
+    "floor", "iota", "is-finite", "log", "log-plus-one", "logistic", "maximum", "minimum",
+    "multiply", "negate", "not", "or", "pad", "power", "remainder", "reshape", "reverse",
+    "round-nearest-afz", "round-nearest-even", "rsqrt", "select", "sign", "sine", "slice",
+    "sqrt", "subtract", "tan", "tanh", "transpose", "xor", "erf", "bitcast-convert",
+    "shift-left", "shift-right-arithmetic", "shift-right-logical", "popcnt",
+    "count-leading-zeros", "dynamic-slice",
+})
+
+# Compile-time passes a plan needs switched off, per backend.
+_FUSION_PASSES = {"cpu": ("fusion", "reshape-mover"),
+                  "gpu": ("priority-fusion", "multi_output_fusion", "reshape-mover")}
+_COMBINER_PASSES = {"cpu": ("cpu-all-reduce-combiner",),
+                    "gpu": ("all-reduce-combiner", "gpu-all-reduce-combiner")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """All-reduces (by instruction name) merged into one collective.
+
+    Attributes:
+      members: all-reduce instruction names, in the order the bucket lays them out.
+      build: "concat" (flatten, concatenate, one all-reduce, slice back; the
+        default) or "tuple" (one variadic all-reduce). jaxlib 0.10.2 cannot export
+        a variadic all-reduce inside a shard_map body (measured: "Sharding is
+        tuple-shaped but validation shape is not"), so validation rejects
+        multi-member tuple buckets there.
+    """
+
+    members: tuple[str, ...]
+    build: BucketBuild = "concat"
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionPlan:
+    """A joint op-fusion and gradient-bucketing plan.
+
+    Attributes:
+      groups: disjoint sets of instruction names, each to become one kLoop fusion.
+      xla_fusion: "extend" lets XLA's fusion pass run after ours (it may grow our
+        fusions); "off" disables it, so only planned fusions exist.
+      buckets: ordered all-reduce groups; ``None`` leaves all-reduces to XLA's
+        combiner (its default behaviour).
+      compile_options: extra XLA compile options, as (key, value) pairs.
+      name: a label (e.g. the baseline it came from).
+    """
+
+    groups: tuple[tuple[str, ...], ...] = ()
+    xla_fusion: XlaFusion = "extend"
+    buckets: tuple[Bucket, ...] | None = None
+    compile_options: tuple[tuple[str, str], ...] = ()
+    name: str = ""
+
+    # -- predicates ----------------------------------------------------------------------------
+    @property
+    def is_default(self) -> bool:
+        """True when the plan asks for nothing beyond XLA's default compile."""
+        return (not self.groups and self.xla_fusion == "extend" and self.buckets is None
+                and not self.compile_options)
+
+    def disabled_passes(self, backend: str = "cpu") -> tuple[str, ...]:
+        """XLA passes to disable when compiling this plan on ``backend`` ("cpu" or "gpu")."""
+        backend = "gpu" if backend in ("gpu", "cuda", "rocm") else "cpu"
+        passes: list[str] = []
+        if self.groups or self.xla_fusion == "off":
+            passes += _FUSION_PASSES[backend] if self.xla_fusion == "off" else ("reshape-mover",)
+        if self.buckets is not None:
+            passes += _COMBINER_PASSES[backend]
+        return tuple(dict.fromkeys(passes))
+
+    def compiler_options(self, backend: str = "cpu") -> dict[str, str]:
+        opts = dict(self.compile_options)
+        passes = list(self.disabled_passes(backend))
+        if passes:
+            extra = [p for p in opts.get("xla_disable_hlo_passes", "").split(",") if p]
+            opts["xla_disable_hlo_passes"] = ",".join(dict.fromkeys(extra + passes))
+        return opts
+
+    # -- transformations -----------------------------------------------------------------------
+    def replace(self, **kw: Any) -> FusionPlan:
+        return dataclasses.replace(self, **kw)
+
+    # -- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "groups": [list(g) for g in self.groups],
+            "xla_fusion": self.xla_fusion,
+            "buckets": None if self.buckets is None else [
+                {"members": list(b.members), "build": b.build} for b in self.buckets],
+            "compile_options": {k: v for k, v in self.compile_options},
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> FusionPlan:
+        """Reads a plan from its JSON object form.
+
+        Raises:
+          ValueError: naming the field that is missing or wrong.
+        """
+        from disco import plan_schema
+
+        return plan_schema.parse(data)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> FusionPlan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"plan is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+    def digest(self) -> str:
+        """A stable hash of what the plan asks for (the name is left out)."""
+        d = self.to_dict()
+        d.pop("name")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    # -- checks --------------------------------------------------------------------------------
+    def validate(self, graph: HloGraph) -> FusionPlan:
+        """Checks the plan against ``graph``; returns the plan so calls can chain.
+
+        Raises:
+          ValueError: saying which group or bucket is wrong and why (for a cycle,
+            the path that would form it).
+        """
+        from disco import plan_check
+
+        plan_check.validate(self, graph)
+        return self
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "groups": len(self.groups),
+            "grouped_ops": sum(len(g) for g in self.groups),
+            "xla_fusion": self.xla_fusion,
+            "buckets": None if self.buckets is None else len(self.buckets),
+            "digest": self.digest(),
+        }
+
+
+def make_plan(
+    groups: Iterable[Sequence[str]] = (),
+    buckets: Iterable[Sequence[str]] | None = None,
+    *,
+    build: BucketBuild = "concat",
+    xla_fusion: XlaFusion = "extend",
+    name: str = "",
+) -> FusionPlan:
+    """Convenience constructor from plain lists."""
+    return FusionPlan(
+        groups=tuple(tuple(g) for g in groups),
+        xla_fusion=xla_fusion,
+        buckets=None if buckets is None else tuple(Bucket(tuple(b), build) for b in buckets),
+        name=name,
+    )

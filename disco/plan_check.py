@@ -1,0 +1,176 @@
+"""Validation of a FusionPlan against an HloGraph."""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from disco.graph import HloGraph
+    from disco.plan import FusionPlan
+
+
+def _cluster_of(plan: FusionPlan, index: dict[str, int]) -> tuple[list[int], list[str]]:
+    """Maps every node to a cluster id (its group, its bucket, or itself)."""
+    n = len(index)
+    cluster = list(range(n))
+    labels = [f"node {name!r}" for name in index]
+    next_id = n
+    for gi, group in enumerate(plan.groups):
+        for name in group:
+            cluster[index[name]] = next_id
+        labels.append(f"group {gi}")
+        next_id += 1
+    for bi, bucket in enumerate(plan.buckets or ()):
+        for name in bucket.members:
+            cluster[index[name]] = next_id
+        labels.append(f"bucket {bi}")
+        next_id += 1
+    return cluster, labels
+
+
+def contraction_cycle(plan: FusionPlan, graph: HloGraph) -> list[str] | None:
+    """The node path of a cycle that contracting the plan's groups and buckets forms, or None.
+
+    The path starts and ends in the same group or bucket, e.g. ``[a, x, b]`` for
+    group {a, b} with a -> x -> b and x outside the group.
+    """
+    index = graph.index()
+    cluster, _ = _cluster_of(plan, index)
+    succ: dict[int, set[int]] = collections.defaultdict(set)
+    witness: dict[tuple[int, int], tuple[int, int]] = {}
+    for s, d in graph.edges:
+        cs, cd = cluster[s], cluster[d]
+        if cs != cd:
+            succ[cs].add(cd)
+            witness.setdefault((cs, cd), (s, d))
+    # Iterative DFS cycle detection on the contracted graph.
+    white, grey, black = 0, 1, 2
+    color: dict[int, int] = collections.defaultdict(int)
+    parent: dict[int, int] = {}
+    for start in set(cluster):
+        if color[start] != white:
+            continue
+        stack = [(start, iter(succ[start]))]
+        color[start] = grey
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                color[node] = black
+                stack.pop()
+                continue
+            if color[nxt] == white:
+                color[nxt] = grey
+                parent[nxt] = node
+                stack.append((nxt, iter(succ[nxt])))
+            elif color[nxt] == grey:
+                cyc = [nxt]
+                cur = node
+                while cur != nxt:
+                    cyc.append(cur)
+                    cur = parent[cur]
+                cyc.reverse()  # nxt ... node, then back to nxt
+                path: list[str] = []
+                for a, b in zip(cyc, cyc[1:] + cyc[:1]):
+                    s, d = witness[(a, b)]
+                    path += [graph.nodes[s].name, graph.nodes[d].name]
+                dedup = [p for i, p in enumerate(path) if i == 0 or p != path[i - 1]]
+                return dedup
+    return None
+
+
+MANUAL_BODY_PREFIX = "xla.sdy.manual_computation_body"
+
+
+def _group_outputs(graph: HloGraph, index: dict[str, int], group) -> list[str]:
+    """Members of ``group`` whose values are used outside it (or that have no users)."""
+    gset = set(group)
+    users: dict[int, list[int]] = collections.defaultdict(list)
+    for s, d in graph.edges:
+        users[s].append(d)
+    out = []
+    for name in group:
+        us = users[index[name]]
+        if not us or any(graph.nodes[u].name not in gset for u in us):
+            out.append(name)
+    return out
+
+
+def validate(plan: FusionPlan, graph: HloGraph) -> None:
+    """Raises ValueError describing the first problem found; returns None for a valid plan."""
+    from disco.plan import FUSIBLE_OPCODES
+
+    index = graph.index()
+    owner: dict[str, str] = {}
+    for gi, group in enumerate(plan.groups):
+        if len(group) < 1:
+            raise ValueError(f"group {gi} is empty; expected at least one instruction name")
+        comps = set()
+        for name in group:
+            if name not in index:
+                raise ValueError(f"group {gi}: instruction {name!r} is not in the graph {graph.name!r}")
+            if name in owner:
+                raise ValueError(f"group {gi}: instruction {name!r} is already in {owner[name]}; "
+                                 "groups must be disjoint")
+            owner[name] = f"group {gi}"
+            node = graph.nodes[index[name]]
+            if node.opcode not in FUSIBLE_OPCODES:
+                raise ValueError(f"group {gi}: instruction {name!r} has opcode {node.opcode!r}, which "
+                                 "cannot go into a kLoop fusion; fusible opcodes: "
+                                 f"{', '.join(sorted(FUSIBLE_OPCODES))}")
+            comps.add(node.computation)
+        if len(comps) > 1:
+            raise ValueError(f"group {gi} spans computations {sorted(comps)}; a fusion lives in one")
+        outputs = _group_outputs(graph, index, group)
+        if len(outputs) > 1:
+            raise ValueError(
+                f"group {gi} has {len(outputs)} outputs used outside it ({', '.join(outputs[:4])}); "
+                "a planned fusion must have exactly one (XLA:CPU aborts on injected multi-output "
+                "kLoop fusions, measured with jaxlib 0.10.2)")
+    if plan.buckets is not None:
+        ars = [n for n in graph.nodes if n.is_all_reduce]
+        seen: dict[str, int] = {}
+        for bi, bucket in enumerate(plan.buckets):
+            if not bucket.members:
+                raise ValueError(f"bucket {bi} is empty; expected at least one all-reduce")
+            first = None
+            for name in bucket.members:
+                if name not in index:
+                    raise ValueError(f"bucket {bi}: {name!r} is not in the graph {graph.name!r}")
+                node = graph.nodes[index[name]]
+                if not node.is_all_reduce:
+                    raise ValueError(f"bucket {bi}: {name!r} is a {node.opcode}, not an all-reduce")
+                if name in seen:
+                    raise ValueError(f"bucket {bi}: all-reduce {name!r} is already in bucket {seen[name]}")
+                if name in owner:
+                    raise ValueError(f"bucket {bi}: {name!r} is also in {owner[name]}")
+                seen[name] = bi
+                if first is None:
+                    first = node
+                    continue
+                if (node.reduction, node.replica_groups) != (first.reduction, first.replica_groups):
+                    raise ValueError(
+                        f"bucket {bi}: {name!r} reduces with {node.reduction!r} over {node.replica_groups}"
+                        f" but {first.name!r} with {first.reduction!r} over {first.replica_groups}; "
+                        "a bucket merges only all-reduces of the same reduction and replica groups")
+                if node.computation != first.computation:
+                    raise ValueError(f"bucket {bi}: {name!r} and {first.name!r} are in different computations")
+                if bucket.build == "concat" and node.dtype != first.dtype:
+                    raise ValueError(f"bucket {bi}: 'concat' needs one dtype, got {first.dtype} and "
+                                     f"{node.dtype} ({name!r}); use build 'tuple'")
+                if bucket.build == "tuple" and node.computation.startswith(MANUAL_BODY_PREFIX):
+                    raise ValueError(
+                        f"bucket {bi}: build 'tuple' is not supported inside a shard_map body "
+                        f"({node.computation!r}): jaxlib 0.10.2 fails to export a variadic all-reduce "
+                        "there; use build 'concat'")
+                if node.shape.startswith("("):
+                    raise ValueError(f"bucket {bi}: {name!r} is already a tuple all-reduce")
+        missing = [n.name for n in ars if n.name not in seen]
+        if missing:
+            raise ValueError(f"buckets leave out all-reduces {missing[:5]}{'...' if len(missing) > 5 else ''}; "
+                             "every all-reduce must be in exactly one bucket")
+    cycle = contraction_cycle(plan, graph)
+    if cycle is not None:
+        where = owner.get(cycle[0]) or (f"bucket {seen[cycle[0]]}" if plan.buckets and cycle[0] in seen else cycle[0])
+        raise ValueError(f"{where}: contracting the plan forms a cycle along {' -> '.join(cycle)}")

@@ -1,0 +1,67 @@
+"""Every private jax/jaxlib API disco touches, in one place, behind a version check.
+
+Applying a plan means compiling HLO that jax did not produce itself. The released
+jaxlib has no public entry point for that which still returns a jax ``Compiled``
+(pytrees in and out), so this module swaps a rewritten module into a ``Lowered``
+object. Anything here may break with a new jax release: callers catch
+:class:`PrivateApiError` and fall back to XLA's default compile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TESTED_JAX_VERSIONS = ("0.10.2",)
+
+
+class PrivateApiError(RuntimeError):
+    """A private jax API disco relies on is missing or behaves differently."""
+
+
+def check_version() -> str:
+    import jax
+
+    if jax.__version__ not in TESTED_JAX_VERSIONS:
+        raise PrivateApiError(
+            f"jax {jax.__version__} is not a version disco's XLA hooks were tested with "
+            f"(tested: {', '.join(TESTED_JAX_VERSIONS)})")
+    return jax.__version__
+
+
+def hlo_text_to_mlir_bytes(text: str) -> bytes:
+    """HLO text -> StableHLO bytecode (via jaxlib's HLO parser and converter)."""
+    try:
+        from jaxlib import _hlo, _jax
+    except ImportError as e:  # pragma: no cover - depends on the installed jaxlib
+        raise PrivateApiError(f"jaxlib has no _hlo/_jax modules: {e}") from None
+    try:
+        module = _hlo.hlo_module_from_text(text)
+        proto = module.as_serialized_hlo_module_proto()
+        return _jax.mlir.hlo_to_stablehlo(proto)
+    except AttributeError as e:
+        raise PrivateApiError(f"jaxlib's HLO conversion API changed: {e}") from None
+
+
+def with_module(lowered: Any, mlir_bytes: bytes) -> Any:
+    """A copy of ``lowered`` (a ``jax.stages.Lowered``) holding another module.
+
+    jax caches lowerings per function and arguments, so the original object is
+    never modified: the copy gets its own lowering object.
+    """
+    import copy
+
+    try:
+        old = lowered._lowering._hlo
+    except AttributeError as e:
+        raise PrivateApiError(f"jax.stages.Lowered no longer holds its module at _lowering._hlo: {e}") from None
+    from jax._src.lib.mlir import ir
+
+    with old.context:
+        new = ir.Module.parse(mlir_bytes)
+    lowering = copy.copy(lowered._lowering)
+    lowering._hlo = new
+    if hasattr(lowering, "_executable"):
+        lowering._executable = None
+    out = copy.copy(lowered)
+    out._lowering = lowering
+    return out

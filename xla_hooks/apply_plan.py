@@ -1,0 +1,118 @@
+"""``xla_hooks.apply``: compile a training step with a disco plan, or fall back.
+
+The plan is applied to the step's pre-optimisation HLO (fusion groups as kLoop
+fusions, buckets as merged all-reduces), the rewritten module is compiled through
+the released jaxlib with the passes that would undo the plan switched off, and the
+result is a callable with the jitted step's signature. If anything goes wrong the
+step is compiled by XLA's defaults and a :class:`PlanFallbackWarning` says why:
+the user's step always runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from disco.plan import FusionPlan
+
+DEFAULT_PLAN = FusionPlan(name="xla_default")
+
+
+class PlanFallbackWarning(UserWarning):
+    """A plan could not be applied; XLA's default compile is used instead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AppliedStep:
+    """A compiled step and what was applied to it.
+
+    Attributes:
+      compiled: the ``jax.stages.Compiled`` executable.
+      plan: the plan that is in effect (``xla_default`` after a fallback).
+      requested: the plan that was asked for.
+      fallback_reason: why the requested plan was not applied, or None.
+      hlo: the HLO text that was compiled (pre-optimisation; rewritten if a plan applied).
+    """
+
+    compiled: Any
+    plan: FusionPlan
+    requested: FusionPlan
+    fallback_reason: str | None = None
+    hlo: str = ""
+
+    @property
+    def applied(self) -> bool:
+        return self.fallback_reason is None
+
+    def __call__(self, *args: Any) -> Any:
+        return self.compiled(*args)
+
+    def compiled_text(self) -> str:
+        """The post-optimisation HLO XLA produced."""
+        return self.compiled.as_text()
+
+
+def _backend() -> str:
+    import jax
+
+    return jax.default_backend()
+
+
+def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any) -> AppliedStep:
+    """Compiles ``step_fn`` with ``plan``; raises on any failure (no fallback).
+
+    Raises:
+      ValueError: the plan does not fit the step's graph.
+      PrivateApiError: a private jax API changed.
+      Exception: whatever XLA raises when the rewritten module does not compile.
+    """
+    from disco.extractor import lower
+    from disco.graph import HloGraph
+    from xla_hooks import _jax_private
+    from xla_hooks.rewrite import apply_plan_to_text
+
+    lowered = lower(step_fn, *args)
+    text = lowered.as_text(dialect="hlo")
+    options = plan.compiler_options(_backend())
+    if not plan.groups and plan.buckets is None:
+        return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
+    _jax_private.check_version()
+    plan.validate(HloGraph.from_hlo_text(text))
+    new_text = apply_plan_to_text(text, plan)
+    mlir = _jax_private.hlo_text_to_mlir_bytes(new_text)
+    rewritten = _jax_private.with_module(lowered, mlir)
+    return AppliedStep(rewritten.compile(compiler_options=options), plan, plan, None, new_text)
+
+
+def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any) -> AppliedStep:
+    """Compiles ``step_fn`` for ``args`` with ``plan``, falling back to XLA's default.
+
+    Args:
+      plan: the plan (None means XLA's default compile).
+      step_fn: the training step, plain or jitted.
+      *args: example arguments; the returned callable takes arguments of the
+        same shapes, dtypes and shardings and returns the same pytrees.
+
+    Returns:
+      An :class:`AppliedStep`; ``.applied`` says whether the plan is in effect.
+
+    Example::
+
+      step = xla_hooks.apply(plan, train_step, state, batch)
+      state, loss = step(state, batch)
+    """
+    plan = plan or DEFAULT_PLAN
+    try:
+        return compile_plan(plan, step_fn, *args)
+    except Exception as e:  # noqa: BLE001 - any failure must fall back, with its reason
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        warnings.warn(
+            f"disco: plan {plan.name or plan.digest()!r} could not be applied ({reason}); "
+            "using XLA's default compile", PlanFallbackWarning, stacklevel=2)
+        from disco.extractor import lower
+
+        lowered = lower(step_fn, *args)
+        return AppliedStep(lowered.compile(), DEFAULT_PLAN, plan, reason,
+                           lowered.as_text(dialect="hlo"))

@@ -1,0 +1,286 @@
+"""Rewriting pre-optimisation HLO text so that it carries a plan (pure Python).
+
+* Each fusion group becomes one ``fusion(...), kind=kLoop`` instruction calling a
+  new fused computation; a group with several outputs returns a tuple read back
+  with ``get-tuple-element``.
+* Each bucket becomes one all-reduce: ``tuple`` builds a variadic all-reduce;
+  ``concat`` reshapes every member to 1-D, concatenates, reduces once and
+  slices the result back.
+
+Users of a rewritten instruction keep referring to its original name (a
+get-tuple-element, slice or reshape now carries it), except single-output
+fusions, whose users are renamed to the fusion. Every touched computation is
+re-emitted in a topological order.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+from collections.abc import Iterable, Sequence
+
+from disco.hlo_parse import Computation, Instruction, Module, parse_module
+from disco.plan import FusionPlan
+
+PREFIX = "disco"
+
+
+@dataclasses.dataclass
+class _Line:
+    """A mutable instruction being emitted."""
+
+    name: str
+    shape: str
+    opcode: str
+    operands: list[str]
+    attrs: list[tuple[str, str]]
+    literal: str | None = None  # raw operand text for constant/parameter/iota
+    is_root: bool = False
+    order: float = 0.0  # position hint for the topological emission
+
+    def text(self) -> str:
+        body = self.literal if self.literal is not None else ", ".join(f"%{o}" for o in self.operands)
+        attrs = "".join(f", {k}={v}" if v != "" else f", {k}" for k, v in self.attrs)
+        root = "ROOT " if self.is_root else ""
+        return f"  {root}%{self.name} = {self.shape} {self.opcode}({body}){attrs}"
+
+
+_LITERAL_OPS = ("constant", "parameter", "iota", "rng-get-and-update-state")
+
+
+def _line(ins: Instruction, order: float) -> _Line:
+    return _Line(
+        name=ins.name, shape=ins.shape, opcode=ins.opcode, operands=list(ins.operands),
+        attrs=list(ins.attrs.items()),
+        literal=ins.raw_operands if ins.opcode in _LITERAL_OPS else None,
+        is_root=ins.is_root, order=order)
+
+
+def _topological(lines: list[_Line]) -> list[_Line]:
+    """Kahn's algorithm, ties broken by the original position."""
+    by_name = {ln.name: ln for ln in lines}
+    indeg = {ln.name: 0 for ln in lines}
+    users: dict[str, list[str]] = collections.defaultdict(list)
+    for ln in lines:
+        for op in set(ln.operands):
+            if op in by_name:
+                indeg[ln.name] += 1
+                users[op].append(ln.name)
+    heap = [(ln.order, ln.name) for ln in lines if indeg[ln.name] == 0]
+    heapq.heapify(heap)
+    out: list[_Line] = []
+    while heap:
+        _, name = heapq.heappop(heap)
+        out.append(by_name[name])
+        for u in users[name]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, (by_name[u].order, u))
+    if len(out) != len(lines):
+        stuck = sorted(n for n, d in indeg.items() if d > 0)[:5]
+        raise ValueError(f"the rewritten computation has a cycle through {stuck}; the plan must be validated first")
+    return out
+
+
+def _shape_without_layout(shape: str) -> str:
+    import re
+
+    return re.sub(r"\{[^{}]*\}", "", shape)
+
+
+def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], builds: Sequence[str],
+                     start_id: int) -> list[_Line]:
+    by_name = {ln.name: ln for ln in lines}
+    out = [ln for ln in lines]
+    for k, (members, build) in enumerate(zip(buckets, builds), start=start_id):
+        if len(members) == 1 and build == "tuple":
+            continue  # a bucket of one is the all-reduce itself
+        ars = [by_name[m] for m in members]
+        first = ars[0]
+        attrs = [(key, v) for key, v in first.attrs if key != "metadata"]
+        attrs.append(("metadata", f'{{op_name="{PREFIX}_bucket_{k}"}}'))
+        order = max(a.order for a in ars) + 0.001
+        removed = set(members)
+        out = [ln for ln in out if ln.name not in removed]
+        bname = f"{PREFIX}.bucket.{k}"
+        if build == "tuple":
+            shape = "(" + ", ".join(a.shape for a in ars) + ")"
+            out.append(_Line(bname, shape, "all-reduce", [a.operands[0] for a in ars], attrs, order=order))
+            for j, a in enumerate(ars):
+                out.append(_Line(a.name, a.shape, "get-tuple-element", [bname], [("index", str(j))],
+                                 order=order + 1e-6 * (j + 1)))
+        else:
+            import math
+            import re
+
+            def dims(shape: str) -> tuple[str, list[int]]:
+                m = re.match(r"([a-z0-9]+)\[([^\]]*)\]", shape)
+                return m.group(1), [int(d) for d in m.group(2).split(",") if d.strip()]
+
+            dtype = dims(first.shape)[0]
+            flats, offsets, total = [], [], 0
+            for j, a in enumerate(ars):
+                n = math.prod(dims(a.shape)[1])
+                fname = f"{PREFIX}.bucket.{k}.flat.{j}"
+                out.append(_Line(fname, f"{dtype}[{n}]", "reshape", [a.operands[0]], [], order=order))
+                flats.append(fname)
+                offsets.append((total, n))
+                total += n
+            cat = f"{PREFIX}.bucket.{k}.concat"
+            out.append(_Line(cat, f"{dtype}[{total}]", "concatenate", flats, [("dimensions", "{0}")], order=order))
+            out.append(_Line(bname, f"{dtype}[{total}]", "all-reduce", [cat], attrs, order=order))
+            for j, (a, (off, n)) in enumerate(zip(ars, offsets)):
+                sname = f"{PREFIX}.bucket.{k}.slice.{j}"
+                out.append(_Line(sname, f"{dtype}[{n}]", "slice", [bname], [("slice", f"{{[{off}:{off + n}]}}")],
+                                 order=order))
+                out.append(_Line(a.name, a.shape, "reshape", [sname], [], order=order + 1e-6 * (j + 1)))
+    return out
+
+
+def _rewrite_groups(comp: Computation, lines: list[_Line], groups: Sequence[Sequence[str]],
+                    start_id: int) -> tuple[list[_Line], list[str]]:
+    """Returns the parent's lines and the text of the new fused computations."""
+    by_name = {ln.name: ln for ln in lines}
+    users: dict[str, set[str]] = collections.defaultdict(set)
+    for ln in lines:
+        for op in ln.operands:
+            users[op].add(ln.name)
+    fused_texts: list[str] = []
+    rename: dict[str, str] = {}
+    out = list(lines)
+    for k, group in enumerate(groups, start=start_id):
+        members = [by_name[n] for n in sorted(group, key=lambda n: by_name[n].order)]
+        gset = set(group)
+        inputs: list[str] = []
+        for m in members:
+            for op in m.operands:
+                if op not in gset and op not in inputs:
+                    inputs.append(op)
+        outputs = [m for m in members if m.is_root or (users[m.name] - gset)]
+        if not outputs:
+            outputs = [members[-1]]
+        fname = f"{PREFIX}.fusion.{k}"
+        cname = f"{PREFIX}.fused_computation.{k}"
+        inner = {m.name: f"{PREFIX}.f{k}.{m.name}" for m in members}
+        params = {op: f"{PREFIX}.f{k}.param.{i}" for i, op in enumerate(inputs)}
+        body: list[str] = []
+        for i, op in enumerate(inputs):
+            body.append(f"  %{params[op]} = {by_name[op].shape} parameter({i})")
+        for m in members:
+            ops = [inner.get(o) or params[o] for o in m.operands]
+            ln = dataclasses.replace(m, name=inner[m.name], operands=ops, is_root=False)
+            body.append(ln.text())
+        if len(outputs) == 1:
+            root_name, root_shape = inner[outputs[0].name], outputs[0].shape
+            # A single output is fed by every other member, so it is the last line.
+            idx = len(inputs) + members.index(outputs[0])
+            body[idx] = body[idx].replace(f"  %{root_name} =", f"  ROOT %{root_name} =", 1)
+        else:
+            root_shape = "(" + ", ".join(o.shape for o in outputs) + ")"
+            body.append(f"  ROOT %{PREFIX}.f{k}.tuple = {root_shape} tuple("
+                        + ", ".join(f"%{inner[o.name]}" for o in outputs) + ")")
+        sig = ", ".join(f"{params[op]}: {by_name[op].shape}" for op in inputs)
+        fused_texts.append(f"%{cname} ({sig}) -> {root_shape} {{\n"
+                           + "\n".join(body) + "\n}\n")
+        order = max(m.order for m in members)
+        out = [ln for ln in out if ln.name not in gset]
+        fusion = _Line(fname, root_shape, "fusion", inputs,
+                       [("kind", "kLoop"), ("calls", f"%{cname}")], order=order)
+        out.append(fusion)
+        if len(outputs) == 1:
+            rename[outputs[0].name] = fname
+            fusion.is_root = outputs[0].is_root
+        else:
+            for j, o in enumerate(outputs):
+                out.append(_Line(o.name, o.shape, "get-tuple-element", [fname], [("index", str(j))],
+                                 is_root=o.is_root, order=order + 1e-6 * (j + 1)))
+    for ln in out:
+        ln.operands = [rename.get(o, o) for o in ln.operands]
+    return out, fused_texts
+
+
+def apply_plan_to_text(text: str, plan: FusionPlan, module: Module | None = None) -> str:
+    """Returns HLO text with the plan's fusion groups and buckets applied.
+
+    The plan must have been validated against the graph of ``text``.
+    """
+    module = module or parse_module(text)
+    where: dict[str, str] = {}
+    for comp in module.computations:
+        for ins in comp.instructions:
+            where[ins.name] = comp.name
+    groups_by_comp: dict[str, list[Sequence[str]]] = collections.defaultdict(list)
+    for g in plan.groups:
+        groups_by_comp[where[g[0]]].append(g)
+    buckets_by_comp: dict[str, list[tuple[Sequence[str], str]]] = collections.defaultdict(list)
+    for b in plan.buckets or ():
+        buckets_by_comp[where[b.members[0]]].append((b.members, b.build))
+    touched = set(groups_by_comp) | set(buckets_by_comp)
+    if not touched:
+        return text
+    new_comps: dict[str, str] = {}
+    extra: dict[str, list[str]] = {}
+    next_group, next_bucket = 0, 0
+    for comp in module.computations:
+        if comp.name not in touched:
+            continue
+        lines = [_line(ins, i) for i, ins in enumerate(comp.instructions)]
+        bks = buckets_by_comp.get(comp.name, [])
+        lines = _rewrite_buckets(lines, [m for m, _ in bks], [b for _, b in bks], next_bucket)
+        next_bucket += len(bks)
+        grs = groups_by_comp.get(comp.name, [])
+        lines, fused = _rewrite_groups(comp, lines, grs, next_group)
+        next_group += len(grs)
+        lines = _topological(lines)
+        header = _computation_header(text, comp)
+        new_comps[comp.name] = header + "\n" + "\n".join(ln.text() for ln in lines) + "\n}\n"
+        extra[comp.name] = fused
+    return _splice(text, module, new_comps, extra)
+
+
+def _computation_header(text: str, comp: Computation) -> str:
+    for line in text.splitlines():
+        s = line.strip()
+        if s.endswith("{") and "=" not in s.split("(")[0]:
+            head = s[len("ENTRY "):] if s.startswith("ENTRY ") else s
+            name = head.split()[0].split("(")[0].lstrip("%")
+            if name == comp.name:
+                return line
+    raise ValueError(f"computation {comp.name!r} not found in the HLO text")
+
+
+def _splice(text: str, module: Module, new_comps: dict[str, str], extra: dict[str, list[str]]) -> str:
+    """Replaces the touched computations' blocks, inserting fused computations before them."""
+    out: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        s = line.strip()
+        name = None
+        if s.endswith("{") and "=" not in s.split("(")[0] and not s.startswith("HloModule"):
+            head = s[len("ENTRY "):] if s.startswith("ENTRY ") else s
+            name = head.split()[0].split("(")[0].lstrip("%")
+        if name in new_comps:
+            out.extend(extra[name])
+            out.append(new_comps[name])
+            while lines[i].strip() != "}":
+                i += 1
+            i += 1
+            continue
+        out.append(line)
+        i += 1
+    return "\n".join(out) + "\n"
+
+
+def count_ops(text: str, opcodes: Iterable[str]) -> dict[str, int]:
+    """Counts instructions by opcode in a module text (all computations)."""
+    wanted = set(opcodes)
+    module = parse_module(text)
+    c: collections.Counter[str] = collections.Counter()
+    for comp in module.computations:
+        for ins in comp.instructions:
+            if ins.opcode in wanted:
+                c[ins.opcode] += 1
+    return {op: c.get(op, 0) for op in wanted}
