@@ -127,6 +127,89 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- disco bench -------------------------------------------------------------------------------
+def _resolve_plans(spec: str, graph: Any) -> dict[str, Any]:
+    from disco import baselines
+    from disco.plan import FusionPlan
+
+    plans: dict[str, Any] = {}
+    for item in [p.strip() for p in spec.split(",") if p.strip()]:
+        if item.endswith(".json"):
+            try:
+                with open(item, encoding="utf-8") as f:
+                    plan = FusionPlan.from_json(f.read())
+            except OSError as e:
+                raise CliError(f"cannot read plan file {item!r}: {e.strerror}") from None
+            plans[plan.name or item] = plan.validate(graph)
+            continue
+        name, _, arg = item.partition(":")
+        kw = {}
+        if arg:
+            key = {"horovod": "threshold_mb", "ddp": "cap_mb", "xla_threshold": "threshold_bytes"}.get(name)
+            if key is None:
+                raise CliError(f"plan {item!r}: only horovod:MB, ddp:MB and xla_threshold:BYTES take a value")
+            try:
+                kw[key] = float(arg) if key != "threshold_bytes" else int(arg)
+            except ValueError:
+                raise CliError(f"plan {item!r}: expected a number after ':', got {arg!r}") from None
+        if name not in baselines.NAMES:
+            raise CliError(f"unknown plan {name!r}; expected a baseline ({', '.join(baselines.NAMES)}) "
+                           "or a plan .json file")
+        plans[item] = baselines.make(name, graph, **kw)
+    if not plans:
+        raise CliError("--plans is empty; expected e.g. xla_default,per_tensor,horovod")
+    return plans
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from disco import bench, extractor
+    from disco.graph import HloGraph
+
+    step, example = _make_step(args)
+    graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
+    plans = _resolve_plans(args.plans, graph)
+    if "xla_default" not in plans:
+        plans = {"xla_default": _resolve_plans("xla_default", graph)["xla_default"], **plans}
+    err = Console(stderr=True)
+    with Progress(console=err, transient=True) as prog:
+        task = prog.add_task("bench", total=len(plans) + args.rounds)
+        results = bench.run_bench(step, example, plans, rounds=args.rounds, steps=args.steps,
+                                  progress=lambda msg: prog.update(task, advance=1, description=msg))
+    base = next(r for r in results if r.name == "xla_default").measurement.median
+    rows = [r.to_dict(base) for r in results]
+    info = {"model": args.model, "preset": args.preset, "devices": args.devices,
+            "rounds": args.rounds, "steps_per_round": args.steps, "fingerprint": graph.fingerprint,
+            "device_kind": _device_kind()}
+    if args.json:
+        _print_json({**info, "results": rows})
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"disco bench {args.model}/{args.preset} on {args.devices} devices "
+                    f"({info['device_kind']}, measured, {args.rounds} rounds x {args.steps} steps)")
+    for col in ("plan", "median ms", "min ms", "max ms", "vs xla_default", "compile s", "fusions",
+                "all-reduces", "applied"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
+                  f"{r['ratio_to_xla_default']:.3f}x", f"{r['compile_s']:.2f}", str(r["fusions"]),
+                  str(r["all_reduces"]), "yes" if r["applied"] else f"no: {r['fallback_reason']}")
+    Console(width=max(120, Console().width)).print(t)
+    return 0
+
+
+def _device_kind() -> str:
+    import platform
+
+    import jax
+
+    d = jax.devices()[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '?')} x{len(jax.devices())} on {platform.machine()}"
+
+
 # -- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -146,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dump", metavar="DIR", help="write the HLO text and graph.json to DIR")
     p.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser("bench", help="apply plans and measure them, interleaved")
+    _add_model_args(p)
+    p.add_argument("--plans", default="xla_default,per_tensor,one_bucket,horovod,ddp",
+                   help="comma list of baselines (horovod:128 sets a threshold) or plan .json files")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -209,21 +209,33 @@ def _strip_layout(shape: str) -> str:
     return re.sub(r"\{[^{}]*\}", "", re.sub(r"/\*.*?\*/", "", shape)).replace(" ", "")
 
 
+def _inlinable(module: hlo_parse.Module) -> set[str]:
+    """Computations called by exactly one ``call`` instruction (and by nothing else)."""
+    uses: collections.Counter[str] = collections.Counter()
+    for comp in module.computations:
+        for ins in comp.instructions:
+            for c in ins.called:
+                uses[(c, ins.opcode == "call")] += 1
+    return {c for (c, is_call), n in uses.items() if is_call and n == 1 and uses[(c, False)] == 0}
+
+
 def step_computations(module: hlo_parse.Module) -> list[hlo_parse.Computation]:
-    """The entry computation and every computation reached from it through ``call``."""
+    """The entry computation and the computations inlined into it.
+
+    A computation is inlined when a single ``call`` instruction uses it (jax's
+    shard_map body); a computation called from several places (a nested
+    ``jax.jit``) stays behind its ``call`` nodes, which then count its flops.
+    """
     comps = {c.name: c for c in module.computations}
+    inline = _inlinable(module)
     out: list[hlo_parse.Computation] = []
-    seen: set[str] = set()
 
     def visit(comp: hlo_parse.Computation) -> None:
-        if comp.name in seen:
-            return
-        seen.add(comp.name)
         out.append(comp)
         for ins in comp.instructions:
             if ins.opcode == "call":
                 for c in ins.called:
-                    if c in comps:
+                    if c in comps and c in inline:
                         visit(comps[c])
 
     visit(module.entry)
@@ -299,15 +311,14 @@ def fingerprint(module: hlo_parse.Module) -> str:
 def _ordered_instructions(module: hlo_parse.Module) -> list[hlo_parse.Instruction]:
     """Entry instructions in text order, each call's body placed just before the call."""
     comps = {c.name: c for c in module.computations}
+    inline = _inlinable(module)
     out: list[hlo_parse.Instruction] = []
-    seen: set[str] = set()
 
     def walk(comp: hlo_parse.Computation) -> None:
-        seen.add(comp.name)
         for ins in comp.instructions:
             if ins.opcode == "call":
                 for c in ins.called:
-                    if c in comps and c not in seen:
+                    if c in comps and c in inline:
                         walk(comps[c])
             out.append(ins)
 

@@ -1,0 +1,110 @@
+"""The baselines disco is compared with, each expressed as a FusionPlan.
+
+* ``xla_default``: no plan; XLA's fusion and all-reduce combiner decide.
+* ``no_fusion``: XLA's op-fusion pass off; all-reduces left to the combiner.
+* ``per_tensor``: one all-reduce per gradient (the combiner off).
+* ``one_bucket``: every all-reduce in one bucket (one per dtype/reduction class).
+* ``horovod``: Horovod's fusion buffer: gradients in the order the backward pass
+  produces them, a bucket closes once it holds ``threshold_mb`` (default 64; 128 is
+  the other common setting).
+* ``ddp``: PyTorch DDP: parameters in reverse order, a 1 MB first bucket, then
+  ``cap_mb`` (default 25) buckets.
+* ``xla_threshold``: XLA's combiner with a given byte threshold (and its 256-operand
+  limit), emulated with buckets because XLA:CPU has no threshold flag.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from disco.graph import HloGraph, Node
+from disco.plan import Bucket, BucketBuild, FusionPlan
+
+MB = 1 << 20
+NAMES = ("xla_default", "no_fusion", "per_tensor", "one_bucket", "horovod", "ddp", "xla_threshold")
+
+
+def _classes(nodes: Sequence[Node]) -> dict[tuple, list[Node]]:
+    """All-reduces grouped by what may share a bucket, keeping order within a class."""
+    out: dict[tuple, list[Node]] = collections.OrderedDict()
+    for n in nodes:
+        out.setdefault((n.computation, n.reduction, n.replica_groups, n.dtype), []).append(n)
+    return out
+
+
+def _greedy(nodes: Sequence[Node], caps: Callable[[int], int], max_members: int = 1 << 30,
+            build: BucketBuild = "concat") -> tuple[Bucket, ...]:
+    """Fills buckets in the given order; bucket ``i`` closes once it holds ``caps(i)`` bytes."""
+    buckets: list[Bucket] = []
+    for cls in _classes(nodes).values():
+        cur: list[str] = []
+        size = 0
+        for n in cls:
+            cur.append(n.name)
+            size += n.grad_bytes
+            if size >= caps(len(buckets)) or len(cur) >= max_members:
+                buckets.append(Bucket(tuple(cur), build))
+                cur, size = [], 0
+        if cur:
+            buckets.append(Bucket(tuple(cur), build))
+    return tuple(buckets)
+
+
+def production_order(graph: HloGraph) -> list[Node]:
+    """All-reduces in program order: the order the backward pass produces gradients."""
+    return graph.all_reduces()
+
+
+def reverse_parameter_order(graph: HloGraph) -> list[Node]:
+    """Gradients in reverse parameter order (DDP's bucket order); unnamed all-reduces last."""
+    ars = graph.all_reduces()
+    named = sorted((n for n in ars if n.param_path is not None), key=lambda n: n.param_path, reverse=True)
+    return named + [n for n in ars if n.param_path is None]
+
+
+def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
+    """Builds the baseline plan ``name`` for ``graph``.
+
+    Args:
+      name: one of :data:`NAMES`.
+      graph: the step's pre-optimisation graph.
+      **kw: ``threshold_mb`` (horovod), ``cap_mb``/``first_mb`` (ddp),
+        ``threshold_bytes`` (xla_threshold), ``build`` ("concat" or "tuple").
+
+    Raises:
+      ValueError: unknown name or keyword.
+    """
+    build = kw.pop("build", "concat")
+    ars = graph.all_reduces()
+    if name == "xla_default":
+        plan = FusionPlan(name=name)
+    elif name == "no_fusion":
+        plan = FusionPlan(xla_fusion="off", name=name)
+    elif name == "per_tensor":
+        plan = FusionPlan(buckets=tuple(Bucket((n.name,), build) for n in ars), name=name)
+    elif name == "one_bucket":
+        plan = FusionPlan(buckets=_greedy(ars, lambda i: 1 << 62, build=build), name=name)
+    elif name == "horovod":
+        mb = float(kw.pop("threshold_mb", 64))
+        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: int(mb * MB), build=build),
+                          name=f"horovod" if mb == 64 else f"horovod_{mb:g}mb")
+    elif name == "ddp":
+        cap, first = float(kw.pop("cap_mb", 25)), float(kw.pop("first_mb", 1))
+        plan = FusionPlan(buckets=_greedy(reverse_parameter_order(graph),
+                                          lambda i: int((first if i == 0 else cap) * MB), build=build),
+                          name=name)
+    elif name == "xla_threshold":
+        thr = int(kw.pop("threshold_bytes", 30 * MB))
+        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: thr, max_members=256, build=build),
+                          name=f"xla_threshold_{thr}")
+    else:
+        raise ValueError(f"unknown baseline {name!r}; expected one of: {', '.join(NAMES)}")
+    if kw:
+        raise ValueError(f"baseline {name!r} got unexpected options {sorted(kw)}")
+    return plan.validate(graph)
+
+
+def make_all(graph: HloGraph, names: Sequence[str] = NAMES) -> dict[str, FusionPlan]:
+    return {n: make(n, graph) for n in names}

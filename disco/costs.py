@@ -1,0 +1,389 @@
+"""Cost models: how long one fused kernel takes, and how long one collective takes.
+
+Every cost model has one interface (:class:`CostModel`): ``kernel_time``,
+``collective_time``, ``name``, ``version``, ``to_dict`` / ``save`` / ``load``.
+
+A kernel is described by a :class:`Kernel`: the graph nodes fused into it plus
+the bytes it reads from outside (``in_bytes``) and writes for use outside
+(``out_bytes``). Building it needs the graph's edges, so cost models never see
+the graph: :class:`GraphKernels` precomputes a graph's adjacency once and turns
+a set of node indices into a Kernel (``GraphKernels(graph).kernel(indices)``);
+``kernel_of(graph, indices)`` is the one-off convenience. A single unfused node
+is a kernel of one.
+
+Some opcodes never become kernels (``ZERO_COST_OPCODES``: parameters, constants,
+tuple plumbing, bitcasts, inlined calls) and collectives run on the network,
+not as kernels (``COLLECTIVE_KIND``); both cost 0.0 as kernels.
+
+Implementations:
+  :class:`AnalyticCosts`: a roofline, ``max(flops / peak_flops, bytes / mem_bandwidth)
+    + launch_overhead``, so fusing saves launches and the memory traffic of the
+    intermediates that stay inside the kernel.
+  :class:`TableCosts`: profiled seconds looked up by ``kernel_key`` (the sorted
+    opcode:shape signature of the kernel's nodes), falling back to an
+    AnalyticCosts for kernels it has not seen.
+
+Example:
+  >>> from disco.costs import AnalyticCosts, kernel_of
+  >>> costs = AnalyticCosts()
+  >>> costs.kernel_time(kernel_of(graph, [3, 4]))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from disco import collectives
+
+if TYPE_CHECKING:
+    from disco.cluster import ClusterSpec
+    from disco.graph import HloGraph, Node
+
+SCHEMA = "disco.costs/1"
+
+ZERO_COST_OPCODES: frozenset[str] = frozenset({
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "call", "after-all",
+    "opt-barrier", "all-reduce-done", "all-gather-done", "collective-permute-done",
+})
+
+# Opcode -> the collective kind that prices it (see disco.collectives).
+COLLECTIVE_KIND: Mapping[str, str] = {
+    "all-reduce": "all-reduce", "all-reduce-start": "all-reduce",
+    "all-gather": "all-gather", "all-gather-start": "all-gather",
+    "reduce-scatter": "reduce-scatter", "all-to-all": "all-to-all",
+    "collective-permute": "collective-permute", "collective-permute-start": "collective-permute",
+}
+
+
+def is_kernel_node(node: Node) -> bool:
+    """True when ``node`` runs as (part of) a compute kernel."""
+    return node.opcode not in ZERO_COST_OPCODES and node.opcode not in COLLECTIVE_KIND
+
+
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One kernel: graph nodes fused together and the memory traffic it causes.
+
+    Attributes:
+      nodes: the fused graph nodes (one for an unfused op).
+      in_bytes: bytes of the distinct values produced outside the kernel that it reads.
+      out_bytes: bytes of its nodes' results used outside it (or by nobody: graph outputs).
+    """
+
+    nodes: tuple[Node, ...]
+    in_bytes: int
+    out_bytes: int
+
+    @property
+    def flops(self) -> float:
+        return sum(n.flops for n in self.nodes if is_kernel_node(n))
+
+    @property
+    def is_empty(self) -> bool:
+        """True when no node does work (only zero-cost ops or collectives)."""
+        return not any(is_kernel_node(n) for n in self.nodes)
+
+    def key(self) -> str:
+        """The lookup key: sorted ``opcode:shape`` of its working nodes, joined by "|"."""
+        return kernel_key(self.nodes)
+
+
+def kernel_key(nodes: Iterable[Node]) -> str:
+    """The table key of a kernel made of ``nodes``, e.g. ``"add:f32[8]|exponential:f32[8]"``."""
+    return "|".join(sorted(f"{n.opcode}:{n.shape}" for n in nodes if is_kernel_node(n)))
+
+
+class GraphKernels:
+    """A graph's adjacency, precomputed once, for building :class:`Kernel` objects fast."""
+
+    def __init__(self, graph: HloGraph):
+        self.graph = graph
+        n = len(graph.nodes)
+        preds: list[set[int]] = [set() for _ in range(n)]
+        succs: list[set[int]] = [set() for _ in range(n)]
+        for s, d in graph.edges:
+            preds[d].add(s)
+            succs[s].add(d)
+        self.preds: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(p)) for p in preds)
+        self.succs: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(s)) for s in succs)
+        self._bytes = [node.out_bytes for node in graph.nodes]
+
+    def kernel(self, indices: Iterable[int]) -> Kernel:
+        """The kernel made of the nodes at ``indices``.
+
+        Raises:
+          ValueError: for an empty set or an index outside the graph.
+        """
+        members = set(indices)
+        n = len(self._bytes)
+        if not members:
+            raise ValueError("kernel: expected at least one node index, got none")
+        bad = [i for i in members if not (isinstance(i, int) and 0 <= i < n)]
+        if bad:
+            raise ValueError(f"kernel: node indices {sorted(bad)[:5]} are outside the graph of {n} nodes")
+        inputs = {p for i in members for p in self.preds[i] if p not in members}
+        in_bytes = sum(self._bytes[p] for p in inputs)
+        out_bytes = sum(self._bytes[i] for i in members
+                        if not self.succs[i] or any(s not in members for s in self.succs[i]))
+        order = sorted(members)
+        return Kernel(nodes=tuple(self.graph.nodes[i] for i in order), in_bytes=in_bytes, out_bytes=out_bytes)
+
+
+def kernel_of(graph: HloGraph, indices: Iterable[int]) -> Kernel:
+    """One-off :meth:`GraphKernels.kernel` (builds the adjacency each call; use GraphKernels in loops)."""
+    return GraphKernels(graph).kernel(indices)
+
+
+# ---------------------------------------------------------------------------------------------
+class CostModel(abc.ABC):
+    """The interface of every cost model.
+
+    Attributes:
+      name: the model's kind, e.g. "analytic"; ``load_costs`` dispatches on it.
+      version: the format/semantics version of the model's parameters.
+    """
+
+    name: str = "abstract"
+    version: str = "1"
+
+    @abc.abstractmethod
+    def kernel_time(self, kernel: Kernel) -> float:
+        """Seconds for one launch of ``kernel`` on the profiled device (0.0 for an empty kernel)."""
+
+    def collective_time(self, kind: str, nbytes: int, cluster: ClusterSpec) -> float:
+        """Seconds for one collective of ``kind`` over ``nbytes`` on ``cluster`` (alpha-beta model).
+
+        Raises:
+          ValueError: for an unknown kind or a negative byte count.
+        """
+        return collectives.collective_time(kind, nbytes, cluster)
+
+    @abc.abstractmethod
+    def params(self) -> dict[str, Any]:
+        """The model's parameters as JSON-able data (the inverse of ``from_params``)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_params(cls, params: Mapping[str, Any]) -> CostModel:
+        """Rebuilds the model from ``params()``.
+
+        Raises:
+          ValueError: naming the wrong or missing parameter.
+        """
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "name": self.name, "version": self.version, "params": self.params()}
+
+    def digest(self) -> str:
+        """A stable hash of the model (kind, version and parameters)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the model as JSON to ``path``."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostModel:
+        """Reads a model saved by ``save``; on a subclass, checks the file holds that kind.
+
+        Raises:
+          ValueError: for a file that is not a saved cost model (of this kind).
+        """
+        model = load_costs(path)
+        if cls is not CostModel and not isinstance(model, cls):
+            raise ValueError(f"{Path(path).name}: expected a {cls.name!r} cost model, got {model.name!r}")
+        return model
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalyticConfig:
+    """Roofline parameters. The defaults are CPU-ish (one XLA:CPU virtual device on a shared core).
+
+    Attributes:
+      peak_flops: floating-point operations per second.
+      mem_bandwidth: bytes per second to and from memory.
+      launch_overhead: seconds of fixed cost per kernel.
+    """
+
+    peak_flops: float = 5e10
+    mem_bandwidth: float = 1e10
+    launch_overhead: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for field in ("peak_flops", "mem_bandwidth"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"AnalyticConfig.{field}: expected a positive number, got {v!r}")
+        v = self.launch_overhead
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"AnalyticConfig.launch_overhead: expected a non-negative number, got {v!r}")
+
+
+class AnalyticCosts(CostModel):
+    """Roofline kernel costs: ``max(flops / peak_flops, (in_bytes + out_bytes) / mem_bandwidth) + launch``."""
+
+    name = "analytic"
+    version = "1"
+
+    def __init__(self, config: AnalyticConfig | None = None):
+        self.config = config or AnalyticConfig()
+        self._inv_flops = 1.0 / self.config.peak_flops
+        self._inv_bw = 1.0 / self.config.mem_bandwidth
+
+    def kernel_time(self, kernel: Kernel) -> float:
+        if kernel.is_empty:
+            return 0.0
+        return (max(kernel.flops * self._inv_flops, (kernel.in_bytes + kernel.out_bytes) * self._inv_bw)
+                + self.config.launch_overhead)
+
+    def params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.config)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> AnalyticCosts:
+        if not isinstance(params, Mapping):
+            raise ValueError(f"analytic cost params: expected an object, got {params!r}")
+        known = {f.name for f in dataclasses.fields(AnalyticConfig)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"analytic cost params: unknown keys {unknown}; expected some of {sorted(known)}")
+        return cls(AnalyticConfig(**params))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AnalyticCosts) and other.config == self.config
+
+    def __hash__(self) -> int:
+        return hash(self.config)
+
+    def __repr__(self) -> str:
+        return f"AnalyticCosts({self.config!r})"
+
+
+class TableCosts(CostModel):
+    """Profiled kernel times by ``kernel_key``, with an analytic fallback for misses.
+
+    Args:
+      table: kernel key -> measured seconds.
+      fallback: the model for kernels not in the table (default ``AnalyticCosts()``).
+
+    Raises:
+      ValueError: for a non-string key or a negative or non-finite time.
+    """
+
+    name = "table"
+    version = "1"
+
+    def __init__(self, table: Mapping[str, float], fallback: AnalyticCosts | None = None):
+        clean: dict[str, float] = {}
+        for k, v in table.items():
+            if not isinstance(k, str):
+                raise ValueError(f"TableCosts: keys must be kernel-key strings, got {k!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"TableCosts[{k!r}]: expected a non-negative number of seconds, got {v!r}")
+            clean[k] = float(v)
+        self.table: dict[str, float] = clean
+        self.fallback = fallback or AnalyticCosts()
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def from_records(cls, records: Iterable[tuple[str | Kernel, float]],
+                     fallback: AnalyticCosts | None = None) -> TableCosts:
+        """Builds a table from (kernel or key, seconds) measurements; repeated keys keep the median.
+
+        Raises:
+          ValueError: as the constructor.
+        """
+        samples: dict[str, list[float]] = {}
+        for key, seconds in records:
+            k = key.key() if isinstance(key, Kernel) else key
+            samples.setdefault(k, []).append(seconds)
+        return cls({k: statistics.median(v) for k, v in samples.items()}, fallback)
+
+    def update(self, records: Iterable[tuple[str | Kernel, float]]) -> TableCosts:
+        """A new table with ``records`` added (a new measurement of a key replaces the old one)."""
+        new = TableCosts.from_records(records, self.fallback)
+        return TableCosts({**self.table, **new.table}, self.fallback)
+
+    def kernel_time(self, kernel: Kernel) -> float:
+        if kernel.is_empty:
+            return 0.0
+        t = self.table.get(kernel.key())
+        if t is None:
+            self.misses += 1
+            return self.fallback.kernel_time(kernel)
+        self.hits += 1
+        return t
+
+    def params(self) -> dict[str, Any]:
+        return {"table": dict(sorted(self.table.items())), "fallback": self.fallback.params()}
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> TableCosts:
+        if not isinstance(params, Mapping) or not isinstance(params.get("table"), Mapping):
+            raise ValueError(f"table cost params: expected an object with a 'table' object, got {params!r}")
+        fb = params.get("fallback")
+        return cls(params["table"], AnalyticCosts.from_params(fb) if fb is not None else None)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TableCosts) and other.table == self.table and other.fallback == self.fallback
+
+    def __hash__(self) -> int:
+        return hash((self.digest(),))
+
+    def __repr__(self) -> str:
+        return f"TableCosts({len(self.table)} entries, fallback={self.fallback!r})"
+
+
+_MODELS: dict[str, type[CostModel]] = {"analytic": AnalyticCosts, "table": TableCosts}
+
+
+def costs_from_dict(data: Any, where: str = "cost model") -> CostModel:
+    """Rebuilds a model from ``CostModel.to_dict()`` output.
+
+    Raises:
+      ValueError: naming the field that is missing or wrong.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{where}: field 'schema': expected {SCHEMA!r}, got {data.get('schema')!r}")
+    kind = data.get("name")
+    model = _MODELS.get(kind)
+    if model is None:
+        raise ValueError(f"{where}: field 'name': expected one of {sorted(_MODELS)}, got {kind!r}")
+    if data.get("version") != model.version:
+        raise ValueError(f"{where}: field 'version': expected {model.version!r} for {kind!r}, "
+                         f"got {data.get('version')!r}")
+    return model.from_params(data.get("params", {}))
+
+
+def load_costs(path: str | os.PathLike[str]) -> CostModel:
+    """Reads any cost model written by ``CostModel.save``.
+
+    Raises:
+      ValueError: for invalid JSON or a file that is not a saved cost model.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p.name}: not valid JSON: {e}") from None
+    return costs_from_dict(data, p.name)
+
+
+def node_kernel_times(graph: HloGraph, costs: CostModel, kernels: GraphKernels | None = None) -> list[float]:
+    """Each node's time as an unfused kernel of one (0.0 for zero-cost ops and collectives)."""
+    gk = kernels or GraphKernels(graph)
+    return [costs.kernel_time(gk.kernel((i,))) if is_kernel_node(n) else 0.0
+            for i, n in enumerate(graph.nodes)]
