@@ -92,7 +92,8 @@ _RATE_UNITS = {  # case matters only for b (bits) vs B (bytes) before "/s"
     **{f"{p}B/s": v for p, v in _RATE_PREFIXES.items()},
     **{f"{p}bps": v / 8 for p, v in _RATE_PREFIXES.items()},
 }
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+# Sub-second units as divisors, so that "5us" reads as exactly 5e-6 (5 / 1e6, not 5 * 1e-6).
+_TIME_UNITS = {"s": 1.0, "ms": -1e3, "us": -1e6, "µs": -1e6, "ns": -1e9}
 _QUANTITY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Zµ/]+)\s*$")
 
 
@@ -145,7 +146,8 @@ def _parse_quantity(value: Any, where: str, units: Mapping[str, float], bare: fl
             unit = _normalise_unit(m.group(2))
             if unit not in units:
                 raise ValueError(f"{where}: unknown unit {m.group(2)!r} in {value!r}; expected {expected}")
-            out = float(m.group(1)) * units[unit]
+            scale = units[unit]
+            out = float(m.group(1)) * scale if scale > 0 else float(m.group(1)) / -scale
     else:
         raise ValueError(f"{where}: expected {expected}, got {value!r}")
     if not math.isfinite(out):

@@ -260,7 +260,7 @@ def parse_instruction(line: str, computation: str) -> Instruction:
     tail = rest[close_idx + 1:].strip()
     operands: tuple[str, ...] = ()
     if opcode not in ("constant", "parameter", "iota", "rng-get-and-update-state"):
-        names = (_operand_name(t) for t in split_top_level(raw_operands))
+        names = (_operand_name(t) for t in split_top_level(re.sub(r"/\*.*?\*/", "", raw_operands)))
         operands = tuple(n for n in names if n is not None)
     attrs: dict[str, str] = {}
     if tail.startswith(","):

@@ -36,6 +36,7 @@ def contraction_cycle(plan: FusionPlan, graph: HloGraph) -> list[str] | None:
     group {a, b} with a -> x -> b and x outside the group.
     """
     index = graph.index()
+    n_nodes = len(index)
     cluster, _ = _cluster_of(plan, index)
     succ: dict[int, set[int]] = collections.defaultdict(set)
     witness: dict[tuple[int, int], tuple[int, int]] = {}
@@ -71,6 +72,9 @@ def contraction_cycle(plan: FusionPlan, graph: HloGraph) -> list[str] | None:
                     cyc.append(cur)
                     cur = parent[cur]
                 cyc.reverse()  # nxt ... node, then back to nxt
+                # start at a group or bucket (ids >= n), so the path leaves it and comes back
+                start = next((i for i, c in enumerate(cyc) if c >= n_nodes), 0)
+                cyc = cyc[start:] + cyc[:start]
                 path: list[str] = []
                 for a, b in zip(cyc, cyc[1:] + cyc[:1]):
                     s, d = witness[(a, b)]
@@ -172,5 +176,6 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
                              "every all-reduce must be in exactly one bucket")
     cycle = contraction_cycle(plan, graph)
     if cycle is not None:
-        where = owner.get(cycle[0]) or (f"bucket {seen[cycle[0]]}" if plan.buckets and cycle[0] in seen else cycle[0])
+        bucket_of = {m: bi for bi, b in enumerate(plan.buckets or ()) for m in b.members}
+        where = owner.get(cycle[0]) or (f"bucket {bucket_of[cycle[0]]}" if cycle[0] in bucket_of else cycle[0])
         raise ValueError(f"{where}: contracting the plan forms a cycle along {' -> '.join(cycle)}")

@@ -151,21 +151,23 @@ class SimResult:
 
 # ---------------------------------------------------------------------------------------------
 class _Unit:
-    """A kernel or collective of one contracted plan (internal)."""
+    """A kernel or collective of one contracted plan (internal; cached across plans)."""
 
-    __slots__ = ("uid", "is_coll", "members", "preds", "dur", "prio", "label", "succs", "trigger")
+    __slots__ = ("is_coll", "members", "preds", "dur", "prio", "name", "succs", "trigger", "delta",
+                 "items")
 
-    def __init__(self, uid: int, is_coll: bool, members: tuple[int, ...], preds: tuple[int, ...],
-                 dur: float, prio: int, label: str, succs: tuple[int, ...]):
-        self.uid = uid
+    def __init__(self, is_coll: bool, members: tuple[int, ...], preds: tuple[int, ...], dur: float,
+                 prio: int, name: str, succs: tuple[int, ...], delta: float = 0.0):
         self.is_coll = is_coll
         self.members = members
-        self.preds = preds  # real (non-virtual) nodes outside the unit it reads
+        self.preds = preds  # real (non-virtual) nodes outside the unit that it reads
         self.dur = dur
-        self.prio = prio
-        self.label = label
+        self.prio = prio  # program position: the first compute member (kernels), first member (collectives)
+        self.name = name  # label of an unfused unit
         self.succs = succs  # real nodes outside the unit that read it
         self.trigger = max(preds) if preds else -1
+        self.delta = delta  # fused time minus the members' unfused times (groups)
+        self.items: tuple[tuple[int, _Unit | None], ...] = ()  # a group's scan-table entries
 
 
 class _Deadlock(Exception):
@@ -210,6 +212,9 @@ class Simulator:
         for i in range(n):
             acc: set[int] = set()
             for p in raw_preds[i]:
+                if p >= i:
+                    raise ValueError(f"graph {graph.name!r}: edge {nodes[p].name!r} -> {nodes[i].name!r} "
+                                     "goes backwards; expected nodes in topological order")
                 if kind[p] == _VIRTUAL:
                     acc |= through[p]
                 else:
@@ -233,11 +238,9 @@ class Simulator:
         self._cbytes = [0] * n
         for i, node in enumerate(nodes):
             if kind[i] == _COLL:
-                ck = COLLECTIVE_KIND[node.opcode]
-                if ck == "reduce-scatter":
-                    self._cbytes[i] = node.out_bytes * p
-                else:
-                    self._cbytes[i] = node.out_bytes
+                # The full buffer: a reduce-scatter's result is one device's shard.
+                scale = p if COLLECTIVE_KIND[node.opcode] == "reduce-scatter" else 1
+                self._cbytes[i] = node.out_bytes * scale
         self._scan = [i for i in range(n) if kind[i] == _KERNEL]
         self._base_kernel_total = sum(self._kdur)
         self._singles: list[_Unit | None] = [None] * n
@@ -248,12 +251,13 @@ class Simulator:
                 dur = costs.collective_time(COLLECTIVE_KIND[nodes[i].opcode], self._cbytes[i], cluster)
             else:
                 dur = self._kdur[i]
-            self._singles[i] = _Unit(i, kind[i] == _COLL, (i,), rp[i], dur, i, nodes[i].name, self._rs[i])
+            self._singles[i] = _Unit(kind[i] == _COLL, (i,), rp[i], dur, i, nodes[i].name, self._rs[i])
         self._ars = [i for i in range(n) if nodes[i].opcode in ("all-reduce", "all-reduce-start")]
         self._ar_set = frozenset(self._ars)
-        self._other_colls = [i for i in range(n) if kind[i] == _COLL and i not in self._ar_set]
+        self._other_colls = [self._singles[i] for i in range(n) if kind[i] == _COLL and i not in self._ar_set]
         self._group_cache: dict[tuple[str, ...], _Unit] = {}
         self._bucket_cache: dict[tuple[int, ...], _Unit] = {}
+        self._bucket_names: dict[tuple[str, ...], _Unit] = {}
         self._default_buckets = self._combiner_buckets(None)
 
     # -- plan contraction ------------------------------------------------------------------------
@@ -263,24 +267,30 @@ class Simulator:
             return tuple(sorted({idx[nm] for nm in names}))
         except KeyError as e:
             raise ValueError(f"{what}: instruction {e.args[0]!r} is not in the graph {self.graph.name!r}") from None
+        except TypeError:
+            raise ValueError(f"{what}: expected a sequence of instruction names, got {names!r}") from None
 
     def _group_unit(self, gi: int, names: tuple[str, ...]) -> _Unit:
         u = self._group_cache.get(names)
-        if u is None:
-            members = self._resolve(names, f"group {gi}")
-            if not members:
-                raise ValueError(f"group {gi} is empty; expected at least one instruction name")
-            mset = set(members)
-            bad = [self.graph.nodes[m].name for m in members if self._kind[m] == _COLL]
-            if bad:
-                raise ValueError(f"group {gi}: {bad[0]!r} is a collective; groups hold compute ops")
-            preds = tuple(sorted({p for m in members for p in self._rp[m] if p not in mset}))
-            succs = tuple(sorted({s for m in members for s in self._rs[m] if s not in mset}))
-            dur = self.costs.kernel_time(self.kernels.kernel(members)) / self.cluster.compute_speed
-            # The group runs where its first compute member is (zero-cost members are never scanned).
-            anchor = min((m for m in members if self._kind[m] == _KERNEL), default=-1)
-            u = _Unit(-1, False, members, preds, dur, anchor, "", succs)
-            self._group_cache[names] = u
+        if u is not None:
+            return u
+        members = self._resolve(names, f"group {gi}")
+        if not members:
+            raise ValueError(f"group {gi} is empty; expected at least one instruction name")
+        bad = [self.graph.nodes[m].name for m in members if self._kind[m] == _COLL]
+        if bad:
+            raise ValueError(f"group {gi}: {bad[0]!r} is a collective; groups hold compute ops")
+        mset = set(members)
+        preds = tuple(sorted({p for m in members for p in self._rp[m] if p not in mset}))
+        succs = tuple(sorted({s for m in members for s in self._rs[m] if s not in mset}))
+        dur = self.costs.kernel_time(self.kernels.kernel(members)) / self.cluster.compute_speed
+        # The group runs where its first compute member is (zero-cost members are never scanned).
+        anchor = min((m for m in members if self._kind[m] == _KERNEL), default=-1)
+        delta = dur - sum(self._kdur[m] for m in members)
+        u = _Unit(False, members, preds, dur, anchor, "", succs, delta)
+        if anchor >= 0:
+            u.items = tuple((m, None) for m in members) + ((anchor, u),)
+        self._group_cache[names] = u
         return u
 
     def _bucket_unit(self, members: tuple[int, ...]) -> _Unit:
@@ -291,8 +301,20 @@ class Simulator:
             succs = tuple(sorted({s for m in members for s in self._rs[m] if s not in mset}))
             nbytes = sum(self._cbytes[m] for m in members)
             dur = self.costs.collective_time("all-reduce", nbytes, self.cluster)
-            u = _Unit(-1, True, members, preds, dur, members[0], "", succs)
+            u = _Unit(True, members, preds, dur, members[0], "", succs)
             self._bucket_cache[members] = u
+        return u
+
+    def _bucket_by_names(self, bi: int, names: tuple[str, ...]) -> _Unit:
+        u = self._bucket_names.get(names)
+        if u is None:
+            members = self._resolve(names, f"bucket {bi}")
+            bad = [self.graph.nodes[m].name for m in members if m not in self._ar_set]
+            if bad or not members:
+                raise ValueError(f"bucket {bi}: expected all-reduce instruction names, got "
+                                 f"{bad[:3] if bad else 'none'}")
+            u = self._bucket_unit(members)
+            self._bucket_names[names] = u
         return u
 
     def _combiner_buckets(self, groups: list[_Unit] | None) -> list[_Unit]:
@@ -306,24 +328,18 @@ class Simulator:
         by_level: dict[int, list[int]] = collections.defaultdict(list)
         for a in self._ars:
             by_level[level[a]].append(a)
-        out = []
-        for lv in sorted(by_level):
-            u = self._bucket_unit(tuple(by_level[lv]))
-            out.append(_Unit(-1, True, u.members, u.preds, u.dur, u.prio, f"combined.{lv}", u.succs))
-        return out
+        return [self._bucket_unit(tuple(by_level[lv])) for lv in sorted(by_level)]
 
     def _ar_levels(self, groups: list[_Unit] | None) -> dict[int, int]:
         """Per all-reduce, the number of all-reduces on the longest chain above it."""
         units, unit_of = self._contracted(groups or [], [self._singles[i] for i in self._ars])
         order = self._toposort(units, unit_of)
-        # lvl[u]: the largest number of all-reduces on a path ending just above u.
         lvl = [0] * len(units)
         for u in order:
-            unit = units[u]
             best = 0
-            for p in unit.preds:
+            for p in units[u].preds:
                 pu = unit_of[p]
-                v = lvl[pu] + (1 if units[pu].is_coll and p in self._ar_set else 0)
+                v = lvl[pu] + (1 if p in self._ar_set else 0)
                 if v > best:
                     best = v
             lvl[u] = best
@@ -333,11 +349,7 @@ class Simulator:
         """The units of a plan and node -> unit index (-1 for zero-cost nodes)."""
         unit_of = [-1] * self._n
         units: list[_Unit] = []
-        for u in groups:
-            for m in u.members:
-                unit_of[m] = len(units)
-            units.append(u)
-        for u in colls:
+        for u in [*groups, *colls]:
             for m in u.members:
                 unit_of[m] = len(units)
             units.append(u)
@@ -348,6 +360,11 @@ class Simulator:
         return units, unit_of
 
     def _toposort(self, units: list[_Unit], unit_of: list[int]) -> list[int]:
+        """Units in a topological order (priority: program position).
+
+        Raises:
+          ValueError: naming units on a cycle.
+        """
         indeg = [0] * len(units)
         succ: list[set[int]] = [set() for _ in units]
         for ui, u in enumerate(units):
@@ -367,64 +384,220 @@ class Simulator:
                 if indeg[s] == 0:
                     heapq.heappush(heap, (units[s].prio, s))
         if len(order) != len(units):
-            stuck = sorted((units[ui].label or self.graph.nodes[units[ui].members[0]].name)
-                           for ui in range(len(units)) if indeg[ui] > 0)
-            raise ValueError(f"contracting the plan forms a cycle through {stuck[:5]}; "
+            nodes = self.graph.nodes
+            stuck = sorted({nodes[m].name for ui in range(len(units)) if indeg[ui] > 0
+                            for m in units[ui].members})
+            raise ValueError(f"contracting the plan forms a cycle through {stuck[:6]}; "
                              "check the plan with disco.plan_check.validate")
         return order
 
     def _prepare(self, plan: FusionPlan) -> tuple[list[_Unit], list[_Unit]]:
-        """(group units, collective units) of ``plan``, labelled."""
+        """(group units, collective units) of ``plan``.
+
+        Raises:
+          ValueError: for names not in the graph, overlapping groups or overlapping buckets.
+        """
         groups = []
-        owner: dict[int, int] = {}
+        used: set[int] = set()
+        count = 0
+        group_unit = self._group_unit
         for gi, names in enumerate(plan.groups):
-            u = self._group_unit(gi, names)
-            for m in u.members:
-                if m in owner:
-                    raise ValueError(f"group {gi}: instruction {self.graph.nodes[m].name!r} is already in "
-                                     f"group {owner[m]}; groups must be disjoint")
-                owner[m] = gi
-            if u.prio < 0:  # only zero-cost ops (e.g. constants): not a kernel
-                continue
-            groups.append(_Unit(-1, False, u.members, u.preds, u.dur, u.prio, f"fusion.{gi}", u.succs))
+            u = group_unit(gi, names)
+            used.update(u.members)
+            count += len(u.members)
+            if len(used) != count:
+                self._raise_overlap(plan)
+            if u.prio >= 0:  # a group of only zero-cost ops (e.g. constants) is not a kernel
+                groups.append(u)
         if plan.buckets is None:
             colls = list(self._default_buckets)
         else:
             colls = []
             seen: set[int] = set()
+            count = 0
             for bi, b in enumerate(plan.buckets):
-                members = self._resolve(b.members, f"bucket {bi}")
-                bad = [self.graph.nodes[m].name for m in members if m not in self._ar_set]
-                if bad or not members:
-                    raise ValueError(f"bucket {bi}: expected all-reduce names, got {bad[:3] or 'none'}")
-                if seen.intersection(members):
-                    raise ValueError(f"bucket {bi}: all-reduce "
-                                     f"{self.graph.nodes[min(seen.intersection(members))].name!r} "
-                                     "is already in another bucket")
-                seen.update(members)
-                u = self._bucket_unit(members)
-                colls.append(_Unit(-1, True, u.members, u.preds, u.dur, u.prio, f"bucket.{bi}", u.succs))
-            colls += [self._singles[a] for a in self._ars if a not in seen]
-        colls += [self._singles[c] for c in self._other_colls]
+                u = self._bucket_by_names(bi, b.members)
+                seen.update(u.members)
+                count += len(u.members)
+                if len(seen) != count:
+                    self._raise_overlap(plan)
+                colls.append(u)
+            if count != len(self._ars):
+                colls += [self._singles[a] for a in self._ars if a not in seen]
+        if self._other_colls:
+            colls += self._other_colls
         return groups, colls
 
-    # -- the sweep ---------------------------------------------------------------------------------
-    def _sweep(self, groups: list[_Unit], colls: list[_Unit], order: str, record: bool) -> SimResult:
+    def _raise_overlap(self, plan: FusionPlan) -> None:
+        owner: dict[str, str] = {}
+        parts = [(f"group {gi}", names) for gi, names in enumerate(plan.groups)]
+        parts += [(f"bucket {bi}", b.members) for bi, b in enumerate(plan.buckets or ())]
+        for where, names in parts:
+            for name in names:
+                if name in owner:
+                    raise ValueError(f"{where}: instruction {name!r} is already in {owner[name]}; "
+                                     "groups and buckets must be disjoint")
+                owner[name] = where
+        raise ValueError("plan has overlapping groups or buckets")  # pragma: no cover
+
+    def _labels(self, plan: FusionPlan, groups: list[_Unit], colls: list[_Unit]) -> dict[int, str]:
+        labels: dict[int, str] = {}
+        if plan.groups:
+            by_members = {u.members: gi for gi, u in
+                          ((gi, self._group_cache[names]) for gi, names in enumerate(plan.groups))}
+            for u in groups:
+                labels[id(u)] = f"fusion.{by_members[u.members]}"
+        if plan.buckets is None:
+            for lv, u in enumerate(c for c in colls if c.name == ""):
+                labels[id(u)] = f"combined.{lv}"
+        else:
+            for bi, b in enumerate(plan.buckets):
+                labels[id(self._bucket_names[b.members])] = f"bucket.{bi}"
+        return labels
+
+    # -- the sweeps --------------------------------------------------------------------------------
+    def _fast(self, groups: list[_Unit], colls: list[_Unit]) -> tuple[float, float, float]:
+        """(step, compute, comm) in program order, no timeline: the hot path of the search."""
         end = [_INF] * self._n
         waiters: dict[int, list[_Unit]] = {}
         heap: list[tuple[int, int, _Unit]] = []
-        seq = [0]
+        singles = self._singles
+        special: dict[int, _Unit | None] = {}
+        counter = [0]
+        state = [0.0, 0.0]  # t_c, t_m for the rare paths
+
+        def attempt(u: _Unit) -> bool:
+            r = 0.0
+            for p in u.preds:
+                e = end[p]
+                if e > r:
+                    r = e
+            if r == _INF:
+                for p in u.preds:
+                    if end[p] == _INF:
+                        waiters.setdefault(p, []).append(u)
+                        break
+                if not u.is_coll:
+                    for s in u.succs:
+                        if s not in special:
+                            special[s] = singles[s]
+                return False
+            k = 1 if u.is_coll else 0
+            t = state[k]
+            fin = (r if r > t else t) + u.dur
+            state[k] = fin
+            for m in u.members:
+                end[m] = fin
+            return True
+
+        def wake(members: tuple[int, ...]) -> None:
+            pending: list[_Unit] = []
+            todo = [members]
+            while todo or pending or heap:
+                if todo:
+                    for m in todo.pop():
+                        ws = waiters.pop(m, None)
+                        if ws:
+                            for w in ws:
+                                if w.is_coll:
+                                    pending.append(w)
+                                else:
+                                    counter[0] += 1
+                                    heapq.heappush(heap, (w.prio, counter[0], w))
+                    continue
+                w = pending.pop(0) if pending else heapq.heappop(heap)[2]
+                if attempt(w):
+                    todo.append(w.members)
+
+        for c in colls:  # register every collective before any can complete
+            if c.trigger >= 0:
+                waiters.setdefault(c.trigger, []).append(c)
+        for c in colls:
+            if c.trigger < 0 and attempt(c):
+                wake(c.members)
+        for g in groups:
+            for s in g.succs:
+                special[s] = singles[s]
+        for g in groups:
+            special.update(g.items)
+        compute = self._base_kernel_total
+        for g in groups:
+            compute += g.delta
+
+        kdur = self._kdur
+        cpreds = self._cpreds
+        t_c = state[0]
+        for i in self._scan:
+            if i in special:
+                u = special[i]
+                if u is None:
+                    continue
+                r = t_c
+                for p in u.preds:
+                    e = end[p]
+                    if e > r:
+                        r = e
+                if r == _INF:
+                    state[0] = t_c
+                    attempt(u)  # registers it as waiting
+                    continue
+                t_c = r + u.dur
+                for m in u.members:
+                    end[m] = t_c
+                for m in u.members:
+                    if m in waiters:
+                        state[0] = t_c
+                        wake(u.members)
+                        t_c = state[0]
+                        break
+                continue
+            cp = cpreds[i]
+            if cp:
+                r = t_c
+                for p in cp:
+                    e = end[p]
+                    if e > r:
+                        r = e
+                if r == _INF:
+                    state[0] = t_c
+                    attempt(singles[i])
+                    continue
+                t_c = r + kdur[i]
+            else:
+                t_c += kdur[i]
+            end[i] = t_c
+            if i in waiters:
+                state[0] = t_c
+                wake((i,))
+                t_c = state[0]
+        if waiters:
+            raise _Deadlock()
+        t_m = state[1]
+        comm = 0.0
+        for c in colls:
+            comm += c.dur
+        return (t_c if t_c > t_m else t_m), compute, comm
+
+    def _sweep(self, groups: list[_Unit], colls: list[_Unit], order: str,
+               labels: dict[int, str]) -> SimResult:
+        """The general sweep: any order, records the timeline and critical path."""
+        n = self._n
+        end = [_INF] * n
+        waiters: dict[int, list[_Unit]] = {}
+        heap: list[tuple[Any, int, _Unit]] = []
         nodes = self.graph.nodes
         events: list[Event] = []
         binding: list[int] = []  # per event: the event that bound its start, or -1
-        node_event = [-1] * self._n if record else None
-        last = {False: -1, True: -1}  # is_coll -> last event index on that stream
-        comm_total = [0.0]
-        prio_of = None
-        if order == "topological":
-            prio_of = self._priorities(groups, colls)
+        node_event = [-1] * n
+        last = [-1, -1]  # last event index on compute / comm
+        state = [0.0, 0.0]
+        counter = [0]
+        prio = self._priorities(groups, colls) if order == "topological" else None
 
-        def attempt(u: _Unit, t_c: float, t_m: float) -> tuple[float, float, bool]:
+        def key(u: _Unit) -> Any:
+            return prio[id(u)] if prio is not None else u.prio
+
+        def attempt(u: _Unit) -> bool:
             r = 0.0
             arg = -1
             for p in u.preds:
@@ -437,152 +610,78 @@ class Simulator:
                     if end[p] == _INF:
                         waiters.setdefault(p, []).append(u)
                         break
-                if not u.is_coll:
-                    for s in u.succs:
-                        if s not in special:
-                            special[s] = self._singles[s]
-                return t_c, t_m, False
-            if u.is_coll:
-                free = t_m
-                start = r if r > t_m else t_m
-                t_m = start + u.dur
-                fin = t_m
-                comm_total[0] += u.dur
+                return False
+            k = 1 if u.is_coll else 0
+            free = state[k]
+            start = r if r > free else free
+            fin = start + u.dur
+            state[k] = fin
+            ei = len(events)
+            members = tuple(nodes[m].name for m in u.members)
+            events.append(Event(labels.get(id(u)) or u.name or members[0], "comm" if k else "compute",
+                                start, fin, members))
+            if arg >= 0 and r >= free:
+                binding.append(node_event[arg])
             else:
-                free = t_c
-                start = r if r > t_c else t_c
-                t_c = start + u.dur
-                fin = t_c
+                binding.append(last[k] if free > 0 else -1)
+            last[k] = ei
             for m in u.members:
                 end[m] = fin
-            if record:
-                ei = len(events)
-                members = tuple(nodes[m].name for m in u.members)
-                events.append(Event(u.label or members[0], "comm" if u.is_coll else "compute", start, fin, members))
-                if arg >= 0 and r >= free:
-                    binding.append(node_event[arg])
-                else:
-                    binding.append(last[u.is_coll] if free > 0 else -1)
-                last[u.is_coll] = ei
-                for m in u.members:
-                    node_event[m] = ei
-            return t_c, t_m, True
+                node_event[m] = ei
+            return True
 
-        def wake(members: tuple[int, ...], t_c: float, t_m: float) -> tuple[float, float]:
-            pending: collections.deque[_Unit] = collections.deque()
-
-            def collect(ms: tuple[int, ...]) -> None:
-                for m in ms:
-                    ws = waiters.pop(m, None)
-                    if ws:
-                        for w in ws:
+        def run_unit(u: _Unit) -> None:
+            if not attempt(u):
+                return
+            pending: list[_Unit] = []
+            todo = [u.members]
+            while todo or pending or heap:
+                if todo:
+                    for m in todo.pop():
+                        for w in waiters.pop(m, ()):
                             if w.is_coll:
                                 pending.append(w)
                             else:
-                                seq[0] += 1
-                                key = prio_of[id(w)] if prio_of is not None else w.prio
-                                heapq.heappush(heap, (key, seq[0], w))
+                                counter[0] += 1
+                                heapq.heappush(heap, (key(w), counter[0], w))
+                    continue
+                w = pending.pop(0) if pending else heapq.heappop(heap)[2]
+                if attempt(w):
+                    todo.append(w.members)
 
-            collect(members)
-            while pending or heap:
-                w = pending.popleft() if pending else heapq.heappop(heap)[2]
-                t_c, t_m, done = attempt(w, t_c, t_m)
-                if done:
-                    collect(w.members)
-            return t_c, t_m
-
-        def slow(u: _Unit, t_c: float, t_m: float) -> tuple[float, float]:
-            t_c, t_m, done = attempt(u, t_c, t_m)
-            if done:
-                t_c, t_m = wake(u.members, t_c, t_m)
-            return t_c, t_m
-
-        t_c = t_m = 0.0
-        # Collectives wait on their last-placed input; those without inputs start at once.
-        ready_now = []
+        for c in colls:  # register every collective before any can complete
+            if c.trigger >= 0:
+                waiters.setdefault(c.trigger, []).append(c)
         for c in colls:
             if c.trigger < 0:
-                ready_now.append(c)
-            else:
-                waiters.setdefault(c.trigger, []).append(c)
-        for c in ready_now:
-            t_c, t_m = slow(c, t_c, t_m)
-
+                run_unit(c)
         special: dict[int, _Unit | None] = {}
         for g in groups:
-            for m in g.members:
-                special[m] = None
-            special[g.prio] = g
-        for g in groups:
-            for s in g.succs:
-                if s not in special:
-                    special[s] = self._singles[s]
-
-        if order == "program" and not record:
-            kdur = self._kdur
-            cpreds = self._cpreds
-            singles = self._singles
-            for i in self._scan:
-                if i in special:
-                    u = special[i]
-                    if u is not None:
-                        t_c, t_m = slow(u, t_c, t_m)
-                    continue
-                cp = cpreds[i]
-                if cp:
-                    r = t_c
-                    for p in cp:
-                        e = end[p]
-                        if e > r:
-                            r = e
-                    if r == _INF:
-                        t_c, t_m = slow(singles[i], t_c, t_m)
-                        continue
-                    t_c = r + kdur[i]
-                else:
-                    t_c += kdur[i]
-                end[i] = t_c
-                if i in waiters:
-                    t_c, t_m = wake((i,), t_c, t_m)
-        else:
-            for u in self._scan_units(special, order, prio_of):
-                t_c, t_m = slow(u, t_c, t_m)
-        if waiters or heap:
+            special.update(g.items)
+        units = [u for u in (special.get(i, self._singles[i]) for i in self._scan) if u is not None]
+        if prio is not None:
+            units.sort(key=key)
+        for u in units:
+            run_unit(u)
+        if waiters:
             raise _Deadlock()
+        t_c, t_m = state
         step = t_c if t_c > t_m else t_m
-        compute = self._base_kernel_total + sum(
-            g.dur - sum(self._kdur[m] for m in g.members) for g in groups)
-        if record:
-            comm = comm_total[0]
-        else:
-            comm = sum(c.dur for c in colls)
-        result = SimResult(step_time=step, compute_time=compute, comm_time=comm,
-                           exposed_comm=max(0.0, step - compute))
-        if not record:
-            return result
+        compute = self._base_kernel_total + sum(g.delta for g in groups)
+        comm = sum(c.dur for c in colls)
         path: list[str] = []
         if events:
-            ei = max(range(len(events)), key=lambda k: (events[k].end, -k))
+            ei = max(range(len(events)), key=lambda k: (events[k].end, k))
             while ei >= 0:
                 path.append(events[ei].name)
                 ei = binding[ei]
             path.reverse()
-        return dataclasses.replace(result, critical_path=tuple(path), timeline=tuple(events))
-
-    def _scan_units(self, special: dict[int, _Unit | None], order: str,
-                    prio_of: dict[int, float] | None) -> list[_Unit]:
-        units = []
-        singles = self._singles
-        for i in self._scan:
-            u = special.get(i, singles[i])
-            if u is not None:
-                units.append(u)
-        if order == "topological":
-            units.sort(key=lambda u: prio_of[id(u)])
-        return units
+        return SimResult(step_time=step, compute_time=compute, comm_time=comm,
+                         exposed_comm=max(0.0, step - compute), critical_path=tuple(path),
+                         timeline=tuple(events))
 
     def _priorities(self, groups: list[_Unit], colls: list[_Unit]) -> dict[int, tuple[float, int]]:
-        """Per kernel unit (by id): (-remaining path length, program position)."""
+        """Per unit (by id): (-remaining path length, program position)."""
         units, unit_of = self._contracted(groups, colls)
         order = self._toposort(units, unit_of)
         succ: list[set[int]] = [set() for _ in units]
@@ -600,17 +699,22 @@ class Simulator:
         if order not in ORDERS:
             raise ValueError(f"order: expected one of {', '.join(ORDERS)}, got {order!r}")
         groups, colls = self._prepare(plan)
-        try:
-            return self._sweep(groups, colls, order, record)
-        except _Deadlock:
-            pass
-        if plan.buckets is None and groups:
-            # One combined bucket per level of the graph *with the groups contracted*.
-            colls = self._combiner_buckets(groups) + [self._singles[c] for c in self._other_colls]
+        attempts = [colls]
+        if plan.buckets is None and groups and self._ars:
+            # If one combined bucket deadlocks against the groups: one bucket per level of the
+            # graph with the groups contracted.
+            attempts.append(None)
+        for cs in attempts:
+            if cs is None:
+                cs = self._combiner_buckets(groups) + self._other_colls
             try:
-                return self._sweep(groups, colls, order, record)
+                if record or order != "program":
+                    return self._sweep(groups, cs, order, self._labels(plan, groups, cs))
+                step, compute, comm = self._fast(groups, cs)
+                return SimResult(step_time=step, compute_time=compute, comm_time=comm,
+                                 exposed_comm=max(0.0, step - compute))
             except _Deadlock:
-                pass
+                continue
         units, unit_of = self._contracted(groups, colls)
         self._toposort(units, unit_of)  # raises ValueError naming the cycle
         raise RuntimeError("simulation deadlocked on an acyclic plan; this is a bug in disco.simulator")
@@ -656,7 +760,7 @@ class Simulator:
         compute = sum(self._kdur[i] for i in self._scan if nodes[i].opcode not in FUSIBLE_OPCODES)
         ar_bytes = sum(self._cbytes[a] for a in self._ars)
         comm = (self.costs.collective_time("all-reduce", ar_bytes, self.cluster) if self._ars else 0.0)
-        comm += sum(self._singles[c].dur for c in self._other_colls)
+        comm += sum(c.dur for c in self._other_colls)
         return max(compute, comm)
 
 

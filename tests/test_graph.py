@@ -1,0 +1,160 @@
+"""Graph extraction from real jax lowerings of the zoo, XLA dumps, JSON, fingerprints."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import networkx as nx
+import numpy as np
+import pytest
+
+import disco
+import trax_models
+
+REPO = Path(__file__).resolve().parents[1]
+DEVICES = 4
+
+
+@functools.lru_cache(maxsize=None)
+def zoo_step(name: str):
+    return trax_models.make_train_step(name, "tiny", devices=DEVICES)
+
+
+def step_instruction_count(text: str) -> int:
+    """Instruction lines of ENTRY plus of the computations inlined into it.
+
+    A computation is inlined when exactly one ``call`` uses it (and nothing else
+    does) and that call is itself in ENTRY or an inlined computation. Counted
+    straight from the text with regular expressions, independently of the parser.
+    """
+    blocks: dict[str, int] = {}
+    calls_in: dict[str, list[str]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        s = line.strip()
+        if s.endswith("{") and "=" not in s.split("(")[0]:
+            current = s.removeprefix("ENTRY ").split()[0].lstrip("%")
+            if s.startswith("ENTRY"):
+                entry = current
+            blocks[current], calls_in[current] = 0, []
+        elif s == "}":
+            current = None
+        elif current and re.match(r"^(ROOT\s+)?%?[\w.\-]+\s*=", s):
+            blocks[current] += 1
+            m = re.search(r"\scall\(.*to_apply=%?([\w.\-]+)", s)
+            if m:
+                calls_in[current].append(m.group(1))
+    refs = [n for _, n in re.findall(r"\b(to_apply|calls|body|condition)=%?([\w.\-]+)", text)]
+    total, todo = 0, [entry]
+    while todo:
+        comp = todo.pop()
+        total += blocks[comp]
+        todo += [c for c in calls_in[comp] if refs.count(c) == 1]
+    return total
+
+
+@pytest.mark.parametrize("name", trax_models.names())
+def test_extract_zoo_model(name):
+    step, args = zoo_step(name)
+    text = disco.hlo_text(step, *args)
+    graph = disco.HloGraph.from_hlo_text(text)
+    assert nx.is_directed_acyclic_graph(graph.to_networkx())
+    assert len(graph.nodes) == step_instruction_count(text)
+    # one all-reduce per gradient leaf, plus the loss
+    params = args[0].params
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    assert len(graph.all_reduces()) == len(leaves) + 1
+    paths = sorted(n.param_path for n in graph.all_reduces() if n.param_path is not None)
+    assert paths == sorted(jax.tree_util.keystr(p) for p, _ in leaves)
+    expected_bytes = sum(np.asarray(x).nbytes for _, x in leaves)
+    assert graph.gradient_bytes() == expected_bytes
+    # edges follow the topological node order
+    assert all(s < d for s, d in graph.edges)
+    assert sum(n.flops for n in graph.nodes) > 0
+
+
+def test_extract_optimized_has_xla_fusions():
+    step, args = zoo_step("mlp")
+    pre = disco.extract(step, *args)
+    post = disco.extract(step, *args, optimized=True)
+    assert post.opcode_histogram().get("fusion", 0) > 0
+    assert pre.opcode_histogram().get("fusion", 0) == 0
+    # XLA:CPU's combiner merges the gradient all-reduces
+    assert len(post.all_reduces()) < len(pre.all_reduces())
+
+
+def test_from_xla_dump_matches_extract(tmp_path):
+    code = (
+        "import jax, trax_models\n"
+        "step, args = trax_models.make_train_step('mlp', 'tiny', devices=4)\n"
+        "jax.jit(step).lower(*args).compile()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count=4 --xla_dump_to={tmp_path}")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO, timeout=300)
+    dumps = [p for p in glob.glob(str(tmp_path / "*before_optimizations.txt")) if "jit_" in p]
+    assert dumps, os.listdir(tmp_path)
+    dumped = max(dumps, key=os.path.getsize)
+    from_dump = disco.HloGraph.from_hlo_text(Path(dumped).read_text())
+    step, args = zoo_step("mlp")
+    extracted = disco.extract(step, *args)
+    assert len(from_dump.nodes) == len(extracted.nodes)
+    assert len(from_dump.all_reduces()) == len(extracted.all_reduces())
+    assert from_dump.fingerprint == extracted.fingerprint
+
+
+def test_json_round_trip():
+    step, args = zoo_step("transformer_lm")
+    graph = disco.extract(step, *args)
+    again = disco.HloGraph.from_json(graph.to_json())
+    assert again == graph
+    assert again.to_json() == graph.to_json()
+
+
+def test_fingerprints():
+    a = disco.extract(*_flat(zoo_step("mlp")))
+    step2, args2 = trax_models.make_train_step("mlp", "tiny", devices=DEVICES)  # a second trace
+    b = disco.extract(step2, *args2)
+    c = disco.extract(*_flat(zoo_step("rnnlm")))
+    assert a.fingerprint == b.fingerprint
+    assert a.fingerprint != c.fingerprint
+
+
+def test_fingerprint_ignores_instruction_numbering():
+    text = disco.hlo_text(*_flat(zoo_step("mlp")))
+    renumbered = re.sub(r"\b(add|multiply|dot_general)\.(\d+)\b", lambda m: f"{m.group(1)}.{int(m.group(2)) + 1000}", text)
+    assert renumbered != text
+    assert disco.HloGraph.from_hlo_text(renumbered).fingerprint == disco.HloGraph.from_hlo_text(text).fingerprint
+
+
+def _flat(step_args):
+    step, args = step_args
+    return (step, *args)
+
+
+def test_arrays_form():
+    graph = disco.extract(*_flat(zoo_step("mlp")))
+    arr = graph.to_arrays()
+    n = len(graph.nodes)
+    assert arr.node_features.shape[0] == n and arr.node_features.dtype == np.float32
+    assert arr.opcode_ids.shape == (n,)
+    assert arr.senders.shape == arr.receivers.shape == (len(graph.edges),)
+    assert np.all(arr.senders < arr.receivers)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("[]", "must be an object"),
+    ('{"schema": "other"}', "field 'schema'"),
+    ('{"schema": "disco.graph/1", "name": "x", "fingerprint": "f", "nodes": [], "edges": [[0, 1]]}', r"edges\[0\]"),
+    ("{not json", "not valid JSON"),
+])
+def test_graph_json_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        disco.HloGraph.from_json(bad)

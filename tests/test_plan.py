@@ -1,0 +1,170 @@
+"""FusionPlan: JSON boundary, validation messages, and a property test of validate on random DAGs."""
+
+from __future__ import annotations
+
+import json
+
+import hypothesis.strategies as st
+import networkx as nx
+import pytest
+from hypothesis import event, given, settings
+
+from disco.graph import HloGraph, Node
+from disco.plan import Bucket, FusionPlan, make_plan
+
+
+def node(name, opcode="add", comp="c", **kw):
+    return Node(name=name, opcode=opcode, computation=comp, shape="f32[4]", dtype="f32",
+                out_bytes=16, out_elements=4, flops=4.0, **kw)
+
+
+def ar(name, **kw):
+    return node(name, "all-reduce", grad_bytes=16, replica_groups="{{0,1}}", reduction="add", **kw)
+
+
+def graph(nodes, edges):
+    return HloGraph(name="g", nodes=tuple(nodes), edges=tuple(edges), fingerprint="f")
+
+
+# a -> b -> c, a -> x -> c   (x is a dot: not fusible)
+DIAMOND = graph([node("a"), node("b"), node("x", "dot"), node("c"), ar("r1"), ar("r2")],
+                [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (1, 5)])
+
+
+def test_json_round_trip():
+    p = make_plan([["a", "b"]], [["r1"], ["r2"]], name="p", xla_fusion="off")
+    q = FusionPlan.from_json(p.to_json())
+    assert q == p and q.digest() == p.digest()
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"schema_version": 2}, "schema_version"),
+    ({"schema_version": 1, "groups": "ab"}, "groups"),
+    ({"schema_version": 1, "xla_fusion": "maybe"}, "xla_fusion"),
+    ({"schema_version": 1, "buckets": [{"members": []}]}, r"buckets\.0\.members"),
+    ({"schema_version": 1, "buckets": [{"members": ["r1"], "build": "zip"}]}, "build"),
+    ({"schema_version": 1, "surprise": 1}, "surprise"),
+    ([1, 2], "plan field"),
+])
+def test_schema_errors_name_the_field(data, match):
+    with pytest.raises(ValueError, match=match):
+        FusionPlan.from_dict(data)
+
+
+def test_not_json():
+    with pytest.raises(ValueError, match="not valid JSON"):
+        FusionPlan.from_json("{")
+
+
+@pytest.mark.parametrize("plan, match", [
+    (make_plan([["b"], ["b", "c"]]), "group 1: instruction 'b' is already in group 0"),
+    (make_plan([["a", "zz"]]), "group 0: instruction 'zz' is not in the graph"),
+    (make_plan([["x", "c"]]), "group 0: instruction 'x' has opcode 'dot'"),
+    (make_plan(buckets=[["r1"]]), r"buckets leave out all-reduces \['r2'\]"),
+    (make_plan(buckets=[["r1", "a"], ["r2"]]), "bucket 0: 'a' is a add, not an all-reduce"),
+    (make_plan(buckets=[["r1", "r2"], ["r2"]]), "bucket 1: all-reduce 'r2' is already in bucket 0"),
+    (make_plan(buckets=[[]]), "bucket 0 is empty"),
+    (make_plan([["a", "b"]]), "group 0 has 2 outputs"),
+])
+def test_validate_errors(plan, match):
+    with pytest.raises(ValueError, match=match):
+        plan.validate(DIAMOND)
+
+
+def test_bucket_must_share_reduction():
+    g = graph([node("a"), ar("r1"), node("r2", "all-reduce", grad_bytes=16, replica_groups="{{0,1}}",
+                                          reduction="maximum")], [(0, 1), (0, 2)])
+    with pytest.raises(ValueError, match="same reduction and replica groups"):
+        make_plan(buckets=[["r1", "r2"]]).validate(g)
+
+
+def test_bucket_cycle_named():
+    # r1 -> m -> r2: merging r1 and r2 would make the bucket wait for itself
+    g = graph([node("a"), ar("r1"), node("m"), ar("r2")], [(0, 1), (1, 2), (2, 3)])
+    with pytest.raises(ValueError, match=r"bucket 0: contracting the plan forms a cycle along r1 -> m -> r2"):
+        make_plan(buckets=[["r1", "r2"]]).validate(g)
+
+
+def test_valid_plan_passes():
+    p = make_plan([["b", "c"]], [["r1", "r2"]])
+    # b feeds c and r2; c feeds r1: the single output rule is about users outside the group
+    with pytest.raises(ValueError, match="outputs"):
+        p.validate(DIAMOND)
+    ok = make_plan([["b"]], [["r1"], ["r2"]])
+    assert ok.validate(DIAMOND) is ok
+
+
+def test_compiler_options():
+    p = make_plan([["a"]], [["r1"], ["r2"]], xla_fusion="off")
+    opts = p.compiler_options("cpu")["xla_disable_hlo_passes"].split(",")
+    assert {"fusion", "reshape-mover", "cpu-all-reduce-combiner"} <= set(opts)
+    gpu = p.compiler_options("gpu")["xla_disable_hlo_passes"].split(",")
+    assert "priority-fusion" in gpu and "gpu-all-reduce-combiner" in gpu
+    assert FusionPlan().compiler_options() == {} and FusionPlan().is_default
+
+
+# -- property test -----------------------------------------------------------------------------
+@st.composite
+def dag_and_plan(draw):
+    """A random DAG with some all-reduces, random groups of other nodes, random buckets."""
+    n = draw(st.integers(3, 12))
+    edges = sorted({(i, j) for i in range(n) for j in range(i + 1, n) if draw(st.booleans()) and draw(st.booleans())})
+    is_ar = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    nodes = [ar(f"n{i}") if is_ar[i] else node(f"n{i}", "multiply") for i in range(n)]
+    g = graph(nodes, edges)
+    labels = draw(st.lists(st.integers(-4, 3), min_size=n, max_size=n))
+    groups = [tuple(f"n{i}" for i in range(n) if labels[i] == k and not is_ar[i]) for k in range(4)]
+    ars = [f"n{i}" for i in range(n) if is_ar[i]]
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(ars) - 1)), max_size=3)))) if len(ars) > 1 else []
+    buckets = [ars[a:b] for a, b in zip([0] + cuts, cuts + [len(ars)]) if ars[a:b]]
+    return g, [grp for grp in groups if grp], buckets
+
+
+def clusters(groups, buckets):
+    return [tuple(x) for x in groups] + [tuple(b) for b in buckets]
+
+
+def contraction_is_acyclic(g: HloGraph, parts) -> bool:
+    """Independent check with networkx: contract each group and bucket into one node."""
+    owner = {name: f"G{k}" for k, grp in enumerate(parts) for name in grp}
+    q = nx.DiGraph()
+    q.add_nodes_from(owner.get(n.name, n.name) for n in g.nodes)
+    for s, d in g.edges:
+        a, b = owner.get(g.nodes[s].name, g.nodes[s].name), owner.get(g.nodes[d].name, g.nodes[d].name)
+        if a != b:
+            q.add_edge(a, b)
+    return nx.is_directed_acyclic_graph(q)
+
+
+def n_outputs(g: HloGraph, grp) -> int:
+    users = {n.name: [] for n in g.nodes}
+    for s, d in g.edges:
+        users[g.nodes[s].name].append(g.nodes[d].name)
+    return sum(1 for m in grp if not users[m] or any(u not in grp for u in users[m]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(dag_and_plan())
+def test_validate_accepts_exactly_acyclic_contractions(case):
+    g, groups, buckets = case
+    plan = make_plan(groups, buckets if buckets else None)
+    event("multi-output" if any(n_outputs(g, grp) > 1 for grp in groups) else
+          ("acyclic" if contraction_is_acyclic(g, clusters(groups, buckets)) else "cycle"))
+    if any(n_outputs(g, grp) > 1 for grp in groups):
+        with pytest.raises(ValueError, match="outputs used outside it"):
+            plan.validate(g)
+        return
+    parts = clusters(groups, buckets)
+    if contraction_is_acyclic(g, parts):
+        assert plan.validate(g) is plan
+        return
+    with pytest.raises(ValueError, match="cycle along") as err:
+        plan.validate(g)
+    # the named path is real: each step is an edge of the graph or stays inside one group/bucket,
+    # and it leaves a group or bucket and comes back to it
+    path = str(err.value).split("cycle along ")[1].split(" -> ")
+    names = {n.name: i for i, n in enumerate(g.nodes)}
+    edges = set(g.edges)
+    same = lambda a, b: any(a in p and b in p for p in parts)  # noqa: E731
+    assert all((names[a], names[b]) in edges or same(a, b) for a, b in zip(path, path[1:]))
+    assert same(path[0], path[-1])
