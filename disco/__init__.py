@@ -24,7 +24,12 @@ _EXPORTS = {
 }
 
 
+_SUBMODULES = {"baselines", "bench", "random_plans", "plan_check", "costs", "simulator", "cluster"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"disco.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'disco' has no attribute {name!r}")

@@ -186,7 +186,8 @@ def _rewrite_groups(comp: Computation, lines: list[_Line], groups: Sequence[Sequ
         order = max(m.order for m in members)
         out = [ln for ln in out if ln.name not in gset]
         fusion = _Line(fname, root_shape, "fusion", inputs,
-                       [("kind", "kLoop"), ("calls", f"%{cname}")], order=order)
+                       [("kind", "kLoop"), ("calls", f"%{cname}"),
+                        ("metadata", f'{{op_name="{PREFIX}.fusion.{k}"}}')], order=order)
         out.append(fusion)
         if len(outputs) == 1:
             rename[outputs[0].name] = fname

@@ -1,0 +1,150 @@
+"""Applying plans to the real XLA compile: equivalence, visible plans, fallbacks."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import numpy as np
+import pytest
+
+import disco
+import trax_models
+import xla_hooks
+from disco import baselines, random_plans
+from disco.plan import FusionPlan, make_plan
+from xla_hooks import _jax_private
+from xla_hooks.apply_plan import PlanFallbackWarning
+
+DEVICES = 4
+FAST_MODELS = ("mlp",)
+MODELS = [pytest.param(m, marks=() if m in FAST_MODELS else pytest.mark.slow) for m in trax_models.names()]
+
+
+@functools.lru_cache(maxsize=None)
+def setup(name):
+    # SGD keeps parameters whose true gradient is zero (e.g. attention key biases) at noise
+    # level; Adam would divide that rounding noise by its own square root and amplify it.
+    step, args = trax_models.make_train_step(name, "tiny", devices=DEVICES, optimizer="sgd")
+    graph = disco.extract(step, *args)
+    return step, args, graph
+
+
+def three_steps(fn, args):
+    state, batch = args
+    for _ in range(3):
+        state, _ = fn(state, batch)
+    return jax.tree.map(np.asarray, state)
+
+
+def assert_close(a, b, rtol=1e-5, atol=1e-7):
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+def assert_bitwise(a, b):
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+        assert np.array_equal(x, y), jax.tree_util.keystr(path)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_plans_keep_the_numbers(name):
+    step, args, graph = setup(name)
+    reference = three_steps(jax.jit(step), args)
+    per_tensor = three_steps(xla_hooks.apply(baselines.make("per_tensor", graph), step, *args), args)
+    plans = {**baselines.make_all(graph),
+             **{f"random_{s}": random_plans.random_plan(graph, s) for s in range(5)}}
+    assert any(p.groups for p in plans.values()), "random plans should contain op groups"
+    for pname, plan in plans.items():
+        applied = xla_hooks.apply(plan, step, *args)
+        assert applied.applied, f"{pname}: {applied.fallback_reason}"
+        out = three_steps(applied, args)
+        assert_close(out, reference)
+        if plan.buckets is not None and not plan.groups and plan.xla_fusion == "extend":
+            # bucketing never changes a bit compared with one all-reduce per gradient
+            assert_bitwise(out, per_tensor)
+
+
+def update_groups(graph, limit=6):
+    """Groups (multiply, add) of the SGD update: distinct parameters, so XLA's CSE cannot merge them."""
+    idx = graph.index()
+    users = {}
+    for src, dst in graph.edges:
+        users.setdefault(src, []).append(dst)
+    groups = []
+    for i, n in enumerate(graph.nodes):
+        if n.opcode != "add":
+            continue
+        for op in n.operands:
+            j = idx[op]
+            if graph.nodes[j].opcode == "multiply" and users.get(j) == [i] and \
+                    any(graph.nodes[idx[o]].opcode in ("parameter", "get-tuple-element") for o in n.operands):
+                groups.append((op, n.name))
+                break
+        if len(groups) == limit:
+            break
+    return groups
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer_lm"])
+def test_compiled_hlo_shows_the_plan(name):
+    step, args, graph = setup(name)
+    groups = update_groups(graph)
+    assert len(groups) >= 3
+    plan = make_plan(groups, [b.members for b in random_plans.random_buckets(graph, __import__("random").Random(1))],
+                     xla_fusion="off").validate(graph)
+    applied = xla_hooks.apply(plan, step, *args)
+    assert applied.applied, applied.fallback_reason
+    text = applied.compiled_text()
+    # each planned group is one kLoop fusion named after it (XLA renames disco.fusion.k to disco_fusion.N)
+    planned = re.findall(r"^\s*(?:ROOT )?%disco_fusion[\w.]* = .*? fusion\(.*kind=kLoop", text, flags=re.M)
+    assert len(planned) == len(plan.groups)
+    fusions, all_reduces = disco.bench.compiled_counts(text)
+    assert all_reduces == len(plan.buckets)
+    _, default_ars = disco.bench.compiled_counts(jax.jit(step).lower(*args).compile().as_text())
+    assert default_ars == 1  # XLA:CPU's combiner merges every all-reduce
+
+
+def test_bucket_count_matches(name="mlp"):
+    step, args, graph = setup(name)
+    for bname in ("per_tensor", "one_bucket", "ddp"):
+        plan = baselines.make(bname, graph)
+        applied = xla_hooks.apply(plan, step, *args)
+        assert disco.bench.compiled_counts(applied.compiled_text())[1] == len(plan.buckets)
+
+
+def test_invalid_plan_falls_back_with_a_warning():
+    step, args, graph = setup("mlp")
+    plan = make_plan([["no_such_instruction"]], name="bad")
+    with pytest.warns(PlanFallbackWarning, match="plan 'bad' could not be applied.*not in the graph"):
+        applied = xla_hooks.apply(plan, step, *args)
+    assert not applied.applied and applied.plan.name == "xla_default"
+    assert_close(three_steps(applied, args), three_steps(jax.jit(step), args))
+
+
+def test_broken_private_api_falls_back(monkeypatch):
+    step, args, graph = setup("mlp")
+    import jaxlib._hlo
+
+    monkeypatch.delattr(jaxlib._hlo, "hlo_module_from_text")
+    plan = baselines.make("one_bucket", graph)
+    with pytest.warns(PlanFallbackWarning, match="PrivateApiError"):
+        applied = xla_hooks.apply(plan, step, *args)
+    assert not applied.applied
+    assert_close(three_steps(applied, args), three_steps(jax.jit(step), args))
+
+
+def test_untested_jax_version_falls_back(monkeypatch):
+    step, args, graph = setup("mlp")
+    monkeypatch.setattr(_jax_private, "TESTED_JAX_VERSIONS", ("0.0.1",))
+    with pytest.warns(PlanFallbackWarning, match="not a version disco's XLA hooks were tested with"):
+        applied = xla_hooks.apply(baselines.make("per_tensor", graph), step, *args)
+    assert not applied.applied
+
+
+def test_default_plan_is_the_default_compile():
+    step, args, _ = setup("mlp")
+    applied = xla_hooks.apply(FusionPlan(), step, *args)
+    assert applied.applied
+    assert_bitwise(three_steps(applied, args), three_steps(jax.jit(step), args))
