@@ -30,11 +30,12 @@ XlaFusion = Literal["off", "extend"]
 # measured safe are listed; scripts/measure_fusible.py re-measures them, each compile
 # in a child process, and docs/fusible_opcodes.md records the result.
 FUSIBLE_OPCODES: frozenset[str] = frozenset({
-    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "convert", "cosine",
-    "divide", "erf", "exponential", "exponential-minus-one", "floor", "is-finite", "log",
-    "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate", "not", "or",
-    "power", "remainder", "round-nearest-afz", "round-nearest-even", "rsqrt", "select", "sign",
-    "sine", "sqrt", "subtract", "tan", "tanh", "xor",
+    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "constant", "convert",
+    "copy", "cosine", "divide", "dynamic-slice", "dynamic-update-slice", "erf", "exponential",
+    "exponential-minus-one", "floor", "iota", "is-finite", "log", "log-plus-one", "maximum",
+    "minimum", "multiply", "negate", "not", "or", "pad", "power", "reduce", "reduce-precision",
+    "reduce-window", "remainder", "reverse", "round-nearest-afz", "round-nearest-even", "rsqrt",
+    "select", "sign", "sine", "slice", "sqrt", "subtract", "tan", "tanh", "xor",
 })
 
 # Compile-time passes a plan needs switched off, per backend.
