@@ -87,12 +87,18 @@ def contraction_cycle(plan: FusionPlan, graph: HloGraph) -> list[str] | None:
 MANUAL_BODY_PREFIX = "xla.sdy.manual_computation_body"
 
 
-def _group_outputs(graph: HloGraph, index: dict[str, int], group) -> list[str]:
-    """Members of ``group`` whose values are used outside it (or that have no users)."""
-    gset = set(group)
+def users_of(graph: HloGraph) -> dict[int, list[int]]:
     users: dict[int, list[int]] = collections.defaultdict(list)
     for s, d in graph.edges:
         users[s].append(d)
+    return users
+
+
+def _group_outputs(graph: HloGraph, index: dict[str, int], group,
+                   users: dict[int, list[int]] | None = None) -> list[str]:
+    """Members of ``group`` whose values are used outside it (or that have no users)."""
+    gset = set(group)
+    users = users_of(graph) if users is None else users
     out = []
     for name in group:
         us = users[index[name]]
@@ -106,6 +112,7 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
     from disco.plan import FUSIBLE_OPCODES
 
     index = graph.index()
+    users = users_of(graph) if plan.groups else {}
     owner: dict[str, str] = {}
     for gi, group in enumerate(plan.groups):
         if len(group) < 1:
@@ -126,7 +133,7 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
             comps.add(node.computation)
         if len(comps) > 1:
             raise ValueError(f"group {gi} spans computations {sorted(comps)}; a fusion lives in one")
-        outputs = _group_outputs(graph, index, group)
+        outputs = _group_outputs(graph, index, group, users)
         if len(outputs) > 1:
             raise ValueError(
                 f"group {gi} has {len(outputs)} outputs used outside it ({', '.join(outputs[:4])}); "

@@ -7,7 +7,7 @@ import random
 
 from disco.graph import HloGraph
 from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
-from disco.plan_check import contraction_cycle, _group_outputs
+from disco.plan_check import _group_outputs, contraction_cycle, users_of
 
 
 def _adjacency(graph: HloGraph) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -24,6 +24,7 @@ def random_groups(graph: HloGraph, rng: random.Random, *, n_groups: int = 8, max
     """Grows up to ``n_groups`` connected groups of fusible ops, each valid on its own and together."""
     succ, pred = _adjacency(graph)
     index = graph.index()
+    users = users_of(graph)
     fusible = [i for i, n in enumerate(graph.nodes) if n.opcode in FUSIBLE_OPCODES and n.opcode != "constant"]
     taken: set[int] = set()
     groups: list[tuple[str, ...]] = []
@@ -48,7 +49,7 @@ def random_groups(graph: HloGraph, rng: random.Random, *, n_groups: int = 8, max
         if len(members) < 2:
             continue
         names = tuple(graph.nodes[i].name for i in sorted(members))
-        if len(_group_outputs(graph, index, names)) != 1:
+        if len(_group_outputs(graph, index, names, users)) != 1:
             continue
         trial = FusionPlan(groups=tuple(groups) + (names,))
         if contraction_cycle(trial, graph) is not None:

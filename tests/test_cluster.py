@@ -1,0 +1,220 @@
+"""Tests for disco.cluster: our YAML format, presets, and the SuperScaler/AutoDist-style files."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from disco.cluster import (PRESETS, ClusterSpec, LinkSpec, load_cluster, parse_bandwidth, parse_latency,
+                           preset)
+
+SUPERSCALER = """\
+Server:
+  host0:
+    GPU:
+      0:
+        links:
+          - {dest: /server/host0/GPU/1/, type: NVLink, rate: 2400Gbps, propagation_latency: 5us}
+      1:
+        links:
+          - {dest: /server/host0/GPU/0/, type: NVLink, rate: 2400Gbps, propagation_latency: 5us}
+    NIC:
+      0:
+        links:
+          - {dest: /server/host1/NIC/0/, type: RDMA, rate: 100Gbps, propagation_latency: 15us}
+  host1:
+    GPU:
+      0:
+        links:
+          - {dest: /server/host1/GPU/1/, type: NVLink, rate: 2400Gbps, propagation_latency: 5us}
+      1:
+        links:
+          - {dest: /server/host1/GPU/0/, type: NVLink, rate: 2400Gbps, propagation_latency: 5us}
+"""
+
+AUTODIST = """\
+nodes:
+  - address: 10.0.0.1
+    gpus: [0, 1]
+    chief: true
+    network_bandwidth: 100
+  - address: 10.0.0.2
+    gpus: [0, 1]
+    network_bandwidth: 100
+ssh:
+  conf: {username: ubuntu}
+"""
+
+NVLINK = LinkSpec(300e9, 5e-6)
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_units():
+    assert parse_bandwidth("100Gbps", "x") == 12.5e9
+    assert parse_bandwidth("100 Gb/s", "x") == 12.5e9
+    assert parse_bandwidth("300GB/s", "x") == 300e9
+    assert parse_bandwidth("1GiB/s", "x") == 2**30
+    assert parse_bandwidth(25, "x", bare_unit=1e9 / 8) == 25e9 / 8
+    assert parse_latency("5us", "x") == 5e-6
+    assert parse_latency("2ms", "x") == 2e-3
+    assert parse_latency("15 µs", "x") == 15e-6
+    assert parse_latency(1e-6, "x") == 1e-6
+    with pytest.raises(ValueError, match=r"f: unknown unit 'furlongs' in '3 furlongs'; expected a bandwidth"):
+        parse_bandwidth("3 furlongs", "f")
+    with pytest.raises(ValueError, match=r"f: expected a positive bandwidth, got 0"):
+        parse_bandwidth(0, "f")
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_round_trip_through_yaml(name, tmp_path):
+    spec = preset(name)
+    assert ClusterSpec.from_yaml(spec.to_yaml()) == spec
+    path = tmp_path / "c.yaml"
+    path.write_text(spec.to_yaml())
+    again = ClusterSpec.from_yaml(str(path))
+    assert again == spec and again.label == spec.label and again.description == spec.description
+    assert load_cluster(path) == spec
+
+
+def test_preset_shapes():
+    assert preset("dgx-a100-8").num_devices == 8
+    two = preset("2x8-100gbe")
+    assert (two.nodes, two.devices_per_node, two.inter.bandwidth, two.algorithm) == (2, 8, 12.5e9, "hierarchical")
+    assert "not measured" in two.label
+    assert preset("16x8-ib").num_devices == 128
+    local = preset("local", devices=4)
+    assert (local.num_devices, local.nodes) == (4, 1) and "placeholder" in local.label
+    cal = preset("local", calibration={"bandwidth": 2e9, "latency": 1e-5, "compute_speed": 0.5})
+    assert (cal.intra.bandwidth, cal.intra.latency, cal.compute_speed) == (2e9, 1e-5, 0.5)
+
+
+def test_preset_errors():
+    with pytest.raises(ValueError, match=r"unknown cluster preset 'dgx-h100'; expected one of local, dgx-a100-8, "
+                                         r"2x8-100gbe, 16x8-ib"):
+        preset("dgx-h100")
+    with pytest.raises(ValueError, match=r"preset 'dgx-a100-8' has 8 devices, got devices=16"):
+        preset("dgx-a100-8", devices=16)
+    with pytest.raises(ValueError, match=r"preset 'local': calibration: unknown keys \['speed'\]"):
+        preset("local", calibration={"speed": 2.0})
+
+
+def test_our_yaml_with_units_and_defaults():
+    spec = ClusterSpec.from_yaml("""
+        name: two
+        nodes: 2
+        devices_per_node: 2
+        intra: {bandwidth: 300GB/s, latency: 5us}
+        inter: {bandwidth: 100Gbps, latency: 15us}
+    """)
+    assert spec == ClusterSpec("two", 2, 2, LinkSpec(300e9, 5e-6), LinkSpec(12.5e9, 15e-6), "ring", 1.0)
+
+
+_ONE = "nodes: 1\ndevices_per_node: 1\n"
+_LINK = "intra: {bandwidth: 1, latency: 0}\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nodes: 0\ndevices_per_node: 1\n" + _LINK, r"cluster.nodes: expected an integer >= 1, got 0"),
+    ("nodes: 2\ndevices_per_node: 1\n" + _LINK, r"cluster: missing field 'inter'"),
+    (_ONE + "intra: {bandwidth: 1}", r"cluster.intra: expected a mapping with keys bandwidth and latency"),
+    (_ONE + _LINK + "algorithm: star", r"cluster.algorithm: expected one of ring, tree, hierarchical, got 'star'"),
+    (_ONE + _LINK + "color: red", r"cluster: unknown fields \['color'\]"),
+    ("- 1\n- 2", r"cluster: expected a mapping of cluster fields, got list"),
+    ("nodes: [", r"cluster: not valid YAML"),
+])
+def test_our_yaml_errors(text, message):
+    with pytest.raises(ValueError, match=message):
+        ClusterSpec.from_yaml(text)
+
+
+def test_superscaler_and_autodist_files_load_into_equal_specs(tmp_path):
+    ss = load_cluster(_write(tmp_path, "resource_pool.yaml", SUPERSCALER), algorithm="hierarchical")
+    ad = load_cluster(_write(tmp_path, "resource_spec.yml", AUTODIST), algorithm="hierarchical",
+                      intra=NVLINK, inter_latency=15e-6)
+    expected = ClusterSpec("2x2", 2, 2, NVLINK, LinkSpec(12.5e9, 15e-6), "hierarchical")
+    assert ss == ad == expected
+    assert "SuperScaler" in ss.label and "AutoDist" in ad.label
+
+
+def test_superscaler_switch_links_and_one_server(tmp_path):
+    one = load_cluster(_write(tmp_path, "resource_pool.yaml", """\
+        Server:
+          solo:
+            GPU:
+              0: {links: [{dest: /server/solo/GPU/1/, rate: 800, propagation_latency: 2e-6}]}
+              1: {links: [{dest: /server/solo/GPU/0/, rate: 400, propagation_latency: 1e-6}]}
+        """))
+    assert (one.nodes, one.devices_per_node) == (1, 2)
+    assert one.intra == LinkSpec(400e9 / 8, 2e-6) == one.inter  # bottleneck of the two links
+    two = load_cluster(_write(tmp_path, "pool.yaml", """\
+        Server:
+          a: {GPU: {0: {links: []}}}
+          b: {GPU: {0: {links: []}}}
+        Switch:
+          sw: {links: [{dest: /server/a/NIC/0/, rate: 25Gbps, propagation_latency: 10us}]}
+        """))
+    assert (two.nodes, two.devices_per_node, two.inter.bandwidth) == (2, 1, 25e9 / 8)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("Server:\n  a: {GPU: {0: {links: []}, 1: {links: []}}}\n  b: {GPU: {0: {links: []}}}\n",
+     r"resource_pool.yaml: Server.\*.GPU: every server must have the same number of GPUs, got \{'a': 2, 'b': 1\}"),
+    ("Server:\n  a: {GPU: {0: {links: [{dest: /server/a/GPU/1/, rate: fast, propagation_latency: 1us}]}}}\n",
+     r"Server.a.GPU.0.links\[0\].rate: expected a bandwidth"),
+    ("Server:\n  a: {GPU: {0: {links: [{dest: /server/a/GPU/1/, rate: 1Gbps}]}}}\n",
+     r"Server.a.GPU.0.links\[0\]: missing field 'propagation_latency'"),
+    ("Server:\n  a: {GPU: {0: {links: [{dest: /server/zz/GPU/1/, rate: 1Gbps, propagation_latency: 1us}]}}}\n",
+     r"Server.a.GPU.0: link dest '/server/zz/GPU/1/' names an unknown server 'zz'"),
+    ("Server:\n  a: {GPU: {0: {links: []}}}\n  b: {GPU: {0: {links: []}}}\n",
+     r"resource_pool.yaml: no link between servers"),
+    ("Server:\n  a: {CPU: {0: {links: []}}}\n", r"resource_pool.yaml: Server.a.GPU: expected a mapping of GPU index"),
+    ("Server:\n  a: {GPU: {0: {links: []}}}\nRouter: {}\n", r"unknown top-level keys \['Router'\]"),
+])
+def test_superscaler_errors_name_the_field(tmp_path, text, message):
+    with pytest.raises(ValueError, match=message):
+        load_cluster(_write(tmp_path, "resource_pool.yaml", text))
+
+
+@pytest.mark.parametrize("text, kwargs, message", [
+    ("nodes:\n  - {address: a, gpus: [0, 1]}\n  - {address: b, gpus: abc}\n", {"intra": NVLINK},
+     r"resource_spec.yml: nodes\[1\].gpus: expected a list of GPU indices, got 'abc'"),
+    ("nodes:\n  - {address: a, gpus: [0, 1]}\n  - {address: b, gpus: [0]}\n", {"intra": NVLINK},
+     r"nodes\[\*\].gpus: every node must have the same number of GPUs, got \[2, 1\]"),
+    ("nodes:\n  - {gpus: [0]}\n", {"intra": NVLINK}, r"resource_spec.yml: nodes\[0\]: missing field 'address'"),
+    ("nodes:\n  - {address: a, gpus: [0]}\n", {}, r"does not describe links inside a node; pass intra="),
+    ("nodes:\n  - {address: a, gpus: [0]}\n  - {address: b, gpus: [0]}\n", {"intra": NVLINK, "inter_latency": 1e-5},
+     r"nodes\[\*\].network_bandwidth: no node gives one"),
+    ("nodes:\n  - {address: a, gpus: [0], network_bandwidth: 10}\n  - {address: b, gpus: [0]}\n",
+     {"intra": NVLINK}, r"gives no inter-node latency; pass inter_latency="),
+    ("nodes:\n  - {address: a, gpus: [0], chief: true}\n  - {address: b, gpus: [0], chief: true}\n",
+     {"intra": NVLINK}, r"nodes: expected at most one node with chief: true, got 2"),
+    ("nodes:\n  - {address: a, gpus: [0], network_bandwidth: fast}\n", {"intra": NVLINK},
+     r"nodes\[0\].network_bandwidth: expected a bandwidth"),
+])
+def test_autodist_errors_name_the_field(tmp_path, text, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        load_cluster(_write(tmp_path, "resource_spec.yml", text), **kwargs)
+
+
+def test_autodist_overrides_and_one_node(tmp_path):
+    one = load_cluster(_write(tmp_path, "resource_spec.yml", "nodes:\n  - {address: a, gpus: [0, 1, 2]}\n"),
+                       intra=NVLINK, name="box")
+    assert one == ClusterSpec("box", 1, 3, NVLINK, NVLINK)
+    two = load_cluster(_write(tmp_path, "r.yml", "nodes:\n  - {address: a, gpus: [0]}\n  - {address: b, gpus: [0]}\n"),
+                       intra=NVLINK, inter_latency=1e-5, inter_bandwidth=1e9)
+    assert two.inter == LinkSpec(1e9, 1e-5)
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError, match=r"ClusterSpec.devices_per_node: expected an integer >= 1, got 0"):
+        ClusterSpec("x", 1, 0, NVLINK, NVLINK)
+    with pytest.raises(ValueError, match=r"LinkSpec.latency: expected a non-negative number of seconds, got -1"):
+        LinkSpec(1.0, -1)
+    with pytest.raises(ValueError, match=r"ClusterSpec.compute_speed: expected a positive number, got 0"):
+        ClusterSpec("x", 1, 1, NVLINK, NVLINK, compute_speed=0)
