@@ -161,9 +161,45 @@ def _resolve_plans(spec: str, graph: Any) -> dict[str, Any]:
     return plans
 
 
+def cmd_bench_processes(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from disco import multiprocess
+
+    names = tuple(p.strip() for p in args.plans.split(",") if p.strip())
+    if "xla_default" not in names:
+        names = ("xla_default",) + names
+    spec = multiprocess.WorkerSpec(model=args.model, preset=args.preset, plans=names,
+                                   rounds=args.rounds, steps=args.steps, optimizer=args.optimizer)
+    res = multiprocess.launch(args.processes, args.devices_per_process, spec, timeout_s=args.timeout)
+    if not res.ok:
+        raise CliError("multi-process bench failed: " + "; ".join(res.failures or ("no results",)))
+    rows = multiprocess.combine(res)
+    info = {"model": args.model, "preset": args.preset, "processes": args.processes,
+            "devices_per_process": args.devices_per_process, "rounds": args.rounds,
+            "steps_per_round": args.steps, "fingerprints": sorted({r["fingerprint"] for r in res.results})}
+    if args.json:
+        _print_json({**info, "results": rows})
+        return 0
+    t = Table(title=f"disco bench {args.model}/{args.preset}: {args.processes} processes x "
+                    f"{args.devices_per_process} CPU devices over 127.0.0.1 (gloo), measured; "
+                    "median = slowest process")
+    for col in ("plan", "median ms", "min ms", "max ms", "vs xla_default", "all-reduces", "applied"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
+                  f"{r['ratio_to_xla_default']:.3f}x", str(r["all_reduces"]), "yes" if r["applied"] else "no")
+    Console(width=max(120, Console().width)).print(t)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
+
+    if args.processes > 1:
+        return cmd_bench_processes(args)
 
     from disco import bench, extractor
     from disco.graph import HloGraph
@@ -236,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of baselines (horovod:128 sets a threshold) or plan .json files")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="run across this many local processes (jax.distributed over 127.0.0.1)")
+    p.add_argument("--devices-per-process", type=int, default=2, help="CPU devices per process (default 2)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds before hung workers are killed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench)
     return parser
