@@ -246,6 +246,75 @@ def _device_kind() -> str:
     return f"{d.platform}:{getattr(d, 'device_kind', '?')} x{len(jax.devices())} on {platform.machine()}"
 
 
+# -- disco calibrate / simulate ------------------------------------------------------------------
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from disco import calibrate as cal
+    from disco import cluster
+
+    _setup_devices(args.devices)
+    c = cal.calibrate(args.devices, reps=args.reps)
+    spec = cluster.preset("local", devices=args.devices, calibration=c.as_preset_calibration())
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(spec.to_yaml())
+    out = {**c.to_dict(), "cluster_yaml": args.out}
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"measured all-reduce on {args.devices} CPU devices (median of {args.reps}):")
+        for s, t in zip(c.sizes, c.medians_s):
+            print(f"  {s:>10,d} bytes  {t * 1e6:10.1f} us")
+        print(f"fit t = {c.fit_a * 1e6:.1f} us + n / {1 / c.fit_b / 1e9:.2f} GB/s; ring link latency "
+              f"{c.latency * 1e6:.2f} us, bandwidth {c.bandwidth / 1e9:.2f} GB/s")
+        if args.out:
+            print(f"wrote {args.out}")
+    return 0
+
+
+def _load_cluster_arg(value: str | None, devices: int) -> Any:
+    from disco import cluster
+
+    if value is None:
+        return cluster.preset("local", devices=devices)
+    if os.path.exists(value):
+        return cluster.load_cluster(value)
+    return cluster.preset(value, devices=devices if value == "local" else None)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from disco import costs, extractor, simulator
+    from disco.graph import HloGraph
+
+    step, example = _make_step(args)
+    graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
+    plans = _resolve_plans(args.plans, graph)
+    spec = _load_cluster_arg(args.cluster, args.devices)
+    cm = costs.AnalyticCosts()
+    sim = simulator.Simulator(graph, cm, spec)
+    rows = []
+    for name, plan in plans.items():
+        r = sim.run(plan)
+        rows.append({"plan": name, **{f"{k}_ms": round(v * 1e3, 4) for k, v in r.summary().items()}})
+    lb = sim.lower_bound()
+    out = {"model": args.model, "preset": args.preset, "devices": args.devices, "cluster": spec.name,
+           "cost_model": cm.name, "simulated": True, "lower_bound_ms": round(lb * 1e3, 4), "results": rows}
+    if args.json:
+        _print_json(out)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"simulated (cost model {cm.name}, cluster {spec.name}): {args.model}/{args.preset}, "
+                    f"lower bound {lb * 1e3:.3f} ms")
+    cols = list(rows[0].keys())
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(r[c]) for c in cols])
+    Console(width=max(120, Console().width)).print(t)
+    return 0
+
+
 # -- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -278,6 +347,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600, help="seconds before hung workers are killed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("calibrate", help="measure all-reduce latency/bandwidth and write a cluster spec")
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", metavar="YAML", help="write the calibrated 'local' cluster spec here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("simulate", help="predict step times of plans with the simulator")
+    _add_model_args(p)
+    p.add_argument("--plans", default="xla_default,per_tensor,one_bucket,horovod,ddp")
+    p.add_argument("--cluster", help="a cluster YAML file or preset name (default: local)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_simulate)
     return parser
 
 

@@ -74,3 +74,25 @@ def test_graph_table():
     r = run_cli("graph", "--model", "mlp", "--devices", "2")
     assert r.returncode == 0, r.stderr
     assert "fingerprint" in r.stdout and "all_reduces" in r.stdout
+
+
+def test_simulate_json():
+    r = run_cli("simulate", "--model", "mlp", "--devices", "4", "--plans", "xla_default,per_tensor", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["simulated"] is True and out["cost_model"] == "analytic"
+    by = {row["plan"]: row for row in out["results"]}
+    assert by["per_tensor"]["comm_time_ms"] > by["xla_default"]["comm_time_ms"] > 0
+    assert all(row["step_time_ms"] >= out["lower_bound_ms"] for row in out["results"])
+
+
+def test_calibrate_writes_a_loadable_spec(tmp_path):
+    out = tmp_path / "local.yaml"
+    r = run_cli("calibrate", "--devices", "2", "--reps", "3", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["bandwidth"] > 0 and data["latency"] > 0
+    from disco import cluster
+
+    spec = cluster.load_cluster(str(out))
+    assert spec.num_devices == 2 and spec.intra.bandwidth == pytest.approx(data["bandwidth"])
