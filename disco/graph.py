@@ -46,6 +46,7 @@ class Node:
     param_path: str | None = None  # all-reduce nodes: the parameter it reduces, if known
     replica_groups: str | None = None  # all-reduce nodes: replica groups text
     reduction: str | None = None  # all-reduce nodes: the reduction's binary opcode
+    layout: str = ""  # the layout text when it is not the default (major-to-minor) one
 
     @property
     def is_all_reduce(self) -> bool:
@@ -205,6 +206,16 @@ class HloGraph:
 
 
 # ---------------------------------------------------------------------------------------------
+def _nondefault_layout(ins: hlo_parse.Instruction) -> str:
+    """The instruction's layout text if some array is not in the default layout, else ''."""
+    layouts = re.findall(r"\]\{([0-9,]*)", ins.shape)
+    for text in layouts:
+        dims = [int(d) for d in text.split(",") if d]
+        if dims != sorted(dims, reverse=True):
+            return ";".join(layouts)
+    return ""
+
+
 def _strip_layout(shape: str) -> str:
     return re.sub(r"\{[^{}]*\}", "", re.sub(r"/\*.*?\*/", "", shape)).replace(" ", "")
 
@@ -348,6 +359,7 @@ def from_module(module: hlo_parse.Module) -> HloGraph:
             param_path=_grad_path(ins) if is_ar else None,
             replica_groups=ins.attrs.get("replica_groups") if is_ar else None,
             reduction=_reduction_opcode(module, ins) if is_ar else None,
+            layout=_nondefault_layout(ins),
         ))
     edges: list[tuple[int, int]] = []
     for ins in ordered:

@@ -107,6 +107,32 @@ def _group_outputs(graph: HloGraph, index: dict[str, int], group,
     return out
 
 
+# Producers whose results XLA:CPU's layout assignment may give a layout that an injected
+# fusion cannot absorb (measured: a group fed by two convolutions aborted the process with
+# "Check failed: has_layout()" on resnet50).
+LAYOUT_SENSITIVE_PRODUCERS = frozenset({"convolution"})
+
+
+def _check_layouts(graph: HloGraph, index: dict[str, int], gi: int, group) -> None:
+    gset = set(group)
+    for name in group:
+        node = graph.nodes[index[name]]
+        if node.layout:
+            raise ValueError(f"group {gi}: {name!r} has the non-default layout {{{node.layout}}}; "
+                             "planned fusions are kept to default layouts (a precaution: layout mismatches inside "
+                             "injected fusions abort XLA:CPU)")
+        for op in node.operands:
+            if op in gset or op not in index:
+                continue
+            src = graph.nodes[index[op]]
+            if src.layout:
+                raise ValueError(f"group {gi}: input {op!r} of {name!r} has the non-default layout "
+                                 f"{{{src.layout}}}; injected fusions need default layouts")
+            if src.opcode in LAYOUT_SENSITIVE_PRODUCERS:
+                raise ValueError(f"group {gi}: input {op!r} of {name!r} is a {src.opcode}, whose layout "
+                                 "XLA:CPU chooses late; injected fusions may not read it directly")
+
+
 def validate(plan: FusionPlan, graph: HloGraph) -> None:
     """Raises ValueError describing the first problem found; returns None for a valid plan."""
     from disco.plan import FUSIBLE_OPCODES
@@ -133,6 +159,7 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
             comps.add(node.computation)
         if len(comps) > 1:
             raise ValueError(f"group {gi} spans computations {sorted(comps)}; a fusion lives in one")
+        _check_layouts(graph, index, gi, group)
         outputs = _group_outputs(graph, index, group, users)
         if len(outputs) > 1:
             raise ValueError(

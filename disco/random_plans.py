@@ -7,7 +7,7 @@ import random
 
 from disco.graph import HloGraph
 from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
-from disco.plan_check import _group_outputs, contraction_cycle, users_of
+from disco.plan_check import _check_layouts, _group_outputs, contraction_cycle, users_of
 
 
 def _adjacency(graph: HloGraph) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -50,6 +50,10 @@ def random_groups(graph: HloGraph, rng: random.Random, *, n_groups: int = 8, max
             continue
         names = tuple(graph.nodes[i].name for i in sorted(members))
         if len(_group_outputs(graph, index, names, users)) != 1:
+            continue
+        try:
+            _check_layouts(graph, index, len(groups), names)
+        except ValueError:
             continue
         trial = FusionPlan(groups=tuple(groups) + (names,))
         if contraction_cycle(trial, graph) is not None:

@@ -168,3 +168,12 @@ def test_validate_accepts_exactly_acyclic_contractions(case):
     same = lambda a, b: any(a in p and b in p for p in parts)  # noqa: E731
     assert all((names[a], names[b]) in edges or same(a, b) for a, b in zip(path, path[1:]))
     assert same(path[0], path[-1])
+
+
+def test_groups_reading_convolutions_or_odd_layouts_are_rejected():
+    conv = graph([node("x"), node("c", "convolution"), node("a"), node("b")], [(0, 1), (1, 2), (2, 3)])
+    with pytest.raises(ValueError, match="group 0: input 'c' of 'a' is a convolution"):
+        make_plan([["a", "b"]]).validate(conv)
+    odd = graph([node("x"), node("a", layout="0,1"), node("b")], [(0, 1), (1, 2)])
+    with pytest.raises(ValueError, match=r"group 0: 'a' has the non-default layout \{0,1\}"):
+        make_plan([["a", "b"]]).validate(odd)

@@ -1,0 +1,537 @@
+"""Moves over the joint space of op-fusion groups and gradient buckets.
+
+Each move is a pure function ``move(plan, ctx, rng) -> FusionPlan | None``: it
+returns a new plan one step away from ``plan``, or None when it does not apply
+(no group to split, no adjacent bucket, every try broke a rule). ``ctx`` is a
+:class:`MoveContext`, the plan-independent precomputation for one graph
+(:func:`context`), and ``rng`` a :class:`random.Random`.
+
+Moves keep a valid plan valid (``plan.validate(graph)`` passes) without calling
+the full validation: every rule is checked incrementally on what the move
+changed.
+
+- Fusible opcodes, one computation: a move only joins fusible ops (constants
+  excluded: they cost nothing and fusing them gains nothing) along an edge of the
+  same computation.
+- Exactly one output: counted on the groups the move changed.
+- No cycle after contraction: a cycle that the move creates passes through a
+  changed group or bucket, so only those are searched, from both ends at once
+  (ancestors and descendants, each bounded by the span of node positions a path
+  can reach; whichever search finishes first decides). Splitting a group at a
+  topological cut, or a bucket whose parts share no edge, cannot form a cycle.
+- Buckets: only buckets of the same class (computation, reduction, replica
+  groups, dtype; ``concat`` build) merge, so every all-reduce stays in exactly
+  one bucket.
+
+Plans come out canonical (:func:`canonical`): group members and bucket members in
+program order, groups and buckets ordered by their first member, no one-op
+groups (a one-op group is the same kernel as no group), so equal plans have equal
+digests.
+
+Example:
+  >>> ctx = context(graph)                                    # doctest: +SKIP
+  >>> child = fuse(canonical(plan, ctx), ctx, random.Random(0))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import dataclasses
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
+
+if TYPE_CHECKING:
+    from disco.graph import HloGraph
+
+Move = Callable[[FusionPlan, "MoveContext", random.Random], "FusionPlan | None"]
+_NONE = -1  # cluster id of a node in no group or bucket
+_UNSET = -2
+_TRIES = 4
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MoveContext:
+    """Plan-independent facts about one graph, precomputed once for many moves.
+
+    Attributes:
+      graph: the graph.
+      index: instruction name -> node index.
+      names: node index -> instruction name.
+      succ: per node, its consumers (node indices, no duplicates).
+      pred: per node, its operands' producers.
+      fusible_nbrs: per node, neighbours (either direction) it may share a group
+        with: both fusible, same computation; empty for non-fusible nodes.
+      fusible_nodes: nodes with at least one fusible neighbour.
+      ar_class: all-reduce node -> class id; buckets merge only within a class
+        (a tuple-shaped all-reduce is a class of its own).
+      ar_level: all-reduce node -> the number of all-reduces on the longest chain above it.
+      ar_bit: all-reduce node -> its bit (its position in program order).
+      ar_reach: all-reduce node -> bitset of the all-reduces downstream of it in the graph.
+    """
+
+    graph: HloGraph
+    index: Mapping[str, int]
+    names: tuple[str, ...]
+    succ: tuple[tuple[int, ...], ...]
+    pred: tuple[tuple[int, ...], ...]
+    fusible_nbrs: tuple[tuple[int, ...], ...]
+    fusible_nodes: tuple[int, ...]
+    ar_class: Mapping[int, int]
+    ar_level: Mapping[int, int]
+    ar_bit: Mapping[int, int]
+    ar_reach: Mapping[int, int]
+    _cache: dict = dataclasses.field(default_factory=dict, repr=False)
+
+
+def context(graph: HloGraph) -> MoveContext:
+    """Precomputes what moves need for ``graph`` (linear in its size)."""
+    nodes = graph.nodes
+    n = len(nodes)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    pred: list[list[int]] = [[] for _ in range(n)]
+    for s, d in dict.fromkeys(graph.edges):
+        succ[s].append(d)
+        pred[d].append(s)
+    ok = [nd.opcode in FUSIBLE_OPCODES and nd.opcode != "constant" for nd in nodes]
+    nbrs = []
+    for i in range(n):
+        if not ok[i]:
+            nbrs.append(())
+            continue
+        comp = nodes[i].computation
+        nbrs.append(tuple(dict.fromkeys(j for j in (*pred[i], *succ[i])
+                                        if ok[j] and nodes[j].computation == comp)))
+    classes: dict[tuple, int] = {}
+    ar_class: dict[int, int] = {}
+    for i, nd in enumerate(nodes):
+        if nd.is_all_reduce:
+            key = (nd.computation, nd.reduction, nd.replica_groups, nd.dtype)
+            if nd.shape.startswith("("):
+                key = ("tuple", i)
+            ar_class[i] = classes.setdefault(key, len(classes))
+    # all-reduces above each node: along edges in topological (program) order
+    above = [0] * n
+    for i in range(n):
+        best = 0
+        for p in pred[i]:
+            v = above[p] + (1 if p in ar_class else 0)
+            if v > best:
+                best = v
+        above[i] = best
+    bit = {a: b for b, a in enumerate(sorted(ar_class))}
+    down = [0] * n  # per node: bitset of all-reduces at or below it
+    for i in range(n - 1, -1, -1):
+        r = 1 << bit[i] if i in bit else 0
+        for s in succ[i]:
+            r |= down[s]
+        down[i] = r
+    reach = {a: down[a] & ~(1 << bit[a]) for a in bit}
+    return MoveContext(
+        graph=graph, index=graph.index(), names=tuple(nd.name for nd in nodes),
+        succ=tuple(map(tuple, succ)), pred=tuple(map(tuple, pred)), fusible_nbrs=tuple(nbrs),
+        fusible_nodes=tuple(i for i in range(n) if nbrs[i]),
+        ar_class=ar_class, ar_level={i: above[i] for i in ar_class}, ar_bit=bit, ar_reach=reach)
+
+
+# ---------------------------------------------------------------------------------------------
+class _View:
+    """A plan as node indices: clusters (groups first, then buckets) and node -> cluster."""
+
+    __slots__ = ("plan", "clusters", "cid", "n_groups")
+
+    def __init__(self, plan: FusionPlan, ctx: MoveContext):
+        idx = ctx.index
+        clusters: list[tuple[int, ...]] = []
+        cid: dict[int, int] = {}
+        for g in plan.groups:
+            m = tuple(sorted(idx[nm] for nm in g))
+            k = len(clusters)
+            for i in m:
+                cid[i] = k
+            clusters.append(m)
+        self.n_groups = len(clusters)
+        for b in plan.buckets or ():
+            m = tuple(sorted(idx[nm] for nm in b.members))
+            k = len(clusters)
+            for i in m:
+                cid[i] = k
+            clusters.append(m)
+        self.plan = plan
+        self.clusters = clusters
+        self.cid = cid
+
+
+def _view(plan: FusionPlan, ctx: MoveContext) -> _View:
+    hit = ctx._cache.get("view")
+    if hit is not None and hit.plan is plan:
+        return hit
+    v = _View(plan, ctx)
+    ctx._cache["view"] = v
+    return v
+
+
+class _Edit:
+    """Changes to a view: removed clusters, added groups and buckets, node -> cluster overrides."""
+
+    __slots__ = ("view", "clusters", "over", "new_groups")
+
+    def __init__(self, view: _View):
+        self.view = view
+        self.clusters = list(view.clusters)
+        self.over: dict[int, int] = {}
+        self.new_groups: set[int] = set()
+
+    def cid(self, node: int) -> int:
+        c = self.over.get(node, _UNSET)
+        return self.view.cid.get(node, _NONE) if c == _UNSET else c
+
+    def remove(self, c: int) -> None:
+        for m in self.clusters[c]:
+            self.over[m] = _NONE
+        self.clusters[c] = ()
+
+    def _add(self, members: Sequence[int]) -> int:
+        k = len(self.clusters)
+        m = tuple(sorted(members))
+        self.clusters.append(m)
+        for i in m:
+            self.over[i] = k
+        return k
+
+    def add_group(self, members: Sequence[int]) -> int:
+        """Adds a group; a one-op group is no group (its op stays unfused, its id is empty)."""
+        if len(members) < 2:
+            self.clusters.append(())
+            return len(self.clusters) - 1
+        k = self._add(members)
+        self.new_groups.add(k)
+        return k
+
+    def add_bucket(self, members: Sequence[int]) -> int:
+        return self._add(members)
+
+
+def _n_outputs(ctx: MoveContext, members: Sequence[int]) -> int:
+    """Members whose value is used outside ``members`` (or by nobody)."""
+    mset = set(members)
+    succ = ctx.succ
+    out = 0
+    for m in members:
+        us = succ[m]
+        if not us:
+            out += 1
+            continue
+        for u in us:
+            if u not in mset:
+                out += 1
+                break
+    return out
+
+
+def _on_cycle(ctx: MoveContext, ed: _Edit, k: int) -> bool:
+    """Whether contracting the edited plan forms a cycle through bucket ``k``.
+
+    Groups are left out on purpose: a group with exactly one output is entered at some
+    member and left from its output, and every member reaches the output inside the
+    group, so a path through a group is a path of the graph. Only buckets jump (enter
+    at one all-reduce, leave from another), so a cycle needs a bucket, and whether one
+    forms depends on the buckets alone. Follows reachability between all-reduces as
+    bitsets: the buckets reachable from ``k``, until one reaches ``k`` again.
+    """
+    members = ed.clusters[k]
+    if not members:
+        return False
+    bit, reach = ctx.ar_bit, ctx.ar_reach
+    owner: dict[int, int] = {}
+    start = len(ed.view.clusters)
+    ng = ed.view.n_groups
+    for j in range(ng, len(ed.clusters)):
+        if j >= start and j in ed.new_groups:
+            continue
+        for m in ed.clusters[j]:
+            owner[bit[m]] = j
+    mask_k = 0
+    seen = 0
+    for m in members:
+        mask_k |= 1 << bit[m]
+        seen |= reach[m]
+    if seen & mask_k:
+        return True
+    done = {k}
+    todo = seen
+    while todo:
+        low = todo & -todo
+        todo ^= low
+        j = owner[low.bit_length() - 1]
+        if j in done:
+            continue
+        done.add(j)
+        r = 0
+        for m in ed.clusters[j]:
+            r |= reach[m]
+        if r & mask_k:
+            return True
+        todo |= r & ~seen
+        seen |= r
+    return False
+
+
+def _finish(ed: _Edit, ctx: MoveContext) -> FusionPlan:
+    """The edited view as a canonical plan (unchanged groups and buckets reuse their tuples)."""
+    view = ed.view
+    plan = view.plan
+    names = ctx.names
+    ng, n_old = view.n_groups, len(view.clusters)
+    old_buckets = plan.buckets or ()
+    groups: list[tuple[int, tuple[str, ...]]] = []
+    buckets: list[tuple[int, Bucket]] = []
+    for k, m in enumerate(ed.clusters):
+        if not m:
+            continue
+        if k < ng:
+            groups.append((m[0], plan.groups[k]))
+        elif k < n_old:
+            buckets.append((m[0], old_buckets[k - ng]))
+        elif k in ed.new_groups:
+            groups.append((m[0], tuple(names[i] for i in m)))
+        else:
+            buckets.append((m[0], Bucket(tuple(names[i] for i in m), "concat")))
+    groups.sort(key=lambda t: t[0])
+    buckets.sort(key=lambda t: t[0])
+    return FusionPlan(groups=tuple(g for _, g in groups), xla_fusion=plan.xla_fusion,
+                      buckets=None if plan.buckets is None else tuple(b for _, b in buckets),
+                      compile_options=plan.compile_options, name=plan.name)
+
+
+# -- op-fusion moves ---------------------------------------------------------------------------
+def _group_members(view: _View, node: int) -> tuple[int, ...]:
+    c = view.cid.get(node, _NONE)
+    return view.clusters[c] if 0 <= c < view.n_groups else (node,)
+
+
+def fuse(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Fuses two adjacent fusible groups, a fusible op into an adjacent group, or two adjacent ops."""
+    if not ctx.fusible_nodes:
+        return None
+    view = _view(plan, ctx)
+    for _ in range(_TRIES):
+        x = rng.choice(ctx.fusible_nodes)
+        y = rng.choice(ctx.fusible_nbrs[x])
+        cx, cy = view.cid.get(x, _NONE), view.cid.get(y, _NONE)
+        if cx >= 0 and cx == cy:
+            continue
+        merged = sorted({*_group_members(view, x), *_group_members(view, y)})
+        if _n_outputs(ctx, merged) != 1:
+            continue
+        ed = _Edit(view)
+        for c in (cx, cy):
+            if c >= 0:
+                ed.remove(c)
+        ed.add_group(merged)  # one output: no cycle possible (see _on_cycle)
+        return _finish(ed, ctx)
+    return None
+
+
+def split_group(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Splits a group at a topological cut (each part keeps one output); sometimes dissolves it."""
+    view = _view(plan, ctx)
+    if not view.n_groups:
+        return None
+    for _ in range(_TRIES):
+        c = rng.randrange(view.n_groups)
+        m = view.clusters[c]
+        ed = _Edit(view)
+        ed.remove(c)
+        if len(m) == 2 or rng.random() < 0.15:
+            return _finish(ed, ctx)
+        k = rng.randrange(1, len(m))
+        a, b = m[:k], m[k:]
+        if (len(a) > 1 and _n_outputs(ctx, a) != 1) or (len(b) > 1 and _n_outputs(ctx, b) != 1):
+            continue
+        ed.add_group(a)  # one output each: no cycle possible (see _on_cycle)
+        ed.add_group(b)
+        return _finish(ed, ctx)
+    return None
+
+
+def move_op(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Moves an op on a group's boundary into the adjacent group (or pairs it with an adjacent op)."""
+    view = _view(plan, ctx)
+    if not view.n_groups:
+        return None
+    for _ in range(_TRIES):
+        a = rng.randrange(view.n_groups)
+        src = view.clusters[a]
+        x = rng.choice(src)
+        outside = [y for y in ctx.fusible_nbrs[x] if view.cid.get(y, _NONE) != a]
+        if not outside:
+            continue
+        y = rng.choice(outside)
+        cy = view.cid.get(y, _NONE)
+        rest = tuple(i for i in src if i != x)
+        dst = sorted((*_group_members(view, y), x))
+        if len(rest) > 1 and _n_outputs(ctx, rest) != 1:
+            continue
+        if _n_outputs(ctx, dst) != 1:
+            continue
+        ed = _Edit(view)
+        ed.remove(a)
+        if cy >= 0:
+            ed.remove(cy)
+        ed.add_group(rest)  # one output each: no cycle possible (see _on_cycle)
+        ed.add_group(dst)
+        return _finish(ed, ctx)
+    return None
+
+
+def toggle_xla_fusion(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan:
+    """Switches XLA's own fusion pass between "extend" (runs after the plan's) and "off"."""
+    return plan.replace(xla_fusion="off" if plan.xla_fusion == "extend" else "extend")
+
+
+# -- bucket moves ------------------------------------------------------------------------------
+def _bucket_neighbours(view: _View, ctx: MoveContext) -> list[tuple[int, int]]:
+    """(bucket cluster, next bucket cluster of the same class in production order) pairs."""
+    by_class: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
+    for k in range(view.n_groups, len(view.clusters)):
+        m = view.clusters[k]
+        by_class[ctx.ar_class[m[0]]].append((m[0], k))
+    pairs = []
+    for items in by_class.values():
+        items.sort()
+        pairs += [(a[1], b[1]) for a, b in zip(items, items[1:])]
+    return pairs
+
+
+def merge_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Merges a bucket with the next bucket of its class in production order."""
+    if plan.buckets is None:
+        return None
+    view = _view(plan, ctx)
+    pairs = _bucket_neighbours(view, ctx)
+    for _ in range(_TRIES):
+        if not pairs:
+            return None
+        a, b = pairs.pop(rng.randrange(len(pairs)))
+        ed = _Edit(view)
+        ed.remove(a)
+        ed.remove(b)
+        k = ed.add_bucket(view.clusters[a] + view.clusters[b])
+        if _on_cycle(ctx, ed, k):
+            continue
+        return _finish(ed, ctx)
+    return None
+
+
+def split_bucket(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Splits a bucket of several all-reduces in two, at a random point of production order."""
+    if plan.buckets is None:
+        return None
+    view = _view(plan, ctx)
+    many = [k for k in range(view.n_groups, len(view.clusters)) if len(view.clusters[k]) > 1]
+    if not many:
+        return None
+    for _ in range(_TRIES):
+        c = rng.choice(many)
+        m = view.clusters[c]
+        cut = rng.randrange(1, len(m))
+        ed = _Edit(view)
+        ed.remove(c)
+        ka, kb = ed.add_bucket(m[:cut]), ed.add_bucket(m[cut:])
+        if _on_cycle(ctx, ed, ka) or _on_cycle(ctx, ed, kb):
+            continue
+        return _finish(ed, ctx)
+    return None
+
+
+def shift_gradient(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Moves the last all-reduce of a bucket into the next bucket of its class, or the first back."""
+    if plan.buckets is None:
+        return None
+    view = _view(plan, ctx)
+    pairs = _bucket_neighbours(view, ctx)
+    for _ in range(_TRIES):
+        if not pairs:
+            return None
+        a, b = pairs.pop(rng.randrange(len(pairs)))
+        ma, mb = view.clusters[a], view.clusters[b]
+        forward = rng.random() < 0.5
+        if forward and len(ma) < 2 or not forward and len(mb) < 2:
+            forward = not forward
+            if forward and len(ma) < 2 or not forward and len(mb) < 2:
+                continue
+        if forward:
+            na, nb, recv = ma[:-1], (ma[-1], *mb), 1
+        else:
+            na, nb, recv = (*ma, mb[0]), mb[1:], 0
+        ed = _Edit(view)
+        ed.remove(a)
+        ed.remove(b)
+        ka, kb = ed.add_bucket(na), ed.add_bucket(nb)
+        donor = ka if forward else kb
+        if _on_cycle(ctx, ed, kb if recv else ka) or _on_cycle(ctx, ed, donor):
+            continue
+        return _finish(ed, ctx)
+    return None
+
+
+MOVES: dict[str, Move] = {
+    "fuse": fuse,
+    "split_group": split_group,
+    "move_op": move_op,
+    "merge_buckets": merge_buckets,
+    "split_bucket": split_bucket,
+    "shift_gradient": shift_gradient,
+    "toggle_xla_fusion": toggle_xla_fusion,
+}
+
+# Relative frequencies for random_move: fusion moves dominate since there are far more ops
+# than gradients; toggling XLA's fusion is one bit.
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "fuse": 4.0, "split_group": 1.0, "move_op": 1.0, "merge_buckets": 1.5, "split_bucket": 1.0,
+    "shift_gradient": 1.5, "toggle_xla_fusion": 0.2,
+}
+
+
+def random_move(plan: FusionPlan, ctx: MoveContext, rng: random.Random,
+                weights: Mapping[str, float] | None = None, tries: int = 8) -> FusionPlan | None:
+    """Applies one move drawn by ``weights`` (default :data:`DEFAULT_WEIGHTS`); None if none applied.
+
+    Raises:
+      ValueError: for a weight naming no move.
+    """
+    weights = DEFAULT_WEIGHTS if weights is None else weights
+    unknown = sorted(set(weights) - set(MOVES))
+    if unknown:
+        raise ValueError(f"move weights name unknown moves {unknown}; expected some of {sorted(MOVES)}")
+    names = [k for k, w in weights.items() if w > 0]
+    cum = []
+    total = 0.0
+    for k in names:
+        total += weights[k]
+        cum.append(total)
+    if not names:
+        return None
+    for _ in range(tries):
+        name = names[bisect.bisect_right(cum, rng.random() * total)]
+        child = MOVES[name](plan, ctx, rng)
+        if child is not None:
+            return child
+    return None
+
+
+def canonical(plan: FusionPlan, ctx: MoveContext) -> FusionPlan:
+    """``plan`` in the canonical form moves produce (same meaning, comparable digests)."""
+    idx, names = ctx.index, ctx.names
+    groups = sorted((tuple(sorted(idx[n] for n in g)) for g in plan.groups if len(g) > 1),
+                    key=lambda m: m[0])
+    buckets = None
+    if plan.buckets is not None:
+        bs = sorted((tuple(sorted(idx[n] for n in b.members)) for b in plan.buckets), key=lambda m: m[0])
+        builds = {tuple(sorted(idx[n] for n in b.members)): b.build for b in plan.buckets}
+        buckets = tuple(Bucket(tuple(names[i] for i in m), builds[m]) for m in bs)
+    return plan.replace(groups=tuple(tuple(names[i] for i in m) for m in groups), buckets=buckets)

@@ -1,0 +1,52 @@
+"""Searching the joint space of op-fusion groups and gradient buckets.
+
+Strategies are pairs of pure functions with explicit state (:class:`Strategy`):
+``init(problem, key) -> State`` and ``step(state, key) -> State``; :func:`run`
+drives one against a time or evaluation budget.
+
+- :func:`best_first`: best-first search with tolerance (the Disco paper).
+- :func:`annealing`: simulated annealing / MCMC (FlexFlow).
+- :func:`greedy`: hill climbing from the best start point.
+
+Start points (:func:`default_starts`): every baseline, greedy producer fusion
+(:func:`greedy_fusion`) and buckets chosen against the simulated timeline
+(:func:`merged_gradient_buckets`).
+
+Example:
+  >>> from disco import search
+  >>> from disco.simulator import Simulator
+  >>> sim = Simulator(graph, costs, cluster)                                   # doctest: +SKIP
+  >>> result = search.run(search.best_first(), graph, sim.step_time, budget_s=10)  # doctest: +SKIP
+  >>> result.best_plan, result.best_cost, result.evals_per_s                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disco.search._annealing import AnnealingState, annealing
+from disco.search._base import Problem, Scored, Strategy, plan_key, problem
+from disco.search._best_first import BestFirstState, best_first
+from disco.search._driver import SearchResult, run
+from disco.search._greedy import GreedyState, greedy
+from disco.search._starts import default_starts, greedy_fusion, merged_gradient_buckets
+
+STRATEGIES = {"best_first": best_first, "annealing": annealing, "greedy": greedy}
+
+
+def make(name: str, **kw: Any) -> Strategy:
+    """The strategy called ``name`` with its options.
+
+    Raises:
+      ValueError: for an unknown name.
+    """
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown search strategy {name!r}; expected one of: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](**kw)
+
+
+__all__ = [
+    "STRATEGIES", "AnnealingState", "BestFirstState", "GreedyState", "Problem", "Scored", "SearchResult",
+    "Strategy", "annealing", "best_first", "default_starts", "greedy", "greedy_fusion", "make",
+    "merged_gradient_buckets", "plan_key", "problem", "run",
+]

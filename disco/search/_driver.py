@@ -1,0 +1,133 @@
+"""The search driver: runs a strategy against a time or evaluation budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from disco.plan import FusionPlan
+from disco.search._base import Evaluate, Strategy, problem as make_problem
+from disco.search._starts import default_starts
+
+if TYPE_CHECKING:
+    from disco.graph import HloGraph
+
+Progress = Callable[[int, float, float], None]
+# Steps in a row that evaluate nothing (every move refused) before the driver gives up.
+_MAX_IDLE_STEPS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """What a search found.
+
+    Attributes:
+      best_plan: the plan with the lowest estimate.
+      best_cost: its estimate (seconds).
+      trace: (evaluations, elapsed seconds, best estimate) at the start, at every new
+        best, and at the end.
+      evals: plans evaluated, start plans included.
+      elapsed_s: wall time of the search (start plans included).
+      top: the best distinct plans, as (estimate, plan), best first.
+      start_costs: start plan name -> estimate.
+      strategy: the strategy's name.
+    """
+
+    best_plan: FusionPlan
+    best_cost: float
+    trace: list[tuple[int, float, float]]
+    evals: int
+    elapsed_s: float
+    top: tuple[tuple[float, FusionPlan], ...]
+    start_costs: dict[str, float]
+    strategy: str
+
+    @property
+    def evals_per_s(self) -> float:
+        return self.evals / self.elapsed_s if self.elapsed_s > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "best_cost_s": self.best_cost, "evals": self.evals,
+                "elapsed_s": self.elapsed_s, "evals_per_s": self.evals_per_s,
+                "trace": [list(t) for t in self.trace], "start_costs_s": dict(self.start_costs),
+                "best_plan": self.best_plan.to_dict()}
+
+
+def _simulator_of(evaluate: Evaluate) -> Any:
+    from disco.simulator import Simulator
+
+    owner = getattr(evaluate, "__self__", None)
+    return owner if isinstance(owner, Simulator) else None
+
+
+def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: float | None = None,
+        max_evals: int | None = None, seed: int = 0, starts: Sequence[FusionPlan] | None = None,
+        progress: Progress | None = None) -> SearchResult:
+    """Runs ``strategy`` until the time budget or the evaluation budget is spent.
+
+    The driver draws one key per step from ``random.Random(seed)``, so with
+    ``max_evals`` alone a seed always gives the same result; a time budget stops at a
+    step boundary, so the steps done are a prefix of that same sequence. The budgets
+    are checked between steps (a step evaluates a handful of plans).
+
+    Args:
+      strategy: e.g. ``disco.search.best_first()``.
+      graph: the step's graph.
+      evaluate: plan -> estimated step time (seconds), e.g. ``Simulator(...).step_time``.
+      budget_s: wall-clock budget in seconds.
+      max_evals: evaluation budget (start plans included).
+      seed: the seed.
+      starts: start plans (default: :func:`default_starts`; the merged-gradient starts
+        need ``evaluate`` to be a ``Simulator``'s bound method).
+      progress: called after every step with (evaluations, elapsed seconds, best estimate).
+
+    Returns:
+      The SearchResult.
+
+    Raises:
+      ValueError: when neither budget is given, or a budget is not positive.
+    """
+    if budget_s is None and max_evals is None:
+        raise ValueError("run needs a budget: got budget_s=None and max_evals=None; "
+                         "expected budget_s (seconds) and/or max_evals")
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s: expected a positive number of seconds, got {budget_s!r}")
+    if max_evals is not None and (not isinstance(max_evals, int) or max_evals < 1):
+        raise ValueError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
+    t0 = time.perf_counter()
+    from disco import moves
+
+    ctx = moves.context(graph)
+    if starts is None:
+        starts = default_starts(graph, _simulator_of(evaluate), ctx)
+    prob = make_problem(graph, evaluate, starts, ctx)
+    keys = random.Random(seed)
+    state = strategy.init(prob, keys.getrandbits(63))
+    trace = [(state.evals, time.perf_counter() - t0, state.best_cost)]
+    idle = 0
+    while True:
+        elapsed = time.perf_counter() - t0
+        if max_evals is not None and state.evals >= max_evals:
+            break
+        if budget_s is not None and elapsed >= budget_s:
+            break
+        new = strategy.step(state, keys.getrandbits(63))
+        idle = idle + 1 if new.evals == state.evals else 0
+        if new.best_cost < state.best_cost:
+            trace.append((new.evals, time.perf_counter() - t0, new.best_cost))
+        state = new
+        if progress is not None:
+            progress(state.evals, time.perf_counter() - t0, state.best_cost)
+        if idle >= _MAX_IDLE_STEPS:
+            break
+    elapsed = time.perf_counter() - t0
+    trace.append((state.evals, elapsed, state.best_cost))
+    # the start plans' estimates, for the report (a few evaluations, outside the search's time)
+    start_costs = {p.name or p.digest(): float(evaluate(p)) for p in prob.starts}
+    return SearchResult(best_plan=state.best_plan, best_cost=state.best_cost, trace=trace, evals=state.evals,
+                        elapsed_s=elapsed, top=tuple((c, p) for c, _, p in state.top),
+                        start_costs=start_costs, strategy=strategy.name)

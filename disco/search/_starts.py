@@ -1,0 +1,185 @@
+"""Constructive start points: the baselines, greedy producer fusion, merged-gradient buckets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from disco import baselines, moves
+from disco.plan import Bucket, FusionPlan
+
+if TYPE_CHECKING:
+    from disco.graph import HloGraph
+    from disco.simulator import Simulator
+
+
+def greedy_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_size: int = 64) -> FusionPlan:
+    """Fuses every fusible producer into its consumer's group when all its users are in that group.
+
+    Walks the graph from the end; each unassigned fusible op roots a group that takes in
+    producers whose every user is already inside (XLA's loop fusion does the same), so
+    every group has exactly one output: the root.
+
+    Args:
+      graph: the step's graph.
+      ctx: its move context (built when None).
+      max_size: the most ops in one group.
+
+    Returns:
+      A valid plan named "greedy_fusion" (no buckets: XLA's combiner).
+    """
+    ctx = ctx or moves.context(graph)
+    taken: set[int] = set()
+    groups: list[tuple[int, ...]] = []
+    succ, pred, nbrs = ctx.succ, ctx.pred, ctx.fusible_nbrs
+    for root in reversed(ctx.fusible_nodes):
+        if root in taken:
+            continue
+        members = {root}
+        frontier = [root]
+        while frontier and len(members) < max_size:
+            y = frontier.pop()
+            ok = set(nbrs[y])
+            for p in pred[y]:
+                if (p in ok and p not in taken and p not in members and succ[p]
+                        and all(u in members for u in succ[p])):
+                    members.add(p)
+                    frontier.append(p)
+                    if len(members) >= max_size:
+                        break
+        if len(members) > 1:
+            taken |= members
+            groups.append(tuple(sorted(members)))
+    groups.sort()
+    names = ctx.names
+    plan = FusionPlan(groups=tuple(tuple(names[i] for i in g) for g in groups), name="greedy_fusion")
+    return plan.validate(graph)
+
+
+class _FreeCollectives:
+    """A cost model's kernel times with free collectives: the compute stream on its own."""
+
+    def __init__(self, costs):
+        self.costs = costs
+
+    def kernel_time(self, kernel):
+        return self.costs.kernel_time(kernel)
+
+    def collective_time(self, kind, nbytes, cluster):
+        return 0.0
+
+
+def _ready_times(sim: Simulator, plan: FusionPlan) -> dict[int, float]:
+    """Per all-reduce node: when its inputs are computed if communication took no time.
+
+    (With real collective times the in-order compute stream waits for earlier
+    all-reduces, which would make the gaps between gradients look like communication.)
+    """
+    from disco.simulator import Simulator
+
+    graph = sim.graph
+    idx = graph.index()
+    n = len(graph.nodes)
+    end = [-1.0] * n
+    free = Simulator(graph, _FreeCollectives(sim.costs), sim.cluster)  # type: ignore[arg-type]
+    for ev in free.run(plan).timeline:
+        if ev.stream == "compute":
+            for m in ev.members:
+                end[idx[m]] = ev.end
+    pred: list[list[int]] = [[] for _ in range(n)]
+    for s, d in graph.edges:
+        pred[d].append(s)
+    finish = [0.0] * n
+    for i in range(n):
+        finish[i] = end[i] if end[i] >= 0 else max((finish[p] for p in pred[i]), default=0.0)
+    return {i: max((finish[p] for p in pred[i]), default=0.0) for i in range(n) if graph.nodes[i].is_all_reduce}
+
+
+def merged_gradient_buckets(sim: Simulator, ctx: moves.MoveContext | None = None,
+                            groups: Sequence[Sequence[str]] = ()) -> FusionPlan:
+    """Buckets chosen against the simulated timeline (MG-WFBP's idea, solved exactly by DP).
+
+    Gradients are ordered by when the simulated backward pass (one all-reduce per
+    gradient, ``groups`` fused) produces them. Per bucket class, a bucket is a run of
+    consecutive gradients; it starts when its last gradient is ready and the
+    communication stream is free, and lasts the cost model's all-reduce time for its
+    bytes. A dynamic programme over the runs minimises when the last bucket ends, so
+    a gradient is merged into the next bucket exactly when sending it alone would not
+    pay for its start-up cost. Runs whose all-reduces depend on each other are skipped.
+
+    Args:
+      sim: the simulator (its graph, cost model and cluster).
+      ctx: the graph's move context (built when None).
+      groups: op groups to simulate the backward pass with (and to keep in the plan).
+
+    Returns:
+      A valid plan named "merged_gradient".
+    """
+    graph = sim.graph
+    ctx = ctx or moves.context(graph)
+    base = FusionPlan(groups=tuple(tuple(g) for g in groups),
+                      buckets=tuple(Bucket((n.name,)) for n in graph.all_reduces()))
+    ready = _ready_times(sim, base)
+    by_class: dict[int, list[int]] = {}
+    for a in sorted(ready, key=lambda a: (ready[a], a)):
+        by_class.setdefault(ctx.ar_class[a], []).append(a)
+    nodes = graph.nodes
+    bit, reach = ctx.ar_bit, ctx.ar_reach
+    buckets: list[tuple[int, ...]] = []
+    for ars in by_class.values():
+        m = len(ars)
+        best = [0.0] * (m + 1)  # best[j]: earliest end of the last bucket covering ars[:j]
+        cut = [0] * (m + 1)
+        for j in range(1, m + 1):
+            best[j] = float("inf")
+            nbytes = 0
+            mask = down = 0
+            for i in range(j, 0, -1):  # bucket ars[i-1:j]
+                a = ars[i - 1]
+                mask |= 1 << bit[a]
+                down |= reach[a]
+                if down & mask:
+                    break  # an all-reduce of the run depends on another: no bigger run works
+                nbytes += nodes[a].out_bytes
+                start = max(ready[ars[j - 1]], best[i - 1])
+                end = start + sim.costs.collective_time("all-reduce", nbytes, sim.cluster)
+                if end < best[j]:
+                    best[j], cut[j] = end, i - 1
+        j = m
+        runs = []
+        while j > 0:
+            runs.append(tuple(sorted(ars[cut[j]:j])))
+            j = cut[j]
+        buckets += reversed(runs)
+    buckets.sort()
+    names = ctx.names
+    plan = FusionPlan(groups=base.groups,
+                      buckets=tuple(Bucket(tuple(names[i] for i in b)) for b in buckets),
+                      name="merged_gradient")
+    return plan.validate(graph)
+
+
+def default_starts(graph: HloGraph, sim: Simulator | None = None,
+                   ctx: moves.MoveContext | None = None) -> list[FusionPlan]:
+    """Every baseline, greedy fusion, and (with a simulator) merged-gradient buckets with and without it.
+
+    Returns:
+      Valid plans, named for where they come from.
+    """
+    ctx = ctx or moves.context(graph)
+    starts = list(baselines.make_all(graph).values())
+    starts.append(baselines.make("horovod", graph, threshold_mb=128))
+    fused = greedy_fusion(graph, ctx)
+    starts.append(fused)
+    if sim is not None and graph.all_reduces():
+        starts.append(merged_gradient_buckets(sim, ctx))
+        mg = merged_gradient_buckets(sim, ctx, fused.groups)
+        starts.append(mg.replace(name="greedy_fusion+merged_gradient"))
+    for p in list(starts):
+        if p.buckets is not None and fused.groups and not p.groups:
+            joint = p.replace(groups=fused.groups, name=f"greedy_fusion+{p.name}")
+            try:
+                starts.append(joint.validate(graph))
+            except ValueError:
+                pass  # a group and a bucket close a cycle together: leave this pair out
+    return starts
