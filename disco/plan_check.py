@@ -113,18 +113,28 @@ def _group_outputs(graph: HloGraph, index: dict[str, int], group,
 LAYOUT_SENSITIVE_PRODUCERS = frozenset({"convolution"})
 
 
-def _check_layouts(graph: HloGraph, index: dict[str, int], gi: int, group) -> None:
+def preds_of(graph: HloGraph) -> dict[int, list[int]]:
+    preds: dict[int, list[int]] = collections.defaultdict(list)
+    for s, d in graph.edges:
+        preds[d].append(s)
+    return preds
+
+
+def _check_layouts(graph: HloGraph, index: dict[str, int], gi: int, group,
+                   preds: dict[int, list[int]] | None = None) -> None:
     gset = set(group)
+    preds = preds_of(graph) if preds is None else preds
     for name in group:
         node = graph.nodes[index[name]]
         if node.layout:
             raise ValueError(f"group {gi}: {name!r} has the non-default layout {{{node.layout}}}; "
                              "planned fusions are kept to default layouts (a precaution: layout mismatches inside "
                              "injected fusions abort XLA:CPU)")
-        for op in node.operands:
-            if op in gset or op not in index:
+        for j in preds[index[name]]:
+            src = graph.nodes[j]
+            op = src.name
+            if op in gset:
                 continue
-            src = graph.nodes[index[op]]
             if src.layout:
                 raise ValueError(f"group {gi}: input {op!r} of {name!r} has the non-default layout "
                                  f"{{{src.layout}}}; injected fusions need default layouts")
@@ -139,6 +149,7 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
 
     index = graph.index()
     users = users_of(graph) if plan.groups else {}
+    preds = preds_of(graph) if plan.groups else {}
     owner: dict[str, str] = {}
     for gi, group in enumerate(plan.groups):
         if len(group) < 1:
@@ -159,7 +170,7 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
             comps.add(node.computation)
         if len(comps) > 1:
             raise ValueError(f"group {gi} spans computations {sorted(comps)}; a fusion lives in one")
-        _check_layouts(graph, index, gi, group)
+        _check_layouts(graph, index, gi, group, preds)
         outputs = _group_outputs(graph, index, group, users)
         if len(outputs) > 1:
             raise ValueError(

@@ -7,7 +7,7 @@ import random
 
 from disco.graph import HloGraph
 from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
-from disco.plan_check import _check_layouts, _group_outputs, contraction_cycle, users_of
+from disco.plan_check import _check_layouts, _group_outputs, contraction_cycle, preds_of, users_of
 
 
 def _adjacency(graph: HloGraph) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -25,6 +25,7 @@ def random_groups(graph: HloGraph, rng: random.Random, *, n_groups: int = 8, max
     succ, pred = _adjacency(graph)
     index = graph.index()
     users = users_of(graph)
+    preds = preds_of(graph)
     fusible = [i for i, n in enumerate(graph.nodes) if n.opcode in FUSIBLE_OPCODES and n.opcode != "constant"]
     taken: set[int] = set()
     groups: list[tuple[str, ...]] = []
@@ -52,7 +53,7 @@ def random_groups(graph: HloGraph, rng: random.Random, *, n_groups: int = 8, max
         if len(_group_outputs(graph, index, names, users)) != 1:
             continue
         try:
-            _check_layouts(graph, index, len(groups), names)
+            _check_layouts(graph, index, len(groups), names, preds)
         except ValueError:
             continue
         trial = FusionPlan(groups=tuple(groups) + (names,))
