@@ -294,15 +294,19 @@ class ClusterSpec:
 
     @classmethod
     def from_yaml(cls, path_or_text: str | os.PathLike[str]) -> ClusterSpec:
-        """Reads our YAML format from a file path or from YAML text.
+        """Reads our YAML format from YAML text, or from a file given as an ``os.PathLike``.
 
-        A ``str`` that names an existing file, or any ``os.PathLike``, is read as a
-        file; any other string is parsed as YAML text.
+        A ``str`` is always parsed as YAML text, never opened as a path, so text from
+        a request can be passed here safely; use ``pathlib.Path`` (or
+        :func:`load_cluster`) for files.
 
         Raises:
           ValueError: for YAML that does not parse or a field that is wrong.
         """
-        text, where = _read_text(path_or_text, "cluster")
+        if isinstance(path_or_text, str):
+            text, where = path_or_text, "cluster"
+        else:
+            text, where = _read_text(path_or_text, "cluster")
         return cls.from_dict(_safe_load(text, where), where)
 
 

@@ -77,7 +77,7 @@ def test_presets_round_trip_through_yaml(name, tmp_path):
     assert ClusterSpec.from_yaml(spec.to_yaml()) == spec
     path = tmp_path / "c.yaml"
     path.write_text(spec.to_yaml())
-    again = ClusterSpec.from_yaml(str(path))
+    again = ClusterSpec.from_yaml(path)
     assert again == spec and again.label == spec.label and again.description == spec.description
     assert load_cluster(path) == spec
 
@@ -218,3 +218,10 @@ def test_spec_validation():
         LinkSpec(1.0, -1)
     with pytest.raises(ValueError, match=r"ClusterSpec.compute_speed: expected a positive number, got 0"):
         ClusterSpec("x", 1, 1, NVLINK, NVLINK, compute_speed=0)
+
+
+def test_from_yaml_never_opens_a_path_given_as_text(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(preset("local").to_yaml())
+    with pytest.raises(ValueError):
+        ClusterSpec.from_yaml(str(path))  # a str is YAML text: a bare path string is not a spec
