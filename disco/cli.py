@@ -361,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="a cluster YAML file or preset name (default: local)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
+    __import__("service.cli", fromlist=["add_parser"]).add_parser(sub)  # disco serve
+    __import__("disco.optimize_cli", fromlist=["add_parser"]).add_parser(sub)  # disco optimize
     return parser
 
 

@@ -10,15 +10,15 @@ Moves keep a valid plan valid (``plan.validate(graph)`` passes) without calling
 the full validation: every rule is checked incrementally on what the move
 changed.
 
-- Fusible opcodes, one computation: a move only joins fusible ops (constants
-  excluded: they cost nothing and fusing them gains nothing) along an edge of the
-  same computation.
+- Fusible opcodes, one computation, default layouts: a move only joins fusible ops
+  (constants excluded: they cost nothing and fusing them gains nothing) along an
+  edge of the same computation, and only ops that plan_check's layout rules allow
+  in a group (default layout, no input with a layout or from a convolution).
 - Exactly one output: counted on the groups the move changed.
-- No cycle after contraction: a cycle that the move creates passes through a
-  changed group or bucket, so only those are searched, from both ends at once
-  (ancestors and descendants, each bounded by the span of node positions a path
-  can reach; whichever search finishes first decides). Splitting a group at a
-  topological cut, or a bucket whose parts share no edge, cannot form a cycle.
+- No cycle after contraction: a group with one output cannot be part of a cycle on
+  its own (every member reaches the output inside the group), so only buckets can
+  close one; bucket moves check the changed buckets with precomputed reachability
+  between all-reduces (bitsets), group moves need no check.
 - Buckets: only buckets of the same class (computation, reduction, replica
   groups, dtype; ``concat`` build) merge, so every all-reduce stays in exactly
   one bucket.
@@ -42,6 +42,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from disco import plan_check
 from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ Move = Callable[[FusionPlan, "MoveContext", random.Random], "FusionPlan | None"]
 _NONE = -1  # cluster id of a node in no group or bucket
 _UNSET = -2
 _TRIES = 4
+LAYOUT_SENSITIVE_PRODUCERS: frozenset[str] = getattr(plan_check, "LAYOUT_SENSITIVE_PRODUCERS", frozenset())
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -96,7 +98,12 @@ def context(graph: HloGraph) -> MoveContext:
     for s, d in dict.fromkeys(graph.edges):
         succ[s].append(d)
         pred[d].append(s)
-    ok = [nd.opcode in FUSIBLE_OPCODES and nd.opcode != "constant" for nd in nodes]
+    # plan_check's layout rules are per node: a member and every input it reads from outside
+    # its group need the default layout, and no input may be a layout-sensitive producer
+    # (inputs with a layout can never be members, so they are outside every group).
+    bad_input = [bool(getattr(nd, "layout", "")) or nd.opcode in LAYOUT_SENSITIVE_PRODUCERS for nd in nodes]
+    ok = [nd.opcode in FUSIBLE_OPCODES and nd.opcode != "constant" and not getattr(nd, "layout", "")
+          and not any(bad_input[p] for p in pred[i]) for i, nd in enumerate(nodes)]
     nbrs = []
     for i in range(n):
         if not ok[i]:

@@ -13,6 +13,10 @@ _EXPORTS = {
     "compile_plan": "xla_hooks.apply_plan",
     "AppliedStep": "xla_hooks.apply_plan",
     "apply_plan_to_text": "xla_hooks.rewrite",
+    "jit": "xla_hooks.hook",
+    "PlannedStep": "xla_hooks.hook",
+    "PlanServiceWarning": "xla_hooks.hook",
+    "PlanFallbackWarning": "xla_hooks.apply_plan",
 }
 
 

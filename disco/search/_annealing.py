@@ -13,9 +13,9 @@ import math
 import random
 from typing import NamedTuple
 
+from disco import moves
 from disco.plan import FusionPlan
 from disco.search._base import Problem, Scored, Strategy, push_top, score, score_starts
-from disco import moves
 
 
 class AnnealingState(NamedTuple):

@@ -1,0 +1,284 @@
+"""``optimize``: search a step's joint fusion/bucketing space, then keep only what measures faster.
+
+1. Extract the step's graph (:func:`disco.extract`).
+2. Simulate the baselines and search plans against the simulator within a time budget
+   (:mod:`disco.search`).
+3. Validate by measurement: apply and time, in interleaved rounds
+   (:func:`disco.bench.run_bench`), the ``measure_top_k`` best plans by estimate together
+   with ``xla_default``, the best baseline by estimate, ``per_tensor``, ``horovod`` and
+   ``ddp``.
+4. The answer is the fastest *measured* plan; when nothing beats ``xla_default``'s
+   measured median, the answer is ``xla_default`` and the verdict says so.
+
+Example::
+
+    step, args = trax_models.make_train_step("mlp", "small", devices=8)
+    result = disco.optimize.optimize(step, *args, budget_s=30)
+    print(result.verdict)
+    fast_step = xla_hooks.apply(result.plan, step, *args)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from disco.plan import FusionPlan
+
+if TYPE_CHECKING:
+    from disco.cluster import ClusterSpec
+    from disco.costs import CostModel
+
+# progress(phase, fraction done in [0, 1], message); phases: "extract", "search", "measure"
+Progress = Callable[[str, float, str], None]
+REPORTED_BASELINES = ("xla_default", "per_tensor", "horovod", "ddp")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    """One plan of the report: predicted (simulated) and measured step times in seconds.
+
+    Attributes:
+      name: "xla_default", a baseline's name, or "disco_<rank>" for a searched plan.
+      kind: "baseline" or "search".
+      origin: the start plan a searched plan grew from (its name before renaming).
+      plan: the plan.
+      predicted_s: the simulator's step time.
+      measured: median, min and max over the rounds, or None when not measured.
+      applied: whether the plan was applied (False: it fell back to XLA's default compile).
+      fallback_reason: why it fell back, or None.
+    """
+
+    name: str
+    kind: str
+    origin: str
+    plan: FusionPlan
+    predicted_s: float
+    median_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+    applied: bool = True
+    fallback_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        ms = (lambda v: None if v is None else v * 1e3)  # noqa: E731
+        return {"name": self.name, "kind": self.kind, "origin": self.origin,
+                "predicted_ms": ms(self.predicted_s), "measured_median_ms": ms(self.median_s),
+                "measured_min_ms": ms(self.min_s), "measured_max_ms": ms(self.max_s),
+                "applied": self.applied, "fallback_reason": self.fallback_reason,
+                "plan_digest": self.plan.digest(), "plan_summary": self.plan.summary()}
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizeResult:
+    """What ``optimize`` found and measured.
+
+    Attributes:
+      plan: the answer: the fastest measured plan, or xla_default when nothing beat it.
+      chosen: the answer's row name.
+      verdict: one sentence saying what was chosen and why.
+      rows: every measured plan (baselines and searched), with predicted and measured times.
+      lower_bound_s: the simulated lower bound of the step time.
+      trace: the search's (evaluations, elapsed seconds, best estimate) trace.
+      evals: plans the search evaluated.
+      evals_per_s: evaluations per second of the search.
+      strategy: the search strategy's name.
+      search_s: seconds the search ran.
+      chrome_trace: the chosen plan's simulated timeline (Chrome trace format).
+      baseline_trace: xla_default's simulated timeline (Chrome trace format).
+      cost_model: the cost model's name.
+      cluster: the cluster's name.
+      graph: the graph's name, fingerprint and size.
+      rounds, steps: the measurement's interleaved rounds and steps per round.
+    """
+
+    plan: FusionPlan
+    chosen: str
+    verdict: str
+    rows: tuple[PlanRow, ...]
+    lower_bound_s: float
+    trace: tuple[tuple[int, float, float], ...]
+    evals: int
+    evals_per_s: float
+    strategy: str
+    search_s: float
+    chrome_trace: dict[str, Any]
+    baseline_trace: dict[str, Any]
+    cost_model: str
+    cluster: str
+    graph: dict[str, Any]
+    rounds: int
+    steps: int
+
+    def row(self, name: str) -> PlanRow:
+        """The row called ``name``.
+
+        Raises:
+          KeyError: naming the rows there are.
+        """
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(f"no row {name!r}; rows: {', '.join(r.name for r in self.rows)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the Chrome traces included)."""
+        return {
+            "chosen": self.chosen, "verdict": self.verdict, "plan": self.plan.to_dict(),
+            "rows": [r.to_dict() for r in self.rows], "lower_bound_ms": self.lower_bound_s * 1e3,
+            "search": {"strategy": self.strategy, "evals": self.evals, "evals_per_s": self.evals_per_s,
+                       "seconds": self.search_s, "trace": [list(t) for t in self.trace]},
+            "cost_model": self.cost_model, "cluster": self.cluster, "graph": dict(self.graph),
+            "measurement": {"rounds": self.rounds, "steps_per_round": self.steps},
+            "chrome_trace": self.chrome_trace, "baseline_trace": self.baseline_trace,
+        }
+
+
+def devices_of(args: Any) -> int:
+    """The number of devices the arrays in ``args`` are sharded over (at least 1)."""
+    import jax
+
+    n = 1
+    for leaf in jax.tree.leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None:
+            n = max(n, len(sharding.device_set))
+    return n
+
+
+def _verdict(rows: list[PlanRow]) -> tuple[str, str]:
+    """(chosen row name, verdict) from the measured rows."""
+    base = next(r for r in rows if r.name == "xla_default")
+    measured = [r for r in rows if r.median_s is not None and r.applied]
+    fastest = min(measured, key=lambda r: (r.median_s, r.name != "xla_default"))
+    if fastest.name == "xla_default" or fastest.median_s >= base.median_s:
+        runner = min((r for r in measured if r.name != "xla_default"), key=lambda r: r.median_s, default=None)
+        detail = (f"; the fastest other plan, {runner.name}, measured {runner.median_s * 1e3:.3f} ms median "
+                  f"against {base.median_s * 1e3:.3f} ms" if runner else "")
+        return "xla_default", f"no plan beat xla_default when measured{detail}; keeping XLA's default compile"
+    speedup = base.median_s / fastest.median_s
+    overlap = fastest.max_s is not None and base.min_s is not None and fastest.max_s >= base.min_s
+    note = " (the min-max ranges overlap: the gain is within run-to-run noise)" if overlap else ""
+    return fastest.name, (f"{fastest.name} measured {speedup:.3f}x faster than xla_default "
+                          f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median){note}")
+
+
+def optimize(
+    step_fn: Callable[..., Any],
+    *args: Any,
+    cluster: ClusterSpec | None = None,
+    costs: CostModel | None = None,
+    budget_s: float = 60,
+    strategy: str = "best_first",
+    measure_top_k: int = 3,
+    seed: int = 0,
+    rounds: int = 5,
+    steps: int = 3,
+    progress: Progress | None = None,
+) -> OptimizeResult:
+    """Finds the fastest measured plan for ``step_fn`` on ``args``.
+
+    Args:
+      step_fn: the training step (plain or jitted).
+      *args: its example arguments (real arrays: the plans are measured).
+      cluster: the cluster the simulator prices collectives with (default:
+        ``cluster.preset("local", devices=<devices args are sharded over>)``).
+      costs: the cost model (default :class:`disco.costs.AnalyticCosts`).
+      budget_s: seconds for the search (extraction and measurement come on top).
+      strategy: "best_first", "annealing" or "greedy".
+      measure_top_k: how many of the best searched plans (by estimate) to measure.
+      seed: the search's seed.
+      rounds: interleaved measurement rounds.
+      steps: steps per round.
+      progress: called as ``progress(phase, fraction, message)``.
+
+    Returns:
+      The OptimizeResult.
+
+    Raises:
+      ValueError: for an unknown strategy, a budget that is not positive, ``measure_top_k``
+        below 0, or rounds/steps below 1.
+    """
+    from disco import baselines, bench, search
+    from disco.cluster import preset
+    from disco.costs import AnalyticCosts
+    from disco.extractor import extract
+    from disco.simulator import Simulator
+    from xla_hooks.apply_plan import PlanFallbackWarning
+
+    if strategy not in search.STRATEGIES:
+        raise ValueError(f"unknown search strategy {strategy!r}; expected one of: {', '.join(search.STRATEGIES)}")
+    if not budget_s > 0:
+        raise ValueError(f"budget_s: expected a positive number of seconds, got {budget_s!r}")
+    if not isinstance(measure_top_k, int) or measure_top_k < 0:
+        raise ValueError(f"measure_top_k: expected an integer >= 0, got {measure_top_k!r}")
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"rounds and steps: expected integers >= 1, got rounds={rounds!r}, steps={steps!r}")
+    report = progress or (lambda phase, frac, msg: None)
+
+    report("extract", 0.0, "extracting the HLO graph")
+    graph = extract(step_fn, *args)
+    cluster = cluster or preset("local", devices=devices_of(args))
+    costs = costs or AnalyticCosts()
+    sim = Simulator(graph, costs, cluster)
+    report("extract", 1.0, f"{len(graph.nodes)} nodes, {len(graph.all_reduces())} all-reduces")
+
+    def on_step(evals: int, elapsed: float, best: float) -> None:
+        report("search", min(1.0, elapsed / budget_s), f"{evals} plans, best {best * 1e3:.3f} ms (simulated)")
+
+    result = search.run(search.make(strategy), graph, sim.step_time, budget_s=budget_s, seed=seed,
+                        progress=on_step)
+
+    # -- what to measure ---------------------------------------------------------------------
+    base_plans = {name: baselines.make(name, graph) for name in baselines.NAMES}
+    predicted = {name: sim.step_time(p) for name, p in base_plans.items()}
+    best_base = min(predicted, key=lambda n: (predicted[n], n != "xla_default"))
+    rows: dict[str, PlanRow] = {}
+    seen: dict[str, str] = {}
+    for name in (*REPORTED_BASELINES, best_base):
+        p = base_plans[name]
+        if name not in rows:
+            rows[name] = PlanRow(name, "baseline", name, p.replace(name=name), predicted[name])
+            seen.setdefault(p.digest(), name)
+    rank = 0
+    for cost, p in result.top:
+        if rank >= measure_top_k:
+            break
+        if p.digest() in seen:
+            continue
+        rank += 1
+        name = f"disco_{rank}"
+        seen[p.digest()] = name
+        rows[name] = PlanRow(name, "search", p.name, p.replace(name=name), cost)
+
+    # -- measure -------------------------------------------------------------------------------
+    total = len(rows) + rounds
+    done = [0]
+
+    def on_bench(msg: str) -> None:
+        done[0] += 1
+        report("measure", min(1.0, done[0] / total), msg)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the rows instead
+        measured = bench.run_bench(step_fn, args, {n: r.plan for n, r in rows.items()}, rounds=rounds,
+                                   steps=steps, progress=on_bench)
+    final = []
+    for m in measured:
+        r = rows[m.name]
+        final.append(dataclasses.replace(
+            r, median_s=m.measurement.median, min_s=m.measurement.min, max_s=m.measurement.max,
+            applied=m.applied, fallback_reason=m.fallback_reason))
+    chosen, verdict = _verdict(final)
+    plan = next(r.plan for r in final if r.name == chosen)
+    return OptimizeResult(
+        plan=plan, chosen=chosen, verdict=verdict, rows=tuple(final), lower_bound_s=sim.lower_bound(),
+        trace=tuple(result.trace), evals=result.evals, evals_per_s=result.evals_per_s,
+        strategy=result.strategy, search_s=result.elapsed_s,
+        chrome_trace=sim.run(plan).to_chrome_trace(), baseline_trace=sim.run(base_plans["xla_default"]).to_chrome_trace(),
+        cost_model=getattr(costs, "name", type(costs).__name__), cluster=cluster.name,
+        graph={"name": graph.name, "fingerprint": graph.fingerprint, "nodes": len(graph.nodes),
+               "all_reduces": len(graph.all_reduces())},
+        rounds=rounds, steps=steps)

@@ -1,0 +1,184 @@
+"""``disco optimize``: search plans for a zoo model, measure the best, print the verdict.
+
+Registered by :func:`add_parser` from ``disco.cli.build_parser``. Nothing heavy is
+imported until the command runs (``disco --help`` must not import jax).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from disco.cli import CliError, _add_model_args, _make_step, _print_json
+
+STRATEGIES = ("best_first", "annealing", "greedy")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Adds the ``optimize`` subcommand to ``sub`` (an argparse subparsers object)."""
+    p = sub.add_parser("optimize", help="search fusion and bucketing plans, measure the best, keep the fastest")
+    _add_model_args(p)
+    p.add_argument("--cluster", default=None, metavar="FILE|PRESET",
+                   help="cluster spec file or preset for the simulator (default: local with --devices)")
+    p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
+    p.add_argument("--strategy", default="best_first", choices=STRATEGIES, help="search strategy")
+    p.add_argument("--measure-top-k", type=int, default=3, help="searched plans to measure (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (default 5)")
+    p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    p.add_argument("--out", metavar="FILE", help="write the chosen plan as JSON")
+    p.add_argument("--trace", metavar="FILE", help="write the chosen plan's simulated timeline (Chrome trace)")
+    p.add_argument("--plot", metavar="FILE", help="draw xla_default's and the chosen plan's timelines (PNG)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+    return p
+
+
+def _cluster(spec: str | None, devices: int) -> Any:
+    from disco import cluster
+
+    if spec is None:
+        return cluster.preset("local", devices=devices)
+    if os.path.exists(spec):
+        return cluster.load_cluster(spec)
+    if spec in cluster.PRESETS:
+        return cluster.preset(spec, devices=devices if spec == "local" else None)
+    raise CliError(f"--cluster {spec!r} is neither a file nor a preset; expected a path or one of: "
+                   f"{', '.join(cluster.PRESETS)}")
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not args.budget > 0:
+        raise CliError(f"--budget must be positive seconds, got {args.budget}")
+    if args.measure_top_k < 0:
+        raise CliError(f"--measure-top-k must be >= 0, got {args.measure_top_k}")
+    if args.rounds < 1 or args.steps < 1:
+        raise CliError(f"--rounds and --steps must be >= 1, got {args.rounds} and {args.steps}")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError("--plot needs matplotlib, which is not installed; "
+                           "`pip install matplotlib` (setup.cfg pins the version)") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``disco optimize``; returns the exit status."""
+    _check(args)
+    cluster = _cluster(args.cluster, args.devices)
+    step, example = _make_step(args)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from disco.optimize import optimize
+
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err,
+                  transient=True, disable=args.json and not err.is_terminal) as prog:
+        tasks: dict[str, Any] = {}
+
+        def progress(phase: str, frac: float, msg: str) -> None:
+            if phase not in tasks:
+                tasks[phase] = prog.add_task(phase, total=1.0)
+            prog.update(tasks[phase], completed=frac, description=f"{phase}: {msg}")
+
+        result = optimize(step, *example, cluster=cluster, budget_s=args.budget, strategy=args.strategy,
+                          measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds,
+                          steps=args.steps, progress=progress)
+    _write_outputs(args, result)
+    info = {"model": args.model, "preset": args.preset, "devices": args.devices, "device_kind": _device_kind()}
+    if args.json:
+        d = result.to_dict()
+        d.pop("chrome_trace")
+        d.pop("baseline_trace")
+        _print_json({**info, **d})
+        return 0
+    _print_table(result, info)
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, result: Any) -> None:
+    try:
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(result.plan.replace(name=result.chosen).to_json(indent=2) + "\n")
+        if args.trace:
+            with open(args.trace, "w", encoding="utf-8") as f:
+                json.dump(result.chrome_trace, f)
+    except OSError as e:
+        raise CliError(f"cannot write {e.filename!r}: {e.strerror}") from None
+    if args.plot:
+        plot_timelines(result, args.plot)
+
+
+def _device_kind() -> str:
+    from disco.cli import _device_kind as kind
+
+    return kind()
+
+
+def _print_table(result: Any, info: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    base = result.row("xla_default").median_s
+    baseline_rows = [r for r in result.rows if r.kind == "baseline" and r.name != "xla_default" and r.applied]
+    best_base = min((r.median_s for r in baseline_rows), default=None)
+    lb = result.lower_bound_s
+    t = Table(title=(f"disco optimize {info['model']}/{info['preset']} on {info['devices']} devices "
+                     f"({info['device_kind']}; predicted by the {result.cost_model} simulator on cluster "
+                     f"{result.cluster!r}; measured, {result.rounds} rounds x {result.steps} steps)"))
+    for col in ("plan", "from", "predicted ms", "measured ms median (min-max)", "vs xla_default",
+                "vs best baseline", "predicted / lower bound"):
+        t.add_column(col)
+    for r in sorted(result.rows, key=lambda r: (r.median_s is None, r.median_s or 0)):
+        mark = " *" if r.name == result.chosen else ""
+        meas = (f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})"
+                if r.median_s is not None else "-")
+        if not r.applied:
+            meas += " fell back"
+        t.add_row(r.name + mark, r.origin if r.kind == "search" else "baseline", f"{r.predicted_s * 1e3:.3f}",
+                  meas, f"{base / r.median_s:.3f}x" if r.median_s else "-",
+                  f"{best_base / r.median_s:.3f}x" if r.median_s and best_base else "-",
+                  f"{r.predicted_s / lb:.2f}x" if lb > 0 else "-")
+    console = Console(width=max(140, Console().width))
+    console.print(t)
+    console.print(f"simulated lower bound {lb * 1e3:.3f} ms; search: {result.strategy}, {result.evals} plans "
+                  f"in {result.search_s:.1f} s ({result.evals_per_s:.0f} evaluations/s)")
+    console.print(f"[bold]verdict:[/bold] {result.verdict}")
+
+
+def plot_timelines(result: Any, path: str) -> None:
+    """Draws xla_default's and the chosen plan's simulated compute/comm streams, one above the other.
+
+    Raises:
+      CliError: when matplotlib is missing or the file cannot be written.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CliError("--plot needs matplotlib, which is not installed; `pip install matplotlib`") from None
+    panels = [("xla_default", result.baseline_trace), (result.chosen, result.chrome_trace)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4), sharex=True)
+    colors = {0: "tab:blue", 1: "tab:orange"}
+    for ax, (label, trace) in zip(axes, panels):
+        for tid, stream in ((0, "compute"), (1, "comm")):
+            spans = [(e["ts"] / 1e3, e["dur"] / 1e3) for e in trace["traceEvents"]
+                     if e.get("ph") == "X" and e.get("tid") == tid]
+            ax.broken_barh(spans, (1 - tid - 0.4, 0.8), facecolors=colors[tid], edgecolor="white", linewidth=0.3)
+        ax.set_yticks([1, 0], ["compute", "comm"])
+        step_ms = trace["otherData"]["step_time_s"] * 1e3
+        ax.set_title(f"{label}: {step_ms:.3f} ms simulated", fontsize=10, loc="left")
+    axes[-1].set_xlabel("ms from the step's start (simulated)")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise CliError(f"cannot write --plot file {path!r}: {e.strerror}") from None
+    finally:
+        plt.close(fig)

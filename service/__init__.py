@@ -1,0 +1,30 @@
+"""disco's plan service: a Flask app that hands out fusion plans and collects profiles.
+
+Run it for development with ``disco serve`` (127.0.0.1:8000), in production with::
+
+    gunicorn -w 2 -b 127.0.0.1:8000 'service:create_app()'
+
+(``DISCO_SERVICE_DB`` and ``DISCO_SERVICE_TOKEN`` in the environment set the database
+path and the bearer token for the write endpoints when the app is created without a
+config.) Each gunicorn worker runs its own plan worker threads; identical requests
+join one job across workers through the shared SQLite database.
+
+Endpoints: ``POST /v1/plans``, ``GET /v1/plans/<key>``, ``GET /v1/jobs/<id>``,
+``POST /v1/profiles``, ``GET /plans/<key>`` (HTML report), ``GET /healthz``,
+``GET /openapi.json``.
+
+``import service`` imports neither Flask nor jax; ``create_app`` imports Flask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["create_app"]
+
+
+def create_app(config: dict[str, Any] | None = None) -> Any:
+    """Builds the Flask app; see :func:`service.app.create_app`."""
+    from service.app import create_app as _create_app
+
+    return _create_app(config)

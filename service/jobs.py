@@ -1,0 +1,171 @@
+"""Background plan jobs: a bounded queue, worker threads, and the sweeper that resumes jobs.
+
+One :class:`JobRunner` per app (per process). ``submit`` either returns the cached
+plan, joins the active job for the same key, or stores a new queued job and puts its
+id on the bounded queue (``queue.Full`` when it is full: the caller answers 503).
+Worker threads take ids off the queue, run :func:`service.planner.plan_for_graph`
+on the job's stored inputs and store the plan and report. A sweeper thread
+refreshes this process's heartbeats and takes over jobs of dead servers (see
+:mod:`service.store`), so a job outlives the server that accepted it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+from service.planner import Cancelled
+from service.store import Store
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 2.0
+STALE_S = 15.0
+_STOP = object()
+
+
+class JobTimeout(Cancelled):
+    """The job ran past JOB_TIMEOUT_S."""
+
+
+class JobRunner:
+    """Worker threads over a bounded queue of job ids.
+
+    Args:
+      db_path: the SQLite file.
+      workers: number of worker threads (0: jobs stay queued, e.g. for a read-only replica).
+      queue_size: bound of the in-process queue.
+      job_timeout_s: a job running longer is failed (checked at each progress report).
+    """
+
+    def __init__(self, db_path: str, *, workers: int = 1, queue_size: int = 64, job_timeout_s: float = 600.0):
+        self.db_path = db_path
+        self.workers = workers
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self.job_timeout_s = job_timeout_s
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._started = False
+        self.pid = os.getpid()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Resumes orphaned jobs and starts the worker and sweeper threads (once)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        if self.workers <= 0:
+            return
+        self.sweep()
+        for i in range(self.workers):
+            t = threading.Thread(target=self._work, name=f"disco-plan-worker-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        t = threading.Thread(target=self._sweeper, name="disco-plan-sweeper", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        for _ in range(self.workers):
+            try:
+                self.queue.put_nowait(_STOP)
+            except queue.Full:
+                pass
+        for t in self._threads:
+            t.join(timeout)
+
+    # -- submitting --------------------------------------------------------------------------------
+    def enqueue(self, job_id: str) -> None:
+        """Puts ``job_id`` on the queue; raises ``queue.Full``. With no workers, jobs stay queued."""
+        if self.workers <= 0:
+            return
+        self.queue.put_nowait(job_id)
+
+    def sweep(self) -> None:
+        """Refreshes heartbeats and takes over (resumes or fails) jobs of dead servers."""
+        with Store(self.db_path) as store:
+            store.heartbeat()
+            for job_id in store.recover(STALE_S):
+                try:
+                    self.enqueue(job_id)
+                    log.info("resumed job %s", job_id)
+                except queue.Full:
+                    store.release(job_id)  # the next sweep (here or in another process) retries
+
+    def _sweeper(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - keep sweeping; the database may be busy
+                log.exception("job sweep failed")
+
+    # -- working -----------------------------------------------------------------------------------
+    def _work(self) -> None:
+        store = Store(self.db_path)  # one connection per thread
+        try:
+            while not self._stop.is_set():
+                job_id = self.queue.get()
+                if job_id is _STOP:
+                    return
+                try:
+                    self._run(store, job_id)
+                except Exception:  # noqa: BLE001 - a worker never dies
+                    log.exception("job %s crashed the worker loop", job_id)
+                finally:
+                    self.queue.task_done()
+        finally:
+            store.close()
+
+    def _run(self, store: Store, job_id: str) -> None:
+        # The submitting transaction may still be committing: wait for the row briefly.
+        for _ in range(50):
+            if store.start_job(job_id):
+                break
+            job = store.get_job(job_id)
+            if job is not None and job["state"] != "queued":
+                return  # done, failed or taken over elsewhere
+            time.sleep(0.1)
+        else:
+            return
+        job = store.get_job(job_id)
+        request = store.job_request(job_id)
+        if job is None or request is None:
+            store.fail_job(job_id, "no_inputs", "the job's inputs are not stored")
+            return
+        try:
+            from service import inputs, planner
+
+            graph = inputs.graph_from_stored(request)
+            cluster = inputs.cluster_from_stored(request)
+            deadline = time.monotonic() + self.job_timeout_s
+            last = [0.0]
+
+            def progress(frac: float, msg: str) -> None:
+                if time.monotonic() > deadline:
+                    raise JobTimeout(f"job ran past JOB_TIMEOUT_S={self.job_timeout_s:g} s")
+                now = time.monotonic()
+                if now - last[0] >= 0.25 or frac >= 1.0:
+                    last[0] = now
+                    store.set_progress(job_id, frac, msg)
+
+            options = dict(request["options"])
+            options["budget_s"] = min(float(options["budget_s"]), 0.8 * self.job_timeout_s)
+            plan, report = planner.plan_for_graph(graph, cluster, options, progress)
+            if time.monotonic() > deadline:
+                raise JobTimeout(f"job ran past JOB_TIMEOUT_S={self.job_timeout_s:g} s")
+            tl = planner.timeline(graph, cluster, plan)
+            store.finish_job(job_id, job["key"], graph.fingerprint, plan.to_dict(), report, tl)
+        except JobTimeout as e:
+            store.fail_job(job_id, "timeout", str(e))
+        except ValueError as e:
+            store.fail_job(job_id, "invalid_input", str(e))
+        except Exception as e:  # noqa: BLE001 - the job fails, the server stays up
+            log.exception("job %s failed", job_id)
+            store.fail_job(job_id, "internal", f"{type(e).__name__}: {e}")

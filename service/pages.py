@@ -1,0 +1,107 @@
+"""The HTML report of a plan: ``GET /plans/<key>`` (tables plus an inline SVG timeline)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from flask import Blueprint, render_template_string
+
+from service.app import get_store
+from service.errors import ApiError
+
+bp = Blueprint("pages", __name__)
+
+SVG_WIDTH = 1000
+_LANES = (("compute", "#4e79a7"), ("comm", "#f28e2b"))
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>disco plan {{ key[:12] }}</title>
+<style>
+ body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }
+ table { border-collapse: collapse; margin: 1em 0; }
+ th, td { border: 1px solid #ccc; padding: 4px 10px; text-align: left; }
+ td.num { text-align: right; font-variant-numeric: tabular-nums; }
+ tr.chosen td { font-weight: bold; background: #eef5ff; }
+ code { font-size: 12px; }
+</style></head><body>
+<h1>disco plan <code>{{ key }}</code></h1>
+<p>Graph <code>{{ report.graph.name }}</code> ({{ report.graph.nodes }} nodes, {{ report.graph.all_reduces }}
+all-reduces, fingerprint <code>{{ report.graph.fingerprint }}</code>) on cluster <b>{{ report.cluster.name }}</b>
+({{ report.cluster.devices }} devices). Chosen by <b>{{ report.method }}</b> (strategy {{ report.strategy }}) with cost
+model {{ report.cost_model.name }} v{{ report.cost_model.version }}. All times are simulated, not measured.</p>
+<h2>Plan</h2>
+<table>{% for k, v in summary.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
+<h2>Simulated step time</h2>
+<table><tr><th>plan</th><th>ms</th><th>vs xla_default</th></tr>
+<tr class="chosen"><td>this plan ({{ report.chosen }})</td><td class="num">{{ "%.4f"|format(report.plan_ms) }}</td>
+<td class="num">{{ "%.3f"|format(report.plan_ms / base) }}x</td></tr>
+{% for name, ms in baselines %}<tr><td>{{ name }}</td><td class="num">{{ "%.4f"|format(ms) }}</td>
+<td class="num">{{ "%.3f"|format(ms / base) }}x</td></tr>{% endfor %}
+<tr><td><i>lower bound</i></td><td class="num">{{ "%.4f"|format(report.lower_bound_ms) }}</td>
+<td class="num">{{ "%.3f"|format(report.lower_bound_ms / base) }}x</td></tr></table>
+<h2>Simulated timeline</h2>
+{{ svg|safe }}
+<p><a href="/v1/plans/{{ key }}">plan JSON</a></p>
+</body></html>
+"""
+
+
+def timeline_svg(events: list[list[Any]], width: int = SVG_WIDTH) -> str:
+    """An SVG of the compute and comm streams; events narrower than a pixel are merged.
+
+    Args:
+      events: ``[name, stream, start_ms, end_ms]`` rows.
+      width: drawing width in pixels.
+    """
+    left, right, lane_h, gap, top = 80, 45, 28, 10, 10
+    end = max((e[3] for e in events), default=0.0) or 1.0
+    scale = (width - left - right) / end
+    height = top + len(_LANES) * (lane_h + gap) + 30
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="simulated timeline">',
+             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>']
+    for lane, (stream, color) in enumerate(_LANES):
+        y = top + lane * (lane_h + gap)
+        parts.append(f'<text x="4" y="{y + lane_h * 0.65:.1f}" font-size="13">{stream}</text>')
+        parts.append(f'<rect x="{left}" y="{y}" width="{width - left - right}" height="{lane_h}" fill="#f4f4f4"/>')
+        merged: list[list[Any]] = []  # [x0, x1, count, first name, busy ms]
+        for name, _stream, start, stop in sorted((e for e in events if e[1] == stream), key=lambda e: e[2]):
+            x0, x1 = left + start * scale, left + stop * scale
+            if merged and x0 - merged[-1][1] < 1.0 and (x1 - x0 < 1.0 or merged[-1][1] - merged[-1][0] < 1.0):
+                m = merged[-1]
+                m[1], m[2], m[4] = max(m[1], x1), m[2] + 1, m[4] + (stop - start)
+            else:
+                merged.append([x0, x1, 1, name, stop - start])
+        for x0, x1, count, name, busy in merged:
+            label = (f"{name}: {busy:.4f} ms" if count == 1 else f"{count} events from {name}: {busy:.4f} ms busy")
+            parts.append(f'<rect x="{x0:.2f}" y="{y}" width="{max(x1 - x0, 0.5):.2f}" height="{lane_h}" '
+                         f'fill="{color}" stroke="#fff" stroke-width="0.2"><title>{html.escape(label)}</title></rect>')
+    axis_y = top + len(_LANES) * (lane_h + gap) + 4
+    parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{width - right}" y2="{axis_y}" stroke="#555"/>')
+    for i in range(6):
+        t = end * i / 5
+        x = left + t * scale
+        parts.append(f'<line x1="{x:.1f}" y1="{axis_y}" x2="{x:.1f}" y2="{axis_y + 5}" stroke="#555"/>')
+        parts.append(f'<text x="{x:.1f}" y="{axis_y + 18}" font-size="11" text-anchor="middle">{t:.3f} ms</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+@bp.get("/plans/<key>")
+def plan_page(key: str):
+    stored = get_store().get_plan(key, timeline=True) if key.isalnum() and len(key) <= 128 else None
+    if stored is None:
+        raise ApiError(404, "not_found", f"no plan with key {key!r}", "key")
+    report = stored["report"]
+    summary = {**report.get("plan_summary", {}), "method": report.get("method"),
+               "speedup vs xla_default (simulated)": f"{report.get('speedup_vs_xla_default', 1.0):.3f}x"}
+    search = report.get("search") or {}
+    if "evals" in search:
+        summary["search"] = (f"{search.get('strategy')}: {search['evals']} plans in {search.get('elapsed_s', 0):.1f} s")
+    if "error" in search:
+        summary["search"] = search["error"]
+    base = report["baselines_ms"].get("xla_default") or report["plan_ms"] or 1.0
+    return render_template_string(_PAGE, key=key, report=report, summary=summary, base=base or 1.0,
+                                  baselines=sorted(report["baselines_ms"].items(), key=lambda kv: kv[1]),
+                                  svg=timeline_svg(stored["timeline"]))

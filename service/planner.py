@@ -1,0 +1,247 @@
+"""Choosing a plan for one graph on one cluster: disco's search, or the best baseline.
+
+:func:`plan_for_graph` is what the service's workers and ``xla_hooks.jit`` (without a
+service) call. Every baseline of :mod:`disco.baselines` is simulated first. Then,
+by ``options["strategy"]``:
+
+- "auto": :func:`disco.search.run` with its best-first strategy within ``budget_s``
+  when ``disco.search`` is installed, else the fastest baseline;
+- a strategy of ``disco.search.STRATEGIES`` ("best_first", "annealing", "greedy");
+- "baselines": the fastest baseline by simulated step time;
+- "random": the fastest of the baselines and random valid plans tried within ``budget_s``.
+
+A plan slower (simulated) than the best baseline is never handed out. The report
+lists the method, the simulated time of every baseline and of the plan, the lower
+bound and the cost model.
+
+Example:
+  >>> plan, report = plan_for_graph(graph, preset("local", devices=4), {"budget_s": 1})  # doctest: +SKIP
+  >>> report["method"], report["plan_ms"]                                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disco.cluster import ClusterSpec
+    from disco.costs import CostModel
+    from disco.graph import HloGraph
+    from disco.plan import FusionPlan
+
+ProgressFn = Callable[[float, str], None]
+
+
+class Cancelled(Exception):
+    """Raised by a progress callback to stop planning (e.g. past a deadline); never swallowed."""
+BUILTIN_STRATEGIES = ("auto", "baselines", "random")
+DEFAULT_OPTIONS: dict[str, Any] = {"budget_s": 10.0, "strategy": "auto", "seed": 0}
+MAX_TIMELINE_EVENTS = 20000
+
+
+def default_costs() -> CostModel:
+    """The cost model the service prices plans with."""
+    from disco.costs import AnalyticCosts
+
+    return AnalyticCosts()
+
+
+def cost_model_id(costs: CostModel) -> dict[str, str]:
+    """What identifies a cost model in a plan key: kind, version and parameter digest."""
+    return {"name": costs.name, "version": str(costs.version), "digest": costs.digest()}
+
+
+def cluster_digest(cluster: ClusterSpec) -> str:
+    """A hash of what the simulator reads from ``cluster`` (free-text fields left out)."""
+    d = cluster.to_dict()
+    d.pop("description", None)
+    d.pop("label", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def plan_key(fingerprint: str, cluster: ClusterSpec, costs: CostModel, options: Mapping[str, Any]) -> str:
+    """The cache key of a plan request: sha256 of (graph, cluster, cost model, options)."""
+    blob = json.dumps({"graph": fingerprint, "cluster": cluster_digest(cluster),
+                       "costs": cost_model_id(costs), "options": dict(options)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def search_module() -> Any | None:
+    """``disco.search`` if it is installed and has a ``run`` function, else None."""
+    try:
+        mod = importlib.import_module("disco.search")
+    except ImportError:
+        return None
+    ok = callable(getattr(mod, "run", None)) and callable(getattr(mod, "make", None)) and getattr(mod, "STRATEGIES", None)
+    return mod if ok else None
+
+
+def strategies() -> tuple[str, ...]:
+    """The strategies a request may name: the built-in ones and those of ``disco.search``."""
+    mod = search_module()
+    extra = tuple(getattr(mod, "STRATEGIES", {})) if mod is not None else ()
+    return BUILTIN_STRATEGIES + tuple(s for s in extra if s not in BUILTIN_STRATEGIES)
+
+
+def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any],
+                 progress: ProgressFn) -> tuple[FusionPlan, dict[str, Any]]:
+    """Runs ``disco.search.run(strategy, graph, sim.step_time, budget_s=..., seed=..., progress=...)``.
+
+    "auto" is the search's default strategy (best-first, the Disco paper's).
+    """
+    name = options["strategy"]
+    if name == "auto":
+        name = "best_first" if "best_first" in getattr(mod, "STRATEGIES", {}) else next(iter(mod.STRATEGIES))
+    budget = float(options["budget_s"])
+
+    def on_step(evals: int, elapsed: float, best: float) -> None:
+        progress(min(1.0, elapsed / budget), f"{evals} plans evaluated, best {best * 1e3:.4f} ms (simulated)")
+
+    result = mod.run(mod.make(name), graph, sim.step_time, budget_s=budget, seed=int(options["seed"]),
+                     progress=on_step)
+    info = {"strategy": result.strategy, "evals": result.evals, "elapsed_s": result.elapsed_s,
+            "evals_per_s": result.evals_per_s, "best_ms": result.best_cost * 1e3,
+            "start_ms": {k: v * 1e3 for k, v in result.start_costs.items()}}
+    return result.best_plan, info
+
+
+def plan_for_graph(
+    graph: HloGraph,
+    cluster: ClusterSpec,
+    options: Mapping[str, Any] | None = None,
+    progress_cb: ProgressFn | None = None,
+    *,
+    costs: CostModel | None = None,
+) -> tuple[FusionPlan, dict[str, Any]]:
+    """Chooses a plan for ``graph`` on ``cluster``.
+
+    Args:
+      graph: the step's pre-optimisation HLO graph.
+      cluster: the cluster to plan for.
+      options: ``budget_s`` (seconds the search may take, default 10), ``strategy``
+        ("auto": the search's best-first strategy if disco.search is installed, else the
+        best baseline; "baselines";
+        "random": best of baselines and random valid plans within the budget; or a
+        strategy of ``disco.search``), ``seed``.
+      progress_cb: called as ``progress_cb(fraction, message)``; it may raise
+        :class:`Cancelled` (or a subclass) to stop planning.
+      costs: the cost model (default :func:`default_costs`).
+
+    Returns:
+      ``(plan, report)``: the plan (validated against ``graph``) and a JSON-able report:
+      method, strategy, cost model, cluster, simulated ms of every baseline and of the
+      plan, the lower bound, elapsed seconds.
+
+    Raises:
+      ValueError: for unknown options or a graph the simulator cannot price.
+      Cancelled: from ``progress_cb``.
+    """
+    from disco import baselines
+    from disco.simulator import Simulator
+
+    opts = {**DEFAULT_OPTIONS, **dict(options or {})}
+    unknown = sorted(set(opts) - set(DEFAULT_OPTIONS))
+    if unknown:
+        raise ValueError(f"options: unknown keys {unknown}; expected some of {sorted(DEFAULT_OPTIONS)}")
+    if opts["strategy"] not in strategies():
+        raise ValueError(f"options.strategy: expected one of {', '.join(strategies())}, got {opts['strategy']!r}")
+    progress = progress_cb or (lambda frac, msg: None)
+    costs = costs or default_costs()
+    t0 = time.perf_counter()
+    progress(0.0, "simulating baselines")
+    sim = Simulator(graph, costs, cluster)
+    candidates = baselines.make_all(graph)
+    simulated: dict[str, float] = {}
+    for i, (name, plan) in enumerate(candidates.items()):
+        simulated[name] = sim.step_time(plan)
+        progress(0.1 * (i + 1) / len(candidates), f"simulated baseline {name}")
+    best_baseline = min(simulated, key=lambda n: (simulated[n], n != "xla_default"))
+    mod = search_module() if opts["strategy"] not in ("baselines", "random") else None
+    info: dict[str, Any] = {}
+    if mod is not None:
+        method = "search"  # the search's own strategy name is in report["search"]["strategy"]
+        try:
+            plan, info = _call_search(mod, graph, sim, opts, lambda frac, msg: progress(0.1 + 0.85 * frac, msg))
+            plan.validate(graph)
+        except Cancelled:
+            raise
+        except Exception as e:  # noqa: BLE001 - a failing search still leaves the best baseline
+            method, plan = "baselines", candidates[best_baseline]
+            info = {"error": f"disco.search failed, best baseline used: {type(e).__name__}: {e}"}
+    elif opts["strategy"] == "random":
+        method = "random"
+        plan, info = _random_search(graph, sim, candidates[best_baseline], simulated[best_baseline], opts,
+                                    progress)
+    else:
+        method = "baselines"
+        plan = candidates[best_baseline]
+    plan_s = sim.step_time(plan)
+    if plan_s > simulated[best_baseline]:  # never hand out a plan slower than a baseline
+        method, plan, plan_s = f"{method}->baseline", candidates[best_baseline], simulated[best_baseline]
+    lower = sim.lower_bound()
+    progress(1.0, "done")
+    report = {
+        "method": method,
+        "strategy": opts["strategy"],
+        "options": opts,
+        "chosen": plan.name or plan.digest(),
+        "best_baseline": best_baseline,
+        "plan_ms": plan_s * 1e3,
+        "baselines_ms": {n: t * 1e3 for n, t in simulated.items()},
+        "lower_bound_ms": lower * 1e3,
+        "speedup_vs_xla_default": simulated["xla_default"] / plan_s if plan_s > 0 else 1.0,
+        "cost_model": cost_model_id(costs),
+        "cluster": {"name": cluster.name, "devices": cluster.num_devices, "digest": cluster_digest(cluster)},
+        "graph": {"name": graph.name, "fingerprint": graph.fingerprint, "nodes": len(graph.nodes),
+                  "all_reduces": len(graph.all_reduces())},
+        "plan_summary": plan.summary(),
+        "search": _jsonable(info),
+        "elapsed_s": time.perf_counter() - t0,
+    }
+    return plan, report
+
+
+def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, opts: Mapping[str, Any],
+                   progress: ProgressFn) -> tuple[FusionPlan, dict[str, Any]]:
+    """Random valid plans until the budget runs out; the fastest by simulated time wins."""
+    from disco.random_plans import random_plan
+
+    budget = float(opts["budget_s"])
+    t0 = time.perf_counter()
+    tried = 0
+    seed = int(opts["seed"])
+    while time.perf_counter() - t0 < budget:
+        plan = random_plan(graph, seed + tried)
+        tried += 1
+        t = sim.step_time(plan)
+        if t < best_s:
+            best, best_s = plan, t
+        progress(0.1 + 0.85 * min(1.0, (time.perf_counter() - t0) / budget), f"random plans tried: {tried}")
+    return best, {"random_plans_tried": tried}
+
+
+def timeline(graph: HloGraph, cluster: ClusterSpec, plan: FusionPlan, costs: CostModel | None = None,
+             limit: int = MAX_TIMELINE_EVENTS) -> list[list[Any]]:
+    """The simulated timeline of ``plan`` as ``[name, stream, start_ms, end_ms]`` rows.
+
+    Longer timelines keep the ``limit`` longest events (enough to draw the picture).
+    """
+    from disco.simulator import Simulator
+
+    events = Simulator(graph, costs or default_costs(), cluster).run(plan).timeline
+    if len(events) > limit:
+        events = sorted(sorted(events, key=lambda e: e.end - e.start, reverse=True)[:limit],
+                        key=lambda e: e.start)
+    return [[e.name, e.stream, e.start * 1e3, e.end * 1e3] for e in events]
+
+
+def _jsonable(obj: Any) -> Any:
+    try:
+        return json.loads(json.dumps(obj, default=str))
+    except (TypeError, ValueError):
+        return str(obj)

@@ -1,0 +1,179 @@
+"""The REST API's boundary models (pydantic, strict) and the OpenAPI 3 document built from them.
+
+Requests are validated here and nowhere else; inside the service plain dicts and
+disco's dataclasses are used. Strict mode: a string is not a number, a float is
+not an integer, unknown fields are rejected.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_CLUSTER_YAML = 65536
+MAX_PROFILES = 10000
+_NAME = r"^[A-Za-z0-9_.:\-]+$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class ClusterYaml(_Strict):
+    """A cluster in disco's YAML format (see ``disco.cluster``)."""
+
+    yaml: str = Field(min_length=1, max_length=MAX_CLUSTER_YAML, description="cluster YAML text")
+
+
+class PlanOptions(_Strict):
+    """What the planner may spend and how it searches."""
+
+    budget_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False, description="search time budget, seconds")
+    strategy: str = Field("auto", min_length=1, max_length=64, pattern=r"^[a-z0-9_\-]+$",
+                          description="auto | baselines | random | a strategy of disco.search")
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
+
+class PlanRequest(_Strict):
+    """``POST /v1/plans``: one of ``hlo_text`` and ``graph``, the cluster, options."""
+
+    hlo_text: str | None = Field(None, min_length=1, description="pre-optimisation HLO module text")
+    graph: dict[str, Any] | None = Field(None, description="disco graph JSON (HloGraph.to_dict)")
+    cluster: str | ClusterYaml = Field("local", description="a preset name or {yaml: ...}")
+    devices: int | None = Field(None, ge=1, le=1 << 20, description="devices for the 'local' preset")
+    options: PlanOptions = Field(default_factory=PlanOptions)
+
+    @model_validator(mode="after")
+    def _one_graph(self) -> PlanRequest:
+        if (self.hlo_text is None) == (self.graph is None):
+            raise ValueError("give exactly one of 'hlo_text' and 'graph'")
+        return self
+
+
+class ProfileSample(_Strict):
+    """One measured step time of a plan on a graph."""
+
+    fingerprint: str = Field(min_length=1, max_length=128, pattern=_NAME, description="HloGraph.fingerprint")
+    plan: dict[str, Any] = Field(description="the FusionPlan JSON that was measured")
+    step_time_ms: float = Field(gt=0, le=1e9, allow_inf_nan=False, description="measured step time, ms")
+    cluster: str | None = Field(None, max_length=256)
+    device_kind: str | None = Field(None, max_length=256)
+    extra: dict[str, Any] | None = Field(None, description="free-form measurement metadata")
+
+
+class Error(BaseModel):
+    """Every 4xx/5xx body."""
+
+    code: str
+    message: str
+    field: str | None = None
+
+
+class PlanResult(BaseModel):
+    key: str
+    plan: dict[str, Any]
+    report: dict[str, Any]
+
+
+class StoredPlan(PlanResult):
+    fingerprint: str
+    created_at: float
+
+
+class JobAccepted(BaseModel):
+    job_id: str
+    key: str
+    state: Literal["queued", "running", "done", "failed"]
+
+
+class Job(BaseModel):
+    job_id: str
+    key: str
+    state: Literal["queued", "running", "done", "failed"]
+    progress: float
+    message: str
+    attempts: int
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: PlanResult | None = None
+    error: Error | None = None
+
+
+class ProfilesStored(BaseModel):
+    stored: int
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+
+
+# -- OpenAPI ---------------------------------------------------------------------------------------
+def _json(schema: str, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    what = {400: "invalid input", 401: "missing or wrong bearer token", 404: "not found",
+            413: "body too large", 415: "body is not JSON", 503: "job queue full (see Retry-After)"}
+    return {str(c): _json("Error", what[c]) for c in codes}
+
+
+def openapi(version: str, auth: bool) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the service."""
+    models = [ClusterYaml, PlanOptions, PlanRequest, ProfileSample, Error, PlanResult, StoredPlan,
+              JobAccepted, Job, ProfilesStored, Health]
+    schemas: dict[str, Any] = {}
+    for m in models:
+        s = m.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(s.pop("$defs", {}))
+        schemas[m.__name__] = s
+    schemas["ProfileSamples"] = {"type": "array", "items": {"$ref": "#/components/schemas/ProfileSample"},
+                                 "minItems": 1, "maxItems": MAX_PROFILES}
+    secured = [{"bearer": []}] if auth else []
+    key_param = {"name": "key", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 128}}
+    paths = {
+        "/v1/plans": {"post": {
+            "summary": "Get a plan: cached (200) or from a background job (202)",
+            "operationId": "createPlan", "security": secured,
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/PlanRequest"}}}},
+            "responses": {"200": _json("PlanResult", "cached plan"),
+                          "202": _json("JobAccepted", "a job computes the plan (joined if one is running)"),
+                          **_errors(400, 401, 413, 415, 503)}}},
+        "/v1/plans/{key}": {"get": {
+            "summary": "A stored plan", "operationId": "getPlan", "parameters": [key_param],
+            "responses": {"200": _json("StoredPlan", "the plan"), **_errors(404)}}},
+        "/v1/jobs/{job_id}": {"get": {
+            "summary": "A plan job's state", "operationId": "getJob",
+            "parameters": [{"name": "job_id", "in": "path", "required": True,
+                            "schema": {"type": "string", "maxLength": 128}}],
+            "responses": {"200": _json("Job", "the job"), **_errors(404)}}},
+        "/v1/profiles": {"post": {
+            "summary": "Upload measured step times", "operationId": "uploadProfiles", "security": secured,
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/ProfileSamples"}}}},
+            "responses": {"201": _json("ProfilesStored", "stored"), **_errors(400, 401, 413, 415)}}},
+        "/plans/{key}": {"get": {
+            "summary": "HTML report of a plan with its simulated timeline", "operationId": "planPage",
+            "parameters": [key_param],
+            "responses": {"200": {"description": "HTML page", "content": {"text/html": {"schema": {"type": "string"}}}},
+                          **_errors(404)}}},
+        "/healthz": {"get": {"summary": "Liveness", "operationId": "healthz",
+                             "responses": {"200": _json("Health", "alive")}}},
+        "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
+                                  "responses": {"200": {"description": "OpenAPI document",
+                                                        "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+    }
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "disco plan service", "version": version,
+                 "description": "Fusion plans (op-fusion groups and gradient buckets) for data-parallel JAX steps."},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    if auth:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return doc

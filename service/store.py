@@ -1,0 +1,318 @@
+"""The service's store: one SQLite file in WAL mode with tables ``plans``, ``jobs``, ``profiles``.
+
+Every request and every worker thread opens its own :class:`Store` (one connection
+each, never shared between threads). WAL mode lets readers run while one writer
+commits; writers that collide wait up to ``BUSY_TIMEOUT_S``.
+
+Jobs carry their inputs (``request``: the validated graph input, the resolved
+cluster and the options, as JSON), an ``owner`` (``host:pid:boot``) and a
+``heartbeat_at`` the owner refreshes. A job whose owner died (its pid is gone on
+this host, or its heartbeat is stale) is taken over by the next server that
+starts or sweeps: re-queued when its inputs are stored and it has not already
+been interrupted ``MAX_ATTEMPTS`` times, otherwise marked failed with the reason
+"server restarted during the job". A job is never lost.
+
+A unique partial index allows one active (queued or running) job per plan key,
+so identical requests join one job even across gunicorn worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+BUSY_TIMEOUT_S = 30.0
+MAX_ATTEMPTS = 3
+STATES = ("queued", "running", "done", "failed")
+ACTIVE = ("queued", "running")
+RESTART_REASON = "server restarted during the job"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plans (
+    key TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    plan TEXT NOT NULL,
+    report TEXT NOT NULL,
+    timeline TEXT,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    key TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed')),
+    request TEXT,
+    progress REAL NOT NULL DEFAULT 0,
+    message TEXT NOT NULL DEFAULT '',
+    error TEXT,
+    owner TEXT,
+    heartbeat_at REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_one_active_per_key ON jobs (key) WHERE state IN ('queued', 'running');
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+CREATE TABLE IF NOT EXISTS profiles (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    fingerprint TEXT NOT NULL,
+    plan_digest TEXT NOT NULL,
+    plan TEXT NOT NULL,
+    step_time_ms REAL NOT NULL,
+    cluster TEXT,
+    device_kind TEXT,
+    extra TEXT,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS profiles_fingerprint ON profiles (fingerprint);
+"""
+
+
+def process_owner() -> str:
+    """This process's owner id: ``host:pid:boot`` (boot is random per process start)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_BOOT}"
+
+
+_BOOT = uuid.uuid4().hex[:8]
+
+
+def _owner_alive(owner: str | None) -> bool:
+    """False when ``owner`` is a process of this host that no longer exists."""
+    if not owner:
+        return False
+    host, _, rest = owner.partition(":")
+    pid_s, _, _ = rest.partition(":")
+    if host != socket.gethostname() or not pid_s.isdigit():
+        return True  # another host: only the heartbeat can tell
+    try:
+        os.kill(int(pid_s), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Store:
+    """One connection to the service database.
+
+    Args:
+      path: the SQLite file (created with its tables if missing).
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                    check_same_thread=True)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    @classmethod
+    def initialise(cls, path: str) -> None:
+        """Creates the file, switches it to WAL mode and creates the tables (idempotent)."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        s = cls(path)
+        try:
+            s.conn.execute("PRAGMA journal_mode = WAL")
+            s.conn.executescript(_SCHEMA)
+        finally:
+            s.close()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self.conn)
+
+    # -- plans -------------------------------------------------------------------------------------
+    def get_plan(self, key: str, *, timeline: bool = False) -> dict[str, Any] | None:
+        cols = "key, fingerprint, plan, report, created_at" + (", timeline" if timeline else "")
+        row = self.conn.execute(f"SELECT {cols} FROM plans WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        out = {"key": row["key"], "fingerprint": row["fingerprint"], "plan": json.loads(row["plan"]),
+               "report": json.loads(row["report"]), "created_at": row["created_at"]}
+        if timeline:
+            out["timeline"] = json.loads(row["timeline"]) if row["timeline"] else []
+        return out
+
+    # -- jobs --------------------------------------------------------------------------------------
+    def submit(self, key: str, request: Mapping[str, Any], enqueue) -> tuple[dict[str, Any], bool]:
+        """Returns the cached plan, the active job for ``key``, or a new queued job.
+
+        Args:
+          key: the plan key.
+          request: the job's inputs (JSON-able).
+          enqueue: ``enqueue(job_id)`` hands a new job to a worker; it raises
+            ``queue.Full`` when the queue is full, which rolls the new job back.
+
+        Returns:
+          ``(row, created)``: ``row`` is ``{"plan": ...}`` for a cached plan or the job's
+          row; ``created`` says whether this call created the job.
+        """
+        owner = process_owner()
+        with self._tx():
+            plan = self.conn.execute("SELECT key FROM plans WHERE key = ?", (key,)).fetchone()
+            if plan is not None:
+                return {"plan_key": key}, False
+            row = self.conn.execute(
+                "SELECT * FROM jobs WHERE key = ? AND state IN ('queued', 'running')", (key,)).fetchone()
+            if row is not None:
+                return self._job_dict(row), False
+            job_id = uuid.uuid4().hex
+            now = time.time()
+            self.conn.execute(
+                "INSERT INTO jobs (id, key, state, request, owner, heartbeat_at, created_at, message) "
+                "VALUES (?, ?, 'queued', ?, ?, ?, ?, 'queued')",
+                (job_id, key, json.dumps(request, sort_keys=True), owner, now, now))
+            enqueue(job_id)  # raises queue.Full: the transaction rolls back
+        return self.get_job(job_id), True
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else self._job_dict(row)
+
+    def job_request(self, job_id: str) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None or row["request"] is None else json.loads(row["request"])
+
+    @staticmethod
+    def _job_dict(row: sqlite3.Row) -> dict[str, Any]:
+        return {"job_id": row["id"], "key": row["key"], "state": row["state"],
+                "progress": row["progress"], "message": row["message"],
+                "error": json.loads(row["error"]) if row["error"] else None,
+                "attempts": row["attempts"], "created_at": row["created_at"],
+                "started_at": row["started_at"], "finished_at": row["finished_at"]}
+
+    def start_job(self, job_id: str) -> bool:
+        """Marks a queued job of this process running; False if it is not (any more) queued here."""
+        now = time.time()
+        with self._tx():
+            cur = self.conn.execute(
+                "UPDATE jobs SET state = 'running', started_at = ?, heartbeat_at = ?, owner = ?, "
+                "message = 'running' WHERE id = ? AND state = 'queued'",
+                (now, now, process_owner(), job_id))
+        return cur.rowcount == 1
+
+    def set_progress(self, job_id: str, progress: float, message: str) -> None:
+        with self._tx():
+            self.conn.execute(
+                "UPDATE jobs SET progress = ?, message = ?, heartbeat_at = ? WHERE id = ? AND state = 'running'",
+                (min(max(float(progress), 0.0), 1.0), message[:500], time.time(), job_id))
+
+    def finish_job(self, job_id: str, key: str, fingerprint: str, plan: Mapping[str, Any],
+                   report: Mapping[str, Any], timeline: Iterable[Any] | None) -> None:
+        """Stores the plan and marks the job done, in one transaction."""
+        now = time.time()
+        with self._tx():
+            self.conn.execute(
+                "INSERT OR REPLACE INTO plans (key, fingerprint, plan, report, timeline, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (key, fingerprint, json.dumps(plan, sort_keys=True), json.dumps(report, sort_keys=True),
+                 json.dumps(list(timeline)) if timeline is not None else None, now))
+            self.conn.execute(
+                "UPDATE jobs SET state = 'done', progress = 1.0, message = 'done', finished_at = ?, "
+                "heartbeat_at = ? WHERE id = ?", (now, now, job_id))
+
+    def fail_job(self, job_id: str, code: str, message: str) -> None:
+        now = time.time()
+        err = json.dumps({"code": code, "message": message[:2000], "field": None})
+        with self._tx():
+            self.conn.execute(
+                "UPDATE jobs SET state = 'failed', error = ?, message = 'failed', finished_at = ? "
+                "WHERE id = ? AND state IN ('queued', 'running')", (err, now, job_id))
+
+    def heartbeat(self) -> None:
+        """Refreshes the heartbeat of this process's active jobs."""
+        with self._tx():
+            self.conn.execute("UPDATE jobs SET heartbeat_at = ? WHERE owner = ? AND state IN ('queued', 'running')",
+                              (time.time(), process_owner()))
+
+    def recover(self, stale_s: float) -> list[str]:
+        """Takes over the active jobs of dead owners; returns the ids to enqueue here.
+
+        A job whose owner is gone (dead pid on this host, or no heartbeat for
+        ``stale_s``) is re-queued under this process if its inputs are stored and it
+        has been interrupted fewer than ``MAX_ATTEMPTS`` times; otherwise it is
+        marked failed with :data:`RESTART_REASON`.
+        """
+        me = process_owner()
+        now = time.time()
+        resumed: list[str] = []
+        with self._tx():
+            rows = self.conn.execute(
+                "SELECT id, state, owner, heartbeat_at, attempts, request IS NOT NULL AS has_request "
+                "FROM jobs WHERE state IN ('queued', 'running') AND (owner IS NULL OR owner != ?)",
+                (me,)).fetchall()
+            for r in rows:
+                stale = (r["heartbeat_at"] or 0.0) < now - stale_s
+                if _owner_alive(r["owner"]) and not stale:
+                    continue
+                attempts = r["attempts"] + (1 if r["state"] == "running" else 0)
+                if not r["has_request"] or attempts >= MAX_ATTEMPTS:
+                    why = RESTART_REASON + ("" if r["has_request"] else "; its inputs were not stored")
+                    if attempts >= MAX_ATTEMPTS:
+                        why += f" ({attempts} times; not resumed again)"
+                    err = json.dumps({"code": "server_restarted", "message": why, "field": None})
+                    self.conn.execute(
+                        "UPDATE jobs SET state = 'failed', error = ?, message = 'failed', attempts = ?, "
+                        "finished_at = ? WHERE id = ?", (err, attempts, now, r["id"]))
+                    continue
+                note = (f"resumed after a server restart (attempt {attempts + 1})"
+                        if r["state"] == "running" else "re-queued after a server restart")
+                self.conn.execute(
+                    "UPDATE jobs SET state = 'queued', owner = ?, heartbeat_at = ?, attempts = ?, "
+                    "progress = 0, message = ?, started_at = NULL WHERE id = ?",
+                    (me, now, attempts, note, r["id"]))
+                resumed.append(r["id"])
+        return resumed
+
+    def release(self, job_id: str) -> None:
+        """Gives a queued job back (no owner), for another sweep to pick up."""
+        with self._tx():
+            self.conn.execute("UPDATE jobs SET owner = NULL, heartbeat_at = 0 WHERE id = ? AND state = 'queued'",
+                              (job_id,))
+
+    # -- profiles ----------------------------------------------------------------------------------
+    def add_profiles(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        now = time.time()
+        values = [(r["fingerprint"], r["plan_digest"], json.dumps(r["plan"], sort_keys=True),
+                   float(r["step_time_ms"]), r.get("cluster"), r.get("device_kind"),
+                   json.dumps(r.get("extra") or {}, sort_keys=True), now) for r in rows]
+        with self._tx():
+            self.conn.executemany(
+                "INSERT INTO profiles (fingerprint, plan_digest, plan, step_time_ms, cluster, device_kind, "
+                "extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values)
+        return len(values)
+
+    def count(self, table: str) -> int:
+        if table not in ("plans", "jobs", "profiles"):
+            raise ValueError(f"table: expected plans, jobs or profiles, got {table!r}")
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception)."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,186 @@
+"""``xla_hooks.jit``: plans from a real service process, the local planner, and every fallback."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import json
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import trax_models
+import xla_hooks
+from xla_hooks.apply_plan import PlanFallbackWarning
+from xla_hooks.hook import PlanServiceWarning
+
+pytest.importorskip("flask")
+
+from service.testing import ServerProcess, free_port  # noqa: E402
+
+DEVICES = 4
+
+
+@functools.lru_cache(maxsize=None)
+def setup():
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=DEVICES, optimizer="sgd")
+    reference = three_steps(jax.jit(step), args)
+    return step, args, reference
+
+
+def three_steps(fn, args):
+    state, batch = args
+    for _ in range(3):
+        state, _ = fn(state, batch)
+    return jax.tree.map(np.asarray, state)
+
+
+def assert_close(a, b):
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProcess(tmp_path_factory.mktemp("hook") / "plans.sqlite", workers=1, token="tok")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("strategy", ["random", "auto"])
+def test_round_trip_through_a_real_service(server, strategy):
+    # "auto" is disco.search's best-first search where it is installed
+    step, args, reference = setup()
+    fast = xla_hooks.jit(step, service=server.url, cluster="local", timeout_s=60, token="tok",
+                         options={"strategy": strategy, "budget_s": 1.0, "seed": 0})
+    out = three_steps(fast, args)
+    assert_close(out, reference)
+    (applied,) = fast.applied.values()
+    (report,) = fast.reports.values()
+    assert applied.applied, applied.fallback_reason
+    assert report["graph"]["fingerprint"] and report["cluster"]["devices"] == DEVICES
+    assert applied.plan.digest() == report["plan_summary"]["digest"]
+    # the compiled step is cached per argument signature: three calls, one plan
+    assert len(fast.applied) == 1
+
+
+def test_local_planner_without_a_service():
+    step, args, reference = setup()
+    fast = xla_hooks.jit(step, service=None, timeout_s=30, options={"strategy": "baselines"})
+    assert_close(three_steps(fast, args), reference)
+    (report,) = fast.reports.values()
+    assert report["method"] in ("baselines", "search") and report["lower_bound_ms"] > 0
+
+
+def test_service_down_falls_back_to_xla():
+    step, args, reference = setup()
+    fast = xla_hooks.jit(step, service=f"http://127.0.0.1:{free_port()}", timeout_s=5)
+    with pytest.warns(PlanServiceWarning, match="ConnectionRefused|refused"):
+        out = three_steps(fast, args)
+    assert_close(out, reference)
+    (applied,) = fast.applied.values()
+    assert applied.plan.name == "xla_default"
+
+
+class _Stub(http.server.BaseHTTPRequestHandler):
+    """Answers every request with ``server.reply(handler)``."""
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.reply(self)
+
+    def do_GET(self):  # noqa: N802
+        self.server.reply(self)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def stub(reply):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    srv.daemon_threads = True
+    srv.reply = reply
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
+
+
+def _send(handler, status, body: bytes, ctype="application/json"):
+    handler.send_response(status)
+    handler.send_header("Content-Type", ctype)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def test_slow_service_times_out_and_falls_back():
+    step, args, reference = setup()
+
+    def slow(handler):
+        time.sleep(3)
+        with contextlib.suppress(OSError):
+            _send(handler, 500, b"{}")
+
+    with stub(slow) as url:
+        fast = xla_hooks.jit(step, service=url, timeout_s=0.5)
+        t0 = time.monotonic()
+        with pytest.warns(PlanServiceWarning, match="timed out|timeout"):
+            out = three_steps(fast, args)
+        assert time.monotonic() - t0 < 30
+    assert_close(out, reference)
+
+
+_PLAN_FOR_ANOTHER_GRAPH = {"schema_version": 1, "name": "x", "groups": [["add.1", "multiply.2"]],
+                           "xla_fusion": "extend", "buckets": None, "compile_options": {}}
+
+
+@pytest.mark.parametrize("status, body, match", [
+    (200, b"<html>not json</html>", "not JSON"),
+    (200, b"[1, 2, 3]", "not an object"),
+    (200, b'{"key": "k"}', "holds no plan"),
+    (200, json.dumps({"key": "k", "plan": {"groups": "nope"}}).encode(), "does not fit"),
+    (200, json.dumps({"key": "k", "plan": _PLAN_FOR_ANOTHER_GRAPH}).encode(), "does not fit"),
+    (500, b'{"code": "internal", "message": "boom", "field": null}', "500"),
+    (202, b'{"job_id": 5}', "without a job id"),
+])
+def test_garbage_from_the_service_falls_back(status, body, match):
+    step, args, reference = setup()
+    with stub(lambda h: _send(h, status, body)) as url:
+        fast = xla_hooks.jit(step, service=url, timeout_s=5)
+        with pytest.warns(PlanServiceWarning, match=match) as record:
+            out = three_steps(fast, args)
+    assert_close(out, reference)
+    assert all(issubclass(w.category, PlanFallbackWarning) for w in record)
+
+
+def test_failed_job_falls_back():
+    step, args, reference = setup()
+
+    def reply(handler):
+        if handler.command == "POST":
+            _send(handler, 202, b'{"job_id": "abc123", "key": "k", "state": "queued"}')
+        else:
+            _send(handler, 200, json.dumps({"job_id": "abc123", "state": "failed", "error": {
+                "code": "server_restarted", "message": "server restarted during the job", "field": None}}).encode())
+
+    with stub(reply) as url:
+        fast = xla_hooks.jit(step, service=url, timeout_s=5)
+        with pytest.warns(PlanServiceWarning, match="server restarted"):
+            out = three_steps(fast, args)
+    assert_close(out, reference)
+
+
+def test_jit_rejects_a_bad_timeout():
+    with pytest.raises(ValueError, match="timeout_s"):
+        xla_hooks.jit(lambda x: x, timeout_s=0)

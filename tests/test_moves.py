@@ -1,0 +1,146 @@
+"""Moves over the joint plan space: every move keeps a valid plan valid."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+
+from disco import baselines, moves, random_plans
+from disco.graph import HloGraph, Node
+from disco.plan import Bucket, FusionPlan, make_plan
+
+
+@functools.lru_cache(maxsize=None)
+def mlp_tiny() -> HloGraph:
+    import disco
+    import trax_models
+
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
+    return disco.extract(step, *args)
+
+
+@functools.lru_cache(maxsize=None)
+def mlp_context() -> moves.MoveContext:
+    return moves.context(mlp_tiny())
+
+
+def node(name, opcode="multiply", **kw):
+    return Node(name=name, opcode=opcode, computation="c", shape="f32[4]", dtype="f32",
+                out_bytes=16, out_elements=4, flops=4.0, **kw)
+
+
+def ar(name):
+    return node(name, "all-reduce", grad_bytes=16, replica_groups="{{0,1}}", reduction="add")
+
+
+def graph(nodes, edges):
+    return HloGraph(name="g", nodes=tuple(nodes), edges=tuple(edges), fingerprint="f")
+
+
+# r1 -> x -> r2: r1 and r2 can never share a bucket; r3 is independent of both.
+CHAIN = graph([node("p", "parameter"), ar("r1"), node("x"), ar("r2"), ar("r3")],
+              [(0, 1), (1, 2), (2, 3), (0, 4)])
+
+
+# -- hand-made cases ---------------------------------------------------------------------------
+def test_buckets_never_merge_dependent_all_reduces():
+    ctx = moves.context(CHAIN)
+    start = baselines.make("per_tensor", CHAIN)
+    seen = set()
+    for seed in range(40):
+        plan = moves.merge_buckets(start, ctx, random.Random(seed))
+        assert plan is not None, "r2 and r3 can always merge"
+        plan.validate(CHAIN)
+        seen.add(tuple(b.members for b in plan.buckets))
+    assert seen == {(("r1",), ("r2", "r3"))}
+
+
+def test_merge_returns_none_when_every_pair_forms_a_cycle():
+    ctx = moves.context(CHAIN)
+    plan = make_plan(buckets=[["r1", "r3"], ["r2"]])
+    assert all(moves.merge_buckets(plan, ctx, random.Random(s)) is None for s in range(10))
+    for s in range(20):
+        child = moves.shift_gradient(plan, ctx, random.Random(s))
+        # only r3 may move: r2 joining r1's bucket forms a cycle
+        assert child is None or [b.members for b in child.buckets] == [("r1",), ("r2", "r3")]
+
+
+def test_moves_do_not_apply_without_groups_or_buckets():
+    ctx = moves.context(CHAIN)
+    plan = FusionPlan()
+    for name in ("split_group", "move_op", "merge_buckets", "split_bucket", "shift_gradient"):
+        assert moves.MOVES[name](plan, ctx, random.Random(0)) is None, name
+    assert moves.toggle_xla_fusion(plan, ctx, random.Random(0)).xla_fusion == "off"
+
+
+def test_fuse_grows_groups_with_one_output():
+    ctx = mlp_context()
+    plan, rng = FusionPlan(), random.Random(0)
+    for _ in range(30):
+        plan = moves.fuse(plan, ctx, rng) or plan
+    assert plan.groups and max(len(g) for g in plan.groups) > 2
+    plan.validate(mlp_tiny())
+
+
+def test_canonical_is_idempotent_and_keeps_the_meaning():
+    ctx = mlp_context()
+    plan = random_plans.random_plan(mlp_tiny(), 3)
+    c = moves.canonical(plan, ctx)
+    assert moves.canonical(c, ctx) == c
+    assert sorted(map(sorted, c.groups)) == sorted(sorted(g) for g in plan.groups if len(g) > 1)
+    assert sorted(map(sorted, (b.members for b in c.buckets))) == sorted(sorted(b.members) for b in plan.buckets)
+
+
+def test_unknown_move_weight_is_named():
+    with pytest.raises(ValueError, match=r"unknown moves \['teleport'\]; expected some of"):
+        moves.random_move(FusionPlan(), mlp_context(), random.Random(0), {"teleport": 1.0})
+
+
+# -- property tests ----------------------------------------------------------------------------
+MOVE_NAMES = sorted(moves.MOVES)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(start=st.one_of(st.sampled_from(baselines.NAMES), st.integers(0, 10_000)),
+       sequence=st.lists(st.tuples(st.sampled_from(MOVE_NAMES), st.integers(0, 2**31)), min_size=1, max_size=40))
+def test_random_move_sequences_keep_zoo_plans_valid(start, sequence):
+    g, ctx = mlp_tiny(), mlp_context()
+    plan = (baselines.make(start, g) if isinstance(start, str) else random_plans.random_plan(g, start))
+    plan = moves.canonical(plan, ctx)
+    applied = 0
+    for name, seed in sequence:
+        child = moves.MOVES[name](plan, ctx, random.Random(seed))
+        if child is not None:
+            child.validate(g)
+            assert moves.canonical(child, ctx) == child, f"{name} returned a plan out of canonical form"
+            plan, applied = child, applied + 1
+    event(f"applied {min(applied, 10) // 5 * 5}+ moves")
+
+
+@st.composite
+def dags_with_all_reduces(draw):
+    """A random DAG of fusible ops and all-reduces (some depending on others)."""
+    n = draw(st.integers(3, 14))
+    edges = sorted({(i, j) for i in range(n) for j in range(i + 1, min(n, i + 5))
+                    if draw(st.integers(0, 2)) == 0})
+    kinds = draw(st.lists(st.sampled_from(["multiply", "add", "all-reduce", "dot"]), min_size=n, max_size=n))
+    nodes = [ar(f"n{i}") if k == "all-reduce" else node(f"n{i}", k) for i, k in enumerate(kinds)]
+    return graph(nodes, edges)
+
+
+@settings(max_examples=150, deadline=None)
+@given(g=dags_with_all_reduces(), seeds=st.lists(st.integers(0, 2**31), min_size=1, max_size=30))
+def test_random_moves_on_random_dags_stay_valid(g, seeds):
+    ctx = moves.context(g)
+    ars = [n.name for n in g.nodes if n.is_all_reduce]
+    plan = FusionPlan(buckets=tuple(Bucket((a,)) for a in ars) if ars else None)
+    for seed in seeds:
+        child = moves.random_move(plan, ctx, random.Random(seed))
+        if child is not None:
+            child.validate(g)
+            plan = child
+    event(f"{len(plan.groups)} groups, {len(plan.buckets or ())} buckets")

@@ -1,0 +1,95 @@
+"""disco optimize: search, then measure; the answer keeps the step's numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import trax_models
+import xla_hooks
+from disco import optimize as opt
+from disco.plan import FusionPlan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def three_steps(fn, args):
+    state, batch = args
+    for _ in range(3):
+        state, _ = fn(state, batch)
+    return jax.tree.map(np.asarray, state)
+
+
+def test_optimize_mlp_tiny_keeps_the_numbers():
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
+    result = opt.optimize(step, *args, budget_s=3, measure_top_k=2, rounds=2, steps=1)
+    names = {r.name for r in result.rows}
+    assert {"xla_default", "per_tensor", "horovod", "ddp", "disco_1"} <= names
+    assert all(r.median_s is not None and r.min_s <= r.median_s <= r.max_s for r in result.rows)
+    assert result.evals > 0 and result.evals_per_s > 0 and 0 < result.lower_bound_s <= result.row("disco_1").predicted_s
+    if result.chosen == "xla_default":
+        assert result.verdict.startswith("no plan beat xla_default when measured")
+    else:
+        assert result.row(result.chosen).median_s < result.row("xla_default").median_s
+    json.dumps(result.to_dict())
+    assert result.chrome_trace["traceEvents"]
+    reference = three_steps(jax.jit(step), args)
+    for plan in (result.plan, result.row("disco_1").plan):
+        applied = xla_hooks.apply(plan, step, *args)
+        assert applied.applied, applied.fallback_reason
+        out = three_steps(applied, args)
+        for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(out), jax.tree.leaves(reference)):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+
+
+def row(name, median, lo=None, hi=None, applied=True):
+    return opt.PlanRow(name, "baseline", name, FusionPlan(name=name), 1e-3, median,
+                       median if lo is None else lo, median if hi is None else hi, applied)
+
+
+def test_verdict_keeps_xla_default_when_nothing_beats_it():
+    chosen, verdict = opt._verdict([row("xla_default", 1.0), row("ddp", 1.2), row("disco_1", 0.5, applied=False)])
+    assert chosen == "xla_default"
+    assert verdict == ("no plan beat xla_default when measured; the fastest other plan, ddp, measured "
+                       "1200.000 ms median against 1000.000 ms; keeping XLA's default compile")
+
+
+def test_verdict_names_the_winner_and_noise():
+    chosen, verdict = opt._verdict([row("xla_default", 1.0, 0.9, 1.1), row("disco_1", 0.95, 0.9, 1.0)])
+    assert chosen == "disco_1"
+    assert verdict.startswith("disco_1 measured 1.053x faster than xla_default (950.000 vs 1000.000 ms median)")
+    assert "within run-to-run noise" in verdict
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match=r"unknown search strategy 'tabu'; expected one of"):
+        opt.optimize(lambda x: x, 1.0, strategy="tabu")
+    with pytest.raises(ValueError, match=r"measure_top_k: expected an integer >= 0, got -1"):
+        opt.optimize(lambda x: x, 1.0, measure_top_k=-1)
+
+
+def test_cli_optimize_json_in_a_subprocess(tmp_path):
+    out = tmp_path / "plan.json"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run(
+        [sys.executable, "-m", "disco", "optimize", "--model", "mlp", "--preset", "tiny", "--devices", "4",
+         "--budget", "3", "--json", "--rounds", "2", "--steps", "1", "--measure-top-k", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert data["model"] == "mlp" and data["verdict"] and data["chosen"] in {r["name"] for r in data["rows"]}
+    assert data["search"]["evals"] > 0 and "chrome_trace" not in data
+    assert FusionPlan.from_json(out.read_text()).name == data["chosen"]
+
+
+def test_cli_rejects_an_unknown_cluster():
+    from disco import cli
+
+    assert cli.main(["optimize", "--model", "mlp", "--cluster", "moon-base"]) == 2

@@ -1,0 +1,96 @@
+"""Search strategies: deterministic for a seed, valid plans, budgets, start points."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from disco import baselines, moves, search
+from disco.plan import FusionPlan
+
+
+@functools.lru_cache(maxsize=None)
+def setup():
+    import disco
+    import trax_models
+    from disco.cluster import preset
+    from disco.costs import AnalyticCosts
+    from disco.simulator import Simulator
+
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
+    graph = disco.extract(step, *args)
+    return graph, Simulator(graph, AnalyticCosts(), preset("local", devices=4))
+
+
+@pytest.mark.parametrize("name", sorted(search.STRATEGIES))
+def test_strategies_are_deterministic_and_return_valid_plans(name):
+    graph, sim = setup()
+    a = search.run(search.make(name), graph, sim.step_time, max_evals=60, seed=3)
+    b = search.run(search.make(name), graph, sim.step_time, max_evals=60, seed=3)
+    assert a.best_plan == b.best_plan and a.best_cost == b.best_cost and a.evals == b.evals
+    assert [(e, c) for e, _, c in a.trace] == [(e, c) for e, _, c in b.trace]
+    a.best_plan.validate(graph)
+    assert a.evals >= 60 and a.best_cost == pytest.approx(sim.step_time(a.best_plan))
+    assert a.best_cost <= min(a.start_costs.values())
+    assert [c for c, _ in a.top] == sorted(c for c, _ in a.top)
+    assert len({p.digest() for _, p in a.top}) == len(a.top)
+
+
+@pytest.mark.parametrize("name", sorted(search.STRATEGIES))
+def test_search_improves_on_a_bad_start(name):
+    graph, sim = setup()
+    start = baselines.make("per_tensor", graph)
+    r = search.run(search.make(name), graph, sim.step_time, max_evals=400, seed=0, starts=[start])
+    assert r.best_cost < 0.9 * sim.step_time(start)
+    assert r.trace[0][2] == pytest.approx(sim.step_time(start)) and len(r.trace) > 2
+    r.best_plan.validate(graph)
+
+
+def test_state_is_not_mutated_by_step():
+    graph, sim = setup()
+    strat = search.best_first()
+    state = strat.init(search.problem(graph, sim.step_time, [baselines.make("per_tensor", graph)]), 0)
+    again = strat.step(state, 7)
+    assert strat.step(state, 7) == again  # same state and key, same result
+    assert state.evals == 1 and again.evals > 1
+
+
+def test_time_budget_stops_the_search():
+    graph, sim = setup()
+    r = search.run(search.greedy(), graph, sim.step_time, budget_s=0.3)
+    assert 0.3 <= r.elapsed_s < 3 and r.evals_per_s > 0
+
+
+def test_start_points_are_valid():
+    graph, sim = setup()
+    ctx = moves.context(graph)
+    fused = search.greedy_fusion(graph, ctx)
+    assert fused.groups and fused.buckets is None
+    mg = search.merged_gradient_buckets(sim, ctx)
+    assert sorted(m for b in mg.buckets for m in b.members) == sorted(n.name for n in graph.all_reduces())
+    names = {p.name for p in search.default_starts(graph, sim, ctx)}
+    assert set(baselines.NAMES) - {"xla_threshold"} <= names
+    assert {"greedy_fusion", "merged_gradient", "greedy_fusion+merged_gradient"} <= names
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda g, f: search.run(search.best_first(), g, f), r"needs a budget: got budget_s=None and max_evals=None"),
+    (lambda g, f: search.run(search.best_first(), g, f, budget_s=0), r"budget_s: expected a positive .* got 0"),
+    (lambda g, f: search.make("tabu"), r"unknown search strategy 'tabu'; expected one of: best_first"),
+    (lambda g, f: search.best_first(tolerance=-1), r"tolerance: expected >= 0, got -1"),
+    (lambda g, f: search.annealing(cooling=2.0), r"cooling: expected a factor in \(0, 1\], got 2.0"),
+    (lambda g, f: search.run(search.greedy(), g, f, max_evals=5, starts=[]), r"no start plans"),
+])
+def test_errors_say_what_was_expected(call, match):
+    graph, sim = setup()
+    with pytest.raises(ValueError, match=match):
+        call(graph, sim.step_time)
+
+
+def test_push_top_keeps_distinct_best():
+    p, q = FusionPlan(), FusionPlan(xla_fusion="off")
+    top = ()
+    for item in [(3.0, 1, p), (1.0, 2, q), (2.0, 1, p), (0.5, 3, p)]:
+        top = search._base.push_top(top, item, 2)
+    assert [(c, k) for c, k, _ in top] == [(0.5, 3), (1.0, 2)]

@@ -1,0 +1,257 @@
+"""``xla_hooks.jit``: a ``jax.jit`` that asks disco (a plan service, or the local planner) for a plan.
+
+On the first call for each argument signature (shapes, dtypes, shardings, tree
+structure) the step is lowered, its pre-optimisation HLO sent to the plan service
+(``POST /v1/plans``; a 202 job is polled until done), the returned plan checked
+against the step's graph and applied with :func:`xla_hooks.apply`. The compiled
+step is cached per signature. With ``service=None`` the plan comes from
+:func:`service.planner.plan_for_graph` in this process.
+
+Training never stops because of disco: if the service is unreachable, slower than
+``timeout_s``, answers an error or something that is not a plan for this step, a
+:class:`PlanServiceWarning` (a :class:`PlanFallbackWarning`) says why and the step
+is compiled by XLA's defaults.
+
+Example::
+
+  step = xla_hooks.jit(train_step, service="http://127.0.0.1:8000", cluster="local")
+  state, loss = step(state, batch)      # plans and compiles on the first call
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from xla_hooks.apply_plan import PlanFallbackWarning
+
+_MAX_RESPONSE = 64 * 1024 * 1024
+
+
+class PlanServiceWarning(PlanFallbackWarning):
+    """No plan could be obtained from the plan service (or the local planner); XLA's default is used."""
+
+
+class _NoPlan(Exception):
+    """Why no plan was obtained (turned into a PlanServiceWarning)."""
+
+
+def _signature(args: tuple[Any, ...]) -> Any:
+    import jax
+
+    leaves, treedef = jax.tree.flatten(args)
+    sig = []
+    for x in leaves:
+        shape = getattr(x, "shape", None)
+        dtype = getattr(x, "dtype", None)
+        sharding = getattr(x, "sharding", None)
+        if shape is None:  # a Python scalar: part of the trace
+            sig.append(("py", type(x).__name__, repr(x)))
+        elif sharding is None:
+            sig.append((tuple(shape), str(dtype), None))
+        else:  # equivalent shardings (e.g. P() and P(None,)) must share one compiled step
+            sig.append((tuple(shape), str(dtype), tuple(sorted(d.id for d in sharding.device_set)),
+                        tuple(sharding.shard_shape(tuple(shape)))))
+    return treedef, tuple(sig)
+
+
+def _devices(args: tuple[Any, ...]) -> int:
+    import jax
+
+    n = 1
+    for x in jax.tree.leaves(args):
+        sharding = getattr(x, "sharding", None)
+        if sharding is not None:
+            n = max(n, len(sharding.device_set))
+    return n
+
+
+class PlannedStep:
+    """The callable ``xla_hooks.jit`` returns; compiled steps are cached per argument signature.
+
+    Attributes:
+      applied: the :class:`xla_hooks.AppliedStep` of each signature compiled so far.
+      reports: the planner's report for each signature (None after a fallback).
+    """
+
+    def __init__(self, step_fn: Callable[..., Any], *, service: str | None, cluster: Any,
+                 timeout_s: float, token: str | None, options: Mapping[str, Any] | None):
+        self.step_fn = step_fn
+        self.service = service.rstrip("/") if service else None
+        self.cluster = cluster
+        self.timeout_s = float(timeout_s)
+        self.token = token
+        self.options = dict(options or {})
+        self.applied: dict[Any, Any] = {}
+        self.reports: dict[Any, dict[str, Any] | None] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        sig = _signature(args)
+        step = self.applied.get(sig)
+        if step is None:
+            with self._lock:
+                step = self.applied.get(sig)
+                if step is None:
+                    step = self._compile(sig, args)
+        return step(*args)
+
+    # -- planning ----------------------------------------------------------------------------------
+    def _compile(self, sig: Any, args: tuple[Any, ...]) -> Any:
+        import xla_hooks
+        from disco.extractor import hlo_text
+        from disco.graph import HloGraph
+
+        text = hlo_text(self.step_fn, *args)
+        graph = HloGraph.from_hlo_text(text)
+        try:
+            if self.service is None:
+                plan, report = self._local_plan(graph, args)
+            else:
+                plan, report = self._service_plan(text, graph, args)
+        except _NoPlan as e:
+            where = self.service or "the local planner"
+            warnings.warn(f"disco: no plan from {where} ({e}); using XLA's default compile",
+                          PlanServiceWarning, stacklevel=3)
+            plan, report = None, None
+        applied = xla_hooks.apply(plan, self.step_fn, *args)
+        self.applied[sig] = applied
+        self.reports[sig] = report
+        return applied
+
+    def _cluster_spec(self, args: tuple[Any, ...]) -> Any:
+        from disco.cluster import ClusterSpec, preset
+
+        if isinstance(self.cluster, ClusterSpec):
+            return self.cluster
+        if self.cluster == "local":
+            return preset("local", devices=_devices(args))
+        return preset(self.cluster)
+
+    def _local_plan(self, graph: Any, args: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
+        try:
+            from service.planner import Cancelled, plan_for_graph
+
+            deadline = time.monotonic() + self.timeout_s
+
+            def progress(frac: float, msg: str) -> None:
+                if time.monotonic() > deadline:
+                    raise Cancelled(f"the local planner ran past timeout_s={self.timeout_s:g}")
+
+            options = {"budget_s": max(0.1, min(10.0, self.timeout_s * 0.5)), **self.options}
+            plan, report = plan_for_graph(graph, self._cluster_spec(args), options, progress)
+            return plan.validate(graph), report
+        except Exception as e:  # noqa: BLE001 - any planner failure falls back
+            raise _NoPlan(f"{type(e).__name__}: {e}") from None
+
+    def _service_plan(self, text: str, graph: Any, args: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
+        from disco.cluster import ClusterSpec
+        from disco.plan import FusionPlan
+
+        deadline = time.monotonic() + self.timeout_s
+        body: dict[str, Any] = {"hlo_text": text}
+        if isinstance(self.cluster, ClusterSpec):
+            body["cluster"] = {"yaml": self.cluster.to_yaml()}
+        else:
+            body["cluster"] = self.cluster
+            if self.cluster == "local":
+                body["devices"] = _devices(args)
+        if self.options:
+            body["options"] = self.options
+        status, data = self._request("POST", "/v1/plans", body, deadline)
+        if status == 202:
+            job_id = data.get("job_id")
+            if not isinstance(job_id, str):
+                raise _NoPlan(f"the service answered 202 without a job id: {str(data)[:200]}")
+            delay = 0.05
+            while True:
+                status, job = self._request("GET", f"/v1/jobs/{job_id}", None, deadline)
+                if status != 200:
+                    raise _NoPlan(f"GET /v1/jobs/{job_id} answered {status}")
+                state = job.get("state")
+                if state == "done":
+                    data = job.get("result") or {}
+                    break
+                if state == "failed":
+                    err = job.get("error") or {}
+                    raise _NoPlan(f"the plan job failed: {err.get('message', err)}")
+                if state not in ("queued", "running"):
+                    raise _NoPlan(f"the job has an unknown state {state!r}")
+                if time.monotonic() + delay > deadline:
+                    raise _NoPlan(f"the plan job was not done within timeout_s={self.timeout_s:g} "
+                                  f"(state {state}, progress {job.get('progress')})")
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.5)
+        elif status != 200:
+            raise _NoPlan(f"POST /v1/plans answered {status}: {data.get('message', data) if isinstance(data, dict) else data}")
+        if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
+            raise _NoPlan(f"the service's answer holds no plan: {str(data)[:200]}")
+        try:
+            plan = FusionPlan.from_dict(data["plan"]).validate(graph)
+        except (ValueError, TypeError) as e:
+            raise _NoPlan(f"the service's plan does not fit this step: {e}") from None
+        report = data.get("report") if isinstance(data.get("report"), dict) else {}
+        return plan, report
+
+    def _request(self, method: str, path: str, body: Any, deadline: float) -> tuple[int, Any]:
+        """One HTTP request within the deadline; returns (status, parsed JSON)."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _NoPlan(f"timed out after timeout_s={self.timeout_s:g} before {method} {path}")
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.service + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=remaining) as resp:
+                status, raw = resp.status, resp.read(_MAX_RESPONSE)
+        except urllib.error.HTTPError as e:
+            with e:
+                status, raw = e.code, e.read(_MAX_RESPONSE)
+        except (urllib.error.URLError, TimeoutError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise _NoPlan(f"{method} {path} failed: {type(reason).__name__}: {reason}") from None
+        try:
+            parsed = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise _NoPlan(f"{method} {path} answered {status} with a body that is not JSON: {raw[:80]!r}") from None
+        if not isinstance(parsed, dict):
+            raise _NoPlan(f"{method} {path} answered {status} with JSON that is not an object")
+        return status, parsed
+
+
+def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = "local",
+        timeout_s: float = 30.0, token: str | None = None, *,
+        options: Mapping[str, Any] | None = None) -> PlannedStep:
+    """Wraps ``step_fn`` like ``jax.jit``, compiling it with a disco plan on first use.
+
+    Args:
+      step_fn: the training step (plain or jitted).
+      service: the plan service's base URL (e.g. "http://127.0.0.1:8000"), or None to
+        plan in this process with :func:`service.planner.plan_for_graph`.
+      cluster: a preset name ("local" uses the step's device count) or a ClusterSpec.
+      timeout_s: how long planning may take in all (requests, job, polling).
+      token: bearer token for the service's write endpoints.
+      options: planner options (budget_s, strategy, seed) sent with the request.
+
+    Returns:
+      A callable with ``step_fn``'s signature; ``.applied``/``.reports`` show what was used.
+
+    Warns:
+      PlanServiceWarning: no plan was obtained; XLA's default compile is used.
+      PlanFallbackWarning: the plan could not be applied (from :func:`xla_hooks.apply`).
+    """
+    if timeout_s is None or not timeout_s > 0:
+        raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    return PlannedStep(step_fn, service=service, cluster=cluster, timeout_s=timeout_s, token=token,
+                       options=options)
