@@ -2,9 +2,10 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-MODEL ?= transformer_lm
+MODEL ?= mlp
 PRESET ?= small
 DEVICES ?= 8
+BUDGET ?= 30
 
 .PHONY: run test install install-test clean
 
@@ -25,7 +26,7 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 run: install
-	$(BIN)/disco graph --model $(MODEL) --preset $(PRESET) --devices $(DEVICES)
+	$(BIN)/disco optimize --model $(MODEL) --preset $(PRESET) --devices $(DEVICES) --budget $(BUDGET)
 
 test: install-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
