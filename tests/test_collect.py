@@ -1,0 +1,121 @@
+"""disco collect: resumable JSONL samples of measured plans."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from disco.collect_cli import CollectConfig, collect, read_samples
+from disco.graph import HloGraph
+from disco.plan import FusionPlan
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASELINES = ("xla_default", "one_bucket")
+KEYS = {"sample_id", "model", "preset", "devices", "graph_fingerprint", "plan", "measured",
+        "reference_xla_default_median_ms", "compiled", "versions", "device", "created"}
+
+
+def _config(out, random=2, **kw):
+    return CollectConfig(models=("mlp",), out=str(out), preset="tiny", devices=4, random=random, rounds=1,
+                         steps=1, baselines=BASELINES, **kw)
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("collect")
+    summary = collect(_config(out), show_progress=False, log=lambda m: None)
+    return out, summary
+
+
+def _ids(out):
+    samples, bad = read_samples(os.path.join(out, "samples.jsonl"))
+    return [s["sample_id"] for s in samples], samples, bad
+
+
+def test_collect_writes_valid_samples(first_run):
+    out, summary = first_run
+    ids, samples, bad = _ids(out)
+    assert bad == 0
+    assert summary.written == len(samples) == len(set(ids))
+    assert summary.written + summary.duplicates + summary.invalid_plans == len(BASELINES) + 2
+    assert {s["kind"] for s in samples} >= {"baseline", "random", "random_buckets"}
+    for s in samples:
+        assert KEYS <= set(s)
+        with open(os.path.join(out, "graphs", s["graph_fingerprint"] + ".json")) as f:
+            graph = HloGraph.from_json(f.read())
+        plan = FusionPlan.from_dict(s["plan"]).validate(graph)
+        assert s["sample_id"].endswith(plan.digest())
+        m = s["measured"]
+        assert 0 < m["min_ms"] <= m["median_ms"] <= m["max_ms"] and m["rounds"] == 1
+        assert s["reference_xla_default_median_ms"] > 0
+        assert s["device"]["count"] == 4 and s["versions"]["jax"]
+
+
+def test_second_run_skips_all(first_run, tmp_path):
+    out, summary = first_run
+    copy = tmp_path / "again"
+    shutil.copytree(out, copy)
+    again = collect(_config(copy), show_progress=False, log=lambda m: None)
+    assert again.written == 0 and again.skipped == summary.written
+
+
+def test_truncated_last_line_is_cut_and_reported(first_run, tmp_path):
+    out, summary = first_run
+    copy = tmp_path / "trunc"
+    shutil.copytree(out, copy)
+    path = copy / "samples.jsonl"
+    with open(path, "a") as f:
+        f.write('{"sample_id": "mlp/tiny/d4/abc", "meas')
+    msgs = []
+    samples, bad = read_samples(str(path), repair=True, report=msgs.append)
+    assert bad == 1 and len(samples) == summary.written
+    assert any("truncated last line" in m for m in msgs)
+    assert path.read_bytes().endswith(b"\n")
+    assert read_samples(str(path)) == (samples, 0)
+
+
+def test_killed_collector_resumes_without_duplicates(tmp_path):
+    out = tmp_path / "killed"
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "collect_profiles.py"), "--models", "mlp",
+           "--preset", "tiny", "--devices", "4", "--random", "1", "--rounds", "1", "--steps", "1",
+           "--baselines", ",".join(BASELINES), "--interleave", "1", "--no-progress", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path = out / "samples.jsonl"
+    deadline = time.monotonic() + 80
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if path.exists() and path.read_bytes().count(b"\n") >= 1:
+                break
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert path.exists(), "the collector wrote nothing before the deadline"
+    before = len(_ids(out)[0])
+    summary = collect(_config(out, random=1, interleave=1), show_progress=False, log=lambda m: None)
+    ids, samples, _ = _ids(out)
+    assert len(ids) == len(set(ids)) == summary.written + summary.skipped
+    assert summary.skipped >= before >= 1
+    assert len(ids) + summary.duplicates + summary.invalid_plans == len(BASELINES) + 1
+    assert all(json.loads(json.dumps(s)) == s for s in samples)
+
+
+def test_committed_small_dataset_is_valid():
+    data = os.path.join(REPO, "tests", "data", "profiles_small")
+    samples, bad = read_samples(os.path.join(data, "samples.jsonl"))
+    assert bad == 0 and 20 <= len(samples) and {s["model"] for s in samples} == {"mlp", "transformer_lm"}
+    assert len({s["sample_id"] for s in samples}) == len(samples)
+    graphs = {}
+    for s in samples:
+        fp = s["graph_fingerprint"]
+        if fp not in graphs:
+            with open(os.path.join(data, "graphs", fp + ".json")) as f:
+                graphs[fp] = HloGraph.from_json(f.read())
+        FusionPlan.from_dict(s["plan"]).validate(graphs[fp])
+        assert s["applied"] and s["measured"]["median_ms"] > 0
