@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from disco import plan_check
-from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
+from disco.plan import Bucket, FusionPlan
 
 if TYPE_CHECKING:
     from disco.graph import HloGraph
@@ -52,7 +52,6 @@ Move = Callable[[FusionPlan, "MoveContext", random.Random], "FusionPlan | None"]
 _NONE = -1  # cluster id of a node in no group or bucket
 _UNSET = -2
 _TRIES = 4
-LAYOUT_SENSITIVE_PRODUCERS: frozenset[str] = getattr(plan_check, "LAYOUT_SENSITIVE_PRODUCERS", frozenset())
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -98,12 +97,10 @@ def context(graph: HloGraph) -> MoveContext:
     for s, d in dict.fromkeys(graph.edges):
         succ[s].append(d)
         pred[d].append(s)
-    # plan_check's layout rules are per node: a member and every input it reads from outside
-    # its group need the default layout, and no input may be a layout-sensitive producer
-    # (inputs with a layout can never be members, so they are outside every group).
-    bad_input = [bool(getattr(nd, "layout", "")) or nd.opcode in LAYOUT_SENSITIVE_PRODUCERS for nd in nodes]
-    ok = [nd.opcode in FUSIBLE_OPCODES and nd.opcode != "constant" and not getattr(nd, "layout", "")
-          and not any(bad_input[p] for p in pred[i]) for i, nd in enumerate(nodes)]
+    # plan_check's per-node rules (opcode, computation, layouts; inputs with a layout can never
+    # be members, so they are outside every group); constants are left to XLA.
+    allowed = plan_check.groupable(graph, {i: pred[i] for i in range(n)})
+    ok = [allowed[i] and nd.opcode != "constant" for i, nd in enumerate(nodes)]
     nbrs = []
     for i in range(n):
         if not ok[i]:

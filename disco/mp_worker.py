@@ -54,7 +54,16 @@ def main(argv=None) -> int:
     step, example = trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
                                                 optimizer=spec.get("optimizer", "adamw"))
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
-    plans = {name: baselines.make(name, graph) for name in spec["plans"]}
+    plans = {}
+    for name in spec["plans"]:
+        if name.endswith(".json"):
+            from disco.plan import FusionPlan
+
+            with open(name, encoding="utf-8") as f:
+                plan = FusionPlan.from_json(f.read())
+            plans[plan.name or name] = plan.validate(graph)
+        else:
+            plans[name] = baselines.make(name, graph)
     results = bench.run_bench(step, example, plans, rounds=spec["rounds"], steps=spec["steps"])
     out = {
         "process_id": args.process_id, "num_processes": args.num_processes, "global_devices": n,

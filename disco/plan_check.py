@@ -143,6 +143,22 @@ def _check_layouts(graph: HloGraph, index: dict[str, int], gi: int, group,
                                  "XLA:CPU chooses late; injected fusions may not read it directly")
 
 
+def group_computation_ok(graph: HloGraph, comp: str) -> bool:
+    """Planned fusions go in the entry computation or a shard_map body."""
+    return comp == graph.nodes[0].computation or comp.startswith(MANUAL_BODY_PREFIX)
+
+
+def groupable(graph: HloGraph, preds: dict[int, list[int]] | None = None) -> list[bool]:
+    """Per node: whether it may be a member of a planned group under every per-node rule
+    (fusible opcode, allowed computation, default layout, no layout-sensitive or odd-layout input)."""
+    from disco.plan import FUSIBLE_OPCODES
+
+    preds = preds_of(graph) if preds is None else preds
+    bad_input = [bool(n.layout) or n.opcode in LAYOUT_SENSITIVE_PRODUCERS for n in graph.nodes]
+    return [n.opcode in FUSIBLE_OPCODES and not n.layout and group_computation_ok(graph, n.computation)
+            and not any(bad_input[p] for p in preds[i]) for i, n in enumerate(graph.nodes)]
+
+
 def validate(plan: FusionPlan, graph: HloGraph) -> None:
     """Raises ValueError describing the first problem found; returns None for a valid plan."""
     from disco.plan import FUSIBLE_OPCODES
@@ -170,6 +186,12 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
             comps.add(node.computation)
         if len(comps) > 1:
             raise ValueError(f"group {gi} spans computations {sorted(comps)}; a fusion lives in one")
+        comp = next(iter(comps))
+        if not group_computation_ok(graph, comp):
+            raise ValueError(
+                f"group {gi} is in the nested computation {comp!r}; planned fusions go in the entry "
+                "computation or a shard_map body (XLA:CPU aborted on a fusion injected into a nested "
+                "jax.jit body: 'Check failed: has_layout()')")
         _check_layouts(graph, index, gi, group, preds)
         outputs = _group_outputs(graph, index, group, users)
         if len(outputs) > 1:

@@ -6,8 +6,8 @@ import collections
 import random
 
 from disco.graph import HloGraph
-from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
-from disco.plan_check import _check_layouts, _group_outputs, contraction_cycle, preds_of, users_of
+from disco.plan import Bucket, FusionPlan
+from disco.plan_check import _check_layouts, _group_outputs, contraction_cycle, groupable, preds_of, users_of
 
 
 def _adjacency(graph: HloGraph) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -23,10 +23,11 @@ def random_groups(graph: HloGraph, rng: random.Random, *, n_groups: int = 8, max
                   tries: int = 200) -> tuple[tuple[str, ...], ...]:
     """Grows up to ``n_groups`` connected groups of fusible ops, each valid on its own and together."""
     succ, pred = _adjacency(graph)
+    preds = preds_of(graph)
     index = graph.index()
     users = users_of(graph)
-    preds = preds_of(graph)
-    fusible = [i for i, n in enumerate(graph.nodes) if n.opcode in FUSIBLE_OPCODES and n.opcode != "constant"]
+    allowed = groupable(graph, preds)
+    fusible = [i for i, n in enumerate(graph.nodes) if allowed[i] and n.opcode != "constant"]
     taken: set[int] = set()
     groups: list[tuple[str, ...]] = []
     for _ in range(tries):
@@ -44,7 +45,7 @@ def random_groups(graph: HloGraph, rng: random.Random, *, n_groups: int = 8, max
             cur = rng.choice(members)
             cand = [j for j in succ[cur] + pred[cur]
                     if j not in taken and j not in members and graph.nodes[j].computation == comp
-                    and graph.nodes[j].opcode in FUSIBLE_OPCODES]
+                    and allowed[j]]
             if cand:
                 members.append(rng.choice(cand))
         if len(members) < 2:

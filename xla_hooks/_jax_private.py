@@ -65,3 +65,43 @@ def with_module(lowered: Any, mlir_bytes: bytes) -> Any:
     out = copy.copy(lowered)
     out._lowering = lowering
     return out
+
+
+def device_count(lowered: Any) -> int:
+    """How many devices ``lowered`` (a ``jax.stages.Lowered``) is compiled for."""
+    try:
+        return len(lowered._lowering._device_list)
+    except (AttributeError, TypeError) as e:
+        raise PrivateApiError(f"jax.stages.Lowered no longer exposes its device list: {e}") from None
+
+
+def compile_text_standalone(text: str, num_devices: int, compiler_options: dict[str, str]) -> None:
+    """Compiles HLO text for ``num_devices`` devices of this process's backend, SPMD with shardy.
+
+    Used by the probe child process: it only has to find out whether XLA accepts (or aborts on)
+    the module, so the executable is dropped.
+    """
+    import jax
+    import numpy as np
+
+    try:
+        from jax._src import compiler, xla_bridge
+        from jax._src.interpreters import mlir as jmlir
+        from jax._src.lib import xla_client as xc
+        from jax._src.lib.mlir import ir
+    except ImportError as e:
+        raise PrivateApiError(f"jax's compiler internals moved: {e}") from None
+    mlir_bytes = hlo_text_to_mlir_bytes(text)
+    devices = jax.devices()[:num_devices]
+    if len(devices) < num_devices:
+        raise RuntimeError(f"the probe has {len(devices)} devices, the module needs {num_devices}")
+    with jmlir.make_ir_context():
+        module = ir.Module.parse(mlir_bytes)
+        options = compiler.get_compile_options(
+            num_replicas=1, num_partitions=num_devices,
+            device_assignment=np.array(devices).reshape(1, num_devices),
+            env_options_overrides=dict(compiler_options))
+        options.executable_build_options.use_spmd_partitioning = True
+        options.executable_build_options.use_shardy_partitioner = True
+        compiler.backend_compile_and_load(xla_bridge.get_backend(), module, xc.DeviceList(tuple(devices)),
+                                          options, [])

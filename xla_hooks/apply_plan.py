@@ -61,10 +61,14 @@ def _backend() -> str:
 
 
 def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
-                 roundtrip: bool = False) -> AppliedStep:
+                 roundtrip: bool = False, probe: bool | None = None) -> AppliedStep:
     """Compiles ``step_fn`` with ``plan``; raises on any failure (no fallback).
 
     Args:
+      probe: compile the rewritten module in a child process first (see
+        :mod:`xla_hooks.probe`), so that an XLA abort raises ProbeFailure here instead
+        of killing this process. None (the default) probes plans with fusion groups,
+        the only kind measured to abort.
       roundtrip: send even a plan without groups or buckets through disco's
         HLO-text path. XLA's fusion heuristics see a slightly different module on
         that path (measured: transformer_lm tiny gets 279 instead of 281 fusions),
@@ -89,6 +93,10 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
     _jax_private.check_version()
     plan.validate(HloGraph.from_hlo_text(text))
     new_text = apply_plan_to_text(text, plan)
+    if probe or (probe is None and plan.groups):
+        from xla_hooks import probe as _probe
+
+        _probe.probe(new_text, _jax_private.device_count(lowered), options, platform=_backend())
     mlir = _jax_private.hlo_text_to_mlir_bytes(new_text)
     rewritten = _jax_private.with_module(lowered, mlir)
     return AppliedStep(rewritten.compile(compiler_options=options), plan, plan, None, new_text)
