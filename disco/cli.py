@@ -363,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
     __import__("service.cli", fromlist=["add_parser"]).add_parser(sub)  # disco serve
     __import__("disco.optimize_cli", fromlist=["add_parser"]).add_parser(sub)  # disco optimize
+    __import__("gnn.cli", fromlist=["add_parser"]).add_parser(sub)  # disco train-gnn
     __import__("disco.collect_cli", fromlist=["add_parser"]).add_parser(sub)  # disco collect
     return parser
 

@@ -1,0 +1,469 @@
+"""Training the cost GNN on the profile collector's samples.
+
+Data: ``DIR/samples.jsonl`` (one measured plan per line: model, preset, devices,
+graph_fingerprint, plan, measured.median_ms, reference_xla_default_median_ms) and
+``DIR/graphs/<fingerprint>.json``. A *group* is one (model, preset, devices) step: the
+ranking loss, Kendall's tau and regret are computed within a group.
+
+Splits (:func:`split`): ``"plans"`` holds out plans (by plan digest) of every group;
+``"lomo:<model>"`` holds out every sample of one model.
+
+Training (:func:`fit`) is deterministic for a seed: adamw, batches of one group's samples,
+early stopping on the validation ranking (mean Kendall's tau), best parameters kept.
+
+Example:
+  >>> ds = load_dataset("tests/data/profiles_small")                      # doctest: +SKIP
+  >>> tr, va, te = split(ds, "plans", seed=0)                            # doctest: +SKIP
+  >>> model, history = fit(ds, tr, va, TrainConfig(epochs=5))           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from disco.graph import HloGraph
+from disco.plan import FusionPlan
+from gnn import features as F
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One measured plan."""
+
+    model: str
+    group: str  # "model/preset/d<devices>/<fingerprint prefix>": plans compared only within one
+    devices: int
+    fingerprint: str
+    plan: FusionPlan
+    median_ms: float
+    ref_ms: float
+    line: int
+
+
+@dataclasses.dataclass
+class Dataset:
+    """Samples plus their graphs (by fingerprint) and cached per-sample features."""
+
+    samples: list[Sample]
+    graphs: dict[str, HloGraph]
+    source: str = ""
+    skipped: int = 0
+    _ctx: dict[str, F.GraphContext] = dataclasses.field(default_factory=dict, repr=False)
+    _feat: dict[int, F.GraphsTuple] = dataclasses.field(default_factory=dict, repr=False)
+
+    def features(self, i: int) -> F.GraphsTuple:
+        g = self._feat.get(i)
+        if g is None:
+            s = self.samples[i]
+            ctx = self._ctx.get(s.fingerprint)
+            if ctx is None:
+                ctx = self._ctx[s.fingerprint] = F.GraphContext(self.graphs[s.fingerprint])
+            g = self._feat[i] = F.fused_graph(ctx, s.plan, devices=s.devices)
+        return g
+
+    def groups(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for i, s in enumerate(self.samples):
+            out.setdefault(s.group, []).append(i)
+        return out
+
+    def models(self) -> list[str]:
+        return sorted({s.model for s in self.samples})
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for s in self.samples:
+            h.update(f"{s.group}|{s.plan.digest()}|{s.median_ms:.6g}\n".encode())
+        return h.hexdigest()[:16]
+
+
+def _group_key(d: dict[str, Any]) -> str:
+    return f"{d['model']}/{d.get('preset', '')}/d{d.get('devices', 1)}/{str(d['graph_fingerprint'])[:8]}"
+
+
+def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> Dataset:
+    """Reads a collector dataset directory.
+
+    Lines that are not complete JSON (a collector still writing) or that lack a measured
+    median are skipped and counted in ``Dataset.skipped``; samples whose plan was not
+    applied (``applied: false``) are skipped too, since the plan's features would not
+    describe what ran.
+
+    Raises:
+      ValueError: if the directory has no samples.jsonl, a sample names a graph file that
+        is missing, or no usable sample is left.
+    """
+    root = Path(path)
+    fn = root / "samples.jsonl"
+    if not fn.is_file():
+        raise ValueError(f"{root}: expected a collector dataset with samples.jsonl, found none")
+    samples: list[Sample] = []
+    graphs: dict[str, HloGraph] = {}
+    skipped = 0
+    raw: list[tuple[int, dict[str, Any]]] = []
+    for ln, line in enumerate(fn.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            med = float(d["measured"]["median_ms"])
+            if d.get("applied") is False or not (math.isfinite(med) and med > 0):
+                raise ValueError("not applied or no time")
+            raw.append((ln, d))
+        except (ValueError, KeyError, TypeError):
+            skipped += 1
+    # References: the round's measured xla_default, else the group's median xla_default sample.
+    default_ms: dict[str, list[float]] = {}
+    for _, d in raw:
+        g = _group_key(d)
+        if FusionPlan.from_dict(d["plan"]).is_default:
+            default_ms.setdefault(g, []).append(float(d["measured"]["median_ms"]))
+    for ln, d in raw:
+        fp = d["graph_fingerprint"]
+        if fp not in graphs:
+            gp = root / "graphs" / f"{fp}.json"
+            if not gp.is_file():
+                raise ValueError(f"{fn}:{ln}: graph {fp} is missing; expected {gp}")
+            graphs[fp] = HloGraph.from_json(gp.read_text())
+        g = _group_key(d)
+        ref = d.get("reference_xla_default_median_ms")
+        if not isinstance(ref, (int, float)) or not ref > 0:
+            ref = float(np.median(default_ms[g])) if g in default_ms else None
+        if ref is None:
+            skipped += 1
+            continue
+        samples.append(Sample(model=d["model"], group=g, devices=int(d.get("devices", 1)), fingerprint=fp,
+                              plan=FusionPlan.from_dict(d["plan"]), median_ms=float(d["measured"]["median_ms"]),
+                              ref_ms=float(ref), line=ln))
+        if limit is not None and len(samples) >= limit:
+            break
+    if not samples:
+        raise ValueError(f"{fn}: no usable samples ({skipped} lines skipped)")
+    return Dataset(samples=samples, graphs=graphs, source=str(root), skipped=skipped)
+
+
+def split(ds: Dataset, mode: str, *, seed: int = 0, val_frac: float = 0.15,
+          test_frac: float = 0.2) -> tuple[list[int], list[int], list[int]]:
+    """(train, val, test) sample indices.
+
+    Args:
+      ds: the dataset.
+      mode: "plans" (hold out plans of every group) or "lomo:<model>" (hold out one model;
+        validation is held-out plans of the other models).
+      seed: the shuffle seed.
+      val_frac: fraction of plans per group for validation.
+      test_frac: fraction of plans per group for the test set ("plans" mode).
+
+    Raises:
+      ValueError: for an unknown mode or model.
+    """
+    rng = random.Random(seed)
+    hold_model = None
+    if mode.startswith("lomo:"):
+        hold_model = mode[5:]
+        if hold_model not in ds.models():
+            raise ValueError(f"split: model {hold_model!r} is not in the dataset; expected one of {ds.models()}")
+    elif mode != "plans":
+        raise ValueError(f"split: expected mode 'plans' or 'lomo:<model>', got {mode!r}")
+    tr, va, te = [], [], []
+    for _, idx in sorted(ds.groups().items()):
+        if hold_model is not None and ds.samples[idx[0]].model == hold_model:
+            te += idx
+            continue
+        by_plan: dict[str, list[int]] = {}
+        for i in idx:
+            by_plan.setdefault(ds.samples[i].plan.digest(), []).append(i)
+        keys = sorted(by_plan)
+        rng.shuffle(keys)
+        n_te = 0 if hold_model is not None else max(1, round(test_frac * len(keys)))
+        n_va = max(1, round(val_frac * len(keys)))
+        for j, k in enumerate(keys):
+            (te if j < n_te else va if j < n_te + n_va else tr).extend(by_plan[k])
+    return sorted(tr), sorted(va), sorted(te)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Training hyperparameters.
+
+    Attributes:
+      hidden, edge_hidden, layers, opcode_dim: the model (:class:`gnn.model.GnnConfig`).
+      epochs: maximum passes over the training samples.
+      batch: most samples per step (all from one group).
+      node_budget: padded nodes per step (edges: twice that); batches are cut to fit, so
+        every step has one shape and jit compiles once.
+      lr: adamw learning rate (constant; early stopping keeps the best epoch).
+      weight_decay: adamw weight decay.
+      patience: epochs without a better validation tau before stopping.
+      loss: "rank", "mse" or "both" for the graph head (the kernel head always fits the
+        absolute step time).
+      rank_scale: logistic temperature of the pairwise loss (per unit of log time).
+      seed: the seed of initialisation and shuffling.
+    """
+
+    hidden: int = 64
+    edge_hidden: int = 8
+    layers: int = 4
+    opcode_dim: int = 16
+    epochs: int = 30
+    batch: int = 16
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    patience: int = 6
+    node_budget: int = 16384
+    loss: str = "both"
+    rank_scale: float = 20.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loss not in ("rank", "mse", "both"):
+            raise ValueError(f"TrainConfig.loss: expected 'rank', 'mse' or 'both', got {self.loss!r}")
+
+
+def _batches(ds: Dataset, idx: Sequence[int], config: TrainConfig,
+             rng: random.Random | None) -> list[list[int]]:
+    """Chunks of one group's samples that fit the padded sizes of ``config`` (one jit shape)."""
+    by_group: dict[str, list[int]] = {}
+    for i in idx:
+        by_group.setdefault(ds.samples[i].group, []).append(i)
+    out = []
+    for _, members in sorted(by_group.items()):
+        members = list(members)
+        if rng is not None:
+            rng.shuffle(members)
+        cur: list[int] = []
+        nodes = edges = 0
+        for i in members:
+            g = ds.features(i)
+            n, e = g.nodes.shape[0], g.edges.shape[0]
+            if cur and (nodes + n + 1 > config.node_budget or edges + e > 2 * config.node_budget
+                        or len(cur) >= config.batch):
+                out.append(cur)
+                cur, nodes, edges = [], 0, 0
+            cur.append(i)
+            nodes, edges = nodes + n, edges + e
+        if cur:
+            out.append(cur)
+    if rng is not None:
+        rng.shuffle(out)
+    return out
+
+
+def make_batch(graphs: Sequence[F.GraphsTuple], n_graph: int, node_budget: int | None = None) -> F.GraphsTuple:
+    """Batches and pads to ``node_budget`` nodes and twice that many edges (or the next power of two
+    above the batch when it does not fit) and ``n_graph`` graph slots."""
+    b = F.batch(graphs)
+    n_node = n_edge = None
+    if node_budget is not None:
+        n_node = max(node_budget, F.bucket_size(b.nodes.shape[0] + 1))
+        n_edge = max(2 * node_budget, F.bucket_size(b.edges.shape[0]))
+    return F.pad(b, n_node=n_node, n_edge=n_edge, n_graph=n_graph)
+
+
+def _targets(ds: Dataset, idx: Sequence[int], n_graph: int) -> tuple[np.ndarray, np.ndarray]:
+    abs_t = np.zeros(n_graph, np.float32)
+    rel_t = np.zeros(n_graph, np.float32)
+    for j, i in enumerate(idx):
+        s = ds.samples[i]
+        abs_t[j] = math.log(s.median_ms * 1e-3)
+        rel_t[j] = math.log(s.median_ms / s.ref_ms)
+    return abs_t, rel_t
+
+
+def _set_stats(model: Any, ds: Dataset, idx: Sequence[int]) -> None:
+    import jax.numpy as jnp
+
+    gs = [ds.features(i) for i in idx]
+    nodes = np.concatenate([g.nodes for g in gs])
+    edges = np.concatenate([g.edges for g in gs]) if any(g.edges.size for g in gs) else np.zeros((1, 2))
+    glob = np.concatenate([g.globals for g in gs])
+    def std(a: np.ndarray) -> np.ndarray:  # a feature constant in training stays unscaled
+        sd = a.std(0)
+        return np.where(sd < 1e-2, 1.0, sd)
+
+    model.node_mean[...] = jnp.asarray(nodes.mean(0))
+    model.node_std[...] = jnp.asarray(std(nodes))
+    model.edge_mean[...] = jnp.asarray(edges.mean(0))
+    model.edge_std[...] = jnp.asarray(std(edges))
+    model.glob_mean[...] = jnp.asarray(glob.mean(0))
+    model.glob_std[...] = jnp.asarray(std(glob))
+    per_node = [math.log(ds.samples[i].median_ms * 1e-3 / max(1, ds.features(i).nodes.shape[0])) for i in idx]
+    model.target_mean[...] = jnp.asarray(float(np.mean(per_node)), dtype=jnp.float32)
+
+
+def loss_fn(model: Any, g: F.GraphsTuple, abs_t: Any, rel_t: Any, config: TrainConfig) -> Any:
+    """The training loss of one batch (one group's samples; padding graphs masked)."""
+    import jax
+    import jax.numpy as jnp
+
+    from gnn.model import graph_log_time
+
+    k_log, rel = model(g)
+    m = g.graph_mask
+    n = jnp.maximum(m.sum(), 1.0)
+    abs_loss = (m * (graph_log_time(k_log, g) - abs_t) ** 2).sum() / n
+    mse = (m * (rel - rel_t) ** 2).sum() / n
+    pair = m[:, None] * m[None, :] * (rel_t[:, None] < rel_t[None, :])
+    margin = jax.nn.softplus(-(rel[None, :] - rel[:, None]) * config.rank_scale)
+    rank = (pair * margin).sum() / jnp.maximum(pair.sum(), 1.0)
+    w_mse = 1.0 if config.loss in ("mse", "both") else 0.1
+    w_rank = 1.0 if config.loss in ("rank", "both") else 0.0
+    return 0.5 * abs_loss + w_mse * mse + w_rank * rank
+
+
+def predict(model: Any, graphs: Sequence[F.GraphsTuple], *, batch: int = 16,
+            node_budget: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+    """(log seconds from the kernel head, predicted log(time / xla_default)) per graph.
+
+    Graphs are packed into batches of at most ``batch`` graphs and ``node_budget`` nodes
+    (one padded shape, so one compile, unless a single graph is bigger).
+    """
+    fwd = _forward_fn()
+    abs_out, rel_out = [], []
+    k = 0
+    while k < len(graphs):
+        chunk, nodes, edges = [], 0, 0
+        while k < len(graphs) and len(chunk) < batch:
+            n, e = graphs[k].nodes.shape[0], graphs[k].edges.shape[0]
+            if chunk and (nodes + n + 1 > node_budget or edges + e > 2 * node_budget):
+                break
+            chunk.append(graphs[k])
+            nodes, edges, k = nodes + n, edges + e, k + 1
+        g = make_batch(chunk, batch + 1, node_budget)
+        a, r = fwd(model, g)
+        abs_out.append(np.asarray(a)[:len(chunk)])
+        rel_out.append(np.asarray(r)[:len(chunk)])
+    return np.concatenate(abs_out), np.concatenate(rel_out)
+
+
+_FWD: list[Callable[..., Any]] = []
+_STEPS: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
+_TX: dict[tuple[float, float], Any] = {}
+
+
+def _tx(lr: float, weight_decay: float) -> Any:
+    """adamw with gradient clipping, one object per setting (the optimizer is static under jit,
+    so sharing it lets every fit reuse the compiled step)."""
+    import optax
+
+    key = (lr, weight_decay)
+    if key not in _TX:
+        _TX[key] = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=weight_decay))
+    return _TX[key]
+
+
+def _train_step(config: TrainConfig) -> Callable[..., Any]:
+    """The jitted train step for the loss settings of ``config`` (shared across fits, so
+    leave-one-model-out runs reuse one compile per shape)."""
+    key = (config.loss, config.rank_scale)
+    if key not in _STEPS:
+        from flax import nnx
+
+        @nnx.jit
+        def step(model: Any, opt: Any, g: F.GraphsTuple, abs_t: Any, rel_t: Any) -> Any:
+            loss, grads = nnx.value_and_grad(loss_fn)(model, g, abs_t, rel_t, config)
+            opt.update(model, grads)
+            return loss
+
+        _STEPS[key] = step
+    return _STEPS[key]
+
+
+def _forward_fn() -> Callable[..., Any]:
+    if not _FWD:
+        from flax import nnx
+
+        from gnn.model import graph_log_time
+
+        @nnx.jit
+        def fwd(model: Any, g: F.GraphsTuple) -> Any:
+            k_log, rel = model(g)
+            return graph_log_time(k_log, g), rel
+
+        _FWD.append(fwd)
+    return _FWD[0]
+
+
+def fit(ds: Dataset, train_idx: Sequence[int], val_idx: Sequence[int], config: TrainConfig = TrainConfig(), *,
+        progress: bool = False, log: Callable[[str], None] | None = None,
+        init_model: Any = None) -> tuple[Any, dict[str, Any]]:
+    """Trains a model; returns (model with the best validation parameters, history).
+
+    ``init_model`` continues training a copy of that model (its normalisation kept).
+
+    Raises:
+      ValueError: for an empty training set.
+    """
+    from flax import nnx
+
+    from gnn import evaluate
+    from gnn.model import CostGNN
+
+    if not train_idx:
+        raise ValueError("fit: the training set is empty")
+    rng = random.Random(config.seed)
+    if init_model is not None:
+        model = nnx.clone(init_model)
+    else:
+        model = CostGNN(hidden=config.hidden, edge_hidden=config.edge_hidden, layers=config.layers,
+                        opcode_dim=config.opcode_dim, rngs=nnx.Rngs(config.seed))
+        _set_stats(model, ds, train_idx)
+    opt = nnx.Optimizer(model, _tx(config.lr, config.weight_decay), wrt=nnx.Param)
+
+    step = _train_step(config)
+
+    def val_score() -> float:
+        if not val_idx:
+            return float("nan")
+        _, rel = predict(model, [ds.features(i) for i in val_idx], node_budget=config.node_budget)
+        return evaluate.ranking_metrics(ds, val_idx, rel)["tau"]
+
+    history: dict[str, Any] = {"loss": [], "val_tau": [], "best_epoch": -1}
+    best, best_state, bad = -math.inf, None, 0
+    bar = None
+    if progress:
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        bar.start()
+        task = bar.add_task("training", total=config.epochs)
+    try:
+        for epoch in range(config.epochs):
+            losses = []
+            for b in _batches(ds, train_idx, config, rng):
+                g = make_batch([ds.features(i) for i in b], config.batch + 1, config.node_budget)
+                abs_t, rel_t = _targets(ds, b, config.batch + 1)
+                losses.append(float(step(model, opt, g, abs_t, rel_t)))
+            tau = val_score()
+            history["loss"].append(float(np.mean(losses)))
+            history["val_tau"].append(tau)
+            if log:
+                log(f"epoch {epoch}: loss {np.mean(losses):.4f} val tau {tau:.3f}")
+            if bar is not None:
+                bar.update(task, advance=1, description=f"loss {np.mean(losses):.3f} val tau {tau:.3f}")
+            score = tau if math.isfinite(tau) else -float(np.mean(losses))
+            if score > best:
+                best, bad, history["best_epoch"] = score, 0, epoch
+                best_state = nnx.clone(nnx.state(model))
+            else:
+                bad += 1
+                if bad >= config.patience:
+                    break
+    finally:
+        if bar is not None:
+            bar.stop()
+    if best_state is not None:
+        nnx.update(model, best_state)
+    return model, history

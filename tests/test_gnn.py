@@ -1,0 +1,262 @@
+"""The GNN cost model: features, padding, checkpoints, training, GnnCosts."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flax")
+
+from disco.graph import HloGraph  # noqa: E402
+from disco.plan import FusionPlan  # noqa: E402
+from disco.random_plans import random_plan  # noqa: E402
+from gnn import checkpoint, features as F, train  # noqa: E402
+
+SMALL = Path(__file__).parent / "data" / "profiles_small"
+TINY = train.TrainConfig(hidden=8, edge_hidden=4, layers=1, opcode_dim=4, epochs=3, batch=8, node_budget=4096,
+                         lr=3e-3, patience=10)
+
+
+def _graph() -> HloGraph:
+    paths = sorted((SMALL / "graphs").glob("*.json"))
+    if not paths:
+        pytest.skip("tests/data/profiles_small has no graphs")
+    graphs = [HloGraph.from_json(p.read_text()) for p in paths]
+    return min(graphs, key=len)
+
+
+@pytest.fixture(scope="module")
+def graph() -> HloGraph:
+    return _graph()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> train.Dataset:
+    """profiles_small restricted to its smallest graph when it has enough samples, else a
+    simulator-priced stand-in on the same graph (gnn.synthetic)."""
+    g = _graph()
+    if (SMALL / "samples.jsonl").is_file():
+        ds = train.load_dataset(SMALL)
+        keep = [s for s in ds.samples if s.fingerprint == g.fingerprint]
+        if len(keep) >= 24:
+            return train.Dataset(samples=keep[:48], graphs={g.fingerprint: g}, source=str(SMALL))
+    from gnn import synthetic
+
+    out = synthetic.write_dataset(tmp_path_factory.mktemp("synth"), {"mlp": g}, plans_per_graph=28, seed=1)
+    return train.load_dataset(out)
+
+
+@pytest.fixture(scope="module")
+def trained(dataset: train.Dataset) -> tuple[object, dict]:
+    tr, va, _ = train.split(dataset, "plans", seed=0)
+    return train.fit(dataset, tr, va, TINY)
+
+
+def _plans(graph: HloGraph, n: int = 3) -> list[FusionPlan]:
+    return [FusionPlan()] + [random_plan(graph, s, n_groups=6) for s in range(n)]
+
+
+# -- features ----------------------------------------------------------------------------------
+def test_features_deterministic_and_canonical(graph: HloGraph) -> None:
+    plan = random_plan(graph, 3, n_groups=6)
+    a = F.fused_graph(F.GraphContext(graph), plan, devices=4)
+    b = F.fused_graph(F.GraphContext(graph), plan.replace(groups=plan.groups[::-1]), devices=4)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert a.nodes.shape[1] == len(F.NODE_FEATURES) and a.edges.shape[1] == len(F.EDGE_FEATURES)
+    assert a.n_node[0] == a.nodes.shape[0] < len(graph)  # zero-cost ops folded away
+    assert a.senders.max() < a.n_node[0] and a.receivers.max() < a.n_node[0]
+
+
+def test_groups_contract_into_one_node(graph: HloGraph) -> None:
+    ctx = F.GraphContext(graph)
+    plan = random_plan(graph, 5, n_groups=6)
+    base = F.fused_graph(ctx, plan.replace(groups=()), devices=4)
+    fused = F.fused_graph(ctx, plan, devices=4)
+    idx = graph.index()
+    working = sum(sum(1 for nm in g if graph.nodes[idx[nm]].opcode != "constant") - 1 for g in plan.groups)
+    assert base.n_node[0] - fused.n_node[0] == working
+    assert (fused.opcodes == F.FUSION_ID).sum() >= len(plan.groups)
+
+
+def test_kernel_features_match_graph_node(graph: HloGraph) -> None:
+    from disco.costs import GraphKernels
+
+    plan = random_plan(graph, 7, n_groups=6)
+    fg = F.fused_graph(F.GraphContext(graph), plan)
+    gk, idx = GraphKernels(graph), graph.index()
+    for grp in plan.groups:
+        opc, kf = F.kernel_features(gk.kernel([idx[n] for n in grp]))
+        hit = (np.abs(fg.nodes[:, :F.N_KERNEL_FEATURES] - kf).max(1) < 1e-5) & (fg.opcodes == opc)
+        assert hit.any()
+
+
+def test_unknown_name_is_a_clear_error(graph: HloGraph) -> None:
+    with pytest.raises(ValueError, match=r"group 0: instruction 'nope' is not in the graph"):
+        F.fused_graph(F.GraphContext(graph), FusionPlan(groups=(("nope",),)))
+
+
+def test_pad_rejects_too_small_sizes(graph: HloGraph) -> None:
+    g = F.fused_graph(F.GraphContext(graph), FusionPlan())
+    with pytest.raises(ValueError, match=r"too small"):
+        F.pad(g, n_node=g.nodes.shape[0])
+
+
+def test_padding_and_batching_never_change_predictions(graph: HloGraph) -> None:
+    from flax import nnx
+
+    from gnn.model import CostGNN
+
+    model = CostGNN(hidden=8, edge_hidden=4, layers=2, opcode_dim=4, rngs=nnx.Rngs(0))
+    ctx = F.GraphContext(graph)
+    gs = [F.fused_graph(ctx, p, devices=4) for p in _plans(graph)]
+    alone = [np.asarray(model(F.pad(g))[1])[0] for g in gs]
+    big = F.pad(F.batch(gs), n_node=8192, n_edge=16384, n_graph=8)
+    k_log, rel = model(big)
+    np.testing.assert_allclose(np.asarray(rel)[:len(gs)], alone, rtol=1e-5, atol=1e-5)
+    assert np.isfinite(np.asarray(k_log)).all()
+
+
+# -- training, checkpoints, cost model ---------------------------------------------------------
+def test_training_lowers_the_loss(trained: tuple[object, dict]) -> None:
+    _, hist = trained
+    assert len(hist["loss"]) >= 2
+    assert hist["loss"][-1] < hist["loss"][0]
+
+
+def test_training_is_deterministic_for_a_seed(dataset: train.Dataset, trained: tuple[object, dict]) -> None:
+    tr, va, _ = train.split(dataset, "plans", seed=0)
+    _, hist = train.fit(dataset, tr, va, TINY)
+    assert hist["loss"] == trained[1]["loss"]
+
+
+def test_split_keeps_plans_apart(dataset: train.Dataset) -> None:
+    tr, va, te = train.split(dataset, "plans", seed=0)
+    digests = [{dataset.samples[i].plan.digest() for i in part} for part in (tr, va, te)]
+    assert not (digests[0] & digests[2]) and not (digests[1] & digests[2]) and te
+    with pytest.raises(ValueError, match=r"model 'nope' is not in the dataset"):
+        train.split(dataset, "lomo:nope")
+
+
+def test_checkpoint_round_trip_gives_identical_predictions(tmp_path: Path, dataset: train.Dataset,
+                                                           trained: tuple[object, dict]) -> None:
+    from gnn.cost_model import GnnCosts
+
+    model, _ = trained
+    feats = [dataset.features(i) for i in range(4)]
+    path = tmp_path / "m.msgpack"
+    digest = checkpoint.save(path, model, {"note": "test"})
+    model2, meta, digest2 = checkpoint.load(path)
+    assert digest == digest2 and meta == {"note": "test"}
+    for a, b in zip(train.predict(model, feats), train.predict(model2, feats)):
+        np.testing.assert_array_equal(a, b)
+    assert not path.read_bytes().startswith(b"\x80")  # not a pickle
+    c1, c2 = GnnCosts(model), GnnCosts.load(path)
+    assert c2.describe()["digest"] == digest and c2.describe()["name"] == "gnn"
+    from disco.costs import GraphKernels
+
+    g = dataset.graphs[dataset.samples[0].fingerprint]
+    k = GraphKernels(g).kernel([i for i, n in enumerate(g.nodes) if n.opcode == "add"][:1])
+    assert c1.kernel_time(k) == c2.kernel_time(k) > 0
+
+
+def test_numpy_kernel_head_matches_the_model(dataset: train.Dataset, trained: tuple[object, dict]) -> None:
+    import jax.numpy as jnp
+
+    from disco.costs import GraphKernels
+    from gnn.cost_model import GnnCosts
+
+    model, _ = trained
+    g = dataset.graphs[dataset.samples[0].fingerprint]
+    gk = GraphKernels(g)
+    costs = GnnCosts(model)
+    for i in [i for i, n in enumerate(g.nodes) if n.opcode in ("dot", "add", "multiply")][:5]:
+        opc, kf = F.kernel_features(gk.kernel([i]))
+        want = math.exp(float(model.kernel_log_time(jnp.array([opc]), jnp.array([kf]))[0]))
+        assert costs.kernel_time(gk.kernel([i])) == pytest.approx(want, rel=1e-4)
+    assert costs.kernel_time(gk.kernel([i])) and costs.hits >= 1
+
+
+def test_gnn_costs_in_the_simulator_and_whole_plan_predict(graph: HloGraph, trained: tuple[object, dict]) -> None:
+    from disco.cluster import preset
+    from disco.simulator import Simulator
+    from gnn.cost_model import GnnCosts
+
+    costs = GnnCosts(trained[0])
+    sim = Simulator(graph, costs, preset("local", 4))
+    plans = _plans(graph)
+    times = [sim.step_time(p) for p in plans]
+    assert all(math.isfinite(t) and t > 0 for t in times)
+    pred = costs.predict(graph, plans, devices=4)
+    assert pred.shape == (len(plans),) and np.isfinite(pred).all() and (pred > 0).all()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "pickle", "format"])
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path, trained: tuple[object, dict], damage: str) -> None:
+    from flax import serialization
+
+    path = tmp_path / "m.msgpack"
+    checkpoint.save(path, trained[0])
+    data = path.read_bytes()
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "garbage":
+        data = b"not a checkpoint at all"
+    elif damage == "pickle":
+        import pickle
+
+        data = pickle.dumps({"format": checkpoint.FORMAT})
+    else:
+        raw = serialization.msgpack_restore(data)
+        raw["format"] = "something/9"
+        data = serialization.msgpack_serialize(raw)
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=r"m\.msgpack: (not a msgpack checkpoint|expected format)"):
+        checkpoint.load(path)
+
+
+def test_mismatched_checkpoint_is_a_clear_error(tmp_path: Path, trained: tuple[object, dict]) -> None:
+    from flax import serialization
+
+    path = tmp_path / "m.msgpack"
+    checkpoint.save(path, trained[0])
+    raw = serialization.msgpack_restore(path.read_bytes())
+    cfg = json.loads(raw["config"])
+    raw["config"] = json.dumps({**cfg, "hidden": cfg["hidden"] * 2})
+    path.write_bytes(serialization.msgpack_serialize(raw))
+    with pytest.raises(ValueError, match=r"has shape .* expected|do not match config"):
+        checkpoint.load(path)
+    raw["config"] = json.dumps({**cfg, "feature_version": 999})
+    path.write_bytes(serialization.msgpack_serialize(raw))
+    with pytest.raises(ValueError, match=r"feature version 999"):
+        checkpoint.load(path)
+
+
+def test_default_checkpoint_loads_and_names_itself() -> None:
+    from gnn import cost_model
+
+    if not cost_model.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip("no default checkpoint shipped yet")
+    costs = cost_model.load_default()
+    info = costs.describe()
+    assert info["name"] == "gnn" and len(info["digest"]) == 16
+    assert cost_model.default_metrics().get("checkpoint_digest") == info["digest"]
+
+
+def test_train_gnn_cli_writes_checkpoint_and_metrics(tmp_path: Path, dataset: train.Dataset) -> None:
+    from gnn import cli
+
+    src = Path(dataset.source)
+    data = tmp_path / "data"
+    shutil.copytree(src, data)
+    out = tmp_path / "ck.msgpack"
+    cli.main(["--data", str(data), "--out", str(out), "--epochs", "1", "--hidden", "8", "--edge-hidden", "4",
+              "--layers", "1", "--batch", "8", "--node-budget", "4096", "--quiet", "--limit", "40"])
+    metrics = json.loads((tmp_path / "ck_metrics.json").read_text())
+    assert metrics["checkpoint_digest"] == checkpoint.load(out)[2]
+    assert {"gnn", "analytic"} <= set(metrics["heldout_plans"])
