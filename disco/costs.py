@@ -118,8 +118,14 @@ class GraphKernels:
         self.succs: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(s)) for s in succs)
         self._bytes = [node.out_bytes for node in graph.nodes]
 
-    def kernel(self, indices: Iterable[int]) -> Kernel:
+    def kernel(self, indices: Iterable[int], inlined: Iterable[int] = ()) -> Kernel:
         """The kernel made of the nodes at ``indices``.
+
+        Args:
+          indices: the fused nodes.
+          inlined: cheap producers (e.g. broadcasts) duplicated into this kernel: they are part
+            of it (their inputs are its inputs, their work its work), but their results are
+            never written out, since each consumer recomputes them.
 
         Raises:
           ValueError: for an empty set or an index outside the graph.
@@ -128,14 +134,29 @@ class GraphKernels:
         n = len(self._bytes)
         if not members:
             raise ValueError("kernel: expected at least one node index, got none")
-        bad = [i for i in members if not (isinstance(i, int) and 0 <= i < n)]
+        inl = set(inlined) - members
+        bad = [i for i in members | inl if not (isinstance(i, int) and 0 <= i < n)]
         if bad:
             raise ValueError(f"kernel: node indices {sorted(bad)[:5]} are outside the graph of {n} nodes")
-        inputs = {p for i in members for p in self.preds[i] if p not in members}
+        body = members | inl if inl else members
+        inputs = {p for i in body for p in self.preds[i] if p not in body}
         in_bytes = sum(self._bytes[p] for p in inputs)
-        out_bytes = sum(self._bytes[i] for i in members
-                        if not self.succs[i] or any(s not in members for s in self.succs[i]))
-        order = sorted(members)
+        succs = self.succs
+        if inl:
+            leaks: dict[int, bool] = {}
+
+            def leaky(d: int) -> bool:  # an inlined node whose value is needed outside the kernel
+                if d not in leaks:
+                    leaks[d] = False
+                    leaks[d] = any(s not in body or (s in inl and leaky(s)) for s in succs[d])
+                return leaks[d]
+
+            out_bytes = sum(self._bytes[i] for i in members
+                            if not succs[i] or any(s not in body or (s in inl and leaky(s)) for s in succs[i]))
+        else:
+            out_bytes = sum(self._bytes[i] for i in members
+                            if not succs[i] or any(s not in members for s in succs[i]))
+        order = sorted(body)
         return Kernel(nodes=tuple(self.graph.nodes[i] for i in order), in_bytes=in_bytes, out_bytes=out_bytes)
 
 

@@ -3,48 +3,67 @@
 ``simulate(graph, plan, costs, cluster)`` predicts the step time of ``graph``
 compiled with ``plan``:
 
-1. **Contraction.** Each of ``plan.groups`` becomes one fused kernel; every other
-   compute node is a kernel of one. Zero-cost ops (``disco.costs.ZERO_COST_OPCODES``:
-   parameters, constants, tuple plumbing, bitcasts, inlined calls) are not kernels:
-   they take no time on any stream and only pass dependencies through (a node that
-   reads a ``get-tuple-element`` waits for whatever the tuple element waits for).
-   Each of ``plan.buckets`` becomes one all-reduce of the members' summed bytes
-   (``costs.collective_time("all-reduce", bytes, cluster)``). ``buckets=None`` models
-   XLA's combiner: all all-reduces in one bucket; where some all-reduces depend on
-   others (so one bucket would deadlock), one bucket per *level* (the number of
-   all-reduces on the longest chain of all-reduces above it), which keeps every
-   bucket's members independent. Other collectives (all-gather, reduce-scatter,
-   all-to-all, collective-permute) are one collective each.
-2. **Two streams.** A *compute stream* runs kernels one at a time, in order; a
-   *communication stream* runs collectives one at a time.
+1. **Kernels.** Zero-cost ops (``disco.costs.ZERO_COST_OPCODES``: parameters,
+   constants, tuple plumbing, bitcasts, inlined calls) are not kernels: they take no
+   time and only pass dependencies through. The other compute ops are contracted into
+   kernels according to ``plan.xla_fusion``:
 
-   - Kernel order: ``order="program"`` runs kernels in program order, i.e. by the
-     position of their first member in ``graph.nodes``; where that order is not
-     topological after contraction (a group whose member reads a value computed
-     after the group's first member), a kernel waits until its inputs' kernels have
-     run (a priority topological sort, priority = program position).
-     ``order="topological"`` runs the ready kernel with the longest remaining path
-     to the end of the step first (critical-path list scheduling; remaining path =
-     its own time plus the longest chain of kernel and collective times after it),
-     ties broken by program position.
-   - A kernel starts when the compute stream is free **and** all its inputs
-     (including collective outputs) are done. The stream is in-order, so a kernel
-     waiting on a collective blocks the kernels after it (like one CUDA stream).
-   - A collective becomes ready when all its inputs (the producers of every member's
-     operands) are done, and starts at ``max(ready, comm stream free)``. Collectives
-     are served first come, first served, in the order they become ready.
-3. **Result.** ``step_time`` is when the last kernel or collective ends;
+   - ``"off"``: each of ``plan.groups`` is one kernel; every other compute op is a
+     kernel of one (XLA's fusion pass is disabled).
+   - ``"extend"`` (XLA's fusion pass runs after ours): an emulation of XLA:CPU's loop
+     fusion. Producers are visited consumers-first (descending program position). A
+     loop-fusible producer (``XLA_LOOP_OPCODES``: elementwise ops, broadcast, reshape,
+     transpose, slice, concatenate, reduce, ...; or a planned group, which is a loop
+     fusion) is fused into its users' fusion when all its users are loop-fusible and
+     already in one and the same fusion, and its value is not read by a zero-cost op
+     (tuple, get-tuple-element, call: a step output) or a collective; otherwise it
+     roots a fusion of its own. A broadcast whose users are all loop-fusible is
+     duplicated into each consumer (it becomes part of every consumer's kernel: its
+     inputs are read there, its result is never written; ``DUPLICATED_OPCODES``).
+     Dots, convolutions, custom calls, scatters and collectives are never fused (XLA:CPU
+     runs dots and convolutions as library calls). Planned groups are pre-fused before
+     the pass, so XLA grows them by the same rule. Every fusion has one root that all its
+     members reach, so contracting it never adds a dependency between outside ops.
+
+   A kernel's time is ``costs.kernel_time(kernel) / cluster.compute_speed``; a fused
+   kernel's traffic is the bytes it reads from outside plus the bytes of its members
+   read outside (``disco.costs.GraphKernels.kernel``).
+2. **Collectives.** Each of ``plan.buckets`` becomes one all-reduce of the members'
+   summed bytes (``costs.collective_time("all-reduce", bytes, cluster)``); all-reduces
+   in no bucket are one collective each. ``buckets=None`` models XLA's combiner: all
+   all-reduces in one bucket; where some all-reduces depend on others (so one bucket
+   would deadlock), one bucket per *level* (the number of all-reduces on the longest
+   chain of all-reduces above it). Other collectives are one collective each.
+3. **Two streams, ready-list scheduling.** A *compute stream* runs kernels one at a
+   time; a *communication stream* runs collectives one at a time. A unit is *ready* at
+   the time the last of its inputs (kernels and collectives) ends.
+
+   - Whenever the compute stream is free (time ``t``), it starts the kernel that is
+     ready by ``t`` with the smallest priority key; if none is ready it idles until the
+     next kernel becomes ready. A kernel waiting for a collective never blocks ready
+     kernels after it (XLA:CPU's thunk executor runs any ready thunk; XLA:GPU's
+     latency-hiding scheduler moves the consumers of asynchronous collectives late).
+   - ``order="program"`` (default): the key is the program position (the kernel's
+     first member in ``graph.nodes``). ``order="topological"``: the key is the longest
+     remaining path to the end of the step (its own time plus the longest chain of
+     kernel and collective times after it), longest first, ties by program position.
+   - A collective starts at ``max(ready, comm stream free)``; collectives are served
+     first come, first served (by ready time, ties by program position). When the
+     comm stream's next start and the compute stream's next start coincide, the
+     collective is placed first.
+4. **Result.** ``step_time`` is when the last kernel or collective ends;
    ``compute_time``/``comm_time`` are the summed kernel/collective durations;
    ``exposed_comm = step_time - compute_time`` is the time the compute stream sat
    idle (waiting for collectives, or for the last collectives after the last kernel).
 
-Kernel times come from ``costs.kernel_time`` divided by ``cluster.compute_speed``.
-
-Performance: :class:`Simulator` precomputes everything that does not depend on the
-plan (dependencies with zero-cost ops folded away, every unfused kernel's time) and
-caches fused-kernel and bucket costs per member set, so ``Simulator.step_time`` costs
-one pass over the compute nodes in plain Python; ``Simulator.run`` also builds the
-timeline and critical path.
+Performance: :class:`Simulator` precomputes, per fusion mode, the kernels of the plan
+without groups (XLA's fusion of the whole graph for "extend", computed once in the
+constructor), their successor lists and input counts in flat arrays. A plan is a patch
+of that: its groups (in "extend": each set of XLA fusions its groups touch, re-fused
+with the groups pre-fused; cached per set of groups) and buckets replace some units.
+Kernel times are cached per member set. ``Simulator.step_time`` then costs one
+O(U log U) heap sweep over the U units; ``Simulator.run`` also builds the timeline and
+critical path.
 
 Example:
   >>> from disco.simulator import Simulator
@@ -62,6 +81,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from disco.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, CostModel, GraphKernels
+from disco.plan import FUSIBLE_OPCODES
 
 if TYPE_CHECKING:
     from disco.cluster import ClusterSpec
@@ -72,6 +92,24 @@ Order = Literal["program", "topological"]
 ORDERS: tuple[str, ...] = ("program", "topological")
 _INF = float("inf")
 _VIRTUAL, _KERNEL, _COLL = 0, 1, 2
+
+# XLA's elementwise opcodes (HloInstruction::IsElementwise).
+_ELEMENTWISE: frozenset[str] = frozenset({
+    "abs", "add", "and", "atan2", "bitcast-convert", "cbrt", "ceil", "clamp", "clz", "compare", "complex",
+    "convert", "copy", "cosine", "divide", "erf", "exponential", "exponential-minus-one", "floor", "imag",
+    "is-finite", "log", "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate", "not", "or",
+    "popcnt", "power", "real", "reduce-precision", "remainder", "round-nearest-afz", "round-nearest-even",
+    "rsqrt", "select", "shift-left", "shift-right-arithmetic", "shift-right-logical", "sign", "sine", "sqrt",
+    "stochastic-convert", "subtract", "tan", "tanh", "xor",
+})
+# What XLA:CPU's loop fusion fuses (CpuInstructionFusion: elementwise ops plus CanBeLoopFused),
+# and every opcode a planned group may hold.
+XLA_LOOP_OPCODES: frozenset[str] = _ELEMENTWISE | FUSIBLE_OPCODES | frozenset({
+    "broadcast", "concatenate", "dynamic-slice", "dynamic-update-slice", "gather", "iota", "pad", "reduce",
+    "reshape", "reverse", "slice", "transpose",
+})
+# Cheap producers XLA duplicates into every consumer instead of writing them out.
+DUPLICATED_OPCODES: frozenset[str] = frozenset({"broadcast"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,23 +189,62 @@ class SimResult:
 
 # ---------------------------------------------------------------------------------------------
 class _Unit:
-    """A kernel or collective of one contracted plan (internal; cached across plans)."""
+    """A kernel or collective of one contracted plan (internal; cached across plans).
 
-    __slots__ = ("is_coll", "members", "preds", "dur", "prio", "name", "succs", "trigger", "delta",
-                 "items")
+    ``succ`` lists (node, count) pairs: for each real node outside the unit that reads it, how
+    many of the unit's members it reads; ``indeg`` is the matching count of the unit's
+    (member, outside real input) pairs, so a unit is ready when every pair has been released.
+    """
 
-    def __init__(self, is_coll: bool, members: tuple[int, ...], preds: tuple[int, ...], dur: float,
-                 prio: int, name: str, succs: tuple[int, ...], delta: float = 0.0):
+    __slots__ = ("is_coll", "members", "dur", "prio", "succ", "indeg", "groups", "name")
+
+    def __init__(self, is_coll: bool, members: tuple[int, ...], dur: float, succ: tuple[tuple[int, int], ...],
+                 indeg: int, name: str, groups: tuple[tuple[str, ...], ...] = ()):
         self.is_coll = is_coll
-        self.members = members
-        self.preds = preds  # real (non-virtual) nodes outside the unit that it reads
+        self.members = members  # sorted node indices (real nodes only)
         self.dur = dur
-        self.prio = prio  # program position: the first compute member (kernels), first member (collectives)
-        self.name = name  # label of an unfused unit
-        self.succs = succs  # real nodes outside the unit that read it
-        self.trigger = max(preds) if preds else -1
-        self.delta = delta  # fused time minus the members' unfused times (groups)
-        self.items: tuple[tuple[int, _Unit | None], ...] = ()  # a group's scan-table entries
+        self.prio = members[0]  # program position: its first member
+        self.succ = succ
+        self.indeg = indeg
+        self.name = name  # the label of a unit that is not a planned group or a bucket
+        self.groups = groups  # the planned groups (by names) it contains
+
+
+class _Mode:
+    """Plan-independent data for one ``xla_fusion`` mode: folded adjacency and the base units."""
+
+    __slots__ = ("fusion", "virtual", "rp", "rs", "inline", "cluster_of", "clusters", "units", "unit_of",
+                 "dur", "key", "succ", "coll", "indeg", "ready_k", "ready_c", "kernel_total", "comm_total",
+                 "ar_unit")
+
+
+class _Group:
+    """A planned group resolved against the graph (cached by its names)."""
+
+    __slots__ = ("names", "members", "unit_off", "kmembers_ext", "touched", "solo")
+
+    def __init__(self, names: tuple[str, ...], members: tuple[int, ...]):
+        self.names = names
+        self.members = members
+        self.unit_off: _Unit | None = None
+        self.kmembers_ext: tuple[int, ...] = ()
+        self.touched: tuple[int, ...] = ()
+        self.solo: tuple[list[int], list[_Unit], float] | None = None  # re-fusion when alone
+
+
+class _Patch:
+    """What one plan changes in a mode's base units: units removed and units added."""
+
+    __slots__ = ("mode", "dead", "new", "compute", "comm", "buckets")
+
+    def __init__(self, mode: _Mode, dead: list[int], new: list[_Unit], buckets: list[_Unit] | None,
+                 compute: float, comm: float):
+        self.mode = mode
+        self.dead = dead
+        self.new = new
+        self.buckets = buckets  # the plan's bucket units in plan order (None: the combiner's)
+        self.compute = compute
+        self.comm = comm
 
 
 class _Deadlock(Exception):
@@ -205,35 +282,12 @@ class Simulator:
             else:
                 kind.append(_KERNEL)
         self._kind = kind
-        # Real preds: fold zero-cost nodes away (transitively). Node order is topological.
-        raw_preds = self.kernels.preds
-        through: list[frozenset[int]] = [frozenset()] * n
-        rp: list[tuple[int, ...]] = [()] * n
-        for i in range(n):
-            acc: set[int] = set()
-            for p in raw_preds[i]:
-                if p >= i:
-                    raise ValueError(f"graph {graph.name!r}: edge {nodes[p].name!r} -> {nodes[i].name!r} "
+        for d, preds in enumerate(self.kernels.preds):
+            for p in preds:
+                if p >= d:
+                    raise ValueError(f"graph {graph.name!r}: edge {nodes[p].name!r} -> {nodes[d].name!r} "
                                      "goes backwards; expected nodes in topological order")
-                if kind[p] == _VIRTUAL:
-                    acc |= through[p]
-                else:
-                    acc.add(p)
-            if kind[i] == _VIRTUAL:
-                through[i] = frozenset(acc)
-            else:
-                rp[i] = tuple(sorted(acc))
-        rs: list[list[int]] = [[] for _ in range(n)]
-        for i in range(n):
-            for p in rp[i]:
-                rs[p].append(i)
-        self._rp = rp
-        self._rs = [tuple(s) for s in rs]
-        self._cpreds = [tuple(p for p in rp[i] if kind[p] == _COLL) for i in range(n)]
-        speed = cluster.compute_speed
-        gk = self.kernels
-        self._kdur = [costs.kernel_time(gk.kernel((i,))) / speed if kind[i] == _KERNEL else 0.0
-                      for i in range(n)]
+        self._loop = [node.opcode in XLA_LOOP_OPCODES for node in nodes]
         p = cluster.num_devices
         self._cbytes = [0] * n
         for i, node in enumerate(nodes):
@@ -241,24 +295,218 @@ class Simulator:
                 # The full buffer: a reduce-scatter's result is one device's shard.
                 scale = p if COLLECTIVE_KIND[node.opcode] == "reduce-scatter" else 1
                 self._cbytes[i] = node.out_bytes * scale
-        self._scan = [i for i in range(n) if kind[i] == _KERNEL]
-        self._base_kernel_total = sum(self._kdur)
-        self._singles: list[_Unit | None] = [None] * n
-        for i in range(n):
-            if kind[i] == _VIRTUAL:
-                continue
-            if kind[i] == _COLL:
-                dur = costs.collective_time(COLLECTIVE_KIND[nodes[i].opcode], self._cbytes[i], cluster)
-            else:
-                dur = self._kdur[i]
-            self._singles[i] = _Unit(kind[i] == _COLL, (i,), rp[i], dur, i, nodes[i].name, self._rs[i])
         self._ars = [i for i in range(n) if nodes[i].opcode in ("all-reduce", "all-reduce-start")]
         self._ar_set = frozenset(self._ars)
-        self._other_colls = [self._singles[i] for i in range(n) if kind[i] == _COLL and i not in self._ar_set]
-        self._group_cache: dict[tuple[str, ...], _Unit] = {}
-        self._bucket_cache: dict[tuple[int, ...], _Unit] = {}
-        self._bucket_names: dict[tuple[str, ...], _Unit] = {}
-        self._default_buckets = self._combiner_buckets(None)
+        self._kernel_cache: dict[tuple[bool, tuple[int, ...]], float] = {}
+        self._group_cache: dict[tuple[str, ...], _Group] = {}
+        self._bucket_names: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self._unit_cache: dict[tuple[str, bool, tuple[int, ...]], _Unit] = {}
+        self._region_cache: dict[tuple[tuple[str, ...], ...], tuple[list[int], list[_Unit], float]] = {}
+        self._combined: dict[str, list[_Unit]] = {}
+        self._modes: dict[str, _Mode] = {}
+        self._levels = self._ar_levels_graph()
+        self._mode("extend")  # XLA's own fusion of the unplanned graph, once
+
+    # -- modes -----------------------------------------------------------------------------------
+    def _mode(self, fusion: str) -> _Mode:
+        mode = self._modes.get(fusion)
+        if mode is None:
+            if fusion not in ("extend", "off"):
+                raise ValueError(f"plan.xla_fusion: expected 'extend' or 'off', got {fusion!r}")
+            mode = self._modes[fusion] = self._build_mode(fusion)
+        return mode
+
+    def _duplicated(self) -> set[int]:
+        """Broadcasts XLA duplicates into every consumer: all users are loop-fusible compute ops."""
+        nodes, kind, loop = self.graph.nodes, self._kind, self._loop
+        succs = self.kernels.succs
+        dup: set[int] = set()
+        for i in range(self._n - 1, -1, -1):
+            if nodes[i].opcode in DUPLICATED_OPCODES and kind[i] == _KERNEL and succs[i] and all(
+                    s in dup or (kind[s] == _KERNEL and loop[s]) for s in succs[i]):
+                dup.add(i)
+        return dup
+
+    def _build_mode(self, fusion: str) -> _Mode:
+        n, kind = self._n, self._kind
+        raw_p, raw_s = self.kernels.preds, self.kernels.succs
+        dup = self._duplicated() if fusion == "extend" else set()
+        virtual = [kind[i] == _VIRTUAL or i in dup for i in range(n)]
+        # Real preds: fold virtual nodes away (transitively). Node order is topological.
+        through: list[frozenset[int]] = [frozenset()] * n
+        rp: list[tuple[int, ...]] = [()] * n
+        inline: list[tuple[int, ...]] = [()] * n  # duplicated broadcasts each node recomputes
+        inl_through: list[frozenset[int]] = [frozenset()] * n
+        for i in range(n):
+            acc: set[int] = set()
+            inl: set[int] = set()
+            for p in raw_p[i]:
+                if virtual[p]:
+                    acc |= through[p]
+                    if p in dup:
+                        inl.add(p)
+                        inl |= inl_through[p]
+                else:
+                    acc.add(p)
+            if virtual[i]:
+                through[i] = frozenset(acc)
+                if i in dup:
+                    inl_through[i] = frozenset(inl)
+            else:
+                rp[i] = tuple(sorted(acc))
+                inline[i] = tuple(sorted(inl))
+        rs_l: list[list[int]] = [[] for _ in range(n)]
+        for i in range(n):
+            for p in rp[i]:
+                rs_l[p].append(i)
+        mode = _Mode()
+        mode.fusion = fusion
+        mode.virtual = virtual
+        mode.rp = rp
+        mode.rs = [tuple(s) for s in rs_l]
+        mode.inline = inline
+        real_kernels = [i for i in range(n) if kind[i] == _KERNEL and not virtual[i]]
+        if fusion == "extend":
+            # Users for fusion decisions: through duplicated broadcasts only; a value read by a
+            # zero-cost op (tuple, get-tuple-element, call) or a collective, or by nobody, leaves.
+            users: list[tuple[int, ...]] = [()] * n
+            blocked = [False] * n
+            for i in range(n - 1, -1, -1):
+                acc2: set[int] = set()
+                blk = not raw_s[i]
+                for s in raw_s[i]:
+                    if s in dup:
+                        acc2 |= set(users[s])
+                        blk = blk or blocked[s]
+                    elif kind[s] != _KERNEL:
+                        blk = True
+                    else:
+                        acc2.add(s)
+                users[i] = tuple(sorted(acc2))
+                blocked[i] = blk
+            self._fuse_users, self._blocked = users, blocked
+            clusters = self._xla_clusters(real_kernels, [])
+        else:
+            clusters = [(i,) for i in real_kernels]
+        mode.clusters = clusters
+        mode.cluster_of = [-1] * n
+        for ci, c in enumerate(clusters):
+            for m in c:
+                mode.cluster_of[m] = ci
+        units = [self._kernel_unit(mode, c) for c in clusters]
+        mode.ar_unit = {}
+        for i in range(n):
+            if kind[i] == _COLL:
+                if i in self._ar_set:
+                    mode.ar_unit[i] = len(units)
+                units.append(self._coll_unit(mode, (i,), COLLECTIVE_KIND[self.graph.nodes[i].opcode]))
+        mode.units = units
+        mode.unit_of = [-1] * n
+        for ui, u in enumerate(units):
+            for m in u.members:
+                mode.unit_of[m] = ui
+        mode.dur = [u.dur for u in units]
+        mode.key = [u.prio for u in units]
+        mode.succ = [u.succ for u in units]
+        mode.coll = [u.is_coll for u in units]
+        mode.indeg = [u.indeg for u in units]
+        mode.ready_k = [ui for ui, u in enumerate(units) if u.indeg == 0 and not u.is_coll]
+        mode.ready_c = [ui for ui, u in enumerate(units) if u.indeg == 0 and u.is_coll]
+        mode.kernel_total = sum(u.dur for u in units if not u.is_coll)
+        mode.comm_total = sum(u.dur for u in units if u.is_coll)
+        return mode
+
+    def _xla_clusters(self, region: list[int], groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """XLA:CPU's loop fusion over ``region`` (sorted real compute nodes), ``groups`` pre-fused.
+
+        Producers are visited consumers-first (descending program position; a group at its last
+        member). A loop-fusible producer (or a planned group) joins its users' fusion when every
+        user is a loop-fusible op (or in a planned group) in ``region`` and all users are in the
+        same fusion; otherwise it roots a fusion of its own. Dots, convolutions, custom calls and
+        collectives are never fused.
+        """
+        loop, users, blocked = self._loop, self._fuse_users, self._blocked
+        gid: dict[int, int] = {}
+        items: list[tuple[int, tuple[int, ...], bool]] = []
+        for gi, g in enumerate(groups):
+            for m in g:
+                gid[m] = gi
+            items.append((g[-1], g, True))
+        items += [(m, (m,), False) for m in region if m not in gid]
+        items.sort(reverse=True)
+        cl: dict[int, int] = {}
+        members: dict[int, list[int]] = {}
+        for pos, mem, is_group in items:
+            target = -1
+            if is_group or loop[pos]:
+                inside = set(mem) if is_group else ()
+                for m in mem:
+                    if blocked[m]:
+                        target = -2
+                        break
+                    for s in users[m]:
+                        if s in inside:
+                            continue
+                        c = cl.get(s, -2)
+                        if c == -2 or not (loop[s] or s in gid) or (target >= 0 and c != target):
+                            target = -2
+                            break
+                        target = c
+                    if target == -2:
+                        break
+            if target < 0:
+                target = pos
+                members[pos] = []
+            members[target].extend(mem)
+            for m in mem:
+                cl[m] = target
+        return sorted(tuple(sorted(ms)) for ms in members.values())
+
+    # -- units -----------------------------------------------------------------------------------
+    def _links(self, mode: _Mode, members: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], int]:
+        mset = set(members)
+        rp, rs = mode.rp, mode.rs
+        indeg = 0
+        succ: dict[int, int] = {}
+        for m in members:
+            for p in rp[m]:
+                if p not in mset:
+                    indeg += 1
+            for s in rs[m]:
+                if s not in mset:
+                    succ[s] = succ.get(s, 0) + 1
+        return tuple(succ.items()), indeg
+
+    def _kernel_unit(self, mode: _Mode, members: tuple[int, ...],
+                     groups: tuple[tuple[str, ...], ...] = ()) -> _Unit:
+        key = (mode.fusion, False, members)
+        u = self._unit_cache.get(key)
+        if u is None:
+            inl = sorted({d for m in members for d in mode.inline[m]})
+            ck = (bool(inl), members)
+            dur = self._kernel_cache.get(ck)
+            if dur is None:
+                dur = self.costs.kernel_time(self.kernels.kernel(members, inl)) / self.cluster.compute_speed
+                self._kernel_cache[ck] = dur
+            succ, indeg = self._links(mode, members)
+            names = self.graph.nodes
+            name = names[members[0]].name if len(members) == 1 else f"xla_fusion({names[members[-1]].name})"
+            u = _Unit(False, members, dur, succ, indeg, name)
+            self._unit_cache[key] = u
+        if groups and u.groups != groups:  # the same members, labelled by other groups
+            u = _Unit(False, u.members, u.dur, u.succ, u.indeg, u.name, groups)
+        return u
+
+    def _coll_unit(self, mode: _Mode, members: tuple[int, ...], kind: str) -> _Unit:
+        key = (mode.fusion, True, members)
+        u = self._unit_cache.get(key)
+        if u is None:
+            nbytes = sum(self._cbytes[m] for m in members)
+            dur = self.costs.collective_time(kind, nbytes, self.cluster)
+            succ, indeg = self._links(mode, members)
+            u = _Unit(True, members, dur, succ, indeg, self.graph.nodes[members[0]].name)
+            self._unit_cache[key] = u
+        return u
 
     # -- plan contraction ------------------------------------------------------------------------
     def _resolve(self, names: Sequence[str], what: str) -> tuple[int, ...]:
@@ -270,163 +518,214 @@ class Simulator:
         except TypeError:
             raise ValueError(f"{what}: expected a sequence of instruction names, got {names!r}") from None
 
-    def _group_unit(self, gi: int, names: tuple[str, ...]) -> _Unit:
-        u = self._group_cache.get(names)
-        if u is not None:
-            return u
+    def _group(self, gi: int, names: tuple[str, ...]) -> _Group:
+        g = self._group_cache.get(names)
+        if g is not None:
+            return g
         members = self._resolve(names, f"group {gi}")
         if not members:
             raise ValueError(f"group {gi} is empty; expected at least one instruction name")
         bad = [self.graph.nodes[m].name for m in members if self._kind[m] == _COLL]
         if bad:
             raise ValueError(f"group {gi}: {bad[0]!r} is a collective; groups hold compute ops")
-        mset = set(members)
-        preds = tuple(sorted({p for m in members for p in self._rp[m] if p not in mset}))
-        succs = tuple(sorted({s for m in members for s in self._rs[m] if s not in mset}))
-        dur = self.costs.kernel_time(self.kernels.kernel(members)) / self.cluster.compute_speed
-        # The group runs where its first compute member is (zero-cost members are never scanned).
-        anchor = min((m for m in members if self._kind[m] == _KERNEL), default=-1)
-        delta = dur - sum(self._kdur[m] for m in members)
-        u = _Unit(False, members, preds, dur, anchor, "", succs, delta)
-        if anchor >= 0:
-            u.items = tuple((m, None) for m in members) + ((anchor, u),)
-        self._group_cache[names] = u
-        return u
+        g = _Group(names, members)
+        off = self._modes.get("off")
+        if off is not None:
+            self._group_off(off, g)
+        ext = self._modes["extend"]
+        g.kmembers_ext = tuple(m for m in members if not ext.virtual[m])
+        g.touched = tuple(sorted({ext.cluster_of[m] for m in g.kmembers_ext}))
+        self._group_cache[names] = g
+        return g
 
-    def _bucket_unit(self, members: tuple[int, ...]) -> _Unit:
-        u = self._bucket_cache.get(members)
-        if u is None:
-            mset = set(members)
-            preds = tuple(sorted({p for m in members for p in self._rp[m] if p not in mset}))
-            succs = tuple(sorted({s for m in members for s in self._rs[m] if s not in mset}))
-            nbytes = sum(self._cbytes[m] for m in members)
-            dur = self.costs.collective_time("all-reduce", nbytes, self.cluster)
-            u = _Unit(True, members, preds, dur, members[0], "", succs)
-            self._bucket_cache[members] = u
-        return u
+    def _group_off(self, mode: _Mode, g: _Group) -> None:
+        km = tuple(m for m in g.members if not mode.virtual[m])
+        g.unit_off = self._kernel_unit(mode, km, (g.names,)) if km else None
 
-    def _bucket_by_names(self, bi: int, names: tuple[str, ...]) -> _Unit:
-        u = self._bucket_names.get(names)
-        if u is None:
+    def _bucket_members(self, bi: int, names: tuple[str, ...]) -> tuple[int, ...]:
+        members = self._bucket_names.get(names)
+        if members is None:
             members = self._resolve(names, f"bucket {bi}")
             bad = [self.graph.nodes[m].name for m in members if m not in self._ar_set]
             if bad or not members:
                 raise ValueError(f"bucket {bi}: expected all-reduce instruction names, got "
                                  f"{bad[:3] if bad else 'none'}")
-            u = self._bucket_unit(members)
-            self._bucket_names[names] = u
-        return u
+            self._bucket_names[names] = members
+        return members
 
-    def _combiner_buckets(self, groups: list[_Unit] | None) -> list[_Unit]:
-        """XLA's combiner: all all-reduces in one bucket, split by all-reduce level if needed.
-
-        With ``groups``, levels are computed on the graph with those groups contracted.
-        """
-        if not self._ars:
-            return []
-        level = self._ar_levels(groups)
-        by_level: dict[int, list[int]] = collections.defaultdict(list)
-        for a in self._ars:
-            by_level[level[a]].append(a)
-        return [self._bucket_unit(tuple(by_level[lv])) for lv in sorted(by_level)]
-
-    def _ar_levels(self, groups: list[_Unit] | None) -> dict[int, int]:
+    def _ar_levels_graph(self) -> dict[int, int]:
         """Per all-reduce, the number of all-reduces on the longest chain above it."""
-        units, unit_of = self._contracted(groups or [], [self._singles[i] for i in self._ars])
-        order = self._toposort(units, unit_of)
-        lvl = [0] * len(units)
-        for u in order:
+        lvl = [0] * self._n
+        ar = self._ar_set
+        for i, preds in enumerate(self.kernels.preds):
             best = 0
-            for p in units[u].preds:
-                pu = unit_of[p]
-                v = lvl[pu] + (1 if p in self._ar_set else 0)
+            for p in preds:
+                v = lvl[p] + (1 if p in ar else 0)
                 if v > best:
                     best = v
-            lvl[u] = best
-        return {a: lvl[unit_of[a]] for a in self._ars}
+            lvl[i] = best
+        return {a: lvl[a] for a in self._ars}
 
-    def _contracted(self, groups: list[_Unit], colls: list[_Unit]) -> tuple[list[_Unit], list[int]]:
-        """The units of a plan and node -> unit index (-1 for zero-cost nodes)."""
-        unit_of = [-1] * self._n
-        units: list[_Unit] = []
-        for u in [*groups, *colls]:
-            for m in u.members:
-                unit_of[m] = len(units)
-            units.append(u)
-        for i in range(self._n):
-            if self._kind[i] != _VIRTUAL and unit_of[i] < 0:
-                unit_of[i] = len(units)
-                units.append(self._singles[i])
-        return units, unit_of
+    def _combiner(self, mode: _Mode, levels: dict[int, int] | None = None) -> list[_Unit]:
+        """XLA's combiner: all all-reduces in one bucket, split by all-reduce level if needed."""
+        if levels is None and mode.fusion in self._combined:
+            return self._combined[mode.fusion]
+        by_level: dict[int, list[int]] = collections.defaultdict(list)
+        for a in self._ars:
+            by_level[(levels or self._levels)[a]].append(a)
+        out = [self._coll_unit(mode, tuple(by_level[lv]), "all-reduce") for lv in sorted(by_level)]
+        if levels is None:
+            self._combined[mode.fusion] = out
+        return out
 
-    def _toposort(self, units: list[_Unit], unit_of: list[int]) -> list[int]:
-        """Units in a topological order (priority: program position).
-
-        Raises:
-          ValueError: naming units on a cycle.
-        """
-        indeg = [0] * len(units)
-        succ: list[set[int]] = [set() for _ in units]
-        for ui, u in enumerate(units):
-            ps = {unit_of[p] for p in u.preds}
-            ps.discard(ui)
-            indeg[ui] = len(ps)
-            for pu in ps:
-                succ[pu].add(ui)
-        heap = [(units[ui].prio, ui) for ui in range(len(units)) if indeg[ui] == 0]
-        heapq.heapify(heap)
-        order = []
-        while heap:
-            _, ui = heapq.heappop(heap)
-            order.append(ui)
-            for s in succ[ui]:
-                indeg[s] -= 1
-                if indeg[s] == 0:
-                    heapq.heappush(heap, (units[s].prio, s))
-        if len(order) != len(units):
-            nodes = self.graph.nodes
-            stuck = sorted({nodes[m].name for ui in range(len(units)) if indeg[ui] > 0
-                            for m in units[ui].members})
-            raise ValueError(f"contracting the plan forms a cycle through {stuck[:6]}; "
-                             "check the plan with disco.plan_check.validate")
-        return order
-
-    def _prepare(self, plan: FusionPlan) -> tuple[list[_Unit], list[_Unit]]:
-        """(group units, collective units) of ``plan``.
+    def _patch(self, plan: FusionPlan, levels: dict[int, int] | None = None) -> _Patch:
+        """The units ``plan`` removes from and adds to its mode's base units.
 
         Raises:
           ValueError: for names not in the graph, overlapping groups or overlapping buckets.
         """
-        groups = []
-        used: set[int] = set()
-        count = 0
-        group_unit = self._group_unit
+        mode = self._mode(plan.xla_fusion)
+        cache_get = self._group_cache.get
+        groups: list[_Group] = []
         for gi, names in enumerate(plan.groups):
-            u = group_unit(gi, names)
-            used.update(u.members)
-            count += len(u.members)
-            if len(used) != count:
+            groups.append(cache_get(names) or self._group(gi, names))
+        if groups:
+            count = sum(len(g.members) for g in groups)
+            if len(set().union(*[g.members for g in groups])) != count:
                 self._raise_overlap(plan)
-            if u.prio >= 0:  # a group of only zero-cost ops (e.g. constants) is not a kernel
-                groups.append(u)
+        dead: list[int] = []
+        new: list[_Unit] = []
+        compute = mode.kernel_total
+        comm = mode.comm_total
+        dur = mode.dur
+        if groups:
+            if mode.fusion == "off":
+                unit_of = mode.unit_of
+                for g in groups:
+                    if g.unit_off is None:
+                        self._group_off(mode, g)
+                    u = g.unit_off
+                    if u is not None:
+                        gone = [unit_of[m] for m in u.members]
+                        dead += gone
+                        new.append(u)
+                        compute += u.dur - sum(dur[d] for d in gone)
+            else:
+                compute += self._extend_groups(mode, groups, dead, new)
+        ar_unit = mode.ar_unit
         if plan.buckets is None:
-            colls = list(self._default_buckets)
+            buckets = None
+            if self._ars:
+                dead += ar_unit.values()
+                combined = self._combiner(mode, levels)
+                new += combined
+                comm += sum(u.dur for u in combined) - sum(dur[d] for d in ar_unit.values())
         else:
-            colls = []
+            buckets = []
             seen: set[int] = set()
             count = 0
+            bucket_get = self._bucket_names.get
+            coll_get = self._unit_cache.get
+            fusion = mode.fusion
             for bi, b in enumerate(plan.buckets):
-                u = self._bucket_by_names(bi, b.members)
-                seen.update(u.members)
-                count += len(u.members)
-                if len(seen) != count:
-                    self._raise_overlap(plan)
-                colls.append(u)
-            if count != len(self._ars):
-                colls += [self._singles[a] for a in self._ars if a not in seen]
-        if self._other_colls:
-            colls += self._other_colls
-        return groups, colls
+                members = bucket_get(b.members) or self._bucket_members(bi, b.members)
+                seen.update(members)
+                count += len(members)
+                u = coll_get((fusion, True, members)) or self._coll_unit(mode, members, "all-reduce")
+                buckets.append(u)
+                if len(members) > 1:
+                    gone = [ar_unit[m] for m in members]
+                    dead += gone
+                    new.append(u)
+                    comm += u.dur - sum(dur[d] for d in gone)
+            if len(seen) != count:
+                self._raise_overlap(plan)
+        return _Patch(mode, dead, new, buckets, compute, comm)
+
+    def _extend_groups(self, mode: _Mode, groups: list[_Group], dead: list[int], new: list[_Unit]) -> float:
+        """Planned groups grown by XLA's fusion: each set of base fusions that groups touch is re-fused.
+
+        Appends to ``dead`` and ``new``; returns the change in summed kernel time.
+        """
+        # The common case: every group lies inside one XLA fusion.
+        by_cluster: dict[int, list[_Group]] = {}
+        for g in groups:
+            t = g.touched
+            if len(t) != 1:
+                if t:
+                    break
+                continue
+            lst = by_cluster.get(t[0])
+            if lst is None:
+                by_cluster[t[0]] = [g]
+            else:
+                lst.append(g)
+        else:
+            delta = 0.0
+            cache = self._region_cache
+            for lst in by_cluster.values():
+                if len(lst) == 1:
+                    hit = lst[0].solo
+                    if hit is None:
+                        hit = lst[0].solo = self._refuse(mode, lst)
+                else:
+                    key = tuple(sorted(g.names for g in lst))
+                    hit = cache.get(key)
+                    if hit is None:
+                        hit = cache[key] = self._refuse(mode, lst)
+                dead += hit[0]
+                new += hit[1]
+                delta += hit[2]
+            return delta
+        owner: dict[int, int] = {}
+        comps: list[list[_Group] | None] = []
+        for g in groups:
+            if not g.touched:
+                continue
+            hit = {owner[c] for c in g.touched if c in owner}
+            if not hit:
+                ci = len(comps)
+                comps.append([g])
+            else:
+                ci = min(hit)
+                comp = comps[ci]
+                comp.append(g)  # type: ignore[union-attr]
+                for cj in hit - {ci}:
+                    other = comps[cj]
+                    comp.extend(other)  # type: ignore[union-attr,arg-type]
+                    comps[cj] = None
+                    for h in other:  # type: ignore[union-attr]
+                        for c in h.touched:
+                            owner[c] = ci
+            for c in g.touched:
+                owner[c] = ci
+        cache = self._region_cache
+        delta = 0.0
+        for comp in comps:
+            if comp is None:
+                continue
+            key = tuple(sorted(g.names for g in comp))
+            hit_ = cache.get(key)
+            if hit_ is None:
+                hit_ = cache[key] = self._refuse(mode, comp)
+            dead += hit_[0]
+            new += hit_[1]
+            delta += hit_[2]
+        return delta
+
+    def _refuse(self, mode: _Mode, comp: list[_Group]) -> tuple[list[int], list[_Unit], float]:
+        """(base units removed, units added, kernel-time change) when ``comp``'s groups are pre-fused."""
+        touched = sorted({c for g in comp for c in g.touched})
+        region = sorted(m for c in touched for m in mode.clusters[c])
+        ordered = sorted(comp, key=lambda g: g.kmembers_ext)
+        clusters = self._xla_clusters(region, [g.kmembers_ext for g in ordered])
+        where = {m: g.names for g in comp for m in g.kmembers_ext}
+        units = []
+        for c in clusters:
+            inside = tuple(dict.fromkeys(where[m] for m in c if m in where))
+            units.append(self._kernel_unit(mode, c, inside))
+        gone = [mode.unit_of[mode.clusters[c][0]] for c in touched]
+        return gone, units, sum(u.dur for u in units) - sum(mode.dur[d] for d in gone)
 
     def _raise_overlap(self, plan: FusionPlan) -> None:
         owner: dict[str, str] = {}
@@ -440,235 +739,193 @@ class Simulator:
                 owner[name] = where
         raise ValueError("plan has overlapping groups or buckets")  # pragma: no cover
 
-    def _labels(self, plan: FusionPlan, groups: list[_Unit], colls: list[_Unit]) -> dict[int, str]:
-        labels: dict[int, str] = {}
-        if plan.groups:
-            by_members = {u.members: gi for gi, u in
-                          ((gi, self._group_cache[names]) for gi, names in enumerate(plan.groups))}
-            for u in groups:
-                labels[id(u)] = f"fusion.{by_members[u.members]}"
-        if plan.buckets is None:
-            for lv, u in enumerate(c for c in colls if c.name == ""):
-                labels[id(u)] = f"combined.{lv}"
+    def _arrays(self, patch: _Patch) -> tuple[list, list, list, list, list, list, list[int], list[int]]:
+        """Per-plan unit arrays: the mode's base arrays with the patch applied."""
+        mode = patch.mode
+        new = patch.new
+        nb = len(mode.dur)
+        unit_of = mode.unit_of[:]
+        indeg = mode.indeg + [u.indeg for u in new]
+        for d in patch.dead:
+            indeg[d] = -(1 << 40)  # never becomes ready
+        ready_k = [u for u in mode.ready_k if indeg[u] == 0]
+        ready_c = [u for u in mode.ready_c if indeg[u] == 0]
+        for k, u in enumerate(new):
+            uid = nb + k
+            for m in u.members:
+                unit_of[m] = uid
+            if u.indeg == 0:
+                (ready_c if u.is_coll else ready_k).append(uid)
+        if new:
+            dur = mode.dur + [u.dur for u in new]
+            key = mode.key + [u.prio for u in new]
+            succ = mode.succ + [u.succ for u in new]
+            coll = mode.coll + [u.is_coll for u in new]
         else:
-            for bi, b in enumerate(plan.buckets):
-                labels[id(self._bucket_names[b.members])] = f"bucket.{bi}"
-        return labels
+            dur, key, succ, coll = mode.dur, mode.key, mode.succ, mode.coll
+        return unit_of, indeg, dur, key, succ, coll, ready_k, ready_c
+
+    def _all_units(self, patch: _Patch) -> list[_Unit]:
+        dead = set(patch.dead)
+        return [u for ui, u in enumerate(patch.mode.units) if ui not in dead] + patch.new
 
     # -- the sweeps --------------------------------------------------------------------------------
-    def _fast(self, groups: list[_Unit], colls: list[_Unit]) -> tuple[float, float, float]:
-        """(step, compute, comm) in program order, no timeline: the hot path of the search."""
-        end = [_INF] * self._n
-        waiters: dict[int, list[_Unit]] = {}
-        heap: list[tuple[int, int, _Unit]] = []
-        singles = self._singles
-        special: dict[int, _Unit | None] = {}
-        counter = [0]
-        state = [0.0, 0.0]  # t_c, t_m for the rare paths
+    def _fast(self, patch: _Patch) -> float:
+        """The step time under the ready-list schedule keyed by program position (no timeline).
 
-        def attempt(u: _Unit) -> bool:
-            r = 0.0
-            for p in u.preds:
-                e = end[p]
-                if e > r:
-                    r = e
-            if r == _INF:
-                for p in u.preds:
-                    if end[p] == _INF:
-                        waiters.setdefault(p, []).append(u)
+        The hot path of the search; ``_sweep`` does the same with any key and records events.
+        """
+        unit_of, indeg, dur, key, succ, coll, ready_k, ready_c = self._arrays(patch)
+        heappush, heappop = heapq.heappush, heapq.heappop
+        rk = [key[u] for u in ready_k]  # kernels ready now, by program position
+        heapq.heapify(rk)
+        tc = [(0.0, key[u]) for u in ready_c]  # collectives, by (ready time, program position)
+        heapq.heapify(tc)
+        tk: list[tuple[float, int]] = []  # kernels waiting for a collective, by ready time
+        rt = [0.0] * len(dur)
+        t_c = t_m = 0.0
+        done = len(patch.dead)
+        # The comm stream's next start; a kernel starts only strictly before it (ties: comm first).
+        limit = (tc[0][0] if tc[0][0] > t_m else t_m) if tc else _INF
+        while True:
+            while True:  # the compute stream, until the comm stream's next start comes first
+                while tk and tk[0][0] <= t_c:
+                    heappush(rk, heappop(tk)[1])
+                if not rk:
+                    if not tk or tk[0][0] >= limit:
                         break
-                if not u.is_coll:
-                    for s in u.succs:
-                        if s not in special:
-                            special[s] = singles[s]
-                return False
-            k = 1 if u.is_coll else 0
-            t = state[k]
-            fin = (r if r > t else t) + u.dur
-            state[k] = fin
-            for m in u.members:
-                end[m] = fin
-            return True
-
-        def wake(members: tuple[int, ...]) -> None:
-            pending: list[_Unit] = []
-            todo = [members]
-            while todo or pending or heap:
-                if todo:
-                    for m in todo.pop():
-                        ws = waiters.pop(m, None)
-                        if ws:
-                            for w in ws:
-                                if w.is_coll:
-                                    pending.append(w)
-                                else:
-                                    counter[0] += 1
-                                    heapq.heappush(heap, (w.prio, counter[0], w))
+                    t_c = tk[0][0]  # idle until a kernel's collective input ends
                     continue
-                w = pending.pop(0) if pending else heapq.heappop(heap)[2]
-                if attempt(w):
-                    todo.append(w.members)
-
-        for c in colls:  # register every collective before any can complete
-            if c.trigger >= 0:
-                waiters.setdefault(c.trigger, []).append(c)
-        for c in colls:
-            if c.trigger < 0 and attempt(c):
-                wake(c.members)
-        for g in groups:
-            for s in g.succs:
-                special[s] = singles[s]
-        for g in groups:
-            special.update(g.items)
-        compute = self._base_kernel_total
-        for g in groups:
-            compute += g.delta
-
-        kdur = self._kdur
-        cpreds = self._cpreds
-        t_c = state[0]
-        for i in self._scan:
-            if i in special:
-                u = special[i]
-                if u is None:
-                    continue
-                r = t_c
-                for p in u.preds:
-                    e = end[p]
-                    if e > r:
-                        r = e
-                if r == _INF:
-                    state[0] = t_c
-                    attempt(u)  # registers it as waiting
-                    continue
-                t_c = r + u.dur
-                for m in u.members:
-                    end[m] = t_c
-                for m in u.members:
-                    if m in waiters:
-                        state[0] = t_c
-                        wake(u.members)
-                        t_c = state[0]
-                        break
-                continue
-            cp = cpreds[i]
-            if cp:
-                r = t_c
-                for p in cp:
-                    e = end[p]
-                    if e > r:
-                        r = e
-                if r == _INF:
-                    state[0] = t_c
-                    attempt(singles[i])
-                    continue
-                t_c = r + kdur[i]
+                if t_c >= limit:
+                    break
+                u = unit_of[heappop(rk)]
+                fin = t_c = t_c + dur[u]
+                done += 1
+                for s, c in succ[u]:
+                    w = unit_of[s]
+                    k = indeg[w] - c
+                    indeg[w] = k
+                    if fin > rt[w]:
+                        rt[w] = fin
+                    if not k:
+                        if coll[w]:
+                            heappush(tc, (rt[w], key[w]))
+                            r = tc[0][0]
+                            limit = r if r > t_m else t_m
+                        elif rt[w] <= fin:
+                            heappush(rk, key[w])
+                        else:
+                            heappush(tk, (rt[w], key[w]))
+            if not tc:
+                break
+            u = unit_of[heappop(tc)[1]]
+            fin = t_m = limit + dur[u]
+            done += 1
+            for s, c in succ[u]:
+                w = unit_of[s]
+                k = indeg[w] - c
+                indeg[w] = k
+                if fin > rt[w]:
+                    rt[w] = fin
+                if not k:
+                    if coll[w]:
+                        heappush(tc, (rt[w], key[w]))
+                    elif rt[w] <= t_c:
+                        heappush(rk, key[w])
+                    else:
+                        heappush(tk, (rt[w], key[w]))
+            if tc:
+                r = tc[0][0]
+                limit = r if r > t_m else t_m
             else:
-                t_c += kdur[i]
-            end[i] = t_c
-            if i in waiters:
-                state[0] = t_c
-                wake((i,))
-                t_c = state[0]
-        if waiters:
+                limit = _INF
+        if done != len(dur):
             raise _Deadlock()
-        t_m = state[1]
-        comm = 0.0
-        for c in colls:
-            comm += c.dur
-        return (t_c if t_c > t_m else t_m), compute, comm
+        return t_c if t_c > t_m else t_m
 
-    def _sweep(self, groups: list[_Unit], colls: list[_Unit], order: str,
-               labels: dict[int, str]) -> SimResult:
+    def _sweep(self, patch: _Patch, order: str, labels: dict[int, str]) -> SimResult:
         """The general sweep: any order, records the timeline and critical path."""
-        n = self._n
-        end = [_INF] * n
-        waiters: dict[int, list[_Unit]] = {}
-        heap: list[tuple[Any, int, _Unit]] = []
+        unit_of, indeg, dur, key, succ, coll, ready_k, ready_c = self._arrays(patch)
+        units = patch.mode.units + patch.new
+        if order == "topological":
+            prio = self._ranks(patch, unit_of, dur, succ)
+            key = [(-prio[u], key[u]) for u in range(len(dur))]
+        heappush, heappop = heapq.heappush, heapq.heappop
+        rk = [(key[u], u) for u in ready_k]
+        heapq.heapify(rk)
+        tc = [(0.0, key[u], u) for u in ready_c]
+        heapq.heapify(tc)
+        tk: list[tuple[float, Any, int]] = []
+        rt = [0.0] * len(dur)
+        arg = [-1] * len(dur)  # the event whose end set the unit's ready time
         nodes = self.graph.nodes
         events: list[Event] = []
-        binding: list[int] = []  # per event: the event that bound its start, or -1
-        node_event = [-1] * n
-        last = [-1, -1]  # last event index on compute / comm
-        state = [0.0, 0.0]
-        counter = [0]
-        prio = self._priorities(groups, colls) if order == "topological" else None
+        binding: list[int] = []
+        last = [-1, -1]
+        t_c = t_m = 0.0
+        done = len(patch.dead)
 
-        def key(u: _Unit) -> Any:
-            return prio[id(u)] if prio is not None else u.prio
-
-        def attempt(u: _Unit) -> bool:
-            r = 0.0
-            arg = -1
-            for p in u.preds:
-                e = end[p]
-                if e > r:
-                    r = e
-                    arg = p
-            if r == _INF:
-                for p in u.preds:
-                    if end[p] == _INF:
-                        waiters.setdefault(p, []).append(u)
-                        break
-                return False
-            k = 1 if u.is_coll else 0
-            free = state[k]
-            start = r if r > free else free
-            fin = start + u.dur
-            state[k] = fin
+        def place(u: int, start: float, free: float, k: int) -> float:
+            fin = start + dur[u]
             ei = len(events)
-            members = tuple(nodes[m].name for m in u.members)
-            events.append(Event(labels.get(id(u)) or u.name or members[0], "comm" if k else "compute",
-                                start, fin, members))
-            if arg >= 0 and r >= free:
-                binding.append(node_event[arg])
+            unit = units[u]
+            members = tuple(nodes[m].name for m in unit.members)
+            events.append(Event(labels.get(u) or unit.name, "comm" if k else "compute", start, fin, members))
+            if arg[u] >= 0 and rt[u] >= free:
+                binding.append(arg[u])
             else:
                 binding.append(last[k] if free > 0 else -1)
             last[k] = ei
-            for m in u.members:
-                end[m] = fin
-                node_event[m] = ei
-            return True
+            for s, c in succ[u]:
+                w = unit_of[s]
+                kk = indeg[w] - c
+                indeg[w] = kk
+                if fin > rt[w]:
+                    rt[w] = fin
+                    arg[w] = ei
+                if not kk:
+                    if coll[w]:
+                        heappush(tc, (rt[w], key[w], w))
+                    elif rt[w] <= (fin if not k else t_c):
+                        heappush(rk, (key[w], w))
+                    else:
+                        heappush(tk, (rt[w], key[w], w))
+            return fin
 
-        def run_unit(u: _Unit) -> None:
-            if not attempt(u):
-                return
-            pending: list[_Unit] = []
-            todo = [u.members]
-            while todo or pending or heap:
-                if todo:
-                    for m in todo.pop():
-                        for w in waiters.pop(m, ()):
-                            if w.is_coll:
-                                pending.append(w)
-                            else:
-                                counter[0] += 1
-                                heapq.heappush(heap, (key(w), counter[0], w))
+        while True:
+            while tk and tk[0][0] <= t_c:
+                _, kw, w = heappop(tk)
+                heappush(rk, (kw, w))
+            if rk:
+                nxt = t_c
+            elif tk:
+                nxt = tk[0][0]
+            else:
+                nxt = _INF
+            if tc:
+                r = tc[0][0]
+                if r < t_m:
+                    r = t_m
+                if r <= nxt:
+                    u = heappop(tc)[2]
+                    done += 1
+                    t_m = place(u, r, t_m, 1)
                     continue
-                w = pending.pop(0) if pending else heapq.heappop(heap)[2]
-                if attempt(w):
-                    todo.append(w.members)
-
-        for c in colls:  # register every collective before any can complete
-            if c.trigger >= 0:
-                waiters.setdefault(c.trigger, []).append(c)
-        for c in colls:
-            if c.trigger < 0:
-                run_unit(c)
-        special: dict[int, _Unit | None] = {}
-        for g in groups:
-            special.update(g.items)
-        units = [u for u in (special.get(i, self._singles[i]) for i in self._scan) if u is not None]
-        if prio is not None:
-            units.sort(key=key)
-        for u in units:
-            run_unit(u)
-        if waiters:
+            if nxt == _INF:
+                break
+            if not rk:
+                t_c = nxt
+                while tk and tk[0][0] <= t_c:
+                    _, kw, w = heappop(tk)
+                    heappush(rk, (kw, w))
+            u = heappop(rk)[1]
+            done += 1
+            free = t_c
+            t_c = t_c + dur[u]
+            place(u, free, free, 0)
+        if done != len(dur):
             raise _Deadlock()
-        t_c, t_m = state
         step = t_c if t_c > t_m else t_m
-        compute = self._base_kernel_total + sum(g.delta for g in groups)
-        comm = sum(c.dur for c in colls)
         path: list[str] = []
         if events:
             ei = max(range(len(events)), key=lambda k: (events[k].end, k))
@@ -676,47 +933,123 @@ class Simulator:
                 path.append(events[ei].name)
                 ei = binding[ei]
             path.reverse()
-        return SimResult(step_time=step, compute_time=compute, comm_time=comm,
-                         exposed_comm=max(0.0, step - compute), critical_path=tuple(path),
+        return SimResult(step_time=step, compute_time=patch.compute, comm_time=patch.comm,
+                         exposed_comm=max(0.0, step - patch.compute), critical_path=tuple(path),
                          timeline=tuple(events))
 
-    def _priorities(self, groups: list[_Unit], colls: list[_Unit]) -> dict[int, tuple[float, int]]:
-        """Per unit (by id): (-remaining path length, program position)."""
-        units, unit_of = self._contracted(groups, colls)
-        order = self._toposort(units, unit_of)
-        succ: list[set[int]] = [set() for _ in units]
+    def _ranks(self, patch: _Patch, unit_of: list[int], dur: list[float], succ: list) -> list[float]:
+        """Per unit: its time plus the longest chain of unit times after it."""
+        order = self._toposort(patch)
+        rank = [0.0] * len(dur)
+        for u in reversed(order):
+            best = 0.0
+            for s, _ in succ[u]:
+                v = rank[unit_of[s]]
+                if v > best:
+                    best = v
+            rank[u] = dur[u] + best
+        return rank
+
+    def _toposort(self, patch: _Patch) -> list[int]:
+        """Alive unit ids (base ids, then the patch's new units) in a topological order.
+
+        Raises:
+          ValueError: naming units on a cycle.
+        """
+        unit_of, indeg, dur, key, succ, coll, ready_k, ready_c = self._arrays(patch)
+        heap = [(key[u], u) for u in ready_k + ready_c]
+        heapq.heapify(heap)
+        order = []
+        while heap:
+            _, u = heapq.heappop(heap)
+            order.append(u)
+            for s, c in succ[u]:
+                w = unit_of[s]
+                indeg[w] -= c
+                if indeg[w] == 0:
+                    heapq.heappush(heap, (key[w], w))
+        if len(order) + len(patch.dead) != len(dur):
+            units = patch.mode.units + patch.new
+            names = self.graph.nodes
+            stuck = sorted({names[m].name for u in range(len(dur)) if indeg[u] > 0 for m in units[u].members})
+            raise ValueError(f"contracting the plan forms a cycle through {stuck[:6]}; "
+                             "check the plan with disco.plan_check.validate")
+        return order
+
+    def _contracted_levels(self, patch: _Patch) -> dict[int, int]:
+        """All-reduce levels on the graph with the plan's kernels contracted (all-reduces single)."""
+        mode = patch.mode
+        dead = set(patch.dead)
+        kernels = [u for ui, u in enumerate(mode.units) if ui not in dead and not u.is_coll]
+        kernels += [u for u in patch.new if not u.is_coll]
+        singles = [mode.units[mode.ar_unit[a]] for a in self._ars]
+        others = [u for u in mode.units if u.is_coll and u.members[0] not in self._ar_set]
+        units = kernels + singles + others
+        unit_of = [-1] * self._n
         for ui, u in enumerate(units):
-            for p in u.preds:
-                pu = unit_of[p]
-                if pu != ui:
-                    succ[pu].add(ui)
-        rank = [0.0] * len(units)
-        for ui in reversed(order):
-            rank[ui] = units[ui].dur + max((rank[s] for s in succ[ui]), default=0.0)
-        return {id(u): (-rank[ui], u.prio) for ui, u in enumerate(units)}
+            for m in u.members:
+                unit_of[m] = ui
+        indeg = [u.indeg for u in units]
+        heap = [(u.prio, ui) for ui, u in enumerate(units) if u.indeg == 0]
+        heapq.heapify(heap)
+        lvl = [0] * len(units)
+        ar = self._ar_set
+        while heap:
+            _, ui = heapq.heappop(heap)
+            u = units[ui]
+            up = lvl[ui] + (1 if u.is_coll and u.members[0] in ar else 0)
+            for s, c in u.succ:
+                w = unit_of[s]
+                if up > lvl[w]:
+                    lvl[w] = up
+                indeg[w] -= c
+                if indeg[w] == 0:
+                    heapq.heappush(heap, (units[w].prio, w))
+        return {a: lvl[unit_of[a]] for a in self._ars}
+
+    def _labels(self, plan: FusionPlan, patch: _Patch) -> dict[int, str]:
+        labels: dict[int, str] = {}
+        nb = len(patch.mode.dur)
+        gindex = {names: gi for gi, names in enumerate(plan.groups)}
+        combined = 0
+        bucket_index = {id(u): bi for bi, u in enumerate(patch.buckets or ())}
+        for k, u in enumerate(patch.new):
+            if u.groups:
+                labels[nb + k] = f"fusion.{min(gindex[g] for g in u.groups)}"
+            elif u.is_coll:
+                if patch.buckets is None:
+                    labels[nb + k] = f"combined.{combined}"
+                    combined += 1
+                else:
+                    labels[nb + k] = f"bucket.{bucket_index[id(u)]}"
+        if patch.buckets is not None:  # single-member buckets keep their base unit
+            for bi, u in enumerate(patch.buckets):
+                if len(u.members) == 1:
+                    labels[patch.mode.ar_unit[u.members[0]]] = f"bucket.{bi}"
+        return labels
 
     def _simulate(self, plan: FusionPlan, order: str, record: bool) -> SimResult:
         if order not in ORDERS:
             raise ValueError(f"order: expected one of {', '.join(ORDERS)}, got {order!r}")
-        groups, colls = self._prepare(plan)
-        attempts = [colls]
-        if plan.buckets is None and groups and self._ars:
-            # If one combined bucket deadlocks against the groups: one bucket per level of the
-            # graph with the groups contracted.
-            attempts.append(None)
-        for cs in attempts:
-            if cs is None:
-                cs = self._combiner_buckets(groups) + self._other_colls
+        patch = self._patch(plan)
+        for attempt in range(2):
             try:
                 if record or order != "program":
-                    return self._sweep(groups, cs, order, self._labels(plan, groups, cs))
-                step, compute, comm = self._fast(groups, cs)
-                return SimResult(step_time=step, compute_time=compute, comm_time=comm,
-                                 exposed_comm=max(0.0, step - compute))
+                    return self._sweep(patch, order, self._labels(plan, patch))
+                step = self._fast(patch)
+                return SimResult(step_time=step, compute_time=patch.compute, comm_time=patch.comm,
+                                 exposed_comm=max(0.0, step - patch.compute))
             except _Deadlock:
-                continue
-        units, unit_of = self._contracted(groups, colls)
-        self._toposort(units, unit_of)  # raises ValueError naming the cycle
+                if attempt or plan.buckets is not None or not plan.groups or not self._ars:
+                    break
+                # One combined bucket deadlocks against the groups: one bucket per level of the
+                # graph with the plan's kernels contracted.
+                try:
+                    levels = self._contracted_levels(patch)
+                except (IndexError, KeyError):  # pragma: no cover
+                    break
+                patch = self._patch(plan, levels)
+        self._toposort(patch)  # raises ValueError naming the cycle
         raise RuntimeError("simulation deadlocked on an acyclic plan; this is a bug in disco.simulator")
 
     # -- public API --------------------------------------------------------------------------------
@@ -752,15 +1085,33 @@ class Simulator:
         """
         return self._simulate(plan, order, record=False)
 
+    def fusions(self, plan: FusionPlan) -> list[tuple[str, ...]]:
+        """The compute kernels ``plan`` compiles to (instruction names per kernel), program order.
+
+        With ``xla_fusion="extend"`` this is the emulation of XLA's loop fusion around the
+        plan's groups; with ``"off"`` the planned groups and one kernel per other op.
+
+        Raises:
+          ValueError: as ``run``.
+        """
+        patch = self._patch(plan)
+        names = self.graph.nodes
+        return [tuple(names[m].name for m in u.members)
+                for u in sorted(self._all_units(patch), key=lambda u: u.prio) if not u.is_coll]
+
     def lower_bound(self) -> float:
         """See :func:`lower_bound`."""
-        from disco.plan import FUSIBLE_OPCODES
-
         nodes = self.graph.nodes
-        compute = sum(self._kdur[i] for i in self._scan if nodes[i].opcode not in FUSIBLE_OPCODES)
+        gk = self.kernels
+        speed = self.cluster.compute_speed
+        compute = sum(self.costs.kernel_time(gk.kernel((i,))) / speed for i in range(self._n)
+                      if self._kind[i] == _KERNEL and nodes[i].opcode not in FUSIBLE_OPCODES
+                      and nodes[i].opcode not in XLA_LOOP_OPCODES)
         ar_bytes = sum(self._cbytes[a] for a in self._ars)
         comm = (self.costs.collective_time("all-reduce", ar_bytes, self.cluster) if self._ars else 0.0)
-        comm += sum(c.dur for c in self._other_colls)
+        mode = self._modes["extend"]
+        comm += sum(mode.dur[ui] for ui, u in enumerate(mode.units)
+                    if u.is_coll and u.members[0] not in self._ar_set)
         return max(compute, comm)
 
 
@@ -793,7 +1144,8 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
     ``max(compute, comm)`` where
 
     - ``compute`` is the summed unfused kernel time of the compute ops that no plan can fuse
-      (opcodes outside ``disco.plan.FUSIBLE_OPCODES``, always kernels of one), divided by
+      (opcodes outside ``disco.plan.FUSIBLE_OPCODES`` and ``XLA_LOOP_OPCODES``, always kernels
+      of one in both fusion modes), divided by
       ``cluster.compute_speed``; fusible ops are counted as free, since fusion may hide them.
     - ``comm`` is one all-reduce of all all-reduce bytes together (any bucketing costs at least
       this, as the alpha-beta cost is affine in bytes with a non-negative intercept) plus the

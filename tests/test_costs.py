@@ -40,6 +40,19 @@ def test_kernel_bytes_count_outside_inputs_and_outputs():
     assert kernel_key(ab.nodes) == ab.key() == "add:f32[100]|exponential:f32[100]"
 
 
+def test_inlined_producers_are_read_through_and_never_written():
+    gk = GraphKernels(_graph())
+    # b with a inlined (a duplicated into b's kernel): reads p and c, writes only b.
+    k = gk.kernel([3], inlined=[2])
+    assert [n.name for n in k.nodes] == ["a", "b"]
+    assert (k.in_bytes, k.out_bytes) == (404, 400)
+    # a with b inlined: b feeds the dot outside, so b's value leaks and a's result is needed.
+    k = gk.kernel([2], inlined=[3])
+    assert (k.in_bytes, k.out_bytes) == (404, 400)
+    with pytest.raises(ValueError, match=r"kernel: node indices \[7\] are outside the graph of 5 nodes"):
+        gk.kernel([2], inlined=[7])
+
+
 def test_analytic_roofline_and_fusion_saves():
     gk = GraphKernels(_graph())
     # a: max(100/100, 800/400) + 0.5 = 2.5 ; b: max(1, 804/400) + 0.5 = 2.51 ; a+b: max(2, 804/400) + 0.5

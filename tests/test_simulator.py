@@ -46,6 +46,7 @@ class FixedCosts(CostModel):
 
 
 CLUSTER = preset("local")
+OFF = FusionPlan(xla_fusion="off")  # only planned fusions: every other op is a kernel of one
 
 
 def graph_of(spec: list[tuple]) -> HloGraph:
@@ -78,7 +79,7 @@ def spans(result: SimResult) -> dict[str, tuple[str, float, float]]:
 # -- hand-computed timelines ----------------------------------------------------------------------
 def test_chain():
     g = graph_of([("p", "parameter", []), ("a", "dot", ["p"]), ("b", "add", ["a"]), ("c", "exponential", ["b"])])
-    r = run_both(g, FusionPlan(), FixedCosts({"a": 1, "b": 2, "c": 3}))
+    r = run_both(g, OFF, FixedCosts({"a": 1, "b": 2, "c": 3}))
     assert spans(r) == {"a": ("compute", 0, 1), "b": ("compute", 1, 3), "c": ("compute", 3, 6)}
     assert (r.step_time, r.compute_time, r.comm_time, r.exposed_comm) == (6, 6, 0, 0)
     assert r.critical_path == ("a", "b", "c")
@@ -96,7 +97,7 @@ def test_chain_fused_group_replaces_its_members():
 def test_diamond():
     g = graph_of([("p", "parameter", []), ("a", "dot", ["p"]), ("b", "add", ["a"]), ("c", "multiply", ["a"]),
                   ("d", "add", ["b", "c"])])
-    r = run_both(g, FusionPlan(), FixedCosts({"a": 1, "b": 2, "c": 3, "d": 4}))
+    r = run_both(g, OFF, FixedCosts({"a": 1, "b": 2, "c": 3, "d": 4}))
     assert spans(r) == {"a": ("compute", 0, 1), "b": ("compute", 1, 3), "c": ("compute", 3, 6),
                         "d": ("compute", 6, 10)}
     assert r.step_time == 10
@@ -113,15 +114,24 @@ def test_comm_overlaps_later_compute():
     assert (r.step_time, r.compute_time, r.comm_time, r.exposed_comm) == (7, 7, 3, 0)
 
 
-def test_kernel_waiting_on_collective_blocks_the_stream():
-    # u1 needs ar1 (ends 4); k2, after u1 in program order, cannot run ahead of it.
+def test_kernel_waiting_on_collective_does_not_block_the_stream():
+    # u1 needs ar1 (ends 4); k2, after u1 in program order but ready, runs while u1 waits.
     g = graph_of([("p", "parameter", []), ("k1", "dot", ["p"]), ("ar1", "all-reduce", ["k1"], 2),
                   ("u1", "add", ["ar1"]), ("k2", "dot", ["p"])])
     r = run_both(g, make_plan(buckets=[["ar1"]]), FixedCosts({"k1": 1, "u1": 1, "k2": 2}))
-    assert spans(r) == {"k1": ("compute", 0, 1), "bucket.0": ("comm", 1, 4), "u1": ("compute", 4, 5),
-                        "k2": ("compute", 5, 7)}
-    assert (r.step_time, r.exposed_comm) == (7, 3)
-    assert r.critical_path == ("k1", "bucket.0", "u1", "k2")
+    assert spans(r) == {"k1": ("compute", 0, 1), "bucket.0": ("comm", 1, 4), "k2": ("compute", 1, 3),
+                        "u1": ("compute", 4, 5)}
+    assert (r.step_time, r.exposed_comm) == (5, 1)
+    assert r.critical_path == ("k1", "bucket.0", "u1")
+
+
+def test_ready_kernels_run_in_program_order_when_several_are_ready():
+    # At t=4 both u1 (position 3, ready at 4) and k3 (position 5, ready since 3) are ready: u1 first.
+    g = graph_of([("p", "parameter", []), ("k1", "dot", ["p"]), ("ar1", "all-reduce", ["k1"], 2),
+                  ("u1", "add", ["ar1"]), ("k2", "dot", ["p"]), ("k3", "dot", ["p"])])
+    r = run_both(g, make_plan(buckets=[["ar1"]]), FixedCosts({"k1": 1, "u1": 1, "k2": 3, "k3": 1}))
+    assert spans(r) == {"k1": ("compute", 0, 1), "bucket.0": ("comm", 1, 4), "k2": ("compute", 1, 4),
+                        "u1": ("compute", 4, 5), "k3": ("compute", 5, 6)}
 
 
 GRADS = [("p", "parameter", []), ("k1", "multiply", ["p"]), ("ar1", "all-reduce", ["k1"], 1),
@@ -179,9 +189,58 @@ def test_zero_cost_ops_take_no_time_and_pass_dependencies():
                   ("t", "tuple", ["ar"]), ("gte", "get-tuple-element", ["t"]), ("u", "add", ["gte"]),
                   ("c", "constant", []), ("v", "multiply", ["c", "p"])])
     r = run_both(g, FusionPlan(), FixedCosts({"k": 1, "u": 1, "v": 1}))
-    # u waits for the all-reduce through the tuple; v, later in program order, waits behind u.
-    assert spans(r) == {"k": ("compute", 0, 1), "combined.0": ("comm", 1, 4), "u": ("compute", 4, 5),
-                        "v": ("compute", 5, 6)}
+    # u waits for the all-reduce through the tuple; v, later in program order, runs meanwhile.
+    assert spans(r) == {"k": ("compute", 0, 1), "combined.0": ("comm", 1, 4), "v": ("compute", 1, 2),
+                        "u": ("compute", 4, 5)}
+
+
+# -- XLA's fusion (xla_fusion="extend") ------------------------------------------------------------
+def test_extend_fuses_elementwise_chains_into_their_consumers():
+    # b -> c -> d (single users) fuse into d's fusion; the dot stays a kernel of its own.
+    g = graph_of([("p", "parameter", []), ("a", "dot", ["p"]), ("b", "add", ["a"]), ("c", "exponential", ["b"]),
+                  ("d", "multiply", ["c", "p"])])
+    costs = FixedCosts({"a": 1, "b": 2, "c": 3, "d": 1}, {frozenset({"b", "c", "d"}): 2.5})
+    r = run_both(g, FusionPlan(), costs)
+    assert spans(r) == {"a": ("compute", 0, 1), "xla_fusion(d)": ("compute", 1, 3.5)}
+    assert r.timeline[1].members == ("b", "c", "d")
+    assert Simulator(g, costs, CLUSTER).fusions(FusionPlan()) == [("a",), ("b", "c", "d")]
+    assert run_both(g, OFF, costs).step_time == 7
+
+
+def test_extend_keeps_producers_with_users_in_different_fusions_and_outputs():
+    # b feeds a dot and c: it roots its own kernel; c is a step output (tuple): not fused into anything.
+    g = graph_of([("p", "parameter", []), ("a", "negate", ["p"]), ("b", "add", ["a"]), ("c", "tanh", ["b"]),
+                  ("d", "dot", ["b"]), ("t", "tuple", ["c", "d"])])
+    sim = Simulator(g, FixedCosts({}), CLUSTER)
+    assert sim.fusions(FusionPlan()) == [("a", "b"), ("c",), ("d",)]
+
+
+def test_extend_duplicates_broadcasts_into_every_consumer():
+    # The broadcast's users are both elementwise: it is inlined into both (no kernel of its own);
+    # each consumer reads the broadcast's input (4 bytes), never the broadcast's 64 bytes.
+    g = graph_of([("p", "parameter", [], 64), ("s", "parameter", [], 4), ("bc", "broadcast", ["s"], 64),
+                  ("x", "add", ["p", "bc"], 64), ("y", "dot", ["x"], 64), ("z", "multiply", ["y", "bc"], 64)])
+    costs = AnalyticCosts()
+    sim = Simulator(g, costs, CLUSTER)
+    assert sim.fusions(FusionPlan()) == [("x",), ("y",), ("z",)]
+    r = sim.run(FusionPlan())
+    x_time = costs.kernel_time(Kernel(nodes=(g.nodes[2], g.nodes[3]), in_bytes=64 + 4, out_bytes=64))
+    assert spans(r)["x"] == ("compute", 0, x_time)
+    assert len(Simulator(g, costs, CLUSTER).fusions(OFF)) == 4  # "off": the broadcast is a kernel
+
+
+def test_extend_grows_planned_groups():
+    # Plan {b, c}; XLA fuses a into it (a's only user is in the group) and the group into d.
+    g = graph_of([("p", "parameter", []), ("a", "negate", ["p"]), ("b", "add", ["a"]), ("c", "exponential", ["b"]),
+                  ("d", "multiply", ["c"]), ("e", "dot", ["d"])])
+    costs = FixedCosts({"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}, {frozenset({"a", "b", "c", "d"}): 1.5})
+    sim = Simulator(g, costs, CLUSTER)
+    plan = make_plan([["b", "c"]])
+    assert sim.fusions(plan) == [("a", "b", "c", "d"), ("e",)]
+    r = run_both(g, plan, costs)
+    assert spans(r) == {"fusion.0": ("compute", 0, 1.5), "e": ("compute", 1.5, 2.5)}
+    off = run_both(g, make_plan([["b", "c"]], xla_fusion="off"), costs)
+    assert [e.name for e in off.timeline] == ["a", "fusion.0", "d", "e"]
 
 
 def test_topological_order_runs_the_critical_path_first():
