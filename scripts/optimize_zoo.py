@@ -1,0 +1,77 @@
+"""Runs ``disco optimize`` on every zoo model and writes one markdown table (issue 6's benchmark).
+
+    python scripts/optimize_zoo.py --preset small --devices 8 --budget 30 [--cluster FILE] \
+        [--models a,b] [--out results.json]
+
+Each model is optimised in its own process (``disco optimize --json``): simulated search, then
+the top plans measured for real, interleaved with xla_default, per_tensor, horovod and ddp. The
+table reports, per model, every measured plan's median (min-max) and the geometric mean over the
+zoo of the chosen plan's measured speedup over xla_default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=30)
+    ap.add_argument("--cluster")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--models", default="")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import trax_models
+
+    models = [m for m in args.models.split(",") if m] or trax_models.names()
+    results = {}
+    for m in models:
+        cmd = [sys.executable, "-m", "disco", "optimize", "--model", m, "--preset", args.preset,
+               "--devices", str(args.devices), "--budget", str(args.budget), "--rounds", str(args.rounds),
+               "--json"]
+        if args.cluster:
+            cmd += ["--cluster", args.cluster]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{m}: failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            continue
+        results[m] = json.loads(r.stdout)
+        results[m]["wall_s"] = time.perf_counter() - t0
+        print(f"{m}: {results[m]['verdict']} ({results[m]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    speedups = []
+    print("| model | plan | predicted ms | measured ms median (min-max) | vs xla_default |")
+    print("|---|---|---|---|---|")
+    for m, res in results.items():
+        base = next(r for r in res["rows"] if r["name"] == "xla_default")["measured_median_ms"]
+        for row in res["rows"]:
+            if row["measured_median_ms"] is None:
+                continue
+            mark = " (chosen)" if row["name"] == res["chosen"] else ""
+            print(f"| {m} | {row['name']}{mark} | {row['predicted_ms']:.3f} | {row['measured_median_ms']:.2f} "
+                  f"({row['measured_min_ms']:.2f}-{row['measured_max_ms']:.2f}) | "
+                  f"{base / row['measured_median_ms']:.3f}x |")
+        chosen = next(r for r in res["rows"] if r["name"] == res["chosen"])
+        speedups.append(base / chosen["measured_median_ms"])
+    if speedups:
+        gm = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        print(f"\nGeometric mean measured speedup of the chosen plan over xla_default: {gm:.3f}x "
+              f"over {len(speedups)} models")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
