@@ -61,7 +61,7 @@ def main(argv=None) -> int:
 
             with open(name, encoding="utf-8") as f:
                 plan = FusionPlan.from_json(f.read())
-            plans[plan.name or name] = plan.validate(graph)
+            plans[f"disco:{plan.name or name}"] = plan.validate(graph)
         else:
             plans[name] = baselines.make(name, graph)
     results = bench.run_bench(step, example, plans, rounds=spec["rounds"], steps=spec["steps"])
