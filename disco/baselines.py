@@ -89,7 +89,7 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     elif name == "horovod":
         mb = float(kw.pop("threshold_mb", 64))
         plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: int(mb * MB), build=build),
-                          name=f"horovod" if mb == 64 else f"horovod_{mb:g}mb")
+                          name="horovod" if mb == 64 else f"horovod_{mb:g}mb")
     elif name == "ddp":
         cap, first = float(kw.pop("cap_mb", 25)), float(kw.pop("first_mb", 1))
         plan = FusionPlan(buckets=_greedy(reverse_parameter_order(graph),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import hypothesis.strategies as st
 import networkx as nx
@@ -10,7 +9,7 @@ import pytest
 from hypothesis import event, given, settings
 
 from disco.graph import HloGraph, Node
-from disco.plan import Bucket, FusionPlan, make_plan
+from disco.plan import FusionPlan, make_plan
 
 
 def node(name, opcode="add", comp="c", **kw):
