@@ -63,3 +63,25 @@ def labelled_images(
     images = rng.standard_normal((batch, size, size, channels), dtype=np.float32)
     labels = rng.integers(0, num_classes, size=(batch,)).astype(np.int32)
     return {"images": images, "labels": labels}
+
+
+def image_classification_task(model: Any, config: Any) -> Task:
+    """Classification of random images with fixed random labels, for any image model.
+
+    ``config`` needs ``image_size``, ``channels`` and ``num_classes``.
+    """
+
+    def init(key: jax.Array):
+        shape = (1, config.image_size, config.image_size, config.channels)
+        return model.init(key, np.zeros(shape, np.float32))
+
+    def loss(params, batch):
+        return cross_entropy(model.apply(params, batch["images"]), batch["labels"])
+
+    def make_batch(rng: np.random.Generator, global_batch: int):
+        return labelled_images(
+            rng, batch=global_batch, size=config.image_size,
+            channels=config.channels, num_classes=config.num_classes,
+        )
+
+    return Task(init=init, loss=loss, make_batch=make_batch)

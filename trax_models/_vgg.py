@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import numpy as np
 
 from trax_models._configs import VGGConfig
-from trax_models._task import Task, cross_entropy, labelled_images
+from trax_models._task import Task, image_classification_task
 
 
 class VGG(nn.Module):
@@ -31,19 +30,4 @@ class VGG(nn.Module):
 
 def task(config: VGGConfig) -> Task:
     """Image classification of random images with fixed random labels."""
-    model = VGG(config=config)
-
-    def init(key: jax.Array):
-        shape = (1, config.image_size, config.image_size, config.channels)
-        return model.init(key, np.zeros(shape, np.float32))
-
-    def loss(params, batch):
-        return cross_entropy(model.apply(params, batch["images"]), batch["labels"])
-
-    def make_batch(rng: np.random.Generator, global_batch: int):
-        return labelled_images(
-            rng, batch=global_batch, size=config.image_size,
-            channels=config.channels, num_classes=config.num_classes,
-        )
-
-    return Task(init=init, loss=loss, make_batch=make_batch)
+    return image_classification_task(VGG(config=config), config)
