@@ -2,7 +2,7 @@
 
 Run it for development with ``disco serve`` (127.0.0.1:8000), in production with::
 
-    gunicorn -w 2 -b 127.0.0.1:8000 'service:create_app()'
+    gunicorn -w 2 --threads 4 -b 127.0.0.1:8000 'service:create_app()'
 
 (``DISCO_SERVICE_DB`` and ``DISCO_SERVICE_TOKEN`` in the environment set the database
 path and the bearer token for the write endpoints when the app is created without a

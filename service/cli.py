@@ -2,7 +2,7 @@
 
 For production use gunicorn instead::
 
-    gunicorn -w 2 -b 127.0.0.1:8000 'service:create_app()'
+    gunicorn -w 2 --threads 4 -b 127.0.0.1:8000 'service:create_app()'
 
 with ``DISCO_SERVICE_DB`` / ``DISCO_SERVICE_TOKEN`` in the environment for the
 database path and the write token.
