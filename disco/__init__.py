@@ -21,10 +21,16 @@ _EXPORTS = {
     "FusionPlan": "disco.plan",
     "Bucket": "disco.plan",
     "make_plan": "disco.plan",
+    "optimize": "disco.optimizer",
+    "OptimizeResult": "disco.optimizer",
+    "simulate": "disco.simulator",
+    "lower_bound": "disco.simulator",
+    "ClusterSpec": "disco.cluster",
 }
 
 
-_SUBMODULES = {"baselines", "bench", "random_plans", "plan_check", "costs", "simulator", "cluster"}
+_SUBMODULES = {"baselines", "bench", "random_plans", "plan_check", "costs", "simulator", "cluster", "moves",
+               "search", "optimizer", "collectives", "calibrate"}
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ import pytest
 
 import trax_models
 import xla_hooks
-from disco import optimize as opt
+from disco import optimizer as opt
 from disco.plan import FusionPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,3 +93,10 @@ def test_cli_rejects_an_unknown_cluster():
     from disco import cli
 
     assert cli.main(["optimize", "--model", "mlp", "--cluster", "moon-base"]) == 2
+
+
+def test_public_api_names_the_function():
+    import disco
+
+    assert disco.optimize is opt.optimize  # disco.optimize(step, *args, ...) as the issue specifies
+    assert disco.OptimizeResult is opt.OptimizeResult

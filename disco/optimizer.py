@@ -13,7 +13,7 @@
 Example::
 
     step, args = trax_models.make_train_step("mlp", "small", devices=8)
-    result = disco.optimize.optimize(step, *args, budget_s=30)
+    result = disco.optimize(step, *args, budget_s=30)
     print(result.verdict)
     fast_step = xla_hooks.apply(result.plan, step, *args)
 """
