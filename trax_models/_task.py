@@ -85,3 +85,25 @@ def image_classification_task(model: Any, config: Any) -> Task:
         )
 
     return Task(init=init, loss=loss, make_batch=make_batch)
+
+
+def next_token_task(model: Any, config: Any) -> Task:
+    """Next-token prediction on arithmetic-progression token sequences, for any language model.
+
+    ``config`` needs ``seq_len`` and ``vocab_size``.
+    """
+
+    def init(key: jax.Array):
+        return model.init(key, np.zeros((1, config.seq_len), np.int32))
+
+    def loss(params, batch):
+        return cross_entropy(model.apply(params, batch["inputs"]), batch["targets"])
+
+    def make_batch(rng: np.random.Generator, global_batch: int):
+        seq = progression_tokens(
+            rng, batch=global_batch, length=config.seq_len + 1,
+            vocab_size=config.vocab_size,
+        )
+        return {"inputs": seq[:, :-1], "targets": seq[:, 1:]}
+
+    return Task(init=init, loss=loss, make_batch=make_batch)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import numpy as np
 
 from trax_models._configs import TransformerLMConfig
-from trax_models._task import Task, cross_entropy, progression_tokens
+from trax_models._task import Task, next_token_task
 from trax_models._transformer_layers import EncoderBlock, Embedding, causal_mask
 
 
@@ -30,19 +29,4 @@ class TransformerLM(nn.Module):
 
 def task(config: TransformerLMConfig) -> Task:
     """Next-token prediction on arithmetic-progression token sequences."""
-    model = TransformerLM(config=config)
-
-    def init(key: jax.Array):
-        return model.init(key, np.zeros((1, config.seq_len), np.int32))
-
-    def loss(params, batch):
-        return cross_entropy(model.apply(params, batch["inputs"]), batch["targets"])
-
-    def make_batch(rng: np.random.Generator, global_batch: int):
-        seq = progression_tokens(
-            rng, batch=global_batch, length=config.seq_len + 1,
-            vocab_size=config.vocab_size,
-        )
-        return {"inputs": seq[:, :-1], "targets": seq[:, 1:]}
-
-    return Task(init=init, loss=loss, make_batch=make_batch)
+    return next_token_task(TransformerLM(config=config), config)
