@@ -7,7 +7,7 @@ PRESET ?= small
 DEVICES ?= 8
 BUDGET ?= 30
 
-.PHONY: run test install install-test clean
+.PHONY: run test test-trax install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -30,6 +30,15 @@ run: install
 
 test: install-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+$(VENV)/.installed-trax: $(VENV)/.installed-test
+	$(BIN)/python -m pip install --quiet -e '.[trax]'
+	touch $@
+
+# The real-trax path: installs the trax extra (trax 1.4.1 pulls TensorFlow, ~3 GB) and runs
+# the tests marked `trax`, which include `disco optimize --trax-model` on a tiny TransformerLM.
+test-trax: $(VENV)/.installed-trax
+	$(BIN)/python -m pytest -m trax tests/test_trax_layer.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -37,11 +37,51 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="tiny | small | paper (default tiny)")
     p.add_argument("--devices", type=int, default=4, help="data-parallel devices (default 4)")
     p.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd (default adamw)")
+    g = p.add_argument_group("real trax models (pip install -e '.[trax]'; instead of --model/--preset)")
+    g.add_argument("--trax-model", metavar="PATH", default=None,
+                   help="a trax layer constructor, e.g. trax.models.TransformerLM")
+    g.add_argument("--trax-kwargs", metavar="JSON", default=None,
+                   help='its keyword arguments, e.g. \'{"vocab_size": 256, "d_model": 64}\'')
+    g.add_argument("--trax-task", default="lm", choices=("lm", "classify"),
+                   help="lm: next-token loss on token sequences (needs vocab_size); "
+                        "classify: random inputs of --trax-input-shape with random labels")
+    g.add_argument("--trax-length", type=int, default=16, help="sequence length for lm (default 16)")
+    g.add_argument("--trax-input-shape", default=None, metavar="D,D,...",
+                   help="one example's shape for classify, e.g. 32,32,3")
+    g.add_argument("--trax-batch", type=int, default=2, help="examples per device (default 2)")
+
+
+def model_label(args: argparse.Namespace) -> dict[str, Any]:
+    """What the step was built from, for tables and JSON: the zoo model and preset, or the trax layer."""
+    if getattr(args, "trax_model", None):
+        return {"model": args.trax_model, "preset": "trax", "devices": args.devices}
+    return {"model": args.model, "preset": args.preset, "devices": args.devices}
+
+
+def _make_trax_step(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import trax_models
+
+    shape = None
+    if args.trax_input_shape:
+        try:
+            shape = tuple(int(d) for d in args.trax_input_shape.split(","))
+        except ValueError:
+            raise CliError(f"--trax-input-shape {args.trax_input_shape!r} is not a comma list of "
+                           "integers; expected e.g. 32,32,3") from None
+    _setup_devices(args.devices)
+    try:
+        return trax_models.make_trax_train_step(
+            args.trax_model, args.trax_kwargs, task=args.trax_task, batch_per_device=args.trax_batch,
+            length=args.trax_length, input_shape=shape, devices=args.devices, optimizer=args.optimizer)
+    except (ImportError, ValueError) as e:
+        raise CliError(str(e)) from None
 
 
 def _make_step(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     import trax_models
 
+    if getattr(args, "trax_model", None):
+        return _make_trax_step(args)
     if args.model not in trax_models.names():
         raise CliError(f"unknown model {args.model!r}; expected one of: {', '.join(trax_models.names())}")
     if args.preset not in trax_models.presets():
@@ -89,7 +129,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
         lowered = extractor.lower(step, *example)
         text = lowered.as_text(dialect="hlo", debug_info=True)
         optimized_text = lowered.compile().as_text() if args.optimized else None
-        source = {"model": args.model, "preset": args.preset, "devices": args.devices}
+        source = model_label(args)
     graph = HloGraph.from_hlo_text(optimized_text if optimized_text is not None else text)
     elapsed = time.perf_counter() - t0
     if args.dump:
@@ -167,6 +207,9 @@ def cmd_bench_processes(args: argparse.Namespace) -> int:
 
     from disco import multiprocess
 
+    if args.trax_model:
+        raise CliError("--processes runs zoo models only (each worker rebuilds the step by name); "
+                       "drop --trax-model or --processes")
     names = tuple(p.strip() for p in args.plans.split(",") if p.strip())
     if "xla_default" not in names:
         names = ("xla_default",) + names
@@ -216,7 +259,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                   progress=lambda msg: prog.update(task, advance=1, description=msg))
     base = next(r for r in results if r.name == "xla_default").measurement.median
     rows = [r.to_dict(base) for r in results]
-    info = {"model": args.model, "preset": args.preset, "devices": args.devices,
+    info = {**model_label(args),
             "rounds": args.rounds, "steps_per_round": args.steps, "fingerprint": graph.fingerprint,
             "device_kind": _device_kind()}
     if args.json:
@@ -224,7 +267,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    t = Table(title=f"disco bench {args.model}/{args.preset} on {args.devices} devices "
+    t = Table(title=f"disco bench {info['model']}/{info['preset']} on {args.devices} devices "
                     f"({info['device_kind']}, measured, {args.rounds} rounds x {args.steps} steps)")
     for col in ("plan", "median ms", "min ms", "max ms", "vs xla_default", "compile s", "fusions",
                 "all-reduces", "applied"):
@@ -296,7 +339,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         r = sim.run(plan)
         rows.append({"plan": name, **{f"{k}_ms": round(v * 1e3, 4) for k, v in r.summary().items()}})
     lb = sim.lower_bound()
-    out = {"model": args.model, "preset": args.preset, "devices": args.devices, "cluster": spec.name,
+    out = {**model_label(args), "cluster": spec.name,
            "cost_model": cm.name, "simulated": True, "lower_bound_ms": round(lb * 1e3, 4), "results": rows}
     if args.json:
         _print_json(out)
@@ -304,7 +347,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"simulated (cost model {cm.name}, cluster {spec.name}): {args.model}/{args.preset}, "
+    t = Table(title=f"simulated (cost model {cm.name}, cluster {spec.name}): {out['model']}/{out['preset']}, "
                     f"lower bound {lb * 1e3:.3f} ms")
     cols = list(rows[0].keys())
     for c in cols:

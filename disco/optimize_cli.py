@@ -1,4 +1,4 @@
-"""``disco optimize``: search plans for a zoo model, measure the best, print the verdict.
+"""``disco optimize``: search plans for a zoo or real trax model, measure the best, print the verdict.
 
 Registered by :func:`add_parser` from ``disco.cli.build_parser``. Nothing heavy is
 imported until the command runs (``disco --help`` must not import jax).
@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from disco.cli import CliError, _add_model_args, _make_step, _print_json
+from disco.cli import CliError, _add_model_args, _make_step, _print_json, model_label
 
 STRATEGIES = ("best_first", "annealing", "greedy")
 
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                           measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds,
                           steps=args.steps, progress=progress)
     _write_outputs(args, result)
-    info = {"model": args.model, "preset": args.preset, "devices": args.devices, "device_kind": _device_kind()}
+    info = {**model_label(args), "device_kind": _device_kind()}
     if args.json:
         d = result.to_dict()
         d.pop("chrome_trace")

@@ -18,10 +18,13 @@ from trax_models._train_state import TrainState
 
 if TYPE_CHECKING:
     from trax_models._info import ModelInfo, model_info
-    from trax_models._train_step import make_train_step
+    from trax_models._train_step import build_train_step, make_train_step
+    from trax_models._trax_layer import make_trax_train_step
 
 _LAZY = {
     "make_train_step": "trax_models._train_step",
+    "build_train_step": "trax_models._train_step",
+    "make_trax_train_step": "trax_models._trax_layer",
     "model_info": "trax_models._info",
     "ModelInfo": "trax_models._info",
 }
@@ -30,8 +33,10 @@ __all__ = [
     "PRESETS",
     "ModelInfo",
     "TrainState",
+    "build_train_step",
     "config",
     "make_train_step",
+    "make_trax_train_step",
     "model_info",
     "names",
     "presets",

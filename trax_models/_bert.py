@@ -8,7 +8,7 @@ import numpy as np
 
 from trax_models._configs import BertConfig
 from trax_models._task import Task, cross_entropy, progression_tokens
-from trax_models._transformer_layers import EncoderBlock, Embedding
+from trax_models._transformer_layers import Embedding, EncoderBlock
 
 MASK_TOKEN = 0
 

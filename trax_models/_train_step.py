@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from trax_models import _registry
 from trax_models._optimizers import make_optimizer
+from trax_models._task import Task
 from trax_models._train_state import TrainState
 
 AXIS = "dp"
@@ -93,9 +94,44 @@ def make_train_step(
     config = _registry.config(name, preset)
     _registry.check_optimizer(optimizer)
     devices = check_devices(devices)
-    global_batch = config.batch_for(devices)
-
     task = _registry.model_module(name).task(config)
+    return build_train_step(
+        task, config.batch_for(devices), devices=devices, optimizer=optimizer,
+        seed=seed, learning_rate=learning_rate, abstract=abstract,
+        name=f"{name}_{preset}_train_step",
+    )
+
+
+def build_train_step(
+    task: Task,
+    global_batch: int,
+    *,
+    devices: int,
+    optimizer: str = "adamw",
+    seed: int = 0,
+    learning_rate: float | None = None,
+    abstract: bool = False,
+    name: str = "train_step",
+) -> tuple[StepFn, tuple[TrainState, dict[str, jax.Array]]]:
+    """The data-parallel training step of any :class:`Task` (what ``make_train_step`` builds).
+
+    Args:
+      task: The model's init, loss and synthetic batches.
+      global_batch: Examples per step over all devices (a multiple of ``devices``).
+      devices: Data-parallel devices (checked by :func:`check_devices`).
+      optimizer, seed, learning_rate, abstract: As for :func:`make_train_step`.
+      name: The step function's ``__name__`` (it names the HLO module).
+
+    Raises:
+      ValueError: for an unknown optimizer, too many devices, or a global batch
+        not divisible by ``devices``.
+    """
+    _registry.check_optimizer(optimizer)
+    devices = check_devices(devices)
+    if global_batch < devices or global_batch % devices:
+        raise ValueError(
+            f"global batch {global_batch} must be a positive multiple of devices ({devices})"
+        )
     tx = make_optimizer(optimizer, learning_rate=learning_rate)
     mesh = jax.make_mesh((devices,), (AXIS,), devices=jax.devices()[:devices])
 
@@ -121,7 +157,7 @@ def make_train_step(
     def step_fn(state: TrainState, batch: dict[str, jax.Array]):
         return sharded_step(state, batch)
 
-    step_fn.__name__ = f"{name}_{preset}_train_step"
+    step_fn.__name__ = name
 
     replicated = NamedSharding(mesh, P())
     split = NamedSharding(mesh, P(AXIS))

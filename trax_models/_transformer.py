@@ -10,8 +10,8 @@ from trax_models._configs import TransformerConfig
 from trax_models._task import Task, cross_entropy, progression_tokens
 from trax_models._transformer_layers import (
     DecoderBlock,
-    EncoderBlock,
     Embedding,
+    EncoderBlock,
     causal_mask,
     shift_right,
 )

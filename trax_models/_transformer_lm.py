@@ -7,7 +7,7 @@ import jax
 
 from trax_models._configs import TransformerLMConfig
 from trax_models._task import Task, next_token_task
-from trax_models._transformer_layers import EncoderBlock, Embedding, causal_mask
+from trax_models._transformer_layers import Embedding, EncoderBlock, causal_mask
 
 
 class TransformerLM(nn.Module):
