@@ -14,6 +14,7 @@ import trax_models
 import xla_hooks
 from disco import baselines, random_plans
 from disco.plan import FusionPlan, make_plan
+from tests.equivalence import assert_close, three_steps
 from xla_hooks import _jax_private
 from xla_hooks.apply_plan import PlanFallbackWarning
 
@@ -22,32 +23,13 @@ FAST_MODELS = ("mlp",)
 MODELS = [pytest.param(m, marks=() if m in FAST_MODELS else pytest.mark.slow) for m in trax_models.names()]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def setup(name):
     # SGD keeps parameters whose true gradient is zero (e.g. attention key biases) at noise
     # level; Adam would divide that rounding noise by its own square root and amplify it.
     step, args = trax_models.make_train_step(name, "tiny", devices=DEVICES, optimizer="sgd")
     graph = disco.extract(step, *args)
     return step, args, graph
-
-
-def three_steps(fn, args):
-    state, batch = args
-    for _ in range(3):
-        state, _ = fn(state, batch)
-    return jax.tree.map(np.asarray, state)
-
-
-def assert_close(a, b, rtol=1e-5, floor=1e-7):
-    """Per leaf, max |a - b| <= rtol * max |b| + floor: relative to the leaf's scale.
-
-    The floor covers leaves whose true gradient is zero (attention key biases): their values
-    are pure rounding noise near 1e-20, so no relative bound can hold there.
-    """
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-        x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        err, scale = float(np.max(np.abs(x64 - y64), initial=0.0)), float(np.max(np.abs(y64), initial=0.0))
-        assert err <= rtol * scale + floor, f"{jax.tree_util.keystr(path)}: max abs error {err:.3g}, scale {scale:.3g}"
 
 
 def assert_bitwise(a, b):
@@ -108,7 +90,7 @@ def test_compiled_hlo_shows_the_plan(name):
     assert applied.applied, applied.fallback_reason
     text = applied.compiled_text()
     # each planned group is one kLoop fusion named after it (XLA renames disco.fusion.k to disco_fusion.N)
-    planned = re.findall(r"^\s*(?:ROOT )?%disco_fusion[\w.]* = .*? fusion\(.*kind=kLoop", text, flags=re.M)
+    planned = re.findall(r"^\s*(?:ROOT )?%disco_fusion[\w.]* = .*? fusion\(.*kind=kLoop", text, flags=re.MULTILINE)
     assert len(planned) == len(plan.groups)
     fusions, all_reduces = disco.bench.compiled_counts(text)
     assert all_reduces == len(plan.buckets)

@@ -10,7 +10,6 @@ import threading
 import time
 
 import jax
-import numpy as np
 import pytest
 
 import trax_models
@@ -20,28 +19,18 @@ from xla_hooks.hook import PlanServiceWarning
 
 pytest.importorskip("flask")
 
-from service.testing import ServerProcess, free_port  # noqa: E402
+from service.testing import ServerProcess, free_port
+from tests.equivalence import assert_allclose_leaves as assert_close
+from tests.equivalence import three_steps
 
 DEVICES = 4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def setup():
     step, args = trax_models.make_train_step("mlp", "tiny", devices=DEVICES, optimizer="sgd")
     reference = three_steps(jax.jit(step), args)
     return step, args, reference
-
-
-def three_steps(fn, args):
-    state, batch = args
-    for _ in range(3):
-        state, _ = fn(state, batch)
-    return jax.tree.map(np.asarray, state)
-
-
-def assert_close(a, b):
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +79,11 @@ def test_service_down_falls_back_to_xla():
 class _Stub(http.server.BaseHTTPRequestHandler):
     """Answers every request with ``server.reply(handler)``."""
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.server.reply(self)
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         self.server.reply(self)
 
     def log_message(self, *args):

@@ -8,22 +8,15 @@ import subprocess
 import sys
 
 import jax
-import numpy as np
 import pytest
 
 import trax_models
 import xla_hooks
 from disco import optimizer as opt
 from disco.plan import FusionPlan
+from tests.equivalence import assert_allclose_leaves, three_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def three_steps(fn, args):
-    state, batch = args
-    for _ in range(3):
-        state, _ = fn(state, batch)
-    return jax.tree.map(np.asarray, state)
 
 
 def test_optimize_mlp_tiny_keeps_the_numbers():
@@ -43,9 +36,7 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
     for plan in (result.plan, result.row("disco_1").plan):
         applied = xla_hooks.apply(plan, step, *args)
         assert applied.applied, applied.fallback_reason
-        out = three_steps(applied, args)
-        for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(out), jax.tree.leaves(reference)):
-            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+        assert_allclose_leaves(three_steps(applied, args), reference)
 
 
 def row(name, median, lo=None, hi=None, applied=True):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import trax_models
+from tests.equivalence import assert_allclose_leaves, three_steps
 from trax_models import _trax_layer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,13 +29,6 @@ TINY_LM = {"vocab_size": 64, "d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads"
 def run_cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "disco", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=timeout, check=False)
-
-
-def three_steps(fn, args):
-    state, batch = args
-    for _ in range(3):
-        state, _ = fn(state, batch)
-    return jax.tree.map(np.asarray, state)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -98,9 +92,7 @@ def test_trax_transformer_lm_trains_and_optimize_keeps_its_numbers():
     for plan in (result.plan, result.row("disco_1").plan):
         applied = xla_hooks.apply(plan, step, *args)
         assert applied.applied, applied.fallback_reason
-        out = three_steps(applied, args)
-        for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(out), jax.tree.leaves(reference)):
-            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+        assert_allclose_leaves(three_steps(applied, args), reference)
 
 
 @pytest.mark.trax

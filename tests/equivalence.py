@@ -1,0 +1,32 @@
+"""Helpers shared by the tests that check a plan never changes the step's numbers."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+
+def three_steps(fn, args):
+    """Runs ``fn(state, batch)`` three times from ``args``; the final state as numpy."""
+    state, batch = args
+    for _ in range(3):
+        state, _ = fn(state, batch)
+    return jax.tree.map(np.asarray, state)
+
+
+def assert_allclose_leaves(a, b, rtol=1e-5, atol=1e-7):
+    """``np.testing.assert_allclose`` per leaf of two pytrees of the same structure."""
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+def assert_close(a, b, rtol=1e-5, floor=1e-7):
+    """Per leaf, max |a - b| <= rtol * max |b| + floor: relative to the leaf's scale.
+
+    The floor covers leaves whose true gradient is zero (attention key biases): their values
+    are pure rounding noise near 1e-20, so no relative bound can hold there.
+    """
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True):
+        x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        err, scale = float(np.max(np.abs(x64 - y64), initial=0.0)), float(np.max(np.abs(y64), initial=0.0))
+        assert err <= rtol * scale + floor, f"{jax.tree_util.keystr(path)}: max abs error {err:.3g}, scale {scale:.3g}"
