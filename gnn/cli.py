@@ -69,8 +69,10 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     tr, va, te = train.split(ds, "plans", seed=args.seed)
     model, hist = train.fit(ds, tr, va, cfg, progress=progress)
     held = {"gnn": evaluate.evaluate_gnn(model, ds, te), "analytic": evaluate.evaluate_analytic(ds, te),
+            "noise_ceiling_tau": evaluate.noise_ceiling(ds, te)["mean"],
             "history": hist, "sizes": {"train": len(tr), "val": len(va), "test": len(te)}}
     log(f"held-out plans: gnn {evaluate.summary(held['gnn'])}")
+    log(f"held-out plans: noise ceiling of tau {held['noise_ceiling_tau']:.3f}")
     log(f"held-out plans: analytic {evaluate.summary(held['analytic'])}")
     lomo: dict[str, Any] = {}
     if args.lomo and len(ds.models()) > 1:
@@ -79,9 +81,11 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
             ltr, lva, lte = train.split(ds, f"lomo:{m}", seed=args.seed)
             lmodel, lhist = train.fit(ds, ltr, lva, lcfg, progress=progress)
             lomo[m] = {"gnn": evaluate.evaluate_gnn(lmodel, ds, lte), "analytic": evaluate.evaluate_analytic(ds, lte),
+                       "noise_ceiling_tau": evaluate.noise_ceiling(ds, lte)["mean"],
                        "best_epoch": lhist["best_epoch"], "n": len(lte)}
             log(f"leave out {m}: gnn {evaluate.summary(lomo[m]['gnn'])} | "
-                f"analytic {evaluate.summary(lomo[m]['analytic'])}")
+                f"analytic {evaluate.summary(lomo[m]['analytic'])} | "
+                f"noise ceiling {lomo[m]['noise_ceiling_tau']:.3f}")
     out = Path(args.out)
     meta = {"train_config": dataclasses.asdict(cfg), "data": {"source": ds.source, "samples": len(ds.samples),
                                                               "digest": ds.digest(), "models": ds.models()},

@@ -48,6 +48,20 @@ class Sample:
     median_ms: float
     ref_ms: float
     line: int
+    group_ref_ms: float = 0.0  # the median of ref_ms over the group (set by load_dataset)
+    min_ms: float = 0.0
+    max_ms: float = 0.0
+
+    @property
+    def norm_ms(self) -> float:
+        """The drift-normalised time: ``median_ms / ref_ms * group_ref_ms``.
+
+        The collector measures each plan next to xla_default (``ref_ms``, same rounds);
+        between chunks the machine's speed drifts (on 2 shared cores, xla_default's
+        time varies 2x between chunks), so a plan's time relative to its own reference,
+        rescaled to the group's typical reference, is the comparable label.
+        """
+        return self.median_ms / self.ref_ms * (self.group_ref_ms or self.ref_ms)
 
 
 @dataclasses.dataclass
@@ -142,11 +156,17 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
         if ref is None:
             skipped += 1
             continue
+        m = d["measured"]
         samples.append(Sample(model=d["model"], group=g, devices=int(d.get("devices", 1)), fingerprint=fp,
-                              plan=FusionPlan.from_dict(d["plan"]), median_ms=float(d["measured"]["median_ms"]),
-                              ref_ms=float(ref), line=ln))
+                              plan=FusionPlan.from_dict(d["plan"]), median_ms=float(m["median_ms"]),
+                              ref_ms=float(ref), line=ln, min_ms=float(m.get("min_ms", m["median_ms"])),
+                              max_ms=float(m.get("max_ms", m["median_ms"]))))
         if limit is not None and len(samples) >= limit:
             break
+    group_refs: dict[str, list[float]] = {}
+    for smp in samples:
+        group_refs.setdefault(smp.group, []).append(smp.ref_ms)
+    samples = [dataclasses.replace(smp, group_ref_ms=float(np.median(group_refs[smp.group]))) for smp in samples]
     if not samples:
         raise ValueError(f"{fn}: no usable samples ({skipped} lines skipped)")
     return Dataset(samples=samples, graphs=graphs, source=str(root), skipped=skipped)
@@ -275,7 +295,7 @@ def _targets(ds: Dataset, idx: Sequence[int], n_graph: int) -> tuple[np.ndarray,
     rel_t = np.zeros(n_graph, np.float32)
     for j, i in enumerate(idx):
         s = ds.samples[i]
-        abs_t[j] = math.log(s.median_ms * 1e-3)
+        abs_t[j] = math.log(s.norm_ms * 1e-3)
         rel_t[j] = math.log(s.median_ms / s.ref_ms)
     return abs_t, rel_t
 
@@ -297,7 +317,7 @@ def _set_stats(model: Any, ds: Dataset, idx: Sequence[int]) -> None:
     model.edge_std[...] = jnp.asarray(std(edges))
     model.glob_mean[...] = jnp.asarray(glob.mean(0))
     model.glob_std[...] = jnp.asarray(std(glob))
-    per_node = [math.log(ds.samples[i].median_ms * 1e-3 / max(1, ds.features(i).nodes.shape[0])) for i in idx]
+    per_node = [math.log(ds.samples[i].norm_ms * 1e-3 / max(1, ds.features(i).nodes.shape[0])) for i in idx]
     model.target_mean[...] = jnp.asarray(float(np.mean(per_node)), dtype=jnp.float32)
 
 

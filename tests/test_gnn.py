@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
+import types
 from pathlib import Path
 
 import numpy as np
@@ -260,3 +262,31 @@ def test_train_gnn_cli_writes_checkpoint_and_metrics(tmp_path: Path, dataset: tr
     metrics = json.loads((tmp_path / "ck_metrics.json").read_text())
     assert metrics["checkpoint_digest"] == checkpoint.load(out)[2]
     assert {"gnn", "analytic"} <= set(metrics["heldout_plans"])
+
+
+def _samples(times, spread, refs=None):
+    refs = refs or [1.0] * len(times)
+    out = [train.Sample(model="m", group="m/tiny/d4/x", devices=4, fingerprint="x", plan=FusionPlan(),
+                        median_ms=t, ref_ms=r, line=i, min_ms=t * (1 - spread), max_ms=t * (1 + spread))
+           for i, (t, r) in enumerate(zip(times, refs))]
+    group_ref = float(np.median(refs))
+    return [dataclasses.replace(s, group_ref_ms=group_ref) for s in out]
+
+
+def test_norm_ms_removes_the_drift_between_chunks():
+    # the same plan measured twice, on a machine twice as slow the second time: same label
+    a, b = _samples([2.0, 4.0], 0.0, refs=[1.0, 2.0])
+    assert a.norm_ms == pytest.approx(b.norm_ms) == pytest.approx(2.0 / 1.0 * 1.5)
+
+
+def test_noise_ceiling_falls_with_measurement_spread():
+    from gnn import evaluate
+
+    times = list(np.linspace(1.0, 2.0, 30))
+    exact = types.SimpleNamespace(samples=_samples(times, 0.0))
+    noisy = types.SimpleNamespace(samples=_samples(times, 0.3))
+    idx = list(range(30))
+    assert evaluate.noise_ceiling(exact, idx)["mean"] == pytest.approx(1.0)
+    ceiling = evaluate.noise_ceiling(noisy, idx)["mean"]
+    assert 0.0 < ceiling < 0.9
+    assert evaluate.noise_ceiling(noisy, idx) == evaluate.noise_ceiling(noisy, idx)  # seeded
