@@ -176,6 +176,7 @@ def optimize(
     seed: int = 0,
     rounds: int = 5,
     steps: int = 3,
+    measure_buckets_only: bool = True,
     progress: Progress | None = None,
 ) -> OptimizeResult:
     """Finds the fastest measured plan for ``step_fn`` on ``args``.
@@ -189,6 +190,9 @@ def optimize(
       budget_s: seconds for the search (extraction and measurement come on top).
       strategy: "best_first", "annealing" or "greedy".
       measure_top_k: how many of the best searched plans (by estimate) to measure.
+      measure_buckets_only: also measure each measured searched plan with its fusion groups
+        removed (``disco_<k>_buckets``: XLA fuses, the plan's buckets stay), so a plan whose
+        groups were mispriced still contributes its bucketing.
       seed: the search's seed.
       rounds: interleaved measurement rounds.
       steps: steps per round.
@@ -252,6 +256,12 @@ def optimize(
         name = f"disco_{rank}"
         seen[p.digest()] = name
         rows[name] = PlanRow(name, "search", p.name, p.replace(name=name), cost)
+        projected = p.replace(groups=(), xla_fusion="extend")
+        if measure_buckets_only and p.groups and projected.digest() not in seen:
+            pname = f"{name}_buckets"
+            seen[projected.digest()] = pname
+            rows[pname] = PlanRow(pname, "search", f"{name} without its fusion groups",
+                                  projected.replace(name=pname), sim.step_time(projected))
 
     # -- measure -------------------------------------------------------------------------------
     total = len(rows) + rounds

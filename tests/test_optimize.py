@@ -32,6 +32,10 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
         assert result.row(result.chosen).median_s < result.row("xla_default").median_s
     json.dumps(result.to_dict())
     assert result.chrome_trace["traceEvents"]
+    searched = result.row("disco_1").plan
+    if searched.groups:  # its bucket-only projection is measured too (maybe as an equal baseline)
+        projected = searched.replace(groups=(), xla_fusion="extend").digest()
+        assert projected in {r.plan.digest() for r in result.rows}
     reference = three_steps(jax.jit(step), args)
     for plan in (result.plan, result.row("disco_1").plan):
         applied = xla_hooks.apply(plan, step, *args)
