@@ -324,6 +324,39 @@ def _load_cluster_arg(value: str | None, devices: int) -> Any:
     return cluster.preset(value, devices=devices if value == "local" else None)
 
 
+DEFAULT_COST_MODEL = "analytic"
+
+
+def add_cost_model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cost-model", default=DEFAULT_COST_MODEL, metavar="analytic|gnn|FILE",
+                   help="analytic (roofline), gnn (the GNN checkpoint shipped in the package), a GNN "
+                        f"checkpoint (.msgpack) or a saved cost model (.json) (default {DEFAULT_COST_MODEL})")
+
+
+def load_cost_model(value: str) -> tuple[Any, dict[str, Any]]:
+    """The cost model named by ``--cost-model`` and what to report about it (name, digest, source)."""
+    from disco import costs
+
+    try:
+        if value == "analytic":
+            cm = costs.AnalyticCosts()
+        elif value == "gnn" or value.endswith(".msgpack"):
+            from gnn.cost_model import GnnCosts, load_default
+
+            cm = load_default() if value == "gnn" else GnnCosts.load(value)
+            d = cm.describe()
+            return cm, {"name": d["name"], "digest": d["digest"], "source": d["source"],
+                        "trained_on_samples": d["trained_on"].get("samples")}
+        elif os.path.exists(value):
+            cm = costs.load_costs(value)
+        else:
+            raise CliError(f"--cost-model {value!r}: expected analytic, gnn, a .msgpack GNN checkpoint or "
+                           "a cost model .json file")
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CliError(f"--cost-model {value!r}: {e}") from None
+    return cm, {"name": cm.name, "digest": cm.digest(), "source": value if os.path.exists(value) else "built-in"}
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from disco import costs, extractor, simulator
     from disco.graph import HloGraph
@@ -332,7 +365,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = _resolve_plans(args.plans, graph)
     spec = _load_cluster_arg(args.cluster, args.devices)
-    cm = costs.AnalyticCosts()
+    cm, cm_info = load_cost_model(args.cost_model)
     sim = simulator.Simulator(graph, cm, spec)
     rows = []
     for name, plan in plans.items():
@@ -340,7 +373,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         rows.append({"plan": name, **{f"{k}_ms": round(v * 1e3, 4) for k, v in r.summary().items()}})
     lb = sim.lower_bound()
     out = {**model_label(args), "cluster": spec.name,
-           "cost_model": cm.name, "simulated": True, "lower_bound_ms": round(lb * 1e3, 4), "results": rows}
+           "cost_model": cm.name, "cost_model_info": cm_info, "simulated": True, "lower_bound_ms": round(lb * 1e3, 4), "results": rows}
     if args.json:
         _print_json(out)
         return 0
@@ -402,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--plans", default="xla_default,per_tensor,one_bucket,horovod,ddp")
     p.add_argument("--cluster", help="a cluster YAML file or preset name (default: local)")
+    add_cost_model_arg(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
     __import__("service.cli", fromlist=["add_parser"]).add_parser(sub)  # disco serve

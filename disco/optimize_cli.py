@@ -11,7 +11,15 @@ import json
 import os
 from typing import Any
 
-from disco.cli import CliError, _add_model_args, _make_step, _print_json, model_label
+from disco.cli import (
+    CliError,
+    _add_model_args,
+    _make_step,
+    _print_json,
+    add_cost_model_arg,
+    load_cost_model,
+    model_label,
+)
 
 STRATEGIES = ("best_first", "annealing", "greedy")
 
@@ -22,6 +30,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--cluster", default=None, metavar="FILE|PRESET",
                    help="cluster spec file or preset for the simulator (default: local with --devices)")
+    add_cost_model_arg(p)
     p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
     p.add_argument("--strategy", default="best_first", choices=STRATEGIES, help="search strategy")
     p.add_argument("--measure-top-k", type=int, default=3, help="searched plans to measure (default 3)")
@@ -68,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit status."""
     _check(args)
     cluster = _cluster(args.cluster, args.devices)
+    costs, cost_info = load_cost_model(args.cost_model)
     step, example = _make_step(args)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -84,11 +94,11 @@ def run(args: argparse.Namespace) -> int:
                 tasks[phase] = prog.add_task(phase, total=1.0)
             prog.update(tasks[phase], completed=frac, description=f"{phase}: {msg}")
 
-        result = optimize(step, *example, cluster=cluster, budget_s=args.budget, strategy=args.strategy,
+        result = optimize(step, *example, cluster=cluster, costs=costs, budget_s=args.budget, strategy=args.strategy,
                           measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds,
                           steps=args.steps, progress=progress)
     _write_outputs(args, result)
-    info = {**model_label(args), "device_kind": _device_kind()}
+    info = {**model_label(args), "device_kind": _device_kind(), "cost_model_info": cost_info}
     if args.json:
         d = result.to_dict()
         d.pop("chrome_trace")
@@ -119,6 +129,13 @@ def _device_kind() -> str:
     return kind()
 
 
+def _describe_costs(info: dict[str, Any]) -> str:
+    c = info["cost_model_info"]
+    if c["name"] == "gnn":
+        return f"gnn (checkpoint {c['digest']}, {c['source']}, trained on {c.get('trained_on_samples')} samples)"
+    return str(c["name"])
+
+
 def _print_table(result: Any, info: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -128,7 +145,8 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     best_base = min((r.median_s for r in baseline_rows), default=None)
     lb = result.lower_bound_s
     t = Table(title=(f"disco optimize {info['model']}/{info['preset']} on {info['devices']} devices "
-                     f"({info['device_kind']}; predicted by the {result.cost_model} simulator on cluster "
+                     f"({info['device_kind']}; predicted by the simulator with the {_describe_costs(info)} "
+                     "cost model on cluster "
                      f"{result.cluster!r}; measured, {result.rounds} rounds x {result.steps} steps)"))
     for col in ("plan", "from", "predicted ms", "measured ms median (min-max)", "vs xla_default",
                 "vs best baseline", "predicted / lower bound"):

@@ -96,3 +96,15 @@ def test_calibrate_writes_a_loadable_spec(tmp_path):
 
     spec = cluster.load_cluster(str(out))
     assert spec.num_devices == 2 and spec.intra.bandwidth == pytest.approx(data["bandwidth"])
+
+
+def test_simulate_names_the_cost_model_it_used():
+    r = run_cli("simulate", "--model", "mlp", "--devices", "2", "--plans", "xla_default,ddp", "--cost-model", "gnn",
+                "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    info = out["cost_model_info"]
+    assert out["cost_model"] == info["name"] == "gnn" and len(info["digest"]) == 16
+    assert info["source"].endswith("default_checkpoint.msgpack")
+    bad = run_cli("simulate", "--model", "mlp", "--devices", "2", "--cost-model", "nope")
+    assert bad.returncode == 2 and "expected analytic, gnn" in bad.stderr
