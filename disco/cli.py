@@ -358,7 +358,7 @@ def load_cost_model(value: str) -> tuple[Any, dict[str, Any]]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from disco import costs, extractor, simulator
+    from disco import extractor, simulator
     from disco.graph import HloGraph
 
     step, example = _make_step(args)
