@@ -69,11 +69,13 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     tr, va, te = train.split(ds, "plans", seed=args.seed)
     model, hist = train.fit(ds, tr, va, cfg, progress=progress)
     held = {"gnn": evaluate.evaluate_gnn(model, ds, te), "analytic": evaluate.evaluate_analytic(ds, te),
+            "gnn_simulated": evaluate.evaluate_gnn_simulated(model, ds, te),
             "noise_ceiling_tau": evaluate.noise_ceiling(ds, te)["mean"],
             "history": hist, "sizes": {"train": len(tr), "val": len(va), "test": len(te)}}
     log(f"held-out plans: gnn {evaluate.summary(held['gnn'])}")
     log(f"held-out plans: noise ceiling of tau {held['noise_ceiling_tau']:.3f}")
     log(f"held-out plans: analytic {evaluate.summary(held['analytic'])}")
+    log(f"held-out plans: gnn kernels in the simulator {evaluate.summary(held['gnn_simulated'])}")
     lomo: dict[str, Any] = {}
     if args.lomo and len(ds.models()) > 1:
         lcfg = dataclasses.replace(cfg, epochs=args.lomo_epochs or cfg.epochs)
@@ -81,10 +83,12 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
             ltr, lva, lte = train.split(ds, f"lomo:{m}", seed=args.seed)
             lmodel, lhist = train.fit(ds, ltr, lva, lcfg, progress=progress)
             lomo[m] = {"gnn": evaluate.evaluate_gnn(lmodel, ds, lte), "analytic": evaluate.evaluate_analytic(ds, lte),
+                       "gnn_simulated": evaluate.evaluate_gnn_simulated(lmodel, ds, lte),
                        "noise_ceiling_tau": evaluate.noise_ceiling(ds, lte)["mean"],
                        "best_epoch": lhist["best_epoch"], "n": len(lte)}
             log(f"leave out {m}: gnn {evaluate.summary(lomo[m]['gnn'])} | "
                 f"analytic {evaluate.summary(lomo[m]['analytic'])} | "
+                f"gnn in the simulator {evaluate.summary(lomo[m]['gnn_simulated'])} | "
                 f"noise ceiling {lomo[m]['noise_ceiling_tau']:.3f}")
     out = Path(args.out)
     meta = {"train_config": dataclasses.asdict(cfg), "data": {"source": ds.source, "samples": len(ds.samples),

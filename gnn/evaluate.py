@@ -148,6 +148,15 @@ def evaluate_gnn(model: Any, ds: Any, idx: Sequence[int]) -> dict[str, Any]:
     return out
 
 
+def evaluate_gnn_simulated(model: Any, ds: Any, idx: Sequence[int]) -> dict[str, Any]:
+    """The GNN as the search uses it: its kernel head inside the simulator (``GnnCosts``), with
+    alpha-beta collectives of the ``local`` cluster; metrics of the simulated ms."""
+    from gnn.cost_model import GnnCosts
+
+    ms = analytic_predictions(ds, idx, GnnCosts(model))
+    return ranking_metrics(ds, idx, ms, ms)
+
+
 def evaluate_analytic(ds: Any, idx: Sequence[int]) -> dict[str, Any]:
     """AnalyticCosts + simulator metrics on samples ``idx`` (MAPE of its raw, uncalibrated ms)."""
     ms = analytic_predictions(ds, idx)

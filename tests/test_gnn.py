@@ -261,7 +261,9 @@ def test_train_gnn_cli_writes_checkpoint_and_metrics(tmp_path: Path, dataset: tr
               "--layers", "1", "--batch", "8", "--node-budget", "4096", "--quiet", "--limit", "40"])
     metrics = json.loads((tmp_path / "ck_metrics.json").read_text())
     assert metrics["checkpoint_digest"] == checkpoint.load(out)[2]
-    assert {"gnn", "analytic"} <= set(metrics["heldout_plans"])
+    held = metrics["heldout_plans"]
+    assert {"gnn", "analytic", "gnn_simulated"} <= set(held)
+    assert 0.0 <= held["noise_ceiling_tau"] <= 1.0 and "tau_raw" in held["gnn"]
 
 
 def _samples(times, spread, refs=None):
