@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit status."""
     _check(args)
     cluster = _cluster(args.cluster, args.devices)
+    step, example = _make_step(args)  # first: it sets the device count before jax starts
     costs, cost_info = load_cost_model(args.cost_model)
-    step, example = _make_step(args)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -108,3 +108,12 @@ def test_simulate_names_the_cost_model_it_used():
     assert info["source"].endswith("default_checkpoint.msgpack")
     bad = run_cli("simulate", "--model", "mlp", "--devices", "2", "--cost-model", "nope")
     assert bad.returncode == 2 and "expected analytic, gnn" in bad.stderr
+
+
+def test_optimize_with_the_gnn_cost_model_on_virtual_devices():
+    # loading the GNN imports jax: the device count must be set before that
+    r = run_cli("optimize", "--model", "mlp", "--devices", "2", "--cost-model", "gnn", "--budget", "1",
+                "--measure-top-k", "0", "--rounds", "1", "--steps", "1", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["cost_model"] == "gnn" and out["cost_model_info"]["digest"]
