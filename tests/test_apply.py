@@ -159,3 +159,25 @@ def test_a_plan_that_aborts_xla_falls_back_instead_of_killing_the_process(monkey
         applied = xla_hooks.apply(plan, step, *args)
     assert not applied.applied
     assert_close(three_steps(applied, args), three_steps(jax.jit(step), args))
+
+
+def test_probe_reports_the_childs_error_in_one_line():
+    """An exception in the probe child (here: HLO that does not parse) comes back as its type and
+    first line, not as the last line of a long multi-line message."""
+    from xla_hooks import probe
+
+    with pytest.raises(probe.ProbeFailure, match=r"the probe compile failed: \w+: .*\S"):
+        probe.probe("HloModule not_hlo\n\nthis is not an instruction\n", 1, {})
+
+
+@pytest.mark.parametrize("platform, parent, expected", [
+    ("cpu", {"XLA_FLAGS": "--x", "JAX_PLATFORMS": "cuda"}, "cpu"),
+    ("gpu", {"XLA_FLAGS": "--x"}, None),           # not "gpu": jax would also try rocm
+    ("gpu", {"JAX_PLATFORMS": "cuda"}, "cuda"),
+])
+def test_probe_child_runs_on_the_parents_platform(platform, parent, expected):
+    from xla_hooks.probe import child_env
+
+    env = child_env(parent, platform)
+    assert env.get("JAX_PLATFORMS") == expected
+    assert "XLA_FLAGS" not in env

@@ -20,8 +20,28 @@ import sys
 from collections.abc import Mapping
 
 
+# The child's one-line summary of an exception (an error message can span many lines, and its
+# last line is often a fragment of MLIR, useless as a reason).
+_ERROR_MARK = "disco-probe-error: "
+
+
 class ProbeFailure(RuntimeError):
     """XLA rejected or aborted on the module in the probe process."""
+
+
+def child_env(parent: Mapping[str, str], platform: str) -> dict[str, str]:
+    """The probe child's environment: the parent's, without XLA_FLAGS, on the parent's platform.
+
+    On CPU the child is pinned to "cpu". On an accelerator it keeps the parent's JAX_PLATFORMS
+    (or none), so jax picks the same device; never "gpu", which jax expands to cuda and rocm,
+    failing on the one that is missing (measured on an H100 with jax 0.11.2: "Unable to
+    initialize backend 'rocm'").
+    """
+    env = dict(parent)
+    env.pop("XLA_FLAGS", None)
+    if platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
 
 
 def probe(text: str, num_devices: int, compiler_options: Mapping[str, str], *, platform: str = "cpu",
@@ -31,9 +51,7 @@ def probe(text: str, num_devices: int, compiler_options: Mapping[str, str], *, p
     Raises:
       ProbeFailure: naming the signal and XLA's ``Check failed`` line, or the error.
     """
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env["JAX_PLATFORMS"] = platform
+    env = child_env(os.environ, platform)
     cmd = [sys.executable, "-m", "xla_hooks.probe", "--devices", str(num_devices),
            "--options", json.dumps(dict(compiler_options))]
     try:
@@ -47,7 +65,8 @@ def probe(text: str, num_devices: int, compiler_options: Mapping[str, str], *, p
     if r.returncode < 0:
         sig = signal.Signals(-r.returncode).name
         raise ProbeFailure(f"XLA aborted the probe compile ({sig}): {check or lines[-1:] or 'no message'}")
-    err = next((ln for ln in reversed(lines) if ln.strip()), "no message")
+    err = next((ln[len(_ERROR_MARK):] for ln in lines if ln.startswith(_ERROR_MARK)), None)
+    err = err or next((ln for ln in reversed(lines) if ln.strip()), "no message")
     raise ProbeFailure(f"the probe compile failed: {err}")
 
 
@@ -62,7 +81,13 @@ def main(argv=None) -> int:
         jax.config.update("jax_num_cpu_devices", args.devices)
     from xla_hooks import _jax_private
 
-    _jax_private.compile_text_standalone(sys.stdin.read(), args.devices, json.loads(args.options))
+    try:
+        _jax_private.compile_text_standalone(sys.stdin.read(), args.devices, json.loads(args.options))
+    except Exception as e:  # noqa: BLE001 - reported to the parent in one line, then traced
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        summary = " ".join(dict.fromkeys(lines[:1] + [ln for ln in lines if "error:" in ln][:1]))
+        print(f"{_ERROR_MARK}{type(e).__name__}: {summary[:600]}", file=sys.stderr, flush=True)
+        raise
     return 0
 
 
