@@ -10,10 +10,15 @@ from typing import Any
 from disco.plan import FusionPlan
 
 
+COMM_FREE_BOUND = "comm_free_bound"
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanResult:
+    """One measured row. ``plan`` is None for the communication-free bound (not a plan)."""
+
     name: str
-    plan: FusionPlan
+    plan: FusionPlan | None
     applied: bool
     fallback_reason: str | None
     compile_s: float
@@ -29,8 +34,12 @@ class PlanResult:
             "all_reduces": self.all_reduces, **{k: round(v, 3) for k, v in m.items()},
             "ratio_to_xla_default": (round(self.measurement.median / base_median, 4)
                                      if base_median else None),
-            "plan_digest": self.plan.digest(),
+            "plan_digest": self.plan.digest() if self.plan is not None else None,
         }
+
+    @property
+    def is_bound(self) -> bool:
+        return self.plan is None
 
 
 def compiled_counts(text: str) -> tuple[int, int]:
@@ -53,9 +62,18 @@ def run_bench(
     rounds: int = 5,
     steps: int = 3,
     progress: Callable[[str], None] | None = None,
+    comm_free_bound: bool = False,
 ) -> list[PlanResult]:
-    """Applies every plan, then measures them all round by round."""
-    from xla_hooks import apply_plan, measure
+    """Applies every plan, then measures them all round by round.
+
+    Args:
+      comm_free_bound: also measure, in the same rounds, the step with its all-reduces replaced
+        by copies (:mod:`xla_hooks.bound`); it comes last, named ``COMM_FREE_BOUND``, with
+        ``plan=None``. When it cannot be compiled it is left out (a ``RuntimeWarning`` says why).
+    """
+    import warnings
+
+    from xla_hooks import apply_plan, bound, measure
 
     applied: dict[str, Any] = {}
     meta: dict[str, tuple] = {}
@@ -68,6 +86,21 @@ def run_bench(
         meta[name] = (step.applied, step.fallback_reason, compile_s, fus, ars)
         if progress:
             progress(f"compiled {name}")
+    names: dict[str, FusionPlan | None] = dict(plans)
+    if comm_free_bound:
+        t0 = time.perf_counter()
+        try:
+            fn = bound.compile_comm_free(step_fn, *args)
+        except Exception as e:  # noqa: BLE001 - the bound is optional; the plans are measured anyway
+            warnings.warn(f"disco: the communication-free bound was not measured ({type(e).__name__}: {e})",
+                          RuntimeWarning, stacklevel=2)
+        else:
+            applied[COMM_FREE_BOUND] = fn
+            meta[COMM_FREE_BOUND] = (False, "a bound, not a plan: all-reduces replaced by copies",
+                                     time.perf_counter() - t0, *compiled_counts(fn.as_text()))
+            names[COMM_FREE_BOUND] = None
+            if progress:
+                progress(f"compiled {COMM_FREE_BOUND}")
     ms = measure.measure_interleaved(applied, args, rounds=rounds, steps=steps,
                                      on_round=(lambda r: progress(f"round {r + 1}/{rounds}")) if progress else None)
-    return [PlanResult(name, plans[name], *meta[name], ms[name]) for name in plans]
+    return [PlanResult(name, plan, *meta[name], ms[name]) for name, plan in names.items()]

@@ -254,9 +254,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plans = {"xla_default": _resolve_plans("xla_default", graph)["xla_default"], **plans}
     err = Console(stderr=True)
     with Progress(console=err, transient=True) as prog:
-        task = prog.add_task("bench", total=len(plans) + args.rounds)
+        task = prog.add_task("bench", total=len(plans) + int(args.bound) + args.rounds)
         results = bench.run_bench(step, example, plans, rounds=args.rounds, steps=args.steps,
-                                  progress=lambda msg: prog.update(task, advance=1, description=msg))
+                                  progress=lambda msg: prog.update(task, advance=1, description=msg),
+                                  comm_free_bound=args.bound)
     base = next(r for r in results if r.name == "xla_default").measurement.median
     rows = [r.to_dict(base) for r in results]
     info = {**model_label(args),
@@ -275,7 +276,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for r in rows:
         t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
                   f"{r['ratio_to_xla_default']:.3f}x", f"{r['compile_s']:.2f}", str(r["fusions"]),
-                  str(r["all_reduces"]), "yes" if r["applied"] else f"no: {r['fallback_reason']}")
+                  str(r["all_reduces"]), "bound, not a plan" if r["plan_digest"] is None
+                  else "yes" if r["applied"] else f"no: {r['fallback_reason']}")
     Console(width=max(120, Console().width)).print(t)
     return 0
 
@@ -421,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run across this many local processes (jax.distributed over 127.0.0.1)")
     p.add_argument("--devices-per-process", type=int, default=2, help="CPU devices per process (default 2)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before hung workers are killed")
+    p.add_argument("--bound", action="store_true",
+                   help="also measure the communication-free bound: the step with its all-reduces replaced "
+                        "by copies (not a plan; in-process only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench)
 

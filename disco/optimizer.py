@@ -92,6 +92,9 @@ class OptimizeResult:
       cluster: the cluster's name.
       graph: the graph's name, fingerprint and size.
       rounds, steps: the measurement's interleaved rounds and steps per round.
+      comm_free_bound_s: the measured (median, min, max) of the step with its all-reduces replaced
+        by copies (:mod:`xla_hooks.bound`), in the same rounds; None when not measured. Not a
+        plan: ``xla_default / bound`` is the most any bucketing can gain on this machine.
     """
 
     plan: FusionPlan
@@ -111,6 +114,7 @@ class OptimizeResult:
     graph: dict[str, Any]
     rounds: int
     steps: int
+    comm_free_bound_s: tuple[float, float, float] | None = None
 
     def row(self, name: str) -> PlanRow:
         """The row called ``name``.
@@ -132,6 +136,8 @@ class OptimizeResult:
                        "seconds": self.search_s, "trace": [list(t) for t in self.trace]},
             "cost_model": self.cost_model, "cluster": self.cluster, "graph": dict(self.graph),
             "measurement": {"rounds": self.rounds, "steps_per_round": self.steps},
+            "comm_free_bound_ms": (None if self.comm_free_bound_s is None else
+                                   dict(zip(("median", "min", "max"), (v * 1e3 for v in self.comm_free_bound_s)))),
             "chrome_trace": self.chrome_trace, "baseline_trace": self.baseline_trace,
         }
 
@@ -177,6 +183,7 @@ def optimize(
     rounds: int = 5,
     steps: int = 3,
     measure_buckets_only: bool = True,
+    measure_bound: bool = True,
     progress: Progress | None = None,
 ) -> OptimizeResult:
     """Finds the fastest measured plan for ``step_fn`` on ``args``.
@@ -193,6 +200,8 @@ def optimize(
       measure_buckets_only: also measure each measured searched plan with its fusion groups
         removed (``disco_<k>_buckets``: XLA fuses, the plan's buckets stay), so a plan whose
         groups were mispriced still contributes its bucketing.
+      measure_bound: also measure the communication-free bound in the same rounds
+        (``OptimizeResult.comm_free_bound_s``).
       seed: the search's seed.
       rounds: interleaved measurement rounds.
       steps: steps per round.
@@ -264,7 +273,7 @@ def optimize(
                                   projected.replace(name=pname), sim.step_time(projected))
 
     # -- measure -------------------------------------------------------------------------------
-    total = len(rows) + rounds
+    total = len(rows) + int(measure_bound) + rounds
     done = [0]
 
     def on_bench(msg: str) -> None:
@@ -274,9 +283,11 @@ def optimize(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the rows instead
         measured = bench.run_bench(step_fn, args, {n: r.plan for n, r in rows.items()}, rounds=rounds,
-                                   steps=steps, progress=on_bench)
+                                   steps=steps, progress=on_bench, comm_free_bound=measure_bound)
+    bound = next(((m.measurement.median, m.measurement.min, m.measurement.max)
+                  for m in measured if m.is_bound), None)
     final = []
-    for m in measured:
+    for m in (m for m in measured if not m.is_bound):
         r = rows[m.name]
         final.append(dataclasses.replace(
             r, median_s=m.measurement.median, min_s=m.measurement.min, max_s=m.measurement.max,
@@ -291,4 +302,4 @@ def optimize(
         cost_model=getattr(costs, "name", type(costs).__name__), cluster=cluster.name,
         graph={"name": graph.name, "fingerprint": graph.fingerprint, "nodes": len(graph.nodes),
                "all_reduces": len(graph.all_reduces())},
-        rounds=rounds, steps=steps)
+        rounds=rounds, steps=steps, comm_free_bound_s=bound)

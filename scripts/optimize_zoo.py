@@ -6,7 +6,10 @@
 Each model is optimised in its own process (``disco optimize --json``): simulated search, then
 the top plans measured for real, interleaved with xla_default, per_tensor, horovod and ddp. The
 table reports, per model, every measured plan's median (min-max) and the geometric mean over the
-zoo of the chosen plan's measured speedup over xla_default.
+zoo of the chosen plan's measured speedup over xla_default; then, per model, the measured
+communication-free bound (the step with its all-reduces replaced by copies, measured in the same
+rounds; not a plan) and the ceiling it sets: no bucketing can beat xla_default by more than
+xla_default / bound.
 """
 
 from __future__ import annotations
@@ -64,12 +67,32 @@ def main(argv=None) -> int:
             print(f"| {m} | {row['name']}{mark} | {row['predicted_ms']:.3f} | {row['measured_median_ms']:.2f} "
                   f"({row['measured_min_ms']:.2f}-{row['measured_max_ms']:.2f}) | "
                   f"{base / row['measured_median_ms']:.3f}x |")
+        b = res.get("comm_free_bound_ms")
+        if b:
+            print(f"| {m} | comm_free_bound (not a plan) | - | {b['median']:.2f} ({b['min']:.2f}-{b['max']:.2f}) | "
+                  f"{base / b['median']:.3f}x |")
         chosen = next(r for r in res["rows"] if r["name"] == res["chosen"])
         speedups.append(base / chosen["measured_median_ms"])
     if speedups:
         gm = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         print(f"\nGeometric mean measured speedup of the chosen plan over xla_default: {gm:.3f}x "
               f"over {len(speedups)} models")
+    ceilings = {m: r for m, r in results.items() if r.get("comm_free_bound_ms")}
+    if ceilings:
+        print("\n| model | xla_default ms | chosen | chosen ms | speedup | comm-free bound ms | ceiling "
+              "(xla_default / bound) | share of the possible gain |")
+        print("|---|---|---|---|---|---|---|---|")
+        logs = []
+        for m, res in ceilings.items():
+            base = next(r for r in res["rows"] if r["name"] == "xla_default")["measured_median_ms"]
+            chosen = next(r for r in res["rows"] if r["name"] == res["chosen"])["measured_median_ms"]
+            bnd = res["comm_free_bound_ms"]["median"]
+            share = (base - chosen) / (base - bnd) if base > bnd else float("nan")
+            logs.append(math.log(base / bnd))
+            print(f"| {m} | {base:.2f} | {res['chosen']} | {chosen:.2f} | {base / chosen:.3f}x | {bnd:.2f} | "
+                  f"{base / bnd:.3f}x | {share:.0%} |")
+        print(f"\nGeometric mean ceiling (xla_default / communication-free bound): "
+              f"{math.exp(sum(logs) / len(logs)):.3f}x over {len(logs)} models")
     return 0
 
 

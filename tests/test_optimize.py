@@ -32,6 +32,9 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
         assert result.row(result.chosen).median_s < result.row("xla_default").median_s
     json.dumps(result.to_dict())
     assert result.chrome_trace["traceEvents"]
+    med, lo, hi = result.comm_free_bound_s  # measured by default, in the same rounds
+    assert 0 < lo <= med <= hi
+    assert "comm_free_bound" not in names and result.chosen != "comm_free_bound"
     searched = result.row("disco_1").plan
     if searched.groups:  # its bucket-only projection is measured too (maybe as an equal baseline)
         projected = searched.replace(groups=(), xla_fusion="extend").digest()
@@ -81,6 +84,7 @@ def test_cli_optimize_json_in_a_subprocess(tmp_path):
     data = json.loads(proc.stdout)
     assert data["model"] == "mlp" and data["verdict"] and data["chosen"] in {r["name"] for r in data["rows"]}
     assert data["search"]["evals"] > 0 and "chrome_trace" not in data
+    assert data["comm_free_bound_ms"]["min"] <= data["comm_free_bound_ms"]["median"]
     assert FusionPlan.from_json(out.read_text()).name == data["chosen"]
 
 

@@ -1,0 +1,80 @@
+"""The measured communication-free bound: the step with every all-reduce replaced by a copy.
+
+Every device then keeps its own gradient: the compute is the same, the communication (and, on
+in-process virtual devices, the rendezvous of all device threads) is gone. Its measured time is
+what the step would take if communication were free, so ``xla_default / bound`` is the most that
+any gradient bucketing can gain on this machine. It is a bound, not a plan: it changes the
+numbers the step computes, and nothing in disco ever runs it as a training step.
+
+Example::
+
+    fast = xla_hooks.bound.compile_comm_free(step, state, batch)
+    jax.block_until_ready(fast(state, batch))   # time it next to the plans
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+_ALL_REDUCE = re.compile(r"^(?P<head>\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.+?)\s+all-reduce\((?P<operand>[^()]*)\)(?P<rest>.*)$")
+_METADATA = re.compile(r",\s*metadata=\{[^{}]*\}")
+
+
+def _top_level_split(text: str) -> list[str]:
+    """Splits on commas outside brackets and braces ("f32[2,3]{1,0} %a, %b" -> two parts)."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        depth += ch in "[{("
+        depth -= ch in "]})"
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur).strip())
+    return [p for p in parts if p]
+
+
+def strip_all_reduces(text: str) -> str:
+    """HLO text with each single-operand ``all-reduce`` replaced by a ``copy`` of its operand.
+
+    Raises:
+      ValueError: when the text has no all-reduce, or an all-reduce with several operands (a
+        variadic one has a tuple shape that a copy cannot stand in for).
+    """
+    out, n = [], 0
+    for line in text.splitlines():
+        m = _ALL_REDUCE.match(line)
+        if m is None:
+            out.append(line)
+            continue
+        operand = m["operand"].strip()
+        if len(_top_level_split(operand)) != 1:
+            raise ValueError(f"expected single-operand all-reduces, got: {line.strip()[:200]}")
+        metadata = _METADATA.search(m["rest"])
+        out.append(f"{m['head']} copy({operand}){metadata.group(0) if metadata else ''}")
+        n += 1
+    if n == 0:
+        raise ValueError("the HLO text has no all-reduce: there is no communication to remove")
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def compile_comm_free(step_fn: Callable[..., Any], *args: Any) -> Any:
+    """Compiles ``step_fn`` for ``args`` with its all-reduces replaced by copies (see the module doc).
+
+    Returns:
+      A jax ``Compiled`` taking and returning the same pytrees as ``jax.jit(step_fn)``.
+
+    Raises:
+      ValueError: as :func:`strip_all_reduces`.
+      PrivateApiError: the private jax API used to compile rewritten HLO changed.
+    """
+    from disco.extractor import lower
+    from xla_hooks import _jax_private
+
+    _jax_private.check_version()
+    lowered = lower(step_fn, *args)
+    text = strip_all_reduces(lowered.as_text(dialect="hlo"))
+    return _jax_private.with_module(lowered, _jax_private.hlo_text_to_mlir_bytes(text)).compile()
