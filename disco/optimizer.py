@@ -9,6 +9,10 @@
    ``ddp``.
 4. The answer is the fastest *measured* plan; when nothing beats ``xla_default``'s
    measured median, the answer is ``xla_default`` and the verdict says so.
+5. Confirmation: picking the fastest of several noisy medians favours whichever plan got lucky
+   rounds (the winner's curse), so the chosen plan is measured again against ``xla_default`` in
+   fresh interleaved rounds. The answer and its reported speedup come from that second run; if
+   the gain does not hold there, the answer is ``xla_default``.
 
 Example::
 
@@ -92,6 +96,8 @@ class OptimizeResult:
       cluster: the cluster's name.
       graph: the graph's name, fingerprint and size.
       rounds, steps: the measurement's interleaved rounds and steps per round.
+      confirmation: (median, min, max) seconds of the chosen plan and xla_default in the
+        confirmation run, by name; None when there was none (xla_default chosen, or confirm off).
       comm_free_bound_s: the measured (median, min, max) of the step with its all-reduces replaced
         by copies (:mod:`xla_hooks.bound`), in the same rounds; None when not measured. Not a
         plan: ``xla_default / bound`` is the most any bucketing can gain on this machine.
@@ -115,6 +121,17 @@ class OptimizeResult:
     rounds: int
     steps: int
     comm_free_bound_s: tuple[float, float, float] | None = None
+    confirmation: dict[str, tuple[float, float, float]] | None = None
+
+    @property
+    def speedup(self) -> float:
+        """The answer's measured speedup over xla_default: from the confirmation run when there was
+        one; 1.0 when the answer is xla_default."""
+        if self.chosen == "xla_default":
+            return 1.0
+        if self.confirmation is not None:
+            return self.confirmation["xla_default"][0] / self.confirmation[self.chosen][0]
+        return self.row("xla_default").median_s / self.row(self.chosen).median_s
 
     def row(self, name: str) -> PlanRow:
         """The row called ``name``.
@@ -136,6 +153,10 @@ class OptimizeResult:
                        "seconds": self.search_s, "trace": [list(t) for t in self.trace]},
             "cost_model": self.cost_model, "cluster": self.cluster, "graph": dict(self.graph),
             "measurement": {"rounds": self.rounds, "steps_per_round": self.steps},
+            "speedup": self.speedup,
+            "confirmation_ms": (None if self.confirmation is None else
+                                {k: dict(zip(("median", "min", "max"), (x * 1e3 for x in v)))
+                                 for k, v in self.confirmation.items()}),
             "comm_free_bound_ms": (None if self.comm_free_bound_s is None else
                                    dict(zip(("median", "min", "max"), (v * 1e3 for v in self.comm_free_bound_s)))),
             "chrome_trace": self.chrome_trace, "baseline_trace": self.baseline_trace,
@@ -171,6 +192,16 @@ def _verdict(rows: list[PlanRow]) -> tuple[str, str]:
                           f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median){note}")
 
 
+def _confirmed(chosen: str, verdict: str, again: dict[str, tuple[float, float, float]]) -> tuple[str, str]:
+    """(chosen, verdict) after the confirmation run ``again`` ({name: (median, min, max)})."""
+    new, base = again[chosen][0], again["xla_default"][0]
+    numbers = f"{new * 1e3:.3f} vs {base * 1e3:.3f} ms median"
+    if new < base:
+        return chosen, f"{verdict}; confirmed in a second run: {base / new:.3f}x ({numbers})"
+    return "xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "
+                           f"({numbers}); keeping XLA's default compile")
+
+
 def optimize(
     step_fn: Callable[..., Any],
     *args: Any,
@@ -184,6 +215,7 @@ def optimize(
     steps: int = 3,
     measure_buckets_only: bool = True,
     measure_bound: bool = True,
+    confirm: bool = True,
     progress: Progress | None = None,
 ) -> OptimizeResult:
     """Finds the fastest measured plan for ``step_fn`` on ``args``.
@@ -200,6 +232,8 @@ def optimize(
       measure_buckets_only: also measure each measured searched plan with its fusion groups
         removed (``disco_<k>_buckets``: XLA fuses, the plan's buckets stay), so a plan whose
         groups were mispriced still contributes its bucketing.
+      confirm: measure the chosen plan again against xla_default in fresh rounds and keep it
+        only if it is faster there too (module doc, step 5).
       measure_bound: also measure the communication-free bound in the same rounds
         (``OptimizeResult.comm_free_bound_s``).
       seed: the search's seed.
@@ -273,7 +307,7 @@ def optimize(
                                   projected.replace(name=pname), sim.step_time(projected))
 
     # -- measure -------------------------------------------------------------------------------
-    total = len(rows) + int(measure_bound) + rounds
+    total = len(rows) + int(measure_bound) + rounds + (2 + rounds if confirm else 0)
     done = [0]
 
     def on_bench(msg: str) -> None:
@@ -293,6 +327,15 @@ def optimize(
             r, median_s=m.measurement.median, min_s=m.measurement.min, max_s=m.measurement.max,
             applied=m.applied, fallback_reason=m.fallback_reason))
     chosen, verdict = _verdict(final)
+    confirmation = None
+    if confirm and chosen != "xla_default":
+        by_name = {r.name: r for r in final}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlanFallbackWarning)
+            again = bench.run_bench(step_fn, args, {n: by_name[n].plan for n in ("xla_default", chosen)},
+                                    rounds=rounds, steps=steps, progress=on_bench)
+        confirmation = {m.name: (m.measurement.median, m.measurement.min, m.measurement.max) for m in again}
+        chosen, verdict = _confirmed(chosen, verdict, confirmation)
     plan = next(r.plan for r in final if r.name == chosen)
     return OptimizeResult(
         plan=plan, chosen=chosen, verdict=verdict, rows=tuple(final), lower_bound_s=sim.lower_bound(),
@@ -302,4 +345,4 @@ def optimize(
         cost_model=getattr(costs, "name", type(costs).__name__), cluster=cluster.name,
         graph={"name": graph.name, "fingerprint": graph.fingerprint, "nodes": len(graph.nodes),
                "all_reduces": len(graph.all_reduces())},
-        rounds=rounds, steps=steps, comm_free_bound_s=bound)
+        rounds=rounds, steps=steps, comm_free_bound_s=bound, confirmation=confirmation)

@@ -27,9 +27,15 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
     assert all(r.median_s is not None and r.min_s <= r.median_s <= r.max_s for r in result.rows)
     assert result.evals > 0 and result.evals_per_s > 0 and 0 < result.lower_bound_s <= result.row("disco_1").predicted_s
     if result.chosen == "xla_default":
-        assert result.verdict.startswith("no plan beat xla_default when measured")
-    else:
+        assert (result.verdict.startswith("no plan beat xla_default when measured")
+                or "did not hold in a second run" in result.verdict)
+        assert result.speedup == 1.0
+    else:  # faster in the selection run and again in the confirmation run
         assert result.row(result.chosen).median_s < result.row("xla_default").median_s
+        again = result.confirmation
+        assert set(again) == {"xla_default", result.chosen} and again[result.chosen][0] < again["xla_default"][0]
+        assert result.speedup == again["xla_default"][0] / again[result.chosen][0] > 1
+        assert "confirmed in a second run" in result.verdict
     json.dumps(result.to_dict())
     assert result.chrome_trace["traceEvents"]
     med, lo, hi = result.comm_free_bound_s  # measured by default, in the same rounds
@@ -63,6 +69,15 @@ def test_verdict_names_the_winner_and_noise():
     assert chosen == "disco_1"
     assert verdict.startswith("disco_1 measured 1.053x faster than xla_default (950.000 vs 1000.000 ms median)")
     assert "within run-to-run noise" in verdict
+
+
+def test_confirmation_keeps_a_gain_that_holds_and_drops_one_that_does_not():
+    chosen, verdict = opt._confirmed("ddp", "ddp measured 1.2x", {"xla_default": (1.0, 0.9, 1.1), "ddp": (0.8, 0.7, 0.9)})
+    assert chosen == "ddp" and verdict == "ddp measured 1.2x; confirmed in a second run: 1.250x (800.000 vs 1000.000 ms median)"
+    chosen, verdict = opt._confirmed("ddp", "ddp measured 1.2x", {"xla_default": (1.0, 0.9, 1.1), "ddp": (1.0, 0.9, 1.1)})
+    assert chosen == "xla_default"
+    assert verdict == ("ddp measured fastest, but the gain did not hold in a second run (1000.000 vs 1000.000 ms "
+                       "median); keeping XLA's default compile")
 
 
 def test_bad_arguments_are_named():
