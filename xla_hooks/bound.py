@@ -1,10 +1,12 @@
 """The measured communication-free bound: the step with every all-reduce replaced by a copy.
 
-Every device then keeps its own gradient: the compute is the same, the communication (and, on
-in-process virtual devices, the rendezvous of all device threads) is gone. Its measured time is
-what the step would take if communication were free, so ``xla_default / bound`` is the most that
-any gradient bucketing can gain on this machine. It is a bound, not a plan: it changes the
-numbers the step computes, and nothing in disco ever runs it as a training step.
+Every device then keeps its own gradient: the same kernels run, and the communication (on
+in-process virtual devices: the rendezvous of all device threads and the reduction) is gone. Its
+measured time is what the step would take if communication were free, so ``xla_default / bound``
+is a ceiling on what any gradient bucketing can gain on this machine. An optimistic one: without
+the all-reduce in between, XLA may also fuse a gradient's last op into its optimizer update, which
+no plan can get. It is a bound, not a plan: it changes the numbers the step computes, and nothing
+in disco ever runs it as a training step.
 
 Example::
 
@@ -18,23 +20,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from disco.hlo_parse import split_top_level
+
 _ALL_REDUCE = re.compile(r"^(?P<head>\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.+?)\s+all-reduce\((?P<operand>[^()]*)\)(?P<rest>.*)$")
 _METADATA = re.compile(r",\s*metadata=\{[^{}]*\}")
-
-
-def _top_level_split(text: str) -> list[str]:
-    """Splits on commas outside brackets and braces ("f32[2,3]{1,0} %a, %b" -> two parts)."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        depth += ch in "[{("
-        depth -= ch in "]})"
-        if ch == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur).strip())
-    return [p for p in parts if p]
 
 
 def strip_all_reduces(text: str) -> str:
@@ -51,7 +40,7 @@ def strip_all_reduces(text: str) -> str:
             out.append(line)
             continue
         operand = m["operand"].strip()
-        if len(_top_level_split(operand)) != 1:
+        if len(split_top_level(operand)) != 1:
             raise ValueError(f"expected single-operand all-reduces, got: {line.strip()[:200]}")
         metadata = _METADATA.search(m["rest"])
         out.append(f"{m['head']} copy({operand}){metadata.group(0) if metadata else ''}")
