@@ -47,6 +47,9 @@ _COMBINER_PASSES = {"cpu": ("cpu-all-reduce-combiner",),
                     "gpu": ("gpu-all-reduce-combiner",)}
 
 
+_BOOLS = {"true": "True", "false": "False"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Bucket:
     """All-reduces (by instruction name) merged into one collective.
@@ -102,7 +105,12 @@ class FusionPlan:
         return tuple(dict.fromkeys(passes))
 
     def compiler_options(self, backend: str = "cpu") -> dict[str, str]:
-        opts = dict(self.compile_options)
+        """The options for ``Lowered.compile``: the plan's own, plus the passes it needs off.
+
+        Boolean values are spelled as XLA parses them ("True"/"False"): jaxlib 0.10.2 rejects
+        "true", "false", "0" and "1" (measured), which JSON plans naturally contain.
+        """
+        opts = {k: _BOOLS.get(v.lower(), v) for k, v in self.compile_options}
         passes = list(self.disabled_passes(backend))
         if passes:
             extra = [p for p in opts.get("xla_disable_hlo_passes", "").split(",") if p]

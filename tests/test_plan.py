@@ -176,3 +176,13 @@ def test_groups_reading_convolutions_or_odd_layouts_are_rejected():
     odd = graph([node("x"), node("a", layout="0,1"), node("b")], [(0, 1), (1, 2)])
     with pytest.raises(ValueError, match=r"group 0: 'a' has the non-default layout \{0,1\}"):
         make_plan([["a", "b"]]).validate(odd)
+
+
+def test_boolean_compile_options_are_spelled_as_xla_parses_them():
+    import jax
+    import jax.numpy as jnp
+
+    plan = FusionPlan(compile_options=(("xla_cpu_multi_thread_eigen", "false"), ("xla_backend_optimization_level", "2")))
+    opts = plan.compiler_options("cpu")
+    assert opts == {"xla_cpu_multi_thread_eigen": "False", "xla_backend_optimization_level": "2"}
+    jax.jit(lambda x: x * 2).lower(jnp.ones(3)).compile(compiler_options=opts)  # XLA accepts them
