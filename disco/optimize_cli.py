@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
     p.add_argument("--strategy", default="best_first", choices=STRATEGIES, help="search strategy")
     p.add_argument("--measure-top-k", type=int, default=3, help="searched plans to measure (default 3)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (default 5)")
+    p.add_argument("--rounds", type=int, default=9, help="interleaved measurement rounds (default 9)")
     p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
     p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     p.add_argument("--no-confirm", dest="confirm", action="store_false",

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--budget", type=float, default=30)
     ap.add_argument("--cluster")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--models", default="")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
