@@ -177,8 +177,8 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     if result.comm_free_bound_s is not None:
         med, lo, hi = (v * 1e3 for v in result.comm_free_bound_s)
         console.print(f"measured communication-free bound {med:.3f} ms ({lo:.3f}-{hi:.3f}; the step with its "
-                      f"all-reduces replaced by copies, not a plan): no bucketing can beat xla_default here by "
-                      f"more than {base / result.comm_free_bound_s[0]:.3f}x")
+                      f"all-reduces replaced by copies, not a plan): the ceiling, up to noise, on what "
+                      f"bucketing can gain here is {base / result.comm_free_bound_s[0]:.3f}x")
     console.print(f"[bold]verdict:[/bold] {result.verdict}")
 
 

@@ -100,7 +100,7 @@ class OptimizeResult:
         confirmation run, by name; None when there was none (xla_default chosen, or confirm off).
       comm_free_bound_s: the measured (median, min, max) of the step with its all-reduces replaced
         by copies (:mod:`xla_hooks.bound`), in the same rounds; None when not measured. Not a
-        plan: ``xla_default / bound`` is the most any bucketing can gain on this machine.
+        plan: ``xla_default / bound`` is an (optimistic) ceiling on what bucketing can gain here.
     """
 
     plan: FusionPlan

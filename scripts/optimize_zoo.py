@@ -8,7 +8,7 @@ the top plans measured for real, interleaved with xla_default, per_tensor, horov
 table reports, per model, every measured plan's median (min-max) and the geometric mean over the
 zoo of the chosen plan's measured speedup over xla_default; then, per model, the measured
 communication-free bound (the step with its all-reduces replaced by copies, measured in the same
-rounds; not a plan) and the ceiling it sets: no bucketing can beat xla_default by more than
+rounds; not a plan) and the ceiling it sets, up to noise, on what bucketing can gain:
 xla_default / bound.
 """
 
