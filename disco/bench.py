@@ -25,6 +25,7 @@ class PlanResult:
     fusions: int
     all_reduces: int
     measurement: Any  # xla_hooks.measure.Measurement
+    step: Any = dataclasses.field(default=None, repr=False, compare=False)  # the measured callable
 
     def to_dict(self, base_median: float | None) -> dict[str, Any]:
         m = self.measurement.to_dict()
@@ -103,4 +104,4 @@ def run_bench(
                 progress(f"compiled {COMM_FREE_BOUND}")
     ms = measure.measure_interleaved(applied, args, rounds=rounds, steps=steps,
                                      on_round=(lambda r: progress(f"round {r + 1}/{rounds}")) if progress else None)
-    return [PlanResult(name, plan, *meta[name], ms[name]) for name, plan in names.items()]
+    return [PlanResult(name, plan, *meta[name], ms[name], applied[name]) for name, plan in names.items()]

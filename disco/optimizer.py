@@ -255,6 +255,7 @@ def optimize(
     from disco.costs import AnalyticCosts
     from disco.extractor import extract
     from disco.simulator import Simulator
+    from xla_hooks import measure
     from xla_hooks.apply_plan import PlanFallbackWarning
 
     if strategy not in search.STRATEGIES:
@@ -309,7 +310,7 @@ def optimize(
                                   projected.replace(name=pname), sim.step_time(projected))
 
     # -- measure -------------------------------------------------------------------------------
-    total = len(rows) + int(measure_bound) + rounds + (2 + rounds if confirm else 0)
+    total = len(rows) + int(measure_bound) + rounds + (rounds if confirm else 0)
     done = [0]
 
     def on_bench(msg: str) -> None:
@@ -330,13 +331,12 @@ def optimize(
             applied=m.applied, fallback_reason=m.fallback_reason))
     chosen, verdict = _verdict(final)
     confirmation = None
-    if confirm and chosen != "xla_default":
-        by_name = {r.name: r for r in final}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PlanFallbackWarning)
-            again = bench.run_bench(step_fn, args, {n: by_name[n].plan for n in ("xla_default", chosen)},
-                                    rounds=rounds, steps=steps, progress=on_bench)
-        confirmation = {m.name: (m.measurement.median, m.measurement.min, m.measurement.max) for m in again}
+    if confirm and chosen != "xla_default":  # the same executables, fresh rounds
+        compiled = {m.name: m.step for m in measured}
+        again = measure.measure_interleaved(
+            {n: compiled[n] for n in ("xla_default", chosen)}, args, rounds=rounds, steps=steps,
+            on_round=lambda r: on_bench(f"confirmation round {r + 1}/{rounds}"))
+        confirmation = {n: (m.median, m.min, m.max) for n, m in again.items()}
         chosen, verdict = _confirmed(chosen, verdict, confirmation)
     plan = next(r.plan for r in final if r.name == chosen)
     return OptimizeResult(
