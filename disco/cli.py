@@ -242,6 +242,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     if args.processes > 1:
+        if args.bound:
+            raise CliError("--bound is measured in-process only; drop --bound or use --processes 1")
         return cmd_bench_processes(args)
 
     from disco import bench, extractor

@@ -49,6 +49,12 @@ def test_too_many_devices():
     assert r.returncode == 2 and "--devices must be at least 1" in r.stderr
 
 
+def test_bound_across_processes_is_refused_clearly():
+    r = run_cli("bench", "--model", "mlp", "--processes", "2", "--bound")
+    assert r.returncode == 2 and "--bound is measured in-process only" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_unparsable_hlo_file(tmp_path):
     bad = tmp_path / "bad.hlo"
     bad.write_text("this is not hlo")
