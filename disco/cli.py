@@ -313,6 +313,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             print(f"  {s:>10,d} bytes  {t * 1e6:10.1f} us")
         print(f"fit t = {c.fit_a * 1e6:.1f} us + n / {1 / c.fit_b / 1e9:.2f} GB/s; ring link latency "
               f"{c.latency * 1e6:.2f} us, bandwidth {c.bandwidth / 1e9:.2f} GB/s")
+        print(f"variadic all-reduce of {cal.OPERANDS} operands ({cal.OPERAND_BYTES:,d} bytes in all) "
+              f"{c.variadic_s * 1e6:.1f} us, the same bytes concatenated {c.concat_s * 1e6:.1f} us: "
+              f"operand latency {c.operand_latency * 1e6:.1f} us")
         if args.out:
             print(f"wrote {args.out}")
     return 0

@@ -197,6 +197,11 @@ class ClusterSpec:
       inter: the link between nodes (for one node, conventionally equal to ``intra``).
       algorithm: the all-reduce algorithm, "ring", "tree" or "hierarchical".
       compute_speed: device speed relative to the profiled device (2.0: kernels take half the time).
+      operand_latency: seconds each operand after the first adds to a variadic (tuple) all-reduce,
+        the form XLA's combiner produces. 0 for the public shapes (not measured there); measured
+        by ``disco calibrate`` (XLA:CPU runs a variadic all-reduce operand by operand: about
+        0.2 ms per operand on 8 in-process devices, while one concatenated buffer of the same
+        bytes costs no more than a single operand).
       description: free text (not compared).
       label: provenance, e.g. "public GPU cluster shape, not measured" (not compared).
     """
@@ -208,6 +213,7 @@ class ClusterSpec:
     inter: LinkSpec
     algorithm: Algorithm = "ring"
     compute_speed: float = 1.0
+    operand_latency: float = 0.0
     description: str = dataclasses.field(default="", compare=False)
     label: str = dataclasses.field(default="", compare=False)
 
@@ -225,6 +231,9 @@ class ClusterSpec:
         cs = self.compute_speed
         if isinstance(cs, bool) or not isinstance(cs, (int, float)) or not (math.isfinite(cs) and cs > 0):
             raise ValueError(f"ClusterSpec.compute_speed: expected a positive number, got {cs!r}")
+        ol = self.operand_latency
+        if isinstance(ol, bool) or not isinstance(ol, (int, float)) or not (math.isfinite(ol) and ol >= 0):
+            raise ValueError(f"ClusterSpec.operand_latency: expected a non-negative number of seconds, got {ol!r}")
 
     @property
     def num_devices(self) -> int:
@@ -241,6 +250,8 @@ class ClusterSpec:
             "intra": self.intra.to_dict(), "inter": self.inter.to_dict(),
             "algorithm": self.algorithm, "compute_speed": float(self.compute_speed),
         }
+        if self.operand_latency:
+            out["operand_latency"] = float(self.operand_latency)
         if self.description:
             out["description"] = self.description
         if self.label:
@@ -263,7 +274,7 @@ class ClusterSpec:
         if not isinstance(data, Mapping):
             raise ValueError(f"{where}: expected a mapping of cluster fields, got {type(data).__name__}")
         known = {"name", "nodes", "devices_per_node", "intra", "inter", "algorithm", "compute_speed",
-                 "description", "label"}
+                 "operand_latency", "description", "label"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{where}: unknown fields {unknown}; expected some of {sorted(known)}")
@@ -285,11 +296,13 @@ class ClusterSpec:
         speed = data.get("compute_speed", 1.0)
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
             raise ValueError(f"{where}.compute_speed: expected a positive number, got {speed!r}")
+        operand_latency = parse_latency(data.get("operand_latency", 0.0), f"{where}.operand_latency")
         for key in ("name", "description", "label"):
             if key in data and not isinstance(data[key], str):
                 raise ValueError(f"{where}.{key}: expected a string, got {data[key]!r}")
         return cls(name=data.get("name", f"{nodes}x{dpn}"), nodes=nodes, devices_per_node=dpn,
                    intra=intra, inter=inter, algorithm=algorithm, compute_speed=float(speed),
+                   operand_latency=operand_latency,
                    description=data.get("description", ""), label=data.get("label", ""))
 
     @classmethod
@@ -537,7 +550,7 @@ PRESETS: tuple[str, ...] = ("local", "dgx-a100-8", "2x8-100gbe", "16x8-ib")
 LOCAL_BANDWIDTH = 5e9
 LOCAL_LATENCY = 20e-6
 LOCAL_DEVICES = 8
-_CALIBRATION_KEYS = frozenset({"bandwidth", "latency", "compute_speed"})
+_CALIBRATION_KEYS = frozenset({"bandwidth", "latency", "compute_speed", "operand_latency"})
 
 
 def preset(name: str, devices: int | None = None, calibration: Mapping[str, float] | None = None) -> ClusterSpec:
@@ -580,6 +593,7 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
         measured = bool(cal)
         return ClusterSpec(name="local", nodes=1, devices_per_node=n, intra=link, inter=link,
                            algorithm="ring", compute_speed=float(cal.get("compute_speed", 1.0)),
+                           operand_latency=float(cal.get("operand_latency", 0.0)),
                            description=f"{n} virtual CPU devices of this machine",
                            label="calibrated on this machine" if measured else LOCAL_LABEL)
     if calibration is not None:

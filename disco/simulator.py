@@ -90,6 +90,8 @@ if TYPE_CHECKING:
 
 Order = Literal["program", "topological"]
 ORDERS: tuple[str, ...] = ("program", "topological")
+# What a cached unit is: a kernel, a collective, or a variadic (tuple / XLA-combined) all-reduce.
+_KERNEL, _SINGLE, _VARIADIC = 0, 1, 2
 _INF = float("inf")
 _VIRTUAL, _KERNEL, _COLL = 0, 1, 2
 
@@ -300,7 +302,7 @@ class Simulator:
         self._kernel_cache: dict[tuple[bool, tuple[int, ...]], float] = {}
         self._group_cache: dict[tuple[str, ...], _Group] = {}
         self._bucket_names: dict[tuple[str, ...], tuple[int, ...]] = {}
-        self._unit_cache: dict[tuple[str, bool, tuple[int, ...]], _Unit] = {}
+        self._unit_cache: dict[tuple[str, int, tuple[int, ...]], _Unit] = {}  # (fusion, _KERNEL|..., members)
         self._region_cache: dict[tuple[tuple[str, ...], ...], tuple[list[int], list[_Unit], float]] = {}
         self._combined: dict[str, list[_Unit]] = {}
         self._modes: dict[str, _Mode] = {}
@@ -479,7 +481,7 @@ class Simulator:
 
     def _kernel_unit(self, mode: _Mode, members: tuple[int, ...],
                      groups: tuple[tuple[str, ...], ...] = ()) -> _Unit:
-        key = (mode.fusion, False, members)
+        key = (mode.fusion, _KERNEL, members)
         u = self._unit_cache.get(key)
         if u is None:
             inl = sorted({d for m in members for d in mode.inline[m]})
@@ -497,12 +499,16 @@ class Simulator:
             u = _Unit(False, u.members, u.dur, u.succ, u.indeg, u.name, groups)
         return u
 
-    def _coll_unit(self, mode: _Mode, members: tuple[int, ...], kind: str) -> _Unit:
-        key = (mode.fusion, True, members)
+    def _coll_unit(self, mode: _Mode, members: tuple[int, ...], kind: str, variadic: bool = False) -> _Unit:
+        """One collective over ``members``; ``variadic`` (XLA's combined or a "tuple" bucket) adds the
+        cluster's ``operand_latency`` for each operand after the first."""
+        key = (mode.fusion, _VARIADIC if variadic else _SINGLE, members)
         u = self._unit_cache.get(key)
         if u is None:
             nbytes = sum(self._cbytes[m] for m in members)
             dur = self.costs.collective_time(kind, nbytes, self.cluster)
+            if variadic:
+                dur += self.cluster.operand_latency * (len(members) - 1)
             succ, indeg = self._links(mode, members)
             u = _Unit(True, members, dur, succ, indeg, self.graph.nodes[members[0]].name)
             self._unit_cache[key] = u
@@ -573,7 +579,7 @@ class Simulator:
         by_level: dict[int, list[int]] = collections.defaultdict(list)
         for a in self._ars:
             by_level[(levels or self._levels)[a]].append(a)
-        out = [self._coll_unit(mode, tuple(by_level[lv]), "all-reduce") for lv in sorted(by_level)]
+        out = [self._coll_unit(mode, tuple(by_level[lv]), "all-reduce", variadic=True) for lv in sorted(by_level)]
         if levels is None:
             self._combined[mode.fusion] = out
         return out
@@ -631,7 +637,9 @@ class Simulator:
                 members = bucket_get(b.members) or self._bucket_members(bi, b.members)
                 seen.update(members)
                 count += len(members)
-                u = coll_get((fusion, True, members)) or self._coll_unit(mode, members, "all-reduce")
+                variadic = b.build == "tuple"
+                u = (coll_get((fusion, _VARIADIC if variadic else _SINGLE, members))
+                     or self._coll_unit(mode, members, "all-reduce", variadic))
                 buckets.append(u)
                 if len(members) > 1:
                     gone = [ar_unit[m] for m in members]

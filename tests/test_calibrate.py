@@ -15,3 +15,15 @@ def test_fit_recovers_ring_parameters():
 def test_fit_needs_two_devices():
     with pytest.raises(ValueError, match="at least 2 devices, got 1"):
         calibrate.fit(1, [1, 2], [1.0, 2.0])
+
+
+def test_variadic_all_reduce_is_measured_next_to_its_concatenation():
+    variadic_s, concat_s = calibrate.measure_variadic(4, operands=4, nbytes=1 << 12, reps=3)
+    assert variadic_s > 0 and concat_s > 0
+
+
+def test_calibration_feeds_the_operand_latency_into_the_local_preset():
+    c = calibrate.fit(8, [1 << 10, 1 << 20], [2e-4, 1e-3])
+    c = c.__class__(**{**c.to_dict(), "operand_latency": 2e-4})
+    spec = cluster.preset("local", devices=8, calibration=c.as_preset_calibration())
+    assert spec.operand_latency == 2e-4 and spec.label == "calibrated on this machine"

@@ -225,3 +225,15 @@ def test_from_yaml_never_opens_a_path_given_as_text(tmp_path):
     path.write_text(preset("local").to_yaml())
     with pytest.raises(ValueError):
         ClusterSpec.from_yaml(str(path))  # a str is YAML text: a bare path string is not a spec
+
+
+def test_operand_latency_reads_units_round_trips_and_defaults_to_zero(tmp_path):
+    text = "nodes: 1\ndevices_per_node: 8\nintra: {bandwidth: 1GB/s, latency: 6us}\noperand_latency: 220us\n"
+    spec = ClusterSpec.from_yaml(text)
+    assert spec.operand_latency == pytest.approx(220e-6)
+    assert ClusterSpec.from_yaml(spec.to_yaml()) == spec
+    assert ClusterSpec.from_yaml(text.replace("operand_latency: 220us\n", "")).operand_latency == 0.0
+    assert "operand_latency" not in ClusterSpec.from_yaml(text.replace("operand_latency: 220us\n", "")).to_dict()
+    with pytest.raises(ValueError, match=r"cluster\.operand_latency"):
+        ClusterSpec.from_yaml(text.replace("220us", "-1"))
+    assert preset("local", devices=8, calibration={"operand_latency": 2e-4}).operand_latency == 2e-4

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from disco.cluster import ClusterSpec, preset
 from disco.costs import AnalyticCosts, CostModel, Kernel, is_kernel_node
 from disco.graph import HloGraph, Node
-from disco.plan import FUSIBLE_OPCODES, FusionPlan, make_plan
+from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan, make_plan
 from disco.plan_check import validate
 from disco.simulator import Event, SimResult, Simulator, lower_bound, simulate
 
@@ -163,6 +163,22 @@ def test_buckets_none_is_one_combined_bucket():
     assert [(e.stream, e.start, e.end, e.members) for e in none.timeline] == \
         [(e.stream, e.start, e.end, e.members) for e in one.timeline]
     assert spans(none)["combined.0"] == ("comm", 3, 6)
+
+
+def test_variadic_all_reduces_pay_the_operand_latency_and_concat_buckets_do_not():
+    """XLA's combined all-reduce and "tuple" buckets are variadic: each operand after the first
+    adds ``operand_latency`` (measured on XLA:CPU); a concat bucket of the same bytes does not."""
+    g = graph_of(GRADS)
+    costs = FixedCosts(GRAD_TIMES)
+    cluster = CLUSTER.replace(operand_latency=0.5)
+    none = Simulator(g, costs, cluster).run(FusionPlan())
+    assert spans(none)["combined.0"] == ("comm", 3, 6.5)  # 1 + (1 + 1) bytes + 0.5 for ar1
+    concat = Simulator(g, costs, cluster).run(make_plan(buckets=[["ar1", "ar2"]]))
+    assert spans(concat)["bucket.0"] == ("comm", 3, 6)
+    tuple_plan = FusionPlan(buckets=(Bucket(("ar1", "ar2"), "tuple"),))
+    assert spans(Simulator(g, costs, cluster).run(tuple_plan))["bucket.0"] == ("comm", 3, 6.5)
+    single = Simulator(g, costs, cluster).run(make_plan(buckets=[["ar1"], ["ar2"]]))
+    assert single.comm_time == 4  # one operand each: nothing added
 
 
 def test_buckets_none_splits_dependent_all_reduces_by_level():
