@@ -202,6 +202,10 @@ class ClusterSpec:
         by ``disco calibrate`` (XLA:CPU runs a variadic all-reduce operand by operand: about
         0.2 ms per operand on 8 in-process devices, while one concatenated buffer of the same
         bytes costs no more than a single operand).
+      overlap: whether a collective runs beside compute (its own stream, as on GPUs with NCCL).
+        False for devices whose collectives are run by the same threads that compute (in-process
+        virtual CPU devices: measured, one all-reduce per gradient is the slowest plan there), so
+        the simulator puts collectives and kernels on one stream.
       description: free text (not compared).
       label: provenance, e.g. "public GPU cluster shape, not measured" (not compared).
     """
@@ -214,6 +218,7 @@ class ClusterSpec:
     algorithm: Algorithm = "ring"
     compute_speed: float = 1.0
     operand_latency: float = 0.0
+    overlap: bool = True
     description: str = dataclasses.field(default="", compare=False)
     label: str = dataclasses.field(default="", compare=False)
 
@@ -231,6 +236,8 @@ class ClusterSpec:
         cs = self.compute_speed
         if isinstance(cs, bool) or not isinstance(cs, (int, float)) or not (math.isfinite(cs) and cs > 0):
             raise ValueError(f"ClusterSpec.compute_speed: expected a positive number, got {cs!r}")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"ClusterSpec.overlap: expected true or false, got {self.overlap!r}")
         ol = self.operand_latency
         if isinstance(ol, bool) or not isinstance(ol, (int, float)) or not (math.isfinite(ol) and ol >= 0):
             raise ValueError(f"ClusterSpec.operand_latency: expected a non-negative number of seconds, got {ol!r}")
@@ -252,6 +259,8 @@ class ClusterSpec:
         }
         if self.operand_latency:
             out["operand_latency"] = float(self.operand_latency)
+        if not self.overlap:
+            out["overlap"] = False
         if self.description:
             out["description"] = self.description
         if self.label:
@@ -274,7 +283,7 @@ class ClusterSpec:
         if not isinstance(data, Mapping):
             raise ValueError(f"{where}: expected a mapping of cluster fields, got {type(data).__name__}")
         known = {"name", "nodes", "devices_per_node", "intra", "inter", "algorithm", "compute_speed",
-                 "operand_latency", "description", "label"}
+                 "operand_latency", "overlap", "description", "label"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{where}: unknown fields {unknown}; expected some of {sorted(known)}")
@@ -297,12 +306,15 @@ class ClusterSpec:
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
             raise ValueError(f"{where}.compute_speed: expected a positive number, got {speed!r}")
         operand_latency = parse_latency(data.get("operand_latency", 0.0), f"{where}.operand_latency")
+        overlap = data.get("overlap", True)
+        if not isinstance(overlap, bool):
+            raise ValueError(f"{where}.overlap: expected true or false, got {overlap!r}")
         for key in ("name", "description", "label"):
             if key in data and not isinstance(data[key], str):
                 raise ValueError(f"{where}.{key}: expected a string, got {data[key]!r}")
         return cls(name=data.get("name", f"{nodes}x{dpn}"), nodes=nodes, devices_per_node=dpn,
                    intra=intra, inter=inter, algorithm=algorithm, compute_speed=float(speed),
-                   operand_latency=operand_latency,
+                   operand_latency=operand_latency, overlap=overlap,
                    description=data.get("description", ""), label=data.get("label", ""))
 
     @classmethod
@@ -594,6 +606,7 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
         return ClusterSpec(name="local", nodes=1, devices_per_node=n, intra=link, inter=link,
                            algorithm="ring", compute_speed=float(cal.get("compute_speed", 1.0)),
                            operand_latency=float(cal.get("operand_latency", 0.0)),
+                           overlap=False,  # the device threads that compute also reduce
                            description=f"{n} virtual CPU devices of this machine",
                            label="calibrated on this machine" if measured else LOCAL_LABEL)
     if calibration is not None:

@@ -784,6 +784,7 @@ class Simulator:
         The hot path of the search; ``_sweep`` does the same with any key and records events.
         """
         unit_of, indeg, dur, key, succ, coll, ready_k, ready_c = self._arrays(patch)
+        blocking = not self.cluster.overlap
         heappush, heappop = heapq.heappush, heapq.heappop
         rk = [key[u] for u in ready_k]  # kernels ready now, by program position
         heapq.heapify(rk)
@@ -827,7 +828,11 @@ class Simulator:
             if not tc:
                 break
             u = unit_of[heappop(tc)[1]]
-            fin = t_m = limit + dur[u]
+            if blocking:  # one stream: the collective waits for the running kernel, then holds it
+                start = limit if limit > t_c else t_c
+                fin = t_m = start + dur[u]
+            else:
+                fin = t_m = limit + dur[u]
             done += 1
             for s, c in succ[u]:
                 w = unit_of[s]
@@ -842,6 +847,8 @@ class Simulator:
                         heappush(rk, key[w])
                     else:
                         heappush(tk, (rt[w], key[w]))
+            if blocking:
+                t_c = fin
             if tc:
                 r = tc[0][0]
                 limit = r if r > t_m else t_m
@@ -854,6 +861,7 @@ class Simulator:
     def _sweep(self, patch: _Patch, order: str, labels: dict[int, str]) -> SimResult:
         """The general sweep: any order, records the timeline and critical path."""
         unit_of, indeg, dur, key, succ, coll, ready_k, ready_c = self._arrays(patch)
+        blocking = not self.cluster.overlap
         units = patch.mode.units + patch.new
         if order == "topological":
             prio = self._ranks(patch, unit_of, dur, succ)
@@ -917,7 +925,11 @@ class Simulator:
                 if r <= nxt:
                     u = heappop(tc)[2]
                     done += 1
-                    t_m = place(u, r, t_m, 1)
+                    if blocking:  # one stream: after the running kernel, and nothing beside it
+                        t_m = place(u, r if r > t_c else t_c, t_m, 1)
+                        t_c = t_m
+                    else:
+                        t_m = place(u, r, t_m, 1)
                     continue
             if nxt == _INF:
                 break

@@ -237,3 +237,8 @@ def test_operand_latency_reads_units_round_trips_and_defaults_to_zero(tmp_path):
     with pytest.raises(ValueError, match=r"cluster\.operand_latency"):
         ClusterSpec.from_yaml(text.replace("220us", "-1"))
     assert preset("local", devices=8, calibration={"operand_latency": 2e-4}).operand_latency == 2e-4
+    one_stream = ClusterSpec.from_yaml(text + "overlap: false\n")
+    assert not one_stream.overlap and ClusterSpec.from_yaml(one_stream.to_yaml()) == one_stream
+    assert not preset("local").overlap and preset("dgx-a100-8").overlap
+    with pytest.raises(ValueError, match=r"cluster\.overlap: expected true or false"):
+        ClusterSpec.from_yaml(text + "overlap: sometimes\n")

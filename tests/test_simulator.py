@@ -45,7 +45,7 @@ class FixedCosts(CostModel):
         return cls({})
 
 
-CLUSTER = preset("local")
+CLUSTER = preset("local").replace(overlap=True)  # two streams, as on GPUs (tests below set False)
 OFF = FusionPlan(xla_fusion="off")  # only planned fusions: every other op is a kernel of one
 
 
@@ -146,6 +146,20 @@ def test_separate_buckets_overlap():
                         "bucket.1": ("comm", 3, 5), "k3": ("compute", 3, 4), "u1": ("compute", 4, 5),
                         "u2": ("compute", 5, 6)}
     assert (r.step_time, r.compute_time, r.comm_time, r.exposed_comm) == (6, 6, 4, 0)
+
+
+def test_without_overlap_collectives_hold_the_one_stream():
+    """In-process CPU devices reduce with the threads that compute: with ``overlap=False`` a
+    collective waits for the running kernel and nothing computes beside it."""
+    g = graph_of(GRADS)
+    sim = Simulator(g, FixedCosts(GRAD_TIMES), CLUSTER.replace(overlap=False))
+    plan = make_plan(buckets=[["ar1"], ["ar2"]])
+    r = sim.run(plan)
+    assert sim.step_time(plan) == r.step_time
+    assert spans(r) == {"k1": ("compute", 0, 1), "bucket.0": ("comm", 1, 3), "k2": ("compute", 3, 5),
+                        "bucket.1": ("comm", 5, 7), "k3": ("compute", 7, 8), "u1": ("compute", 8, 9),
+                        "u2": ("compute", 9, 10)}
+    assert (r.step_time, r.compute_time, r.comm_time, r.exposed_comm) == (10, 6, 4, 4)
 
 
 def test_bucket_waits_for_its_last_gradient():
@@ -389,14 +403,14 @@ def longest_chain(result: SimResult, graph: HloGraph) -> float:
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(dags(), st.sampled_from(["program", "topological"]))
-def test_step_time_bounds_hold_on_random_dags(case, order):
+@given(dags(), st.sampled_from(["program", "topological"]), st.booleans())
+def test_step_time_bounds_hold_on_random_dags(case, order, overlap):
     g, plan, costs = case
     try:
         validate(plan, g)
     except ValueError:  # buckets of dependent all-reduces
         assume(False)
-    sim = Simulator(g, costs, CLUSTER)
+    sim = Simulator(g, costs, CLUSTER.replace(overlap=overlap))
     r = sim.run(plan, order)
     assert sim.step_time(plan, order) == r.step_time
     assert math.isclose(sum(e.duration for e in r.timeline if e.stream == "compute"), r.compute_time)
@@ -406,6 +420,10 @@ def test_step_time_bounds_hold_on_random_dags(case, order):
     assert r.step_time >= sim.lower_bound() - 1e-9
     for stream in ("compute", "comm"):  # each stream runs one thing at a time
         evs = sorted((e for e in r.timeline if e.stream == stream), key=lambda e: e.start)
+        assert all(a.end <= b.start + 1e-12 for a, b in zip(evs, evs[1:]))
+    if not overlap:  # one stream: nothing computes while a collective runs
+        assert r.step_time >= r.compute_time + r.comm_time - 1e-9
+        evs = sorted(r.timeline, key=lambda e: e.start)
         assert all(a.end <= b.start + 1e-12 for a, b in zip(evs, evs[1:]))
     if order == "program":  # the compute stream is in program (first compute member) order
         assert not r.critical_path or r.critical_path[-1] in {e.name for e in r.timeline}
