@@ -15,6 +15,8 @@ Our own YAML format (``ClusterSpec.to_yaml`` / ``ClusterSpec.from_yaml``)::
     inter: {bandwidth: 100Gbps, latency: 15us}  # per node, per direction
     algorithm: hierarchical                     # ring | tree | hierarchical
     compute_speed: 1.0                          # optional, default 1.0
+    operand_latency: 0us                        # optional: per extra operand of a variadic all-reduce
+    overlap: true                               # optional: collectives beside compute (false: one stream)
     description: ...                            # optional free text
     label: public GPU cluster shape, not measured  # optional
 
