@@ -91,7 +91,7 @@ if TYPE_CHECKING:
 Order = Literal["program", "topological"]
 ORDERS: tuple[str, ...] = ("program", "topological")
 # What a cached unit is: a kernel, a collective, or a variadic (tuple / XLA-combined) all-reduce.
-_KERNEL, _SINGLE, _VARIADIC = 0, 1, 2
+_UNIT_KERNEL, _UNIT_COLL, _UNIT_VARIADIC = 0, 1, 2
 _INF = float("inf")
 _VIRTUAL, _KERNEL, _COLL = 0, 1, 2
 
@@ -302,7 +302,7 @@ class Simulator:
         self._kernel_cache: dict[tuple[bool, tuple[int, ...]], float] = {}
         self._group_cache: dict[tuple[str, ...], _Group] = {}
         self._bucket_names: dict[tuple[str, ...], tuple[int, ...]] = {}
-        self._unit_cache: dict[tuple[str, int, tuple[int, ...]], _Unit] = {}  # (fusion, _KERNEL|..., members)
+        self._unit_cache: dict[tuple[str, int, tuple[int, ...]], _Unit] = {}  # (fusion, _UNIT_*, members)
         self._region_cache: dict[tuple[tuple[str, ...], ...], tuple[list[int], list[_Unit], float]] = {}
         self._combined: dict[str, list[_Unit]] = {}
         self._modes: dict[str, _Mode] = {}
@@ -481,7 +481,7 @@ class Simulator:
 
     def _kernel_unit(self, mode: _Mode, members: tuple[int, ...],
                      groups: tuple[tuple[str, ...], ...] = ()) -> _Unit:
-        key = (mode.fusion, _KERNEL, members)
+        key = (mode.fusion, _UNIT_KERNEL, members)
         u = self._unit_cache.get(key)
         if u is None:
             inl = sorted({d for m in members for d in mode.inline[m]})
@@ -502,7 +502,7 @@ class Simulator:
     def _coll_unit(self, mode: _Mode, members: tuple[int, ...], kind: str, variadic: bool = False) -> _Unit:
         """One collective over ``members``; ``variadic`` (XLA's combined or a "tuple" bucket) adds the
         cluster's ``operand_latency`` for each operand after the first."""
-        key = (mode.fusion, _VARIADIC if variadic else _SINGLE, members)
+        key = (mode.fusion, _UNIT_VARIADIC if variadic else _UNIT_COLL, members)
         u = self._unit_cache.get(key)
         if u is None:
             nbytes = sum(self._cbytes[m] for m in members)
@@ -638,7 +638,7 @@ class Simulator:
                 seen.update(members)
                 count += len(members)
                 variadic = b.build == "tuple"
-                u = (coll_get((fusion, _VARIADIC if variadic else _SINGLE, members))
+                u = (coll_get((fusion, _UNIT_VARIADIC if variadic else _UNIT_COLL, members))
                      or self._coll_unit(mode, members, "all-reduce", variadic))
                 buckets.append(u)
                 if len(members) > 1:
