@@ -24,6 +24,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
+from typing import Any
 
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 24)
 OPERANDS = 32
@@ -71,8 +72,13 @@ def fit(devices: int, sizes: Sequence[int], times: Sequence[float]) -> Calibrati
                        latency=a / (2 * (p - 1)), bandwidth=2 * (p - 1) / (p * b), fit_a=a, fit_b=b)
 
 
-def measure_allreduce(devices: int, nbytes: int, reps: int = 20) -> float:
-    """Median seconds of one jitted all-reduce of ``nbytes`` per device over ``devices`` devices."""
+def _data_parallel(devices: int, fns: Sequence[Any], per_device: int) -> tuple[list[Any], Any]:
+    """``fns`` jitted as shard_map bodies over a ``("dp",)`` mesh of ``devices`` devices, and a
+    float32 input of ``per_device`` elements per device sharded over it.
+
+    Raises:
+      ValueError: when fewer than ``devices`` devices are available.
+    """
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -81,17 +87,33 @@ def measure_allreduce(devices: int, nbytes: int, reps: int = 20) -> float:
     if devices > len(jax.devices()):
         raise ValueError(f"asked for {devices} devices, {len(jax.devices())} available")
     mesh = jax.make_mesh((devices,), ("dp",), devices=jax.devices()[:devices])
-    n = max(1, nbytes // 4)
-    f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "dp"), mesh=mesh, in_specs=P("dp"),
-                              out_specs=P("dp"), check_vma=False))
-    x = jax.device_put(jnp.ones((devices * n,), jnp.float32), NamedSharding(mesh, P("dp")))
-    jax.block_until_ready(f(x))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
+    jitted = [jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("dp"), out_specs=P("dp"), check_vma=False))
+              for f in fns]
+    x = jax.device_put(jnp.ones((devices * per_device,), jnp.float32), NamedSharding(mesh, P("dp")))
+    return jitted, x
+
+
+def _medians(fns: Sequence[Any], x: Any, reps: int) -> list[float]:
+    """Median seconds per call of each of ``fns`` on ``x`` after a warm-up, interleaved rep by rep."""
+    import jax
+
+    for f in fns:
         jax.block_until_ready(f(x))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for f, t in zip(fns, times):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(x))
+            t.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
+def measure_allreduce(devices: int, nbytes: int, reps: int = 20) -> float:
+    """Median seconds of one jitted all-reduce of ``nbytes`` per device over ``devices`` devices."""
+    import jax
+
+    fns, x = _data_parallel(devices, [lambda x: jax.lax.psum(x, "dp")], max(1, nbytes // 4))
+    return _medians(fns, x, reps)[0]
 
 
 def measure_variadic(devices: int, operands: int = OPERANDS, nbytes: int = OPERAND_BYTES,
@@ -100,12 +122,7 @@ def measure_variadic(devices: int, operands: int = OPERANDS, nbytes: int = OPERA
     their concatenation), ``nbytes`` per device in all, interleaved rep by rep."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
-    if devices > len(jax.devices()):
-        raise ValueError(f"asked for {devices} devices, {len(jax.devices())} available")
-    mesh = jax.make_mesh((devices,), ("dp",), devices=jax.devices()[:devices])
     n = max(1, nbytes // 4 // operands)
 
     def parts(x):  # distinct values per part, so XLA cannot merge the all-reduces into one operand
@@ -117,18 +134,9 @@ def measure_variadic(devices: int, operands: int = OPERANDS, nbytes: int = OPERA
     def concat(x):
         return jax.lax.psum(jnp.concatenate(parts(x)), "dp")
 
-    x = jax.device_put(jnp.ones((devices * n * operands,), jnp.float32), NamedSharding(mesh, P("dp")))
-    fns = [jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("dp"), out_specs=P("dp"), check_vma=False))
-           for f in (variadic, concat)]
-    times: list[list[float]] = [[], []]
-    for f in fns:
-        jax.block_until_ready(f(x))
-    for _ in range(reps):
-        for f, t in zip(fns, times):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(x))
-            t.append(time.perf_counter() - t0)
-    return statistics.median(times[0]), statistics.median(times[1])
+    fns, x = _data_parallel(devices, [variadic, concat], n * operands)
+    variadic_s, concat_s = _medians(fns, x, reps)
+    return variadic_s, concat_s
 
 
 def calibrate(devices: int, sizes: Sequence[int] = SIZES, reps: int = 20) -> Calibration:
