@@ -170,6 +170,32 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+def replica_group_size(replica_groups: str | None) -> int | None:
+    """Devices per replica group in an HLO ``replica_groups`` attribute, or None when unknown.
+
+    Reads the explicit form ``{{0,1,2,3},{4,5,6,7}}`` (every group the same size) and the iota
+    form ``[2,4]<=[8]`` (groups x size). ``{}`` (all replicas, size known only at run time),
+    groups of unequal size and anything else give None.
+
+    >>> replica_group_size("{{0,1,2,3,4,5,6,7}}"), replica_group_size("[2,4]<=[8]")
+    (8, 4)
+    """
+    if not replica_groups:
+        return None
+    text = replica_groups.strip()
+    m = re.fullmatch(r"\[(\d+),(\d+)\]<=\[[\d,]+\](?:T\([\d,]+\))?", text)
+    if m:
+        return int(m.group(2))
+    m = re.fullmatch(r"\{(\{[\d,\s]*\}(?:\s*,\s*\{[\d,\s]*\})*)\}", text)
+    if not m:
+        return None
+    sizes = {len([d for d in g.split(",") if d.strip()]) for g in re.findall(r"\{([^{}]*)\}", m.group(1))}
+    if len(sizes) != 1:
+        return None
+    size = sizes.pop()
+    return size or None
+
+
 def _matching(text: str, start: int) -> int:
     """Index of the bracket closing the one at ``start``."""
     open_c = text[start]

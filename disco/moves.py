@@ -20,8 +20,9 @@ changed.
   close one; bucket moves check the changed buckets with precomputed reachability
   between all-reduces (bitsets), group moves need no check.
 - Buckets: only buckets of the same class (computation, reduction, replica
-  groups, dtype; ``concat`` build) merge, so every all-reduce stays in exactly
-  one bucket.
+  groups, dtype) merge, so every all-reduce stays in exactly one bucket; a bucket
+  made by a merge or a split is built "concat", and ``switch_build`` turns one
+  into "rs_ag" (reduce-scatter + all-gather) or back.
 
 Plans come out canonical (:func:`canonical`): group members and bucket members in
 program order, groups and buckets ordered by their first member, no one-op
@@ -43,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from disco import plan_check
+from disco.hlo_parse import replica_group_size
 from disco.plan import Bucket, FusionPlan
 
 if TYPE_CHECKING:
@@ -72,6 +74,8 @@ class MoveContext:
       ar_level: all-reduce node -> the number of all-reduces on the longest chain above it.
       ar_bit: all-reduce node -> its bit (its position in program order).
       ar_reach: all-reduce node -> bitset of the all-reduces downstream of it in the graph.
+      ar_splittable: all-reduce nodes whose bucket may use build "rs_ag" (replica groups of one
+        known size, not tuple-shaped).
     """
 
     graph: HloGraph
@@ -85,6 +89,7 @@ class MoveContext:
     ar_level: Mapping[int, int]
     ar_bit: Mapping[int, int]
     ar_reach: Mapping[int, int]
+    ar_splittable: frozenset[int] = frozenset()
     _cache: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
@@ -138,7 +143,9 @@ def context(graph: HloGraph) -> MoveContext:
         graph=graph, index=graph.index(), names=tuple(nd.name for nd in nodes),
         succ=tuple(map(tuple, succ)), pred=tuple(map(tuple, pred)), fusible_nbrs=tuple(nbrs),
         fusible_nodes=tuple(i for i in range(n) if nbrs[i]),
-        ar_class=ar_class, ar_level={i: above[i] for i in ar_class}, ar_bit=bit, ar_reach=reach)
+        ar_class=ar_class, ar_level={i: above[i] for i in ar_class}, ar_bit=bit, ar_reach=reach,
+        ar_splittable=frozenset(i for i in ar_class if not nodes[i].shape.startswith("(")
+                                and replica_group_size(nodes[i].replica_groups) is not None))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,6 +490,25 @@ def shift_gradient(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fu
     return None
 
 
+def switch_build(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Switches a bucket between "concat" (one all-reduce) and "rs_ag" (reduce-scatter + all-gather).
+
+    "tuple" buckets are left alone (inside a shard_map body jaxlib cannot export them), and only
+    buckets whose replica groups have a known size may become "rs_ag".
+    """
+    if not plan.buckets:
+        return None
+    idx = ctx.index
+    ok = [i for i, b in enumerate(plan.buckets)
+          if b.build == "rs_ag" or (b.build == "concat" and idx[b.members[0]] in ctx.ar_splittable)]
+    if not ok:
+        return None
+    i = rng.choice(ok)
+    b = plan.buckets[i]
+    new = Bucket(b.members, "concat" if b.build == "rs_ag" else "rs_ag")
+    return plan.replace(buckets=plan.buckets[:i] + (new,) + plan.buckets[i + 1:])
+
+
 MOVES: dict[str, Move] = {
     "fuse": fuse,
     "split_group": split_group,
@@ -491,13 +517,14 @@ MOVES: dict[str, Move] = {
     "split_bucket": split_bucket,
     "shift_gradient": shift_gradient,
     "toggle_xla_fusion": toggle_xla_fusion,
+    "switch_build": switch_build,
 }
 
 # Relative frequencies for random_move: fusion moves dominate since there are far more ops
 # than gradients; toggling XLA's fusion is one bit.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "fuse": 4.0, "split_group": 1.0, "move_op": 1.0, "merge_buckets": 1.5, "split_bucket": 1.0,
-    "shift_gradient": 1.5, "toggle_xla_fusion": 0.2,
+    "shift_gradient": 1.5, "toggle_xla_fusion": 0.2, "switch_build": 0.3,
 }
 
 

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from disco.graph import HloGraph
 
 SCHEMA_VERSION = 1
-BucketBuild = Literal["tuple", "concat"]
+BucketBuild = Literal["tuple", "concat", "rs_ag"]
+BUILDS: tuple[str, ...] = ("tuple", "concat", "rs_ag")
 XlaFusion = Literal["off", "extend"]
 
 # Opcodes disco puts into an injected kLoop fusion. XLA:CPU (jaxlib 0.10.2) aborts the
@@ -57,7 +58,11 @@ class Bucket:
     Attributes:
       members: all-reduce instruction names, in the order the bucket lays them out.
       build: "concat" (flatten, concatenate, one all-reduce, slice back; the
-        default) or "tuple" (one variadic all-reduce). jaxlib 0.10.2 cannot export
+        default), "rs_ag" (flatten and concatenate as for concat, pad to a multiple of the
+        replica group size, then a reduce-scatter and an all-gather in place of the
+        all-reduce: the AllReduce = ReduceScatter + AllGather split of CoCoNet; each device
+        reduces 1/p of the buffer instead of all of it) or "tuple" (one variadic
+        all-reduce). jaxlib 0.10.2 cannot export
         a variadic all-reduce inside a shard_map body (measured: "Sharding is
         tuple-shaped but validation shape is not"), so validation rejects
         multi-member tuple buckets there.

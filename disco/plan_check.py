@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
+from disco.hlo_parse import replica_group_size
+
 if TYPE_CHECKING:
     from disco.graph import HloGraph
     from disco.plan import FusionPlan
@@ -227,8 +229,8 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
                         "a bucket merges only all-reduces of the same reduction and replica groups")
                 if node.computation != first.computation:
                     raise ValueError(f"bucket {bi}: {name!r} and {first.name!r} are in different computations")
-                if bucket.build == "concat" and node.dtype != first.dtype:
-                    raise ValueError(f"bucket {bi}: 'concat' needs one dtype, got {first.dtype} and "
+                if bucket.build in ("concat", "rs_ag") and node.dtype != first.dtype:
+                    raise ValueError(f"bucket {bi}: {bucket.build!r} needs one dtype, got {first.dtype} and "
                                      f"{node.dtype} ({name!r}); use build 'tuple'")
                 if bucket.build == "tuple" and node.computation.startswith(MANUAL_BODY_PREFIX):
                     raise ValueError(
@@ -237,6 +239,14 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
                         "there; use build 'concat'")
                 if node.shape.startswith("("):
                     raise ValueError(f"bucket {bi}: {name!r} is already a tuple all-reduce")
+            if bucket.build == "rs_ag" and first.shape.startswith("("):
+                raise ValueError(f"bucket {bi}: {first.name!r} is a tuple all-reduce; build 'rs_ag' "
+                                 "splits one flat buffer")
+            if bucket.build == "rs_ag" and replica_group_size(first.replica_groups) is None:
+                raise ValueError(
+                    f"bucket {bi}: build 'rs_ag' needs replica groups of one known size to split the "
+                    f"buffer, but {first.name!r} has replica_groups={first.replica_groups!r}; use build "
+                    "'concat'")
         missing = [n.name for n in ars if n.name not in seen]
         if missing:
             raise ValueError(f"buckets leave out all-reduces {missing[:5]}{'...' if len(missing) > 5 else ''}; "

@@ -12,7 +12,7 @@ from disco.plan import SCHEMA_VERSION, Bucket, FusionPlan
 class BucketModel(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", strict=True)
     members: list[str] = pydantic.Field(min_length=1)
-    build: Literal["tuple", "concat"] = "concat"
+    build: Literal["tuple", "concat", "rs_ag"] = "concat"
 
 
 class PlanModel(pydantic.BaseModel):

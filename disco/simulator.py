@@ -91,7 +91,8 @@ if TYPE_CHECKING:
 Order = Literal["program", "topological"]
 ORDERS: tuple[str, ...] = ("program", "topological")
 # What a cached unit is: a kernel, a collective, or a variadic (tuple / XLA-combined) all-reduce.
-_UNIT_KERNEL, _UNIT_COLL, _UNIT_VARIADIC = 0, 1, 2
+_UNIT_KERNEL, _UNIT_COLL, _UNIT_VARIADIC, _UNIT_RS_AG = 0, 1, 2, 3
+_BUILD_UNIT = {"concat": _UNIT_COLL, "tuple": _UNIT_VARIADIC, "rs_ag": _UNIT_RS_AG}
 _INF = float("inf")
 _VIRTUAL, _KERNEL, _COLL = 0, 1, 2
 
@@ -499,15 +500,22 @@ class Simulator:
             u = _Unit(False, u.members, u.dur, u.succ, u.indeg, u.name, groups)
         return u
 
-    def _coll_unit(self, mode: _Mode, members: tuple[int, ...], kind: str, variadic: bool = False) -> _Unit:
+    def _coll_unit(self, mode: _Mode, members: tuple[int, ...], kind: str, variadic: bool = False,
+                   unit: int | None = None) -> _Unit:
         """One collective over ``members``; ``variadic`` (XLA's combined or a "tuple" bucket) adds the
-        cluster's ``operand_latency`` for each operand after the first."""
-        key = (mode.fusion, _UNIT_VARIADIC if variadic else _UNIT_COLL, members)
+        cluster's ``operand_latency`` for each operand after the first; ``unit=_UNIT_RS_AG`` (an
+        "rs_ag" bucket) prices it as a reduce-scatter followed by an all-gather of the same bytes."""
+        unit = unit if unit is not None else (_UNIT_VARIADIC if variadic else _UNIT_COLL)
+        key = (mode.fusion, unit, members)
         u = self._unit_cache.get(key)
         if u is None:
             nbytes = sum(self._cbytes[m] for m in members)
-            dur = self.costs.collective_time(kind, nbytes, self.cluster)
-            if variadic:
+            if unit == _UNIT_RS_AG:
+                dur = (self.costs.collective_time("reduce-scatter", nbytes, self.cluster)
+                       + self.costs.collective_time("all-gather", nbytes, self.cluster))
+            else:
+                dur = self.costs.collective_time(kind, nbytes, self.cluster)
+            if unit == _UNIT_VARIADIC:
                 dur += self.cluster.operand_latency * (len(members) - 1)
             succ, indeg = self._links(mode, members)
             u = _Unit(True, members, dur, succ, indeg, self.graph.nodes[members[0]].name)
@@ -637,11 +645,10 @@ class Simulator:
                 members = bucket_get(b.members) or self._bucket_members(bi, b.members)
                 seen.update(members)
                 count += len(members)
-                variadic = b.build == "tuple"
-                u = (coll_get((fusion, _UNIT_VARIADIC if variadic else _UNIT_COLL, members))
-                     or self._coll_unit(mode, members, "all-reduce", variadic))
+                unit = _BUILD_UNIT[b.build]
+                u = coll_get((fusion, unit, members)) or self._coll_unit(mode, members, "all-reduce", unit=unit)
                 buckets.append(u)
-                if len(members) > 1:
+                if len(members) > 1 or unit == _UNIT_RS_AG:
                     gone = [ar_unit[m] for m in members]
                     dead += gone
                     new.append(u)

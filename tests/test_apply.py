@@ -13,7 +13,7 @@ import disco
 import trax_models
 import xla_hooks
 from disco import baselines, random_plans
-from disco.plan import FusionPlan, make_plan
+from disco.plan import Bucket, FusionPlan, make_plan
 from tests.equivalence import assert_close, three_steps
 from xla_hooks import _jax_private
 from xla_hooks.apply_plan import PlanFallbackWarning
@@ -104,6 +104,29 @@ def test_bucket_count_matches(name="mlp"):
         plan = baselines.make(bname, graph)
         applied = xla_hooks.apply(plan, step, *args)
         assert disco.bench.compiled_counts(applied.compiled_text())[1] == len(plan.buckets)
+
+
+def rs_ag_twin(plan, graph):
+    return plan.replace(buckets=tuple(Bucket(b.members, "rs_ag") for b in plan.buckets),
+                        name=f"{plan.name}_rs_ag").validate(graph)
+
+
+@pytest.mark.parametrize("bname", ["one_bucket", "per_tensor"])
+def test_rs_ag_buckets_keep_every_bit(bname):
+    """Reduce-scatter + all-gather in place of each bucket's all-reduce: the same bits as one
+    all-reduce per gradient. per_tensor's twin reduces the scalar loss alone, padded from 1
+    element to the 4 devices."""
+    step, args, graph = setup("mlp")
+    per_tensor = three_steps(xla_hooks.apply(baselines.make("per_tensor", graph), step, *args), args)
+    plan = rs_ag_twin(baselines.make(bname, graph), graph)
+    applied = xla_hooks.apply(plan, step, *args)
+    assert applied.applied, applied.fallback_reason
+    text = applied.compiled_text()
+    scatters = re.findall(r"= \S+ reduce-scatter\(", text)
+    gathers = re.findall(r"= \S+ all-gather\(", text)
+    assert len(scatters) == len(gathers) == len(plan.buckets)
+    assert disco.bench.compiled_counts(text)[1] == 0  # no all-reduce left
+    assert_bitwise(three_steps(applied, args), per_tensor)
 
 
 def test_invalid_plan_falls_back_with_a_warning():

@@ -72,9 +72,30 @@ def test_merge_returns_none_when_every_pair_forms_a_cycle():
 def test_moves_do_not_apply_without_groups_or_buckets():
     ctx = moves.context(CHAIN)
     plan = FusionPlan()
-    for name in ("split_group", "move_op", "merge_buckets", "split_bucket", "shift_gradient"):
+    for name in ("split_group", "move_op", "merge_buckets", "split_bucket", "shift_gradient", "switch_build"):
         assert moves.MOVES[name](plan, ctx, random.Random(0)) is None, name
     assert moves.toggle_xla_fusion(plan, ctx, random.Random(0)).xla_fusion == "off"
+
+
+def test_switch_build_toggles_concat_and_rs_ag_where_the_group_size_is_known():
+    ctx = moves.context(CHAIN)
+    plan = make_plan(buckets=[["r1", "r3"], ["r2"]])
+    builds = set()
+    for s in range(20):
+        child = moves.switch_build(plan, ctx, random.Random(s))
+        child.validate(CHAIN)
+        assert [b.members for b in child.buckets] == [b.members for b in plan.buckets]
+        (changed,) = [i for i, (a, b) in enumerate(zip(plan.buckets, child.buckets)) if a != b]
+        assert child.buckets[changed].build == "rs_ag"
+        assert moves.switch_build(child, ctx, random.Random(0)) is not None
+        builds.add(changed)
+    assert builds == {0, 1}
+    back = FusionPlan(buckets=(Bucket(("r1", "r3"), "rs_ag"), Bucket(("r2",), "rs_ag")))
+    assert {moves.switch_build(back, ctx, random.Random(s)).buckets.count(Bucket(("r2",), "concat"))
+            for s in range(20)} == {0, 1}
+    unknown = graph([node("p", "parameter"),
+                     node("r", "all-reduce", grad_bytes=16, replica_groups="{}", reduction="add")], [(0, 1)])
+    assert moves.switch_build(make_plan(buckets=[["r"]]), moves.context(unknown), random.Random(0)) is None
 
 
 def test_fuse_grows_groups_with_one_output():

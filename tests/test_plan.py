@@ -9,7 +9,7 @@ import pytest
 from hypothesis import event, given, settings
 
 from disco.graph import HloGraph, Node
-from disco.plan import FusionPlan, make_plan
+from disco.plan import Bucket, FusionPlan, make_plan
 
 
 def node(name, opcode="add", comp="c", **kw):
@@ -186,3 +186,40 @@ def test_boolean_compile_options_are_spelled_as_xla_parses_them():
     opts = plan.compiler_options("cpu")
     assert opts == {"xla_cpu_multi_thread_eigen": "False", "xla_backend_optimization_level": "2"}
     jax.jit(lambda x: x * 2).lower(jnp.ones(3)).compile(compiler_options=opts)  # XLA accepts them
+
+
+def test_rs_ag_buckets_round_trip_and_validate():
+    g = graph([node("a"), ar("r1"), ar("r2")], [(0, 1), (0, 2)])
+    p = FusionPlan(buckets=(Bucket(("r1", "r2"), "rs_ag"),))
+    assert FusionPlan.from_json(p.to_json()) == p
+    assert p.validate(g) is p
+
+
+@pytest.mark.parametrize("groups, match", [
+    ("{}", r"bucket 0: build 'rs_ag' needs replica groups of one known size.*replica_groups='\{\}'"),
+    ("{{0,1},{2}}", "needs replica groups of one known size"),
+])
+def test_rs_ag_needs_a_known_group_size(groups, match):
+    g = graph([node("a"), node("r1", "all-reduce", grad_bytes=16, replica_groups=groups, reduction="add")],
+              [(0, 1)])
+    with pytest.raises(ValueError, match=match):
+        FusionPlan(buckets=(Bucket(("r1",), "rs_ag"),)).validate(g)
+
+
+def test_rs_ag_needs_one_dtype():
+    bf = Node(name="r2", opcode="all-reduce", computation="c", shape="bf16[4]", dtype="bf16", out_bytes=8,
+              out_elements=4, flops=4.0, grad_bytes=8, replica_groups="{{0,1}}", reduction="add")
+    g = graph([node("a"), ar("r1"), bf], [(0, 1), (0, 2)])
+    with pytest.raises(ValueError, match="bucket 0: 'rs_ag' needs one dtype, got f32 and bf16"):
+        FusionPlan(buckets=(Bucket(("r1", "r2"), "rs_ag"),)).validate(g)
+
+
+@pytest.mark.parametrize("text, size", [
+    ("{{0,1,2,3,4,5,6,7}}", 8), ("{{0,1},{2,3}}", 2), ("{{0, 2}, {1, 3}}", 2), ("[2,4]<=[8]", 4),
+    ("[1,8]<=[8]", 8), ("[4,2]<=[2,4]T(1,0)", 2),
+    ("{}", None), (None, None), ("", None), ("{{0,1},{2}}", None), ("garbage", None),
+])
+def test_replica_group_size(text, size):
+    from disco.hlo_parse import replica_group_size
+
+    assert replica_group_size(text) == size

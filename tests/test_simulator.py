@@ -195,6 +195,19 @@ def test_variadic_all_reduces_pay_the_operand_latency_and_concat_buckets_do_not(
     assert single.comm_time == 4  # one operand each: nothing added
 
 
+def test_rs_ag_buckets_are_a_reduce_scatter_then_an_all_gather():
+    """An "rs_ag" bucket costs reduce-scatter + all-gather of its bytes (each 1 + 2 here), also
+    when it holds one gradient: the rewrite replaces that all-reduce too."""
+    g = graph_of(GRADS)
+    costs = FixedCosts(GRAD_TIMES)
+    both = run_both(g, FusionPlan(buckets=(Bucket(("ar1", "ar2"), "rs_ag"),)), costs)
+    assert spans(both)["bucket.0"] == ("comm", 3, 9)
+    assert both.comm_time == 6
+    single = run_both(g, FusionPlan(buckets=(Bucket(("ar1",), "rs_ag"), Bucket(("ar2",), "concat"))), costs)
+    assert spans(single)["bucket.0"] == ("comm", 1, 5) and spans(single)["bucket.1"] == ("comm", 5, 7)
+    assert single.comm_time == 4 + 2
+
+
 def test_buckets_none_splits_dependent_all_reduces_by_level():
     # ar2 depends on ar1 (through k2): one bucket would deadlock, the combiner makes two.
     g = graph_of([("p", "parameter", []), ("k1", "dot", ["p"]), ("ar1", "all-reduce", ["k1"], 1),

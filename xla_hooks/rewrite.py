@@ -5,7 +5,8 @@
   with ``get-tuple-element``.
 * Each bucket becomes one all-reduce: ``tuple`` builds a variadic all-reduce;
   ``concat`` reshapes every member to 1-D, concatenates, reduces once and
-  slices the result back.
+  slices the result back; ``rs_ag`` does the same with a reduce-scatter and an
+  all-gather in place of the all-reduce.
 
 Users of a rewritten instruction keep referring to its original name (a
 get-tuple-element, slice or reshape now carries it), except single-output
@@ -89,6 +90,40 @@ def _shape_without_layout(shape: str) -> str:
     return re.sub(r"\{[^{}]*\}", "", shape)
 
 
+def _scatter_gather(name: str, flat: str, dtype: str, total: int, attrs: list[tuple[str, str]],
+                    order: float) -> list[_Line]:
+    """An all-reduce of ``flat`` (``dtype[total]``) as reduce-scatter + all-gather, result named ``name``.
+
+    The buffer is zero-padded to a multiple of the replica group size ``p``; each device reduces
+    one ``1/p`` slice and the all-gather rebuilds the whole (padded) buffer, which ``name``
+    slices back to ``total`` elements. The reduce-scatter keeps the all-reduce's attributes
+    (channel, groups, reduction); the all-gather drops ``to_apply``.
+    """
+    from disco.hlo_parse import replica_group_size
+
+    p = replica_group_size(dict(attrs).get("replica_groups"))
+    if p is None:  # plan validation rejects this; guard the text all the same
+        raise ValueError(f"bucket {name}: rs_ag needs replica groups of one known size")
+    padded = -(-total // p) * p
+    lines = []
+    src = flat
+    if padded != total:
+        zero, src = f"{name}.zero", f"{name}.padded"
+        lines.append(_Line(zero, f"{dtype}[]", "constant", [], [], literal="0", order=order))
+        lines.append(_Line(src, f"{dtype}[{padded}]", "pad", [flat, zero],
+                           [("padding", f"0_{padded - total}")], order=order))
+    dims = [("dimensions", "{0}")]
+    scattered = f"{name}.scatter"
+    gathered = name if padded == total else f"{name}.gather"
+    lines.append(_Line(scattered, f"{dtype}[{padded // p}]", "reduce-scatter", [src], attrs + dims, order=order))
+    lines.append(_Line(gathered, f"{dtype}[{padded}]", "all-gather", [scattered],
+                       [(key, v) for key, v in attrs if key != "to_apply"] + dims, order=order))
+    if padded != total:
+        lines.append(_Line(name, f"{dtype}[{total}]", "slice", [gathered], [("slice", f"{{[0:{total}]}}")],
+                           order=order))
+    return lines
+
+
 def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], builds: Sequence[str],
                      start_id: int) -> list[_Line]:
     by_name = {ln.name: ln for ln in lines}
@@ -129,7 +164,10 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
                 total += n
             cat = f"{PREFIX}.bucket.{k}.concat"
             out.append(_Line(cat, f"{dtype}[{total}]", "concatenate", flats, [("dimensions", "{0}")], order=order))
-            out.append(_Line(bname, f"{dtype}[{total}]", "all-reduce", [cat], attrs, order=order))
+            if build == "rs_ag":
+                out.extend(_scatter_gather(bname, cat, dtype, total, attrs, order))
+            else:
+                out.append(_Line(bname, f"{dtype}[{total}]", "all-reduce", [cat], attrs, order=order))
             for j, (a, (off, n)) in enumerate(zip(ars, offsets)):
                 sname = f"{PREFIX}.bucket.{k}.slice.{j}"
                 out.append(_Line(sname, f"{dtype}[{n}]", "slice", [bname], [("slice", f"{{[{off}:{off + n}]}}")],
