@@ -11,6 +11,9 @@
   ``cap_mb`` (default 25) buckets.
 * ``xla_threshold``: XLA's combiner with a given byte threshold (and its 256-operand
   limit), emulated with buckets because XLA:CPU has no threshold flag.
+* ``even``: the gradients in production order cut into ``k`` buckets of about equal bytes
+  (default 2; named ``even_<k>``): the bucket count a DDP user tunes with ``bucket_cap_mb``,
+  stated as a count so that one setting means the same on every model.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from disco.graph import HloGraph, Node
 from disco.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
-NAMES = ("xla_default", "no_fusion", "per_tensor", "one_bucket", "horovod", "ddp", "xla_threshold")
+NAMES = ("xla_default", "no_fusion", "per_tensor", "one_bucket", "horovod", "ddp", "xla_threshold", "even")
 
 
 def _classes(nodes: Sequence[Node]) -> dict[tuple, list[Node]]:
@@ -71,7 +74,8 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
       name: one of :data:`NAMES`.
       graph: the step's pre-optimisation graph.
       **kw: ``threshold_mb`` (horovod), ``cap_mb``/``first_mb`` (ddp),
-        ``threshold_bytes`` (xla_threshold), ``build`` ("concat" or "tuple").
+        ``threshold_bytes`` (xla_threshold), ``k`` (even: the bucket count, >= 1), ``build``
+        ("concat", "rs_ag" or "tuple").
 
     Raises:
       ValueError: unknown name or keyword.
@@ -99,6 +103,13 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         thr = int(kw.pop("threshold_bytes", 30 * MB))
         plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: thr, max_members=256, build=build),
                           name=f"xla_threshold_{thr}")
+    elif name == "even":
+        k = kw.pop("k", 2)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"baseline 'even': k is the bucket count, expected an integer >= 1, got {k!r}")
+        per_class = [sum(n.grad_bytes for n in cls) for cls in _classes(ars).values()]
+        cap = -(-max(per_class, default=0) // k) or 1  # the largest class cut into k
+        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: cap, build=build), name=f"even_{k}")
     else:
         raise ValueError(f"unknown baseline {name!r}; expected one of: {', '.join(NAMES)}")
     if kw:

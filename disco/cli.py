@@ -185,11 +185,13 @@ def _resolve_plans(spec: str, graph: Any) -> dict[str, Any]:
         name, _, arg = item.partition(":")
         kw = {}
         if arg:
-            key = {"horovod": "threshold_mb", "ddp": "cap_mb", "xla_threshold": "threshold_bytes"}.get(name)
+            key = {"horovod": "threshold_mb", "ddp": "cap_mb", "xla_threshold": "threshold_bytes",
+                   "even": "k"}.get(name)
             if key is None:
-                raise CliError(f"plan {item!r}: only horovod:MB, ddp:MB and xla_threshold:BYTES take a value")
+                raise CliError(f"plan {item!r}: only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K "
+                               "take a value")
             try:
-                kw[key] = float(arg) if key != "threshold_bytes" else int(arg)
+                kw[key] = int(arg) if key in ("threshold_bytes", "k") else float(arg)
             except ValueError:
                 raise CliError(f"plan {item!r}: expected a number after ':', got {arg!r}") from None
         if name not in baselines.NAMES:

@@ -41,6 +41,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="do not re-measure the chosen plan against xla_default in fresh rounds")
     p.add_argument("--no-bound", dest="bound", action="store_false",
                    help="do not measure the communication-free bound (the step without its all-reduces)")
+    p.add_argument("--bucket-sweep", default="2,3,4", metavar="K,K,...",
+                   help="bucket counts whose equal-bytes plans (even_K) are measured too (default 2,3,4; "
+                        "'' for none)")
     p.add_argument("--out", metavar="FILE", help="write the chosen plan as JSON")
     p.add_argument("--trace", metavar="FILE", help="write the chosen plan's simulated timeline (Chrome trace)")
     p.add_argument("--plot", metavar="FILE", help="draw xla_default's and the chosen plan's timelines (PNG)")
@@ -62,7 +65,20 @@ def _cluster(spec: str | None, devices: int) -> Any:
                    f"{', '.join(cluster.PRESETS)}")
 
 
+def _bucket_counts(spec: str) -> tuple[int, ...]:
+    """``--bucket-sweep`` text ("2,3,4", or "" for none) as bucket counts."""
+    items = [t.strip() for t in spec.split(",") if t.strip()]
+    try:
+        counts = tuple(int(t) for t in items)
+    except ValueError:
+        raise CliError(f"--bucket-sweep {spec!r}: expected comma-separated bucket counts, e.g. 2,3,4") from None
+    if any(k < 1 for k in counts):
+        raise CliError(f"--bucket-sweep {spec!r}: bucket counts must be >= 1")
+    return counts
+
+
 def _check(args: argparse.Namespace) -> None:
+    _bucket_counts(args.bucket_sweep)
     if not args.budget > 0:
         raise CliError(f"--budget must be positive seconds, got {args.budget}")
     if args.measure_top_k < 0:
@@ -100,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
         result = optimize(step, *example, cluster=cluster, costs=costs, budget_s=args.budget, strategy=args.strategy,
                           measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds,
-                          steps=args.steps, measure_bound=args.bound,
+                          steps=args.steps, measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
                           confirm=args.confirm, progress=progress)
     _write_outputs(args, result)
     info = {**model_label(args), "device_kind": _device_kind(), "cost_model_info": cost_info}

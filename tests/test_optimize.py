@@ -10,8 +10,10 @@ import sys
 import jax
 import pytest
 
+import disco
 import trax_models
 import xla_hooks
+from disco import baselines
 from disco import optimizer as opt
 from disco.plan import FusionPlan
 from tests.equivalence import assert_allclose_leaves, three_steps
@@ -41,6 +43,12 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
     med, lo, hi = result.comm_free_bound_s  # measured by default, in the same rounds
     assert 0 < lo <= med <= hi
     assert "comm_free_bound" not in names and result.chosen != "comm_free_bound"
+    digests = {r.plan.digest() for r in result.rows}
+    graph = disco.extract(step, *args)
+    for k in (2, 3, 4):  # the measured bucket sweep (one row each, unless another row is the same plan)
+        even = baselines.make("even", graph, k=k)
+        assert even.name in names or even.digest() in digests
+    assert result.row("even_2").median_s is not None and len(result.row("even_2").plan.buckets) == 2
     searched = result.row("disco_1").plan
     if searched.groups:  # its bucket-only projection is measured too (maybe as an equal baseline)
         projected = searched.replace(groups=(), xla_fusion="extend").digest()
@@ -85,6 +93,8 @@ def test_bad_arguments_are_named():
         opt.optimize(lambda x: x, 1.0, strategy="tabu")
     with pytest.raises(ValueError, match=r"measure_top_k: expected an integer >= 0, got -1"):
         opt.optimize(lambda x: x, 1.0, measure_top_k=-1)
+    with pytest.raises(ValueError, match=r"bucket_sweep: expected bucket counts \(integers >= 1\), got \(2, 0\)"):
+        opt.optimize(lambda x: x, 1.0, bucket_sweep=(2, 0))
 
 
 def test_cli_optimize_json_in_a_subprocess(tmp_path):
@@ -93,12 +103,13 @@ def test_cli_optimize_json_in_a_subprocess(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "disco", "optimize", "--model", "mlp", "--preset", "tiny", "--devices", "4",
          "--budget", "3", "--json", "--rounds", "2", "--steps", "1", "--measure-top-k", "1",
-         "--out", str(out)],
+         "--bucket-sweep", "3", "--out", str(out)],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     assert data["model"] == "mlp" and data["verdict"] and data["chosen"] in {r["name"] for r in data["rows"]}
     assert data["search"]["evals"] > 0 and "chrome_trace" not in data
+    assert "even_3" in {r["name"] for r in data["rows"]} and "even_2" not in {r["name"] for r in data["rows"]}
     assert data["comm_free_bound_ms"]["min"] <= data["comm_free_bound_ms"]["median"]
     assert FusionPlan.from_json(out.read_text()).name == data["chosen"]
 
@@ -107,6 +118,14 @@ def test_cli_rejects_an_unknown_cluster():
     from disco import cli
 
     assert cli.main(["optimize", "--model", "mlp", "--cluster", "moon-base"]) == 2
+
+
+@pytest.mark.parametrize("sweep", ["2,x", "0", "3,-1"])
+def test_cli_rejects_a_bad_bucket_sweep(sweep, capsys):
+    from disco import cli
+
+    assert cli.main(["optimize", "--model", "mlp", "--bucket-sweep", sweep]) == 2
+    assert "--bucket-sweep" in capsys.readouterr().err
 
 
 def test_public_api_names_the_function():

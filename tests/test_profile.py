@@ -24,8 +24,11 @@ def test_profile_maps_groups_and_buckets(mlp):
     res = profile(step, args, steps=2, plan=plan, graph=graph, rounds=3)
     assert res.devices == 4 and res.ops
     assert all(o.seconds > 0 for o in res.ops)
-    # Ops on one device run one after another: their sum is bounded by the (traced) step.
-    assert 0.1 * res.step_s < res.total_op_s < 3 * res.traced_step_s
+    # Ops on one device run one after another inside the traced steps, so their per-step sum
+    # cannot exceed the traced step (slack for the trace's own clock). No lower bound against the
+    # untraced wall time: that compares two timings and failed once on a loaded machine.
+    assert 0 < res.total_op_s < 3 * res.traced_step_s
+    assert res.step_s > 0 and len(res.step_samples_s) == 3
     assert res.by_group(), "expected at least one planned group in the trace"
     assert set(res.by_group()) <= set(range(len(plan.groups)))
     assert set(res.by_bucket()) == set(range(len(plan.buckets)))

@@ -1,0 +1,46 @@
+"""Baseline plans on hand-made graphs: what each one buckets, and its errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from disco import baselines
+from disco.graph import HloGraph, Node
+
+
+def graph(sizes):
+    """Independent all-reduces of ``sizes`` bytes, in production order, fed by one parameter."""
+    nodes = [Node(name="p", opcode="parameter", computation="c", shape="f32[4]", dtype="f32",
+                  out_bytes=16, out_elements=4, flops=0.0)]
+    for i, b in enumerate(sizes):
+        nodes.append(Node(name=f"r{i}", opcode="all-reduce", computation="c", shape=f"f32[{b // 4}]",
+                          dtype="f32", out_bytes=b, out_elements=b // 4, flops=0.0, operands=("p",),
+                          grad_bytes=b, replica_groups="{{0,1}}", reduction="add"))
+    return HloGraph(name="g", nodes=tuple(nodes), edges=tuple((0, i + 1) for i in range(len(sizes))),
+                    fingerprint="f")
+
+
+@pytest.mark.parametrize("sizes, k, expected", [
+    ([40, 40, 40, 40], 1, [4]),
+    ([40, 40, 40, 40], 2, [2, 2]),
+    ([40, 40, 40, 40], 4, [1, 1, 1, 1]),
+    ([40, 40, 40, 40], 9, [1, 1, 1, 1]),  # never more buckets than gradients
+    ([120, 40, 40, 40], 2, [1, 3]),       # equal bytes, not equal counts
+])
+def test_even_cuts_production_order_into_k_buckets_of_about_equal_bytes(sizes, k, expected):
+    g = graph(sizes)
+    plan = baselines.make("even", g, k=k)
+    assert plan.name == f"even_{k}"
+    assert [len(b.members) for b in plan.buckets] == expected
+    assert [m for b in plan.buckets for m in b.members] == [f"r{i}" for i in range(len(sizes))]
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.5, True])
+def test_even_rejects_a_bad_count(k):
+    with pytest.raises(ValueError, match=r"baseline 'even': k is the bucket count, expected an integer >= 1"):
+        baselines.make("even", graph([40, 40]), k=k)
+
+
+def test_unknown_options_are_named():
+    with pytest.raises(ValueError, match=r"baseline 'horovod' got unexpected options \['k'\]"):
+        baselines.make("horovod", graph([40]), k=2)
