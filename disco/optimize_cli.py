@@ -37,6 +37,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=9, help="interleaved measurement rounds (default 9)")
     p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
     p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    p.add_argument("--finalists", type=int, default=3,
+                   help="fastest plans measured again in a run-off before the confirmation (default 3; 1: none)")
     p.add_argument("--no-confirm", dest="confirm", action="store_false",
                    help="do not re-measure the chosen plan against xla_default in fresh rounds")
     p.add_argument("--no-bound", dest="bound", action="store_false",
@@ -81,6 +83,8 @@ def _check(args: argparse.Namespace) -> None:
     _bucket_counts(args.bucket_sweep)
     if not args.budget > 0:
         raise CliError(f"--budget must be positive seconds, got {args.budget}")
+    if args.finalists < 1:
+        raise CliError(f"--finalists must be >= 1, got {args.finalists}")
     if args.measure_top_k < 0:
         raise CliError(f"--measure-top-k must be >= 0, got {args.measure_top_k}")
     if args.rounds < 1 or args.steps < 1:
@@ -117,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         result = optimize(step, *example, cluster=cluster, costs=costs, budget_s=args.budget, strategy=args.strategy,
                           measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds,
                           steps=args.steps, measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
-                          confirm=args.confirm, progress=progress)
+                          finalists=args.finalists, confirm=args.confirm, progress=progress)
     _write_outputs(args, result)
     info = {**model_label(args), "device_kind": _device_kind(), "cost_model_info": cost_info}
     if args.json:
@@ -186,10 +190,10 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     console.print(t)
     console.print(f"simulated lower bound {lb * 1e3:.3f} ms; search: {result.strategy}, {result.evals} plans "
                   f"in {result.search_s:.1f} s ({result.evals_per_s:.0f} evaluations/s)")
-    if result.confirmation is not None:
-        conf = ", ".join(f"{k} {v[0] * 1e3:.3f} ({v[1] * 1e3:.3f}-{v[2] * 1e3:.3f})"
-                         for k, v in result.confirmation.items())
-        console.print(f"confirmation run (ms, median (min-max)): {conf}")
+    for label, run in (("run-off", result.runoff), ("confirmation run", result.confirmation)):
+        if run is not None:
+            line = ", ".join(f"{k} {v[0] * 1e3:.3f} ({v[1] * 1e3:.3f}-{v[2] * 1e3:.3f})" for k, v in run.items())
+            console.print(f"{label} (ms, median (min-max)): {line}")
     if result.comm_free_bound_s is not None:
         med, lo, hi = (v * 1e3 for v in result.comm_free_bound_s)
         console.print(f"measured communication-free bound {med:.3f} ms ({lo:.3f}-{hi:.3f}; the step with its "

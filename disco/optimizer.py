@@ -13,10 +13,12 @@
    or four, while bert and vgg19 were fastest with one or two (docs/benchmarks.md).
 4. The answer is the fastest *measured* plan; when nothing beats ``xla_default``'s
    measured median, the answer is ``xla_default`` and the verdict says so.
-5. Confirmation: picking the fastest of several noisy medians favours whichever plan got lucky
-   rounds (the winner's curse), so the chosen plan is measured again against ``xla_default`` in
-   fresh interleaved rounds. The answer and its reported speedup come from that second run; if
-   the gain does not hold there, the answer is ``xla_default``.
+5. Run-off: picking the fastest of a dozen noisy medians favours whichever plan got lucky
+   rounds (the winner's curse), so the ``finalists`` fastest plans that beat ``xla_default``
+   are measured again, with it, in fresh interleaved rounds, and the fastest there is chosen.
+6. Confirmation: the chosen plan is measured once more against ``xla_default`` alone, in fresh
+   rounds. The answer and its reported speedup come from that run; if the gain does not hold
+   there, the answer is ``xla_default``.
 
 Example::
 
@@ -102,6 +104,8 @@ class OptimizeResult:
       rounds, steps: the measurement's interleaved rounds and steps per round.
       confirmation: (median, min, max) seconds of the chosen plan and xla_default in the
         confirmation run, by name; None when there was none (xla_default chosen, or confirm off).
+      runoff: (median, min, max) seconds of each finalist and xla_default in the run-off, by
+        name; None when there was none (fewer than two finalists, or confirm off).
       comm_free_bound_s: the measured (median, min, max) of the step with its all-reduces replaced
         by copies (:mod:`xla_hooks.bound`), in the same rounds; None when not measured. Not a
         plan: ``xla_default / bound`` is an (optimistic) ceiling on what bucketing can gain here.
@@ -126,6 +130,7 @@ class OptimizeResult:
     steps: int
     comm_free_bound_s: tuple[float, float, float] | None = None
     confirmation: dict[str, tuple[float, float, float]] | None = None
+    runoff: dict[str, tuple[float, float, float]] | None = None
 
     @property
     def speedup(self) -> float:
@@ -161,6 +166,9 @@ class OptimizeResult:
             "confirmation_ms": (None if self.confirmation is None else
                                 {k: dict(zip(("median", "min", "max"), (x * 1e3 for x in v)))
                                  for k, v in self.confirmation.items()}),
+            "runoff_ms": (None if self.runoff is None else
+                          {k: dict(zip(("median", "min", "max"), (x * 1e3 for x in v)))
+                           for k, v in self.runoff.items()}),
             "comm_free_bound_ms": (None if self.comm_free_bound_s is None else
                                    dict(zip(("median", "min", "max"), (v * 1e3 for v in self.comm_free_bound_s)))),
             "chrome_trace": self.chrome_trace, "baseline_trace": self.baseline_trace,
@@ -196,6 +204,24 @@ def _verdict(rows: list[PlanRow]) -> tuple[str, str]:
                           f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median){note}")
 
 
+def _finalists(rows: list[PlanRow], n: int) -> list[str]:
+    """The ``n`` fastest measured plans whose median beat xla_default's, fastest first."""
+    base = next(r for r in rows if r.name == "xla_default").median_s
+    better = [r for r in rows if r.name != "xla_default" and r.applied and r.median_s is not None
+              and r.median_s < base]
+    return [r.name for r in sorted(better, key=lambda r: r.median_s)[:n]]
+
+
+def _runoff(chosen: str, verdict: str, again: dict[str, tuple[float, float, float]]) -> tuple[str, str]:
+    """(chosen, verdict) after the run-off ``again`` ({name: (median, min, max)}, xla_default included)."""
+    names = [n for n in again if n != "xla_default"]
+    best = min(names, key=lambda n: again[n][0])
+    line = ", ".join(f"{n} {again[n][0] * 1e3:.3f}" for n in sorted(again, key=lambda n: again[n][0]))
+    if best == chosen:
+        return chosen, f"{verdict}; fastest again in a run-off of {len(names)} ({line} ms median)"
+    return best, f"{verdict}; but {best} was fastest in a run-off of {len(names)} ({line} ms median)"
+
+
 def _confirmed(chosen: str, verdict: str, again: dict[str, tuple[float, float, float]]) -> tuple[str, str]:
     """(chosen, verdict) after the confirmation run ``again`` ({name: (median, min, max)})."""
     new, base = again[chosen][0], again["xla_default"][0]
@@ -220,6 +246,7 @@ def optimize(
     measure_buckets_only: bool = True,
     measure_bound: bool = True,
     bucket_sweep: tuple[int, ...] = (2, 3, 4),
+    finalists: int = 3,
     confirm: bool = True,
     progress: Progress | None = None,
 ) -> OptimizeResult:
@@ -237,8 +264,10 @@ def optimize(
       measure_buckets_only: also measure each measured searched plan with its fusion groups
         removed (``disco_<k>_buckets``: XLA fuses, the plan's buckets stay), so a plan whose
         groups were mispriced still contributes its bucketing.
+      finalists: how many of the fastest measured plans go to the run-off (module doc, step 5);
+        1 skips it. Only with ``confirm``.
       confirm: measure the chosen plan again against xla_default in fresh rounds and keep it
-        only if it is faster there too (module doc, step 5).
+        only if it is faster there too (module doc, step 6).
       measure_bound: also measure the communication-free bound in the same rounds
         (``OptimizeResult.comm_free_bound_s``).
       bucket_sweep: bucket counts ``k`` whose ``even_<k>`` plans (module doc, step 3) are
@@ -273,6 +302,8 @@ def optimize(
         raise ValueError(f"measure_top_k: expected an integer >= 0, got {measure_top_k!r}")
     if any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in bucket_sweep):
         raise ValueError(f"bucket_sweep: expected bucket counts (integers >= 1), got {bucket_sweep!r}")
+    if not isinstance(finalists, int) or isinstance(finalists, bool) or finalists < 1:
+        raise ValueError(f"finalists: expected an integer >= 1, got {finalists!r}")
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps: expected integers >= 1, got rounds={rounds!r}, steps={steps!r}")
     report = progress or (lambda phase, frac, msg: None)
@@ -324,7 +355,7 @@ def optimize(
                                   projected.replace(name=pname), sim.step_time(projected))
 
     # -- measure -------------------------------------------------------------------------------
-    total = len(rows) + int(measure_bound) + rounds + (rounds if confirm else 0)
+    total = len(rows) + int(measure_bound) + rounds + (2 * rounds if confirm else 0)
     done = [0]
 
     def on_bench(msg: str) -> None:
@@ -344,9 +375,16 @@ def optimize(
             r, median_s=m.measurement.median, min_s=m.measurement.min, max_s=m.measurement.max,
             applied=m.applied, fallback_reason=m.fallback_reason))
     chosen, verdict = _verdict(final)
-    confirmation = None
+    confirmation = runoff = None
+    compiled = {m.name: m.step for m in measured}
+    finals = _finalists(final, finalists)
+    if confirm and len(finals) > 1:  # the same executables, fresh rounds
+        again = measure.measure_interleaved(
+            {n: compiled[n] for n in ("xla_default", *finals)}, args, rounds=rounds, steps=steps,
+            on_round=lambda r: on_bench(f"run-off round {r + 1}/{rounds}"))
+        runoff = {n: (m.median, m.min, m.max) for n, m in again.items()}
+        chosen, verdict = _runoff(chosen, verdict, runoff)
     if confirm and chosen != "xla_default":  # the same executables, fresh rounds
-        compiled = {m.name: m.step for m in measured}
         again = measure.measure_interleaved(
             {n: compiled[n] for n in ("xla_default", chosen)}, args, rounds=rounds, steps=steps,
             on_round=lambda r: on_bench(f"confirmation round {r + 1}/{rounds}"))
@@ -361,4 +399,4 @@ def optimize(
         cost_model=getattr(costs, "name", type(costs).__name__), cluster=cluster.name,
         graph={"name": graph.name, "fingerprint": graph.fingerprint, "nodes": len(graph.nodes),
                "all_reduces": len(graph.all_reduces())},
-        rounds=rounds, steps=steps, comm_free_bound_s=bound, confirmation=confirmation)
+        rounds=rounds, steps=steps, comm_free_bound_s=bound, confirmation=confirmation, runoff=runoff)

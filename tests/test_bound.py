@@ -42,6 +42,28 @@ def test_strip_rejects_variadic_all_reduces_and_text_without_any():
         bound.strip_all_reduces(HLO.replace("all-reduce(", "negate("))
 
 
+def test_keep_scalars_keeps_only_the_scalar_all_reduces():
+    scalar = ('  lr = f32[] all-reduce(f32[] q), channel_id=2, replica_groups={{0,1}}, '
+              'use_global_device_ids=true, to_apply=region_0')
+    text = HLO.replace("ENTRY main {\n  p = f32[2,3]{1,0} parameter(0)\n",
+                       "ENTRY main {\n  p = f32[2,3]{1,0} parameter(0)\n  q = f32[] parameter(1)\n" + scalar + "\n")
+    out = bound.strip_all_reduces(text, keep_scalars=True)
+    assert scalar in out.splitlines() and out.count("all-reduce(") == 1
+    assert bound.strip_all_reduces(text).count("all-reduce(") == 0
+    with pytest.raises(ValueError, match="no all-reduce"):  # nothing left to replace
+        bound.strip_all_reduces(text.replace("f32[2,3]{1,0} all-reduce(", "f32[2,3]{1,0} negate("),
+                                keep_scalars=True)
+
+
+def test_sync_floor_step_keeps_the_averaged_loss():
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
+    fn = bound.compile_comm_free(step, *args, keep_scalars=True)
+    assert fn.as_text().count(" all-reduce(") == 1  # the loss's
+    _, loss = fn(*args)
+    _, ref_loss = jax.jit(step)(*args)
+    assert float(loss) == float(ref_loss)
+
+
 def test_comm_free_step_compiles_without_all_reduces_and_runs():
     step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
     fn = bound.compile_comm_free(step, *args)

@@ -36,6 +36,9 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
         assert result.row(result.chosen).median_s < result.row("xla_default").median_s
         again = result.confirmation
         assert set(again) == {"xla_default", result.chosen} and again[result.chosen][0] < again["xla_default"][0]
+        if result.runoff is not None:  # two or more plans beat xla_default in the selection run
+            assert "xla_default" in result.runoff and result.chosen in result.runoff
+            assert 3 <= len(result.runoff) <= 4 and "run-off of" in result.verdict
         assert result.speedup == again["xla_default"][0] / again[result.chosen][0] > 1
         assert "confirmed in a second run" in result.verdict
     json.dumps(result.to_dict())
@@ -88,11 +91,31 @@ def test_confirmation_keeps_a_gain_that_holds_and_drops_one_that_does_not():
                        "median); keeping XLA's default compile")
 
 
+def test_finalists_are_the_fastest_applied_plans_that_beat_xla_default():
+    rows = [row("xla_default", 1.0), row("ddp", 0.8), row("horovod", 0.7), row("even_2", 0.9),
+            row("disco_1", 0.5, applied=False), row("per_tensor", 1.3)]
+    assert opt._finalists(rows, 3) == ["horovod", "ddp", "even_2"]
+    assert opt._finalists(rows, 1) == ["horovod"]
+    assert opt._finalists([row("xla_default", 1.0), row("ddp", 1.1)], 3) == []
+
+
+def test_runoff_picks_the_fastest_there():
+    again = {"xla_default": (1.0, 0.9, 1.1), "horovod": (0.85, 0.8, 0.9), "ddp": (0.8, 0.75, 0.9)}
+    chosen, verdict = opt._runoff("horovod", "horovod measured 1.4x", again)
+    assert chosen == "ddp"
+    assert verdict == ("horovod measured 1.4x; but ddp was fastest in a run-off of 2 (ddp 800.000, "
+                       "horovod 850.000, xla_default 1000.000 ms median)")
+    chosen, verdict = opt._runoff("ddp", "ddp measured 1.4x", again)
+    assert chosen == "ddp" and verdict.startswith("ddp measured 1.4x; fastest again in a run-off of 2")
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match=r"unknown search strategy 'tabu'; expected one of"):
         opt.optimize(lambda x: x, 1.0, strategy="tabu")
     with pytest.raises(ValueError, match=r"measure_top_k: expected an integer >= 0, got -1"):
         opt.optimize(lambda x: x, 1.0, measure_top_k=-1)
+    with pytest.raises(ValueError, match=r"finalists: expected an integer >= 1, got 0"):
+        opt.optimize(lambda x: x, 1.0, finalists=0)
     with pytest.raises(ValueError, match=r"bucket_sweep: expected bucket counts \(integers >= 1\), got \(2, 0\)"):
         opt.optimize(lambda x: x, 1.0, bucket_sweep=(2, 0))
 

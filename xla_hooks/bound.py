@@ -26,17 +26,25 @@ _ALL_REDUCE = re.compile(r"^(?P<head>\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.+?)\s+all-
 _METADATA = re.compile(r",\s*metadata=\{[^{}]*\}")
 
 
-def strip_all_reduces(text: str) -> str:
+_SCALAR = re.compile(r"=\s*[a-z0-9]+\[\]")
+
+
+def strip_all_reduces(text: str, keep_scalars: bool = False) -> str:
     """HLO text with each single-operand ``all-reduce`` replaced by a ``copy`` of its operand.
 
+    Args:
+      text: pre-optimisation HLO text.
+      keep_scalars: keep the all-reduces of scalars (a training step's loss): the step then still
+        synchronises its devices once but moves no gradient data (the "sync floor").
+
     Raises:
-      ValueError: when the text has no all-reduce, or an all-reduce with several operands (a
-        variadic one has a tuple shape that a copy cannot stand in for).
+      ValueError: when the text has no all-reduce to replace, or an all-reduce with several
+        operands (a variadic one has a tuple shape that a copy cannot stand in for).
     """
     out, n = [], 0
     for line in text.splitlines():
         m = _ALL_REDUCE.match(line)
-        if m is None:
+        if m is None or (keep_scalars and _SCALAR.search(m["head"])):
             out.append(line)
             continue
         operand = m["operand"].strip()
@@ -46,11 +54,11 @@ def strip_all_reduces(text: str) -> str:
         out.append(f"{m['head']} copy({operand}){metadata.group(0) if metadata else ''}")
         n += 1
     if n == 0:
-        raise ValueError("the HLO text has no all-reduce: there is no communication to remove")
+        raise ValueError("the HLO text has no all-reduce to replace: there is no communication to remove")
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
-def compile_comm_free(step_fn: Callable[..., Any], *args: Any) -> Any:
+def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: bool = False) -> Any:
     """Compiles ``step_fn`` for ``args`` with its all-reduces replaced by copies (see the module doc).
 
     Returns:
@@ -65,5 +73,5 @@ def compile_comm_free(step_fn: Callable[..., Any], *args: Any) -> Any:
 
     _jax_private.check_version()
     lowered = lower(step_fn, *args)
-    text = strip_all_reduces(lowered.as_text(dialect="hlo"))
+    text = strip_all_reduces(lowered.as_text(dialect="hlo"), keep_scalars=keep_scalars)
     return _jax_private.with_module(lowered, _jax_private.hlo_text_to_mlir_bytes(text)).compile()
