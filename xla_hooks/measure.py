@@ -33,13 +33,13 @@ class Measurement:
 
 
 def _run(fn: Callable[..., Any], args: Sequence[Any], steps: int) -> float:
+    """Mean seconds per call over ``steps`` calls, each waited for (as a training loop's steps,
+    which depend on each other, would be)."""
     import jax
 
     t0 = time.perf_counter()
-    out = None
     for _ in range(steps):
-        out = fn(*args)
-    jax.block_until_ready(out)
+        jax.block_until_ready(fn(*args))
     return (time.perf_counter() - t0) / steps
 
 
@@ -60,17 +60,25 @@ def measure_interleaved(
     steps: int = 3,
     on_round: Callable[[int], None] | None = None,
 ) -> dict[str, Measurement]:
-    """Times several callables round by round (A B C, A B C, ...), so drift hits all alike."""
+    """Times several callables round by round, so drift hits all alike.
+
+    One untimed warm-up round first; then round ``r`` starts at the ``r``-th callable (A B C,
+    B C A, C A B, ...), and every step is waited for before the next is dispatched. Both matter
+    on CPU: with a fixed order and the steps of a round dispatched asynchronously, two copies
+    of the same executable measured 39.05 and 32.14 ms medians in one run (mlp, preset small,
+    8 virtual devices; docs/benchmarks.md), the one measured right after xla_default slower.
+    """
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps must be >= 1, got rounds={rounds}, steps={steps}")
-    import jax
-
-    for fn in fns.values():
-        jax.block_until_ready(fn(*args))  # warm-up, not timed
+    names = list(fns)
+    for name in names:  # warm-up: one untimed round
+        _run(fns[name], args, steps)
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(_run(fn, args, steps))
+        # Each round starts one plan further on, so no plan is always the one measured right
+        # after the same neighbour (or first in the round).
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(_run(fns[name], args, steps))
         if on_round:
             on_round(r)
     return {k: Measurement(tuple(v)) for k, v in samples.items()}

@@ -1,0 +1,43 @@
+"""xla_hooks.measure: interleaved rounds, a warm-up round, rotation, per-step blocking."""
+
+from __future__ import annotations
+
+import pytest
+
+from xla_hooks import measure
+
+
+def recorder():
+    calls = []
+
+    def make(name):
+        def fn(*args):
+            calls.append(name)
+            return args[0]
+        return fn
+    return calls, make
+
+
+def test_interleaved_rounds_warm_up_then_rotate_the_order():
+    calls, make = recorder()
+    fns = {n: make(n) for n in "abc"}
+    out = measure.measure_interleaved(fns, (1.0,), rounds=4, steps=2)
+    assert {k: len(m.samples) for k, m in out.items()} == {"a": 4, "b": 4, "c": 4}
+    rounds = [calls[i:i + 6:2] for i in range(0, len(calls), 6)]  # one entry per plan per round
+    assert rounds == [["a", "b", "c"],  # the untimed warm-up round
+                      ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert calls[:2] == ["a", "a"]  # steps of one plan run back to back
+
+
+def test_every_step_is_waited_for(monkeypatch):
+    import jax
+
+    waited = []
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(x) or x)
+    measure.measure_interleaved({"a": lambda x: x}, (3,), rounds=2, steps=3)
+    assert len(waited) == (1 + 2) * 3  # warm-up round and timed rounds, each step
+
+
+def test_bad_counts_are_named():
+    with pytest.raises(ValueError, match="rounds and steps must be >= 1"):
+        measure.measure_interleaved({"a": lambda: 0}, (), rounds=0)
