@@ -8,9 +8,9 @@
    with ``xla_default``, the best baseline by estimate, ``per_tensor``, ``horovod`` and
    ``ddp``, and a short sweep of bucket counts (``even_<k>``: the gradients cut into ``k``
    buckets of equal bytes). The sweep is measured rather than simulated because the bucket
-   count that wins on in-process CPU devices is not what the simulator predicts: on the zoo at
-   preset small, mlp ran 1.13x faster than XLA's default with one bucket and 1.50x with three
-   or four, while bert and vgg19 were fastest with one or two (docs/benchmarks.md).
+   count that wins on in-process CPU devices differs by model and is not what the simulator
+   predicts: at preset small, mlp measured about 10% faster with three buckets than with one,
+   while bert and vgg19 were fastest with one or two (docs/benchmarks.md).
 4. The answer is the fastest *measured* plan; when nothing beats ``xla_default``'s
    measured median, the answer is ``xla_default`` and the verdict says so.
 5. Run-off: picking the fastest of a dozen noisy medians favours whichever plan got lucky
