@@ -39,6 +39,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     p.add_argument("--finalists", type=int, default=3,
                    help="fastest plans measured again in a run-off before the confirmation (default 3; 1: none)")
+    p.add_argument("--confirm-rounds", type=int, default=None,
+                   help="rounds of the confirmation run (default 3 x --rounds)")
     p.add_argument("--no-confirm", dest="confirm", action="store_false",
                    help="do not re-measure the chosen plan against xla_default in fresh rounds")
     p.add_argument("--no-bound", dest="bound", action="store_false",
@@ -121,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         result = optimize(step, *example, cluster=cluster, costs=costs, budget_s=args.budget, strategy=args.strategy,
                           measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds,
                           steps=args.steps, measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
-                          finalists=args.finalists, confirm=args.confirm, progress=progress)
+                          finalists=args.finalists, confirm=args.confirm,
+                          confirm_rounds=args.confirm_rounds, progress=progress)
     _write_outputs(args, result)
     info = {**model_label(args), "device_kind": _device_kind(), "cost_model_info": cost_info}
     if args.json:
@@ -165,26 +168,27 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    base = result.row("xla_default").median_s
+    base_row = result.row("xla_default")
+    base = base_row.median_s
     baseline_rows = [r for r in result.rows if r.kind == "baseline" and r.name != "xla_default" and r.applied]
-    best_base = min((r.median_s for r in baseline_rows), default=None)
+    best_base = max((r.gain(base_row) for r in baseline_rows), default=None)
     lb = result.lower_bound_s
     t = Table(title=(f"disco optimize {info['model']}/{info['preset']} on {info['devices']} devices "
                      f"({info['device_kind']}; predicted by the simulator with the {_describe_costs(info)} "
                      "cost model on cluster "
                      f"{result.cluster!r}; measured, {result.rounds} rounds x {result.steps} steps)"))
-    for col in ("plan", "from", "predicted ms", "measured ms median (min-max)", "vs xla_default",
+    for col in ("plan", "from", "predicted ms", "measured ms median (min-max)", "vs xla_default (paired)",
                 "vs best baseline", "predicted / lower bound"):
         t.add_column(col)
-    for r in sorted(result.rows, key=lambda r: (r.median_s is None, r.median_s or 0)):
+    for r in sorted(result.rows, key=lambda r: (r.median_s is None, -r.gain(base_row) if r.median_s else 0)):
         mark = " *" if r.name == result.chosen else ""
         meas = (f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})"
                 if r.median_s is not None else "-")
         if not r.applied:
             meas += " fell back"
         t.add_row(r.name + mark, r.origin if r.kind == "search" else "baseline", f"{r.predicted_s * 1e3:.3f}",
-                  meas, f"{base / r.median_s:.3f}x" if r.median_s else "-",
-                  f"{best_base / r.median_s:.3f}x" if r.median_s and best_base else "-",
+                  meas, f"{r.gain(base_row):.3f}x" if r.median_s else "-",
+                  f"{r.gain(base_row) / best_base:.3f}x" if r.median_s and best_base else "-",
                   f"{r.predicted_s / lb:.2f}x" if lb > 0 else "-")
     console = Console(width=max(140, Console().width))
     console.print(t)

@@ -11,14 +11,18 @@
    count that wins on in-process CPU devices differs by model and is not what the simulator
    predicts: at preset small, mlp measured about 10% faster with three buckets than with one,
    while bert and vgg19 were fastest with one or two (docs/benchmarks.md).
-4. The answer is the fastest *measured* plan; when nothing beats ``xla_default``'s
-   measured median, the answer is ``xla_default`` and the verdict says so.
+4. The answer is the fastest *measured* plan; when nothing beats ``xla_default`` the answer
+   is ``xla_default`` and the verdict says so. "Faster" is the paired speedup
+   (:func:`xla_hooks.measure.paired_speedup`): per round, xla_default's time over the plan's,
+   the median over rounds. A round measures every plan back to back, so the pairing cancels
+   the drift between rounds that a ratio of medians keeps (on 2 shared CPU cores one
+   executable's median moved by over 40% within one optimize run).
 5. Run-off: picking the fastest of a dozen noisy medians favours whichever plan got lucky
    rounds (the winner's curse), so the ``finalists`` fastest plans that beat ``xla_default``
    are measured again, with it, in fresh interleaved rounds, and the fastest there is chosen.
 6. Confirmation: the chosen plan is measured once more against ``xla_default`` alone, in fresh
-   rounds. The answer and its reported speedup come from that run; if the gain does not hold
-   there, the answer is ``xla_default``.
+   rounds (three times as many by default). The answer and its reported speedup come from
+   that run; if the gain does not hold there, the answer is ``xla_default``.
 
 Example::
 
@@ -36,6 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from disco.plan import FusionPlan
+from xla_hooks.measure import Measurement, paired_speedup
 
 if TYPE_CHECKING:
     from disco.cluster import ClusterSpec
@@ -57,6 +62,8 @@ class PlanRow:
       plan: the plan.
       predicted_s: the simulator's step time.
       measured: median, min and max over the rounds, or None when not measured.
+      speedup: the paired speedup over xla_default in the same rounds
+        (:func:`xla_hooks.measure.paired_speedup`); None when not measured.
       applied: whether the plan was applied (False: it fell back to XLA's default compile).
       fallback_reason: why it fell back, or None.
     """
@@ -71,12 +78,20 @@ class PlanRow:
     max_s: float | None = None
     applied: bool = True
     fallback_reason: str | None = None
+    speedup: float | None = None
+
+    def gain(self, base: PlanRow) -> float:
+        """Speedup over ``base`` (xla_default): the paired one when measured, else the ratio of medians."""
+        if self.speedup is not None:
+            return self.speedup
+        return base.median_s / self.median_s
 
     def to_dict(self) -> dict[str, Any]:
         ms = (lambda v: None if v is None else v * 1e3)  # noqa: E731
         return {"name": self.name, "kind": self.kind, "origin": self.origin,
                 "predicted_ms": ms(self.predicted_s), "measured_median_ms": ms(self.median_s),
                 "measured_min_ms": ms(self.min_s), "measured_max_ms": ms(self.max_s),
+                "measured_speedup": self.speedup,
                 "applied": self.applied, "fallback_reason": self.fallback_reason,
                 "plan_digest": self.plan.digest(), "plan_summary": self.plan.summary()}
 
@@ -104,11 +119,15 @@ class OptimizeResult:
       rounds, steps: the measurement's interleaved rounds and steps per round.
       confirmation: (median, min, max) seconds of the chosen plan and xla_default in the
         confirmation run, by name; None when there was none (xla_default chosen, or confirm off).
+      confirmed_speedup: the chosen plan's paired speedup over xla_default in the confirmation
+        run (:func:`xla_hooks.measure.paired_speedup`); None when there was none.
       runoff: (median, min, max) seconds of each finalist and xla_default in the run-off, by
         name; None when there was none (fewer than two finalists, or confirm off).
       comm_free_bound_s: the measured (median, min, max) of the step with its all-reduces replaced
         by copies (:mod:`xla_hooks.bound`), in the same rounds; None when not measured. Not a
         plan: ``xla_default / bound`` is an (optimistic) ceiling on what bucketing can gain here.
+      comm_free_bound_speedup: that ceiling as a paired speedup over xla_default in the same
+        rounds; None when the bound was not measured.
     """
 
     plan: FusionPlan
@@ -131,6 +150,8 @@ class OptimizeResult:
     comm_free_bound_s: tuple[float, float, float] | None = None
     confirmation: dict[str, tuple[float, float, float]] | None = None
     runoff: dict[str, tuple[float, float, float]] | None = None
+    confirmed_speedup: float | None = None
+    comm_free_bound_speedup: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -138,9 +159,9 @@ class OptimizeResult:
         one; 1.0 when the answer is xla_default."""
         if self.chosen == "xla_default":
             return 1.0
-        if self.confirmation is not None:
-            return self.confirmation["xla_default"][0] / self.confirmation[self.chosen][0]
-        return self.row("xla_default").median_s / self.row(self.chosen).median_s
+        if self.confirmed_speedup is not None:
+            return self.confirmed_speedup
+        return self.row(self.chosen).gain(self.row("xla_default"))
 
     def row(self, name: str) -> PlanRow:
         """The row called ``name``.
@@ -162,7 +183,7 @@ class OptimizeResult:
                        "seconds": self.search_s, "trace": [list(t) for t in self.trace]},
             "cost_model": self.cost_model, "cluster": self.cluster, "graph": dict(self.graph),
             "measurement": {"rounds": self.rounds, "steps_per_round": self.steps},
-            "speedup": self.speedup,
+            "speedup": self.speedup, "confirmed_speedup": self.confirmed_speedup,
             "confirmation_ms": (None if self.confirmation is None else
                                 {k: dict(zip(("median", "min", "max"), (x * 1e3 for x in v)))
                                  for k, v in self.confirmation.items()}),
@@ -171,6 +192,7 @@ class OptimizeResult:
                            for k, v in self.runoff.items()}),
             "comm_free_bound_ms": (None if self.comm_free_bound_s is None else
                                    dict(zip(("median", "min", "max"), (v * 1e3 for v in self.comm_free_bound_s)))),
+            "comm_free_bound_speedup": self.comm_free_bound_speedup,
             "chrome_trace": self.chrome_trace, "baseline_trace": self.baseline_trace,
         }
 
@@ -188,48 +210,49 @@ def devices_of(args: Any) -> int:
 
 
 def _verdict(rows: list[PlanRow]) -> tuple[str, str]:
-    """(chosen row name, verdict) from the measured rows."""
+    """(chosen row name, verdict) from the measured rows: the largest paired speedup wins."""
     base = next(r for r in rows if r.name == "xla_default")
-    measured = [r for r in rows if r.median_s is not None and r.applied]
-    fastest = min(measured, key=lambda r: (r.median_s, r.name != "xla_default"))
-    if fastest.name == "xla_default" or fastest.median_s >= base.median_s:
-        runner = min((r for r in measured if r.name != "xla_default"), key=lambda r: r.median_s, default=None)
-        detail = (f"; the fastest other plan, {runner.name}, measured {runner.median_s * 1e3:.3f} ms median "
-                  f"against {base.median_s * 1e3:.3f} ms" if runner else "")
+    others = [r for r in rows if r.name != "xla_default" and r.median_s is not None and r.applied]
+    fastest = max(others, key=lambda r: r.gain(base), default=None)
+    if fastest is None or fastest.gain(base) <= 1.0:
+        detail = (f"; the best other plan, {fastest.name}, measured {fastest.gain(base):.3f}x "
+                  f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median)" if fastest else "")
         return "xla_default", f"no plan beat xla_default when measured{detail}; keeping XLA's default compile"
-    speedup = base.median_s / fastest.median_s
     overlap = fastest.max_s is not None and base.min_s is not None and fastest.max_s >= base.min_s
     note = " (the min-max ranges overlap: the gain is within run-to-run noise)" if overlap else ""
-    return fastest.name, (f"{fastest.name} measured {speedup:.3f}x faster than xla_default "
+    return fastest.name, (f"{fastest.name} measured {fastest.gain(base):.3f}x faster than xla_default "
                           f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median){note}")
 
 
 def _finalists(rows: list[PlanRow], n: int) -> list[str]:
-    """The ``n`` fastest measured plans whose median beat xla_default's, fastest first."""
-    base = next(r for r in rows if r.name == "xla_default").median_s
+    """The ``n`` applied plans with the largest speedups over xla_default above 1, largest first."""
+    base = next(r for r in rows if r.name == "xla_default")
     better = [r for r in rows if r.name != "xla_default" and r.applied and r.median_s is not None
-              and r.median_s < base]
-    return [r.name for r in sorted(better, key=lambda r: r.median_s)[:n]]
+              and r.gain(base) > 1.0]
+    return [r.name for r in sorted(better, key=lambda r: -r.gain(base))[:n]]
 
 
-def _runoff(chosen: str, verdict: str, again: dict[str, tuple[float, float, float]]) -> tuple[str, str]:
-    """(chosen, verdict) after the run-off ``again`` ({name: (median, min, max)}, xla_default included)."""
-    names = [n for n in again if n != "xla_default"]
-    best = min(names, key=lambda n: again[n][0])
-    line = ", ".join(f"{n} {again[n][0] * 1e3:.3f}" for n in sorted(again, key=lambda n: again[n][0]))
+def _runoff(chosen: str, verdict: str, again: dict[str, Measurement]) -> tuple[str, str]:
+    """(chosen, verdict) after the run-off ``again`` (one interleaved run, xla_default included):
+    the largest paired speedup over xla_default wins."""
+    gains = {n: paired_speedup(again["xla_default"], m) for n, m in again.items() if n != "xla_default"}
+    best = max(gains, key=gains.__getitem__)
+    line = ", ".join(f"{n} {gains[n]:.3f}x" for n in sorted(gains, key=lambda n: -gains[n]))
     if best == chosen:
-        return chosen, f"{verdict}; fastest again in a run-off of {len(names)} ({line} ms median)"
-    return best, f"{verdict}; but {best} was fastest in a run-off of {len(names)} ({line} ms median)"
+        return chosen, f"{verdict}; the best again in a run-off of {len(gains)} ({line})"
+    return best, f"{verdict}; but {best} was the best in a run-off of {len(gains)} ({line})"
 
 
-def _confirmed(chosen: str, verdict: str, again: dict[str, tuple[float, float, float]]) -> tuple[str, str]:
-    """(chosen, verdict) after the confirmation run ``again`` ({name: (median, min, max)})."""
-    new, base = again[chosen][0], again["xla_default"][0]
-    numbers = f"{new * 1e3:.3f} vs {base * 1e3:.3f} ms median"
-    if new < base:
-        return chosen, f"{verdict}; confirmed in a second run: {base / new:.3f}x ({numbers})"
+def _confirmed(chosen: str, verdict: str, again: dict[str, Measurement]) -> tuple[str, str, float]:
+    """(chosen, verdict, the chosen plan's paired speedup) after the confirmation run ``again``
+    (one interleaved run of the chosen plan and xla_default)."""
+    gain = paired_speedup(again["xla_default"], again[chosen])
+    numbers = (f"{gain:.3f}x paired over {len(again[chosen].samples)} rounds; {again[chosen].median * 1e3:.3f} "
+               f"vs {again['xla_default'].median * 1e3:.3f} ms median")
+    if gain > 1.0:
+        return chosen, f"{verdict}; confirmed in a second run: {numbers}", gain
     return "xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "
-                           f"({numbers}); keeping XLA's default compile")
+                           f"({numbers}); keeping XLA's default compile"), gain
 
 
 def optimize(
@@ -248,6 +271,7 @@ def optimize(
     bucket_sweep: tuple[int, ...] = (2, 3, 4),
     finalists: int = 3,
     confirm: bool = True,
+    confirm_rounds: int | None = None,
     progress: Progress | None = None,
 ) -> OptimizeResult:
     """Finds the fastest measured plan for ``step_fn`` on ``args``.
@@ -268,6 +292,8 @@ def optimize(
         1 skips it. Only with ``confirm``.
       confirm: measure the chosen plan again against xla_default in fresh rounds and keep it
         only if it is faster there too (module doc, step 6).
+      confirm_rounds: the confirmation's rounds (default ``3 * rounds``: two executables
+        already compiled, so rounds cost only their steps).
       measure_bound: also measure the communication-free bound in the same rounds
         (``OptimizeResult.comm_free_bound_s``).
       bucket_sweep: bucket counts ``k`` whose ``even_<k>`` plans (module doc, step 3) are
@@ -306,6 +332,9 @@ def optimize(
         raise ValueError(f"finalists: expected an integer >= 1, got {finalists!r}")
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps: expected integers >= 1, got rounds={rounds!r}, steps={steps!r}")
+    confirm_rounds = 3 * rounds if confirm_rounds is None else confirm_rounds
+    if not isinstance(confirm_rounds, int) or isinstance(confirm_rounds, bool) or confirm_rounds < 1:
+        raise ValueError(f"confirm_rounds: expected an integer >= 1, got {confirm_rounds!r}")
     report = progress or (lambda phase, frac, msg: None)
 
     report("extract", 0.0, "extracting the HLO graph")
@@ -355,7 +384,7 @@ def optimize(
                                   projected.replace(name=pname), sim.step_time(projected))
 
     # -- measure -------------------------------------------------------------------------------
-    total = len(rows) + int(measure_bound) + rounds + (2 * rounds if confirm else 0)
+    total = len(rows) + int(measure_bound) + rounds + (rounds + confirm_rounds if confirm else 0)
     done = [0]
 
     def on_bench(msg: str) -> None:
@@ -368,14 +397,17 @@ def optimize(
                                    steps=steps, progress=on_bench, comm_free_bound=measure_bound)
     bound = next(((m.measurement.median, m.measurement.min, m.measurement.max)
                   for m in measured if m.is_bound), None)
+    base_m = next(m.measurement for m in measured if m.name == "xla_default")
+    bound_speedup = next((paired_speedup(base_m, m.measurement) for m in measured if m.is_bound), None)
     final = []
     for m in (m for m in measured if not m.is_bound):
         r = rows[m.name]
         final.append(dataclasses.replace(
             r, median_s=m.measurement.median, min_s=m.measurement.min, max_s=m.measurement.max,
-            applied=m.applied, fallback_reason=m.fallback_reason))
+            applied=m.applied, fallback_reason=m.fallback_reason,
+            speedup=paired_speedup(base_m, m.measurement)))
     chosen, verdict = _verdict(final)
-    confirmation = runoff = None
+    confirmation = runoff = confirmed_speedup = None
     compiled = {m.name: m.step for m in measured}
     finals = _finalists(final, finalists)
     if confirm and len(finals) > 1:  # the same executables, fresh rounds
@@ -383,13 +415,13 @@ def optimize(
             {n: compiled[n] for n in ("xla_default", *finals)}, args, rounds=rounds, steps=steps,
             on_round=lambda r: on_bench(f"run-off round {r + 1}/{rounds}"))
         runoff = {n: (m.median, m.min, m.max) for n, m in again.items()}
-        chosen, verdict = _runoff(chosen, verdict, runoff)
+        chosen, verdict = _runoff(chosen, verdict, again)
     if confirm and chosen != "xla_default":  # the same executables, fresh rounds
         again = measure.measure_interleaved(
-            {n: compiled[n] for n in ("xla_default", chosen)}, args, rounds=rounds, steps=steps,
-            on_round=lambda r: on_bench(f"confirmation round {r + 1}/{rounds}"))
+            {n: compiled[n] for n in ("xla_default", chosen)}, args, rounds=confirm_rounds, steps=steps,
+            on_round=lambda r: on_bench(f"confirmation round {r + 1}/{confirm_rounds}"))
         confirmation = {n: (m.median, m.min, m.max) for n, m in again.items()}
-        chosen, verdict = _confirmed(chosen, verdict, confirmation)
+        chosen, verdict, confirmed_speedup = _confirmed(chosen, verdict, again)
     plan = next(r.plan for r in final if r.name == chosen)
     return OptimizeResult(
         plan=plan, chosen=chosen, verdict=verdict, rows=tuple(final), lower_bound_s=sim.lower_bound(),
@@ -399,4 +431,5 @@ def optimize(
         cost_model=getattr(costs, "name", type(costs).__name__), cluster=cluster.name,
         graph={"name": graph.name, "fingerprint": graph.fingerprint, "nodes": len(graph.nodes),
                "all_reduces": len(graph.all_reduces())},
-        rounds=rounds, steps=steps, comm_free_bound_s=bound, confirmation=confirmation, runoff=runoff)
+        rounds=rounds, steps=steps, comm_free_bound_s=bound, confirmation=confirmation, runoff=runoff,
+        confirmed_speedup=confirmed_speedup, comm_free_bound_speedup=bound_speedup)

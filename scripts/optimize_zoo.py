@@ -6,7 +6,8 @@
 Each model is optimised in its own process (``disco optimize --json``): simulated search, then
 the top plans measured for real, interleaved with xla_default, per_tensor, horovod and ddp. The
 table reports, per model, every measured plan's median (min-max) and the geometric mean over the
-zoo of the chosen plan's measured speedup over xla_default; then, per model, the measured
+zoo of the chosen plan's confirmed speedup over xla_default (paired: per round, xla_default's
+time over the plan's, the median over rounds; :func:`xla_hooks.measure.paired_speedup`); then, per model, the measured
 communication-free bound (the step with its all-reduces replaced by copies, measured in the same
 rounds; not a plan) and the ceiling it sets, up to noise, on what bucketing can gain:
 xla_default / bound.
@@ -66,11 +67,11 @@ def main(argv=None) -> int:
             mark = " (chosen)" if row["name"] == res["chosen"] else ""
             print(f"| {m} | {row['name']}{mark} | {row['predicted_ms']:.3f} | {row['measured_median_ms']:.2f} "
                   f"({row['measured_min_ms']:.2f}-{row['measured_max_ms']:.2f}) | "
-                  f"{base / row['measured_median_ms']:.3f}x |")
+                  f"{row.get('measured_speedup') or base / row['measured_median_ms']:.3f}x |")
         b = res.get("comm_free_bound_ms")
         if b:
             print(f"| {m} | comm_free_bound (not a plan) | - | {b['median']:.2f} ({b['min']:.2f}-{b['max']:.2f}) | "
-                  f"{base / b['median']:.3f}x |")
+                  f"{res.get('comm_free_bound_speedup') or base / b['median']:.3f}x |")
         conf = res.get("confirmation_ms")
         if conf:
             print(f"| {m} | {res['chosen']}: confirmation run | - | "
@@ -84,16 +85,17 @@ def main(argv=None) -> int:
     ceilings = {m: r for m, r in results.items() if r.get("comm_free_bound_ms")}
     if ceilings:
         print("\n| model | xla_default ms | chosen | chosen ms (at the confirmed speedup) | confirmed speedup | "
-              "comm-free bound ms | ceiling "
+              "comm-free bound ms (at its paired speedup) | ceiling "
               "(xla_default / bound) | share of the possible gain |")
         print("|---|---|---|---|---|---|---|---|")
         logs = []
         for m, res in ceilings.items():
             base = next(r for r in res["rows"] if r["name"] == "xla_default")["measured_median_ms"]
             chosen = base / res["speedup"]  # the confirmed speedup, on the first run's xla_default
-            bnd = res["comm_free_bound_ms"]["median"]
+            ceiling = res.get("comm_free_bound_speedup") or base / res["comm_free_bound_ms"]["median"]
+            bnd = base / ceiling  # the bound at its paired speedup, on the first run's xla_default
             share = (base - chosen) / (base - bnd) if base > bnd else float("nan")
-            logs.append(math.log(base / bnd))
+            logs.append(math.log(ceiling))
             print(f"| {m} | {base:.2f} | {res['chosen']} | {chosen:.2f} | {base / chosen:.3f}x | {bnd:.2f} | "
                   f"{base / bnd:.3f}x | {share:.0%} |")
         print(f"\nGeometric mean ceiling (xla_default / communication-free bound): "

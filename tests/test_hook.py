@@ -19,9 +19,9 @@ from xla_hooks.hook import PlanServiceWarning
 
 pytest.importorskip("flask")
 
-from service.testing import ServerProcess, free_port
-from tests.equivalence import assert_allclose_leaves as assert_close
-from tests.equivalence import three_steps
+from service.testing import ServerProcess, free_port  # noqa: E402
+from tests.equivalence import assert_allclose_leaves as assert_close  # noqa: E402
+from tests.equivalence import three_steps  # noqa: E402
 
 DEVICES = 4
 

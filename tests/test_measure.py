@@ -41,3 +41,16 @@ def test_every_step_is_waited_for(monkeypatch):
 def test_bad_counts_are_named():
     with pytest.raises(ValueError, match="rounds and steps must be >= 1"):
         measure.measure_interleaved({"a": lambda: 0}, (), rounds=0)
+
+
+def test_paired_speedup_is_the_median_of_per_round_ratios():
+    base = measure.Measurement((1.0, 2.0, 4.0))
+    other = measure.Measurement((0.5, 2.5, 3.0))  # ratios 2.0, 0.8, 1.333
+    assert measure.paired_speedup(base, other) == pytest.approx(4.0 / 3.0)
+    assert base.median / other.median == pytest.approx(0.8)  # the ratio of medians says the opposite
+    # drift between rounds cancels: other is 10% faster in every round, however slow the round
+    drift = (1.0, 3.0, 1.2, 2.5, 1.1)
+    assert measure.paired_speedup(measure.Measurement(drift), measure.Measurement(tuple(0.9 * d for d in drift))) \
+        == pytest.approx(1 / 0.9)
+    with pytest.raises(ValueError, match="one interleaved run, got 3 and 2 rounds"):
+        measure.paired_speedup(base, measure.Measurement((1.0, 1.0)))

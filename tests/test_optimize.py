@@ -17,6 +17,7 @@ from disco import baselines
 from disco import optimizer as opt
 from disco.plan import FusionPlan
 from tests.equivalence import assert_allclose_leaves, three_steps
+from xla_hooks.measure import Measurement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,14 +33,15 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
         assert (result.verdict.startswith("no plan beat xla_default when measured")
                 or "did not hold in a second run" in result.verdict)
         assert result.speedup == 1.0
-    else:  # faster in the selection run and again in the confirmation run
-        assert result.row(result.chosen).median_s < result.row("xla_default").median_s
+    else:  # faster, round by round, in the selection run and again in the confirmation run
+        assert result.row(result.chosen).speedup > 1
+        assert result.row("xla_default").speedup == 1.0
         again = result.confirmation
-        assert set(again) == {"xla_default", result.chosen} and again[result.chosen][0] < again["xla_default"][0]
+        assert set(again) == {"xla_default", result.chosen}
         if result.runoff is not None:  # two or more plans beat xla_default in the selection run
             assert "xla_default" in result.runoff and result.chosen in result.runoff
             assert 3 <= len(result.runoff) <= 4 and "run-off of" in result.verdict
-        assert result.speedup == again["xla_default"][0] / again[result.chosen][0] > 1
+        assert result.speedup == result.confirmed_speedup > 1
         assert "confirmed in a second run" in result.verdict
     json.dumps(result.to_dict())
     assert result.chrome_trace["traceEvents"]
@@ -63,16 +65,16 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
         assert_allclose_leaves(three_steps(applied, args), reference)
 
 
-def row(name, median, lo=None, hi=None, applied=True):
+def row(name, median, lo=None, hi=None, applied=True, speedup=None):
     return opt.PlanRow(name, "baseline", name, FusionPlan(name=name), 1e-3, median,
-                       median if lo is None else lo, median if hi is None else hi, applied)
+                       median if lo is None else lo, median if hi is None else hi, applied, speedup=speedup)
 
 
 def test_verdict_keeps_xla_default_when_nothing_beats_it():
-    chosen, verdict = opt._verdict([row("xla_default", 1.0), row("ddp", 1.2), row("disco_1", 0.5, applied=False)])
+    chosen, verdict = opt._verdict([row("xla_default", 1.0), row("ddp", 1.25), row("disco_1", 0.5, applied=False)])
     assert chosen == "xla_default"
-    assert verdict == ("no plan beat xla_default when measured; the fastest other plan, ddp, measured "
-                       "1200.000 ms median against 1000.000 ms; keeping XLA's default compile")
+    assert verdict == ("no plan beat xla_default when measured; the best other plan, ddp, measured 0.800x "
+                       "(1250.000 vs 1000.000 ms median); keeping XLA's default compile")
 
 
 def test_verdict_names_the_winner_and_noise():
@@ -82,13 +84,31 @@ def test_verdict_names_the_winner_and_noise():
     assert "within run-to-run noise" in verdict
 
 
+def test_verdict_ranks_by_the_paired_speedup_not_the_medians():
+    # ddp's median is lower, but round by round even_2 beat xla_default by more
+    rows = [row("xla_default", 1.0, speedup=1.0), row("ddp", 0.8, speedup=1.05), row("even_2", 0.9, speedup=1.2)]
+    chosen, verdict = opt._verdict(rows)
+    assert chosen == "even_2" and verdict.startswith("even_2 measured 1.200x faster than xla_default")
+    assert opt._finalists(rows, 3) == ["even_2", "ddp"]
+    rows = [row("xla_default", 1.0, speedup=1.0), row("ddp", 0.8, speedup=0.97)]
+    assert opt._verdict(rows)[0] == "xla_default" and opt._finalists(rows, 3) == []
+
+
+def m(*samples):
+    return Measurement(tuple(samples))
+
+
 def test_confirmation_keeps_a_gain_that_holds_and_drops_one_that_does_not():
-    chosen, verdict = opt._confirmed("ddp", "ddp measured 1.2x", {"xla_default": (1.0, 0.9, 1.1), "ddp": (0.8, 0.7, 0.9)})
-    assert chosen == "ddp" and verdict == "ddp measured 1.2x; confirmed in a second run: 1.250x (800.000 vs 1000.000 ms median)"
-    chosen, verdict = opt._confirmed("ddp", "ddp measured 1.2x", {"xla_default": (1.0, 0.9, 1.1), "ddp": (1.0, 0.9, 1.1)})
-    assert chosen == "xla_default"
-    assert verdict == ("ddp measured fastest, but the gain did not hold in a second run (1000.000 vs 1000.000 ms "
-                       "median); keeping XLA's default compile")
+    again = {"xla_default": m(1.0, 2.0, 1.0), "ddp": m(0.8, 1.6, 1.0)}  # paired ratios 1.25, 1.25, 1.0
+    chosen, verdict, gain = opt._confirmed("ddp", "ddp measured 1.2x", again)
+    assert chosen == "ddp" and gain == 1.25
+    assert verdict == ("ddp measured 1.2x; confirmed in a second run: 1.250x paired over 3 rounds; 1000.000 vs "
+                       "1000.000 ms median")
+    again = {"xla_default": m(1.0, 1.0, 1.0), "ddp": m(1.0, 0.5, 1.1)}  # a lower median, not a paired gain
+    chosen, verdict, gain = opt._confirmed("ddp", "ddp measured 1.2x", again)
+    assert chosen == "xla_default" and gain == 1.0
+    assert verdict == ("ddp measured fastest, but the gain did not hold in a second run (1.000x paired over 3 "
+                       "rounds; 1000.000 vs 1000.000 ms median); keeping XLA's default compile")
 
 
 def test_finalists_are_the_fastest_applied_plans_that_beat_xla_default():
@@ -99,14 +119,13 @@ def test_finalists_are_the_fastest_applied_plans_that_beat_xla_default():
     assert opt._finalists([row("xla_default", 1.0), row("ddp", 1.1)], 3) == []
 
 
-def test_runoff_picks_the_fastest_there():
-    again = {"xla_default": (1.0, 0.9, 1.1), "horovod": (0.85, 0.8, 0.9), "ddp": (0.8, 0.75, 0.9)}
+def test_runoff_picks_the_largest_paired_speedup_there():
+    again = {"xla_default": m(1.0, 1.0, 1.0), "horovod": m(0.85, 0.8, 0.9), "ddp": m(0.8, 0.75, 0.9)}
     chosen, verdict = opt._runoff("horovod", "horovod measured 1.4x", again)
     assert chosen == "ddp"
-    assert verdict == ("horovod measured 1.4x; but ddp was fastest in a run-off of 2 (ddp 800.000, "
-                       "horovod 850.000, xla_default 1000.000 ms median)")
+    assert verdict == "horovod measured 1.4x; but ddp was the best in a run-off of 2 (ddp 1.250x, horovod 1.176x)"
     chosen, verdict = opt._runoff("ddp", "ddp measured 1.4x", again)
-    assert chosen == "ddp" and verdict.startswith("ddp measured 1.4x; fastest again in a run-off of 2")
+    assert chosen == "ddp" and verdict.startswith("ddp measured 1.4x; the best again in a run-off of 2")
 
 
 def test_bad_arguments_are_named():

@@ -82,3 +82,21 @@ def measure_interleaved(
         if on_round:
             on_round(r)
     return {k: Measurement(tuple(v)) for k, v in samples.items()}
+
+
+def paired_speedup(base: Measurement, other: Measurement) -> float:
+    """How many times faster ``other`` ran than ``base``: the median over rounds of
+    ``base``'s round time / ``other``'s in the same round.
+
+    Both must come from one :func:`measure_interleaved` run, where a round measures every
+    callable back to back. Pairing by round cancels the drift between rounds that a ratio of
+    the two medians keeps: on 2 shared CPU cores one executable's median moved by 40% between
+    runs minutes apart (docs/benchmarks.md), while its rank within a round held.
+
+    Raises:
+      ValueError: when the two have different numbers of rounds (not one run).
+    """
+    if len(base.samples) != len(other.samples):
+        raise ValueError(f"paired_speedup needs two measurements of one interleaved run, got {len(base.samples)} "
+                         f"and {len(other.samples)} rounds")
+    return statistics.median(b / o for b, o in zip(base.samples, other.samples))
