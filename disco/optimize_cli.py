@@ -197,12 +197,14 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     for label, run in (("run-off", result.runoff), ("confirmation run", result.confirmation)):
         if run is not None:
             line = ", ".join(f"{k} {v[0] * 1e3:.3f} ({v[1] * 1e3:.3f}-{v[2] * 1e3:.3f})" for k, v in run.items())
+            if run is result.confirmation and result.confirmed_speedup is not None:
+                line += f"; {result.chosen}'s paired speedup there {result.confirmed_speedup:.3f}x"
             console.print(f"{label} (ms, median (min-max)): {line}")
     if result.comm_free_bound_s is not None:
         med, lo, hi = (v * 1e3 for v in result.comm_free_bound_s)
         console.print(f"measured communication-free bound {med:.3f} ms ({lo:.3f}-{hi:.3f}; the step with its "
                       f"all-reduces replaced by copies, not a plan): the ceiling, up to noise, on what "
-                      f"bucketing can gain here is {base / result.comm_free_bound_s[0]:.3f}x")
+                      f"bucketing can gain here is {result.comm_free_bound_speedup or base / result.comm_free_bound_s[0]:.3f}x")
     console.print(f"[bold]verdict:[/bold] {result.verdict}")
 
 

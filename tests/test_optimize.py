@@ -175,3 +175,27 @@ def test_public_api_names_the_function():
 
     assert disco.optimize is opt.optimize  # disco.optimize(step, *args, ...) as the issue specifies
     assert disco.OptimizeResult is opt.OptimizeResult
+
+
+def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
+    from disco import optimize_cli
+
+    rows = (row("xla_default", 0.100, 0.090, 0.120, speedup=1.0), row("ddp", 0.080, 0.070, 0.090, speedup=1.30),
+            row("horovod", 0.079, 0.070, 0.095, speedup=1.20))
+    result = opt.OptimizeResult(
+        plan=rows[1].plan, chosen="ddp", verdict="ddp measured 1.300x faster", rows=rows, lower_bound_s=5e-4,
+        trace=(), evals=10, evals_per_s=5.0, strategy="best_first", search_s=2.0, chrome_trace={},
+        baseline_trace={}, cost_model="analytic", cluster="local", graph={}, rounds=9, steps=3,
+        comm_free_bound_s=(0.06, 0.05, 0.07), confirmation={"xla_default": (0.1, 0.09, 0.11), "ddp": (0.08, 0.07, 0.09)},
+        confirmed_speedup=1.25, comm_free_bound_speedup=1.6)
+    assert result.speedup == 1.25 and result.to_dict()["confirmed_speedup"] == 1.25
+    optimize_cli._print_table(result, {"model": "mlp", "preset": "tiny", "devices": 4, "device_kind": "cpu",
+                                       "cost_model_info": {"name": "analytic"}})
+    out = capsys.readouterr().out
+    assert "vs xla_default (paired)" in out and "verdict: ddp measured 1.300x faster" in out
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith(("│ ddp", "│ horovod"))]
+    # sorted by the paired speedup (ddp first, though horovod's median is lower); vs best baseline = 1.30/1.30
+    assert [ln.split()[1] for ln in lines] == ["ddp", "horovod"]
+    assert "1.300x" in lines[0] and "1.000x" in lines[0] and "1.200x" in lines[1] and "0.923x" in lines[1]
+    assert "confirmation run (ms, median (min-max)): xla_default 100.000" in out
+    assert "ddp's paired speedup there 1.250x" in out and "can gain here is 1.600x" in out
