@@ -7,7 +7,7 @@ PRESET ?= small
 DEVICES ?= 8
 BUDGET ?= 30
 
-.PHONY: run test test-trax install install-test clean
+.PHONY: run test test-trax lint install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -30,6 +30,14 @@ run: install
 
 test: install-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# Lint with the pinned ruff (newer ruff releases enable more rules by default).
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
 
 $(VENV)/.installed-trax: $(VENV)/.installed-test
 	$(BIN)/python -m pip install --quiet -e '.[trax]'
