@@ -323,16 +323,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_cluster_arg(value: str | None, devices: int) -> Any:
-    from disco import cluster
-
-    if value is None:
-        return cluster.preset("local", devices=devices)
-    if os.path.exists(value):
-        return cluster.load_cluster(value)
-    return cluster.preset(value, devices=devices if value == "local" else None)
-
-
 DEFAULT_COST_MODEL = "analytic"
 
 
@@ -373,7 +363,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     step, example = _make_step(args)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = _resolve_plans(args.plans, graph)
-    spec = _load_cluster_arg(args.cluster, args.devices)
+    from disco import cluster
+
+    spec = cluster.resolve(args.cluster, args.devices)
     cm, cm_info = load_cost_model(args.cost_model)
     sim = simulator.Simulator(graph, cm, spec)
     rows = []

@@ -632,3 +632,21 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
     if devices is not None and devices != spec.num_devices:
         raise ValueError(f"preset {name!r} has {spec.num_devices} devices, got devices={devices!r}")
     return spec
+
+
+def resolve(value: str | None, devices: int | None = None) -> ClusterSpec:
+    """The cluster a ``--cluster`` argument names: a cluster file when the path exists (read
+    by :func:`load_cluster`), else a preset; ``None`` is ``local``. ``devices`` is passed to
+    ``local`` only (the other presets fix their own device count).
+
+    Raises:
+      ValueError: when ``value`` is neither an existing file nor a preset (listing the presets).
+    """
+    if value is None:
+        return preset("local", devices=devices)
+    if os.path.exists(value):
+        return load_cluster(value)
+    if value in PRESETS:
+        return preset(value, devices=devices if value == "local" else None)
+    raise ValueError(f"--cluster {value!r} is neither a file nor a preset; expected a path or one of: "
+                     f"{', '.join(PRESETS)}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
 from disco.cli import (
@@ -56,19 +55,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _cluster(spec: str | None, devices: int) -> Any:
-    from disco import cluster
-
-    if spec is None:
-        return cluster.preset("local", devices=devices)
-    if os.path.exists(spec):
-        return cluster.load_cluster(spec)
-    if spec in cluster.PRESETS:
-        return cluster.preset(spec, devices=devices if spec == "local" else None)
-    raise CliError(f"--cluster {spec!r} is neither a file nor a preset; expected a path or one of: "
-                   f"{', '.join(cluster.PRESETS)}")
-
-
 def _bucket_counts(spec: str) -> tuple[int, ...]:
     """``--bucket-sweep`` text ("2,3,4", or "" for none) as bucket counts."""
     items = [t.strip() for t in spec.split(",") if t.strip()]
@@ -102,7 +88,9 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit status."""
     _check(args)
-    cluster = _cluster(args.cluster, args.devices)
+    from disco.cluster import resolve
+
+    cluster = resolve(args.cluster, args.devices)
     step, example = _make_step(args)  # first: it sets the device count before jax starts
     costs, cost_info = load_cost_model(args.cost_model)
     from rich.console import Console

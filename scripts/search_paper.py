@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -44,8 +43,7 @@ def main(argv=None) -> int:
         graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
         t_extract = time.perf_counter() - t0
         t0 = time.perf_counter()
-        spec = (cluster.load_cluster(args.cluster) if os.path.exists(args.cluster)
-                else cluster.preset(args.cluster, devices=args.devices if args.cluster == "local" else None))
+        spec = cluster.resolve(args.cluster, args.devices)
         sim = simulator.Simulator(graph, costs.AnalyticCosts(), spec)
         base = sim.step_time(FusionPlan(name="xla_default"))
         t_setup = time.perf_counter() - t0

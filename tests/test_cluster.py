@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from disco.cluster import (PRESETS, ClusterSpec, LinkSpec, load_cluster, parse_bandwidth, parse_latency,
-                           preset)
+                           preset, resolve)
 
 SUPERSCALER = """\
 Server:
@@ -242,3 +242,15 @@ def test_operand_latency_reads_units_round_trips_and_defaults_to_zero(tmp_path):
     assert not preset("local").overlap and preset("dgx-a100-8").overlap
     with pytest.raises(ValueError, match=r"cluster\.overlap: expected true or false"):
         ClusterSpec.from_yaml(text + "overlap: sometimes\n")
+
+
+def test_resolve_reads_a_file_or_names_a_preset(tmp_path):
+    assert resolve(None, 4) == preset("local", devices=4)
+    assert resolve("local", 2).num_devices == 2
+    assert resolve("dgx-a100-8", 4) == preset("dgx-a100-8")  # devices go to local only
+    path = tmp_path / "c.yaml"
+    path.write_text(preset("2x8-100gbe").to_yaml())
+    assert resolve(str(path), 8) == preset("2x8-100gbe")
+    with pytest.raises(ValueError, match=r"--cluster 'moon-base' is neither a file nor a preset; expected a path "
+                                         r"or one of: local, dgx-a100-8"):
+        resolve("moon-base", 8)
