@@ -90,8 +90,8 @@ def paired_speedup(base: Measurement, other: Measurement) -> float:
 
     Both must come from one :func:`measure_interleaved` run, where a round measures every
     callable back to back. Pairing by round cancels the drift between rounds that a ratio of
-    the two medians keeps: on 2 shared CPU cores one executable's median moved by 40% between
-    runs minutes apart (docs/benchmarks.md), while its rank within a round held.
+    the two medians keeps: on 2 shared CPU cores one executable's median moved by up to 44%
+    between the interleaved runs of one ``disco optimize`` (docs/benchmarks.md, zoo run 10).
 
     Raises:
       ValueError: when the two have different numbers of rounds (not one run).
