@@ -12,30 +12,35 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "HloGraph": "disco.graph",
-    "Node": "disco.graph",
-    "GraphArrays": "disco.graph",
-    "extract": "disco.extractor",
-    "hlo_text": "disco.extractor",
-    "HloParseError": "disco.hlo_parse",
-    "FusionPlan": "disco.plan",
-    "Bucket": "disco.plan",
-    "make_plan": "disco.plan",
+    "HloGraph": "disco.ir.graph",
+    "Node": "disco.ir.graph",
+    "GraphArrays": "disco.ir.graph",
+    "extract": "disco.ir.extractor",
+    "hlo_text": "disco.ir.extractor",
+    "HloParseError": "disco.ir.hlo_parse",
+    "FusionPlan": "disco.plans.plan",
+    "Bucket": "disco.plans.plan",
+    "make_plan": "disco.plans.plan",
     "optimize": "disco.optimizer",
     "OptimizeResult": "disco.optimizer",
-    "simulate": "disco.simulator",
-    "lower_bound": "disco.simulator",
-    "ClusterSpec": "disco.cluster",
+    "simulate": "disco.sim.simulator",
+    "lower_bound": "disco.sim.simulator",
+    "ClusterSpec": "disco.sim.cluster",
 }
 
 
-_SUBMODULES = {"baselines", "bench", "random_plans", "plan_check", "costs", "simulator", "cluster", "moves",
-               "search", "optimizer", "collectives", "calibrate"}
+_SUBMODULES = {
+    "ir": "disco.ir", "plans": "disco.plans", "sim": "disco.sim", "search": "disco.search",
+    "baselines": "disco.plans.baselines", "random_plans": "disco.plans.random_plans", "moves": "disco.plans.moves",
+    "costs": "disco.sim.costs", "simulator": "disco.sim.simulator", "cluster": "disco.sim.cluster",
+    "collectives": "disco.sim.collectives", "planner": "disco.planner", "bench": "disco.bench",
+    "optimizer": "disco.optimizer", "calibrate": "disco.calibrate",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
-        return importlib.import_module(f"disco.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'disco' has no attribute {name!r}")

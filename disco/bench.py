@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from disco.plan import FusionPlan
+from disco.plans.plan import FusionPlan
 
 
 COMM_FREE_BOUND = "comm_free_bound"
@@ -45,7 +45,7 @@ class PlanResult:
 
 def compiled_counts(text: str) -> tuple[int, int]:
     """(fusions, all-reduces) in a compiled module text, over all computations."""
-    from disco.hlo_parse import parse_module
+    from disco.ir.hlo_parse import parse_module
 
     fusions = all_reduces = 0
     for comp in parse_module(text).computations:

@@ -3,7 +3,7 @@
 ``calibrate(devices)`` times jitted all-reduces (``psum`` inside ``shard_map``) of several
 sizes on the real devices, fits ``t(n) = a + b * n`` by least squares on the medians, and
 turns that into the per-link latency and bandwidth of a ring all-reduce over ``p``
-devices (the model in :mod:`disco.collectives`):
+devices (the model in :mod:`disco.sim.collectives`):
 
     t(n) = 2 (p - 1) * latency + 2 (p - 1) / p * n / bandwidth
     => latency = a / (2 (p - 1)),  bandwidth = 2 (p - 1) / (p * b)

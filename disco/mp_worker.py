@@ -47,8 +47,10 @@ def main(argv=None) -> int:
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
                                num_processes=args.num_processes, process_id=args.process_id)
     import trax_models
-    from disco import baselines, bench, extractor
-    from disco.graph import HloGraph
+    from disco import bench
+    from disco.plans import baselines
+    from disco.ir import extractor
+    from disco.ir.graph import HloGraph
 
     n = len(jax.devices())
     step, example = trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
     plans = {}
     for name in spec["plans"]:
         if name.endswith(".json"):
-            from disco.plan import FusionPlan
+            from disco.plans.plan import FusionPlan
 
             with open(name, encoding="utf-8") as f:
                 plan = FusionPlan.from_json(f.read())

@@ -39,12 +39,12 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from disco.plan import FusionPlan
+from disco.plans.plan import FusionPlan
 from xla_hooks.measure import Measurement, paired_speedup
 
 if TYPE_CHECKING:
-    from disco.cluster import ClusterSpec
-    from disco.costs import CostModel
+    from disco.sim.cluster import ClusterSpec
+    from disco.sim.costs import CostModel
 
 # progress(phase, fraction done in [0, 1], message); phases: "extract", "search", "measure"
 Progress = Callable[[str, float, str], None]
@@ -281,7 +281,7 @@ def optimize(
       *args: its example arguments (real arrays: the plans are measured).
       cluster: the cluster the simulator prices collectives with (default:
         ``cluster.preset("local", devices=<devices args are sharded over>)``).
-      costs: the cost model (default :class:`disco.costs.AnalyticCosts`).
+      costs: the cost model (default :class:`disco.sim.costs.AnalyticCosts`).
       budget_s: seconds for the search (extraction and measurement come on top).
       strategy: "best_first", "annealing" or "greedy".
       measure_top_k: how many of the best searched plans (by estimate) to measure.
@@ -312,11 +312,12 @@ def optimize(
       ValueError: for an unknown strategy, a budget that is not positive, ``measure_top_k``
         below 0, a bucket count below 1, or rounds/steps below 1.
     """
-    from disco import baselines, bench, search
-    from disco.cluster import preset
-    from disco.costs import AnalyticCosts
-    from disco.extractor import extract
-    from disco.simulator import Simulator
+    from disco import bench, search
+    from disco.plans import baselines
+    from disco.sim.cluster import preset
+    from disco.sim.costs import AnalyticCosts
+    from disco.ir.extractor import extract
+    from disco.sim.simulator import Simulator
     from xla_hooks import measure
     from xla_hooks.apply_plan import PlanFallbackWarning
 

@@ -3,7 +3,7 @@
 ``python -m gnn.benchmark [--graph GRAPH.json] [--checkpoint CK.msgpack]`` measures, on one
 graph (default: the largest graph of tests/data/profiles_small):
 
-* ``search``: :class:`disco.simulator.Simulator` with :class:`gnn.cost_model.GnnCosts` over
+* ``search``: :class:`disco.sim.simulator.Simulator` with :class:`gnn.cost_model.GnnCosts` over
   a search-like stream: each plan is the previous one with one group replaced (so most
   kernels are cached, as in local search);
 * ``cold``: fresh random plans (every group a new kernel: the per-kernel head runs);
@@ -21,9 +21,9 @@ from typing import Any
 
 
 def run(graph: Any, costs: Any, *, n: int = 400, devices: int = 4, seed: int = 0) -> dict[str, Any]:
-    from disco.cluster import preset
-    from disco.random_plans import random_groups, random_plan
-    from disco.simulator import Simulator
+    from disco.sim.cluster import preset
+    from disco.plans.random_plans import random_groups, random_plan
+    from disco.sim.simulator import Simulator
 
     rng = random.Random(seed)
     t = time.perf_counter()
@@ -72,7 +72,7 @@ def run(graph: Any, costs: Any, *, n: int = 400, devices: int = 4, seed: int = 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
     from gnn.cost_model import GnnCosts, load_default
 
     p = argparse.ArgumentParser(prog="gnn.benchmark", description=__doc__.splitlines()[0])

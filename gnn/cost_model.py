@@ -2,7 +2,7 @@
 
 Two ways to use it:
 
-* as a :class:`disco.costs.CostModel` in :class:`disco.simulator.Simulator`:
+* as a :class:`disco.sim.costs.CostModel` in :class:`disco.sim.simulator.Simulator`:
   ``kernel_time`` prices one kernel with the GNN's per-kernel head, evaluated in numpy
   (no jax dispatch) and cached per kernel, so the search pays for a kernel once;
   collectives keep the alpha-beta model of the cluster;
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from disco.costs import CostModel, Kernel
+from disco.sim.costs import CostModel, Kernel
 
 DEFAULT_CHECKPOINT = Path(__file__).with_name("default_checkpoint.msgpack")
 DEFAULT_METRICS = Path(__file__).with_name("default_metrics.json")
@@ -149,7 +149,7 @@ class GnnCosts(CostModel):
         Raises:
           ValueError: for a plan that does not fit the graph.
         """
-        from disco.plan import FusionPlan
+        from disco.plans.plan import FusionPlan
         from gnn import features as F
         from gnn.train import predict
 

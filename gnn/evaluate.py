@@ -91,9 +91,9 @@ def ranking_metrics(ds: Any, idx: Sequence[int], predicted: Sequence[float],
 
 def analytic_predictions(ds: Any, idx: Sequence[int], costs: Any = None) -> np.ndarray:
     """Simulated step milliseconds of samples ``idx`` under ``costs`` (default AnalyticCosts)."""
-    from disco.cluster import preset
-    from disco.costs import AnalyticCosts
-    from disco.simulator import Simulator
+    from disco.sim.cluster import preset
+    from disco.sim.costs import AnalyticCosts
+    from disco.sim.simulator import Simulator
 
     costs = costs or AnalyticCosts()
     sims: dict[tuple[str, int], Simulator] = {}

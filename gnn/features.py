@@ -3,9 +3,9 @@
 The plan is contracted like the simulator does: each plan group becomes one node, each
 bucket one node (``buckets=None``: XLA's combiner, all all-reduces in one node), every
 other compute op and collective a node of its own. Zero-cost ops (parameters, constants,
-tuple plumbing, bitcasts; :data:`disco.costs.ZERO_COST_OPCODES`) are not nodes: message
+tuple plumbing, bitcasts; :data:`disco.sim.costs.ZERO_COST_OPCODES`) are not nodes: message
 passing edges are folded through them, and the bytes they hand over still count as a
-kernel's input bytes, exactly as :class:`disco.costs.Kernel` counts them.
+kernel's input bytes, exactly as :class:`disco.sim.costs.Kernel` counts them.
 
 The container follows jraph's ``GraphsTuple`` (nodes, edges, senders, receivers, n_node,
 n_edge, globals) plus explicit masks. :func:`pad` pads a batch to power-of-two sizes with
@@ -14,7 +14,7 @@ size bucket and padding never reaches a real node (the model masks pooling with
 ``node_mask``/``graph_mask``).
 
 Node features (:data:`NODE_FEATURES`; the first :data:`N_KERNEL_FEATURES` depend only on the
-kernel itself, so the per-kernel head can price a :class:`disco.costs.Kernel` out of context):
+kernel itself, so the per-kernel head can price a :class:`disco.sim.costs.Kernel` out of context):
 log flops, log input bytes, log output bytes, log output elements, log member count, is a
 fused group, is a collective, log collective bytes, position in the schedule (first member's
 program position / graph size). Edge features: log bytes, log number of value edges.
@@ -33,10 +33,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disco.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, Kernel, is_kernel_node
-from disco.flops import OPCODES, opcode_id
-from disco.graph import HloGraph
-from disco.plan import FusionPlan
+from disco.sim.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, Kernel, is_kernel_node
+from disco.ir.flops import OPCODES, opcode_id
+from disco.ir.graph import HloGraph
+from disco.plans.plan import FusionPlan
 
 FEATURE_VERSION = 1
 NODE_FEATURES = ("log_flops", "log_in_bytes", "log_out_bytes", "log_out_elements", "log_members",
@@ -58,7 +58,7 @@ class GraphsTuple(NamedTuple):
 
     Attributes:
       nodes: float32 [N, len(NODE_FEATURES)].
-      opcodes: int32 [N] opcode ids (``disco.flops.opcode_id``; groups are "fusion").
+      opcodes: int32 [N] opcode ids (``disco.ir.flops.opcode_id``; groups are "fusion").
       edges: float32 [E, len(EDGE_FEATURES)].
       senders: int32 [E].
       receivers: int32 [E].
@@ -229,7 +229,7 @@ def fused_graph(ctx: GraphContext, plan: FusionPlan, *, devices: int = 1) -> Gra
     flops = np.bincount(ru, weights=ctx.flops[real], minlength=U)
     elements = np.bincount(ru, weights=ctx.out_elements[real], minlength=U)
     coll_bytes = np.bincount(ru, weights=ctx.out_bytes[real] * (kind[real] == _COLL), minlength=U)
-    # Kernel traffic on raw edges (what disco.costs.Kernel counts).
+    # Kernel traffic on raw edges (what disco.sim.costs.Kernel counts).
     us, ud = unit[ctx.raw_src], unit[ctx.raw_dst]
     ext = (us != ud) & (ud >= 0)
     key = np.unique(ctx.raw_src[ext] * U + ud[ext])

@@ -3,8 +3,8 @@
 Real training uses measured samples written by the profile collector
 (``DIR/samples.jsonl`` + ``DIR/graphs/<fingerprint>.json``). Until those exist, and
 for fast tests, :func:`write_dataset` writes the same layout with the step time of
-each plan taken from :class:`disco.simulator.Simulator` under a perturbed
-:class:`disco.costs.AnalyticCosts` plus multiplicative noise. Numbers trained on
+each plan taken from :class:`disco.sim.simulator.Simulator` under a perturbed
+:class:`disco.sim.costs.AnalyticCosts` plus multiplicative noise. Numbers trained on
 this are *not* measurements and must never be reported as such.
 
 Example:
@@ -20,7 +20,7 @@ import random
 from collections.abc import Mapping
 from pathlib import Path
 
-from disco.graph import HloGraph
+from disco.ir.graph import HloGraph
 
 
 def write_dataset(out: str | os.PathLike[str], graphs: Mapping[str, HloGraph], *, plans_per_graph: int = 40,
@@ -38,11 +38,11 @@ def write_dataset(out: str | os.PathLike[str], graphs: Mapping[str, HloGraph], *
     Returns:
       The directory.
     """
-    from disco import baselines
-    from disco.cluster import preset
-    from disco.costs import AnalyticConfig, AnalyticCosts
-    from disco.random_plans import random_plan
-    from disco.simulator import Simulator
+    from disco.plans import baselines
+    from disco.sim.cluster import preset
+    from disco.sim.costs import AnalyticConfig, AnalyticCosts
+    from disco.plans.random_plans import random_plan
+    from disco.sim.simulator import Simulator
 
     out = Path(out)
     (out / "graphs").mkdir(parents=True, exist_ok=True)

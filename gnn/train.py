@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from disco.graph import HloGraph
-from disco.plan import FusionPlan
+from disco.ir.graph import HloGraph
+from disco.plans.plan import FusionPlan
 from gnn import features as F
 
 

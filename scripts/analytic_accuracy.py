@@ -23,9 +23,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import numpy as np
 
-    from disco.cluster import load_cluster
-    from disco.costs import AnalyticCosts
-    from disco.simulator import Simulator
+    from disco.sim.cluster import load_cluster
+    from disco.sim.costs import AnalyticCosts
+    from disco.sim.simulator import Simulator
     from gnn import evaluate, train
 
     ds = train.load_dataset(args.data)

@@ -1,9 +1,9 @@
-"""Benchmarks disco.simulator: plan evaluations per second on synthetic training-step graphs.
+"""Benchmarks disco.sim.simulator: plan evaluations per second on synthetic training-step graphs.
 
 Builds layered data-parallel step graphs (forward dots and elementwise chains, backward
 dots and elementwise chains, one gradient all-reduce per parameter, elementwise optimizer
 updates) of about 2,000 / 5,000 / 10,000 / 20,000 nodes, draws random valid plans (small
-groups of adjacent elementwise ops, checked with ``disco.plan_check.validate``, and random
+groups of adjacent elementwise ops, checked with ``disco.plans.check.validate``, and random
 contiguous buckets), and times ``Simulator.step_time`` and ``Simulator.run``.
 
 Usage:
@@ -18,12 +18,12 @@ import random
 import sys
 import time
 
-from disco.cluster import preset
-from disco.costs import AnalyticCosts
-from disco.graph import HloGraph, Node
-from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
-from disco.plan_check import validate
-from disco.simulator import Simulator
+from disco.sim.cluster import preset
+from disco.sim.costs import AnalyticCosts
+from disco.ir.graph import HloGraph, Node
+from disco.plans.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
+from disco.plans.check import validate
+from disco.sim.simulator import Simulator
 
 _ELEMENTWISE = ("add", "multiply", "tanh", "exponential", "subtract", "maximum", "negate")
 
@@ -82,7 +82,7 @@ def random_plan(graph: HloGraph, rng: random.Random, *, group_frac: float = 0.3,
     """Random groups of 2-4 adjacent elementwise ops plus random contiguous buckets.
 
     Groups are valid by construction (single-user chains whose other inputs precede the chain);
-    ``check`` also runs ``disco.plan_check.validate``, which is slow on large graphs.
+    ``check`` also runs ``disco.plans.check.validate``, which is slow on large graphs.
     """
     nodes = graph.nodes
     succ: dict[int, list[int]] = {}

@@ -3,7 +3,7 @@
     python scripts/check_gpu.py [--model mlp] [--preset tiny] [--out DIR] [--allow-untested-jax]
 
 1. Pass names: compiles the zoo step on the GPU in a child process with XLA's pass-pipeline log
-   on and lists every HLO pass it ran; reports whether each pass name that ``disco.plan``
+   on and lists every HLO pass it ran; reports whether each pass name that ``disco.plans.plan``
    disables on GPU (``FusionPlan.disabled_passes("gpu")``) is one of them. XLA ignores a
    disabled name it does not know, so a wrong name fails silently: this is the check.
 2. Compile options: whether the GPU compile accepts the options a plan sets.
@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import disco
     import trax_models
-    from disco import baselines, bench
-    from disco.random_plans import random_plan
+    from disco import bench
+    from disco.plans import baselines
+    from disco.plans.random_plans import random_plan
     from xla_hooks import _jax_private, apply_plan, measure
 
     report: dict = {"jax": jax.__version__, "backend": jax.default_backend(),

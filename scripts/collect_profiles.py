@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from disco.collect_cli import main  # noqa: E402
+from disco.cli.collect import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

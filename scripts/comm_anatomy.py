@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     import disco
     import trax_models
     import xla_hooks
-    from disco import baselines
-    from disco.plan import Bucket
+    from disco.plans import baselines
+    from disco.plans.plan import Bucket
     from xla_hooks import bound, measure
 
     counts = [int(k) for k in args.counts.split(",") if k.strip()]

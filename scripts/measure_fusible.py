@@ -266,8 +266,8 @@ def _substitute(text: str, old: str, new: str) -> str:
 
 def _group(graph: Any, case: Case) -> list[str]:
     """The planned group: everything on producer->consumer paths, plus pulled-in opcodes."""
-    from disco import plan_check
-    from disco.plan import make_plan
+    from disco.plans import check as plan_check
+    from disco.plans.plan import make_plan
 
     nodes, index = graph.nodes, graph.index()
     succ, pred = collections.defaultdict(set), collections.defaultdict(set)
@@ -320,7 +320,7 @@ def _group(graph: Any, case: Case) -> list[str]:
 
 def _fused_opcodes(compiled_text: str) -> set[str]:
     """Opcodes found inside fused computations of an optimised module."""
-    from disco.hlo_parse import parse_module
+    from disco.ir.hlo_parse import parse_module
 
     module = parse_module(compiled_text)
     fused = set()
@@ -345,8 +345,8 @@ def _trial(case: Case, mode: str, fusion: str) -> dict[str, Any]:
     import jax
     import numpy as np
 
-    from disco.graph import HloGraph
-    from disco.plan import make_plan
+    from disco.ir.graph import HloGraph
+    from disco.plans.plan import make_plan
     from xla_hooks import _jax_private
     from xla_hooks.rewrite import apply_plan_to_text
 

@@ -32,9 +32,13 @@ def main(argv=None) -> int:
 
     jax.config.update("jax_num_cpu_devices", args.devices)
     import trax_models
-    from disco import cluster, costs, extractor, search, simulator
-    from disco.graph import HloGraph
-    from disco.plan import FusionPlan
+    from disco import search
+    from disco.sim import cluster
+    from disco.sim import costs
+    from disco.ir import extractor
+    from disco.sim import simulator
+    from disco.ir.graph import HloGraph
+    from disco.plans.plan import FusionPlan
 
     rows = []
     for name in args.models.split(","):

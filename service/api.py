@@ -167,7 +167,7 @@ _SAMPLES = TypeAdapter(list[schemas.ProfileSample])
 
 @bp.post("/v1/profiles")
 def upload_profiles():
-    from disco.plan import FusionPlan
+    from disco.plans.plan import FusionPlan
 
     _require_token()
     body = _json_body()

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from service.errors import ApiError
 
 if TYPE_CHECKING:
-    from disco.cluster import ClusterSpec
-    from disco.graph import HloGraph
+    from disco.sim.cluster import ClusterSpec
+    from disco.ir.graph import HloGraph
     from service.schemas import PlanRequest
 
 
@@ -23,7 +23,7 @@ def parse_graph(hlo_text: str | None, graph: dict[str, Any] | None) -> HloGraph:
     Raises:
       ApiError: 400 naming the field (and, for HLO, the line the parser stopped at).
     """
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
 
     if hlo_text is not None:
         try:
@@ -48,7 +48,7 @@ def parse_cluster(cluster: Any, devices: int | None) -> ClusterSpec:
     Raises:
       ApiError: 400; for an unknown preset the message lists the presets.
     """
-    from disco import cluster as dc
+    from disco.sim import cluster as dc
 
     if isinstance(cluster, str):
         if cluster not in dc.PRESETS:
@@ -85,7 +85,7 @@ def stored_request(req: PlanRequest, cluster: ClusterSpec) -> dict[str, Any]:
 
 
 def graph_from_stored(request: dict[str, Any]) -> HloGraph:
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
 
     if "hlo_text" in request:
         return HloGraph.from_hlo_text(request["hlo_text"])
@@ -93,6 +93,6 @@ def graph_from_stored(request: dict[str, Any]) -> HloGraph:
 
 
 def cluster_from_stored(request: dict[str, Any]) -> ClusterSpec:
-    from disco.cluster import ClusterSpec
+    from disco.sim.cluster import ClusterSpec
 
     return ClusterSpec.from_dict(request["cluster"], "stored cluster")

@@ -3,7 +3,7 @@
 One :class:`JobRunner` per app (per process). ``submit`` either returns the cached
 plan, joins the active job for the same key, or stores a new queued job and puts its
 id on the bounded queue (``queue.Full`` when it is full: the caller answers 503).
-Worker threads take ids off the queue, run :func:`service.planner.plan_for_graph`
+Worker threads take ids off the queue, run :func:`disco.planner.plan_for_graph`
 on the job's stored inputs and store the plan and report. A sweeper thread
 refreshes this process's heartbeats and takes over jobs of dead servers (see
 :mod:`service.store`), so a job outlives the server that accepted it.
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from service.planner import Cancelled
+from disco.planner import Cancelled
 from service.store import Store
 
 log = logging.getLogger(__name__)

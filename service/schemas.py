@@ -21,7 +21,7 @@ class _Strict(BaseModel):
 
 
 class ClusterYaml(_Strict):
-    """A cluster in disco's YAML format (see ``disco.cluster``)."""
+    """A cluster in disco's YAML format (see ``disco.sim.cluster``)."""
 
     yaml: str = Field(min_length=1, max_length=MAX_CLUSTER_YAML, description="cluster YAML text")
 

@@ -12,8 +12,9 @@ import pytest
 import disco
 import trax_models
 import xla_hooks
-from disco import baselines, random_plans
-from disco.plan import Bucket, FusionPlan, make_plan
+from disco.plans import baselines
+from disco.plans import random_plans
+from disco.plans.plan import Bucket, FusionPlan, make_plan
 from tests.equivalence import assert_close, three_steps
 from xla_hooks import _jax_private
 from xla_hooks.apply_plan import PlanFallbackWarning
@@ -57,7 +58,7 @@ def test_plans_keep_the_numbers(name):
 
 def update_groups(graph, limit=6):
     """Groups (multiply, add) of the SGD update: distinct parameters, so XLA's CSE cannot merge them."""
-    from disco.plan_check import groupable
+    from disco.plans.check import groupable
 
     idx = graph.index()
     ok = groupable(graph)
@@ -174,7 +175,7 @@ def test_a_plan_that_aborts_xla_falls_back_instead_of_killing_the_process(monkey
     group = tuple(n.name for n in nested if n.opcode in ("add", "select"))[:2]
     if len(group) < 2:
         pytest.skip("the zoo's mlp no longer has the nested take_along_axis computation")
-    from disco import plan_check
+    from disco.plans import check as plan_check
 
     monkeypatch.setattr(plan_check, "validate", lambda plan, graph: None)
     plan = make_plan([group], name="aborting")

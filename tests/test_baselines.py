@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from disco import baselines
-from disco.graph import HloGraph, Node
+from disco.plans import baselines
+from disco.ir.graph import HloGraph, Node
 
 
 def graph(sizes):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import trax_models
-from disco import bench, extractor
+from disco import bench
+from disco.ir import extractor
 from xla_hooks import bound
 
 HLO = """HloModule m
@@ -79,7 +80,7 @@ def test_comm_free_step_compiles_without_all_reduces_and_runs():
 def test_bench_measures_the_bound_last_and_marks_it_as_no_plan():
     step, args = trax_models.make_train_step("mlp", "tiny", devices=4)
     graph = extractor.extract(step, *args)
-    from disco import baselines
+    from disco.plans import baselines
 
     results = bench.run_bench(step, args, {"xla_default": baselines.make("xla_default", graph)},
                               rounds=2, steps=1, comm_free_bound=True)

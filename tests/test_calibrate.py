@@ -1,6 +1,8 @@
 import pytest
 
-from disco import calibrate, cluster, collectives
+from disco import calibrate
+from disco.sim import cluster
+from disco.sim import collectives
 
 
 def test_fit_recovers_ring_parameters():

@@ -98,7 +98,7 @@ def test_calibrate_writes_a_loadable_spec(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["bandwidth"] > 0 and data["latency"] > 0
-    from disco import cluster
+    from disco.sim import cluster
 
     spec = cluster.load_cluster(str(out))
     assert spec.num_devices == 2 and spec.intra.bandwidth == pytest.approx(data["bandwidth"])

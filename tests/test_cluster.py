@@ -1,4 +1,4 @@
-"""Tests for disco.cluster: our YAML format, presets, and the SuperScaler/AutoDist-style files."""
+"""Tests for disco.sim.cluster: our YAML format, presets, and the SuperScaler/AutoDist-style files."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from disco.cluster import (PRESETS, ClusterSpec, LinkSpec, load_cluster, parse_bandwidth, parse_latency,
+from disco.sim.cluster import (PRESETS, ClusterSpec, LinkSpec, load_cluster, parse_bandwidth, parse_latency,
                            preset, resolve)
 
 SUPERSCALER = """\

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from disco.collect_cli import CollectConfig, collect, read_samples
-from disco.graph import HloGraph
-from disco.plan import FusionPlan
+from disco.cli.collect import CollectConfig, collect, read_samples
+from disco.ir.graph import HloGraph
+from disco.plans.plan import FusionPlan
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINES = ("xla_default", "one_bucket")

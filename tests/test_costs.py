@@ -1,4 +1,4 @@
-"""Tests for disco.costs (kernel cost models) and disco.collectives (alpha-beta formulas)."""
+"""Tests for disco.sim.costs (kernel cost models) and disco.sim.collectives (alpha-beta formulas)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from disco import collectives
-from disco.cluster import ClusterSpec, LinkSpec
-from disco.costs import (AnalyticConfig, AnalyticCosts, CostModel, GraphKernels, TableCosts, kernel_key,
+from disco.sim import collectives
+from disco.sim.cluster import ClusterSpec, LinkSpec
+from disco.sim.costs import (AnalyticConfig, AnalyticCosts, CostModel, GraphKernels, TableCosts, kernel_key,
                          kernel_of, load_costs)
-from disco.graph import HloGraph, Node
+from disco.ir.graph import HloGraph, Node
 
 
 def _graph() -> HloGraph:
@@ -100,7 +100,7 @@ def test_save_load_round_trip(tmp_path, model):
 
 def test_load_rejects_other_files(tmp_path):
     bad = tmp_path / "c.json"
-    bad.write_text(json.dumps({"schema": "disco.costs/1", "name": "magic", "version": "1", "params": {}}))
+    bad.write_text(json.dumps({"schema": "disco.sim.costs/1", "name": "magic", "version": "1", "params": {}}))
     with pytest.raises(ValueError, match=r"c.json: field 'name': expected one of \['analytic', 'table'\], got 'magic'"):
         load_costs(bad)
     COSTS.save(bad)

@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("flax")
 
-from disco.graph import HloGraph  # noqa: E402
-from disco.plan import FusionPlan  # noqa: E402
-from disco.random_plans import random_plan  # noqa: E402
+from disco.ir.graph import HloGraph  # noqa: E402
+from disco.plans.plan import FusionPlan  # noqa: E402
+from disco.plans.random_plans import random_plan  # noqa: E402
 from gnn import checkpoint, features as F, train  # noqa: E402
 
 SMALL = Path(__file__).parent / "data" / "profiles_small"
@@ -87,7 +87,7 @@ def test_groups_contract_into_one_node(graph: HloGraph) -> None:
 
 
 def test_kernel_features_match_graph_node(graph: HloGraph) -> None:
-    from disco.costs import GraphKernels
+    from disco.sim.costs import GraphKernels
 
     plan = random_plan(graph, 7, n_groups=6)
     fg = F.fused_graph(F.GraphContext(graph), plan)
@@ -160,7 +160,7 @@ def test_checkpoint_round_trip_gives_identical_predictions(tmp_path: Path, datas
     assert not path.read_bytes().startswith(b"\x80")  # not a pickle
     c1, c2 = GnnCosts(model), GnnCosts.load(path)
     assert c2.describe()["digest"] == digest and c2.describe()["name"] == "gnn"
-    from disco.costs import GraphKernels
+    from disco.sim.costs import GraphKernels
 
     g = dataset.graphs[dataset.samples[0].fingerprint]
     k = GraphKernels(g).kernel([i for i, n in enumerate(g.nodes) if n.opcode == "add"][:1])
@@ -170,7 +170,7 @@ def test_checkpoint_round_trip_gives_identical_predictions(tmp_path: Path, datas
 def test_numpy_kernel_head_matches_the_model(dataset: train.Dataset, trained: tuple[object, dict]) -> None:
     import jax.numpy as jnp
 
-    from disco.costs import GraphKernels
+    from disco.sim.costs import GraphKernels
     from gnn.cost_model import GnnCosts
 
     model, _ = trained
@@ -185,8 +185,8 @@ def test_numpy_kernel_head_matches_the_model(dataset: train.Dataset, trained: tu
 
 
 def test_gnn_costs_in_the_simulator_and_whole_plan_predict(graph: HloGraph, trained: tuple[object, dict]) -> None:
-    from disco.cluster import preset
-    from disco.simulator import Simulator
+    from disco.sim.cluster import preset
+    from disco.sim.simulator import Simulator
     from gnn.cost_model import GnnCosts
 
     costs = GnnCosts(trained[0])

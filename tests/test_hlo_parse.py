@@ -2,7 +2,7 @@
 
 import pytest
 
-from disco import hlo_parse
+from disco.ir import hlo_parse
 
 MODULE = """HloModule jit_f, entry_computation_layout={(f32[4,8]{1,0})->f32[]}
 

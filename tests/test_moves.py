@@ -9,9 +9,11 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 
-from disco import baselines, moves, random_plans
-from disco.graph import HloGraph, Node
-from disco.plan import Bucket, FusionPlan, make_plan
+from disco.plans import baselines
+from disco.plans import moves
+from disco.plans import random_plans
+from disco.ir.graph import HloGraph, Node
+from disco.plans.plan import Bucket, FusionPlan, make_plan
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,9 +13,9 @@ import pytest
 import disco
 import trax_models
 import xla_hooks
-from disco import baselines
+from disco.plans import baselines
 from disco import optimizer as opt
-from disco.plan import FusionPlan
+from disco.plans.plan import FusionPlan
 from tests.equivalence import assert_allclose_leaves, three_steps
 from xla_hooks.measure import Measurement
 
@@ -178,7 +178,7 @@ def test_public_api_names_the_function():
 
 
 def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
-    from disco import optimize_cli
+    from disco.cli import optimize as optimize_cli
 
     rows = (row("xla_default", 0.100, 0.090, 0.120, speedup=1.0), row("ddp", 0.080, 0.070, 0.090, speedup=1.30),
             row("horovod", 0.079, 0.070, 0.095, speedup=1.20))

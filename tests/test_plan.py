@@ -8,8 +8,8 @@ import networkx as nx
 import pytest
 from hypothesis import event, given, settings
 
-from disco.graph import HloGraph, Node
-from disco.plan import Bucket, FusionPlan, make_plan
+from disco.ir.graph import HloGraph, Node
+from disco.plans.plan import Bucket, FusionPlan, make_plan
 
 
 def node(name, opcode="add", comp="c", **kw):
@@ -220,6 +220,6 @@ def test_rs_ag_needs_one_dtype():
     ("{}", None), (None, None), ("", None), ("{{0,1},{2}}", None), ("garbage", None),
 ])
 def test_replica_group_size(text, size):
-    from disco.hlo_parse import replica_group_size
+    from disco.ir.hlo_parse import replica_group_size
 
     assert replica_group_size(text) == size

@@ -2,9 +2,10 @@
 
 import pytest
 
-from disco import extractor, random_plans
-from disco.costs import TableCosts
-from disco.graph import HloGraph
+from disco.ir import extractor
+from disco.plans import random_plans
+from disco.sim.costs import TableCosts
+from disco.ir.graph import HloGraph
 
 
 @pytest.fixture(scope="module")

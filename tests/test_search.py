@@ -6,17 +6,19 @@ import functools
 
 import pytest
 
-from disco import baselines, moves, search
-from disco.plan import FusionPlan
+from disco import search
+from disco.plans import baselines
+from disco.plans import moves
+from disco.plans.plan import FusionPlan
 
 
 @functools.lru_cache(maxsize=None)
 def setup():
     import disco
     import trax_models
-    from disco.cluster import preset
-    from disco.costs import AnalyticCosts
-    from disco.simulator import Simulator
+    from disco.sim.cluster import preset
+    from disco.sim.costs import AnalyticCosts
+    from disco.sim.simulator import Simulator
 
     step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
     graph = disco.extract(step, *args)

@@ -142,8 +142,8 @@ def test_malformed_inputs_get_json_4xx_and_the_server_stays_up(server):
         (json.dumps({**ok, "options": {"strategy": "magic"}}).encode(), 400, "options.strategy"),
         (json.dumps({**ok, "surprise": 1}).encode(), 400, "surprise"),
         (json.dumps({"cluster": "local"}).encode(), 400, None),
-        (json.dumps({**ok, "graph": {"schema": "disco.graph/1"}}).encode(), 400, None),
-        (json.dumps({**ok, "hlo_text": None, "graph": {"schema": "disco.graph/1", "nodes": 3}}).encode(), 400, "graph"),
+        (json.dumps({**ok, "graph": {"schema": "disco.ir.graph/1"}}).encode(), 400, None),
+        (json.dumps({**ok, "hlo_text": None, "graph": {"schema": "disco.ir.graph/1", "nodes": 3}}).encode(), 400, "graph"),
         (json.dumps({**ok, "cluster": {"yaml": "nodes: [unclosed"}}).encode(), 400, "cluster.yaml"),
         (json.dumps({**ok, "cluster": {"yaml": "/etc/passwd"}}).encode(), 400, "cluster.yaml"),
         (json.dumps({**ok, "cluster": "dgx-a100-8", "devices": 3}).encode(), 400, "devices"),
@@ -298,7 +298,7 @@ def test_full_queue_answers_503_with_retry_after(client):
 
 
 def test_graph_json_input_gives_the_same_key_as_hlo(client):
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
 
     graph = HloGraph.from_hlo_text(mlp_hlo()).to_dict()
     a = client.post("/v1/plans", json=plan_body(seed=5))

@@ -1,4 +1,4 @@
-"""Tests for disco.simulator: hand-computed timelines (exact), traces, and properties."""
+"""Tests for disco.sim.simulator: hand-computed timelines (exact), traces, and properties."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from disco.cluster import ClusterSpec, preset
-from disco.costs import AnalyticCosts, CostModel, Kernel, is_kernel_node
-from disco.graph import HloGraph, Node
-from disco.plan import FUSIBLE_OPCODES, Bucket, FusionPlan, make_plan
-from disco.plan_check import validate
-from disco.simulator import Event, SimResult, Simulator, lower_bound, simulate
+from disco.sim.cluster import ClusterSpec, preset
+from disco.sim.costs import AnalyticCosts, CostModel, Kernel, is_kernel_node
+from disco.ir.graph import HloGraph, Node
+from disco.plans.plan import FUSIBLE_OPCODES, Bucket, FusionPlan, make_plan
+from disco.plans.check import validate
+from disco.sim.simulator import Event, SimResult, Simulator, lower_bound, simulate
 
 
 class FixedCosts(CostModel):

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from disco.plan import FusionPlan
+from disco.plans.plan import FusionPlan
 
 DEFAULT_PLAN = FusionPlan(name="xla_default")
 
@@ -80,8 +80,8 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
       PrivateApiError: a private jax API changed.
       Exception: whatever XLA raises when the rewritten module does not compile.
     """
-    from disco.extractor import lower
-    from disco.graph import HloGraph
+    from disco.ir.extractor import lower
+    from disco.ir.graph import HloGraph
     from xla_hooks import _jax_private
     from xla_hooks.rewrite import apply_plan_to_text
 
@@ -127,7 +127,7 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any) -> A
         warnings.warn(
             f"disco: plan {plan.name or plan.digest()!r} could not be applied ({reason}); "
             "using XLA's default compile", PlanFallbackWarning, stacklevel=2)
-        from disco.extractor import lower
+        from disco.ir.extractor import lower
 
         lowered = lower(step_fn, *args)
         return AppliedStep(lowered.compile(), DEFAULT_PLAN, plan, reason,

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from disco.hlo_parse import split_top_level
+from disco.ir.hlo_parse import split_top_level
 
 _ALL_REDUCE = re.compile(r"^(?P<head>\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.+?)\s+all-reduce\((?P<operand>[^()]*)\)(?P<rest>.*)$")
 _METADATA = re.compile(r",\s*metadata=\{[^{}]*\}")
@@ -68,7 +68,7 @@ def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: boo
       ValueError: as :func:`strip_all_reduces`.
       PrivateApiError: the private jax API used to compile rewritten HLO changed.
     """
-    from disco.extractor import lower
+    from disco.ir.extractor import lower
     from xla_hooks import _jax_private
 
     _jax_private.check_version()

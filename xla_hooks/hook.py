@@ -5,7 +5,7 @@ structure) the step is lowered, its pre-optimisation HLO sent to the plan servic
 (``POST /v1/plans``; a 202 job is polled until done), the returned plan checked
 against the step's graph and applied with :func:`xla_hooks.apply`. The compiled
 step is cached per signature. With ``service=None`` the plan comes from
-:func:`service.planner.plan_for_graph` in this process.
+:func:`disco.planner.plan_for_graph` in this process.
 
 Training never stops because of disco: if the service is unreachable, slower than
 ``timeout_s``, answers an error or something that is not a plan for this step, a
@@ -105,8 +105,8 @@ class PlannedStep:
     # -- planning ----------------------------------------------------------------------------------
     def _compile(self, sig: Any, args: tuple[Any, ...]) -> Any:
         import xla_hooks
-        from disco.extractor import hlo_text
-        from disco.graph import HloGraph
+        from disco.ir.extractor import hlo_text
+        from disco.ir.graph import HloGraph
 
         text = hlo_text(self.step_fn, *args)
         graph = HloGraph.from_hlo_text(text)
@@ -126,7 +126,7 @@ class PlannedStep:
         return applied
 
     def _cluster_spec(self, args: tuple[Any, ...]) -> Any:
-        from disco.cluster import ClusterSpec, preset
+        from disco.sim.cluster import ClusterSpec, preset
 
         if isinstance(self.cluster, ClusterSpec):
             return self.cluster
@@ -136,7 +136,7 @@ class PlannedStep:
 
     def _local_plan(self, graph: Any, args: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
         try:
-            from service.planner import Cancelled, plan_for_graph
+            from disco.planner import Cancelled, plan_for_graph
 
             deadline = time.monotonic() + self.timeout_s
 
@@ -151,8 +151,8 @@ class PlannedStep:
             raise _NoPlan(f"{type(e).__name__}: {e}") from None
 
     def _service_plan(self, text: str, graph: Any, args: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
-        from disco.cluster import ClusterSpec
-        from disco.plan import FusionPlan
+        from disco.sim.cluster import ClusterSpec
+        from disco.plans.plan import FusionPlan
 
         deadline = time.monotonic() + self.timeout_s
         body: dict[str, Any] = {"hlo_text": text}
@@ -238,7 +238,7 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
     Args:
       step_fn: the training step (plain or jitted).
       service: the plan service's base URL (e.g. "http://127.0.0.1:8000"), or None to
-        plan in this process with :func:`service.planner.plan_for_graph`.
+        plan in this process with :func:`disco.planner.plan_for_graph`.
       cluster: a preset name ("local" uses the step's device count) or a ClusterSpec.
       timeout_s: how long planning may take in all (requests, job, polling).
       token: bearer token for the service's write endpoints.

@@ -49,8 +49,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from disco.graph import HloGraph
-from disco.plan import FusionPlan
+from disco.ir.graph import HloGraph
+from disco.plans.plan import FusionPlan
 
 _TRACE_LOCK = threading.Lock()  # jax's profiler is process-wide: one trace at a time
 
@@ -74,7 +74,7 @@ class OpProfile:
       bucket: index into ``plan.buckets`` of the bucket it belongs to, or None.
       bucket_part: "all-reduce" or "pack" (flatten/concatenate/slice) for bucket ops.
       nodes: pre-optimisation instruction names it covers.
-      kernel_key: ``disco.costs.kernel_key`` of those nodes ("" when unknown).
+      kernel_key: ``disco.sim.costs.kernel_key`` of those nodes ("" when unknown).
     """
 
     name: str
@@ -134,7 +134,7 @@ class ProfileResult:
         return dict(sorted(out.items()))
 
     def kernel_records(self) -> list[tuple[str, float]]:
-        """(kernel key, seconds) for :meth:`disco.costs.TableCosts.from_records`.
+        """(kernel key, seconds) for :meth:`disco.sim.costs.TableCosts.from_records`.
 
         Compiled ops covering the same pre-optimisation nodes are summed into one
         record (XLA can split one instruction into several kernels); collectives and
@@ -166,7 +166,7 @@ def plan_ids_from_rewritten(hlo: str) -> tuple[dict[int, frozenset[str]], dict[i
       names the rewriter gives (``disco.f{K}.{member}`` inside fused computations,
       members re-created from ``disco.bucket.{K}.slice.{j}`` or ``disco.bucket.{K}``).
     """
-    from disco.hlo_parse import parse_module
+    from disco.ir.hlo_parse import parse_module
 
     groups: dict[int, set[str]] = collections.defaultdict(set)
     buckets: dict[int, set[str]] = collections.defaultdict(set)
@@ -206,8 +206,8 @@ def _resolve(op_name: str | None, index: dict[str, int]) -> str | None:
 def _op_map(compiled_text: str, plan: FusionPlan | None, rewritten: str | None,
             graph: HloGraph | None) -> tuple[str, dict[str, dict[str, Any]]]:
     """Compiled op name -> {opcode, top_level, op_name, group, bucket, bucket_part, nodes, kernel_key}."""
-    from disco.costs import kernel_key
-    from disco.hlo_parse import parse_module
+    from disco.sim.costs import kernel_key
+    from disco.ir.hlo_parse import parse_module
 
     module = parse_module(compiled_text)
     comps = {c.name: c for c in module.computations}
@@ -326,7 +326,7 @@ def profile(
 
     if not isinstance(fn, AppliedStep):
         if graph is None:
-            from disco import extractor
+            from disco.ir import extractor
 
             graph = HloGraph.from_hlo_text(extractor.hlo_text(fn, *args))
         fn = apply(plan, fn, *args)

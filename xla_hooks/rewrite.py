@@ -21,8 +21,8 @@ import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
 
-from disco.hlo_parse import Computation, Instruction, Module, parse_module
-from disco.plan import FusionPlan
+from disco.ir.hlo_parse import Computation, Instruction, Module, parse_module
+from disco.plans.plan import FusionPlan
 
 PREFIX = "disco"
 
@@ -99,7 +99,7 @@ def _scatter_gather(name: str, flat: str, dtype: str, total: int, attrs: list[tu
     slices back to ``total`` elements. The reduce-scatter keeps the all-reduce's attributes
     (channel, groups, reduction); the all-gather drops ``to_apply``.
     """
-    from disco.hlo_parse import replica_group_size
+    from disco.ir.hlo_parse import replica_group_size
 
     p = replica_group_size(dict(attrs).get("replica_groups"))
     if p is None:  # plan validation rejects this; guard the text all the same

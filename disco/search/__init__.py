@@ -14,7 +14,7 @@ Start points (:func:`default_starts`): every baseline, greedy producer fusion
 
 Example:
   >>> from disco import search
-  >>> from disco.simulator import Simulator
+  >>> from disco.sim.simulator import Simulator
   >>> sim = Simulator(graph, costs, cluster)                                   # doctest: +SKIP
   >>> result = search.run(search.best_first(), graph, sim.step_time, budget_s=10)  # doctest: +SKIP
   >>> result.best_plan, result.best_cost, result.evals_per_s                   # doctest: +SKIP

@@ -13,8 +13,8 @@ import math
 import random
 from typing import NamedTuple
 
-from disco import moves
-from disco.plan import FusionPlan
+from disco.plans import moves
+from disco.plans.plan import FusionPlan
 from disco.search._base import Problem, Scored, Strategy, push_top, score, score_starts
 
 

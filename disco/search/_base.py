@@ -7,11 +7,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from disco import moves
-from disco.plan import FusionPlan
+from disco.plans import moves
+from disco.plans.plan import FusionPlan
 
 if TYPE_CHECKING:
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
 
 Evaluate = Callable[[FusionPlan], float]
 # A scored plan: (estimated step time, content key, plan). Keys are unique within a search,
@@ -25,9 +25,9 @@ class Problem:
 
     Attributes:
       graph: the step's graph.
-      ctx: the move context of ``graph`` (:func:`disco.moves.context`).
+      ctx: the move context of ``graph`` (:func:`disco.plans.moves.context`).
       evaluate: plan -> estimated step time in seconds (e.g. ``Simulator.step_time``).
-      starts: valid start plans, canonical (see :func:`disco.moves.canonical`).
+      starts: valid start plans, canonical (see :func:`disco.plans.moves.canonical`).
     """
 
     graph: HloGraph

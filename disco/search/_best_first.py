@@ -13,7 +13,7 @@ import heapq
 import random
 from typing import NamedTuple
 
-from disco.plan import FusionPlan
+from disco.plans.plan import FusionPlan
 from disco.search._base import Problem, Scored, Strategy, perturb, plan_key, push_top, score, score_starts
 
 

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from disco.plan import FusionPlan
+from disco.plans.plan import FusionPlan
 from disco.search._base import Evaluate, Strategy, problem as make_problem
 from disco.search._starts import default_starts
 
 if TYPE_CHECKING:
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
 
 Progress = Callable[[int, float, float], None]
 # Steps in a row that evaluate nothing (every move refused) before the driver gives up.
@@ -58,7 +58,7 @@ class SearchResult:
 
 
 def _simulator_of(evaluate: Evaluate) -> Any:
-    from disco.simulator import Simulator
+    from disco.sim.simulator import Simulator
 
     owner = getattr(evaluate, "__self__", None)
     return owner if isinstance(owner, Simulator) else None
@@ -99,7 +99,7 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
     if max_evals is not None and (not isinstance(max_evals, int) or max_evals < 1):
         raise ValueError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
     t0 = time.perf_counter()
-    from disco import moves
+    from disco.plans import moves
 
     ctx = moves.context(graph)
     if starts is None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from disco import moves
-from disco.plan import FusionPlan
+from disco.plans import moves
+from disco.plans.plan import FusionPlan
 from disco.search._base import Problem, Scored, Strategy, plan_key, push_top, score, score_starts
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from disco import baselines, moves
-from disco.plan import Bucket, FusionPlan
+from disco.plans import baselines
+from disco.plans import moves
+from disco.plans.plan import Bucket, FusionPlan
 
 if TYPE_CHECKING:
-    from disco.graph import HloGraph
-    from disco.simulator import Simulator
+    from disco.ir.graph import HloGraph
+    from disco.sim.simulator import Simulator
 
 
 def greedy_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_size: int = 64) -> FusionPlan:
@@ -75,7 +76,7 @@ def _ready_times(sim: Simulator, plan: FusionPlan) -> dict[int, float]:
     (With real collective times the in-order compute stream waits for earlier
     all-reduces, which would make the gaps between gradients look like communication.)
     """
-    from disco.simulator import Simulator
+    from disco.sim.simulator import Simulator
 
     graph = sim.graph
     idx = graph.index()

@@ -88,7 +88,7 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit status."""
     _check(args)
-    from disco.cluster import resolve
+    from disco.sim.cluster import resolve
 
     cluster = resolve(args.cluster, args.devices)
     step, example = _make_step(args)  # first: it sets the device count before jax starts

@@ -17,14 +17,14 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from disco import flops as _flops
-from disco import hlo_parse
+from disco.ir import flops as _flops
+from disco.ir import hlo_parse
 
 if TYPE_CHECKING:
     import networkx as nx
     import numpy as np
 
-SCHEMA = "disco.graph/1"
+SCHEMA = "disco.ir.graph/1"
 _GRAD_RE = re.compile(r"disco_grad\[(.*)\]")
 _CANON_DROP_ATTRS = frozenset({"metadata", "channel_id", "origin", "statistics"})
 

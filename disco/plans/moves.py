@@ -43,12 +43,12 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from disco import plan_check
-from disco.hlo_parse import replica_group_size
-from disco.plan import Bucket, FusionPlan
+from disco.plans import check as plan_check
+from disco.ir.hlo_parse import replica_group_size
+from disco.plans.plan import Bucket, FusionPlan
 
 if TYPE_CHECKING:
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
 
 Move = Callable[[FusionPlan, "MoveContext", random.Random], "FusionPlan | None"]
 _NONE = -1  # cluster id of a node in no group or bucket

@@ -3,7 +3,7 @@
 ``simulate(graph, plan, costs, cluster)`` predicts the step time of ``graph``
 compiled with ``plan``:
 
-1. **Kernels.** Zero-cost ops (``disco.costs.ZERO_COST_OPCODES``: parameters,
+1. **Kernels.** Zero-cost ops (``disco.sim.costs.ZERO_COST_OPCODES``: parameters,
    constants, tuple plumbing, bitcasts, inlined calls) are not kernels: they take no
    time and only pass dependencies through. The other compute ops are contracted into
    kernels according to ``plan.xla_fusion``:
@@ -27,7 +27,7 @@ compiled with ``plan``:
 
    A kernel's time is ``costs.kernel_time(kernel) / cluster.compute_speed``; a fused
    kernel's traffic is the bytes it reads from outside plus the bytes of its members
-   read outside (``disco.costs.GraphKernels.kernel``).
+   read outside (``disco.sim.costs.GraphKernels.kernel``).
 2. **Collectives.** Each of ``plan.buckets`` becomes one all-reduce of the members'
    summed bytes (``costs.collective_time("all-reduce", bytes, cluster)``); all-reduces
    in no bucket are one collective each. ``buckets=None`` models XLA's combiner: all
@@ -66,7 +66,7 @@ O(U log U) heap sweep over the U units; ``Simulator.run`` also builds the timeli
 critical path.
 
 Example:
-  >>> from disco.simulator import Simulator
+  >>> from disco.sim.simulator import Simulator
   >>> sim = Simulator(graph, AnalyticCosts(), preset("local"))  # doctest: +SKIP
   >>> sim.step_time(plan), sim.run(plan).to_chrome_trace()        # doctest: +SKIP
 """
@@ -80,13 +80,13 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from disco.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, CostModel, GraphKernels
-from disco.plan import FUSIBLE_OPCODES
+from disco.sim.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, CostModel, GraphKernels
+from disco.plans.plan import FUSIBLE_OPCODES
 
 if TYPE_CHECKING:
-    from disco.cluster import ClusterSpec
-    from disco.graph import HloGraph
-    from disco.plan import FusionPlan
+    from disco.sim.cluster import ClusterSpec
+    from disco.ir.graph import HloGraph
+    from disco.plans.plan import FusionPlan
 
 Order = Literal["program", "topological"]
 ORDERS: tuple[str, ...] = ("program", "topological")
@@ -1000,7 +1000,7 @@ class Simulator:
             names = self.graph.nodes
             stuck = sorted({names[m].name for u in range(len(dur)) if indeg[u] > 0 for m in units[u].members})
             raise ValueError(f"contracting the plan forms a cycle through {stuck[:6]}; "
-                             "check the plan with disco.plan_check.validate")
+                             "check the plan with disco.plans.check.validate")
         return order
 
     def _contracted_levels(self, patch: _Patch) -> dict[int, int]:
@@ -1077,7 +1077,7 @@ class Simulator:
                     break
                 patch = self._patch(plan, levels)
         self._toposort(patch)  # raises ValueError naming the cycle
-        raise RuntimeError("simulation deadlocked on an acyclic plan; this is a bug in disco.simulator")
+        raise RuntimeError("simulation deadlocked on an acyclic plan; this is a bug in disco.sim.simulator")
 
     # -- public API --------------------------------------------------------------------------------
     def run(self, plan: FusionPlan, order: Order = "program") -> SimResult:
@@ -1171,7 +1171,7 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
     ``max(compute, comm)`` where
 
     - ``compute`` is the summed unfused kernel time of the compute ops that no plan can fuse
-      (opcodes outside ``disco.plan.FUSIBLE_OPCODES`` and ``XLA_LOOP_OPCODES``, always kernels
+      (opcodes outside ``disco.plans.plan.FUSIBLE_OPCODES`` and ``XLA_LOOP_OPCODES``, always kernels
       of one in both fusion modes), divided by
       ``cluster.compute_speed``; fusible ops are counted as free, since fusion may hide them.
     - ``comm`` is one all-reduce of all all-reduce bytes together (any bucketing costs at least

@@ -22,8 +22,8 @@ import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from disco.graph import HloGraph, Node
-from disco.plan import Bucket, BucketBuild, FusionPlan
+from disco.ir.graph import HloGraph, Node
+from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
 NAMES = ("xla_default", "no_fusion", "per_tensor", "one_bucket", "horovod", "ddp", "xla_threshold", "even")

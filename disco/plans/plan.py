@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
 
 SCHEMA_VERSION = 1
 BucketBuild = Literal["tuple", "concat", "rs_ag"]
@@ -148,7 +148,7 @@ class FusionPlan:
         Raises:
           ValueError: naming the field that is missing or wrong.
         """
-        from disco import plan_schema
+        from disco.plans import schema as plan_schema
 
         return plan_schema.parse(data)
 
@@ -174,7 +174,7 @@ class FusionPlan:
           ValueError: saying which group or bucket is wrong and why (for a cycle,
             the path that would form it).
         """
-        from disco import plan_check
+        from disco.plans import check as plan_check
 
         plan_check.validate(self, graph)
         return self

@@ -111,7 +111,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_graph(args: argparse.Namespace) -> int:
     import time
 
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
 
     t0 = time.perf_counter()
     if args.hlo:
@@ -123,7 +123,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
         source = {"hlo_file": args.hlo}
         optimized_text = None
     else:
-        from disco import extractor
+        from disco.ir import extractor
 
         step, example = _make_step(args)
         lowered = extractor.lower(step, *example)
@@ -169,8 +169,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 # -- disco bench -------------------------------------------------------------------------------
 def _resolve_plans(spec: str, graph: Any) -> dict[str, Any]:
-    from disco import baselines
-    from disco.plan import FusionPlan
+    from disco.plans import baselines
+    from disco.plans.plan import FusionPlan
 
     plans: dict[str, Any] = {}
     for item in [p.strip() for p in spec.split(",") if p.strip()]:
@@ -248,8 +248,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError("--bound is measured in-process only; drop --bound or use --processes 1")
         return cmd_bench_processes(args)
 
-    from disco import bench, extractor
-    from disco.graph import HloGraph
+    from disco import bench
+    from disco.ir import extractor
+    from disco.ir.graph import HloGraph
 
     step, example = _make_step(args)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
@@ -298,7 +299,7 @@ def _device_kind() -> str:
 # -- disco calibrate / simulate ------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from disco import calibrate as cal
-    from disco import cluster
+    from disco.sim import cluster
 
     _setup_devices(args.devices)
     c = cal.calibrate(args.devices, reps=args.reps)
@@ -334,7 +335,7 @@ def add_cost_model_arg(p: argparse.ArgumentParser) -> None:
 
 def load_cost_model(value: str) -> tuple[Any, dict[str, Any]]:
     """The cost model named by ``--cost-model`` and what to report about it (name, digest, source)."""
-    from disco import costs
+    from disco.sim import costs
 
     try:
         if value == "analytic":
@@ -357,13 +358,14 @@ def load_cost_model(value: str) -> tuple[Any, dict[str, Any]]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from disco import extractor, simulator
-    from disco.graph import HloGraph
+    from disco.ir import extractor
+    from disco.sim import simulator
+    from disco.ir.graph import HloGraph
 
     step, example = _make_step(args)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = _resolve_plans(args.plans, graph)
-    from disco import cluster
+    from disco.sim import cluster
 
     spec = cluster.resolve(args.cluster, args.devices)
     cm, cm_info = load_cost_model(args.cost_model)
@@ -443,9 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
     __import__("service.cli", fromlist=["add_parser"]).add_parser(sub)  # disco serve
-    __import__("disco.optimize_cli", fromlist=["add_parser"]).add_parser(sub)  # disco optimize
+    __import__("disco.cli.optimize", fromlist=["add_parser"]).add_parser(sub)  # disco optimize
     __import__("gnn.cli", fromlist=["add_parser"]).add_parser(sub)  # disco train-gnn
-    __import__("disco.collect_cli", fromlist=["add_parser"]).add_parser(sub)  # disco collect
+    __import__("disco.cli.collect", fromlist=["add_parser"]).add_parser(sub)  # disco collect
     return parser
 
 

@@ -1,4 +1,4 @@
-"""Alpha-beta cost formulas for collectives on a :class:`~disco.cluster.ClusterSpec`.
+"""Alpha-beta cost formulas for collectives on a :class:`~disco.sim.cluster.ClusterSpec`.
 
 Notation: ``n`` bytes per device (the full, unsharded buffer), ``p`` devices,
 ``alpha`` a link's latency (s), ``beta = 1 / bandwidth`` (s/byte). With ``p == 1``
@@ -39,7 +39,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from disco.cluster import ClusterSpec
+    from disco.sim.cluster import ClusterSpec
 
 COLLECTIVE_KINDS: tuple[str, ...] = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all",
                                      "collective-permute")

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from disco.plan import SCHEMA_VERSION, Bucket, FusionPlan
+from disco.plans.plan import SCHEMA_VERSION, Bucket, FusionPlan
 
 
 class BucketModel(pydantic.BaseModel):

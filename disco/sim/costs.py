@@ -24,7 +24,7 @@ Implementations:
     AnalyticCosts for kernels it has not seen.
 
 Example:
-  >>> from disco.costs import AnalyticCosts, kernel_of
+  >>> from disco.sim.costs import AnalyticCosts, kernel_of
   >>> costs = AnalyticCosts()
   >>> costs.kernel_time(kernel_of(graph, [3, 4]))  # doctest: +SKIP
 """
@@ -42,20 +42,20 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from disco import collectives
+from disco.sim import collectives
 
 if TYPE_CHECKING:
-    from disco.cluster import ClusterSpec
-    from disco.graph import HloGraph, Node
+    from disco.sim.cluster import ClusterSpec
+    from disco.ir.graph import HloGraph, Node
 
-SCHEMA = "disco.costs/1"
+SCHEMA = "disco.sim.costs/1"
 
 ZERO_COST_OPCODES: frozenset[str] = frozenset({
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "call", "after-all",
     "opt-barrier", "all-reduce-done", "all-gather-done", "collective-permute-done",
 })
 
-# Opcode -> the collective kind that prices it (see disco.collectives).
+# Opcode -> the collective kind that prices it (see disco.sim.collectives).
 COLLECTIVE_KIND: Mapping[str, str] = {
     "all-reduce": "all-reduce", "all-reduce-start": "all-reduce",
     "all-gather": "all-gather", "all-gather-start": "all-gather",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from disco.graph import HloGraph
+from disco.ir.graph import HloGraph
 
 
 def lower(step_fn: Callable[..., Any], *args: Any) -> Any:

@@ -51,7 +51,7 @@ class CollectConfig:
       rounds: interleaved measuring rounds per chunk.
       steps: steps per round.
       profile: also record per-kernel/per-collective times (traced).
-      baselines: baseline names (``disco.baselines.NAMES`` by default).
+      baselines: baseline names (``disco.plans.baselines.NAMES`` by default).
       interleave: plans measured together with the reference in one chunk.
       optimizer: the zoo step's optimizer.
     """
@@ -194,8 +194,8 @@ def _setup_devices(n: int) -> None:
 def plan_list(graph: Any, random: int, baselines: Sequence[str] | None = None
               ) -> tuple[list[tuple[str, Any]], int]:
     """(kind, plan) pairs for one graph: the baselines, then random plans; and how many seeds failed."""
-    from disco import baselines as bl
-    from disco import random_plans
+    from disco.plans import baselines as bl
+    from disco.plans import random_plans
 
     out: list[tuple[str, Any]] = [("baseline", p) for p in bl.make_all(graph, tuple(baselines or bl.NAMES)).values()]
     invalid = 0
@@ -247,7 +247,7 @@ def collect(config: CollectConfig, *, log: Callable[[str], None] | None = None,
         _setup_devices(config.devices)
         versions, device = _environment()
         device["count"] = config.devices
-        from disco import baselines
+        from disco.plans import baselines
 
         n_base = len(config.baselines or baselines.NAMES)
         total = len(config.models) * (n_base + config.random)
@@ -263,9 +263,9 @@ def _collect_model(model: str, config: CollectConfig, path: str, done: set[str],
                    device: dict, prog: _Progress, summary: CollectSummary, log: Callable[[str], None]) -> None:
     import trax_models
 
-    from disco import extractor
+    from disco.ir import extractor
     from disco.bench import compiled_counts
-    from disco.graph import HloGraph
+    from disco.ir.graph import HloGraph
     from xla_hooks import apply_plan, measure
 
     prog.describe(f"{model}: building")

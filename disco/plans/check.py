@@ -5,11 +5,11 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from disco.hlo_parse import replica_group_size
+from disco.ir.hlo_parse import replica_group_size
 
 if TYPE_CHECKING:
-    from disco.graph import HloGraph
-    from disco.plan import FusionPlan
+    from disco.ir.graph import HloGraph
+    from disco.plans.plan import FusionPlan
 
 
 def _cluster_of(plan: FusionPlan, index: dict[str, int]) -> tuple[list[int], list[str]]:
@@ -153,7 +153,7 @@ def group_computation_ok(graph: HloGraph, comp: str) -> bool:
 def groupable(graph: HloGraph, preds: dict[int, list[int]] | None = None) -> list[bool]:
     """Per node: whether it may be a member of a planned group under every per-node rule
     (fusible opcode, allowed computation, default layout, no layout-sensitive or odd-layout input)."""
-    from disco.plan import FUSIBLE_OPCODES
+    from disco.plans.plan import FUSIBLE_OPCODES
 
     preds = preds_of(graph) if preds is None else preds
     bad_input = [bool(n.layout) or n.opcode in LAYOUT_SENSITIVE_PRODUCERS for n in graph.nodes]
@@ -163,7 +163,7 @@ def groupable(graph: HloGraph, preds: dict[int, list[int]] | None = None) -> lis
 
 def validate(plan: FusionPlan, graph: HloGraph) -> None:
     """Raises ValueError describing the first problem found; returns None for a valid plan."""
-    from disco.plan import FUSIBLE_OPCODES
+    from disco.plans.plan import FUSIBLE_OPCODES
 
     index = graph.index()
     users = users_of(graph) if plan.groups else {}

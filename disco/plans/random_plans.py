@@ -5,9 +5,9 @@ from __future__ import annotations
 import collections
 import random
 
-from disco.graph import HloGraph
-from disco.plan import Bucket, FusionPlan
-from disco.plan_check import _check_layouts, _group_outputs, contraction_cycle, groupable, preds_of, users_of
+from disco.ir.graph import HloGraph
+from disco.plans.plan import Bucket, FusionPlan
+from disco.plans.check import _check_layouts, _group_outputs, contraction_cycle, groupable, preds_of, users_of
 
 
 def _adjacency(graph: HloGraph) -> tuple[dict[int, list[int]], dict[int, list[int]]]:

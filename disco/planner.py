@@ -1,7 +1,7 @@
 """Choosing a plan for one graph on one cluster: disco's search, or the best baseline.
 
 :func:`plan_for_graph` is what the service's workers and ``xla_hooks.jit`` (without a
-service) call. Every baseline of :mod:`disco.baselines` is simulated first. Then,
+service) call. Every baseline of :mod:`disco.plans.baselines` is simulated first. Then,
 by ``options["strategy"]``:
 
 - "auto": :func:`disco.search.run` with its best-first strategy within ``budget_s``
@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from disco.cluster import ClusterSpec
-    from disco.costs import CostModel
-    from disco.graph import HloGraph
-    from disco.plan import FusionPlan
+    from disco.sim.cluster import ClusterSpec
+    from disco.sim.costs import CostModel
+    from disco.ir.graph import HloGraph
+    from disco.plans.plan import FusionPlan
 
 ProgressFn = Callable[[float, str], None]
 
@@ -46,7 +46,7 @@ MAX_TIMELINE_EVENTS = 20000
 
 def default_costs() -> CostModel:
     """The cost model the service prices plans with."""
-    from disco.costs import AnalyticCosts
+    from disco.sim.costs import AnalyticCosts
 
     return AnalyticCosts()
 
@@ -141,8 +141,8 @@ def plan_for_graph(
       ValueError: for unknown options or a graph the simulator cannot price.
       Cancelled: from ``progress_cb``.
     """
-    from disco import baselines
-    from disco.simulator import Simulator
+    from disco.plans import baselines
+    from disco.sim.simulator import Simulator
 
     opts = {**DEFAULT_OPTIONS, **dict(options or {})}
     unknown = sorted(set(opts) - set(DEFAULT_OPTIONS))
@@ -209,7 +209,7 @@ def plan_for_graph(
 def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, opts: Mapping[str, Any],
                    progress: ProgressFn) -> tuple[FusionPlan, dict[str, Any]]:
     """Random valid plans until the budget runs out; the fastest by simulated time wins."""
-    from disco.random_plans import random_plan
+    from disco.plans.random_plans import random_plan
 
     budget = float(opts["budget_s"])
     t0 = time.perf_counter()
@@ -231,7 +231,7 @@ def timeline(graph: HloGraph, cluster: ClusterSpec, plan: FusionPlan, costs: Cos
 
     Longer timelines keep the ``limit`` longest events (enough to draw the picture).
     """
-    from disco.simulator import Simulator
+    from disco.sim.simulator import Simulator
 
     events = Simulator(graph, costs or default_costs(), cluster).run(plan).timeline
     if len(events) > limit:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from disco.hlo_parse import Instruction, Module
+from disco.ir.hlo_parse import Instruction, Module
 
 ELEMENTWISE_UNARY = frozenset({
     "abs", "cbrt", "ceil", "convert", "cosine", "count-leading-zeros", "erf", "exponential",

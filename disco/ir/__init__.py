@@ -1,0 +1,1 @@
+"""The HLO intermediate representation: parsing, the graph, the opcode vocabulary, flops."""

@@ -1,0 +1,1 @@
+"""Plans: the data model, validation, JSON schema, baselines, random plans and moves."""

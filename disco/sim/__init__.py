@@ -1,0 +1,1 @@
+"""The simulator: cluster specs, costs, collectives, XLA fusion emulation and scheduling."""
