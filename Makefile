@@ -35,9 +35,11 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# Lint with the pinned ruff (newer ruff releases enable more rules by default).
+# Lint with the pinned ruff (newer ruff releases enable more rules by default), then the import
+# contracts in setup.cfg (layers that point down only, no cycles; docs/architecture.md).
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --config setup.cfg
 
 $(VENV)/.installed-trax: $(VENV)/.installed-test
 	$(BIN)/python -m pip install --quiet -e '.[trax]'
