@@ -7,7 +7,19 @@ does not import jax.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports on first use
+    from disco import bench, calibrate, ir, optimizer, planner, plans, search, sim
+    from disco.ir.extractor import extract, hlo_text
+    from disco.ir.graph import GraphArrays, HloGraph, Node
+    from disco.ir.hlo_parse import HloParseError
+    from disco.optimizer import OptimizeResult, optimize
+    from disco.plans import baselines, moves, random_plans
+    from disco.plans.plan import Bucket, FusionPlan, make_plan
+    from disco.sim import cluster, collectives, costs, simulator
+    from disco.sim.cluster import ClusterSpec
+    from disco.sim.simulator import lower_bound, simulate
 
 __version__ = "0.1.0"
 
@@ -29,6 +41,7 @@ _EXPORTS = {
 }
 
 
+# Subpackages, and short names for the submodules users reach most (``disco.baselines.make``).
 _SUBMODULES = {
     "ir": "disco.ir", "plans": "disco.plans", "sim": "disco.sim", "search": "disco.search",
     "baselines": "disco.plans.baselines", "random_plans": "disco.plans.random_plans", "moves": "disco.plans.moves",
@@ -36,6 +49,14 @@ _SUBMODULES = {
     "collectives": "disco.sim.collectives", "planner": "disco.planner", "bench": "disco.bench",
     "optimizer": "disco.optimizer", "calibrate": "disco.calibrate",
 }
+
+
+__all__ = [  # the lazy exports below, spelled out for tools (tests/test_exports.py checks they agree)
+    "Bucket", "ClusterSpec", "FusionPlan", "GraphArrays", "HloGraph", "HloParseError", "Node",
+    "OptimizeResult", "baselines", "bench", "calibrate", "cluster", "collectives", "costs", "extract",
+    "hlo_text", "ir", "lower_bound", "make_plan", "moves", "optimize", "optimizer", "planner", "plans",
+    "random_plans", "search", "sim", "simulate", "simulator",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -48,4 +69,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))

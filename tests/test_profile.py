@@ -1,4 +1,4 @@
-"""xla_hooks.profile: per-op times from jax's profiler, mapped back to a plan."""
+"""xla_hooks.profile (xla_hooks/profiling.py): per-op times from jax's profiler, mapped back to a plan."""
 
 import pytest
 
@@ -17,7 +17,7 @@ def mlp():
 
 
 def test_profile_maps_groups_and_buckets(mlp):
-    from xla_hooks.profile import profile
+    from xla_hooks.profiling import profile
 
     step, args, graph = mlp
     plan = random_plans.random_plan(graph, 0)
@@ -42,7 +42,7 @@ def test_profile_maps_groups_and_buckets(mlp):
 
 
 def test_profile_rejects_zero_steps(mlp):
-    from xla_hooks.profile import profile
+    from xla_hooks.profiling import profile
 
     step, args, _ = mlp
     with pytest.raises(ValueError, match=r"steps and rounds must be >= 1, got steps=0"):

@@ -6,18 +6,31 @@ Imports are lazy: ``import xla_hooks`` does not import jax.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports on first use
+    from xla_hooks.apply_plan import AppliedStep, PlanFallbackWarning, apply, compile_plan
+    from xla_hooks.hook import PlannedStep, PlanServiceWarning, jit
+    from xla_hooks.profiling import ProfileResult, profile
+    from xla_hooks.rewrite import apply_plan_to_text
 
 _EXPORTS = {
     "apply": "xla_hooks.apply_plan",
     "compile_plan": "xla_hooks.apply_plan",
     "AppliedStep": "xla_hooks.apply_plan",
+    "PlanFallbackWarning": "xla_hooks.apply_plan",
     "apply_plan_to_text": "xla_hooks.rewrite",
     "jit": "xla_hooks.hook",
     "PlannedStep": "xla_hooks.hook",
     "PlanServiceWarning": "xla_hooks.hook",
-    "PlanFallbackWarning": "xla_hooks.apply_plan",
+    "profile": "xla_hooks.profiling",
+    "ProfileResult": "xla_hooks.profiling",
 }
+
+__all__ = [  # the lazy exports below, spelled out for tools (tests/test_exports.py checks they agree)
+    "AppliedStep", "PlanFallbackWarning", "PlanServiceWarning", "PlannedStep", "ProfileResult", "apply",
+    "apply_plan_to_text", "compile_plan", "jit", "profile",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,3 +38,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'xla_hooks' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -7,7 +7,7 @@ the rest both), applies each to the real compile, and measures it interleaved wi
 XLA's default compile (a few plans per chunk), so drift between chunks can be
 normalised by ``reference_xla_default_median_ms`` (measured in the same rounds).
 With ``--profile`` every sample also gets per-kernel and per-collective times from
-:func:`xla_hooks.profile.profile` (traced; see its caveats).
+:func:`xla_hooks.profile` (traced; see its caveats).
 
 ``DIR/samples.jsonl`` gets one JSON object per sample, written with flush + fsync.
 A rerun skips every ``sample_id`` already there, so an interrupted run loses at most
@@ -346,7 +346,7 @@ def _collect_model(model: str, config: CollectConfig, path: str, done: set[str],
 
 
 def _profile_summary(applied: Any, args: Sequence[Any], steps: int, graph: Any) -> dict[str, Any]:
-    from xla_hooks.profile import profile
+    from xla_hooks.profiling import profile
 
     r = profile(applied, args, steps=steps, graph=graph, rounds=3)
     return {
