@@ -125,7 +125,8 @@ def test_abstract_args_lower_without_materialising():
 
 def test_names_and_presets():
     assert trax_models.names() == sorted(
-        ["bert", "mlp", "resnet50", "rnnlm", "transformer", "transformer_lm", "vgg19"]
+        ["bert", "gpt2", "mlp", "moe", "resnet50", "rnnlm", "transformer", "transformer_lm",
+         "unet", "vgg19", "vit"]
     )
     assert trax_models.presets() == ("tiny", "small", "paper")
 

@@ -126,6 +126,68 @@ class MLPConfig(BatchConfig):
     num_classes: int
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViTConfig(BatchConfig):
+    """Vision Transformer: patch embedding, a class token, pre-norm encoder blocks."""
+
+    image_size: int
+    patch_size: int
+    channels: int = 3
+    d_model: int
+    d_ff: int
+    n_heads: int
+    n_layers: int
+    num_classes: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GPT2Config(BatchConfig):
+    """GPT-2 style decoder whose identical layers run in one ``lax.scan`` (a while loop in HLO)."""
+
+    vocab_size: int
+    d_model: int
+    d_ff: int
+    n_heads: int
+    n_layers: int
+    seq_len: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UNetConfig(BatchConfig):
+    """U-Net for per-pixel classification: ``len(widths)`` down/up levels with skip concatenations.
+
+    Attributes:
+      widths: Convolution features per level, top to bottom; the last is the bottleneck.
+    """
+
+    image_size: int
+    channels: int = 3
+    widths: tuple[int, ...]
+    num_classes: int = 2
+    norm_groups: int = 8
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoEConfig(BatchConfig):
+    """Transformer LM whose feed-forward blocks are mixtures of experts (top-k routing).
+
+    Attributes:
+      n_experts: Experts per MoE block.
+      top_k: Experts each token is routed to.
+      capacity_factor: Expert capacity as a multiple of the even share ``top_k * tokens / n_experts``.
+    """
+
+    vocab_size: int
+    d_model: int
+    d_ff: int
+    n_heads: int
+    n_layers: int
+    seq_len: int
+    n_experts: int = 8
+    top_k: int = 2
+    capacity_factor: float = 1.25
+
+
 ModelConfig = (
     TransformerLMConfig
     | TransformerConfig
@@ -134,4 +196,8 @@ ModelConfig = (
     | VGGConfig
     | RNNLMConfig
     | MLPConfig
+    | ViTConfig
+    | GPT2Config
+    | UNetConfig
+    | MoEConfig
 )

@@ -6,13 +6,17 @@ import types
 
 from trax_models._configs import (
     BertConfig,
+    GPT2Config,
     MLPConfig,
     ModelConfig,
+    MoEConfig,
     ResNetConfig,
     RNNLMConfig,
     TransformerConfig,
     TransformerLMConfig,
+    UNetConfig,
     VGGConfig,
+    ViTConfig,
 )
 
 PRESETS: tuple[str, ...] = ("tiny", "small", "paper")
@@ -21,6 +25,10 @@ OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd")
 # name -> module (relative to this package) defining ``task(config) -> Task``.
 _MODULES: dict[str, str] = {
     "bert": "trax_models._bert",
+    "gpt2": "trax_models._gpt2",
+    "moe": "trax_models._moe",
+    "unet": "trax_models._unet",
+    "vit": "trax_models._vit",
     "mlp": "trax_models._mlp",
     "resnet50": "trax_models._resnet",
     "rnnlm": "trax_models._rnnlm",
@@ -105,6 +113,47 @@ _CONFIGS: dict[str, dict[str, ModelConfig]] = {
         ),
         "paper": RNNLMConfig(
             vocab_size=32000, d_model=512, n_layers=2, seq_len=64, global_batch=128
+        ),
+    },
+    # The models people train now (issue 21); paper: the sizes their reference papers train.
+    "vit": {
+        "tiny": ViTConfig(
+            image_size=16, patch_size=4, d_model=32, d_ff=64, n_heads=2, n_layers=2, num_classes=10
+        ),
+        "small": ViTConfig(
+            image_size=32, patch_size=4, d_model=128, d_ff=512, n_heads=4, n_layers=4,
+            num_classes=10, global_batch=16,
+        ),
+        "paper": ViTConfig(  # ViT-S/16 at 224x224
+            image_size=224, patch_size=16, d_model=384, d_ff=1536, n_heads=6, n_layers=12,
+            num_classes=1000, global_batch=64,
+        ),
+    },
+    "gpt2": {
+        "tiny": GPT2Config(vocab_size=64, d_model=32, d_ff=128, n_heads=2, n_layers=2, seq_len=16),
+        "small": GPT2Config(
+            vocab_size=1024, d_model=128, d_ff=512, n_heads=4, n_layers=4, seq_len=64,
+            global_batch=16,
+        ),
+        "paper": GPT2Config(  # GPT-2 small (124M)
+            vocab_size=50257, d_model=768, d_ff=3072, n_heads=12, n_layers=12, seq_len=1024,
+            global_batch=8,
+        ),
+    },
+    "unet": {
+        "tiny": UNetConfig(image_size=16, widths=(8, 16), norm_groups=4),
+        "small": UNetConfig(image_size=32, widths=(16, 32, 64), global_batch=16),
+        "paper": UNetConfig(image_size=256, widths=(64, 128, 256, 512, 1024), global_batch=16),
+    },
+    "moe": {
+        "tiny": MoEConfig(vocab_size=64, d_model=32, d_ff=64, n_heads=2, n_layers=2, seq_len=16),
+        "small": MoEConfig(
+            vocab_size=1024, d_model=128, d_ff=256, n_heads=4, n_layers=2, seq_len=64,
+            global_batch=16,
+        ),
+        "paper": MoEConfig(
+            vocab_size=32000, d_model=512, d_ff=2048, n_heads=8, n_layers=6, seq_len=128,
+            global_batch=48,
         ),
     },
     "mlp": {
