@@ -152,7 +152,7 @@ def test_arrays_form():
 @pytest.mark.parametrize("bad, match", [
     ("[]", "must be an object"),
     ('{"schema": "other"}', "field 'schema'"),
-    ('{"schema": "disco.ir.graph/1", "name": "x", "fingerprint": "f", "nodes": [], "edges": [[0, 1]]}', r"edges\[0\]"),
+    ('{"schema": "disco.graph/1", "name": "x", "fingerprint": "f", "nodes": [], "edges": [[0, 1]]}', r"edges\[0\]"),
     ("{not json", "not valid JSON"),
 ])
 def test_graph_json_errors(bad, match):

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import networkx as nx
     import numpy as np
 
-SCHEMA = "disco.ir.graph/1"
+SCHEMA = "disco.graph/1"  # the file format's name: unchanged by the move to disco.ir (graphs written before load)
 _GRAD_RE = re.compile(r"disco_grad\[(.*)\]")
 _CANON_DROP_ATTRS = frozenset({"metadata", "channel_id", "origin", "statistics"})
 
