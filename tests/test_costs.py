@@ -100,7 +100,7 @@ def test_save_load_round_trip(tmp_path, model):
 
 def test_load_rejects_other_files(tmp_path):
     bad = tmp_path / "c.json"
-    bad.write_text(json.dumps({"schema": "disco.sim.costs/1", "name": "magic", "version": "1", "params": {}}))
+    bad.write_text(json.dumps({"schema": "disco.costs/1", "name": "magic", "version": "1", "params": {}}))
     with pytest.raises(ValueError, match=r"c.json: field 'name': expected one of \['analytic', 'table'\], got 'magic'"):
         load_costs(bad)
     COSTS.save(bad)
