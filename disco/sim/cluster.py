@@ -17,6 +17,7 @@ Our own YAML format (``ClusterSpec.to_yaml`` / ``ClusterSpec.from_yaml``)::
     compute_speed: 1.0                          # optional, default 1.0
     operand_latency: 0us                        # optional: per extra operand of a variadic all-reduce
     overlap: true                               # optional: collectives beside compute (false: one stream)
+    device: cpu                                 # optional: the device kind that prices kernels (cpu | h100)
     description: ...                            # optional free text
     label: public GPU cluster shape, not measured  # optional
 
@@ -86,6 +87,11 @@ from typing import Any, Literal
 
 Algorithm = Literal["ring", "tree", "hierarchical"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical")
+# Device kinds: which fusion emulation and which kernel cost model the simulator uses.
+# "cpu" is XLA:CPU (the behaviour of every spec that names no device); "h100" is XLA:GPU on
+# an NVIDIA H100 SXM (disco.sim.gpu_fusion, and the H100 cost model).
+DEVICES: tuple[str, ...] = ("cpu", "h100")
+GPU_DEVICES: frozenset[str] = frozenset({"h100"})
 
 _RATE_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
                   "ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
@@ -210,6 +216,8 @@ class ClusterSpec:
         the simulator puts collectives and kernels on one stream.
       description: free text (not compared).
       label: provenance, e.g. "public GPU cluster shape, not measured" (not compared).
+      device: the device kind (``DEVICES``): "cpu" (default: XLA:CPU's fusion and the CPU cost
+        model) or "h100" (XLA:GPU's priority fusion emulated, kernels priced for an H100).
     """
 
     name: str
@@ -223,6 +231,7 @@ class ClusterSpec:
     overlap: bool = True
     description: str = dataclasses.field(default="", compare=False)
     label: str = dataclasses.field(default="", compare=False)
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         for field in ("nodes", "devices_per_node"):
@@ -240,9 +249,16 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec.compute_speed: expected a positive number, got {cs!r}")
         if not isinstance(self.overlap, bool):
             raise ValueError(f"ClusterSpec.overlap: expected true or false, got {self.overlap!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"ClusterSpec.device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
         ol = self.operand_latency
         if isinstance(ol, bool) or not isinstance(ol, (int, float)) or not (math.isfinite(ol) and ol >= 0):
             raise ValueError(f"ClusterSpec.operand_latency: expected a non-negative number of seconds, got {ol!r}")
+
+    @property
+    def is_gpu(self) -> bool:
+        """True when the device kind is a GPU (XLA:GPU's fusion, a GPU cost model)."""
+        return self.device in GPU_DEVICES
 
     @property
     def num_devices(self) -> int:
@@ -263,6 +279,8 @@ class ClusterSpec:
             out["operand_latency"] = float(self.operand_latency)
         if not self.overlap:
             out["overlap"] = False
+        if self.device != "cpu":
+            out["device"] = self.device
         if self.description:
             out["description"] = self.description
         if self.label:
@@ -285,7 +303,7 @@ class ClusterSpec:
         if not isinstance(data, Mapping):
             raise ValueError(f"{where}: expected a mapping of cluster fields, got {type(data).__name__}")
         known = {"name", "nodes", "devices_per_node", "intra", "inter", "algorithm", "compute_speed",
-                 "operand_latency", "overlap", "description", "label"}
+                 "operand_latency", "overlap", "description", "label", "device"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{where}: unknown fields {unknown}; expected some of {sorted(known)}")
@@ -314,9 +332,12 @@ class ClusterSpec:
         for key in ("name", "description", "label"):
             if key in data and not isinstance(data[key], str):
                 raise ValueError(f"{where}.{key}: expected a string, got {data[key]!r}")
+        device = data.get("device", "cpu")
+        if device not in DEVICES:
+            raise ValueError(f"{where}.device: expected one of {', '.join(DEVICES)}, got {device!r}")
         return cls(name=data.get("name", f"{nodes}x{dpn}"), nodes=nodes, devices_per_node=dpn,
                    intra=intra, inter=inter, algorithm=algorithm, compute_speed=float(speed),
-                   operand_latency=operand_latency, overlap=overlap,
+                   operand_latency=operand_latency, overlap=overlap, device=device,
                    description=data.get("description", ""), label=data.get("label", ""))
 
     @classmethod
@@ -557,7 +578,20 @@ def _from_autodist(data: Mapping[str, Any], fname: str, *, name: str | None, alg
 # ---------------------------------------------------------------------------------------------
 PUBLIC_LABEL = "public GPU cluster shape, not measured"
 LOCAL_LABEL = "this machine's virtual CPU devices; placeholder link costs until `disco calibrate`"
-PRESETS: tuple[str, ...] = ("local", "dgx-a100-8", "2x8-100gbe", "16x8-ib")
+PRESETS: tuple[str, ...] = ("local", "dgx-a100-8", "2x8-100gbe", "16x8-ib", "h100-1", "h100-sxm-8", "h100-2x8-ib")
+
+# 8x H100 SXM on NVLink 4 / NVSwitch: NCCL's all-reduce reaches a peak bus bandwidth of about
+# 480 GB/s on 8 GPUs (NVLink SHARP, large messages; about 370 GB/s with NCCL_ALGO=RING), as
+# NCCL's maintainer states in https://github.com/NVIDIA/nccl-tests/issues/212 (2024-05-06);
+# the 8x H200 (same NVLink 4) output in https://github.com/NVIDIA/nccl-tests/issues/272 peaks
+# at 475 GB/s. With the ring formula (``2 (p-1)/p n / bandwidth``) a link bandwidth equal to
+# the bus bandwidth reproduces that time. The 1 us per step latency is our estimate, not from
+# those sources (14 us for a small all-reduce on 8 GPUs).
+H100_NVLINK_BUSBW = 480e9
+H100_NVLINK_LATENCY = 1e-6
+# 400 Gb/s InfiniBand (NDR, one ConnectX-7 per GPU, as in DGX H100): 8 x 400 Gb/s per node.
+H100_IB_PER_GPU = 400e9 / 8
+H100_IB_LATENCY = 5e-6
 
 # Placeholders for XLA:CPU's in-process collectives (shared memory plus a rendezvous):
 # a few GB/s and tens of microseconds. `disco calibrate` replaces them with measurements.
@@ -579,7 +613,13 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
       2x8-100gbe: 2 nodes x 8 GPUs, NVLink inside, 100 Gb/s Ethernet between (15 us); hierarchical.
       16x8-ib: 16 nodes x 8 GPUs, NVLink inside, 8 x 200 Gb/s InfiniBand per node (200 GB/s, 5 us);
         hierarchical.
-    The GPU presets are public cluster shapes, not measurements.
+      h100-1: one NVIDIA H100 (device "h100"): no collectives, kernels priced for the H100.
+      h100-sxm-8: 8 H100 SXM on NVLink/NVSwitch (device "h100"): 480 GB/s NCCL all-reduce bus
+        bandwidth (``H100_NVLINK_BUSBW``, published figure, see its comment), 1 us; ring.
+      h100-2x8-ib: 2 nodes x 8 H100 SXM (device "h100"), NVLink inside, 400 Gb/s InfiniBand per
+        GPU (8 x 400 Gb/s = 400 GB/s per node, 5 us); hierarchical.
+    The GPU presets are public cluster shapes, not measurements. The first four keep the CPU
+    device kind (kernels priced by the CPU model), as before device kinds existed.
 
     Args:
       name: one of ``PRESETS``.
@@ -627,6 +667,8 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
                            inter=LinkSpec(8 * 200e9 / 8, 5e-6), algorithm="hierarchical",
                            description="16 nodes x 8 GPUs, NVLink inside, 8x200 Gb/s HDR InfiniBand per node",
                            label=PUBLIC_LABEL)
+    elif name in ("h100-1", "h100-sxm-8", "h100-2x8-ib"):
+        spec = _h100_preset(name)
     else:
         raise ValueError(f"unknown cluster preset {name!r}; expected one of {', '.join(PRESETS)}")
     if devices is not None and devices != spec.num_devices:
@@ -650,3 +692,21 @@ def resolve(value: str | None, devices: int | None = None) -> ClusterSpec:
         return preset(value, devices=devices if value == "local" else None)
     raise ValueError(f"--cluster {value!r} is neither a file nor a preset; expected a path or one of: "
                      f"{', '.join(PRESETS)}")
+
+
+def _h100_preset(name: str) -> ClusterSpec:
+    nvlink = LinkSpec(H100_NVLINK_BUSBW, H100_NVLINK_LATENCY)
+    if name == "h100-1":
+        return ClusterSpec(name=name, nodes=1, devices_per_node=1, intra=nvlink, inter=nvlink,
+                           algorithm="ring", device="h100", description="one NVIDIA H100 80GB HBM3",
+                           label=PUBLIC_LABEL)
+    if name == "h100-sxm-8":
+        return ClusterSpec(name=name, nodes=1, devices_per_node=8, intra=nvlink, inter=nvlink,
+                           algorithm="ring", device="h100",
+                           description="8x H100 SXM on NVLink 4 / NVSwitch (480 GB/s NCCL all-reduce busbw)",
+                           label=PUBLIC_LABEL)
+    return ClusterSpec(name=name, nodes=2, devices_per_node=8, intra=nvlink,
+                       inter=LinkSpec(8 * H100_IB_PER_GPU, H100_IB_LATENCY), algorithm="hierarchical",
+                       device="h100",
+                       description="2 nodes x 8 H100 SXM, NVLink inside, 400 Gb/s InfiniBand per GPU",
+                       label=PUBLIC_LABEL)
