@@ -80,6 +80,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from disco.sim import gpu_fusion
 from disco.sim.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, CostModel, GraphKernels
 from disco.plans.plan import FUSIBLE_OPCODES
 
@@ -308,6 +309,9 @@ class Simulator:
         self._combined: dict[str, list[_Unit]] = {}
         self._modes: dict[str, _Mode] = {}
         self._levels = self._ar_levels_graph()
+        # A GPU cluster: XLA:GPU's fusion (disco.sim.gpu_fusion) instead of XLA:CPU's.
+        self._gpu = bool(getattr(cluster, "is_gpu", False))
+        self._gpu_ctx: gpu_fusion.GpuFusionContext | None = None
         self._mode("extend")  # XLA's own fusion of the unplanned graph, once
 
     # -- modes -----------------------------------------------------------------------------------
@@ -323,6 +327,9 @@ class Simulator:
         """Broadcasts XLA duplicates into every consumer: all users are loop-fusible compute ops."""
         nodes, kind, loop = self.graph.nodes, self._kind, self._loop
         succs = self.kernels.succs
+        if self._gpu:
+            return gpu_fusion.duplicated([nd.opcode for nd in nodes], [k == _KERNEL for k in kind], succs,
+                                         self.kernels.preds, [nd.out_elements for nd in nodes])
         dup: set[int] = set()
         for i in range(self._n - 1, -1, -1):
             if nodes[i].opcode in DUPLICATED_OPCODES and kind[i] == _KERNEL and succs[i] and all(
@@ -388,6 +395,8 @@ class Simulator:
                 users[i] = tuple(sorted(acc2))
                 blocked[i] = blk
             self._fuse_users, self._blocked = users, blocked
+            if self._gpu:
+                self._gpu_ctx = self._gpu_context(dup)
             clusters = self._xla_clusters(real_kernels, [])
         else:
             clusters = [(i,) for i in real_kernels]
@@ -428,6 +437,8 @@ class Simulator:
         same fusion; otherwise it roots a fusion of its own. Dots, convolutions, custom calls and
         collectives are never fused.
         """
+        if self._gpu_ctx is not None:
+            return gpu_fusion.clusters(self._gpu_ctx, region, groups)
         loop, users, blocked = self._loop, self._fuse_users, self._blocked
         gid: dict[int, int] = {}
         items: list[tuple[int, tuple[int, ...], bool]] = []
@@ -464,6 +475,15 @@ class Simulator:
             for m in mem:
                 cl[m] = target
         return sorted(tuple(sorted(ms)) for ms in members.values())
+
+    def _gpu_context(self, dup: set[int]) -> gpu_fusion.GpuFusionContext:
+        nodes, index = self.graph.nodes, self._index
+        out_el = [nd.out_elements for nd in nodes]
+        in_el = [out_el[index[nd.operands[0]]] if nd.operands and nd.operands[0] in index else out_el[i]
+                 for i, nd in enumerate(nodes)]
+        return gpu_fusion.make_context([nd.opcode for nd in nodes], out_el, in_el,
+                                       [k == _KERNEL for k in self._kind], dup, self.kernels.succs,
+                                       self.kernels.preds)
 
     # -- units -----------------------------------------------------------------------------------
     def _links(self, mode: _Mode, members: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], int]:

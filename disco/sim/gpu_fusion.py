@@ -1,0 +1,355 @@
+"""An emulation of XLA:GPU's fusion (priority fusion plus multi-output fusion) on disco's graph.
+
+The simulator contracts the pre-optimisation graph into the kernels XLA would compile. On a
+CPU cluster it follows XLA:CPU's loop fusion (``disco.sim.simulator``); on a GPU cluster
+(``ClusterSpec.is_gpu``) it follows this module, which approximates what XLA:GPU's pipeline
+does (``xla/service/gpu/transforms/priority_fusion.cc``, ``multi_output_fusion.cc``,
+``gpu_fusible.cc``, the cuBLAS/cuDNN rewriters and Triton's gemm and normalisation fusions):
+
+- **Duplicated producers** (never a kernel of their own; recomputed inside every consumer):
+  ``reshape`` and ``bitcast-convert`` (bitcasts on GPU), ``broadcast`` and ``iota`` whose
+  users are all kernels, and cheap unary elementwise ops (``convert``, ``negate``, ``copy``, ...)
+  whose users all fuse. Priority fusion fuses a producer into *all* its consumers at once,
+  duplicating it where it has several.
+- **Heroes.** ``dot`` and ``convolution`` are library calls (cuBLAS, cuDNN) or Triton gemm
+  fusions: each is a kernel that absorbs at most a small elementwise epilogue of the same
+  size (the bias add and activation of cuBLASLt/cuDNN epilogues, Triton's epilogue fusion)
+  and single-user ``transpose``/``convert``/``copy`` producers (folded into the operand
+  layout or a Triton prologue). ``reduce`` is the hero of an input fusion: elementwise
+  producers fuse into it, and it fuses into a consumer over its input's or its output's
+  element count (Triton's softmax/normalisation diamonds, reduction epilogues); several
+  reductions of one iteration space share a kernel.
+- **Never fused:** ``scatter``, ``select-and-scatter``, ``sort``, ``custom-call``, ``while``,
+  ``conditional``, ``rng*``, ``fft``, ``triangular-solve``, ``cholesky`` (each its own kernel).
+- **Producer-consumer (multi-output) fusion.** Producers are visited consumers-first
+  (descending program position; a planned group at its last member). A fusible producer
+  joins its users' fusion when all its kernel users are in that one fusion and the fusion
+  accepts it (rules above). When its users are in several fusions, or a value is also needed
+  outside (a step output, a collective), it joins the fusion of its earliest kernel user as
+  an extra output provided every other user comes after all of that fusion's members (so the
+  contraction cannot form a cycle: XLA's multi-output fusion checks the same); otherwise it
+  roots a fusion of its own.
+- **Sibling multi-output fusion.** Afterwards, fusions whose hero is a reduction and that
+  read the same producer with the same iteration space merge (e.g. a layer norm's mean and
+  mean of squares), when no path joins them.
+
+What is not modelled: XLA's cost-model vetoes (priority fusion refuses fusions its
+performance model says are slower), dot merging (XLA concatenates sibling dots that share an
+operand, e.g. the Q/K/V projections), layout assignment's transposes and copies, and kernels
+inside ``while`` bodies (a while loop is one unit). docs/benchmarks.md compares the
+emulation's kernels with XLA:GPU's compiled modules (scripts/gpu_sim_tables.py).
+
+Everything here is a pure function of plain per-node arrays, so the simulator computes them
+once per graph (:func:`make_context`) and calls :func:`clusters` for the whole graph and for
+each region a plan's groups touch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from disco.ir.flops import ELEMENTWISE
+
+MATRIX_OPCODES: frozenset[str] = frozenset({"dot", "convolution"})
+REDUCE_OPCODES: frozenset[str] = frozenset({"reduce"})
+# Ops that are kernels of their own on XLA:GPU and take no producer or consumer.
+UNFUSIBLE_OPCODES: frozenset[str] = frozenset({
+    "scatter", "select-and-scatter", "sort", "custom-call", "while", "conditional", "rng",
+    "rng-bit-generator", "rng-get-and-update-state", "fft", "triangular-solve", "cholesky",
+    "batch-norm-training", "batch-norm-grad", "batch-norm-inference", "top-k",
+})
+# Layout-only or free producers: bitcasts on GPU, or values recomputed per element.
+FREE_DUPLICATES: frozenset[str] = frozenset({"broadcast", "iota"})
+# Ops that are bitcasts on GPU (default layouts): never a kernel, wherever their value goes.
+BITCASTS: frozenset[str] = frozenset({"reshape", "bitcast-convert"})
+# Cheap unary elementwise ops priority fusion duplicates into every (fusible) consumer.
+CHEAP_UNARY: frozenset[str] = frozenset({"convert", "negate", "copy", "abs", "not", "sign"})
+# Producers a matrix hero absorbs (operand layout / Triton prologue).
+MATRIX_PROLOGUE: frozenset[str] = frozenset({"transpose", "convert", "copy"})
+# How many epilogue ops a matrix hero takes (bias add + activation).
+MAX_MATRIX_EPILOGUE = 2
+
+
+def is_fusible(opcode: str) -> bool:
+    """True for ops XLA:GPU fuses with producers and consumers (elementwise, data movement, reduce)."""
+    return opcode not in UNFUSIBLE_OPCODES and opcode not in MATRIX_OPCODES
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuFusionContext:
+    """Per-graph inputs of the emulation (plan-independent; built by :func:`make_context`).
+
+    Attributes:
+      opcodes: each node's opcode.
+      out_elements: each node's output elements.
+      in_elements: each node's first operand's elements (its iteration space for a reduce).
+      users: each real kernel node's kernel users (through duplicated producers), sorted.
+      outside: whether a node's value is also read by a non-kernel (a step output, a collective)
+        or by nobody.
+      last_user: each node's last reader of any kind (program position; -1 for none).
+      preds: each node's real kernel producers (through duplicated ones), for sibling fusion.
+    """
+
+    opcodes: tuple[str, ...]
+    out_elements: tuple[int, ...]
+    in_elements: tuple[int, ...]
+    users: tuple[tuple[int, ...], ...]
+    outside: tuple[bool, ...]
+    last_user: tuple[int, ...]
+    preds: tuple[tuple[int, ...], ...]
+
+
+def duplicated(opcodes: Sequence[str], is_kernel: Sequence[bool], succs: Sequence[Sequence[int]],
+               preds: Sequence[Sequence[int]], out_elements: Sequence[int]) -> set[int]:
+    """The producers XLA:GPU recomputes inside each consumer (see the module docstring).
+
+    A one-operand ``custom-call`` of its operand's size is a sharding annotation in jax's
+    pre-optimisation HLO (``Sharding``, ``xla.sdy.FuncResultSharding``, ...), which XLA removes:
+    it is treated as free wherever its value goes.
+
+    Args:
+      opcodes: each node's opcode.
+      is_kernel: whether each node is a compute op (not zero-cost, not a collective).
+      succs: each node's readers.
+      preds: each node's operands.
+      out_elements: each node's output elements.
+
+    Returns:
+      The indices of duplicated nodes.
+    """
+    dup: set[int] = set()
+    for i in range(len(opcodes) - 1, -1, -1):
+        op = opcodes[i]
+        if not is_kernel[i]:
+            continue
+        if op in BITCASTS or (op == "custom-call" and len(preds[i]) == 1
+                              and out_elements[preds[i][0]] == out_elements[i]):
+            dup.add(i)
+            continue
+        if not succs[i]:
+            continue
+        if op in FREE_DUPLICATES:
+            if all(s in dup or is_kernel[s] for s in succs[i]):
+                dup.add(i)
+        elif op in CHEAP_UNARY:
+            if all(s in dup or (is_kernel[s] and is_fusible(opcodes[s])) for s in succs[i]):
+                dup.add(i)
+    return dup
+
+
+def make_context(opcodes: Sequence[str], out_elements: Sequence[int], in_elements: Sequence[int],
+                 is_kernel: Sequence[bool], dup: set[int], succs: Sequence[Sequence[int]],
+                 preds: Sequence[Sequence[int]]) -> GpuFusionContext:
+    """Builds the emulation's per-graph arrays.
+
+    Args:
+      opcodes, out_elements, in_elements: per node.
+      is_kernel: whether each node is a compute op.
+      dup: the duplicated producers (:func:`duplicated`).
+      succs, preds: each node's readers and operands (graph edges, node order topological).
+    """
+    n = len(opcodes)
+    users: list[tuple[int, ...]] = [()] * n
+    outside = [False] * n
+    last = [-1] * n
+    for i in range(n - 1, -1, -1):
+        acc: set[int] = set()
+        out = not succs[i]
+        lst = -1
+        for s in succs[i]:
+            if s in dup:
+                acc |= set(users[s])
+                out = out or outside[s]
+                lst = max(lst, last[s])
+            elif not is_kernel[s]:
+                out = True
+                lst = max(lst, s)
+            else:
+                acc.add(s)
+                lst = max(lst, s)
+        users[i] = tuple(sorted(acc))
+        outside[i] = out
+        last[i] = lst
+    rpreds: list[tuple[int, ...]] = [()] * n
+    for i in range(n):
+        acc2: set[int] = set()
+        for p in preds[i]:
+            if p in dup:
+                acc2 |= set(rpreds[p])
+            elif is_kernel[p]:
+                acc2.add(p)
+        rpreds[i] = tuple(sorted(acc2))
+    return GpuFusionContext(opcodes=tuple(opcodes), out_elements=tuple(out_elements),
+                            in_elements=tuple(in_elements), users=tuple(users), outside=tuple(outside),
+                            last_user=tuple(last), preds=tuple(rpreds))
+
+
+class _Fusion:
+    """One growing fusion: members, iteration space, hero kind."""
+
+    __slots__ = ("members", "lo", "hi", "elems", "matrix", "reduce", "closed", "epilogue")
+
+    def __init__(self, pos: int, elems: int):
+        self.members: list[int] = []
+        self.lo = pos
+        self.hi = pos
+        self.elems = elems
+        self.matrix = False
+        self.reduce = False
+        self.closed = False
+        self.epilogue = 0  # elementwise ops in it (for a matrix hero's epilogue limit)
+
+
+def _accepts(ctx: GpuFusionContext, f: _Fusion, mem: Sequence[int], is_group: bool, all_inside: bool) -> bool:
+    """Whether fusion ``f`` takes producer ``mem`` (one node, or a planned group)."""
+    if f.closed:
+        return False
+    if is_group:  # a planned group is a loop fusion: it fuses like an elementwise producer
+        return not f.matrix
+    op = ctx.opcodes[mem[0]]
+    i = mem[0]
+    if op in MATRIX_OPCODES:
+        return (all_inside and not f.matrix and not f.reduce and f.epilogue <= MAX_MATRIX_EPILOGUE
+                and ctx.out_elements[i] == f.elems)
+    if op in REDUCE_OPCODES:
+        return not f.matrix and f.elems in (ctx.in_elements[i], ctx.out_elements[i])
+    if f.matrix:
+        return all_inside and op in MATRIX_PROLOGUE and len(ctx.users[i]) == 1
+    return True
+
+
+def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """XLA:GPU's fusion over ``region`` (sorted real compute nodes), ``groups`` pre-fused.
+
+    Args:
+      ctx: the graph's arrays (:func:`make_context`).
+      region: the real (not duplicated) compute nodes to partition, sorted.
+      groups: planned groups (sorted node tuples inside ``region``), each kept whole.
+
+    Returns:
+      The fusions, each a sorted tuple of node indices, sorted; every node of ``region``
+      is in exactly one.
+    """
+    in_region = set(region)
+    gid: dict[int, int] = {}
+    items: list[tuple[int, tuple[int, ...], bool]] = []
+    for gi, g in enumerate(groups):
+        for m in g:
+            gid[m] = gi
+        items.append((g[-1], g, True))
+    items += [(m, (m,), False) for m in region if m not in gid]
+    items.sort(reverse=True)
+    fusion_of: dict[int, _Fusion] = {}
+    fusions: list[_Fusion] = []
+    opcodes = ctx.opcodes
+    for pos, mem, is_group in items:
+        target: _Fusion | None = None
+        fusible = is_group or is_fusible(opcodes[pos]) or opcodes[pos] in MATRIX_OPCODES
+        if fusible:
+            inside = set(mem)
+            targets: dict[int, _Fusion] = {}
+            ok = True
+            for m in mem:
+                for s in ctx.users[m]:
+                    if s in inside:
+                        continue
+                    f = fusion_of.get(s)
+                    if f is None or s not in in_region:
+                        ok = False
+                        break
+                    targets[id(f)] = f
+                if not ok:
+                    break
+            outside = any(ctx.outside[m] for m in mem)
+            if ok and targets:
+                if len(targets) == 1 and not outside:
+                    f = next(iter(targets.values()))
+                    if _accepts(ctx, f, mem, is_group, True):
+                        target = f
+                elif not any(opcodes[m] in MATRIX_OPCODES or opcodes[m] in REDUCE_OPCODES for m in mem):
+                    # Multi-output: join the earliest consumer fusion when every other reader
+                    # comes after all of its members.
+                    first = min(targets.values(), key=lambda f: f.lo)
+                    others_after = all(
+                        s in inside or fusion_of[s] is first or s > first.hi
+                        for m in mem for s in ctx.users[m])
+                    last_ok = all(ctx.last_user[m] > first.hi or not ctx.outside[m] for m in mem)
+                    if others_after and last_ok and _accepts(ctx, first, mem, is_group, False):
+                        target = first
+        if target is None:
+            elems = ctx.in_elements[pos] if opcodes[pos] in REDUCE_OPCODES else ctx.out_elements[pos]
+            target = _Fusion(pos, elems)
+            target.closed = not fusible
+            fusions.append(target)
+        target.members.extend(mem)
+        target.lo = min(target.lo, min(mem))
+        target.hi = max(target.hi, max(mem))
+        for m in mem:
+            fusion_of[m] = target
+            op = opcodes[m]
+            if op in MATRIX_OPCODES and not is_group:
+                target.matrix = True
+            elif op in REDUCE_OPCODES:
+                target.reduce = True
+            elif op in ELEMENTWISE:
+                target.epilogue += 1
+    merged = _siblings(ctx, fusions, fusion_of, in_region)
+    return sorted(tuple(sorted(f.members)) for f in merged)
+
+
+def _siblings(ctx: GpuFusionContext, fusions: list[_Fusion], fusion_of: dict[int, _Fusion],
+              in_region: set[int]) -> list[_Fusion]:
+    """Sibling multi-output fusion of reduction fusions that read one producer."""
+    alive = {id(f): f for f in fusions}
+    redirect: dict[int, _Fusion] = {}
+
+    def find(f: _Fusion) -> _Fusion:
+        while id(f) in redirect:
+            f = redirect[id(f)]
+        return f
+
+    for p in sorted({p for f in fusions if f.reduce for m in f.members for p in ctx.preds[m]}):
+        readers: dict[int, _Fusion] = {}
+        for s in ctx.users[p]:
+            if s in in_region and s in fusion_of:
+                f = find(fusion_of[s])
+                own = fusion_of.get(p)
+                if own is not None and find(own) is f:
+                    continue
+                if f.reduce and not f.matrix and not f.closed:
+                    readers[id(f)] = f
+        if len(readers) < 2:
+            continue
+        by_space: dict[int, list[_Fusion]] = {}
+        for f in readers.values():
+            by_space.setdefault(f.elems, []).append(f)
+        for same in by_space.values():
+            same.sort(key=lambda f: f.lo)
+            base = same[0]
+            for other in same[1:]:
+                if _independent(ctx, base, other):
+                    base.members.extend(other.members)
+                    base.lo, base.hi = min(base.lo, other.lo), max(base.hi, other.hi)
+                    redirect[id(other)] = base
+                    alive.pop(id(other), None)
+    return list(alive.values())
+
+
+def _independent(ctx: GpuFusionContext, a: _Fusion, b: _Fusion) -> bool:
+    """True when no path of kernel users leads from one fusion to the other."""
+    first, second = (a, b) if a.lo <= b.lo else (b, a)
+    target = set(second.members)
+    own = set(first.members)
+    stack = [s for m in first.members for s in ctx.users[m] if s not in own]
+    seen: set[int] = set()
+    bound = second.hi
+    while stack:
+        v = stack.pop()
+        if v in target:
+            return False
+        if v in seen or v > bound:
+            continue
+        seen.add(v)
+        stack.extend(ctx.users[v])
+    return True

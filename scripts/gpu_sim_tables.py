@@ -1,0 +1,256 @@
+"""Prints how well the simulator's GPU side matches the H100 dataset (../shared/data/h100_kernels).
+
+Two tables, from the dataset's ``default`` records (XLA's default compile, command buffers off):
+
+1. **Fusion match**: the pre-optimisation HLO of each record, contracted by disco's XLA:GPU
+   fusion emulation (``disco.sim.gpu_fusion`` through the simulator, cluster ``h100-1``), next
+   to the kernels of the compiled module (entry computation only; kernels inside while bodies
+   are not counted on either side). Instruction names cannot be matched: the pre-optimisation
+   text has no ``op_name`` metadata and XLA renumbers instructions, so kernels are compared by
+   a signature: matrix kernels (cuBLAS/cuDNN custom calls, Triton gemm fusions; emulated
+   kernels holding a dot or convolution) by their output elements; other kernels by the
+   multiset of their compute opcodes (layout and data-movement ops left out) and their
+   largest element count. ``exact`` is the fraction of compiled kernels whose signature an
+   emulated kernel reproduces (multiset intersection).
+2. **h100-1 prediction**: the simulated step of each model at a preset on ``h100-1`` with the
+   H100 cost model (``disco.sim.h100_costs`` unless ``--cost-model`` names another), next to
+   the measured device time (kernels summed, mean of the two traces). With ``--zoo`` the
+   graph is extracted from the zoo here (what ``disco simulate --cluster h100-1`` does);
+   without, from the record's own pre-optimisation HLO.
+
+Usage::
+
+  PYTHONPATH=. python scripts/gpu_sim_tables.py [--data DIR] [--preset paper] [--zoo] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from disco.ir.graph import HloGraph  # noqa: E402
+from disco.ir.hlo_parse import parse_module  # noqa: E402
+from disco.plans import baselines  # noqa: E402
+from disco.sim import cluster as dcluster  # noqa: E402
+from disco.sim.simulator import Simulator  # noqa: E402
+
+DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "h100_kernels")
+_LAYOUT = frozenset({"parameter", "constant", "bitcast", "reshape", "broadcast", "transpose", "copy", "tuple",
+                     "get-tuple-element", "convert", "iota", "bitcast-convert", "slice", "concatenate", "pad"})
+_NO_KERNEL = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional",
+                        "call", "after-all", "opt-barrier", "optimization-barrier", "partition-id", "replica-id"})
+
+
+def read_records(data: str) -> list[dict[str, Any]]:
+    with gzip.open(os.path.join(data, "per_instruction.jsonl.gz"), "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def measured_ms(rec: dict[str, Any]) -> float:
+    a = sum(k["ns_per_step"] for k in rec["kernels_trace_a"])
+    b = sum(k["ns_per_step"] for k in rec["kernels_trace_b"])
+    return (a + b) / 2 / 1e6
+
+
+def compiled_signatures(text: str) -> list[tuple]:
+    """One signature per kernel-launching instruction of the compiled module's entry."""
+    module = parse_module(text)
+    comps = {c.name: c for c in module.computations}
+    out = []
+    for ins in module.entry.instructions:
+        if ins.opcode in _NO_KERNEL:
+            continue
+        if ins.opcode == "custom-call":
+            out.append(("matrix", ins.arrays[0].elements if ins.arrays else 0))
+            continue
+        if ins.opcode != "fusion":
+            out.append((ins.opcode, ins.arrays[0].elements if ins.arrays else 0))
+            continue
+        body = [x for c in ins.called if c in comps for x in comps[c].instructions]
+        ops = [x.opcode for x in body]
+        if "dot" in ops or "convolution" in ops:
+            out.append(("matrix", max(a.elements for a in ins.arrays)))
+            continue
+        compute = tuple(sorted(op for op in ops if op not in _LAYOUT))
+        big = max((a.elements for x in body if x.opcode not in ("parameter", "constant") for a in x.arrays), default=0)
+        out.append(("fusion", compute, big))
+    return out
+
+
+def emulated_signatures(graph: HloGraph, kernels: list[tuple[str, ...]]) -> list[tuple]:
+    index = graph.index()
+    out = []
+    for names in kernels:
+        nodes = [graph.nodes[index[n]] for n in names]
+        mats = [n for n in nodes if n.opcode in ("dot", "convolution")]
+        if mats:
+            out.append(("matrix", max(n.out_elements for n in mats)))
+        elif len(nodes) == 1 and nodes[0].opcode in ("copy", "scatter", "sort", "custom-call", "select-and-scatter"):
+            out.append((nodes[0].opcode, nodes[0].out_elements))
+        else:
+            out.append(("fusion", tuple(sorted(n.opcode for n in nodes if n.opcode not in _LAYOUT)),
+                        max(n.out_elements for n in nodes)))
+    return out
+
+
+def _record_graph(rec: dict[str, Any], cache: str | None) -> HloGraph:
+    if cache is None:
+        return HloGraph.from_hlo_text(rec["pre_optimization_hlo"])
+    import pickle
+
+    path = os.path.join(cache, f"{rec['model']}_{rec['preset']}.graph.pkl")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    graph = HloGraph.from_hlo_text(rec["pre_optimization_hlo"])
+    os.makedirs(cache, exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump(graph, f)
+    return graph
+
+
+def fusion_match(rec: dict[str, Any], cache: str | None = None) -> dict[str, Any]:
+    graph = _record_graph(rec, cache)
+    sim = Simulator(graph, _costs(None), dcluster.preset("h100-1"))
+    kernels = [k for k in sim.fusions(baselines.make("xla_default", graph))
+               if not any(graph.nodes[graph.index()[n]].opcode == "while" for n in k)]
+    emu = collections.Counter(emulated_signatures(graph, kernels))
+    comp = collections.Counter(compiled_signatures(rec["compiled_hlo"]))
+    n_emu, n_comp = sum(emu.values()), sum(comp.values())
+    exact = sum((emu & comp).values())
+    mat_e = sum(v for k, v in emu.items() if k[0] == "matrix")
+    mat_c = sum(v for k, v in comp.items() if k[0] == "matrix")
+    mat_x = sum(v for k, v in (emu & comp).items() if k[0] == "matrix")
+    return {"model": rec["model"], "preset": rec["preset"], "compiled": n_comp, "emulated": n_emu,
+            "ratio": n_emu / n_comp if n_comp else float("nan"), "exact": exact / n_comp if n_comp else 0.0,
+            "matrix_compiled": mat_c, "matrix_emulated": mat_e, "matrix_exact": mat_x,
+            "fusion_exact": (exact - mat_x) / max(1, n_comp - mat_c)}
+
+
+def _costs(name: str | None):
+    from disco.sim import h100_costs
+
+    if name is None:
+        return h100_costs.H100RooflineInterim()
+    from disco.sim import costs
+
+    return costs.load_costs(name)
+
+
+def prediction(rec: dict[str, Any], graph: HloGraph, cost_model: str | None) -> dict[str, Any]:
+    sim = Simulator(graph, _costs(cost_model), dcluster.preset("h100-1"))
+    res = sim.result(baselines.make("xla_default", graph))
+    meas = measured_ms(rec)
+    pred = res.step_time * 1e3
+    return {"model": rec["model"], "preset": rec["preset"], "measured_ms": meas, "predicted_ms": pred,
+            "error": pred / meas - 1.0, "cost_model": sim.costs.name}
+
+
+class _Recorder:
+    """Wraps the interim H100 model and sums each priced kernel's terms (the fit's features)."""
+
+    def __init__(self) -> None:
+        from disco.sim import h100_costs
+
+        self.model = h100_costs.H100RooflineInterim()
+        self.total = [0.0, 0.0, 0.0, 0.0]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def kernel_time(self, kernel) -> float:
+        for i, v in enumerate(self.model.terms(kernel)):
+            self.total[i] += v
+        return self.model.kernel_time(kernel)
+
+
+def record_terms(graph: HloGraph) -> list[float]:
+    """(kernels, dot flops, convolution flops, bytes) summed over the emulated kernels of xla_default."""
+    rec = _Recorder()
+    Simulator(graph, rec, dcluster.preset("h100-1")).result(baselines.make("xla_default", graph))
+    return rec.total
+
+
+def fit(rows: list[tuple[str, list[float], float]]) -> dict[str, Any]:
+    """Non-negative least squares of relative errors: (model, terms, measured s) -> H100Config fields,
+    in-sample and leave-one-model-out errors per row."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    def solve(sub):
+        a = np.array([[t / y for t in terms] for _, terms, y in sub])
+        theta, _ = nnls(a, np.ones(len(sub)))
+        return theta
+
+    theta = solve(rows)
+    out = {"launch": theta[0], "dot_rate": 1 / theta[1] if theta[1] else float("inf"),
+           "conv_rate": 1 / theta[2] if theta[2] else float("inf"),
+           "bandwidth": 1 / theta[3] if theta[3] else float("inf"), "rows": []}
+    for model, terms, y in rows:
+        lomo = solve([r for r in rows if r[0] != model])
+        out["rows"].append({"model": model, "in_sample": float(np.dot(theta, terms) / y - 1),
+                            "leave_one_model_out": float(np.dot(lomo, terms) / y - 1)})
+    return out
+
+
+def _zoo_graph(model: str, preset: str) -> HloGraph:
+    import trax_models
+    from disco.ir import extractor
+
+    step, args = trax_models.make_train_step(model, preset=preset, devices=1, optimizer="adamw")
+    return HloGraph.from_hlo_text(extractor.hlo_text(step, *args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=DEFAULT_DATA)
+    ap.add_argument("--preset", default="paper", help="paper | small | all (default paper)")
+    ap.add_argument("--zoo", action="store_true", help="extract graphs from the zoo here for the prediction table")
+    ap.add_argument("--cost-model", default=None, help="a saved cost model (.json); default the interim H100 roofline")
+    ap.add_argument("--fit", action="store_true", help="fit the interim H100 model to the default records and stop")
+    ap.add_argument("--cache", default=None, help="a directory to keep parsed graphs in (pickles)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.fit:
+        recs = [r for r in read_records(args.data) if r["variant"] == "default"]
+        rows = [(r["model"], record_terms(_record_graph(r, args.cache)), measured_ms(r) / 1e3) for r in recs]
+        res = fit(rows)
+        print(json.dumps({k: v for k, v in res.items() if k != "rows"}))
+        for (model, _, _), r, rec in zip(rows, res["rows"], recs):
+            print(f"{model:15s} {rec['preset']:6s} in-sample {r['in_sample']:+.1%}  "
+                  f"leave-one-model-out {r['leave_one_model_out']:+.1%}")
+        return 0
+    recs = [r for r in read_records(args.data) if r["variant"] == "default"
+            and (args.preset == "all" or r["preset"] == args.preset)]
+    match = [fusion_match(r, args.cache) for r in recs]
+    preds = []
+    for r in recs:
+        graph = _zoo_graph(r["model"], r["preset"]) if args.zoo else _record_graph(r, args.cache)
+        preds.append(prediction(r, graph, args.cost_model))
+    if args.json:
+        print(json.dumps({"fusion_match": match, "prediction": preds}, indent=1))
+        return 0
+    print("| model | preset | compiled kernels | emulated kernels | ratio | exact (all) | matrix compiled/emulated/exact | exact (non-matrix) |")
+    print("|---|---|---:|---:|---:|---:|---|---:|")
+    for m in match:
+        print(f"| {m['model']} | {m['preset']} | {m['compiled']} | {m['emulated']} | {m['ratio']:.2f} | "
+              f"{m['exact']:.0%} | {m['matrix_compiled']}/{m['matrix_emulated']}/{m['matrix_exact']} | "
+              f"{m['fusion_exact']:.0%} |")
+    print()
+    print("| model | preset | measured ms (GPU) | predicted ms (simulated) | error | cost model |")
+    print("|---|---|---:|---:|---:|---|")
+    for p in preds:
+        print(f"| {p['model']} | {p['preset']} | {p['measured_ms']:.3f} | {p['predicted_ms']:.3f} | "
+              f"{p['error']:+.1%} | {p['cost_model']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
