@@ -356,3 +356,67 @@ def profile(
     return ProfileResult(step_s=statistics.median(untraced.samples), step_samples_s=untraced.samples,
                          traced_step_s=traced, steps=steps, devices=len(devices), module=module,
                          ops=tuple(ops))
+
+
+# -- per-kernel device times (the H100 kernel dataset's format) ---------------------------------
+@dataclasses.dataclass(frozen=True)
+class KernelTime:
+    """One kernel of a trace: its device time per step, summed over its launches.
+
+    Attributes:
+      stream: the trace line it ran on (a GPU stream, or a CPU thread).
+      kernel: the event's name (the CUDA kernel name on GPU, the op on CPU).
+      hlo_op: the compiled HLO instruction that launched it.
+      ns_per_step: nanoseconds per step.
+      launches_per_step: events per step.
+    """
+
+    stream: str
+    kernel: str
+    hlo_op: str
+    ns_per_step: float
+    launches_per_step: float
+
+
+def trace_kernels(fn: Callable[..., Any], args: Sequence[Any], steps: int = 5,
+                  module: str = "") -> tuple[KernelTime, ...]:
+    """Runs ``steps`` calls of ``fn(*args)`` under the profiler; per (stream, kernel, hlo_op) times.
+
+    Only events carrying an ``hlo_op`` stat count (of ``module`` when given). On GPU, compile
+    with command buffers off (``xla_gpu_enable_command_buffer=""``), or kernels inside a CUDA
+    graph report ``hlo_op=command_buffer_N``.
+
+    Raises:
+      ValueError: for ``steps`` below 1.
+      RuntimeError: if the trace wrote no ``*.xplane.pb`` file.
+    """
+    if steps < 1:
+        raise ValueError(f"steps: expected >= 1, got {steps}")
+    import jax
+
+    with _TRACE_LOCK, tempfile.TemporaryDirectory(prefix="disco_kernels_") as tmp:
+        with jax.profiler.trace(tmp):
+            out = None
+            for _ in range(steps):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        files = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
+        if not files:
+            raise RuntimeError(f"jax.profiler.trace wrote no *.xplane.pb under {tmp}; expected one")
+        data = jax.profiler.ProfileData.from_file(max(files, key=os.path.getmtime))
+        acc: dict[tuple[str, str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+        for plane in data.planes:
+            for line in plane.lines:
+                for ev in line.events:
+                    stats = dict(ev.stats)
+                    op = stats.get("hlo_op")
+                    if op is None:
+                        continue
+                    mod = stats.get("hlo_module")
+                    if module and mod is not None and mod != module:
+                        continue
+                    rec = acc[(str(line.name), str(ev.name), str(op))]
+                    rec[0] += ev.duration_ns
+                    rec[1] += 1
+    return tuple(KernelTime(stream=s, kernel=k, hlo_op=o, ns_per_step=v[0] / steps, launches_per_step=v[1] / steps)
+                 for (s, k, o), v in sorted(acc.items()))

@@ -369,6 +369,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     spec = cluster.resolve(args.cluster, args.devices)
     cm, cm_info = load_cost_model(args.cost_model)
+    if spec.is_gpu and args.cost_model == "analytic":  # the analytic model of the cluster's device kind
+        from disco.sim import h100_costs
+
+        cm = h100_costs.for_device(spec.device)
+        cm_info = {"name": cm.name, "digest": cm.digest(), "source": "built-in", "device": spec.device}
     sim = simulator.Simulator(graph, cm, spec)
     rows = []
     for name, plan in plans.items():

@@ -424,6 +424,12 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interleave", type=int, default=3, help="plans measured per chunk with the reference")
     p.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd (default adamw)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    g = p.add_argument_group("per-kernel device times (disco.kernel_collect; writes DIR/kernels.jsonl)")
+    g.add_argument("--kernels", action="store_true",
+                   help="compile each model at --presets under --variants and record every kernel's device time")
+    g.add_argument("--presets", default=None, help="with --kernels: comma list of presets (default: --preset)")
+    g.add_argument("--variants", default=None,
+                   help="with --kernels: comma list of compile-option variants (default: all of the backend's)")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -444,12 +450,30 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "kernels", False):
+        return _run_kernels(args)
     try:
         summary = collect(config_from_args(args), show_progress=not args.no_progress)
     except RuntimeError as e:  # another collector holds the directory
         from disco.cli import CliError
 
         raise CliError(str(e)) from None
+    print(json.dumps(dataclasses.asdict(summary), sort_keys=True))
+    return 0
+
+
+def _run_kernels(args: argparse.Namespace) -> int:
+    from disco import kernel_collect
+
+    def split(v: str | None) -> tuple[str, ...]:
+        return tuple(x.strip() for x in (v or "").split(",") if x.strip())
+
+    cfg = kernel_collect.KernelCollectConfig(
+        models=split(args.models), presets=split(args.presets) or (args.preset,), out=args.out,
+        variants=split(args.variants) or None, devices=1 if args.devices == 4 else args.devices,
+        steps=max(args.steps, 5), optimizer=args.optimizer)
+    show = None if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
+    summary = kernel_collect.collect_kernels(cfg, progress=show)
     print(json.dumps(dataclasses.asdict(summary), sort_keys=True))
     return 0
 

@@ -13,7 +13,8 @@ does (``xla/service/gpu/transforms/priority_fusion.cc``, ``multi_output_fusion.c
   duplicating it where it has several.
 - **Heroes.** ``dot`` and ``convolution`` are library calls (cuBLAS, cuDNN) or Triton gemm
   fusions: each is a kernel that absorbs at most a small elementwise epilogue of the same
-  size (the bias add and activation of cuBLASLt/cuDNN epilogues, Triton's epilogue fusion)
+  size, claimed before the fusion pass as XLA's gemm/cuDNN rewriters do (the bias add and
+  activation of cuBLASLt/cuDNN epilogues, Triton's epilogue fusion)
   and single-user ``transpose``/``convert``/``copy`` producers (folded into the operand
   layout or a Triton prologue). ``reduce`` is the hero of an input fusion: elementwise
   producers fuse into it, and it fuses into a consumer over its input's or its output's
@@ -238,7 +239,12 @@ def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tupl
         for m in g:
             gid[m] = gi
         items.append((g[-1], g, True))
-    items += [(m, (m,), False) for m in region if m not in gid]
+    claimed = _matrix_epilogues(ctx, region, in_region, gid)
+    chains: dict[int, list[int]] = {}
+    for m, hero in claimed.items():
+        chains.setdefault(hero, []).append(m)
+    items += [(max(c), tuple(sorted(c)), False) for c in chains.values()]
+    items += [(m, (m,), False) for m in region if m not in gid and m not in claimed]
     items.sort(reverse=True)
     fusion_of: dict[int, _Fusion] = {}
     fusions: list[_Fusion] = []
@@ -296,6 +302,37 @@ def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tupl
                 target.epilogue += 1
     merged = _siblings(ctx, fusions, fusion_of, in_region)
     return sorted(tuple(sorted(f.members)) for f in merged)
+
+
+def _matrix_epilogues(ctx: GpuFusionContext, region: Sequence[int], in_region: set[int],
+                      gid: dict[int, int]) -> dict[int, int]:
+    """Each dot/convolution's epilogue claimed before fusion (XLA's gemm and cuDNN rewriters run
+    before priority fusion): up to ``MAX_MATRIX_EPILOGUE`` single-user elementwise ops of the
+    hero's size whose only real operand is the chain (a bias add, an activation).
+
+    Returns:
+      node -> its hero, for heroes with an epilogue (the hero maps to itself).
+    """
+    claimed: dict[int, int] = {}
+    opcodes = ctx.opcodes
+    for m in region:
+        if m in gid or opcodes[m] not in MATRIX_OPCODES:
+            continue
+        chain, cur = [m], m
+        for _ in range(MAX_MATRIX_EPILOGUE):
+            us = ctx.users[cur]
+            if len(us) != 1 or ctx.outside[cur]:
+                break
+            s = us[0]
+            if (s not in in_region or s in gid or s in claimed or opcodes[s] not in ELEMENTWISE
+                    or ctx.out_elements[s] != ctx.out_elements[m] or any(p != cur for p in ctx.preds[s])):
+                break
+            chain.append(s)
+            cur = s
+        if len(chain) > 1:
+            for c in chain:
+                claimed[c] = m
+    return claimed
 
 
 def _siblings(ctx: GpuFusionContext, fusions: list[_Fusion], fusion_of: dict[int, _Fusion],
