@@ -3,7 +3,7 @@
 Writes the format of ``../shared/data/h100_kernels`` (its README): one JSON object per compile
 of ``trax_models.make_train_step(model, preset, devices, optimizer)`` with a variant's compile
 options, holding the compiled module, the wall step time, and two independent traces of the
-same executable with every kernel's device time (:func:`xla_hooks.profile.trace_kernels`).
+same executable with every kernel's device time (:func:`xla_hooks.profiling.trace_kernels`).
 
 On GPU every variant is compiled with CUDA-graph command buffers off
 (``xla_gpu_enable_command_buffer=""``), so every kernel event names the HLO instruction that
@@ -190,7 +190,7 @@ def measure_record(model: str, preset: str, variant: str, config: KernelCollectC
 
     import trax_models
     from disco.ir.hlo_parse import parse_module
-    from xla_hooks.profile import trace_kernels
+    from xla_hooks.profiling import trace_kernels
 
     backend = jax.default_backend()
     kind = "gpu" if backend in ("gpu", "cuda", "rocm") else "cpu"
