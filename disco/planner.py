@@ -4,8 +4,7 @@
 service) call. Every baseline of :mod:`disco.plans.baselines` is simulated first. Then,
 by ``options["strategy"]``:
 
-- "auto": :func:`disco.search.run` with its best-first strategy within ``budget_s``
-  when ``disco.search`` is installed, else the fastest baseline;
+- "auto": :func:`disco.search.run` with its best-first strategy within ``budget_s``;
 - a strategy of ``disco.search.STRATEGIES`` ("best_first", "annealing", "greedy");
 - "baselines": the fastest baseline by simulated step time;
 - "random": the fastest of the baselines and random valid plans tried within ``budget_s``.
@@ -22,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -71,21 +69,11 @@ def plan_key(fingerprint: str, cluster: ClusterSpec, costs: CostModel, options: 
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def search_module() -> Any | None:
-    """``disco.search`` if it is installed and has a ``run`` function, else None."""
-    try:
-        mod = importlib.import_module("disco.search")
-    except ImportError:
-        return None
-    ok = callable(getattr(mod, "run", None)) and callable(getattr(mod, "make", None)) and getattr(mod, "STRATEGIES", None)
-    return mod if ok else None
-
-
 def strategies() -> tuple[str, ...]:
     """The strategies a request may name: the built-in ones and those of ``disco.search``."""
-    mod = search_module()
-    extra = tuple(getattr(mod, "STRATEGIES", {})) if mod is not None else ()
-    return BUILTIN_STRATEGIES + tuple(s for s in extra if s not in BUILTIN_STRATEGIES)
+    from disco import search
+
+    return BUILTIN_STRATEGIES + tuple(s for s in search.STRATEGIES if s not in BUILTIN_STRATEGIES)
 
 
 def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any],
@@ -96,7 +84,7 @@ def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any]
     """
     name = options["strategy"]
     if name == "auto":
-        name = "best_first" if "best_first" in getattr(mod, "STRATEGIES", {}) else next(iter(mod.STRATEGIES))
+        name = "best_first"
     budget = float(options["budget_s"])
 
     def on_step(evals: int, elapsed: float, best: float) -> None:
@@ -124,8 +112,7 @@ def plan_for_graph(
       graph: the step's pre-optimisation HLO graph.
       cluster: the cluster to plan for.
       options: ``budget_s`` (seconds the search may take, default 10), ``strategy``
-        ("auto": the search's best-first strategy if disco.search is installed, else the
-        best baseline; "baselines";
+        ("auto": the search's best-first strategy; "baselines";
         "random": best of baselines and random valid plans within the budget; or a
         strategy of ``disco.search``), ``seed``.
       progress_cb: called as ``progress_cb(fraction, message)``; it may raise
@@ -141,6 +128,7 @@ def plan_for_graph(
       ValueError: for unknown options or a graph the simulator cannot price.
       Cancelled: from ``progress_cb``.
     """
+    from disco import search
     from disco.plans import baselines
     from disco.sim.simulator import Simulator
 
@@ -161,12 +149,11 @@ def plan_for_graph(
         simulated[name] = sim.step_time(plan)
         progress(0.1 * (i + 1) / len(candidates), f"simulated baseline {name}")
     best_baseline = min(simulated, key=lambda n: (simulated[n], n != "xla_default"))
-    mod = search_module() if opts["strategy"] not in ("baselines", "random") else None
     info: dict[str, Any] = {}
-    if mod is not None:
+    if opts["strategy"] not in ("baselines", "random"):
         method = "search"  # the search's own strategy name is in report["search"]["strategy"]
         try:
-            plan, info = _call_search(mod, graph, sim, opts, lambda frac, msg: progress(0.1 + 0.85 * frac, msg))
+            plan, info = _call_search(search, graph, sim, opts, lambda frac, msg: progress(0.1 + 0.85 * frac, msg))
             plan.validate(graph)
         except Cancelled:
             raise
