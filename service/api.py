@@ -1,32 +1,34 @@
-"""The JSON API: ``/v1/plans``, ``/v1/jobs``, ``/v1/profiles``, ``/healthz``, ``/openapi.json``."""
+"""The JSON API: ``/v1/plans``, ``/v1/jobs``, ``/v1/profiles``, ``/healthz``, ``/openapi.json``.
+
+A plan's key is made of what the server computed, never of what the client claims:
+the program's identity (:mod:`service.programs`), the cluster, the cost model and the
+options. Every request is validated here, before a job exists (400 naming the field).
+"""
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import hmac
 import json
 import queue
 import re
-import threading
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
 from pydantic import TypeAdapter, ValidationError
 
-from service import schemas
-from service.app import get_store, runner
+from disco import __version__
+from service import db, inputs, jobs, schemas
 from service.errors import ApiError
+from service.intake import Intake, Program, graph_program
 
 bp = Blueprint("api", __name__)
 _ID_RE = re.compile(r"^[0-9a-f]{8,64}$")
-_VERSION = "0.1.0"
 
 
 # -- helpers ---------------------------------------------------------------------------------------
 def _require_token() -> None:
-    token = current_app.config.get("TOKEN")
-    if not token:
+    token = current_app.config["TOKEN"]
+    if token is None:  # create_app refuses an empty token and logs that anyone can write
         return
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
@@ -67,53 +69,42 @@ def _loc(loc: tuple[Any, ...]) -> str | None:
 
 
 def _validation_error(e: ValidationError) -> ApiError:
-    err = e.errors(include_url=False)[0]
-    field = _loc(tuple(err["loc"]))
-    msg = err["msg"].removeprefix("Value error, ")
+    errs = e.errors(include_url=False, include_input=False)
+    field = _loc(tuple(errs[0]["loc"]))
+    msg = errs[0]["msg"].removeprefix("Value error, ")
     where = f"{field}: " if field else ""
-    return ApiError(400, "invalid_request", f"{where}{msg}" + (f" ({len(e.errors())} errors)"
-                                                                     if len(e.errors()) > 1 else ""), field)
+    return ApiError(400, "invalid_request", f"{where}{msg}" + (f" ({len(errs)} errors)" if len(errs) > 1 else ""),
+                    field)
 
 
-# Fingerprints of recently seen HLO texts, so a cached-plan request does not parse the HLO again.
-_FP_CACHE: collections.OrderedDict[str, str] = collections.OrderedDict()
-_FP_LOCK = threading.Lock()
-_FP_CACHE_SIZE = 256
-
-
-def _fingerprint(req: schemas.PlanRequest) -> str:
-    from service import inputs
-
-    if req.hlo_text is None:
-        return inputs.parse_graph(None, req.graph).fingerprint
-    h = hashlib.sha256(req.hlo_text.encode("utf-8", "surrogatepass")).hexdigest()
-    with _FP_LOCK:
-        fp = _FP_CACHE.get(h)
-        if fp is not None:
-            _FP_CACHE.move_to_end(h)
-            return fp
-    fp = inputs.parse_graph(req.hlo_text, None).fingerprint
-    with _FP_LOCK:
-        _FP_CACHE[h] = fp
-        while len(_FP_CACHE) > _FP_CACHE_SIZE:
-            _FP_CACHE.popitem(last=False)
-    return fp
+def _program(req: schemas.PlanRequest) -> Program:
+    """The posted program as the server identifies it (HLO checked in a child process)."""
+    if req.hlo_text is not None:
+        intake: Intake = current_app.extensions["disco_intake"]
+        return intake.hlo(req.hlo_text)
+    assert req.graph is not None
+    _graph, program = graph_program(inputs.graph_from_json(req.graph))
+    return program
 
 
 # -- endpoints -------------------------------------------------------------------------------------
 @bp.get("/healthz")
 def healthz():
-    return jsonify({"status": "ok", "version": _VERSION})
+    problem = db.health()
+    if problem is not None:
+        raise ApiError(503, "database_unavailable", problem, None,
+                       {"Retry-After": str(current_app.config["RETRY_AFTER_S"])})
+    return jsonify({"status": "ok", "version": __version__, "database": "ok"})
 
 
 @bp.get("/openapi.json")
 def openapi():
-    return jsonify(schemas.openapi(_VERSION, auth=bool(current_app.config.get("TOKEN"))))
+    return jsonify(schemas.openapi(__version__, auth=bool(current_app.config.get("TOKEN"))))
 
 
 @bp.post("/v1/plans")
 def create_plan():
-    from service import inputs, planner
+    from disco import planner
 
     _require_token()
     body = _json_body()
@@ -125,15 +116,19 @@ def create_plan():
         raise ApiError(400, "invalid_request", f"options.strategy: expected one of "
                        f"{', '.join(planner.strategies())}, got {req.options.strategy!r}", "options.strategy")
     cluster = inputs.parse_cluster(req.cluster, req.devices)
-    fingerprint = _fingerprint(req)
-    key = planner.plan_key(fingerprint, cluster, planner.default_costs(), req.options.model_dump())
-    store = get_store()
-    try:
-        row, _created = store.submit(key, inputs.stored_request(req, cluster), runner().enqueue)
-    except queue.Full:
-        retry = int(current_app.config["RETRY_AFTER_S"])
-        raise ApiError(503, "queue_full", f"the plan job queue is full ({runner().queue.maxsize} jobs); "
-                       f"retry after {retry} s", None, {"Retry-After": str(retry)}) from None
+    program = _program(req)
+    key = planner.plan_key(program.identity, cluster, planner.default_costs(), req.options.model_dump())
+    store = db.get_store()
+    row, created = store.submit(key, inputs.stored_request(req, cluster, program.fingerprint))
+    if created:
+        runner = jobs.get_runner()
+        try:
+            runner.enqueue(row["job_id"])
+        except queue.Full:
+            retry = int(current_app.config["RETRY_AFTER_S"])
+            message = f"the plan job queue is full ({runner.queue.maxsize} jobs); retry after {retry} s"
+            store.fail_job(row["job_id"], "queue_full", message)
+            raise ApiError(503, "queue_full", message, None, {"Retry-After": str(retry)}) from None
     if "plan_key" in row:
         stored = store.get_plan(key)
         return jsonify({"key": key, "plan": stored["plan"], "report": stored["report"]}), 200
@@ -142,7 +137,7 @@ def create_plan():
 
 @bp.get("/v1/plans/<key>")
 def get_plan(key: str):
-    stored = get_store().get_plan(key) if _ID_RE.match(key) else None
+    stored = db.get_store().get_plan(key) if _ID_RE.match(key) else None
     if stored is None:
         raise ApiError(404, "not_found", f"no plan with key {key!r}", "key")
     return jsonify(stored)
@@ -150,7 +145,7 @@ def get_plan(key: str):
 
 @bp.get("/v1/jobs/<job_id>")
 def get_job(job_id: str):
-    store = get_store()
+    store = db.get_store()
     job = store.get_job(job_id) if _ID_RE.match(job_id) else None
     if job is None:
         raise ApiError(404, "not_found", f"no job with id {job_id!r}", "job_id")
@@ -187,4 +182,4 @@ def upload_profiles():
         except (ValueError, TypeError) as e:
             raise ApiError(400, "invalid_plan", f"[{i}].plan: {e}", f"[{i}].plan") from None
         rows.append({**s.model_dump(), "plan": plan.to_dict(), "plan_digest": plan.digest()})
-    return jsonify({"stored": get_store().add_profiles(rows)}), 201
+    return jsonify({"stored": db.get_store().add_profiles(rows)}), 201

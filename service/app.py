@@ -1,94 +1,99 @@
-"""The Flask application factory and per-request resources."""
+"""The Flask application factory.
+
+``create_app`` reads and checks the configuration, creates the database's tables
+(:func:`service.db.init_app`), makes the app's :class:`~service.intake.Intake` and
+registers the blueprints. It starts no thread and no process: the job runner starts
+on the first request each process serves (:mod:`service.jobs`).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
-from flask import Flask, current_app, g
+from flask import Flask
 
-from service import errors
-from service.jobs import JobRunner
-from service.store import Store
+from service import api, db, errors, jobs, limits, pages
+from service.intake import Intake
+
+log = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, Any] = {
     "DATABASE": None,            # default: <instance folder>/disco-service.sqlite
-    "TOKEN": None,               # bearer token for the write endpoints; None: no auth
-    "MAX_CONTENT_LENGTH": 64 * 1024 * 1024,
-    "WORKERS": 1,                # background plan threads per process
+    "TOKEN": None,               # bearer token for the write endpoints; None: no auth (a warning is logged)
+    "MAX_CONTENT_LENGTH": limits.MAX_CONTENT_LENGTH,
+    "WORKERS": 2,                # background plan threads per process
     "QUEUE_SIZE": 64,            # bounded job queue; full -> 503 with Retry-After
     "JOB_TIMEOUT_S": 600.0,
     "RETRY_AFTER_S": 5,
+    "PARSE_TIMEOUT_S": limits.PARSE_TIMEOUT_S,  # one HLO check (child process) at most this long
+    "PARSE_PARALLEL": 2,         # HLO checks at once per process
+    "HEALTH_QUICK_CHECK_S": 300.0,  # /healthz runs PRAGMA quick_check at most this often
 }
+
+_ENV = {"DATABASE": "DISCO_SERVICE_DB", "TOKEN": "DISCO_SERVICE_TOKEN", "WORKERS": "DISCO_SERVICE_WORKERS"}
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Builds the plan service.
 
     Args:
-      config: overrides of :data:`DEFAULTS` (keys DATABASE, TOKEN, MAX_CONTENT_LENGTH,
-        WORKERS, QUEUE_SIZE, JOB_TIMEOUT_S, RETRY_AFTER_S). Without one, the
-        environment variables DISCO_SERVICE_DB, DISCO_SERVICE_TOKEN and
-        DISCO_SERVICE_WORKERS are read (for ``gunicorn 'service:create_app()'``).
+      config: overrides of :data:`DEFAULTS`. Without one, the environment variables
+        DISCO_SERVICE_DB, DISCO_SERVICE_TOKEN and DISCO_SERVICE_WORKERS are read (for
+        ``gunicorn 'service:create_app()'``).
 
     Returns:
-      The Flask app; its job runner (worker threads, resuming jobs that a dead
-      server left behind) is started before it returns.
+      The Flask app. Nothing runs yet: each process starts its job runner on its
+      first request.
+
+    Raises:
+      ValueError: for a bad setting, e.g. an empty token (which would turn
+        authentication off without a word) or WORKERS < 0.
+      sqlite3.DatabaseError: the database file is not a usable SQLite database.
     """
     app = Flask("service", instance_relative_config=True)
     app.config.from_mapping(DEFAULTS)
     if config is None:
-        env = {"DATABASE": os.environ.get("DISCO_SERVICE_DB"), "TOKEN": os.environ.get("DISCO_SERVICE_TOKEN")}
-        if os.environ.get("DISCO_SERVICE_WORKERS"):
-            env["WORKERS"] = int(os.environ["DISCO_SERVICE_WORKERS"])
-        app.config.from_mapping({k: v for k, v in env.items() if v is not None})
+        env = {key: os.environ[var] for key, var in _ENV.items() if var in os.environ}
+        if env.get("TOKEN") is not None and not env["TOKEN"].strip():
+            raise ValueError("DISCO_SERVICE_TOKEN is set but empty; set a token, or unset the variable "
+                             "to run without authentication")
+        if "WORKERS" in env:
+            try:
+                env["WORKERS"] = int(env["WORKERS"])
+            except ValueError:
+                raise ValueError(f"DISCO_SERVICE_WORKERS: expected an integer >= 0, got {env['WORKERS']!r}") from None
+        app.config.from_mapping({k: v for k, v in env.items() if v != ""})
     else:
         app.config.from_mapping(config)
+    _check_config(app.config)
     if not app.config["DATABASE"]:
         os.makedirs(app.instance_path, exist_ok=True)
         app.config["DATABASE"] = os.path.join(app.instance_path, "disco-service.sqlite")
-    for key in ("WORKERS", "QUEUE_SIZE"):
-        v = app.config[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "WORKERS" else 1):
-            raise ValueError(f"config {key}: expected an integer >= {0 if key == 'WORKERS' else 1}, got {v!r}")
-    Store.initialise(app.config["DATABASE"])
+    if app.config["TOKEN"] is None:
+        log.warning("disco service: no write token (DISCO_SERVICE_TOKEN / --token): anyone who can reach "
+                    "the server can submit plan jobs and upload profiles")
 
+    db.init_app(app)
+    jobs.init_app(app)
+    app.extensions["disco_intake"] = Intake(timeout_s=float(app.config["PARSE_TIMEOUT_S"]),
+                                            parallel=app.config["PARSE_PARALLEL"])
     errors.register(app)
-    from service import api, pages
-
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
-    app.teardown_appcontext(close_store)
-    app.before_request(_ensure_runner)
-    _ensure_runner(app)
     return app
 
 
-def _ensure_runner(app: Flask | None = None) -> None:
-    """Starts this process's job runner; again after a fork (gunicorn --preload)."""
-    app = app or current_app._get_current_object()
-    runner = app.extensions.get("disco_jobs")
-    if runner is not None and runner.pid == os.getpid():
-        return
-    runner = JobRunner(app.config["DATABASE"], workers=app.config["WORKERS"],
-                       queue_size=app.config["QUEUE_SIZE"], job_timeout_s=float(app.config["JOB_TIMEOUT_S"]))
-    runner.pid = os.getpid()
-    app.extensions["disco_jobs"] = runner
-    runner.start()
-
-
-def runner() -> JobRunner:
-    return current_app.extensions["disco_jobs"]
-
-
-def get_store() -> Store:
-    """This request's database connection (opened on first use, closed on teardown)."""
-    if "store" not in g:
-        g.store = Store(current_app.config["DATABASE"])
-    return g.store
-
-
-def close_store(exc: BaseException | None = None) -> None:
-    store = g.pop("store", None)
-    if store is not None:
-        store.close()
+def _check_config(config: Any) -> None:
+    token = config["TOKEN"]
+    if token is not None and (not isinstance(token, str) or not token.strip()):
+        raise ValueError(f"config TOKEN: expected a non-empty string or None (no authentication), got {token!r}")
+    for key, low in (("WORKERS", 0), ("QUEUE_SIZE", 1), ("PARSE_PARALLEL", 1)):
+        v = config[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"config {key}: expected an integer >= {low}, got {v!r}")
+    for key in ("JOB_TIMEOUT_S", "PARSE_TIMEOUT_S", "HEALTH_QUICK_CHECK_S"):
+        v = config[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"config {key}: expected a positive number of seconds, got {v!r}")

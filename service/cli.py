@@ -6,13 +6,22 @@ For production use gunicorn instead::
 
 with ``DISCO_SERVICE_DB`` / ``DISCO_SERVICE_TOKEN`` in the environment for the
 database path and the write token.
+
+The development server here answers its own errors (a request line over 64 KiB: 414)
+as JSON like the app does, and its ``Server`` header names no versions. Starting
+without a token, or bound beyond loopback, logs a warning that says who can write.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import signal
 import sys
+from typing import Any
+
+log = logging.getLogger("service")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -21,10 +30,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--db", metavar="PATH", help="SQLite database (default: under the instance folder)")
-    p.add_argument("--workers", type=int, default=1, help="background plan threads (default 1)")
+    p.add_argument("--workers", type=int, default=2, help="background plan threads (default 2)")
     p.add_argument("--queue-size", type=int, default=64, help="bounded job queue (default 64)")
     p.add_argument("--job-timeout", type=float, default=600.0, help="seconds a job may run (default 600)")
-    p.add_argument("--token", help="bearer token required by the write endpoints (default: none)")
+    p.add_argument("--parse-timeout", type=float, default=30.0,
+                   help="seconds the check of one posted HLO text may take (default 30)")
+    p.add_argument("--token", help="bearer token required by the write endpoints (default: none; "
+                   "then anyone who can reach the server can write)")
     p.set_defaults(func=run)
     return p
 
@@ -33,17 +45,74 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_warning(host: str, port: int, token: str | None) -> str | None:
+    """The warning for a bind beyond loopback, or None."""
+    if is_loopback(host):
+        return None
+    who = "any host" if host in ("0.0.0.0", "::", "") else f"any host that can reach {host}"
+    writes = ("can submit plan jobs and upload profiles (no token)" if token is None
+              else "can read plans and reports; writes need the token")
+    return f"disco serve: bound to {host}:{port}, beyond loopback: {who} {writes}"
+
+
+def _request_handler() -> type:
+    from werkzeug.serving import WSGIRequestHandler
+
+    from service.errors import json_body
+
+    class Handler(WSGIRequestHandler):
+        """Werkzeug's handler without versions in ``Server`` and with JSON error bodies."""
+
+        def version_string(self) -> str:
+            return "disco"
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            short, long = self.responses.get(code, ("error", "error"))
+            body = json_body(short.lower().replace(" ", "_").replace("-", "_"), explain or message or long)
+            self.log_error("code %d, message %s", code, message)
+            self.send_response(code)
+            self.send_header("Connection", "close")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.close_connection = True
+            if self.command != "HEAD" and code >= 200 and code not in (204, 304):
+                self.wfile.write(body)
+
+    return Handler
+
+
 def run(args: argparse.Namespace) -> int:
     """Serves until interrupted (SIGINT/SIGTERM)."""
     from werkzeug.serving import make_server
 
     from service import create_app
+    from service.jobs import stop_runner
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.workers < 0:
         raise ValueError(f"--workers: expected an integer >= 0, got {args.workers}")
-    app = create_app({"DATABASE": args.db, "WORKERS": args.workers, "TOKEN": args.token,
-                      "QUEUE_SIZE": args.queue_size, "JOB_TIMEOUT_S": args.job_timeout})
-    server = make_server(args.host, args.port, app, threaded=True)
+    if args.token is not None and not args.token.strip():
+        raise ValueError("--token: expected a non-empty token, got an empty one (leave --token out to run "
+                         "without authentication)")
+    config: dict[str, Any] = {"DATABASE": args.db, "WORKERS": args.workers, "TOKEN": args.token,
+                              "QUEUE_SIZE": args.queue_size, "JOB_TIMEOUT_S": args.job_timeout,
+                              "PARSE_TIMEOUT_S": args.parse_timeout}
+    app = create_app(config)
+    server = make_server(args.host, args.port, app, threaded=True, request_handler=_request_handler())
+    warning = bind_warning(args.host, server.server_port, args.token)
+    if warning:
+        log.warning(warning)
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"disco serve: listening on http://{args.host}:{server.server_port} "
           f"(database {app.config['DATABASE']})", file=sys.stderr, flush=True)
@@ -53,5 +122,5 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         server.server_close()
-        app.extensions["disco_jobs"].stop(timeout=2.0)
+        stop_runner(app, timeout=2.0)
     return 0

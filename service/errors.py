@@ -1,8 +1,15 @@
-"""Every 4xx/5xx the service sends is JSON ``{code, message, field}``."""
+"""Every 4xx/5xx the service sends is JSON ``{code, message, field}``.
+
+A database that cannot be used (read-only, damaged, gone) is answered 503
+``database_unavailable`` with SQLite's reason; anything unexpected is 500 ``internal``
+(the details go to the log, not to the client).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import sqlite3
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -31,6 +38,16 @@ class ApiError(Exception):
 
 def _body(code: str, message: str, field: str | None) -> dict[str, Any]:
     return {"code": code, "message": message, "field": field}
+
+
+def json_body(code: str, message: str, field: str | None = None) -> bytes:
+    """An error body as bytes, for answers sent outside Flask (the development server's 414)."""
+    return json.dumps(_body(code, message, field)).encode()
+
+
+def is_unavailable(e: BaseException) -> bool:
+    """Whether a database error means the database cannot be used (not a bug in a query)."""
+    return isinstance(e, sqlite3.OperationalError) or type(e) is sqlite3.DatabaseError
 
 
 def _snake(name: str) -> str:
@@ -63,6 +80,12 @@ def register(app: Any) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(e: Exception):
+        if is_unavailable(e):
+            log.error("database unavailable: %s", e)
+            resp = jsonify(_body("database_unavailable", f"the database cannot be used: {e}", None))
+            resp.status_code = 503
+            resp.headers["Retry-After"] = str(app.config.get("RETRY_AFTER_S", 5))
+            return resp
         log.exception("unhandled error")
         resp = jsonify(_body("internal", f"internal error: {type(e).__name__}", None))
         resp.status_code = 500

@@ -1,45 +1,55 @@
 """Turning a validated request into disco objects: the graph, the cluster, the stored job inputs.
 
 Nothing from a request is unpickled or evaluated: HLO text goes through disco's
-parser, graph JSON through ``HloGraph.from_dict``, cluster YAML through
-``yaml.safe_load`` and ``ClusterSpec.from_dict`` (never a file path).
+parser (in a child process, see :mod:`service.intake`), graph JSON through its schema
+and ``disco.ir.graph.Node``, cluster YAML through ``yaml.safe_load`` and
+``ClusterSpec.from_dict`` (never a file path). Every limit of :mod:`service.limits` is
+checked here or in the schemas, before a job exists.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
+from service import limits
 from service.errors import ApiError
 
 if TYPE_CHECKING:
+    from disco.ir.graph import HloGraph
     from disco.sim.cluster import ClusterSpec
-    from disco.ir.graph import HloGraph
-    from service.schemas import PlanRequest
+    from service.schemas import GraphJson, PlanRequest
 
 
-def parse_graph(hlo_text: str | None, graph: dict[str, Any] | None) -> HloGraph:
-    """The request's graph.
+def graph_from_json(graph: GraphJson) -> HloGraph:
+    """The graph of a validated graph JSON (its fingerprint still the placeholder "")."""
+    from disco.ir.graph import HloGraph, Node
 
-    Raises:
-      ApiError: 400 naming the field (and, for HLO, the line the parser stopped at).
-    """
-    from disco.ir.graph import HloGraph
+    nodes = tuple(Node(**{**n.model_dump(), "operands": tuple(n.operands), "flops": float(n.flops)})
+                  for n in graph.nodes)
+    return HloGraph(name=graph.name, nodes=nodes, edges=tuple((s, d) for s, d in graph.edges), fingerprint="")
 
-    if hlo_text is not None:
-        try:
-            return HloGraph.from_hlo_text(hlo_text)
-        except (ValueError, RecursionError) as e:
-            raise ApiError(400, "invalid_hlo", f"hlo_text is not parsable HLO: {e}", "hlo_text") from None
-    try:
-        g = HloGraph.from_dict(graph)
-        if not isinstance(g.fingerprint, str) or not g.fingerprint or not isinstance(g.name, str):
-            raise ValueError("graph JSON fields 'name' and 'fingerprint' must be non-empty strings")
-        for i, n in enumerate(g.nodes):
-            if not isinstance(n.name, str) or not isinstance(n.opcode, str):
-                raise ValueError(f"graph JSON field 'nodes[{i}]': name and opcode must be strings")
-        return g
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
-        raise ApiError(400, "invalid_graph", f"graph is not a disco graph: {e}", "graph") from None
+
+def check_cluster(spec: ClusterSpec, field: str) -> ClusterSpec:
+    """Raises ApiError 400 (naming ``field``) if ``spec`` is past a limit of :mod:`service.limits`."""
+    def bad(what: str, got: Any, expected: str) -> ApiError:
+        return ApiError(400, "invalid_cluster", f"{field}.{what}: expected {expected}, got {got!r}", f"{field}")
+
+    if spec.num_devices > limits.MAX_CLUSTER_DEVICES:
+        raise ApiError(400, "invalid_cluster", f"{field}: {spec.nodes} nodes x {spec.devices_per_node} devices = "
+                       f"{spec.num_devices} devices; the service accepts at most {limits.MAX_CLUSTER_DEVICES}", field)
+    for name in ("intra", "inter"):
+        link = getattr(spec, name)
+        if not limits.MIN_BANDWIDTH <= link.bandwidth <= limits.MAX_BANDWIDTH:
+            raise bad(f"{name}.bandwidth", link.bandwidth,
+                      f"{limits.MIN_BANDWIDTH:g} to {limits.MAX_BANDWIDTH:g} bytes/s")
+        if link.latency > limits.MAX_LATENCY_S:
+            raise bad(f"{name}.latency", link.latency, f"at most {limits.MAX_LATENCY_S:g} s")
+    if not limits.MIN_COMPUTE_SPEED <= spec.compute_speed <= limits.MAX_COMPUTE_SPEED:
+        raise bad("compute_speed", spec.compute_speed, f"{limits.MIN_COMPUTE_SPEED:g} to {limits.MAX_COMPUTE_SPEED:g}")
+    if not (math.isfinite(spec.operand_latency) and spec.operand_latency <= limits.MAX_LATENCY_S):
+        raise bad("operand_latency", spec.operand_latency, f"at most {limits.MAX_LATENCY_S:g} s")
+    return spec
 
 
 def parse_cluster(cluster: Any, devices: int | None) -> ClusterSpec:
@@ -56,7 +66,7 @@ def parse_cluster(cluster: Any, devices: int | None) -> ClusterSpec:
                            f"unknown cluster preset {cluster!r}; expected one of: {', '.join(dc.PRESETS)} "
                            "(or {\"yaml\": \"...\"})", "cluster")
         try:
-            return dc.preset(cluster, devices=devices)
+            return check_cluster(dc.preset(cluster, devices=devices), "cluster")
         except ValueError as e:
             raise ApiError(400, "invalid_cluster", str(e), "devices") from None
     import yaml
@@ -68,23 +78,32 @@ def parse_cluster(cluster: Any, devices: int | None) -> ClusterSpec:
         msg = str(e).strip()
         msg = msg if msg.startswith("cluster.yaml") else f"cluster.yaml: {msg}"
         raise ApiError(400, "invalid_cluster", msg, "cluster.yaml") from None
+    check_cluster(spec, "cluster.yaml")
     if devices is not None and devices != spec.num_devices:
         raise ApiError(400, "invalid_cluster",
                        f"devices={devices} does not match the cluster's {spec.num_devices} devices", "devices")
     return spec
 
 
-def stored_request(req: PlanRequest, cluster: ClusterSpec) -> dict[str, Any]:
-    """What a job stores to run (and to be resumed after a restart)."""
+def stored_request(req: PlanRequest, cluster: ClusterSpec, fingerprint: str) -> dict[str, Any]:
+    """What a job stores to run (and to be resumed after a restart).
+
+    Args:
+      req: the validated request.
+      cluster: its cluster.
+      fingerprint: the server's fingerprint of the program (stored into a graph JSON).
+    """
     out: dict[str, Any] = {"cluster": cluster.to_dict(), "options": req.options.model_dump()}
     if req.hlo_text is not None:
         out["hlo_text"] = req.hlo_text
     else:
-        out["graph"] = req.graph
+        assert req.graph is not None
+        out["graph"] = {**req.graph.model_dump(by_alias=True), "fingerprint": fingerprint}
     return out
 
 
 def graph_from_stored(request: dict[str, Any]) -> HloGraph:
+    """The job's graph: parsed from its HLO text, or its stored graph JSON (server's fingerprint)."""
     from disco.ir.graph import HloGraph
 
     if "hlo_text" in request:

@@ -1,24 +1,30 @@
 """Background plan jobs: a bounded queue, worker threads, and the sweeper that resumes jobs.
 
-One :class:`JobRunner` per app (per process). ``submit`` either returns the cached
-plan, joins the active job for the same key, or stores a new queued job and puts its
-id on the bounded queue (``queue.Full`` when it is full: the caller answers 503).
-Worker threads take ids off the queue, run :func:`disco.planner.plan_for_graph`
-on the job's stored inputs and store the plan and report. A sweeper thread
-refreshes this process's heartbeats and takes over jobs of dead servers (see
-:mod:`service.store`), so a job outlives the server that accepted it.
+One :class:`JobRunner` per app and process, made and started by :func:`get_runner` on
+the first request the process serves (``init_app`` registers that), never by
+``create_app``: an app built before a fork (gunicorn ``--preload``) has no threads to
+lose, and each worker process starts its own runner.
+
+``Store.submit`` commits a new queued job; the API then puts its id on the bounded
+queue (``queue.Full``: the job is failed and the caller answers 503). Worker threads
+take ids off the queue, run :func:`disco.planner.plan_for_graph` on the job's stored
+inputs and store the plan and report. A sweeper thread refreshes this process's
+heartbeats and takes over jobs of dead servers (see :mod:`service.store`), so a job
+outlives the server that accepted it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
 from typing import Any
 
+from flask import Flask, current_app
+
 from disco.planner import Cancelled
+from service import inputs
 from service.store import Store
 
 log = logging.getLogger(__name__)
@@ -51,7 +57,6 @@ class JobRunner:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._started = False
-        self.pid = os.getpid()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -124,23 +129,15 @@ class JobRunner:
             store.close()
 
     def _run(self, store: Store, job_id: str) -> None:
-        # The submitting transaction may still be committing: wait for the row briefly.
-        for _ in range(50):
-            if store.start_job(job_id):
-                break
-            job = store.get_job(job_id)
-            if job is not None and job["state"] != "queued":
-                return  # done, failed or taken over elsewhere
-            time.sleep(0.1)
-        else:
-            return
+        if not store.start_job(job_id):
+            return  # not queued any more: done, failed or taken over elsewhere
         job = store.get_job(job_id)
         request = store.job_request(job_id)
         if job is None or request is None:
             store.fail_job(job_id, "no_inputs", "the job's inputs are not stored")
             return
         try:
-            from service import inputs, planner
+            from disco import planner
 
             graph = inputs.graph_from_stored(request)
             cluster = inputs.cluster_from_stored(request)
@@ -169,3 +166,44 @@ class JobRunner:
         except Exception as e:  # noqa: BLE001 - the job fails, the server stays up
             log.exception("job %s failed", job_id)
             store.fail_job(job_id, "internal", f"{type(e).__name__}: {e}")
+
+
+_RUNNER = "disco_jobs"
+_RUNNER_LOCK = "disco_jobs_lock"
+
+
+def init_app(app: Flask) -> None:
+    """Makes the first request of each process start that process's job runner."""
+    app.extensions[_RUNNER_LOCK] = threading.Lock()
+    app.before_request(_start_runner)
+
+
+def _start_runner() -> None:
+    get_runner()  # a before_request hook must return None
+
+
+def get_runner(app: Flask | None = None) -> JobRunner:
+    """The app's job runner in this process, made and started on first use.
+
+    Args:
+      app: the app (default: the current one).
+    """
+    app = app or current_app._get_current_object()
+    runner = app.extensions.get(_RUNNER)
+    if runner is None:
+        with app.extensions[_RUNNER_LOCK]:
+            runner = app.extensions.get(_RUNNER)
+            if runner is None:
+                runner = JobRunner(app.config["DATABASE"], workers=app.config["WORKERS"],
+                                   queue_size=app.config["QUEUE_SIZE"],
+                                   job_timeout_s=float(app.config["JOB_TIMEOUT_S"]))
+                runner.start()
+                app.extensions[_RUNNER] = runner
+    return runner
+
+
+def stop_runner(app: Flask, timeout: float = 5.0) -> None:
+    """Stops the app's runner in this process, if one was started."""
+    runner = app.extensions.pop(_RUNNER, None)
+    if runner is not None:
+        runner.stop(timeout)

@@ -1,13 +1,20 @@
-"""The HTML report of a plan: ``GET /plans/<key>`` (tables plus an inline SVG timeline)."""
+"""The HTML pages: the index (``GET /``) and a plan's report (``GET /plans/<key>``: tables and an SVG timeline).
+
+Every page is sent with a Content-Security-Policy that allows nothing but its own inline
+style (by hash) and links to the service: no script, no frame, no form, no remote content.
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 from typing import Any
 
-from flask import Blueprint, render_template_string
+from flask import Blueprint, Response, current_app, render_template_string
 
-from service.app import get_store
+from disco import __version__
+from service import db
 from service.errors import ApiError
 
 bp = Blueprint("pages", __name__)
@@ -15,16 +22,39 @@ bp = Blueprint("pages", __name__)
 SVG_WIDTH = 1000
 _LANES = (("compute", "#4e79a7"), ("comm", "#f28e2b"))
 
-_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>disco plan {{ key[:12] }}</title>
-<style>
+_STYLE = """
  body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }
  table { border-collapse: collapse; margin: 1em 0; }
  th, td { border: 1px solid #ccc; padding: 4px 10px; text-align: left; }
  td.num { text-align: right; font-variant-numeric: tabular-nums; }
  tr.chosen td { font-weight: bold; background: #eef5ff; }
  code { font-size: 12px; }
-</style></head><body>
+"""
+_STYLE_HASH = base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
+CSP = (f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; img-src 'self' data:; base-uri 'none'; "
+       "form-action 'none'; frame-ancestors 'none'")
+
+_INDEX = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>disco plan service</title>
+<style>{{ style|safe }}</style></head><body>
+<h1>disco plan service {{ version }}</h1>
+<p>Fusion plans (op-fusion groups and gradient buckets) for data-parallel JAX training steps.
+Workers ask for a plan with <code>xla_hooks.jit(step, service=URL)</code>.</p>
+<table>
+<tr><th>POST /v1/plans</th><td>a plan for HLO text or graph JSON: cached (200) or a job (202){{ auth }}</td></tr>
+<tr><th>GET /v1/jobs/&lt;id&gt;</th><td>a plan job's state and result</td></tr>
+<tr><th>GET /v1/plans/&lt;key&gt;</th><td>a stored plan (JSON)</td></tr>
+<tr><th>GET /plans/&lt;key&gt;</th><td>a stored plan's report (HTML, simulated timeline)</td></tr>
+<tr><th>POST /v1/profiles</th><td>measured step times of plans{{ auth }}</td></tr>
+<tr><th><a href="/healthz">GET /healthz</a></th><td>health: the database takes a write</td></tr>
+<tr><th><a href="/openapi.json">GET /openapi.json</a></th><td>the OpenAPI document, with the request limits</td></tr>
+</table>
+</body></html>
+"""
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>disco plan {{ key[:12] }}</title>
+<style>{{ style|safe }}</style></head><body>
 <h1>disco plan <code>{{ key }}</code></h1>
 <p>Graph <code>{{ report.graph.name }}</code> ({{ report.graph.nodes }} nodes, {{ report.graph.all_reduces }}
 all-reduces, fingerprint <code>{{ report.graph.fingerprint }}</code>) on cluster <b>{{ report.cluster.name }}</b>
@@ -88,9 +118,23 @@ def timeline_svg(events: list[list[Any]], width: int = SVG_WIDTH) -> str:
     return "".join(parts)
 
 
+def _html(body: str) -> Response:
+    resp = Response(body, mimetype="text/html")
+    resp.headers["Content-Security-Policy"] = CSP
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Referrer-Policy"] = "no-referrer"
+    return resp
+
+
+@bp.get("/")
+def index():
+    auth = "; needs the bearer token" if current_app.config["TOKEN"] is not None else ""
+    return _html(render_template_string(_INDEX, style=_STYLE, version=__version__, auth=auth))
+
+
 @bp.get("/plans/<key>")
 def plan_page(key: str):
-    stored = get_store().get_plan(key, timeline=True) if key.isalnum() and len(key) <= 128 else None
+    stored = db.get_store().get_plan(key, timeline=True) if key.isalnum() and len(key) <= 128 else None
     if stored is None:
         raise ApiError(404, "not_found", f"no plan with key {key!r}", "key")
     report = stored["report"]
@@ -102,6 +146,7 @@ def plan_page(key: str):
     if "error" in search:
         summary["search"] = search["error"]
     base = report["baselines_ms"].get("xla_default") or report["plan_ms"] or 1.0
-    return render_template_string(_PAGE, key=key, report=report, summary=summary, base=base or 1.0,
-                                  baselines=sorted(report["baselines_ms"].items(), key=lambda kv: kv[1]),
-                                  svg=timeline_svg(stored["timeline"]))
+    return _html(render_template_string(_PAGE, style=_STYLE, key=key, report=report, summary=summary,
+                                        base=base or 1.0,
+                                        baselines=sorted(report["baselines_ms"].items(), key=lambda kv: kv[1]),
+                                        svg=timeline_svg(stored["timeline"])))

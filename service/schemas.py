@@ -7,13 +7,16 @@ not an integer, unknown fields are rejected.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-MAX_CLUSTER_YAML = 65536
-MAX_PROFILES = 10000
+from disco.ir.graph import SCHEMA as GRAPH_SCHEMA
+from service import limits
+
+MAX_PROFILES = limits.MAX_PROFILES
 _NAME = r"^[A-Za-z0-9_.:\-]+$"
+_TEXT = limits.MAX_TEXT
 
 
 class _Strict(BaseModel):
@@ -23,7 +26,7 @@ class _Strict(BaseModel):
 class ClusterYaml(_Strict):
     """A cluster in disco's YAML format (see ``disco.sim.cluster``)."""
 
-    yaml: str = Field(min_length=1, max_length=MAX_CLUSTER_YAML, description="cluster YAML text")
+    yaml: str = Field(min_length=1, max_length=limits.MAX_CLUSTER_YAML, description="cluster YAML text")
 
 
 class PlanOptions(_Strict):
@@ -35,13 +38,65 @@ class PlanOptions(_Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1)
 
 
+class GraphNode(_Strict):
+    """One instruction of a graph JSON (``disco.ir.graph.Node``)."""
+
+    name: str = Field(min_length=1, max_length=_TEXT)
+    opcode: str = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9\-_]*$")
+    computation: str = Field(max_length=_TEXT)
+    shape: str = Field(max_length=_TEXT)
+    dtype: str = Field(max_length=64)
+    out_bytes: int = Field(ge=0, le=limits.MAX_BYTES)
+    out_elements: int = Field(ge=0, le=limits.MAX_ELEMENTS)
+    flops: float = Field(ge=0, le=limits.MAX_FLOPS, allow_inf_nan=False)
+    operands: list[str] = Field(default_factory=list, max_length=limits.MAX_OPERANDS)
+    grad_bytes: int = Field(0, ge=0, le=limits.MAX_BYTES)
+    param_path: str | None = Field(None, max_length=_TEXT)
+    replica_groups: str | None = Field(None, max_length=_TEXT)
+    reduction: str | None = Field(None, max_length=64)
+    layout: str = Field("", max_length=_TEXT)
+
+
+class GraphJson(_Strict):
+    """A disco graph (``HloGraph.to_dict()``); nodes in a topological order.
+
+    ``fingerprint`` is accepted and ignored: the service identifies the graph by its own
+    digest of the nodes and edges.
+    """
+
+    schema_: Literal[GRAPH_SCHEMA] = Field(alias="schema")  # type: ignore[valid-type]
+    name: str = Field(min_length=1, max_length=_TEXT)
+    fingerprint: str | None = Field(None, max_length=128, description="ignored; the service computes its own")
+    nodes: list[GraphNode] = Field(min_length=1, max_length=limits.MAX_GRAPH_NODES)
+    edges: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = Field(
+        max_length=limits.MAX_GRAPH_EDGES, description="[producer, consumer] node indices, producer < consumer")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GraphJson:
+        seen: set[str] = set()
+        for i, n in enumerate(self.nodes):
+            for op in n.operands:
+                if op not in seen:
+                    raise ValueError(f"nodes[{i}].operands: {op[:80]!r} is not the name of an earlier node")
+            if n.name in seen:
+                raise ValueError(f"nodes[{i}].name: {n.name[:80]!r} appears twice")
+            seen.add(n.name)
+        count = len(self.nodes)
+        for i, (src, dst) in enumerate(self.edges):
+            if not 0 <= src < dst < count:
+                raise ValueError(f"edges[{i}]: expected [producer, consumer] with 0 <= producer < consumer < "
+                                 f"{count} (nodes in a topological order), got [{src}, {dst}]")
+        return self
+
+
 class PlanRequest(_Strict):
     """``POST /v1/plans``: one of ``hlo_text`` and ``graph``, the cluster, options."""
 
-    hlo_text: str | None = Field(None, min_length=1, description="pre-optimisation HLO module text")
-    graph: dict[str, Any] | None = Field(None, description="disco graph JSON (HloGraph.to_dict)")
+    hlo_text: str | None = Field(None, min_length=1, max_length=limits.MAX_HLO_CHARS,
+                                 description="pre-optimisation HLO module text")
+    graph: GraphJson | None = Field(None, description="disco graph JSON (HloGraph.to_dict)")
     cluster: str | ClusterYaml = Field("local", description="a preset name or {yaml: ...}")
-    devices: int | None = Field(None, ge=1, le=1 << 20, description="devices for the 'local' preset")
+    devices: int | None = Field(None, ge=1, le=limits.MAX_CLUSTER_DEVICES, description="devices for the 'local' preset")
     options: PlanOptions = Field(default_factory=PlanOptions)
 
     @model_validator(mode="after")
@@ -108,6 +163,7 @@ class ProfilesStored(BaseModel):
 class Health(BaseModel):
     status: Literal["ok"]
     version: str
+    database: Literal["ok"]
 
 
 # -- OpenAPI ---------------------------------------------------------------------------------------
@@ -117,13 +173,14 @@ def _json(schema: str, description: str) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     what = {400: "invalid input", 401: "missing or wrong bearer token", 404: "not found",
-            413: "body too large", 415: "body is not JSON", 503: "job queue full (see Retry-After)"}
+            413: "body too large", 415: "body is not JSON",
+            503: "job queue full or HLO checks busy (see Retry-After), or the database is unavailable"}
     return {str(c): _json("Error", what[c]) for c in codes}
 
 
 def openapi(version: str, auth: bool) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the service."""
-    models = [ClusterYaml, PlanOptions, PlanRequest, ProfileSample, Error, PlanResult, StoredPlan,
+    models = [ClusterYaml, PlanOptions, GraphNode, GraphJson, PlanRequest, ProfileSample, Error, PlanResult, StoredPlan,
               JobAccepted, Job, ProfilesStored, Health]
     schemas: dict[str, Any] = {}
     for m in models:
@@ -161,8 +218,9 @@ def openapi(version: str, auth: bool) -> dict[str, Any]:
             "parameters": [key_param],
             "responses": {"200": {"description": "HTML page", "content": {"text/html": {"schema": {"type": "string"}}}},
                           **_errors(404)}}},
-        "/healthz": {"get": {"summary": "Liveness", "operationId": "healthz",
-                             "responses": {"200": _json("Health", "alive")}}},
+        "/healthz": {"get": {"summary": "Health: the database answers a write and its quick_check",
+                             "operationId": "healthz",
+                             "responses": {"200": _json("Health", "healthy"), **_errors(503)}}},
         "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
                                   "responses": {"200": {"description": "OpenAPI document",
                                                         "content": {"application/json": {"schema": {"type": "object"}}}}}}},
@@ -170,7 +228,8 @@ def openapi(version: str, auth: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "disco plan service", "version": version,
-                 "description": "Fusion plans (op-fusion groups and gradient buckets) for data-parallel JAX steps."},
+                 "description": "Fusion plans (op-fusion groups and gradient buckets) for data-parallel JAX steps.",
+                 "x-limits": limits.describe()},
         "paths": paths,
         "components": {"schemas": schemas},
     }

@@ -71,6 +71,10 @@ CREATE TABLE IF NOT EXISTS profiles (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS profiles_fingerprint ON profiles (fingerprint);
+CREATE TABLE IF NOT EXISTS health (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    checked_at REAL NOT NULL
+);
 """
 
 
@@ -151,17 +155,18 @@ class Store:
         return out
 
     # -- jobs --------------------------------------------------------------------------------------
-    def submit(self, key: str, request: Mapping[str, Any], enqueue) -> tuple[dict[str, Any], bool]:
-        """Returns the cached plan, the active job for ``key``, or a new queued job.
+    def submit(self, key: str, request: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Returns the cached plan, the active job for ``key``, or a new queued job (committed).
+
+        The caller hands a created job to a worker after this returns, so the worker
+        always finds the row; if it cannot (queue full), it fails the job.
 
         Args:
           key: the plan key.
           request: the job's inputs (JSON-able).
-          enqueue: ``enqueue(job_id)`` hands a new job to a worker; it raises
-            ``queue.Full`` when the queue is full, which rolls the new job back.
 
         Returns:
-          ``(row, created)``: ``row`` is ``{"plan": ...}`` for a cached plan or the job's
+          ``(row, created)``: ``row`` is ``{"plan_key": key}`` for a cached plan or the job's
           row; ``created`` says whether this call created the job.
         """
         owner = process_owner()
@@ -179,7 +184,6 @@ class Store:
                 "INSERT INTO jobs (id, key, state, request, owner, heartbeat_at, created_at, message) "
                 "VALUES (?, ?, 'queued', ?, ?, ?, ?, 'queued')",
                 (job_id, key, json.dumps(request, sort_keys=True), owner, now, now))
-            enqueue(job_id)  # raises queue.Full: the transaction rolls back
         return self.get_job(job_id), True
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
@@ -298,6 +302,20 @@ class Store:
                 "INSERT INTO profiles (fingerprint, plan_digest, plan, step_time_ms, cluster, device_kind, "
                 "extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values)
         return len(values)
+
+    # -- health ------------------------------------------------------------------------------------
+    def write_probe(self) -> None:
+        """Writes the health row; raises ``sqlite3.DatabaseError`` if the database takes no write."""
+        with self._tx():
+            self.conn.execute("INSERT INTO health (id, checked_at) VALUES (1, ?) "
+                              "ON CONFLICT (id) DO UPDATE SET checked_at = excluded.checked_at", (time.time(),))
+
+    def quick_check(self) -> str | None:
+        """``PRAGMA quick_check``: None if it finds nothing, else its first finding."""
+        rows = [r[0] for r in self.conn.execute("PRAGMA quick_check").fetchall()]
+        if rows == ["ok"]:
+            return None
+        return str(rows[0]) + (f" (and {len(rows) - 1} more)" if len(rows) > 1 else "")
 
     def count(self, table: str) -> int:
         if table not in ("plans", "jobs", "profiles"):

@@ -44,15 +44,20 @@ class ServerProcess:
       gunicorn: run ``gunicorn -w gunicorn_workers --threads gunicorn_threads`` instead of
         ``disco serve`` (database, token and plan threads from the environment).
       port: the port (default: a free one).
+      host: the address ``disco serve`` binds (the client always uses 127.0.0.1).
       log: where the server's output goes (default: next to ``db``).
       extra_args: more ``disco serve`` arguments.
+      env: more environment variables for the server.
     """
 
     def __init__(self, db: str | os.PathLike[str], *, workers: int = 1, token: str | None = None,
                  gunicorn: bool = False, gunicorn_workers: int = 2, gunicorn_threads: int = 1,
-                 port: int | None = None,
-                 log: str | os.PathLike[str] | None = None, extra_args: tuple[str, ...] = ()):
+                 port: int | None = None, host: str = "127.0.0.1",
+                 log: str | os.PathLike[str] | None = None, extra_args: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):
         self.db = str(db)
+        self.host = host
+        self.env = dict(env or {})
         self.workers = workers
         self.token = token
         self.gunicorn = gunicorn
@@ -77,10 +82,11 @@ class ServerProcess:
             cmd = [sys.executable, "-m", "gunicorn", "-w", str(self.gunicorn_workers), "-b",
                    f"127.0.0.1:{self.port}", "--threads", str(self.gunicorn_threads), "service:create_app()"]
         else:
-            cmd = [sys.executable, "-m", "disco", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+            cmd = [sys.executable, "-m", "disco", "serve", "--host", self.host, "--port", str(self.port),
                    "--db", self.db, "--workers", str(self.workers), *self.extra_args]
             if self.token:
                 cmd += ["--token", self.token]
+        env.update(self.env)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=str(_ROOT), start_new_session=True)

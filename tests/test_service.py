@@ -23,6 +23,7 @@ from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 from service import create_app  # noqa: E402
+from service.jobs import stop_runner  # noqa: E402
 from service.testing import ServerProcess  # noqa: E402
 
 TOKEN = "s3cret-token"
@@ -142,8 +143,9 @@ def test_malformed_inputs_get_json_4xx_and_the_server_stays_up(server):
         (json.dumps({**ok, "options": {"strategy": "magic"}}).encode(), 400, "options.strategy"),
         (json.dumps({**ok, "surprise": 1}).encode(), 400, "surprise"),
         (json.dumps({"cluster": "local"}).encode(), 400, None),
-        (json.dumps({**ok, "graph": {"schema": "disco.graph/1"}}).encode(), 400, None),
-        (json.dumps({**ok, "hlo_text": None, "graph": {"schema": "disco.graph/1", "nodes": 3}}).encode(), 400, "graph"),
+        (json.dumps({**ok, "graph": {"schema": "disco.graph/1"}}).encode(), 400, "graph.name"),
+        (json.dumps({**ok, "hlo_text": None, "graph": {"schema": "disco.graph/1", "name": "g", "nodes": 3,
+                                                       "edges": []}}).encode(), 400, "graph.nodes"),
         (json.dumps({**ok, "cluster": {"yaml": "nodes: [unclosed"}}).encode(), 400, "cluster.yaml"),
         (json.dumps({**ok, "cluster": {"yaml": "/etc/passwd"}}).encode(), 400, "cluster.yaml"),
         (json.dumps({**ok, "cluster": "dgx-a100-8", "devices": 3}).encode(), 400, "devices"),
@@ -271,8 +273,9 @@ def test_jobs_survive_a_killed_server(tmp_path):
 def app(tmp_path):
     app = create_app({"DATABASE": str(tmp_path / "app.sqlite"), "WORKERS": 1, "QUEUE_SIZE": 1,
                       "TESTING": True})
+    assert "disco_jobs" not in app.extensions  # create_app starts nothing
     yield app
-    app.extensions["disco_jobs"].stop()
+    stop_runner(app)
 
 
 @pytest.fixture
@@ -294,17 +297,27 @@ def test_full_queue_answers_503_with_retry_after(client):
     full = post(102)
     assert full.status_code == 503 and full.headers["Retry-After"].isdigit()
     assert full.json["code"] == "queue_full"
+    # the refused job was committed, then failed: nobody waits on a job no worker will run
+    with sqlite3.connect(client.application.config["DATABASE"]) as conn:
+        rows = conn.execute("SELECT state, error FROM jobs WHERE state = 'failed'").fetchall()
+    assert len(rows) == 1 and json.loads(rows[0][1])["code"] == "queue_full", rows
+    assert post(102).status_code == 503  # asked again: a new job, refused again (not joined to the failed one)
     assert client.get("/healthz").status_code == 200
 
 
-def test_graph_json_input_gives_the_same_key_as_hlo(client):
+def test_graph_json_fingerprint_is_the_servers(client):
     from disco.ir.graph import HloGraph
 
     graph = HloGraph.from_hlo_text(mlp_hlo()).to_dict()
-    a = client.post("/v1/plans", json=plan_body(seed=5))
-    b = client.post("/v1/plans", json={**plan_body(seed=5), "hlo_text": None, "graph": graph})
-    assert a.status_code in (200, 202) and b.status_code in (200, 202)
-    assert a.json["key"] == b.json["key"]
+    a = client.post("/v1/plans", json={**plan_body(seed=5), "hlo_text": None, "graph": graph})
+    b = client.post("/v1/plans", json={**plan_body(seed=5), "hlo_text": None,
+                                       "graph": {**graph, "fingerprint": "0" * 32}})
+    c = client.post("/v1/plans", json={**plan_body(seed=5), "hlo_text": None,
+                                       "graph": {k: v for k, v in graph.items() if k != "fingerprint"}})
+    h = client.post("/v1/plans", json=plan_body(seed=5))
+    assert {r.status_code for r in (a, b, c, h)} <= {200, 202}, (a.json, b.json, c.json, h.json)
+    assert a.json["key"] == b.json["key"] == c.json["key"]  # the client's fingerprint is ignored
+    assert h.json["key"] != a.json["key"]  # HLO and graph JSON are identified apart
 
 
 def test_healthz_does_not_import_jax(tmp_path):
