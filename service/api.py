@@ -15,6 +15,7 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
 from pydantic import TypeAdapter, ValidationError
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from disco import __version__
 from service import db, inputs, jobs, schemas
@@ -43,11 +44,29 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _body_bytes() -> bytes:
+    """The request body; 413 above MAX_CONTENT_LENGTH, from Content-Length or, chunked, while reading."""
+    limit = int(current_app.config["MAX_CONTENT_LENGTH"])
+    if request.content_length is not None:
+        return request.get_data(cache=False)  # Werkzeug answers 413 from the header
+    stream = request.environ["wsgi.input"]
+    if not request.environ.get("wsgi.input_terminated"):
+        return b""  # no length and a server that does not end the stream: nothing is safe to read
+    parts, size = [], 0
+    while size <= limit:
+        part = stream.read(min(1 << 20, limit + 1 - size))
+        if not part:
+            return b"".join(parts)
+        parts.append(part)
+        size += len(part)
+    raise RequestEntityTooLarge()
+
+
 def _json_body() -> Any:
     ctype = request.mimetype or ""
     if ctype and ctype != "application/json" and not ctype.endswith("+json"):
         raise ApiError(415, "unsupported_media_type", f"expected an application/json body, got {ctype!r}")
-    raw = request.get_data(cache=False)  # 413 above MAX_CONTENT_LENGTH
+    raw = _body_bytes()
     if not raw:
         raise ApiError(400, "invalid_json", "request body is empty; expected a JSON document")
     try:

@@ -67,7 +67,10 @@ class JobRunner:
             self._started = True
         if self.workers <= 0:
             return
-        self.sweep()
+        try:
+            self.sweep()
+        except Exception:  # noqa: BLE001 - a database that takes no write still serves reads; the sweeper retries
+            log.exception("job sweep at start failed")
         for i in range(self.workers):
             t = threading.Thread(target=self._work, name=f"disco-plan-worker-{i}", daemon=True)
             t.start()

@@ -72,7 +72,8 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> ServerProcess:
+    def start(self, timeout: float = 60.0, healthy: bool = True) -> ServerProcess:
+        """Starts the server and waits until ``/healthz`` answers 200 (any status if not ``healthy``)."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
         if self.gunicorn:
@@ -98,6 +99,11 @@ class ServerProcess:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=1.0) as r:
                     if r.status == 200:
                         return self
+            except urllib.error.HTTPError as e:
+                e.close()
+                if not healthy:
+                    return self
+                time.sleep(0.1)
             except (urllib.error.URLError, OSError):
                 time.sleep(0.1)
         self.kill()

@@ -329,3 +329,277 @@ def test_healthz_does_not_import_jax(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# -- issue 19: identity, limits, expensive input, configuration, health, HTTP details -------------------
+def tiny_graph(fingerprint: str) -> dict:
+    def node(name, opcode, operands=(), flops=0.0):
+        return {"name": name, "opcode": opcode, "computation": "main", "shape": "f32[4]", "dtype": "f32",
+                "out_bytes": 16, "out_elements": 4, "flops": flops, "operands": list(operands)}
+
+    return {"schema": "disco.ir.graph/1", "name": "three", "fingerprint": fingerprint,
+            "nodes": [node("p", "parameter"), node("n", "negate", ["p"], 4.0), node("r", "add", ["n", "n"], 4.0)],
+            "edges": [[0, 1], [1, 2]]}
+
+
+def hlo_chain(n: int, dim: str = "64,64") -> str:
+    lines = ["HloModule chain", "", "ENTRY main {", f"  p0 = f32[{dim}] parameter(0)"]
+    lines += [f"  a{i} = f32[{dim}] add({'p0' if i == 0 else f'a{i - 1}'}, p0)" for i in range(n)]
+    lines += [f"  ROOT r = f32[{dim}] negate(a{n - 1})", "}"]
+    return "\n".join(lines)
+
+
+def jobs_in(db) -> int:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+
+
+def test_a_client_fingerprint_cannot_poison_another_programs_plan(server):
+    from disco.ir.graph import HloGraph
+
+    victim = HloGraph.from_hlo_text(mlp_hlo())
+    body = {**plan_body(seed=21), "hlo_text": None, "graph": tiny_graph(victim.fingerprint)}
+    status, attack, _ = server.request("POST", "/v1/plans", body)
+    assert status == 202, attack
+    job = server.wait_job(attack["job_id"])
+    assert job["state"] == "done", job
+    assert job["result"]["report"]["graph"]["nodes"] == 3
+    assert job["result"]["report"]["graph"]["fingerprint"] != victim.fingerprint  # the server's own digest
+    # the victim's real HLO gets its own key, plan and report
+    status, real, _ = server.request("POST", "/v1/plans", plan_body(seed=21))
+    assert status == 202 and real["key"] != attack["key"], real
+    job = server.wait_job(real["job_id"])
+    report = job["result"]["report"]
+    assert report["graph"]["nodes"] == len(victim.nodes) and report["graph"]["fingerprint"] == victim.fingerprint
+    status, stored, _ = server.request("GET", f"/v1/plans/{real['key']}")
+    assert stored["fingerprint"] == victim.fingerprint
+
+
+def test_limits_are_checked_before_a_job_exists(server):
+    before = jobs_in(server.db)
+    graph = tiny_graph("f")
+    node = graph["nodes"][1]
+    dgx = "nodes: {n}\ndevices_per_node: {d}\nintra: {{bandwidth: 100 GB/s, latency: 1 us}}\n" \
+          "inter: {{bandwidth: {bw}, latency: 5 us}}\nname: big\n"
+    cases = [
+        # HLO: a 400-digit dimension (was a 500 OverflowError), a dimension past 2^40
+        ({"hlo_text": hlo_chain(2, "1" + "0" * 399)}, "hlo_text", "400 digits"),
+        ({"hlo_text": hlo_chain(2, str(2**41))}, "hlo_text", "2^40"),
+        ({"hlo_text": hlo_chain(2, f"{2**30},{2**30}")}, "hlo_text", "2^48"),
+        # graph JSON: wrong types, absurd flops, operands and edges that do not make a DAG
+        ({"graph": {**graph, "nodes": [graph["nodes"][0], {**node, "out_bytes": "16"}, graph["nodes"][2]]}},
+         "graph.nodes[1].out_bytes", "integer"),
+        ({"graph": {**graph, "nodes": [graph["nodes"][0], {**node, "flops": 1e308}, graph["nodes"][2]]}},
+         "graph.nodes[1].flops", "less than or equal"),
+        ({"graph": {**graph, "nodes": [graph["nodes"][0], {**node, "out_elements": True}, graph["nodes"][2]]}},
+         "graph.nodes[1].out_elements", "integer"),
+        ({"graph": {**graph, "nodes": [graph["nodes"][0], {**node, "operands": ["r"]}, graph["nodes"][2]]}},
+         "graph", "not the name of an earlier node"),
+        ({"graph": {**graph, "edges": [[1, 0]]}}, "graph", "topological"),
+        ({"graph": {**graph, "nodes": []}}, "graph.nodes", "at least 1"),
+        # clusters: 10^12 x 10^12 devices, a million local devices, a link of 1e-300 B/s
+        ({"cluster": {"yaml": dgx.format(n=10**12, d=10**12, bw="25 GB/s")}, "devices": None}, "cluster.yaml",
+         "at most 65536"),
+        ({"devices": 10**6}, "devices", "less than or equal to 65536"),
+        ({"cluster": {"yaml": dgx.format(n=2, d=8, bw="1e-300")}, "devices": None}, "cluster.yaml",
+         "bytes/s"),
+    ]
+    for change, field, words in cases:
+        body = {**plan_body(seed=22), **change}
+        if "graph" in change:
+            body["hlo_text"] = None
+        status, answer, _ = server.request("POST", "/v1/plans", body)
+        assert_error(status, answer, 400, field)
+        assert words in answer["message"], (field, answer)
+    # reject early: too many lines is refused without parsing
+    t0 = time.monotonic()
+    status, answer, _ = server.request("POST", "/v1/plans", {**plan_body(), "hlo_text": "HloModule m\n" * 200_001})
+    assert_error(status, answer, 400, "hlo_text")
+    assert "at most 200000" in answer["message"] and time.monotonic() - t0 < 5
+    assert jobs_in(server.db) == before  # nothing was accepted
+    assert server.request("GET", "/healthz")[0] == 200
+
+
+def test_expensive_hlo_is_checked_off_the_request_thread(tmp_path):
+    big = hlo_chain(100_000)  # 3.7 MB: the issue's chain; parsing it takes seconds
+    with ServerProcess(tmp_path / "parse.sqlite", workers=2, extra_args=("--parse-timeout", "1")) as srv:
+        warm = srv.request("POST", "/v1/plans", plan_body(seed=23))
+        assert warm[0] == 202 and srv.wait_job(warm[1]["job_id"])["state"] == "done"
+        done: dict = {}
+
+        def post_big():
+            t0 = time.monotonic()
+            done["answer"] = srv.request("POST", "/v1/plans", {**plan_body(), "hlo_text": big})
+            done["s"] = time.monotonic() - t0
+
+        t = threading.Thread(target=post_big)
+        t.start()
+        time.sleep(0.3)
+        # while the big text is being checked, the server answers others at once
+        latencies = []
+        while t.is_alive():
+            t0 = time.monotonic()
+            status, _, _ = srv.request("POST", "/v1/plans", plan_body(seed=23))
+            latencies.append(time.monotonic() - t0)
+            assert status == 200
+        t.join()
+        status, answer, _ = done["answer"]
+        assert_error(status, answer, 400, "hlo_text")
+        assert answer["code"] == "too_large" and "PARSE_TIMEOUT_S=1" in answer["message"], answer
+        assert done["s"] < 10, done  # killed after 1 s, not parsed for minutes
+        assert latencies and max(latencies) < 2.0, latencies
+        assert jobs_in(srv.db) == 1
+
+
+def test_plan_jobs_run_in_parallel(tmp_path):
+    with ServerProcess(tmp_path / "par.sqlite", workers=2) as srv:
+        ids = []
+        for seed in (31, 32):
+            status, body, _ = srv.request("POST", "/v1/plans", plan_body(seed=seed, strategy="random", budget_s=3.0))
+            assert status == 202
+            ids.append(body["job_id"])
+        deadline = time.monotonic() + 30
+        while True:
+            states = [srv.request("GET", f"/v1/jobs/{i}")[1]["state"] for i in ids]
+            if states == ["running", "running"]:
+                break
+            assert time.monotonic() < deadline and "done" not in states, states
+            time.sleep(0.05)
+        assert all(srv.wait_job(i)["state"] == "done" for i in ids)
+
+
+def test_unsafe_configuration_is_refused_or_warned(tmp_path):
+    # an empty token is an error (it would turn authentication off without a word)
+    for kind in ("gunicorn", "serve"):
+        srv = (ServerProcess(tmp_path / "e.sqlite", gunicorn=True, env={"DISCO_SERVICE_TOKEN": ""})
+               if kind == "gunicorn" else ServerProcess(tmp_path / "e.sqlite", extra_args=("--token", "")))
+        with pytest.raises(RuntimeError, match="exited") as e:
+            srv.start(timeout=30)
+        assert "empty" in str(e.value), str(e.value)[-2000:]
+    # no token: a warning that says who can write
+    with ServerProcess(tmp_path / "w.sqlite") as srv:
+        assert srv.request("POST", "/v1/profiles", [])[0] == 400  # anonymous writes reach validation
+        assert "no write token" in srv.tail() and "anyone who can reach the server" in srv.tail()
+    # bound beyond loopback: a warning naming the bind, even with a token
+    with ServerProcess(tmp_path / "b.sqlite", host="0.0.0.0", token=TOKEN) as srv:
+        log = srv.tail()
+        assert "beyond loopback" in log and "writes need the token" in log, log
+        assert "no write token" not in log
+    with ServerProcess(tmp_path / "l.sqlite", token=TOKEN) as srv:
+        assert "beyond loopback" not in srv.tail() and "no write token" not in srv.tail()
+
+
+def _chattr(flag: str, path) -> bool:
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+def test_database_failures_answer_503_with_the_reason(tmp_path):
+    db = tmp_path / "health.sqlite"
+    plan = {"schema_version": 1, "name": "p", "groups": [], "xla_fusion": "extend", "buckets": None,
+            "compile_options": {}}
+    sample = [{"fingerprint": "abc", "plan": plan, "step_time_ms": 3.5}]
+    with ServerProcess(db, workers=1) as srv:
+        status, body, _ = srv.request("POST", "/v1/plans", plan_body(seed=41))
+        key = body["key"]
+        assert srv.wait_job(body["job_id"])["state"] == "done"
+    # the database is read-only when the server starts (root ignores file modes: chattr +i)
+    files = [db] + [p for p in (tmp_path / "health.sqlite-wal", tmp_path / "health.sqlite-shm") if p.exists()]
+    if os.geteuid() == 0:
+        if not all(_chattr("+i", f) for f in files):
+            pytest.skip("chattr +i is not supported here (needed to make the file read-only for root)")
+    else:
+        for f in files:
+            os.chmod(f, 0o444)
+    srv = ServerProcess(db, workers=1)
+    try:
+        srv.start(healthy=False)
+        status, body, headers = srv.request("GET", "/healthz")
+        assert_error(status, body, 503)
+        assert body["code"] == "database_unavailable" and "readonly" in body["message"], body
+        status, body, headers = srv.request("POST", "/v1/profiles", sample)
+        assert_error(status, body, 503)
+        assert body["code"] == "database_unavailable" and "readonly" in body["message"], body
+        assert headers.get("Retry-After", "").isdigit()
+        status, stored, _ = srv.request("GET", f"/v1/plans/{key}")  # reads still work
+        assert status == 200 and stored["key"] == key
+    finally:
+        for f in files:
+            if os.geteuid() == 0:
+                _chattr("-i", f)
+            else:
+                os.chmod(f, 0o644)
+    try:
+        assert srv.request("GET", "/healthz")[0] == 200  # writable again: healthy again
+        assert srv.request("POST", "/v1/profiles", sample)[0] == 201
+        # a damaged file: every connection the server opens finds no database
+        with open(db, "r+b") as f:
+            f.write(b"this is not an SQLite file at all" * 4)
+        for method, path, body in (("GET", "/healthz", None), ("POST", "/v1/profiles", sample),
+                                   ("POST", "/v1/plans", plan_body(seed=42))):
+            status, answer, _ = srv.request(method, path, body)
+            assert_error(status, answer, 503)
+            assert "not a database" in answer["message"], answer
+    finally:
+        srv.stop()
+
+
+def test_http_details(server):
+    # a chunked body over MAX_CONTENT_LENGTH (32 MiB) is 413, as one with a Content-Length is
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.putrequest("POST", "/v1/profiles")
+        for k, v in {"Content-Type": "application/json", "Transfer-Encoding": "chunked",
+                     "Authorization": f"Bearer {TOKEN}"}.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        chunk = b"[" + b" " * (1 << 20)
+        try:
+            for _ in range(40):
+                conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            conn.send(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        resp = conn.getresponse()
+        status, body = resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+    assert_error(status, body, 413)
+    # a request line over 64 KiB is 414, as JSON
+    status, body, headers = server.request("GET", "/v1/plans/" + "a" * 70_000)
+    assert_error(status, body, 414)
+    assert headers["Content-Type"] == "application/json"
+    # no versions in the Server header; a CSP on the HTML pages; an index page at /
+    status, page, headers = server.request("GET", "/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html") and "/v1/plans" in page
+    for path in ("/", "/healthz", "/nope"):
+        server_header = server.request("GET", path)[2].get("Server", "")
+        assert "Werkzeug" not in server_header and "Python" not in server_header, server_header
+    status, body, _ = server.request("POST", "/v1/plans", plan_body(seed=1))
+    assert status in (200, 202), body
+    if status == 202:
+        assert server.wait_job(body["job_id"])["state"] == "done"
+    for path in ("/", f"/plans/{body['key']}"):
+        status, page, headers = server.request("GET", path)
+        csp = headers["Content-Security-Policy"]
+        assert status == 200 and "default-src 'none'" in csp and "script-src" not in csp, csp
+        assert "frame-ancestors 'none'" in csp and headers["X-Content-Type-Options"] == "nosniff"
+        assert "<script" not in page
+
+
+def test_gunicorn_workers_start_their_runners_lazily(tmp_path):
+    with ServerProcess(tmp_path / "g.sqlite", gunicorn=True, gunicorn_workers=2, workers=2, token=TOKEN) as srv:
+        status, body, _ = srv.request("POST", "/v1/plans", plan_body(seed=51))
+        assert status == 202
+        job = srv.wait_job(body["job_id"])
+        assert job["state"] == "done", job
+        status, health, _ = srv.request("GET", "/healthz")
+        assert status == 200 and health["database"] == "ok"
+
+
+def test_disco_serve_help_does_not_import_jax():
+    code = ("import sys\nfrom disco.cli import main\ntry:\n    main(['serve', '--help'])\nexcept SystemExit:\n"
+            "    pass\nprint(sorted(m for m in ('jax', 'jaxlib', 'flax') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("[]") and "--parse-timeout" in out.stdout
