@@ -6,7 +6,9 @@ cached-plan requests (``POST /v1/plans`` with the full HLO text, as ``xla_hooks.
 does) from ``--clients`` threads, each with its own keep-alive connection, stopping
 after ``--max-seconds`` at the latest. Reports requests/s and p50/p99 latency, then the
 time of one cold plan request for mlp small on 8 devices (POST until the job is
-done). The server is stopped (its process group killed) on exit.
+done; its HLO is checked in the server's child process first). The 1-minute load
+average before and after is reported, since a busy machine moves every figure. The
+server is stopped (its process group killed) on exit.
 
 Usage:
   python scripts/bench_service.py [--requests 2000] [--clients 4] [--threads 1] [--budget 5] [--json]
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
 
+    load_before = os.getloadavg()[0]
     tiny = hlo("mlp", "tiny", 4)
     small = hlo("mlp", "small", 8)
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
+        "loadavg_1min": {"before": load_before, "after": os.getloadavg()[0]},
         "server": f"gunicorn -w 2 --threads {args.threads}, 127.0.0.1",
         "cached": {"requests": len(latencies), "clients": args.clients, "errors": len(errors),
                    "body_bytes": len(body), "seconds": wall, "requests_per_s": len(latencies) / wall,
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
     else:
         c, k = out["cached"], out["cold_mlp_small_8"]
-        print(f"{out['server']} on {out['machine']}")
+        print(f"{out['server']} on {out['machine']}, load average {load_before:.1f} before, "
+              f"{out['loadavg_1min']['after']:.1f} after")
         print(f"cached plan (mlp tiny HLO, {c['body_bytes']} B body): {c['requests']} requests from "
               f"{c['clients']} clients in {c['seconds']:.2f} s: {c['requests_per_s']:.0f} req/s, "
               f"p50 {c['p50_ms']:.2f} ms, p99 {c['p99_ms']:.2f} ms, errors {c['errors']}")
