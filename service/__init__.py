@@ -6,12 +6,19 @@ Run it for development with ``disco serve`` (127.0.0.1:8000), in production with
 
 (``DISCO_SERVICE_DB`` and ``DISCO_SERVICE_TOKEN`` in the environment set the database
 path and the bearer token for the write endpoints when the app is created without a
-config.) Each gunicorn worker runs its own plan worker threads; identical requests
-join one job across workers through the shared SQLite database.
+config.) Each gunicorn worker starts its own plan worker threads on its first request;
+identical requests join one job across workers through the shared SQLite database.
 
 Endpoints: ``POST /v1/plans``, ``GET /v1/plans/<key>``, ``GET /v1/jobs/<id>``,
-``POST /v1/profiles``, ``GET /plans/<key>`` (HTML report), ``GET /healthz``,
-``GET /openapi.json``.
+``POST /v1/profiles``, ``GET /plans/<key>`` (HTML report), ``GET /`` (index),
+``GET /healthz``, ``GET /openapi.json``. What is enforced (auth, limits, health): the
+README's "The plan service" and :mod:`service.limits`.
+
+Modules, bottom up: ``limits``, ``store`` (SQLite), ``errors``, ``schemas`` (pydantic
+boundary models), ``programs`` (program identity; the HLO check's child process),
+``intake``, ``inputs``, ``db`` (per-request store, health), ``jobs`` (runner),
+``api`` and ``pages`` (blueprints), ``app`` (the factory), ``cli`` (``disco serve``),
+``testing`` (a real server process for tests and benchmarks).
 
 ``import service`` imports neither Flask nor jax; ``create_app`` imports Flask.
 """
