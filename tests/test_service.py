@@ -337,7 +337,7 @@ def tiny_graph(fingerprint: str) -> dict:
         return {"name": name, "opcode": opcode, "computation": "main", "shape": "f32[4]", "dtype": "f32",
                 "out_bytes": 16, "out_elements": 4, "flops": flops, "operands": list(operands)}
 
-    return {"schema": "disco.ir.graph/1", "name": "three", "fingerprint": fingerprint,
+    return {"schema": "disco.graph/1", "name": "three", "fingerprint": fingerprint,
             "nodes": [node("p", "parameter"), node("n", "negate", ["p"], 4.0), node("r", "add", ["n", "n"], 4.0)],
             "edges": [[0, 1], [1, 2]]}
 
