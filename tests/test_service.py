@@ -421,8 +421,9 @@ def test_limits_are_checked_before_a_job_exists(server):
 
 
 def test_expensive_hlo_is_checked_off_the_request_thread(tmp_path):
-    big = hlo_chain(100_000)  # 3.7 MB: the chain; parsing it takes seconds
-    with ServerProcess(tmp_path / "parse.sqlite", workers=2, extra_args=("--parse-timeout", "1")) as srv:
+    big = hlo_chain(100_000)  # 3.7 MB: the chain; parsing it took 6.4 s on a quiet machine
+    # 3 s: the mlp's check fits even on a loaded machine, the chain's does not
+    with ServerProcess(tmp_path / "parse.sqlite", workers=2, extra_args=("--parse-timeout", "3")) as srv:
         warm = srv.request("POST", "/v1/plans", plan_body(seed=23))
         assert warm[0] == 202 and srv.wait_job(warm[1]["job_id"])["state"] == "done"
         done: dict = {}
@@ -445,8 +446,8 @@ def test_expensive_hlo_is_checked_off_the_request_thread(tmp_path):
         t.join()
         status, answer, _ = done["answer"]
         assert_error(status, answer, 400, "hlo_text")
-        assert answer["code"] == "too_large" and "PARSE_TIMEOUT_S=1" in answer["message"], answer
-        assert done["s"] < 10, done  # killed after 1 s, not parsed for minutes
+        assert answer["code"] == "too_large" and "PARSE_TIMEOUT_S=3" in answer["message"], answer
+        assert done["s"] < 15, done  # killed after 3 s, not parsed for minutes
         assert latencies and max(latencies) < 2.0, latencies
         assert jobs_in(srv.db) == 1
 
