@@ -412,10 +412,9 @@ def test_limits_are_checked_before_a_job_exists(server):
         assert_error(status, answer, 400, field)
         assert words in answer["message"], (field, answer)
     # reject early: too many lines is refused without parsing
-    t0 = time.monotonic()
     status, answer, _ = server.request("POST", "/v1/plans", {**plan_body(), "hlo_text": "HloModule m\n" * 200_001})
     assert_error(status, answer, 400, "hlo_text")
-    assert "at most 200000" in answer["message"] and time.monotonic() - t0 < 5
+    assert "at most 200000" in answer["message"], answer  # the line count, not a parse, refused it
     assert jobs_in(server.db) == before  # nothing was accepted
     assert server.request("GET", "/healthz")[0] == 200
 
@@ -429,26 +428,24 @@ def test_expensive_hlo_is_checked_off_the_request_thread(tmp_path):
         done: dict = {}
 
         def post_big():
-            t0 = time.monotonic()
             done["answer"] = srv.request("POST", "/v1/plans", {**plan_body(), "hlo_text": big})
-            done["s"] = time.monotonic() - t0
 
         t = threading.Thread(target=post_big)
         t.start()
         time.sleep(0.3)
-        # while the big text is being checked, the server answers others at once
-        latencies = []
+        # while the big text is being checked, the server keeps answering others: several
+        # answers arrive before the big POST's own (a server that parsed inline would answer
+        # them only after it)
+        answered_while_pending = 0
         while t.is_alive():
-            t0 = time.monotonic()
             status, _, _ = srv.request("POST", "/v1/plans", plan_body(seed=23))
-            latencies.append(time.monotonic() - t0)
             assert status == 200
+            answered_while_pending += t.is_alive()
         t.join()
         status, answer, _ = done["answer"]
         assert_error(status, answer, 400, "hlo_text")
         assert answer["code"] == "too_large" and "PARSE_TIMEOUT_S=3" in answer["message"], answer
-        assert done["s"] < 15, done  # killed after 3 s, not parsed for minutes
-        assert latencies and max(latencies) < 2.0, latencies
+        assert answered_while_pending >= 2, answered_while_pending
         assert jobs_in(srv.db) == 1
 
 
