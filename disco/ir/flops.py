@@ -101,14 +101,15 @@ def instruction_flops(
     return 0.0
 
 
-def module_flops(module: Module) -> Mapping[str, float]:
-    """Flops per instruction name over the whole module (called computations summed in)."""
+def module_flops(module: Module) -> Mapping[tuple[str, str], float]:
+    """Flops per (computation, instruction name) over the whole module (called computations summed in).
+
+    Instruction names are scoped per computation (the same name may appear in two), so
+    operands are looked up in their own computation.
+    """
     comps = {c.name: c for c in module.computations}
     memo: dict[str, float] = {}
-    per_ins: dict[str, float] = {}
-    names: dict[str, Instruction] = {}
-    for c in module.computations:
-        names.update(c.by_name())
+    per_ins: dict[tuple[str, str], float] = {}
 
     def comp_flops(name: str) -> float:
         if name in memo:
@@ -117,9 +118,10 @@ def module_flops(module: Module) -> Mapping[str, float]:
         comp = comps.get(name)
         total = 0.0
         if comp is not None:
+            names = comp.by_name()
             for ins in comp.instructions:
                 f = instruction_flops(ins, names.get, comp_flops)
-                per_ins[ins.name] = f
+                per_ins[(name, ins.name)] = f
                 total += f
         memo[name] = total
         return total

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 SCHEMA = "disco.graph/1"  # the file format's name: unchanged by the move to disco.ir (graphs written before load)
+ALL_REDUCE_OPCODES = frozenset({"all-reduce", "all-reduce-start"})
 _GRAD_RE = re.compile(r"disco_grad\[(.*)\]")
 _CANON_DROP_ATTRS = frozenset({"metadata", "channel_id", "origin", "statistics"})
 
@@ -50,7 +51,13 @@ class Node:
 
     @property
     def is_all_reduce(self) -> bool:
-        return self.opcode == "all-reduce"
+        """An all-reduce: synchronous, or the start of an async pair (its ``-done`` is not one)."""
+        return self.opcode in ALL_REDUCE_OPCODES
+
+    @property
+    def is_collective(self) -> bool:
+        """A collective; an async pair (``*-start``/``*-done``) counts once, at its start."""
+        return self.opcode in _flops.COLLECTIVES and not self.opcode.endswith("-done")
 
     @property
     def is_gradient(self) -> bool:
@@ -89,13 +96,19 @@ class HloGraph:
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def from_hlo_text(cls, text: str) -> HloGraph:
-        """Builds the graph from any HLO module text (jax, XLA dumps, other frameworks).
+    def from_hlo_text(cls, text: str, module: str | None = None) -> HloGraph:
+        """Builds the graph from HLO module text (jax, XLA dumps, XLA's tests, other frameworks).
+
+        Args:
+          text: HLO text as XLA writes it (see :mod:`disco.ir.hlo_parse`).
+          module: which module to take when the text holds several (a name, or ``#N``
+            for the N-th); several modules are never merged.
 
         Raises:
-          ValueError: if the text cannot be parsed as HLO.
+          ValueError: if the text cannot be parsed as HLO (the message names the line), or
+            holds several modules and ``module`` does not pick one (the message lists them).
         """
-        return from_module(hlo_parse.parse_module(text))
+        return from_module(hlo_parse.parse_module(text, module=module))
 
     # -- views --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -105,7 +118,12 @@ class HloGraph:
         return {n.name: i for i, n in enumerate(self.nodes)}
 
     def all_reduces(self) -> list[Node]:
+        """All-reduce nodes; an async ``all-reduce-start``/``-done`` pair is one, its start."""
         return [n for n in self.nodes if n.is_all_reduce]
+
+    def collectives(self) -> list[Node]:
+        """Collective nodes (all-reduce, all-gather, ...); an async pair counts once, at its start."""
+        return [n for n in self.nodes if n.is_collective]
 
     def gradient_bytes(self) -> int:
         return sum(n.grad_bytes for n in self.nodes if n.is_gradient)
@@ -293,17 +311,65 @@ def _canonical_lines(instrs: Iterable[hlo_parse.Instruction], comp_hash) -> list
     for i, ins in enumerate(instrs):
         idx[ins.name] = i
         attrs = []
-        for k in sorted(ins.attrs):
+        raw_attrs = _fingerprint_attrs(ins)
+        for k in sorted(raw_attrs):
             if k in _CANON_DROP_ATTRS:
                 continue
-            v = ins.attrs[k]
+            v = raw_attrs[k]
             if k in hlo_parse._CALL_ATTRS:
                 v = ",".join(comp_hash(c) for c in ins.called)
             attrs.append(f"{k}={v}")
         ops = ",".join(str(idx.get(o, "?")) for o in ins.operands)
-        lit = ins.raw_operands if ins.opcode in ("constant", "parameter", "iota") else ""
+        lit = (ins.fingerprint_literal or ins.raw_operands) if ins.opcode in ("constant", "parameter", "iota") else ""
         lines.append(f"{ins.opcode}|{_strip_layout(ins.shape)}|{ops}|{lit}|{';'.join(attrs)}|{int(ins.is_root)}")
     return lines
+
+
+def _fingerprint_attrs(ins: hlo_parse.Instruction) -> dict[str, str]:
+    """The attributes as the fingerprint reads them: as the first parser split them.
+
+    That parser counted the ``<`` of ``<=`` (``sharding={devices=[2,1]<=[2]}``) as an
+    opening bracket, so an attribute list holding one read as fewer, longer attributes
+    (the later ones, metadata included, inside the earlier one's value), and it kept
+    XLA's ``/*index=N*/`` markers in values. Fingerprints already stored (plan service,
+    datasets) were computed that way, so the fingerprint keeps reading attributes that
+    way (other comments, and line breaks between attributes, do not count);
+    ``Instruction.attrs`` holds the correct split, comment-free.
+    """
+    if not ins.fingerprint_attrs:
+        return ins.attrs
+    out: dict[str, str] = {}
+    for part in _first_parser_split(ins.fingerprint_attrs):
+        key, eq, val = part.partition("=")
+        out[key.strip()] = val.strip() if eq else ""
+    return out
+
+
+def _first_parser_split(text: str) -> list[str]:
+    """The first parser's top-level comma split: (), [], {} and <> are brackets, '->' is not."""
+    parts: list[str] = []
+    depth, in_str, start, i = 0, False, 0, 0
+    while i < len(text):
+        c = text[i]
+        if in_str:
+            if c == "\\":
+                i += 2
+                continue
+            if c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            if not (c == ">" and i > 0 and text[i - 1] == "-"):
+                depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
 
 
 def _hash_lines(lines: Sequence[str]) -> str:
@@ -311,7 +377,17 @@ def _hash_lines(lines: Sequence[str]) -> str:
 
 
 def fingerprint(module: hlo_parse.Module) -> str:
-    """A hash of the canonical step program: names, metadata and channel ids left out."""
+    """A hash of the canonical step program: names, metadata and channel ids left out.
+
+    Layouts do not count: two modules that differ only in the ``{1,0}`` layouts of their
+    shapes (or in the module header's ``entry_computation_layout``) have the same
+    fingerprint, because plans are written against the pre-optimisation program, whose
+    layouts are XLA's defaults; a non-default layout is kept on the node (``Node.layout``).
+    Comments and line breaks between tokens do not count either, with one exception kept
+    for compatibility with fingerprints already stored: XLA's ``/*index=N*/`` markers
+    inside attribute values and literals count, and an attribute list holding ``<=`` is
+    split as the first parser split it (see ``_fingerprint_attrs``).
+    """
     comp_hashes = _canonical_computation_hashes(module)
     lines: list[str] = []
     for comp in step_computations(module):
@@ -337,25 +413,47 @@ def _ordered_instructions(module: hlo_parse.Module) -> list[hlo_parse.Instructio
     return out
 
 
+def _graph_names(ordered: Sequence[hlo_parse.Instruction]) -> dict[tuple[str, str], str]:
+    """A graph-wide unique node name per (computation, instruction name).
+
+    HLO scopes names per computation; when an inlined computation reuses a name already
+    taken, its node is named ``computation/name`` (jax's output never reuses names, so its
+    node names are the instruction names).
+    """
+    out: dict[tuple[str, str], str] = {}
+    taken: set[str] = set()
+    for ins in ordered:
+        name = ins.name if ins.name not in taken else f"{ins.computation}/{ins.name}"
+        if name in taken:
+            raise hlo_parse.HloParseError(
+                f"line {ins.line}: instruction name {ins.name!r} appears twice in computation "
+                f"{ins.computation!r}")
+        taken.add(name)
+        out[(ins.computation, ins.name)] = name
+    return out
+
+
 def from_module(module: hlo_parse.Module) -> HloGraph:
     """Builds an HloGraph from a parsed module (entry computation with calls inlined)."""
     per_ins_flops = _flops.module_flops(module)
     by_comp = {c.name: c for c in step_computations(module)}
     ordered = _ordered_instructions(module)
+    names = _graph_names(ordered)
+    scopes = {c.name: c.by_name() for c in by_comp.values()}
     nodes: list[Node] = []
-    index: dict[str, int] = {}
+    index: dict[tuple[str, str], int] = {}
     for ins in ordered:
-        is_ar = ins.opcode == "all-reduce"
+        key = (ins.computation, ins.name)
+        is_ar = ins.opcode in ALL_REDUCE_OPCODES
         arrays = ins.arrays
-        if ins.name in index:
-            raise hlo_parse.HloParseError(f"instruction name {ins.name!r} appears twice")
-        index[ins.name] = len(nodes)
+        operands = tuple(names.get((ins.computation, op), op) for op in ins.operands)
+        index[key] = len(nodes)
         nodes.append(Node(
-            name=ins.name, opcode=ins.opcode, computation=ins.computation,
+            name=names[key], opcode=ins.opcode, computation=ins.computation,
             shape=_strip_layout(ins.shape), dtype=arrays[0].dtype if arrays else "token",
             out_bytes=ins.out_bytes, out_elements=sum(a.elements for a in arrays),
-            flops=float(per_ins_flops.get(ins.name, 0.0)), operands=ins.operands,
-            grad_bytes=ins.out_bytes if is_ar else 0,
+            flops=float(per_ins_flops.get(key, 0.0)), operands=operands,
+            grad_bytes=_reduced_bytes(ins, scopes) if is_ar else 0,
             param_path=_grad_path(ins) if is_ar else None,
             replica_groups=ins.attrs.get("replica_groups") if is_ar else None,
             reduction=_reduction_opcode(module, ins) if is_ar else None,
@@ -363,13 +461,14 @@ def from_module(module: hlo_parse.Module) -> HloGraph:
         ))
     edges: list[tuple[int, int]] = []
     for ins in ordered:
-        dst = index[ins.name]
+        dst = index[(ins.computation, ins.name)]
         for op in ins.operands:
-            if op not in index:
+            src = index.get((ins.computation, op))
+            if src is None:
                 raise hlo_parse.HloParseError(
-                    f"instruction {ins.name!r} uses {op!r}, which is not defined before it "
-                    f"in computation {ins.computation!r}")
-            edges.append((index[op], dst))
+                    f"line {ins.line}: instruction {ins.name!r} uses {op!r}, which is not defined "
+                    f"before it in computation {ins.computation!r}")
+            edges.append((src, dst))
         if ins.opcode == "call":
             for c in ins.called:
                 callee = by_comp.get(c)
@@ -378,8 +477,20 @@ def from_module(module: hlo_parse.Module) -> HloGraph:
                 params = {int(p.raw_operands): p for p in callee.instructions if p.opcode == "parameter"}
                 for i, op in enumerate(ins.operands):
                     if i in params:
-                        edges.append((index[op], index[params[i].name]))
-                edges.append((index[callee.root.name], dst))
+                        edges.append((index[(ins.computation, op)], index[(c, params[i].name)]))
+                edges.append((index[(c, callee.root.name)], dst))
     edges = sorted(set(edges))
     return HloGraph(name=module.name, nodes=tuple(nodes), edges=tuple(edges),
                     fingerprint=fingerprint(module))
+
+
+def _reduced_bytes(ins: hlo_parse.Instruction, scopes: dict[str, dict[str, hlo_parse.Instruction]]) -> int:
+    """Bytes an all-reduce reduces: its output; for an async start, its operands' bytes.
+
+    (An ``all-reduce-start`` may be written with a tuple shape holding its buffers twice.)
+    """
+    if ins.opcode == "all-reduce":
+        return ins.out_bytes
+    comp = scopes[ins.computation]
+    ops = [comp[o] for o in ins.operands if o in comp]
+    return sum(o.out_bytes for o in ops) if len(ops) == len(ins.operands) and ops else ins.out_bytes
