@@ -464,7 +464,7 @@ def from_module(module: hlo_parse.Module) -> HloGraph:
         dst = index[(ins.computation, ins.name)]
         for op in ins.operands:
             src = index.get((ins.computation, op))
-            if src is None:
+            if src is None or src >= dst:
                 raise hlo_parse.HloParseError(
                     f"line {ins.line}: instruction {ins.name!r} uses {op!r}, which is not defined "
                     f"before it in computation {ins.computation!r}")
