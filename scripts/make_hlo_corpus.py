@@ -13,7 +13,7 @@ Three sources, each file gzipped and listed in MANIFEST.json with where it came 
 
 Usage (about 10 minutes on 2 loaded cores)::
 
-    PYTHONPATH=. python scripts/make_hlo_corpus.py [--only jax|gpu] [--out tests/data/hlo_corpus]
+    PYTHONPATH=. python scripts/make_hlo_corpus.py [--only jax|gpu] [--keep-existing] [--out DIR]
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ PROGRAMS: dict[str, tuple[int, str]] = {
         ARGS = (jnp.ones((8, 8)), jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("dp"))))
     """),
     "jit_sharded_matmul": (4, """
-        mesh = jax.make_mesh((2, 2), ("x", "y"))
+        mesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
         def main(a, b):
             return jnp.tanh(a @ b).sum(axis=0)
         ARGS = (jax.device_put(jnp.ones((16, 32)), NamedSharding(mesh, P("x", "y"))),
@@ -169,7 +169,7 @@ def _write(out: Path, rel: str, text: str, manifest: dict, source: str) -> None:
     print(f"{rel}: {len(text):,} chars", flush=True)
 
 
-def jax_dumps(out: Path, manifest: dict) -> None:
+def jax_dumps(out: Path, manifest: dict, keep_existing: bool) -> None:
     import jax
 
     cases = [(f"zoo_{name}_d{dev}", dev, _ZOO_CODE.format(name=name, devices=dev),
@@ -179,11 +179,17 @@ def jax_dumps(out: Path, manifest: dict) -> None:
                f"scripts/make_hlo_corpus.py PROGRAMS[{name!r}] on {dev} CPU devices")
               for name, (dev, body) in PROGRAMS.items()]
     for label, dev, code, what in cases:
+        stages = ("before_optimizations", "after_optimizations")
+        rels = [f"jax/{label}.{stage}.hlo.gz" for stage in stages]
+        sources = [f"{what}; XLA_FLAGS=--xla_dump_to, the module's {stage} dump (jax {jax.__version__})"
+                   for stage in stages]
+        if keep_existing and all((out / rel).exists() for rel in rels):
+            manifest.update(zip(rels, sources))
+            continue
         with tempfile.TemporaryDirectory() as tmp:
-            before, after = _main_pair(_dump(code, dev, Path(tmp)))
-            for path, stage in ((before, "before_optimizations"), (after, "after_optimizations")):
-                _write(out, f"jax/{label}.{stage}.hlo.gz", path.read_text(), manifest,
-                       f"{what}; XLA_FLAGS=--xla_dump_to dump {path.name} (jax {jax.__version__})")
+            dumped = _main_pair(_dump(code, dev, Path(tmp)))
+            for path, rel, source in zip(dumped, rels, sources):
+                _write(out, rel, path.read_text(), manifest, source)
 
 
 def gpu_modules(out: Path, manifest: dict) -> None:
@@ -207,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "tests" / "data" / "hlo_corpus"))
     parser.add_argument("--only", choices=("jax", "gpu"))
+    parser.add_argument("--keep-existing", action="store_true",
+                        help="do not recompile programs whose two dumps are already there")
     args = parser.parse_args(argv)
     out = Path(args.out)
     manifest_path = out / "MANIFEST.json"
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "gpu"):
         gpu_modules(out, manifest)
     if args.only in (None, "jax"):
-        jax_dumps(out, manifest)
+        jax_dumps(out, manifest, args.keep_existing)
     manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
     return 0
 

@@ -158,3 +158,37 @@ def test_arrays_form():
 def test_graph_json_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         disco.HloGraph.from_json(bad)
+
+
+# -- HLO as XLA writes it (issue 18); texts from tests/data/hlo_corpus ----------------------------
+CORPUS = REPO / "tests" / "data" / "hlo_corpus"
+
+
+def test_scoped_names_get_unique_node_names():
+    graph = disco.HloGraph.from_hlo_text((CORPUS / "snippets" / "scoped_names.hlo").read_text())
+    names = [n.name for n in graph.nodes]
+    # the first node to use a name keeps it (in node order: a call body comes before its call)
+    assert names == ["x", "add", "body/x", "body/add", "ar", "tanh", "call", "main/tanh"]
+    idx = graph.index()
+    assert graph.nodes[idx["body/add"]].operands == ("body/x", "body/x")
+    assert (idx["body/add"], idx["ar"]) in graph.edges and (idx["add"], idx["body/x"]) in graph.edges
+    assert (idx["tanh"], idx["call"]) in graph.edges and (idx["call"], idx["main/tanh"]) in graph.edges
+    assert all(s < d for s, d in graph.edges)
+
+
+def test_fingerprint_ignores_layouts():
+    """Layouts do not count in the fingerprint (its docstring says why); Node.layout keeps them."""
+    text = (CORPUS / "snippets" / "comments_everywhere.hlo").read_text()
+    transposed = text.replace("%m = f32[2,2]{1,0}", "%m = f32[2,2]{0,1}")
+    assert transposed != text
+    a, b = disco.HloGraph.from_hlo_text(text), disco.HloGraph.from_hlo_text(transposed)
+    assert a.fingerprint == b.fingerprint
+    assert b.nodes[b.index()["m"]].layout == "0,1" and a.nodes[a.index()["m"]].layout == ""
+
+
+def test_fingerprint_ignores_comments_and_line_breaks_in_a_zoo_dump():
+    text = disco.hlo_text(*_flat(zoo_step("mlp")))
+    noisy = "// a comment before the module\n" + re.sub(
+        r"(\), )(metadata=)", r"\1 /* c */\n      \2", text).replace("\n}\n", "\n} // end\n")
+    assert noisy.count("/* c */") > 10
+    assert disco.HloGraph.from_hlo_text(noisy) == disco.HloGraph.from_hlo_text(text)

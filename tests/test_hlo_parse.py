@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from disco.ir import hlo_parse
-from disco.ir.graph import HloGraph
+from disco.ir.graph import HloGraph, from_module
 
 CORPUS = Path(__file__).resolve().parent / "data" / "hlo_corpus"
 CORPUS_FILES = sorted(p.relative_to(CORPUS).as_posix() for p in CORPUS.rglob("*")
@@ -51,6 +51,11 @@ def corpus_text(rel: str) -> str:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             return f.read()
     return path.read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=None)
+def corpus_modules(rel: str) -> tuple[hlo_parse.Module, ...]:
+    return hlo_parse.parse_modules(corpus_text(rel))
 
 
 def test_parse_shapes():
@@ -225,10 +230,10 @@ def test_corpus_is_there():
 @pytest.mark.parametrize("rel", CORPUS_FILES)
 def test_corpus_parses_fully(rel):
     text = corpus_text(rel)
-    modules = hlo_parse.parse_modules(text)
+    modules = corpus_modules(rel)
     assert sum(len(c.instructions) for m in modules for c in m.computations) == _independent_instruction_count(text)
-    for i, module in enumerate(modules, 1):
-        graph = HloGraph.from_hlo_text(text, module=f"#{i}")
+    for module in modules:
+        graph = from_module(module)
         assert graph.name == module.name and len(graph.nodes) > 0
         assert all(s < d for s, d in graph.edges)
         # every all-reduce keeps its reduction and its replica-group size
@@ -249,8 +254,7 @@ def test_corpus_all_reduces_are_many_and_of_every_form():
     """The corpus test above checks something: all-reduces in every replica-group form."""
     forms: dict[str, int] = {}
     for rel in CORPUS_FILES:
-        text = corpus_text(rel)
-        for module in hlo_parse.parse_modules(text):
+        for module in corpus_modules(rel):
             for comp in module.computations:
                 for ins in comp.instructions:
                     if ins.opcode in ("all-reduce", "all-reduce-start"):
