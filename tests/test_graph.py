@@ -192,3 +192,13 @@ def test_fingerprint_ignores_comments_and_line_breaks_in_a_zoo_dump():
         r"(\), )(metadata=)", r"\1 /* c */\n      \2", text).replace("\n}\n", "\n} // end\n")
     assert noisy.count("/* c */") > 10
     assert disco.HloGraph.from_hlo_text(noisy) == disco.HloGraph.from_hlo_text(text)
+
+
+def test_cli_graph_module_flag(capsys):
+    from disco.cli import main
+
+    path = str(CORPUS / "snippets" / "two_modules_split.hlo")
+    assert main(["graph", "--hlo", path, "--module", "second_module", "--json"]) == 0
+    assert '"name": "second_module"' in capsys.readouterr().out
+    assert main(["graph", "--hlo", path]) == 2
+    assert "holds 2 HLO modules (#1 first_module, #2 second_module)" in capsys.readouterr().err

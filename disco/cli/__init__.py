@@ -130,7 +130,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
         text = lowered.as_text(dialect="hlo", debug_info=True)
         optimized_text = lowered.compile().as_text() if args.optimized else None
         source = model_label(args)
-    graph = HloGraph.from_hlo_text(optimized_text if optimized_text is not None else text)
+    graph = HloGraph.from_hlo_text(optimized_text if optimized_text is not None else text,
+                                   module=args.module if args.hlo else None)
     elapsed = time.perf_counter() - t0
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
@@ -414,6 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("graph", help="extract a step's HLO graph and print a summary")
     _add_model_args(p)
     p.add_argument("--hlo", metavar="FILE", help="read an HLO text dump instead of building a zoo model")
+    p.add_argument("--module", metavar="NAME",
+                   help="with --hlo: the module to read from a file holding several ('#N': the N-th)")
     p.add_argument("--optimized", action="store_true", help="the post-optimisation (compiled) HLO")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dump", metavar="DIR", help="write the HLO text and graph.json to DIR")
