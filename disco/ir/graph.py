@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 SCHEMA = "disco.graph/1"  # the file format's name: unchanged by the move to disco.ir (graphs written before load)
 ALL_REDUCE_OPCODES = frozenset({"all-reduce", "all-reduce-start"})
 _GRAD_RE = re.compile(r"disco_grad\[(.*)\]")
+_LAYOUT_RE = re.compile(r"\]\{([0-9,]*)")
+_BRACES_RE = re.compile(r"\{[^{}]*\}")
+_BLOCK_COMMENT_RE = re.compile(r"/\*.*?\*/")
 _CANON_DROP_ATTRS = frozenset({"metadata", "channel_id", "origin", "statistics"})
 
 
@@ -226,7 +230,12 @@ class HloGraph:
 # ---------------------------------------------------------------------------------------------
 def _nondefault_layout(ins: hlo_parse.Instruction) -> str:
     """The instruction's layout text if some array is not in the default layout, else ''."""
-    layouts = re.findall(r"\]\{([0-9,]*)", ins.shape)
+    return _nondefault_layout_of(ins.shape)
+
+
+@functools.lru_cache(maxsize=8192)
+def _nondefault_layout_of(shape: str) -> str:
+    layouts = _LAYOUT_RE.findall(shape)
     for text in layouts:
         dims = [int(d) for d in text.split(",") if d]
         if dims != sorted(dims, reverse=True):
@@ -234,8 +243,9 @@ def _nondefault_layout(ins: hlo_parse.Instruction) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=8192)
 def _strip_layout(shape: str) -> str:
-    return re.sub(r"\{[^{}]*\}", "", re.sub(r"/\*.*?\*/", "", shape)).replace(" ", "")
+    return _BRACES_RE.sub("", _BLOCK_COMMENT_RE.sub("", shape)).replace(" ", "")
 
 
 def _inlinable(module: hlo_parse.Module) -> set[str]:

@@ -116,11 +116,11 @@ class ArrayShape:
     dtype: str
     dims: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def elements(self) -> int:
         return math.prod(self.dims)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return int(math.ceil(self.elements * DTYPE_BYTES.get(self.dtype, 4)))
 
