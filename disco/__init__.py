@@ -7,6 +7,7 @@ does not import jax.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports on first use
@@ -21,7 +22,16 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from disco.sim.cluster import ClusterSpec
     from disco.sim.simulator import lower_bound, simulate
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version (setup.cfg's ``version``, the one place it is written)."""
+    try:
+        return importlib.metadata.version("disco")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "0+unknown"
+
+
+__version__ = _version()
 
 _EXPORTS = {
     "HloGraph": "disco.ir.graph",

@@ -54,6 +54,23 @@ def cost_model_id(costs: CostModel) -> dict[str, str]:
     return {"name": costs.name, "version": str(costs.version), "digest": costs.digest()}
 
 
+def best_baseline_name(simulated: Mapping[str, float]) -> str:
+    """The fastest baseline by simulated step time; on a tie, ``xla_default`` (else the first named).
+
+    The one rule for "the best baseline": the service's plans never fall below it and
+    ``disco.optimize`` measures it.
+
+    Args:
+      simulated: simulated step seconds by baseline name.
+
+    Raises:
+      ValueError: when ``simulated`` is empty.
+    """
+    if not simulated:
+        raise ValueError("best_baseline_name: expected simulated times of one or more baselines, got none")
+    return min(simulated, key=lambda n: (simulated[n], n != "xla_default"))
+
+
 def cluster_digest(cluster: ClusterSpec) -> str:
     """A hash of what the simulator reads from ``cluster`` (free-text fields left out)."""
     d = cluster.to_dict()
@@ -148,7 +165,7 @@ def plan_for_graph(
     for i, (name, plan) in enumerate(candidates.items()):
         simulated[name] = sim.step_time(plan)
         progress(0.1 * (i + 1) / len(candidates), f"simulated baseline {name}")
-    best_baseline = min(simulated, key=lambda n: (simulated[n], n != "xla_default"))
+    best_baseline = best_baseline_name(simulated)
     info: dict[str, Any] = {}
     if opts["strategy"] not in ("baselines", "random"):
         method = "search"  # the search's own strategy name is in report["search"]["strategy"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import os
 import random
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from disco import dataset
 from disco.ir.graph import HloGraph
 from disco.plans.plan import FusionPlan
 from gnn import features as F
@@ -101,35 +101,29 @@ class Dataset:
         return h.hexdigest()[:16]
 
 
-def _group_key(d: dict[str, Any]) -> str:
-    return f"{d['model']}/{d.get('preset', '')}/d{d.get('devices', 1)}/{str(d['graph_fingerprint'])[:8]}"
-
-
 def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> Dataset:
-    """Reads a collector dataset directory.
+    """Reads a collector dataset directory (the format: :mod:`disco.dataset`).
 
-    Lines that are not complete JSON (a collector still writing) or that lack a measured
-    median are skipped and counted in ``Dataset.skipped``; samples whose plan was not
-    applied (``applied: false``) are skipped too, since the plan's features would not
-    describe what ran.
+    Lines that are not samples (:func:`disco.dataset.read`'s tolerance rule: a collector may
+    be writing the file) or that lack a measured median are skipped and counted in
+    ``Dataset.skipped``; samples whose plan was not applied (``applied: false``) are skipped
+    too, since the plan's features would not describe what ran.
 
     Raises:
       ValueError: if the directory has no samples.jsonl, a sample names a graph file that
         is missing, or no usable sample is left.
     """
     root = Path(path)
-    fn = root / "samples.jsonl"
+    fn = Path(dataset.samples_path(root))
     if not fn.is_file():
         raise ValueError(f"{root}: expected a collector dataset with samples.jsonl, found none")
     samples: list[Sample] = []
     graphs: dict[str, HloGraph] = {}
-    skipped = 0
+    found = dataset.read(fn)
+    skipped = found.skipped
     raw: list[tuple[int, dict[str, Any]]] = []
-    for ln, line in enumerate(fn.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    for ln, d in zip(found.lines, found.samples):
         try:
-            d = json.loads(line)
             med = float(d["measured"]["median_ms"])
             if d.get("applied") is False or not (math.isfinite(med) and med > 0):
                 raise ValueError("not applied or no time")
@@ -139,17 +133,18 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
     # References: the round's measured xla_default, else the group's median xla_default sample.
     default_ms: dict[str, list[float]] = {}
     for _, d in raw:
-        g = _group_key(d)
+        g = dataset.group_key(d)
         if FusionPlan.from_dict(d["plan"]).is_default:
             default_ms.setdefault(g, []).append(float(d["measured"]["median_ms"]))
     for ln, d in raw:
         fp = d["graph_fingerprint"]
         if fp not in graphs:
-            gp = root / "graphs" / f"{fp}.json"
-            if not gp.is_file():
-                raise ValueError(f"{fn}:{ln}: graph {fp} is missing; expected {gp}")
-            graphs[fp] = HloGraph.from_json(gp.read_text())
-        g = _group_key(d)
+            try:
+                text = dataset.read_graph_json(root, fp)
+            except ValueError as e:
+                raise ValueError(f"{fn}:{ln}: {e}") from None
+            graphs[fp] = HloGraph.from_json(text)
+        g = dataset.group_key(d)
         ref = d.get("reference_xla_default_median_ms")
         if not isinstance(ref, (int, float)) or not ref > 0:
             ref = float(np.median(default_ms[g])) if g in default_ms else None

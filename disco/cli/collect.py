@@ -1,18 +1,7 @@
-"""``disco collect``: measure many real plans per model and append them to a JSONL dataset.
+"""``disco collect``: measure baselines and random plans per model into a dataset (resumable).
 
-For each model the collector extracts the step's graph (stored once as
-``DIR/graphs/<fingerprint>.json``), builds the baselines plus ``--random K`` random
-valid plans (seeds 0..K-1; seed % 4 == 1 is bucket-only, seed % 4 == 2 group-only,
-the rest both), applies each to the real compile, and measures it interleaved with
-XLA's default compile (a few plans per chunk), so drift between chunks can be
-normalised by ``reference_xla_default_median_ms`` (measured in the same rounds).
-With ``--profile`` every sample also gets per-kernel and per-collective times from
-:func:`xla_hooks.profile` (traced; see its caveats).
-
-``DIR/samples.jsonl`` gets one JSON object per sample, written with flush + fsync.
-A rerun skips every ``sample_id`` already there, so an interrupted run loses at most
-the chunk in flight; a truncated last line (a crash mid-write) is reported and cut
-off before appending. One collector per directory at a time (``DIR/.lock``).
+The collecting is :func:`disco.collect.collect`; this module parses the command line (for
+``disco collect`` and ``scripts/collect_profiles.py``).
 
 Example::
 
@@ -24,394 +13,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
-import os
-import platform
 import sys
-import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-SCHEMA = "disco.samples/1"
-SAMPLES = "samples.jsonl"
+from disco.cli.common import CliError
 
 
-@dataclasses.dataclass(frozen=True)
-class CollectConfig:
-    """What to collect.
-
-    Attributes:
-      models: zoo model names.
-      out: the dataset directory.
-      preset: zoo preset.
-      devices: data-parallel CPU devices.
-      random: random plans per model (seeds 0..random-1).
-      rounds: interleaved measuring rounds per chunk.
-      steps: steps per round.
-      profile: also record per-kernel/per-collective times (traced).
-      baselines: baseline names (``disco.plans.baselines.NAMES`` by default).
-      interleave: plans measured together with the reference in one chunk.
-      optimizer: the zoo step's optimizer.
-    """
-
-    models: tuple[str, ...]
-    out: str
-    preset: str = "tiny"
-    devices: int = 4
-    random: int = 10
-    rounds: int = 3
-    steps: int = 3
-    profile: bool = False
-    baselines: tuple[str, ...] | None = None
-    interleave: int = 3
-    optimizer: str = "adamw"
-
-
-@dataclasses.dataclass
-class CollectSummary:
-    written: int = 0
-    skipped: int = 0
-    duplicates: int = 0
-    invalid_plans: int = 0
-    dropped_lines: int = 0
-    per_model: dict[str, int] = dataclasses.field(default_factory=dict)
-
-
-def sample_id(model: str, preset: str, devices: int, digest: str) -> str:
-    return f"{model}/{preset}/d{devices}/{digest}"
-
-
-# -- the JSONL file -----------------------------------------------------------------------------
-def read_samples(path: str, *, repair: bool = False, report: Callable[[str], None] | None = None
-                 ) -> tuple[list[dict[str, Any]], int]:
-    """Reads a samples file, skipping lines that are not JSON objects.
-
-    Args:
-      path: the ``samples.jsonl`` file (missing means empty).
-      repair: cut a truncated last line (no trailing newline, not valid JSON) off the
-        file, so the next append starts on a fresh line.
-      report: called with a message for every line skipped.
-
-    Returns:
-      (the samples, the number of lines skipped).
-    """
-    if not os.path.exists(path):
-        return [], 0
-    with open(path, "rb") as f:
-        data = f.read()
-    samples: list[dict[str, Any]] = []
-    bad = 0
-    pos = 0
-    lines = data.split(b"\n")
-    for i, raw in enumerate(lines):
-        last = i == len(lines) - 1
-        start, pos = pos, pos + len(raw) + 1
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-            if not isinstance(obj, dict) or "sample_id" not in obj:
-                raise ValueError("not a sample object")
-        except ValueError:
-            bad += 1
-            if last:
-                if report:
-                    report(f"{path}: ignoring a truncated last line ({len(raw)} bytes)"
-                           + (", cut off" if repair else ""))
-                if repair:
-                    with open(path, "r+b") as f:
-                        f.truncate(start)
-                        os.fsync(f.fileno())
-            elif report:
-                report(f"{path}:{i + 1}: ignoring a line that is not a sample")
-            continue
-        if last and repair:  # valid but unterminated: terminate it
-            with open(path, "ab") as f:
-                f.write(b"\n")
-                os.fsync(f.fileno())
-        samples.append(obj)
-    return samples, bad
-
-
-def _append(path: str, obj: dict[str, Any]) -> None:
-    line = json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class _DirLock:
-    """An exclusive flock on ``DIR/.lock`` (released by the OS if the process dies)."""
-
-    def __init__(self, directory: str):
-        self.path = os.path.join(directory, ".lock")
-        self.fd: int | None = None
-
-    def __enter__(self) -> _DirLock:
-        import fcntl
-
-        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self.fd)
-            raise RuntimeError(f"another collector is writing to {os.path.dirname(self.path)!r} "
-                               f"(it holds {self.path}); expected one collector per directory") from None
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-
-
-# -- environment -------------------------------------------------------------------------------
-def _environment() -> tuple[dict[str, str], dict[str, Any]]:
-    import jax
-    import jaxlib
-    import numpy
-
-    versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
-                "python": platform.python_version(), "numpy": numpy.__version__}
-    d = jax.devices()[0]
-    device = {"platform": d.platform, "kind": getattr(d, "device_kind", "?"), "available": len(jax.devices()),
-              "machine": platform.machine(), "cpus": os.cpu_count(), "node": platform.node()}
-    return versions, device
-
-
-def _setup_devices(n: int) -> None:
-    import jax
-
-    try:
-        jax.config.update("jax_num_cpu_devices", n)
-    except RuntimeError:
-        pass  # backend already up (tests, library use): make_train_step checks the count
-
-
-# -- plans -------------------------------------------------------------------------------------
-def plan_list(graph: Any, random: int, baselines: Sequence[str] | None = None
-              ) -> tuple[list[tuple[str, Any]], int]:
-    """(kind, plan) pairs for one graph: the baselines, then random plans; and how many seeds failed."""
-    from disco.plans import baselines as bl
-    from disco.plans import random_plans
-
-    out: list[tuple[str, Any]] = [("baseline", p) for p in bl.make_all(graph, tuple(baselines or bl.NAMES)).values()]
-    invalid = 0
-    for seed in range(random):
-        kind = {1: "random_buckets", 2: "random_groups"}.get(seed % 4, "random")
-        try:
-            plan = random_plans.random_plan(graph, seed, groups=kind != "random_buckets",
-                                            buckets=kind != "random_groups")
-        except ValueError:
-            invalid += 1
-            continue
-        out.append((kind, plan))
-    return out, invalid
-
-
-def _chunks(items: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(items), max(1, n)):
-        yield items[i:i + max(1, n)]
-
-
-# -- collecting --------------------------------------------------------------------------------
-def collect(config: CollectConfig, *, log: Callable[[str], None] | None = None,
-            show_progress: bool = True) -> CollectSummary:
-    """Collects samples into ``config.out`` (resumable); see the module docstring.
-
-    Raises:
-      ValueError: unknown model or preset, or bad counts.
-      RuntimeError: another collector holds the directory.
-    """
-    import trax_models
-
-    if config.rounds < 1 or config.steps < 1 or config.random < 0 or config.devices < 1:
-        raise ValueError(f"expected rounds, steps, devices >= 1 and random >= 0, got {config}")
-    unknown = [m for m in config.models if m not in trax_models.names()]
-    if unknown or not config.models:
-        raise ValueError(f"unknown models {unknown or '(none given)'}; expected some of: "
-                         f"{', '.join(trax_models.names())}")
-    if config.preset not in trax_models.presets():
-        raise ValueError(f"unknown preset {config.preset!r}; expected one of: {', '.join(trax_models.presets())}")
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    os.makedirs(os.path.join(config.out, "graphs"), exist_ok=True)
-    path = os.path.join(config.out, SAMPLES)
-    with _DirLock(config.out):
-        existing, dropped = read_samples(path, repair=True, report=log)
-        done = {s["sample_id"] for s in existing}
-        summary = CollectSummary(dropped_lines=dropped)
-        if existing:
-            log(f"resuming: {len(done)} samples already in {path}")
-        _setup_devices(config.devices)
-        versions, device = _environment()
-        device["count"] = config.devices
-        from disco.plans import baselines
-
-        n_base = len(config.baselines or baselines.NAMES)
-        total = len(config.models) * (n_base + config.random)
-        with _Progress(total, show_progress, log) as prog:
-            for model in config.models:
-                _collect_model(model, config, path, done, versions, device, prog, summary, log)
-    log(f"collect: wrote {summary.written}, skipped {summary.skipped} already present and "
-        f"{summary.duplicates} duplicate plans, {summary.invalid_plans} random seeds gave no valid plan; {path}")
-    return summary
-
-
-def _collect_model(model: str, config: CollectConfig, path: str, done: set[str], versions: dict,
-                   device: dict, prog: _Progress, summary: CollectSummary, log: Callable[[str], None]) -> None:
-    import trax_models
-
-    from disco.ir import extractor
-    from disco.bench import compiled_counts
-    from disco.ir.graph import HloGraph
-    from xla_hooks import apply_plan, measure
-
-    prog.describe(f"{model}: building")
-    step, args = trax_models.make_train_step(model, preset=config.preset, devices=config.devices,
-                                             optimizer=config.optimizer)
-    graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *args))
-    gpath = os.path.join(config.out, "graphs", f"{graph.fingerprint}.json")
-    if not os.path.exists(gpath):
-        tmp = f"{gpath}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(graph.to_json())
-        os.replace(tmp, gpath)
-    plans, invalid = plan_list(graph, config.random, config.baselines)
-    summary.invalid_plans += invalid
-    prog.advance(invalid)
-    pending: list[tuple[str, str, Any]] = []
-    for kind, plan in plans:
-        sid = sample_id(model, config.preset, config.devices, plan.digest())
-        if sid in done or any(sid == p[0] for p in pending):
-            if sid in done:
-                summary.skipped += 1
-            else:  # the same plan twice (a baseline equal to another, or a repeated random plan)
-                summary.duplicates += 1
-            prog.advance(1)
-            continue
-        pending.append((sid, kind, plan))
-    if not pending:
-        return
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", apply_plan.PlanFallbackWarning)
-        reference = apply_plan.apply(None, step, *args)
-    reference_s = time.perf_counter() - t0
-    for chunk in _chunks(pending, config.interleave):
-        prog.describe(f"{model}: compiling {len(chunk)}")
-        compiled: dict[str, Any] = {}
-        meta: dict[str, dict[str, Any]] = {}
-        for sid, kind, plan in chunk:
-            t0 = time.perf_counter()
-            if plan.is_default:  # XLA's default compile is the reference itself
-                applied, t0 = reference, t0 - reference_s
-            else:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", apply_plan.PlanFallbackWarning)
-                    applied = apply_plan.apply(plan, step, *args)
-            fus, ars = compiled_counts(applied.compiled_text())
-            compiled[sid] = applied
-            meta[sid] = {"compile_s": round(time.perf_counter() - t0, 3), "applied": applied.applied,
-                         "fallback_reason": applied.fallback_reason,
-                         "compiled": {"fusions": fus, "all_reduces": ars}}
-        prog.describe(f"{model}: measuring {len(chunk)}")
-        ms = measure.measure_interleaved({"__reference__": reference, **compiled}, args,
-                                         rounds=config.rounds, steps=config.steps)
-        ref = ms["__reference__"]
-        for sid, kind, plan in chunk:
-            m = ms[sid]
-            rec: dict[str, Any] = {
-                "schema": SCHEMA, "sample_id": sid, "model": model, "preset": config.preset,
-                "devices": config.devices, "optimizer": config.optimizer,
-                "graph_fingerprint": graph.fingerprint, "kind": kind, "plan_name": plan.name,
-                "plan_digest": plan.digest(), "plan": plan.to_dict(),
-                "measured": {"median_ms": m.median * 1e3, "min_ms": m.min * 1e3, "max_ms": m.max * 1e3,
-                             "samples_ms": [s * 1e3 for s in m.samples], "rounds": config.rounds,
-                             "steps": config.steps},
-                "reference_xla_default_median_ms": ref.median * 1e3,
-                "ratio_to_reference": m.median / ref.median if ref.median > 0 else None,
-                **meta[sid], "versions": versions, "device": device,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            }
-            if config.profile:
-                rec["per_kernel"] = _profile_summary(compiled[sid], args, config.steps, graph)
-            _append(path, rec)
-            done.add(sid)
-            summary.written += 1
-            summary.per_model[model] = summary.per_model.get(model, 0) + 1
-            prog.advance(1, measured=True)
-        del compiled
-
-
-def _profile_summary(applied: Any, args: Sequence[Any], steps: int, graph: Any) -> dict[str, Any]:
-    from xla_hooks.profiling import profile
-
-    r = profile(applied, args, steps=steps, graph=graph, rounds=3)
-    return {
-        "step_ms": r.step_s * 1e3, "traced_step_ms": r.traced_step_s * 1e3, "total_op_ms": r.total_op_s * 1e3,
-        "kernels": [[k, s * 1e3] for k, s in r.kernel_records()],
-        "groups_ms": {str(k): v * 1e3 for k, v in r.by_group().items()},
-        "buckets_ms": {str(k): v * 1e3 for k, v in r.by_bucket().items()},
-        "bucket_pack_ms": {str(k): v * 1e3 for k, v in r.by_bucket(None).items()},
-        "collectives_ms": sum(o.seconds for o in r.ops if o.opcode.startswith("all-reduce")) * 1e3,
-    }
-
-
-class _Progress:
-    """rich progress (with ETA) on stderr; plain lines with an ETA when stderr is not a terminal."""
-
-    def __init__(self, total: int, enabled: bool, log: Callable[[str], None]):
-        self.total, self.enabled, self.log = total, enabled, log
-        self.done = 0
-        self.measured = 0
-        self.t0 = time.perf_counter()
-        self.desc = ""
-        self._prog: Any = None
-        self._task: Any = None
-
-    def __enter__(self) -> _Progress:
-        if not self.enabled:
-            return self
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
-
-        console = Console(stderr=True)
-        if console.is_terminal:
-            self._prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                  console=console)
-            self._prog.__enter__()
-            self._task = self._prog.add_task("collect", total=self.total)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._prog is not None:
-            self._prog.__exit__(*exc)
-
-    def describe(self, text: str) -> None:
-        self.desc = text
-        if self._prog is not None:
-            self._prog.update(self._task, description=text)
-
-    def advance(self, n: int, measured: bool = False) -> None:
-        if n <= 0:
-            return
-        self.done += n
-        self.measured += n if measured else 0
-        if self._prog is not None:
-            self._prog.update(self._task, advance=n)
-        elif self.enabled and measured:
-            el = time.perf_counter() - self.t0
-            eta = (self.total - self.done) * el / max(1, self.measured)
-            self.log(f"[{self.done}/{self.total}] {self.desc} elapsed "
-                     f"{datetime.timedelta(seconds=int(el))} ETA {datetime.timedelta(seconds=int(eta))}")
-
-
-# -- command line ------------------------------------------------------------------------------
-def _add_args(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's arguments (read by :func:`config_from_args`)."""
     p.add_argument("--models", required=True, help="comma list of zoo models, e.g. mlp,transformer_lm")
     p.add_argument("--preset", default="tiny", help="tiny | small | paper (default tiny)")
     p.add_argument("--devices", type=int, default=4, help="data-parallel CPU devices (default 4)")
@@ -433,14 +44,17 @@ def _add_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """Registers ``disco collect`` on a subparsers object."""
+    """Adds ``collect`` to the ``disco`` command's subparsers."""
     p = sub.add_parser("collect", help="measure baselines and random plans into a JSONL dataset (resumable)")
-    _add_args(p)
+    add_arguments(p)
     p.set_defaults(func=run)
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> CollectConfig:
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`disco.collect.CollectConfig` the arguments describe."""
+    from disco.collect import CollectConfig
+
     return CollectConfig(
         models=tuple(m.strip() for m in args.models.split(",") if m.strip()), out=args.out,
         preset=args.preset, devices=args.devices, random=args.random, rounds=args.rounds, steps=args.steps,
@@ -450,19 +64,21 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Runs ``disco collect``; prints the summary as one JSON line; returns the exit status."""
     if getattr(args, "kernels", False):
         return _run_kernels(args)
+    from disco.collect import collect
+
     try:
         summary = collect(config_from_args(args), show_progress=not args.no_progress)
     except RuntimeError as e:  # another collector holds the directory
-        from disco.cli import CliError
-
         raise CliError(str(e)) from None
     print(json.dumps(dataclasses.asdict(summary), sort_keys=True))
     return 0
 
 
 def _run_kernels(args: argparse.Namespace) -> int:
+    """``disco collect --kernels``: per-kernel device times (:mod:`disco.kernel_collect`)."""
     from disco import kernel_collect
 
     def split(v: str | None) -> tuple[str, ...]:
@@ -479,14 +95,13 @@ def _run_kernels(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``scripts/collect_profiles.py``: the command without the ``disco`` front end."""
     parser = argparse.ArgumentParser(prog="collect_profiles", description=__doc__.split("\n\n")[0])
-    _add_args(parser)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         return run(args)
-    except Exception as e:  # noqa: BLE001 - ValueError or disco.cli.CliError: one line, status 2
-        if not isinstance(e, ValueError) and type(e).__name__ != "CliError":
-            raise
+    except (ValueError, CliError) as e:
         print(f"collect: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

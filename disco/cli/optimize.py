@@ -1,7 +1,7 @@
 """``disco optimize``: search plans for a zoo or real trax model, measure the best, print the verdict.
 
-Registered by :func:`add_parser` from ``disco.cli.build_parser``. Nothing heavy is
-imported until the command runs (``disco --help`` must not import jax).
+Registered by :func:`add_parser` (``disco.cli.COMMANDS``). Nothing heavy is imported until
+the command runs (``disco --help`` must not import jax).
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ import argparse
 import json
 from typing import Any
 
-from disco.cli import (
+from disco.cli.common import (
     CliError,
-    _add_model_args,
-    _make_step,
-    _print_json,
     add_cost_model_arg,
+    add_model_args,
+    device_kind,
     load_cost_model,
+    make_step,
     model_label,
+    print_json,
 )
 
 STRATEGIES = ("best_first", "annealing", "greedy")
@@ -26,7 +27,14 @@ STRATEGIES = ("best_first", "annealing", "greedy")
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Adds the ``optimize`` subcommand to ``sub`` (an argparse subparsers object)."""
     p = sub.add_parser("optimize", help="search fusion and bucketing plans, measure the best, keep the fastest")
-    _add_model_args(p)
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's arguments (read by :func:`config_from_args` and :func:`run`)."""
+    add_model_args(p)
     p.add_argument("--cluster", default=None, metavar="FILE|PRESET",
                    help="cluster spec file or preset for the simulator (default: local with --devices)")
     add_cost_model_arg(p)
@@ -51,8 +59,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE", help="write the chosen plan's simulated timeline (Chrome trace)")
     p.add_argument("--plot", metavar="FILE", help="draw xla_default's and the chosen plan's timelines (PNG)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
-    return p
 
 
 def _bucket_counts(spec: str) -> tuple[int, ...]:
@@ -85,14 +91,25 @@ def _check(args: argparse.Namespace) -> None:
                            "`pip install matplotlib` (setup.cfg pins the version)") from None
 
 
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`disco.optimizer.OptimizeConfig` the arguments describe."""
+    from disco.optimizer import OptimizeConfig
+
+    return OptimizeConfig(budget_s=args.budget, strategy=args.strategy, measure_top_k=args.measure_top_k,
+                          seed=args.seed, rounds=args.rounds, steps=args.steps, measure_bound=args.bound,
+                          bucket_sweep=_bucket_counts(args.bucket_sweep), finalists=args.finalists,
+                          confirm=args.confirm, confirm_rounds=args.confirm_rounds)
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit status."""
     _check(args)
     from disco.sim.cluster import resolve
 
     cluster = resolve(args.cluster, args.devices)
-    step, example = _make_step(args)  # first: it sets the device count before jax starts
+    step, example = make_step(args)  # first: it sets the device count before jax starts
     costs, cost_info = load_cost_model(args.cost_model)
+    config = config_from_args(args)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -108,18 +125,11 @@ def run(args: argparse.Namespace) -> int:
                 tasks[phase] = prog.add_task(phase, total=1.0)
             prog.update(tasks[phase], completed=frac, description=f"{phase}: {msg}")
 
-        result = optimize(step, *example, cluster=cluster, costs=costs, budget_s=args.budget, strategy=args.strategy,
-                          measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds,
-                          steps=args.steps, measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
-                          finalists=args.finalists, confirm=args.confirm,
-                          confirm_rounds=args.confirm_rounds, progress=progress)
+        result = optimize(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
     _write_outputs(args, result)
-    info = {**model_label(args), "device_kind": _device_kind(), "cost_model_info": cost_info}
+    info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info}
     if args.json:
-        d = result.to_dict()
-        d.pop("chrome_trace")
-        d.pop("baseline_trace")
-        _print_json({**info, **d})
+        print_json({**info, **result.to_dict()})
         return 0
     _print_table(result, info)
     return 0
@@ -131,18 +141,14 @@ def _write_outputs(args: argparse.Namespace, result: Any) -> None:
             with open(args.out, "w", encoding="utf-8") as f:
                 f.write(result.plan.replace(name=result.chosen).to_json(indent=2) + "\n")
         if args.trace:
+            from disco.optimizer import chrome_trace
+
             with open(args.trace, "w", encoding="utf-8") as f:
-                json.dump(result.chrome_trace, f)
+                json.dump(chrome_trace(result), f)
     except OSError as e:
         raise CliError(f"cannot write {e.filename!r}: {e.strerror}") from None
     if args.plot:
         plot_timelines(result, args.plot)
-
-
-def _device_kind() -> str:
-    from disco.cli import _device_kind as kind
-
-    return kind()
 
 
 def _describe_costs(info: dict[str, Any]) -> str:
@@ -157,14 +163,14 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     from rich.table import Table
 
     base_row = result.row("xla_default")
-    base = base_row.median_s
     baseline_rows = [r for r in result.rows if r.kind == "baseline" and r.name != "xla_default" and r.applied]
     best_base = max((r.gain(base_row) for r in baseline_rows), default=None)
-    lb = result.lower_bound_s
+    lb = result.setting.lower_bound_s
     t = Table(title=(f"disco optimize {info['model']}/{info['preset']} on {info['devices']} devices "
                      f"({info['device_kind']}; predicted by the simulator with the {_describe_costs(info)} "
                      "cost model on cluster "
-                     f"{result.cluster!r}; measured, {result.rounds} rounds x {result.steps} steps)"))
+                     f"{result.setting.cluster!r}; measured, {result.config.rounds} rounds x "
+                     f"{result.config.steps} steps)"))
     for col in ("plan", "from", "predicted ms", "measured ms median (min-max)", "vs xla_default (paired)",
                 "vs best baseline", "predicted / lower bound"):
         t.add_column(col)
@@ -180,19 +186,21 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
                   f"{r.predicted_s / lb:.2f}x" if lb > 0 else "-")
     console = Console(width=max(140, Console().width))
     console.print(t)
-    console.print(f"simulated lower bound {lb * 1e3:.3f} ms; search: {result.strategy}, {result.evals} plans "
-                  f"in {result.search_s:.1f} s ({result.evals_per_s:.0f} evaluations/s)")
-    for label, run in (("run-off", result.runoff), ("confirmation run", result.confirmation)):
-        if run is not None:
-            line = ", ".join(f"{k} {v[0] * 1e3:.3f} ({v[1] * 1e3:.3f}-{v[2] * 1e3:.3f})" for k, v in run.items())
-            if run is result.confirmation and result.confirmed_speedup is not None:
-                line += f"; {result.chosen}'s paired speedup there {result.confirmed_speedup:.3f}x"
+    s = result.search
+    console.print(f"simulated lower bound {lb * 1e3:.3f} ms; search: {s.strategy}, {s.evals} plans "
+                  f"in {s.seconds:.1f} s ({s.evals_per_s:.0f} evaluations/s)")
+    for label, times in (("run-off", result.runoff and result.runoff.times),
+                         ("confirmation run", result.confirmation and result.confirmation.times)):
+        if times is not None:
+            line = ", ".join(f"{k} {v[0] * 1e3:.3f} ({v[1] * 1e3:.3f}-{v[2] * 1e3:.3f})" for k, v in times.items())
+            if label == "confirmation run":
+                line += f"; {result.chosen}'s paired speedup there {result.confirmation.speedup:.3f}x"
             console.print(f"{label} (ms, median (min-max)): {line}")
-    if result.comm_free_bound_s is not None:
-        med, lo, hi = (v * 1e3 for v in result.comm_free_bound_s)
+    if result.bound is not None:
+        med, lo, hi = (v * 1e3 for v in result.bound.times)
         console.print(f"measured communication-free bound {med:.3f} ms ({lo:.3f}-{hi:.3f}; the step with its "
                       f"all-reduces replaced by copies, not a plan): the ceiling, up to noise, on what "
-                      f"bucketing can gain here is {result.comm_free_bound_speedup or base / result.comm_free_bound_s[0]:.3f}x")
+                      f"bucketing can gain here is {result.bound.speedup:.3f}x")
     console.print(f"[bold]verdict:[/bold] {result.verdict}")
 
 
@@ -209,7 +217,9 @@ def plot_timelines(result: Any, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise CliError("--plot needs matplotlib, which is not installed; `pip install matplotlib`") from None
-    panels = [("xla_default", result.baseline_trace), (result.chosen, result.chrome_trace)]
+    from disco.optimizer import chrome_trace
+
+    panels = [("xla_default", chrome_trace(result, "xla_default")), (result.chosen, chrome_trace(result))]
     fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4), sharex=True)
     colors = {0: "tab:blue", 1: "tab:orange"}
     for ax, (label, trace) in zip(axes, panels):

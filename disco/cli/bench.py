@@ -1,0 +1,128 @@
+"""``disco bench``: apply plans and measure them, interleaved (in one process or across several)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from disco.cli.common import (
+    DEFAULT_PLANS,
+    CliError,
+    add_model_args,
+    device_kind,
+    make_step,
+    model_label,
+    print_json,
+    resolve_plans,
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's arguments."""
+    add_model_args(p)
+    p.add_argument("--plans", default=DEFAULT_PLANS,
+                   help="comma list of baselines (horovod:128 sets a threshold) or plan .json files")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="run across this many local processes (jax.distributed over 127.0.0.1)")
+    p.add_argument("--devices-per-process", type=int, default=2, help="CPU devices per process (default 2)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds before hung workers are killed")
+    p.add_argument("--bound", action="store_true",
+                   help="also measure the communication-free bound: the step with its all-reduces replaced "
+                        "by copies (not a plan; in-process only)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Adds ``bench`` to the ``disco`` command's subparsers."""
+    p = sub.add_parser("bench", help="apply plans and measure them, interleaved")
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``disco bench``; returns the exit status."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    if args.processes > 1:
+        if args.bound:
+            raise CliError("--bound is measured in-process only; drop --bound or use --processes 1")
+        return _run_processes(args)
+
+    from disco import bench
+    from disco.ir import extractor
+    from disco.ir.graph import HloGraph
+
+    step, example = make_step(args)
+    graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
+    plans = resolve_plans(args.plans, graph)
+    if "xla_default" not in plans:
+        plans = {"xla_default": resolve_plans("xla_default", graph)["xla_default"], **plans}
+    err = Console(stderr=True)
+    with Progress(console=err, transient=True) as prog:
+        task = prog.add_task("bench", total=len(plans) + int(args.bound) + args.rounds)
+        results = bench.run_bench(step, example, plans, rounds=args.rounds, steps=args.steps,
+                                  progress=lambda msg: prog.update(task, advance=1, description=msg),
+                                  comm_free_bound=args.bound)
+    base = next(r for r in results if r.name == "xla_default").measurement.median
+    rows = [r.to_dict(base) for r in results]
+    info = {**model_label(args),
+            "rounds": args.rounds, "steps_per_round": args.steps, "fingerprint": graph.fingerprint,
+            "device_kind": device_kind()}
+    if args.json:
+        print_json({**info, "results": rows})
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"disco bench {info['model']}/{info['preset']} on {args.devices} devices "
+                    f"({info['device_kind']}, measured, {args.rounds} rounds x {args.steps} steps)")
+    for col in ("plan", "median ms", "min ms", "max ms", "vs xla_default", "compile s", "fusions",
+                "all-reduces", "applied"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
+                  f"{r['ratio_to_xla_default']:.3f}x", f"{r['compile_s']:.2f}", str(r["fusions"]),
+                  str(r["all_reduces"]), "bound, not a plan" if r["plan_digest"] is None
+                  else "yes" if r["applied"] else f"no: {r['fallback_reason']}")
+    Console(width=max(120, Console().width)).print(t)
+    return 0
+
+
+def _run_processes(args: argparse.Namespace) -> int:
+    """``disco bench --processes N``: every process rebuilds the zoo step; the slowest sets the time."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from disco import multiprocess
+
+    if args.trax_model:
+        raise CliError("--processes runs zoo models only (each worker rebuilds the step by name); "
+                       "drop --trax-model or --processes")
+    names = tuple(p.strip() for p in args.plans.split(",") if p.strip())
+    if "xla_default" not in names:
+        names = ("xla_default",) + names
+    spec = multiprocess.WorkerSpec(model=args.model, preset=args.preset, plans=names,
+                                   rounds=args.rounds, steps=args.steps, optimizer=args.optimizer)
+    res = multiprocess.launch(args.processes, args.devices_per_process, spec, timeout_s=args.timeout)
+    if not res.ok:
+        raise CliError("multi-process bench failed: " + "; ".join(res.failures or ("no results",)))
+    rows = multiprocess.combine(res)
+    info = {"model": args.model, "preset": args.preset, "processes": args.processes,
+            "devices_per_process": args.devices_per_process, "rounds": args.rounds,
+            "steps_per_round": args.steps, "fingerprints": sorted({r["fingerprint"] for r in res.results})}
+    if args.json:
+        print_json({**info, "results": rows})
+        return 0
+    t = Table(title=f"disco bench {args.model}/{args.preset}: {args.processes} processes x "
+                    f"{args.devices_per_process} CPU devices over 127.0.0.1 (gloo), measured; "
+                    "median = slowest process")
+    for col in ("plan", "median ms", "min ms", "max ms", "vs xla_default", "all-reduces", "applied"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
+                  f"{r['ratio_to_xla_default']:.3f}x", str(r["all_reduces"]), "yes" if r["applied"] else "no")
+    Console(width=max(120, Console().width)).print(t)
+    return 0

@@ -1,0 +1,201 @@
+"""What several ``disco`` commands share: the error type, model arguments, device setup,
+JSON printing, the cost-model and plan arguments.
+
+Nothing heavy is imported at module level: ``disco --help`` must not import jax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_MODEL = "transformer_lm"
+DEFAULT_COST_MODEL = "analytic"
+DEFAULT_PLANS = "xla_default,per_tensor,one_bucket,horovod,ddp"
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2, no traceback."""
+
+
+# -- devices and the step ------------------------------------------------------------------------
+def setup_devices(n: int) -> None:
+    """Makes at least ``n`` virtual CPU devices available (before jax's backend starts).
+
+    Raises:
+      CliError: for ``n`` below 1.
+    """
+    import jax
+
+    if n < 1:
+        raise CliError(f"--devices must be at least 1, got {n}")
+    try:
+        jax.config.update("jax_num_cpu_devices", max(n, 1))
+    except RuntimeError:
+        pass  # backend already initialised: make_train_step reports a shortage clearly
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--model/--preset/--devices/--optimizer`` and the ``--trax-*`` group (read by :func:`make_step`)."""
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo model name (default {DEFAULT_MODEL}; see `disco models`)")
+    p.add_argument("--preset", default="tiny", help="tiny | small | paper (default tiny)")
+    p.add_argument("--devices", type=int, default=4, help="data-parallel devices (default 4)")
+    p.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd (default adamw)")
+    g = p.add_argument_group("real trax models (pip install -e '.[trax]'; instead of --model/--preset)")
+    g.add_argument("--trax-model", metavar="PATH", default=None,
+                   help="a trax layer constructor, e.g. trax.models.TransformerLM")
+    g.add_argument("--trax-kwargs", metavar="JSON", default=None,
+                   help='its keyword arguments, e.g. \'{"vocab_size": 256, "d_model": 64}\'')
+    g.add_argument("--trax-task", default="lm", choices=("lm", "classify"),
+                   help="lm: next-token loss on token sequences (needs vocab_size); "
+                        "classify: random inputs of --trax-input-shape with random labels")
+    g.add_argument("--trax-length", type=int, default=16, help="sequence length for lm (default 16)")
+    g.add_argument("--trax-input-shape", default=None, metavar="D,D,...",
+                   help="one example's shape for classify, e.g. 32,32,3")
+    g.add_argument("--trax-batch", type=int, default=2, help="examples per device (default 2)")
+
+
+def model_label(args: argparse.Namespace) -> dict[str, Any]:
+    """What the step was built from, for tables and JSON: the zoo model and preset, or the trax layer."""
+    if getattr(args, "trax_model", None):
+        return {"model": args.trax_model, "preset": "trax", "devices": args.devices}
+    return {"model": args.model, "preset": args.preset, "devices": args.devices}
+
+
+def _make_trax_step(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import trax_models
+
+    shape = None
+    if args.trax_input_shape:
+        try:
+            shape = tuple(int(d) for d in args.trax_input_shape.split(","))
+        except ValueError:
+            raise CliError(f"--trax-input-shape {args.trax_input_shape!r} is not a comma list of "
+                           "integers; expected e.g. 32,32,3") from None
+    setup_devices(args.devices)
+    try:
+        return trax_models.make_trax_train_step(
+            args.trax_model, args.trax_kwargs, task=args.trax_task, batch_per_device=args.trax_batch,
+            length=args.trax_length, input_shape=shape, devices=args.devices, optimizer=args.optimizer)
+    except (ImportError, ValueError) as e:
+        raise CliError(str(e)) from None
+
+
+def make_step(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The training step and its example arguments named by :func:`add_model_args`' arguments.
+
+    Sets the device count first (before jax's backend starts).
+
+    Raises:
+      CliError: for an unknown model or preset, bad devices, or a trax layer that cannot be built.
+    """
+    import trax_models
+
+    if getattr(args, "trax_model", None):
+        return _make_trax_step(args)
+    if args.model not in trax_models.names():
+        raise CliError(f"unknown model {args.model!r}; expected one of: {', '.join(trax_models.names())}")
+    if args.preset not in trax_models.presets():
+        raise CliError(f"unknown preset {args.preset!r}; expected one of: {', '.join(trax_models.presets())}")
+    setup_devices(args.devices)
+    return trax_models.make_train_step(args.model, preset=args.preset, devices=args.devices,
+                                       optimizer=args.optimizer)
+
+
+def device_kind() -> str:
+    """The devices jax runs on, for table titles: ``"cpu:cpu x4 on x86_64"``."""
+    import platform
+
+    import jax
+
+    d = jax.devices()[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '?')} x{len(jax.devices())} on {platform.machine()}"
+
+
+# -- output ----------------------------------------------------------------------------------------
+def print_json(obj: Any) -> None:
+    """Prints one JSON object (indented, sorted keys) on stdout."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# -- cost models -----------------------------------------------------------------------------------
+def add_cost_model_arg(p: argparse.ArgumentParser) -> None:
+    """``--cost-model`` (read by :func:`load_cost_model`)."""
+    p.add_argument("--cost-model", default=DEFAULT_COST_MODEL, metavar="analytic|gnn|FILE",
+                   help="analytic (roofline), gnn (the GNN checkpoint shipped in the package), a GNN "
+                        f"checkpoint (.msgpack) or a saved cost model (.json) (default {DEFAULT_COST_MODEL})")
+
+
+def load_cost_model(value: str) -> tuple[Any, dict[str, Any]]:
+    """The cost model named by ``--cost-model`` and what to report about it (name, digest, source).
+
+    Raises:
+      CliError: for a name that is none of analytic, gnn, a checkpoint or a cost model file,
+        or a file that cannot be loaded.
+    """
+    from disco.sim import costs
+
+    try:
+        if value == "analytic":
+            cm = costs.AnalyticCosts()
+        elif value == "gnn" or value.endswith(".msgpack"):
+            from gnn.cost_model import GnnCosts, load_default
+
+            cm = load_default() if value == "gnn" else GnnCosts.load(value)
+            d = cm.describe()
+            return cm, {"name": d["name"], "digest": d["digest"], "source": d["source"],
+                        "trained_on_samples": d["trained_on"].get("samples")}
+        elif os.path.exists(value):
+            cm = costs.load_costs(value)
+        else:
+            raise CliError(f"--cost-model {value!r}: expected analytic, gnn, a .msgpack GNN checkpoint or "
+                           "a cost model .json file")
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CliError(f"--cost-model {value!r}: {e}") from None
+    return cm, {"name": cm.name, "digest": cm.digest(), "source": value if os.path.exists(value) else "built-in"}
+
+
+# -- plans -----------------------------------------------------------------------------------------
+def resolve_plans(spec: str, graph: Any) -> dict[str, Any]:
+    """The plans a ``--plans`` comma list names, by name: baselines (``horovod:128`` sets a value)
+    or plan .json files (validated against ``graph``).
+
+    Raises:
+      CliError: for an unknown baseline, a bad value, an unreadable file or an empty list.
+    """
+    from disco.plans import baselines
+    from disco.plans.plan import FusionPlan
+
+    plans: dict[str, Any] = {}
+    for item in [p.strip() for p in spec.split(",") if p.strip()]:
+        if item.endswith(".json"):
+            try:
+                with open(item, encoding="utf-8") as f:
+                    plan = FusionPlan.from_json(f.read())
+            except OSError as e:
+                raise CliError(f"cannot read plan file {item!r}: {e.strerror}") from None
+            plans[plan.name or item] = plan.validate(graph)
+            continue
+        name, _, arg = item.partition(":")
+        kw = {}
+        if arg:
+            key = {"horovod": "threshold_mb", "ddp": "cap_mb", "xla_threshold": "threshold_bytes",
+                   "even": "k"}.get(name)
+            if key is None:
+                raise CliError(f"plan {item!r}: only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K "
+                               "take a value")
+            try:
+                kw[key] = int(arg) if key in ("threshold_bytes", "k") else float(arg)
+            except ValueError:
+                raise CliError(f"plan {item!r}: expected a number after ':', got {arg!r}") from None
+        if name not in baselines.NAMES:
+            raise CliError(f"unknown plan {name!r}; expected a baseline ({', '.join(baselines.NAMES)}) "
+                           "or a plan .json file")
+        plans[item] = baselines.make(name, graph, **kw)
+    if not plans:
+        raise CliError("--plans is empty; expected e.g. xla_default,per_tensor,horovod")
+    return plans

@@ -1,0 +1,76 @@
+"""``disco simulate``: predict step times of plans with the simulator (nothing is measured)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from disco.cli.common import (
+    DEFAULT_PLANS,
+    add_cost_model_arg,
+    add_model_args,
+    load_cost_model,
+    make_step,
+    model_label,
+    print_json,
+    resolve_plans,
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's arguments."""
+    add_model_args(p)
+    p.add_argument("--plans", default=DEFAULT_PLANS)
+    p.add_argument("--cluster", help="a cluster YAML file or preset name (default: local)")
+    add_cost_model_arg(p)
+    p.add_argument("--json", action="store_true")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Adds ``simulate`` to the ``disco`` command's subparsers."""
+    p = sub.add_parser("simulate", help="predict step times of plans with the simulator")
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``disco simulate``; returns the exit status."""
+    from disco.ir import extractor
+    from disco.ir.graph import HloGraph
+    from disco.sim import cluster, simulator
+
+    step, example = make_step(args)
+    graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
+    plans = resolve_plans(args.plans, graph)
+    spec = cluster.resolve(args.cluster, args.devices)
+    cm, cm_info = load_cost_model(args.cost_model)
+    if spec.is_gpu and args.cost_model == "analytic":  # the analytic model of the cluster's device kind
+        from disco.sim import h100_costs
+
+        cm = h100_costs.for_device(spec.device)
+        cm_info = {"name": cm.name, "digest": cm.digest(), "source": "built-in", "device": spec.device}
+    sim = simulator.Simulator(graph, cm, spec)
+    rows = []
+    for name, plan in plans.items():
+        r = sim.run(plan)
+        rows.append({"plan": name, **{f"{k}_ms": round(v * 1e3, 4) for k, v in r.summary().items()}})
+    lb = sim.lower_bound()
+    out = {**model_label(args), "cluster": spec.name,
+           "cost_model": cm.name, "cost_model_info": cm_info, "simulated": True, "lower_bound_ms": round(lb * 1e3, 4),
+           "results": rows}
+    if args.json:
+        print_json(out)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"simulated (cost model {cm.name}, cluster {spec.name}): {out['model']}/{out['preset']}, "
+                    f"lower bound {lb * 1e3:.3f} ms")
+    cols = list(rows[0].keys())
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(r[c]) for c in cols])
+    Console(width=max(120, Console().width)).print(t)
+    return 0

@@ -1,0 +1,128 @@
+"""The rows of the report and the pure rules that choose among them.
+
+"Faster" is the paired speedup (:func:`xla_hooks.measure.paired_speedup`): per round,
+xla_default's time over the plan's, the median over rounds. A round measures every plan
+back to back, so the pairing cancels the drift between rounds that a ratio of medians keeps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from disco.plans.plan import FusionPlan
+from xla_hooks.measure import Measurement, paired_speedup
+
+
+class Span(NamedTuple):
+    """A measured time in seconds: the median and the range over the rounds."""
+
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, m: Measurement) -> Span:
+        return cls(m.median, m.min, m.max)
+
+    def to_ms_dict(self) -> dict[str, float]:
+        return {"median": self.median * 1e3, "min": self.min * 1e3, "max": self.max * 1e3}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    """One plan of the report: predicted (simulated) and measured step times in seconds.
+
+    Attributes:
+      name: "xla_default", a baseline's name, or "disco_<rank>" for a searched plan.
+      kind: "baseline" or "search".
+      origin: the start plan a searched plan grew from (its name before renaming).
+      plan: the plan.
+      predicted_s: the simulator's step time.
+      median_s, min_s, max_s: the measured median and range over the rounds, or None when
+        not measured.
+      applied: whether the plan was applied (False: it fell back to XLA's default compile).
+      fallback_reason: why it fell back, or None.
+      speedup: the paired speedup over xla_default in the same rounds; None when not measured.
+    """
+
+    name: str
+    kind: str
+    origin: str
+    plan: FusionPlan
+    predicted_s: float
+    median_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+    applied: bool = True
+    fallback_reason: str | None = None
+    speedup: float | None = None
+
+    def gain(self, base: PlanRow) -> float:
+        """Speedup over ``base`` (xla_default): the paired one when measured, else the ratio of medians."""
+        if self.speedup is not None:
+            return self.speedup
+        return base.median_s / self.median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        ms = (lambda v: None if v is None else v * 1e3)  # noqa: E731
+        return {"name": self.name, "kind": self.kind, "origin": self.origin,
+                "predicted_ms": ms(self.predicted_s), "measured_median_ms": ms(self.median_s),
+                "measured_min_ms": ms(self.min_s), "measured_max_ms": ms(self.max_s),
+                "measured_speedup": self.speedup,
+                "applied": self.applied, "fallback_reason": self.fallback_reason,
+                "plan_digest": self.plan.digest(), "plan_summary": self.plan.summary()}
+
+    def __repr__(self) -> str:
+        ms = (lambda v: "-" if v is None else f"{v * 1e3:.3f}")  # noqa: E731
+        speed = "-" if self.speedup is None else f"{self.speedup:.3f}x"
+        fell = "" if self.applied else ", fell back"
+        return (f"PlanRow({self.name!r}, {self.kind}, predicted {ms(self.predicted_s)} ms, measured "
+                f"{ms(self.median_s)} ms, {speed}{fell})")
+
+
+def verdict(rows: Sequence[PlanRow]) -> tuple[str, str]:
+    """(chosen row name, verdict) from the measured rows: the largest paired speedup wins."""
+    base = next(r for r in rows if r.name == "xla_default")
+    others = [r for r in rows if r.name != "xla_default" and r.median_s is not None and r.applied]
+    fastest = max(others, key=lambda r: r.gain(base), default=None)
+    if fastest is None or fastest.gain(base) <= 1.0:
+        detail = (f"; the best other plan, {fastest.name}, measured {fastest.gain(base):.3f}x "
+                  f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median)" if fastest else "")
+        return "xla_default", f"no plan beat xla_default when measured{detail}; keeping XLA's default compile"
+    overlap = fastest.max_s is not None and base.min_s is not None and fastest.max_s >= base.min_s
+    note = " (the min-max ranges overlap: the gain is within run-to-run noise)" if overlap else ""
+    return fastest.name, (f"{fastest.name} measured {fastest.gain(base):.3f}x faster than xla_default "
+                          f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median){note}")
+
+
+def finalists(rows: Sequence[PlanRow], n: int) -> list[str]:
+    """The ``n`` applied plans with the largest speedups over xla_default above 1, largest first."""
+    base = next(r for r in rows if r.name == "xla_default")
+    better = [r for r in rows if r.name != "xla_default" and r.applied and r.median_s is not None
+              and r.gain(base) > 1.0]
+    return [r.name for r in sorted(better, key=lambda r: -r.gain(base))[:n]]
+
+
+def runoff_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]) -> tuple[str, str]:
+    """(chosen, verdict) after the run-off ``again`` (one interleaved run, xla_default included):
+    the largest paired speedup over xla_default wins."""
+    gains = {n: paired_speedup(again["xla_default"], m) for n, m in again.items() if n != "xla_default"}
+    best = max(gains, key=gains.__getitem__)
+    line = ", ".join(f"{n} {gains[n]:.3f}x" for n in sorted(gains, key=lambda n: -gains[n]))
+    if best == chosen:
+        return chosen, f"{verdict}; the best again in a run-off of {len(gains)} ({line})"
+    return best, f"{verdict}; but {best} was the best in a run-off of {len(gains)} ({line})"
+
+
+def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]) -> tuple[str, str, float]:
+    """(chosen, verdict, the chosen plan's paired speedup) after the confirmation run ``again``
+    (one interleaved run of the chosen plan and xla_default)."""
+    gain = paired_speedup(again["xla_default"], again[chosen])
+    numbers = (f"{gain:.3f}x paired over {len(again[chosen].samples)} rounds; {again[chosen].median * 1e3:.3f} "
+               f"vs {again['xla_default'].median * 1e3:.3f} ms median")
+    if gain > 1.0:
+        return chosen, f"{verdict}; confirmed in a second run: {numbers}", gain
+    return "xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "
+                           f"({numbers}); keeping XLA's default compile"), gain

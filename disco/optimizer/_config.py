@@ -1,0 +1,95 @@
+"""The options of ``optimize``: one immutable, validated config."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from disco import search
+
+# progress(phase, fraction done in [0, 1], message); phases: "extract", "search", "measure",
+# "run-off", "confirm" (each step reports its own fraction)
+Progress = Callable[[str, float, str], None]
+
+
+def no_progress(phase: str, fraction: float, message: str) -> None:
+    """A :data:`Progress` that reports nothing."""
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizeConfig:
+    """What ``optimize`` searches and how it measures; validated when built.
+
+    Attributes:
+      budget_s: seconds for the search (extraction and measurement come on top).
+      strategy: the search strategy, one of ``disco.search.STRATEGIES``.
+      measure_top_k: how many of the best searched plans (by estimate) to measure.
+      seed: the search's seed.
+      rounds: interleaved measurement rounds. Compiles dominate the measuring time, so
+        rounds are cheap and steady the medians the choice is made on (docs/benchmarks.md).
+      steps: steps per round.
+      measure_buckets_only: also measure each measured searched plan with its fusion groups
+        removed (``disco_<k>_buckets``: XLA fuses, the plan's buckets stay), so a plan whose
+        groups were mispriced still contributes its bucketing.
+      measure_bound: also measure the communication-free bound in the same rounds (the step
+        with its all-reduces replaced by copies; not a plan).
+      bucket_sweep: bucket counts ``k`` whose ``even_<k>`` plans (the gradients cut into
+        ``k`` buckets of equal bytes) are measured too; ``()`` measures none.
+      finalists: how many of the fastest measured plans go to the run-off; 1 skips it.
+        Only with ``confirm``.
+      confirm: measure the chosen plan again against xla_default in fresh rounds and keep
+        it only if it is faster there too.
+      confirm_rounds: the confirmation's rounds; None: :attr:`confirmation_rounds`'s default.
+
+    Raises:
+      ValueError: for an unknown strategy, a budget that is not positive, ``measure_top_k``
+        below 0, a bucket count below 1, ``finalists`` below 1, rounds/steps below 1 or
+        ``confirm_rounds`` below 1, naming the value received.
+    """
+
+    budget_s: float = 60
+    strategy: str = "best_first"
+    measure_top_k: int = 3
+    seed: int = 0
+    rounds: int = 9
+    steps: int = 3
+    measure_buckets_only: bool = True
+    measure_bound: bool = True
+    bucket_sweep: tuple[int, ...] = (2, 3, 4)
+    finalists: int = 3
+    confirm: bool = True
+    confirm_rounds: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bucket_sweep", tuple(self.bucket_sweep))
+        if self.strategy not in search.STRATEGIES:
+            raise ValueError(f"unknown search strategy {self.strategy!r}; expected one of: "
+                             f"{', '.join(search.STRATEGIES)}")
+        if not self.budget_s > 0:
+            raise ValueError(f"budget_s: expected a positive number of seconds, got {self.budget_s!r}")
+        if not _is_int(self.measure_top_k) or self.measure_top_k < 0:
+            raise ValueError(f"measure_top_k: expected an integer >= 0, got {self.measure_top_k!r}")
+        if any(not _is_int(k) or k < 1 for k in self.bucket_sweep):
+            raise ValueError(f"bucket_sweep: expected bucket counts (integers >= 1), got {self.bucket_sweep!r}")
+        if not _is_int(self.finalists) or self.finalists < 1:
+            raise ValueError(f"finalists: expected an integer >= 1, got {self.finalists!r}")
+        if self.rounds < 1 or self.steps < 1:
+            raise ValueError(f"rounds and steps: expected integers >= 1, got rounds={self.rounds!r}, "
+                             f"steps={self.steps!r}")
+        if self.confirm_rounds is not None and (not _is_int(self.confirm_rounds) or self.confirm_rounds < 1):
+            raise ValueError(f"confirm_rounds: expected an integer >= 1, got {self.confirm_rounds!r}")
+
+    @property
+    def confirmation_rounds(self) -> int:
+        """The confirmation's rounds: ``confirm_rounds``, by default ``3 * rounds`` (two executables
+        already compiled, so rounds cost only their steps)."""
+        return 3 * self.rounds if self.confirm_rounds is None else self.confirm_rounds
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The option names ``optimize`` accepts as keywords."""
+        return tuple(f.name for f in dataclasses.fields(cls))

@@ -1,0 +1,181 @@
+"""What ``optimize`` returns: the answer, the rows, and the small results of its steps."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+from disco.optimizer._choice import PlanRow, Span
+from disco.optimizer._config import OptimizeConfig
+from disco.optimizer._steps import Bound, Candidates, Confirmation, Measured, RunOff, SearchSummary, Target
+from disco.plans.plan import FusionPlan
+from disco.sim.simulator import Simulator
+
+
+class Setting(NamedTuple):
+    """Where the plans were predicted: the step's graph, the cluster and cost model, and the
+    simulated lower bound of the step time.
+
+    Attributes:
+      graph: the graph's name, fingerprint, nodes and all-reduces.
+      cluster: the cluster's name.
+      cost_model: the cost model's name.
+      lower_bound_s: the simulated lower bound.
+    """
+
+    graph: dict[str, Any]
+    cluster: str
+    cost_model: str
+    lower_bound_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizeResult:
+    """What ``optimize`` found and measured.
+
+    ``print(result.summary())`` for a readable report; ``chrome_trace(result)`` draws the chosen
+    plan's simulated timeline on request.
+
+    Attributes:
+      plan: the answer: the fastest measured plan, or xla_default when nothing beat it.
+      chosen: the answer's row name.
+      verdict: one sentence saying what was chosen and why.
+      rows: every measured plan (baselines and searched), with predicted and measured times.
+      setting: the graph, cluster, cost model and simulated lower bound.
+      search: what the simulated search did.
+      config: the options it ran with.
+      bound: the measured communication-free bound, or None when not measured.
+      runoff: the run-off, or None when there was none.
+      confirmation: the confirmation run, or None when there was none (xla_default chosen
+        before it, or confirm off).
+      simulator: the simulator the plans were priced with (for :func:`chrome_trace`; not
+        compared, not printed).
+    """
+
+    plan: FusionPlan
+    chosen: str
+    verdict: str
+    rows: tuple[PlanRow, ...]
+    setting: Setting
+    search: SearchSummary
+    config: OptimizeConfig
+    bound: Bound | None = None
+    runoff: RunOff | None = None
+    confirmation: Confirmation | None = None
+    simulator: Simulator | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def speedup(self) -> float:
+        """The answer's measured speedup over xla_default: from the confirmation run when there was
+        one; 1.0 when the answer is xla_default."""
+        if self.chosen == "xla_default":
+            return 1.0
+        if self.confirmation is not None:
+            return self.confirmation.speedup
+        return self.row(self.chosen).gain(self.row("xla_default"))
+
+    def row(self, name: str) -> PlanRow:
+        """The row called ``name``.
+
+        Raises:
+          KeyError: naming the rows there are.
+        """
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(f"no row {name!r}; rows: {', '.join(r.name for r in self.rows)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``disco optimize --json``)."""
+        def spans_ms(spans: dict[str, Span] | None) -> dict[str, dict[str, float]] | None:
+            return None if spans is None else {k: Span(*v).to_ms_dict() for k, v in spans.items()}
+
+        s = self.search
+        return {
+            "chosen": self.chosen, "verdict": self.verdict, "plan": self.plan.to_dict(),
+            "rows": [r.to_dict() for r in self.rows], "lower_bound_ms": self.setting.lower_bound_s * 1e3,
+            "search": {"strategy": s.strategy, "evals": s.evals, "evals_per_s": s.evals_per_s,
+                       "seconds": s.seconds, "trace": [list(t) for t in s.trace]},
+            "cost_model": self.setting.cost_model, "cluster": self.setting.cluster,
+            "graph": dict(self.setting.graph),
+            "measurement": {"rounds": self.config.rounds, "steps_per_round": self.config.steps},
+            "speedup": self.speedup,
+            "confirmed_speedup": None if self.confirmation is None else self.confirmation.speedup,
+            "confirmation_ms": spans_ms(None if self.confirmation is None else self.confirmation.times),
+            "runoff_ms": spans_ms(None if self.runoff is None else self.runoff.times),
+            "comm_free_bound_ms": None if self.bound is None else self.bound.times.to_ms_dict(),
+            "comm_free_bound_speedup": None if self.bound is None else self.bound.speedup,
+        }
+
+    def summary(self) -> str:
+        """A few lines: the setting, the search, every measured row, the run-off, the confirmation,
+        the bound and the verdict."""
+        g, s = self.setting.graph, self.search
+        base = self.row("xla_default")
+        lines = [
+            f"disco.optimize {g.get('name', '?')} (fingerprint {str(g.get('fingerprint', '?'))[:8]}, "
+            f"{g.get('nodes', '?')} nodes, {g.get('all_reduces', '?')} all-reduces) on cluster "
+            f"{self.setting.cluster!r}, {self.setting.cost_model} cost model",
+            f"search: {s.strategy}, {s.evals} plans in {s.seconds:.1f} s; simulated lower bound "
+            f"{self.setting.lower_bound_s * 1e3:.3f} ms",
+            f"measured {len(self.rows)} plans, {self.config.rounds} rounds x {self.config.steps} steps "
+            "(ms median (min-max), paired speedup over xla_default):",
+        ]
+        width = max(len(r.name) for r in self.rows) + 2
+        for r in sorted(self.rows, key=lambda r: (r.median_s is None, -r.gain(base) if r.median_s else 0)):
+            name = r.name + (" *" if r.name == self.chosen else "")
+            meas = ("-" if r.median_s is None else
+                    f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})")
+            gain = f"{r.gain(base):.3f}x" if r.median_s else "-"
+            fell = "" if r.applied else f"  fell back: {r.fallback_reason}"
+            lines.append(f"  {name:<{width}} {gain:>8}  {meas}  predicted {r.predicted_s * 1e3:.3f} ms{fell}")
+        if self.runoff is not None:
+            lines.append("run-off: " + ", ".join(f"{n} {v:.3f}x" for n, v in
+                                                 sorted(self.runoff.speedups.items(), key=lambda kv: -kv[1])))
+        if self.confirmation is not None:
+            c = self.confirmation
+            lines.append(f"confirmation: {c.candidate} {c.speedup:.3f}x "
+                         f"paired over {self.config.confirmation_rounds} rounds")
+        if self.bound is not None:
+            lines.append(f"communication-free bound (not a plan): {self.bound.times.median * 1e3:.3f} ms, "
+                         f"a ceiling of {self.bound.speedup:.3f}x")
+        lines.append(f"chosen: {self.chosen} ({self.speedup:.3f}x; * above)")
+        lines.append(f"verdict: {self.verdict}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        confirmed = "" if self.confirmation is None else ", confirmed"
+        return (f"OptimizeResult(chosen={self.chosen!r}, speedup={self.speedup:.3f}{confirmed}, "
+                f"graph={self.setting.graph.get('name')!r}, rows={len(self.rows)}; .summary() for more)")
+
+
+def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measured: Measured,
+                runoff: RunOff | None, confirmation: Confirmation | None) -> OptimizeResult:
+    """The :class:`OptimizeResult` of the steps' results: the last decision made stands
+    (confirmation, else run-off, else the first)."""
+    last = confirmation or runoff or measured
+    graph, sim = target.graph, target.simulator
+    setting = Setting(
+        graph={"name": graph.name, "fingerprint": graph.fingerprint, "nodes": len(graph.nodes),
+               "all_reduces": len(graph.all_reduces())},
+        cluster=target.cluster.name, cost_model=getattr(target.costs, "name", type(target.costs).__name__),
+        lower_bound_s=sim.lower_bound())
+    plan = next(r.plan for r in measured.rows if r.name == last.chosen)
+    return OptimizeResult(plan=plan, chosen=last.chosen, verdict=last.verdict, rows=measured.rows,
+                          setting=setting, search=cands.search, config=config, bound=measured.bound,
+                          runoff=runoff, confirmation=confirmation, simulator=sim)
+
+
+def chrome_trace(result: OptimizeResult, name: str | None = None) -> dict[str, Any]:
+    """The simulated timeline of row ``name`` (default: the chosen plan) in Chrome trace format.
+
+    Made on request from the result's simulator (a result carries no traces).
+
+    Raises:
+      ValueError: when the result has no simulator (built by hand, not by ``optimize``).
+      KeyError: for a row that is not there.
+    """
+    if result.simulator is None:
+        raise ValueError("chrome_trace: expected a result of optimize(), which carries its simulator; "
+                         "got one without (built by hand?)")
+    return result.simulator.run(result.row(name or result.chosen).plan).to_chrome_trace()

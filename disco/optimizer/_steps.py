@@ -1,0 +1,293 @@
+"""The steps of ``optimize``, each a function with its own small result.
+
+``prepare`` (extract the graph) -> ``candidates`` (search, baselines, bucket sweep) ->
+``measure`` (compile and time them, interleaved; the first choice) -> ``run_off`` (the
+finalists again) -> ``confirm`` (the choice against xla_default alone). Each step takes what
+the earlier ones returned and the :class:`~disco.optimizer.OptimizeConfig`; none keeps state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+
+from disco import bench, planner, search
+from disco.ir.extractor import extract
+from disco.ir.graph import HloGraph
+from disco.optimizer._choice import (
+    PlanRow,
+    Span,
+    confirmed_choice,
+    finalists,
+    runoff_choice,
+    verdict,
+)
+from disco.optimizer._config import OptimizeConfig, Progress, no_progress
+from disco.plans import baselines
+from disco.sim.cluster import ClusterSpec, preset
+from disco.sim.costs import AnalyticCosts, CostModel
+from disco.sim.simulator import Simulator
+from xla_hooks import measure as _measure
+from xla_hooks.apply_plan import PlanFallbackWarning
+from xla_hooks.measure import paired_speedup
+
+REPORTED_BASELINES = ("xla_default", "per_tensor", "horovod", "ddp")
+
+
+def devices_of(args: Any) -> int:
+    """The number of devices the arrays in ``args`` are sharded over (at least 1)."""
+    n = 1
+    for leaf in jax.tree.leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None:
+            n = max(n, len(sharding.device_set))
+    return n
+
+
+# -- prepare -------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What is optimised: the step, its example arguments, its graph and the simulator pricing it."""
+
+    step_fn: Callable[..., Any]
+    args: tuple[Any, ...] = dataclasses.field(repr=False)
+    graph: HloGraph = dataclasses.field(repr=False)
+    simulator: Simulator = dataclasses.field(repr=False)
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.simulator.cluster
+
+    @property
+    def costs(self) -> CostModel:
+        return self.simulator.costs
+
+
+def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: ClusterSpec | None = None,
+            costs: CostModel | None = None, progress: Progress = no_progress) -> Target:
+    """Extracts the step's graph and sets up its simulator.
+
+    Args:
+      step_fn: the training step (plain or jitted).
+      args: its example arguments (real arrays: the plans are measured).
+      cluster: the cluster the simulator prices collectives with (default:
+        ``preset("local", devices=<devices args are sharded over>)``).
+      costs: the cost model (default :class:`disco.sim.costs.AnalyticCosts`).
+      progress: reports phase "extract".
+    """
+    progress("extract", 0.0, "extracting the HLO graph")
+    graph = extract(step_fn, *args)
+    cluster = cluster or preset("local", devices=devices_of(args))
+    sim = Simulator(graph, costs or AnalyticCosts(), cluster)
+    progress("extract", 1.0, f"{len(graph.nodes)} nodes, {len(graph.all_reduces())} all-reduces")
+    return Target(step_fn, tuple(args), graph, sim)
+
+
+# -- candidates ----------------------------------------------------------------------------------
+class SearchSummary(NamedTuple):
+    """What the simulated search did: its strategy, plans evaluated, time, and its
+    (evaluations, elapsed seconds, best estimate) trace."""
+
+    strategy: str
+    evals: int
+    evals_per_s: float
+    seconds: float
+    trace: tuple[tuple[int, float, float], ...]
+
+
+class Candidates(NamedTuple):
+    """The plans to measure, predicted but not measured yet, in measuring order.
+
+    Attributes:
+      rows: xla_default, per_tensor, horovod, ddp, the best baseline by estimate, the
+        ``even_<k>`` sweep, then the ``measure_top_k`` best searched plans (``disco_<rank>``)
+        each followed by its bucket-only projection (``disco_<rank>_buckets``); a plan equal
+        to an earlier row is left out.
+      search: the search's summary.
+    """
+
+    rows: tuple[PlanRow, ...]
+    search: SearchSummary
+
+
+def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_progress) -> Candidates:
+    """Searches plans against the simulator within ``config.budget_s`` and picks what to measure.
+
+    The bucket sweep is measured rather than simulated because the bucket count that wins on
+    in-process CPU devices differs by model and is not what the simulator predicts
+    (docs/benchmarks.md). Reports phase "search".
+    """
+    graph, sim = target.graph, target.simulator
+
+    def on_step(evals: int, elapsed: float, best: float) -> None:
+        progress("search", min(1.0, elapsed / config.budget_s), f"{evals} plans, best {best * 1e3:.3f} ms (simulated)")
+
+    result = search.run(search.make(config.strategy), graph, sim.step_time, budget_s=config.budget_s,
+                        seed=config.seed, progress=on_step)
+    base_plans = {name: baselines.make(name, graph) for name in baselines.NAMES}
+    predicted = {name: sim.step_time(p) for name, p in base_plans.items()}
+    rows: dict[str, PlanRow] = {}
+    seen: dict[str, str] = {}  # plan digest -> the row that measures it
+    for name in (*REPORTED_BASELINES, planner.best_baseline_name(predicted)):
+        p = base_plans[name]
+        if name not in rows:
+            rows[name] = PlanRow(name, "baseline", name, p.replace(name=name), predicted[name])
+            seen.setdefault(p.digest(), name)
+    for k in dict.fromkeys(config.bucket_sweep):
+        p = baselines.make("even", graph, k=k)
+        if p.digest() not in seen:
+            seen[p.digest()] = p.name
+            rows[p.name] = PlanRow(p.name, "baseline", f"{k} buckets of equal bytes", p, sim.step_time(p))
+    rank = 0
+    for cost, p in result.top:
+        if rank >= config.measure_top_k:
+            break
+        if p.digest() in seen:
+            continue
+        rank += 1
+        name = f"disco_{rank}"
+        seen[p.digest()] = name
+        rows[name] = PlanRow(name, "search", p.name, p.replace(name=name), cost)
+        projected = p.replace(groups=(), xla_fusion="extend")
+        if config.measure_buckets_only and p.groups and projected.digest() not in seen:
+            pname = f"{name}_buckets"
+            seen[projected.digest()] = pname
+            rows[pname] = PlanRow(pname, "search", f"{name} without its fusion groups",
+                                  projected.replace(name=pname), sim.step_time(projected))
+    summary = SearchSummary(result.strategy, result.evals, result.evals_per_s, result.elapsed_s,
+                            tuple(result.trace))
+    return Candidates(tuple(rows.values()), summary)
+
+
+# -- measure -------------------------------------------------------------------------------------
+class Bound(NamedTuple):
+    """The measured communication-free bound (the step with its all-reduces replaced by copies; not
+    a plan) and its paired speedup over xla_default: an optimistic ceiling on what bucketing can gain."""
+
+    times: Span
+    speedup: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """The candidates measured in one interleaved run, and the first choice.
+
+    Attributes:
+      rows: the candidates with their measured times and paired speedups.
+      chosen: the row with the largest paired speedup, or xla_default when none beats it.
+      verdict: one sentence saying what was chosen and why.
+      bound: the communication-free bound measured in the same rounds, or None.
+      executables: the compiled steps by row name (run-off and confirmation reuse them).
+    """
+
+    rows: tuple[PlanRow, ...]
+    chosen: str
+    verdict: str
+    bound: Bound | None = None
+    executables: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict, repr=False,
+                                                                      compare=False)
+
+
+def measure(target: Target, cands: Candidates, config: OptimizeConfig,
+            progress: Progress = no_progress) -> Measured:
+    """Applies every candidate and measures them, with the bound when ``config.measure_bound``,
+    in ``config.rounds`` interleaved rounds (:func:`disco.bench.run_bench`). Reports phase "measure"."""
+    total = len(cands.rows) + int(config.measure_bound) + config.rounds
+    done = [0]
+
+    def on_bench(msg: str) -> None:
+        done[0] += 1
+        progress("measure", min(1.0, done[0] / total), msg)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the rows instead
+        results = bench.run_bench(target.step_fn, target.args, {r.name: r.plan for r in cands.rows},
+                                  rounds=config.rounds, steps=config.steps, progress=on_bench,
+                                  comm_free_bound=config.measure_bound)
+    base = next(m.measurement for m in results if m.name == "xla_default")
+    bound = next((Bound(Span.of(m.measurement), paired_speedup(base, m.measurement))
+                  for m in results if m.is_bound), None)
+    by_name = {r.name: r for r in cands.rows}
+    rows = tuple(dataclasses.replace(
+        by_name[m.name], median_s=m.measurement.median, min_s=m.measurement.min, max_s=m.measurement.max,
+        applied=m.applied, fallback_reason=m.fallback_reason, speedup=paired_speedup(base, m.measurement))
+        for m in results if not m.is_bound)
+    chosen, why = verdict(rows)
+    return Measured(rows, chosen, why, bound, {m.name: m.step for m in results})
+
+
+# -- run-off ---------------------------------------------------------------------------------------
+class RunOff(NamedTuple):
+    """The finalists measured again with xla_default in fresh interleaved rounds.
+
+    Picking the fastest of a dozen noisy medians favours whichever plan got lucky rounds (the
+    winner's curse); the run-off measures the ``finalists`` fastest plans that beat
+    xla_default again, and the fastest there is chosen.
+
+    Attributes:
+      chosen: the finalist with the largest paired speedup there.
+      verdict: the first verdict, with what the run-off found.
+      times: each finalist's and xla_default's times there.
+      speedups: each finalist's paired speedup over xla_default there.
+    """
+
+    chosen: str
+    verdict: str
+    times: dict[str, Span]
+    speedups: dict[str, float]
+
+
+def run_off(target: Target, measured: Measured, config: OptimizeConfig,
+            progress: Progress = no_progress) -> RunOff | None:
+    """The run-off, or None when it does not run (``config.confirm`` off, or fewer than two
+    plans beat xla_default). Reports phase "run-off"."""
+    finals = finalists(measured.rows, config.finalists)
+    if not config.confirm or len(finals) < 2:
+        return None
+    rounds = config.rounds
+    again = _measure.measure_interleaved(
+        {n: measured.executables[n] for n in ("xla_default", *finals)}, target.args, rounds=rounds,
+        steps=config.steps,
+        on_round=lambda r: progress("run-off", (r + 1) / rounds, f"run-off round {r + 1}/{rounds}"))
+    chosen, why = runoff_choice(measured.chosen, measured.verdict, again)
+    return RunOff(chosen, why, {n: Span.of(m) for n, m in again.items()},
+                  {n: paired_speedup(again["xla_default"], m) for n, m in again.items() if n != "xla_default"})
+
+
+# -- confirm ---------------------------------------------------------------------------------------
+class Confirmation(NamedTuple):
+    """The choice measured once more against xla_default alone, in fresh rounds.
+
+    Attributes:
+      candidate: the plan confirmed (the choice so far).
+      chosen: ``candidate`` if its gain held there, else xla_default.
+      verdict: the verdict so far, with the confirmation's numbers.
+      times: the candidate's and xla_default's times there.
+      speedup: the candidate's paired speedup over xla_default there.
+    """
+
+    candidate: str
+    chosen: str
+    verdict: str
+    times: dict[str, Span]
+    speedup: float
+
+
+def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: RunOff | None = None,
+            progress: Progress = no_progress) -> Confirmation | None:
+    """Confirms the choice so far (the run-off's, else the first), or None when there is nothing
+    to confirm (``config.confirm`` off, or xla_default chosen). Reports phase "confirm"."""
+    chosen, why = (runoff.chosen, runoff.verdict) if runoff is not None else (measured.chosen, measured.verdict)
+    if not config.confirm or chosen == "xla_default":
+        return None
+    rounds = config.confirmation_rounds
+    again = _measure.measure_interleaved(
+        {n: measured.executables[n] for n in ("xla_default", chosen)}, target.args, rounds=rounds,
+        steps=config.steps,
+        on_round=lambda r: progress("confirm", (r + 1) / rounds, f"confirmation round {r + 1}/{rounds}"))
+    final, why, gain = confirmed_choice(chosen, why, again)
+    return Confirmation(chosen, final, why, {n: Span.of(m) for n, m in again.items()}, gain)
