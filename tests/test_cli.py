@@ -21,12 +21,70 @@ def run_cli(*args, timeout=300):
 
 def test_help_does_not_import_jax():
     code = ("import sys\nfrom disco import cli\n"
-            "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "assert 'jax' not in sys.modules, 'disco --help imported jax'\n")
+            "for argv in [['--help']] + [[name, '--help'] for name in cli.COMMANDS]:\n"
+            "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+            "    heavy = sorted(m for m in ('jax', 'flax', 'flask', 'werkzeug') if m in sys.modules)\n"
+            "    assert not heavy, f'disco {\" \".join(argv)} imported {heavy}'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 0, r.stderr
-    assert "graph" in r.stdout and "bench" in r.stdout
+    assert "graph" in r.stdout and "bench" in r.stdout and "usage: disco collect" in r.stdout
+
+
+def test_the_commands_table_lists_every_subcommand_once():
+    import argparse
+
+    from disco import cli
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == list(cli.COMMANDS) == [
+        "models", "graph", "bench", "calibrate", "simulate", "serve", "optimize", "train-gnn", "collect"]
+    for name, p in sub.choices.items():
+        assert callable(p.get_default("func")), name
+
+
+CLI_DIR = REPO / "disco" / "cli"
+COMMAND_MODULES = sorted(p.stem for p in CLI_DIR.glob("*.py") if p.stem not in ("__init__", "common"))
+
+
+@pytest.mark.parametrize("module", COMMAND_MODULES)
+def test_a_command_module_imports_no_other_command_module(module):
+    import ast
+    import importlib
+
+    from disco import cli
+
+    assert module in {f.__module__.rsplit(".", 1)[-1] for f in cli.COMMANDS.values()}, module
+    tree = ast.parse((CLI_DIR / f"{module}.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("disco.cli"):
+            assert node.module == "disco.cli.common", f"{module} imports {node.module}"
+            assert not [a.name for a in node.names if a.name.startswith("_")], f"{module}: private names"
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
+            raise AssertionError(f"{module} uses __import__")
+    mod = importlib.import_module(f"disco.cli.{module}")
+    assert callable(mod.add_parser) and callable(mod.add_arguments) and callable(mod.run)
+
+
+def test_version_comes_from_the_installed_metadata_only():
+    import configparser
+    import importlib.metadata
+
+    import disco
+
+    try:
+        assert disco.__version__ == importlib.metadata.version("disco")
+    except importlib.metadata.PackageNotFoundError:
+        assert disco.__version__ == "0+unknown"
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    version = cfg["metadata"]["version"]
+    copies = [str(p.relative_to(REPO)) for d in ("disco", "gnn", "service", "xla_hooks", "trax_models", "scripts")
+              for p in (REPO / d).rglob("*.py") if f'"{version}"' in p.read_text()]
+    assert copies == [], f"the version {version} is written in {copies}; expected setup.cfg only"
+    r = run_cli("--version", timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == f"disco {disco.__version__}"
 
 
 def test_unknown_model_lists_names():

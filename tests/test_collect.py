@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from disco.cli.collect import CollectConfig, collect, read_samples
+from disco import dataset
+from disco.collect import CollectConfig, collect
 from disco.ir.graph import HloGraph
 from disco.plans.plan import FusionPlan
 
@@ -33,7 +34,7 @@ def first_run(tmp_path_factory):
 
 
 def _ids(out):
-    samples, bad = read_samples(os.path.join(out, "samples.jsonl"))
+    samples, _, bad = dataset.read(dataset.samples_path(out))
     return [s["sample_id"] for s in samples], samples, bad
 
 
@@ -46,10 +47,9 @@ def test_collect_writes_valid_samples(first_run):
     assert {s["kind"] for s in samples} >= {"baseline", "random", "random_buckets"}
     for s in samples:
         assert KEYS <= set(s)
-        with open(os.path.join(out, "graphs", s["graph_fingerprint"] + ".json")) as f:
-            graph = HloGraph.from_json(f.read())
+        graph = HloGraph.from_json(dataset.read_graph_json(out, s["graph_fingerprint"]))
         plan = FusionPlan.from_dict(s["plan"]).validate(graph)
-        assert s["sample_id"].endswith(plan.digest())
+        assert s["sample_id"] == dataset.sample_id("mlp", "tiny", 4, plan.digest()) and s["schema"] == dataset.SCHEMA
         m = s["measured"]
         assert 0 < m["min_ms"] <= m["median_ms"] <= m["max_ms"] and m["rounds"] == 1
         assert s["reference_xla_default_median_ms"] > 0
@@ -72,11 +72,11 @@ def test_truncated_last_line_is_cut_and_reported(first_run, tmp_path):
     with open(path, "a") as f:
         f.write('{"sample_id": "mlp/tiny/d4/abc", "meas')
     msgs = []
-    samples, bad = read_samples(str(path), repair=True, report=msgs.append)
+    samples, lines, bad = dataset.read(path, repair=True, report=msgs.append)
     assert bad == 1 and len(samples) == summary.written
     assert any("truncated last line" in m for m in msgs)
     assert path.read_bytes().endswith(b"\n")
-    assert read_samples(str(path)) == (samples, 0)
+    assert dataset.read(path) == (samples, lines, 0)
 
 
 def test_killed_collector_resumes_without_duplicates(tmp_path):
@@ -108,14 +108,13 @@ def test_killed_collector_resumes_without_duplicates(tmp_path):
 
 def test_committed_small_dataset_is_valid():
     data = os.path.join(REPO, "tests", "data", "profiles_small")
-    samples, bad = read_samples(os.path.join(data, "samples.jsonl"))
+    samples, _, bad = dataset.read(dataset.samples_path(data))
     assert bad == 0 and 20 <= len(samples) and {s["model"] for s in samples} == {"mlp", "transformer_lm"}
     assert len({s["sample_id"] for s in samples}) == len(samples)
     graphs = {}
     for s in samples:
         fp = s["graph_fingerprint"]
         if fp not in graphs:
-            with open(os.path.join(data, "graphs", fp + ".json")) as f:
-                graphs[fp] = HloGraph.from_json(f.read())
+            graphs[fp] = HloGraph.from_json(dataset.read_graph_json(data, fp))
         FusionPlan.from_dict(s["plan"]).validate(graphs[fp])
         assert s["applied"] and s["measured"]["median_ms"] > 0

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import pytest
@@ -22,13 +24,105 @@ from xla_hooks.measure import Measurement
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_optimize_mlp_tiny_keeps_the_numbers():
+CONFIG = opt.OptimizeConfig(budget_s=3, measure_top_k=2, rounds=2, steps=1)
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    """The pipeline's steps run one by one on mlp tiny (real compiles, real measurements)."""
     step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
-    result = opt.optimize(step, *args, budget_s=3, measure_top_k=2, rounds=2, steps=1)
+    calls = []
+
+    def progress(phase, fraction, message):
+        calls.append((phase, fraction, message))
+
+    target = opt.prepare(step, args, progress=progress)
+    cands = opt.candidates(target, CONFIG, progress)
+    measured = opt.measure(target, cands, CONFIG, progress)
+    runoff = opt.run_off(target, measured, CONFIG, progress)
+    confirmation = opt.confirm(target, measured, CONFIG, runoff, progress)
+    result = opt.make_result(target, CONFIG, cands, measured, runoff, confirmation)
+    return types.SimpleNamespace(step=step, args=args, calls=calls, target=target, cands=cands,
+                                 measured=measured, runoff=runoff, confirmation=confirmation, result=result)
+
+
+def test_prepare_extracts_the_graph_and_prices_it_on_the_local_cluster(pipeline):
+    target = pipeline.target
+    assert target.graph.fingerprint == disco.extract(pipeline.step, *pipeline.args).fingerprint
+    assert len(target.graph.all_reduces()) > 1
+    assert target.cluster.name == "local" and target.cluster.num_devices == 4 == opt.devices_of(pipeline.args)
+    assert target.costs.name == "analytic"
+    extract = [c for c in pipeline.calls if c[0] == "extract"]
+    assert [c[1] for c in extract] == [0.0, 1.0] and "all-reduces" in extract[-1][2]
+    assert "args=" not in repr(target) and "graph=" not in repr(target)
+
+
+def test_candidates_are_the_baselines_the_sweep_and_the_searched_plans_unmeasured(pipeline):
+    cands, graph = pipeline.cands, pipeline.target.graph
+    names = [r.name for r in cands.rows]
+    assert names[:4] == list(opt.REPORTED_BASELINES) and "disco_1" in names
+    assert len({r.plan.digest() for r in cands.rows}) == len(names) == len(set(names))  # no plan twice
+    digests = {r.plan.digest() for r in cands.rows}
+    for k in CONFIG.bucket_sweep:  # one row each, unless another row is the same plan
+        even = baselines.make("even", graph, k=k)
+        assert even.name in names or even.digest() in digests
+    searched = [r for r in cands.rows if r.kind == "search"]
+    assert 1 <= len([r for r in searched if not r.name.endswith("_buckets")]) <= CONFIG.measure_top_k
+    assert all(r.median_s is None and r.speedup is None and r.predicted_s > 0 for r in cands.rows)
+    sim = pipeline.target.simulator
+    for r in cands.rows:
+        if r.kind == "baseline":  # predicted by the same simulator
+            assert r.predicted_s == pytest.approx(sim.step_time(r.plan))
+    s = cands.search
+    assert s.strategy == "best_first" and s.evals > 0 and s.evals_per_s > 0 and 0 < s.seconds
+    assert s.trace and s.trace[-1][0] == s.evals
+    assert any(c[0] == "search" for c in pipeline.calls)
+
+
+def test_measure_times_every_candidate_and_makes_the_first_choice(pipeline):
+    measured, cands = pipeline.measured, pipeline.cands
+    assert [r.name for r in measured.rows] == [r.name for r in cands.rows]
+    assert all(r.median_s is not None and r.min_s <= r.median_s <= r.max_s for r in measured.rows)
+    assert all(r.speedup is not None for r in measured.rows)
+    assert (measured.chosen, measured.verdict) == opt._choice.verdict(measured.rows)
+    assert set(measured.executables) >= {r.name for r in measured.rows}
+    assert measured.bound is not None  # measured by default, in the same rounds
+    lo, med, hi = measured.bound.times.min, measured.bound.times.median, measured.bound.times.max
+    assert 0 < lo <= med <= hi and measured.bound.speedup > 0
+    fractions = [c[1] for c in pipeline.calls if c[0] == "measure"]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert "executables" not in repr(measured)
+
+
+def test_run_off_and_confirmation_follow_the_config(pipeline):
+    measured, runoff, conf = pipeline.measured, pipeline.runoff, pipeline.confirmation
+    finals = opt._choice.finalists(measured.rows, CONFIG.finalists)
+    if len(finals) < 2:
+        assert runoff is None
+    else:
+        assert set(runoff.times) == {"xla_default", *finals} and set(runoff.speedups) == set(finals)
+        assert runoff.chosen == max(runoff.speedups, key=runoff.speedups.get)
+        assert "run-off of" in runoff.verdict
+        assert [c[1] for c in pipeline.calls if c[0] == "run-off"][-1] == 1.0
+    so_far = runoff.chosen if runoff is not None else measured.chosen
+    if so_far == "xla_default":
+        assert conf is None
+    else:
+        assert conf.candidate == so_far and set(conf.times) == {"xla_default", so_far}
+        assert conf.chosen == (so_far if conf.speedup > 1 else "xla_default")
+        assert all(len(c) == 3 for c in conf.times.values())
+        rounds = [c for c in pipeline.calls if c[0] == "confirm"]
+        assert len(rounds) == CONFIG.confirmation_rounds == 3 * CONFIG.rounds
+    off = dataclasses.replace(CONFIG, confirm=False)
+    assert opt.run_off(pipeline.target, measured, off) is None
+    assert opt.confirm(pipeline.target, measured, off, runoff) is None
+
+
+def test_optimize_mlp_tiny_keeps_the_numbers(pipeline):
+    result, step, args = pipeline.result, pipeline.step, pipeline.args
     names = {r.name for r in result.rows}
     assert {"xla_default", "per_tensor", "horovod", "ddp", "disco_1"} <= names
-    assert all(r.median_s is not None and r.min_s <= r.median_s <= r.max_s for r in result.rows)
-    assert result.evals > 0 and result.evals_per_s > 0 and 0 < result.lower_bound_s <= result.row("disco_1").predicted_s
+    assert result.search.evals > 0 and 0 < result.setting.lower_bound_s <= result.row("disco_1").predicted_s
     if result.chosen == "xla_default":
         assert (result.verdict.startswith("no plan beat xla_default when measured")
                 or "did not hold in a second run" in result.verdict)
@@ -36,23 +130,13 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
     else:  # faster, round by round, in the selection run and again in the confirmation run
         assert result.row(result.chosen).speedup > 1
         assert result.row("xla_default").speedup == 1.0
-        again = result.confirmation
-        assert set(again) == {"xla_default", result.chosen}
+        assert set(result.confirmation.times) == {"xla_default", result.chosen}
         if result.runoff is not None:  # two or more plans beat xla_default in the selection run
-            assert "xla_default" in result.runoff and result.chosen in result.runoff
-            assert 3 <= len(result.runoff) <= 4 and "run-off of" in result.verdict
-        assert result.speedup == result.confirmed_speedup > 1
+            assert "xla_default" in result.runoff.times and result.chosen in result.runoff.times
+            assert 3 <= len(result.runoff.times) <= 4 and "run-off of" in result.verdict
+        assert result.speedup == result.confirmation.speedup > 1
         assert "confirmed in a second run" in result.verdict
-    json.dumps(result.to_dict())
-    assert result.chrome_trace["traceEvents"]
-    med, lo, hi = result.comm_free_bound_s  # measured by default, in the same rounds
-    assert 0 < lo <= med <= hi
     assert "comm_free_bound" not in names and result.chosen != "comm_free_bound"
-    digests = {r.plan.digest() for r in result.rows}
-    graph = disco.extract(step, *args)
-    for k in (2, 3, 4):  # the measured bucket sweep (one row each, unless another row is the same plan)
-        even = baselines.make("even", graph, k=k)
-        assert even.name in names or even.digest() in digests
     assert result.row("even_2").median_s is not None and len(result.row("even_2").plan.buckets) == 2
     searched = result.row("disco_1").plan
     if searched.groups:  # its bucket-only projection is measured too (maybe as an equal baseline)
@@ -65,20 +149,44 @@ def test_optimize_mlp_tiny_keeps_the_numbers():
         assert_allclose_leaves(three_steps(applied, args), reference)
 
 
+def test_result_is_short_to_print_and_makes_traces_on_request(pipeline):
+    result = pipeline.result
+    assert len(repr(result)) < 200 and f"chosen={result.chosen!r}" in repr(result)
+    assert str(result) == repr(result)
+    summary = result.summary()
+    lines = summary.splitlines()
+    assert len(lines) <= len(result.rows) + 10 and len(summary) < 4000
+    assert all(any(ln.strip().startswith(r.name) for ln in lines) for r in result.rows)
+    assert [ln for ln in lines if ln.strip().startswith(result.chosen + " *")]
+    assert lines[-1] == f"verdict: {result.verdict}"
+    data = result.to_dict()
+    assert "chrome_trace" not in json.dumps(data) and len(json.dumps(data)) < 40_000
+    assert data["measurement"] == {"rounds": 2, "steps_per_round": 1} and data["speedup"] == result.speedup
+    trace = opt.chrome_trace(result)
+    sim = pipeline.target.simulator
+    assert trace["traceEvents"] and trace["otherData"]["step_time_s"] == pytest.approx(sim.step_time(result.plan))
+    base = opt.chrome_trace(result, "xla_default")
+    assert base["otherData"]["step_time_s"] == pytest.approx(result.row("xla_default").predicted_s)
+    with pytest.raises(KeyError, match="no row 'nope'"):
+        opt.chrome_trace(result, "nope")
+    with pytest.raises(ValueError, match="carries its simulator"):
+        opt.chrome_trace(dataclasses.replace(result, simulator=None))
+
+
 def row(name, median, lo=None, hi=None, applied=True, speedup=None):
     return opt.PlanRow(name, "baseline", name, FusionPlan(name=name), 1e-3, median,
                        median if lo is None else lo, median if hi is None else hi, applied, speedup=speedup)
 
 
 def test_verdict_keeps_xla_default_when_nothing_beats_it():
-    chosen, verdict = opt._verdict([row("xla_default", 1.0), row("ddp", 1.25), row("disco_1", 0.5, applied=False)])
+    chosen, verdict = opt._choice.verdict([row("xla_default", 1.0), row("ddp", 1.25), row("disco_1", 0.5, applied=False)])
     assert chosen == "xla_default"
     assert verdict == ("no plan beat xla_default when measured; the best other plan, ddp, measured 0.800x "
                        "(1250.000 vs 1000.000 ms median); keeping XLA's default compile")
 
 
 def test_verdict_names_the_winner_and_noise():
-    chosen, verdict = opt._verdict([row("xla_default", 1.0, 0.9, 1.1), row("disco_1", 0.95, 0.9, 1.0)])
+    chosen, verdict = opt._choice.verdict([row("xla_default", 1.0, 0.9, 1.1), row("disco_1", 0.95, 0.9, 1.0)])
     assert chosen == "disco_1"
     assert verdict.startswith("disco_1 measured 1.053x faster than xla_default (950.000 vs 1000.000 ms median)")
     assert "within run-to-run noise" in verdict
@@ -87,11 +195,11 @@ def test_verdict_names_the_winner_and_noise():
 def test_verdict_ranks_by_the_paired_speedup_not_the_medians():
     # ddp's median is lower, but round by round even_2 beat xla_default by more
     rows = [row("xla_default", 1.0, speedup=1.0), row("ddp", 0.8, speedup=1.05), row("even_2", 0.9, speedup=1.2)]
-    chosen, verdict = opt._verdict(rows)
+    chosen, verdict = opt._choice.verdict(rows)
     assert chosen == "even_2" and verdict.startswith("even_2 measured 1.200x faster than xla_default")
-    assert opt._finalists(rows, 3) == ["even_2", "ddp"]
+    assert opt._choice.finalists(rows, 3) == ["even_2", "ddp"]
     rows = [row("xla_default", 1.0, speedup=1.0), row("ddp", 0.8, speedup=0.97)]
-    assert opt._verdict(rows)[0] == "xla_default" and opt._finalists(rows, 3) == []
+    assert opt._choice.verdict(rows)[0] == "xla_default" and opt._choice.finalists(rows, 3) == []
 
 
 def m(*samples):
@@ -100,12 +208,12 @@ def m(*samples):
 
 def test_confirmation_keeps_a_gain_that_holds_and_drops_one_that_does_not():
     again = {"xla_default": m(1.0, 2.0, 1.0), "ddp": m(0.8, 1.6, 1.0)}  # paired ratios 1.25, 1.25, 1.0
-    chosen, verdict, gain = opt._confirmed("ddp", "ddp measured 1.2x", again)
+    chosen, verdict, gain = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
     assert chosen == "ddp" and gain == 1.25
     assert verdict == ("ddp measured 1.2x; confirmed in a second run: 1.250x paired over 3 rounds; 1000.000 vs "
                        "1000.000 ms median")
     again = {"xla_default": m(1.0, 1.0, 1.0), "ddp": m(1.0, 0.5, 1.1)}  # a lower median, not a paired gain
-    chosen, verdict, gain = opt._confirmed("ddp", "ddp measured 1.2x", again)
+    chosen, verdict, gain = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
     assert chosen == "xla_default" and gain == 1.0
     assert verdict == ("ddp measured fastest, but the gain did not hold in a second run (1.000x paired over 3 "
                        "rounds; 1000.000 vs 1000.000 ms median); keeping XLA's default compile")
@@ -114,17 +222,17 @@ def test_confirmation_keeps_a_gain_that_holds_and_drops_one_that_does_not():
 def test_finalists_are_the_fastest_applied_plans_that_beat_xla_default():
     rows = [row("xla_default", 1.0), row("ddp", 0.8), row("horovod", 0.7), row("even_2", 0.9),
             row("disco_1", 0.5, applied=False), row("per_tensor", 1.3)]
-    assert opt._finalists(rows, 3) == ["horovod", "ddp", "even_2"]
-    assert opt._finalists(rows, 1) == ["horovod"]
-    assert opt._finalists([row("xla_default", 1.0), row("ddp", 1.1)], 3) == []
+    assert opt._choice.finalists(rows, 3) == ["horovod", "ddp", "even_2"]
+    assert opt._choice.finalists(rows, 1) == ["horovod"]
+    assert opt._choice.finalists([row("xla_default", 1.0), row("ddp", 1.1)], 3) == []
 
 
 def test_runoff_picks_the_largest_paired_speedup_there():
     again = {"xla_default": m(1.0, 1.0, 1.0), "horovod": m(0.85, 0.8, 0.9), "ddp": m(0.8, 0.75, 0.9)}
-    chosen, verdict = opt._runoff("horovod", "horovod measured 1.4x", again)
+    chosen, verdict = opt._choice.runoff_choice("horovod", "horovod measured 1.4x", again)
     assert chosen == "ddp"
     assert verdict == "horovod measured 1.4x; but ddp was the best in a run-off of 2 (ddp 1.250x, horovod 1.176x)"
-    chosen, verdict = opt._runoff("ddp", "ddp measured 1.4x", again)
+    chosen, verdict = opt._choice.runoff_choice("ddp", "ddp measured 1.4x", again)
     assert chosen == "ddp" and verdict.startswith("ddp measured 1.4x; the best again in a run-off of 2")
 
 
@@ -177,17 +285,25 @@ def test_public_api_names_the_function():
     assert disco.OptimizeResult is opt.OptimizeResult
 
 
+def built_result():
+    """A result built by hand: ddp chosen at 1.30x, confirmed at 1.25x, no run-off."""
+    rows = (row("xla_default", 0.100, 0.090, 0.120, speedup=1.0), row("ddp", 0.080, 0.070, 0.090, speedup=1.30),
+            row("horovod", 0.079, 0.070, 0.095, speedup=1.20))
+    span = opt.Span
+    return opt.OptimizeResult(
+        plan=rows[1].plan, chosen="ddp", verdict="ddp measured 1.300x faster", rows=rows,
+        setting=opt.Setting(graph={"name": "jit_step", "fingerprint": "0123456789abcdef", "nodes": 10,
+                                   "all_reduces": 3}, cluster="local", cost_model="analytic", lower_bound_s=5e-4),
+        search=opt.SearchSummary("best_first", 10, 5.0, 2.0, ()), config=opt.OptimizeConfig(rounds=9, steps=3),
+        bound=opt.Bound(span(0.06, 0.05, 0.07), 1.6),
+        confirmation=opt.Confirmation("ddp", "ddp", "ddp measured 1.300x faster; confirmed",
+                                      {"xla_default": span(0.1, 0.09, 0.11), "ddp": span(0.08, 0.07, 0.09)}, 1.25))
+
+
 def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
     from disco.cli import optimize as optimize_cli
 
-    rows = (row("xla_default", 0.100, 0.090, 0.120, speedup=1.0), row("ddp", 0.080, 0.070, 0.090, speedup=1.30),
-            row("horovod", 0.079, 0.070, 0.095, speedup=1.20))
-    result = opt.OptimizeResult(
-        plan=rows[1].plan, chosen="ddp", verdict="ddp measured 1.300x faster", rows=rows, lower_bound_s=5e-4,
-        trace=(), evals=10, evals_per_s=5.0, strategy="best_first", search_s=2.0, chrome_trace={},
-        baseline_trace={}, cost_model="analytic", cluster="local", graph={}, rounds=9, steps=3,
-        comm_free_bound_s=(0.06, 0.05, 0.07), confirmation={"xla_default": (0.1, 0.09, 0.11), "ddp": (0.08, 0.07, 0.09)},
-        confirmed_speedup=1.25, comm_free_bound_speedup=1.6)
+    result = built_result()
     assert result.speedup == 1.25 and result.to_dict()["confirmed_speedup"] == 1.25
     optimize_cli._print_table(result, {"model": "mlp", "preset": "tiny", "devices": 4, "device_kind": "cpu",
                                        "cost_model_info": {"name": "analytic"}})
@@ -199,3 +315,46 @@ def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
     assert "1.300x" in lines[0] and "1.000x" in lines[0] and "1.200x" in lines[1] and "0.923x" in lines[1]
     assert "confirmation run (ms, median (min-max)): xla_default 100.000" in out
     assert "ddp's paired speedup there 1.250x" in out and "can gain here is 1.600x" in out
+
+
+def test_summary_and_repr_of_a_built_result():
+    result = built_result()
+    assert repr(result) == ("OptimizeResult(chosen='ddp', speedup=1.250, confirmed, graph='jit_step', rows=3; "
+                            ".summary() for more)")
+    assert result.summary().splitlines() == [
+        "disco.optimize jit_step (fingerprint 01234567, 10 nodes, 3 all-reduces) on cluster 'local', analytic "
+        "cost model",
+        "search: best_first, 10 plans in 2.0 s; simulated lower bound 0.500 ms",
+        "measured 3 plans, 9 rounds x 3 steps (ms median (min-max), paired speedup over xla_default):",
+        "  ddp *           1.300x  80.000 (70.000-90.000)  predicted 1.000 ms",
+        "  horovod         1.200x  79.000 (70.000-95.000)  predicted 1.000 ms",
+        "  xla_default     1.000x  100.000 (90.000-120.000)  predicted 1.000 ms",
+        "confirmation: ddp 1.250x paired over 27 rounds",
+        "communication-free bound (not a plan): 60.000 ms, a ceiling of 1.600x",
+        "chosen: ddp (1.250x; * above)",
+        "verdict: ddp measured 1.300x faster",
+    ]
+    assert "PlanRow('ddp', baseline, predicted 1.000 ms, measured 80.000 ms, 1.300x)" == repr(result.rows[1])
+    d = result.to_dict()
+    assert d["confirmation_ms"] == {"xla_default": {"median": 100.0, "min": 90.0, "max": 110.0},
+                                    "ddp": {"median": 80.0, "min": 70.0, "max": 90.0}}
+    assert d["comm_free_bound_ms"] == {"median": 60.0, "min": 50.0, "max": 70.0} and d["runoff_ms"] is None
+    assert d["comm_free_bound_speedup"] == 1.6 and d["measurement"] == {"rounds": 9, "steps_per_round": 3}
+    with pytest.raises(ValueError, match="carries its simulator"):
+        opt.chrome_trace(result)
+
+
+def test_config_is_frozen_validated_and_defaults_the_confirmation_rounds():
+    config = opt.OptimizeConfig(rounds=4, bucket_sweep=[3, 2])
+    assert config.bucket_sweep == (3, 2) and config.confirmation_rounds == 12
+    assert dataclasses.replace(config, confirm_rounds=5).confirmation_rounds == 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.rounds = 1
+    with pytest.raises(ValueError, match=r"budget_s: expected a positive number of seconds, got 0"):
+        opt.OptimizeConfig(budget_s=0)
+    with pytest.raises(ValueError, match=r"rounds and steps: expected integers >= 1, got rounds=0, steps=3"):
+        opt.OptimizeConfig(rounds=0)
+    with pytest.raises(ValueError, match=r"confirm_rounds: expected an integer >= 1, got True"):
+        opt.OptimizeConfig(confirm_rounds=True)
+    with pytest.raises(TypeError, match=r"optimize: unknown options \['budget'\]; expected OptimizeConfig fields"):
+        opt.optimize(lambda x: x, 1.0, budget=3)
