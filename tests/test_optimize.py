@@ -173,6 +173,18 @@ def test_result_is_short_to_print_and_makes_traces_on_request(pipeline):
         opt.chrome_trace(dataclasses.replace(result, simulator=None))
 
 
+def test_cli_writes_the_plan_trace_and_plot_from_a_result(pipeline, tmp_path):
+    from disco.cli import optimize as optimize_cli
+
+    result = pipeline.result
+    args = types.SimpleNamespace(out=str(tmp_path / "plan.json"), trace=str(tmp_path / "trace.json"),
+                                 plot=str(tmp_path / "timelines.png"))
+    optimize_cli._write_outputs(args, result)
+    assert FusionPlan.from_json((tmp_path / "plan.json").read_text()).digest() == result.plan.digest()
+    assert json.loads((tmp_path / "trace.json").read_text()) == opt.chrome_trace(result)
+    assert (tmp_path / "timelines.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def row(name, median, lo=None, hi=None, applied=True, speedup=None):
     return opt.PlanRow(name, "baseline", name, FusionPlan(name=name), 1e-3, median,
                        median if lo is None else lo, median if hi is None else hi, applied, speedup=speedup)
