@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import hypothesis.strategies as st
@@ -121,3 +123,12 @@ def test_the_collector_and_the_gnn_trainer_read_a_torn_file_alike(tmp_path):
     usable = [ln for ln, s in zip(found.lines, found.samples) if s.get("applied") is not False]
     assert ds.skipped == 1 + len(found.samples) - len(usable)
     assert [s.line for s in ds.samples] == usable
+
+
+def test_reading_a_dataset_imports_no_jax():
+    code = ("import sys\nfrom disco import dataset\n"
+            f"assert len(dataset.read(dataset.samples_path({SMALL!r})).samples) == 30\n"
+            "assert 'jax' not in sys.modules and 'numpy' not in sys.modules, 'disco.dataset imported jax/numpy'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
