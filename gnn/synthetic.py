@@ -14,12 +14,12 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Mapping
 from pathlib import Path
 
+from disco import dataset
 from disco.ir.graph import HloGraph
 
 
@@ -52,7 +52,7 @@ def write_dataset(out: str | os.PathLike[str], graphs: Mapping[str, HloGraph], *
     cluster = preset("local", devices)
     lines = []
     for mi, (model, graph) in enumerate(sorted(graphs.items())):
-        (out / "graphs" / f"{graph.fingerprint}.json").write_text(graph.to_json())
+        dataset.write_graph(out, graph.fingerprint, graph.to_json())
         sim = Simulator(graph, truth, cluster)
         plans = [baselines.make(name, graph) for name in ("xla_default", "per_tensor", "one_bucket", "ddp")]
         for k in range(plans_per_graph):
@@ -64,12 +64,13 @@ def write_dataset(out: str | os.PathLike[str], graphs: Mapping[str, HloGraph], *
         for round_, plan in enumerate(plans):
             t = sim.step_time(plan) * (1.0 + rng.gauss(0.0, noise))
             ms = t * 1e3
-            lines.append(json.dumps({
-                "model": model, "preset": "tiny", "devices": devices, "graph_fingerprint": graph.fingerprint,
+            lines.append(dataset.encode({
+                "sample_id": dataset.sample_id(model, "tiny", devices, plan.digest()), "model": model,
+                "preset": "tiny", "devices": devices, "graph_fingerprint": graph.fingerprint,
                 "plan": plan.to_dict(), "measured": {"median_ms": ms, "min_ms": ms * 0.97, "max_ms": ms * 1.05},
                 "reference_xla_default_median_ms": ref * 1e3 * (1.0 + rng.gauss(0.0, noise / 2)),
-                "round": round_, "synthetic": True}, sort_keys=True))
-    (out / "samples.jsonl").write_text("\n".join(lines) + "\n")
+                "round": round_, "synthetic": True}))
+    Path(dataset.samples_path(out)).write_text("".join(lines))
     return out
 
 
