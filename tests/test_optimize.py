@@ -370,3 +370,12 @@ def test_config_is_frozen_validated_and_defaults_the_confirmation_rounds():
         opt.OptimizeConfig(confirm_rounds=True)
     with pytest.raises(TypeError, match=r"optimize: unknown options \['budget'\]; expected OptimizeConfig fields"):
         opt.optimize(lambda x: x, 1.0, budget=3)
+
+
+def test_the_best_baseline_is_the_fastest_simulated_one_xla_default_on_a_tie():
+    from disco.planner import best_baseline_name
+
+    assert best_baseline_name({"ddp": 1.0, "xla_default": 1.0, "horovod": 2.0}) == "xla_default"
+    assert best_baseline_name({"xla_default": 1.0, "ddp": 0.5, "horovod": 0.5}) == "ddp"
+    with pytest.raises(ValueError, match="expected simulated times of one or more baselines, got none"):
+        best_baseline_name({})
