@@ -3,7 +3,7 @@
 The plan is contracted like the simulator does: each plan group becomes one node, each
 bucket one node (``buckets=None``: XLA's combiner, all all-reduces in one node), every
 other compute op and collective a node of its own. Zero-cost ops (parameters, constants,
-tuple plumbing, bitcasts; :data:`disco.sim.costs.ZERO_COST_OPCODES`) are not nodes: message
+tuple plumbing, bitcasts; :data:`disco.ir.opcodes.ZERO_COST_OPCODES`) are not nodes: message
 passing edges are folded through them, and the bytes they hand over still count as a
 kernel's input bytes, exactly as :class:`disco.sim.costs.Kernel` counts them.
 
@@ -33,8 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disco.sim.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, Kernel, is_kernel_node
-from disco.ir.flops import OPCODES, opcode_id
+from disco.ir.opcodes import COLLECTIVE_KIND, OPCODES, ZERO_COST_OPCODES, opcode_id
+from disco.sim.costs import Kernel, is_kernel_node
 from disco.ir.graph import HloGraph
 from disco.plans.plan import FusionPlan
 
@@ -58,7 +58,7 @@ class GraphsTuple(NamedTuple):
 
     Attributes:
       nodes: float32 [N, len(NODE_FEATURES)].
-      opcodes: int32 [N] opcode ids (``disco.ir.flops.opcode_id``; groups are "fusion").
+      opcodes: int32 [N] opcode ids (``disco.ir.opcodes.opcode_id``; groups are "fusion").
       edges: float32 [E, len(EDGE_FEATURES)].
       senders: int32 [E].
       receivers: int32 [E].

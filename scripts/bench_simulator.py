@@ -21,7 +21,8 @@ import time
 from disco.sim.cluster import preset
 from disco.sim.costs import AnalyticCosts
 from disco.ir.graph import HloGraph, Node
-from disco.plans.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
+from disco.ir.opcodes import FUSIBLE_OPCODES
+from disco.plans.plan import Bucket, FusionPlan
 from disco.plans.check import validate
 from disco.sim.simulator import Simulator
 

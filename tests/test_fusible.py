@@ -32,7 +32,7 @@ def measure_fusible():
 
 @pytest.fixture(scope="module")
 def sample_results(measure_fusible):
-    from disco.plans.plan import FUSIBLE_OPCODES
+    from disco.ir.opcodes import FUSIBLE_OPCODES
 
     cases = {c.name: c for c in measure_fusible._cases()}
     names = [n for n in SAMPLE if n == "markers" or cases[n].opcode in FUSIBLE_OPCODES]
@@ -58,7 +58,7 @@ def test_planned_fusions_of_fusible_opcodes_match_reference(measure_fusible, sam
 
 
 def test_every_fusible_opcode_has_a_measured_case(measure_fusible):
-    from disco.plans.plan import FUSIBLE_OPCODES
+    from disco.ir.opcodes import FUSIBLE_OPCODES
 
     measured = {c.opcode for c in measure_fusible._cases()} | {
         measure_fusible.PRODUCER, measure_fusible.CONSUMER}
@@ -76,6 +76,6 @@ def test_abort_in_child_is_recorded_not_fatal(measure_fusible):
     res = measure_fusible.run_tasks(["transpose:jit:off"], timeout=60)["transpose:jit:off"]
     assert res["result"] == "abort", res
     assert "has_layout" in res["detail"]
-    from disco.plans.plan import FUSIBLE_OPCODES
+    from disco.ir.opcodes import FUSIBLE_OPCODES
 
     assert "transpose" not in FUSIBLE_OPCODES

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from disco.sim.cluster import ClusterSpec, preset
 from disco.sim.costs import AnalyticCosts, CostModel, Kernel, is_kernel_node
 from disco.ir.graph import HloGraph, Node
-from disco.plans.plan import FUSIBLE_OPCODES, Bucket, FusionPlan, make_plan
+from disco.ir.opcodes import FUSIBLE_OPCODES
+from disco.plans.plan import Bucket, FusionPlan, make_plan
 from disco.plans.check import validate
 from disco.sim.simulator import Event, SimResult, Simulator, lower_bound, simulate
 

@@ -22,6 +22,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 
 from disco.ir.hlo_parse import Computation, Instruction, Module, parse_module
+from disco.ir.opcodes import LITERAL_OPERAND_OPCODES
 from disco.plans.plan import FusionPlan
 
 PREFIX = "disco"
@@ -47,14 +48,11 @@ class _Line:
         return f"  {root}%{self.name} = {self.shape} {self.opcode}({body}){attrs}"
 
 
-_LITERAL_OPS = ("constant", "parameter", "iota", "rng-get-and-update-state")
-
-
 def _line(ins: Instruction, order: float) -> _Line:
     return _Line(
         name=ins.name, shape=ins.shape, opcode=ins.opcode, operands=list(ins.operands),
         attrs=list(ins.attrs.items()),
-        literal=ins.raw_operands if ins.opcode in _LITERAL_OPS else None,
+        literal=ins.raw_operands if ins.opcode in LITERAL_OPERAND_OPCODES else None,
         is_root=ins.is_root, order=order)
 
 

@@ -1,4 +1,4 @@
-"""Opcode vocabulary and per-instruction flop estimates (pure Python).
+"""Per-instruction flop estimates (pure Python).
 
 Estimates follow the usual counting conventions: a multiply-add is two flops
 (dot, convolution), an elementwise op is one flop per output element, a
@@ -12,45 +12,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from disco.ir.hlo_parse import Instruction, Module
-
-ELEMENTWISE_UNARY = frozenset({
-    "abs", "cbrt", "ceil", "convert", "cosine", "count-leading-zeros", "erf", "exponential",
-    "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one", "logistic",
-    "negate", "not", "popcnt", "real", "reduce-precision", "round-nearest-afz",
-    "round-nearest-even", "rsqrt", "sign", "sine", "sqrt", "tan", "tanh", "bitcast-convert",
-    "stochastic-convert",
-})
-ELEMENTWISE_BINARY = frozenset({
-    "add", "and", "atan2", "compare", "complex", "divide", "maximum", "minimum", "multiply",
-    "or", "power", "remainder", "shift-left", "shift-right-arithmetic", "shift-right-logical",
-    "subtract", "xor",
-})
-ELEMENTWISE = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"select", "clamp"}
-COLLECTIVES = frozenset({
-    "all-reduce", "all-reduce-start", "all-reduce-done", "all-gather", "all-gather-start",
-    "all-gather-done", "reduce-scatter", "all-to-all", "collective-permute",
-    "collective-permute-start", "collective-permute-done", "collective-broadcast",
-})
-
-# A fixed vocabulary so array features mean the same thing for every graph.
-OPCODES: tuple[str, ...] = tuple(sorted(ELEMENTWISE | COLLECTIVES | {
-    "after-all", "batch-norm-grad", "batch-norm-inference", "batch-norm-training", "bitcast",
-    "broadcast", "call", "cholesky", "concatenate", "conditional", "constant", "convolution",
-    "copy", "copy-start", "copy-done", "custom-call", "domain", "dot", "dynamic-reshape",
-    "dynamic-slice", "dynamic-update-slice", "fft", "fusion", "gather", "get-dimension-size",
-    "get-tuple-element", "infeed", "iota", "map", "optimization-barrier", "outfeed", "pad",
-    "parameter", "partition-id", "recv", "recv-done", "reduce", "reduce-window", "replica-id",
-    "reshape", "reverse", "rng", "rng-bit-generator", "rng-get-and-update-state", "scatter",
-    "select-and-scatter", "send", "send-done", "set-dimension-size", "slice", "sort",
-    "transpose", "triangular-solve", "tuple", "while", "async-start", "async-done",
-    "async-update", "top-k", "ragged-all-to-all", "ragged-dot",
-}))
-OPCODE_INDEX: dict[str, int] = {op: i for i, op in enumerate(OPCODES)}
-UNKNOWN_OPCODE = len(OPCODES)  # index for opcodes outside the vocabulary
-
-
-def opcode_id(opcode: str) -> int:
-    return OPCODE_INDEX.get(opcode, UNKNOWN_OPCODE)
+from disco.ir.opcodes import ELEMENTWISE
 
 
 def _dims_attr(ins: Instruction, key: str) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disco.ir import flops as _flops
+from disco.ir import opcodes as _opcodes
 from disco.ir import hlo_parse
 
 if TYPE_CHECKING:
@@ -149,13 +150,13 @@ class HloGraph:
 
         feats = np.array([
             [math.log1p(n.out_elements), math.log1p(n.out_bytes), math.log1p(n.flops),
-             float(n.is_all_reduce), float(len(n.operands)), float(n.opcode in _flops.ELEMENTWISE)]
+             float(n.is_all_reduce), float(len(n.operands)), float(n.opcode in _opcodes.ELEMENTWISE)]
             for n in self.nodes], dtype=np.float32).reshape(len(self.nodes), len(NODE_FEATURES))
         edges = np.array(self.edges, dtype=np.int32).reshape(-1, 2)
         edge_bytes = np.array([self.nodes[s].out_bytes for s, _ in self.edges], dtype=np.float32)
         return GraphArrays(
             node_features=feats,
-            opcode_ids=np.array([_flops.opcode_id(n.opcode) for n in self.nodes], dtype=np.int32),
+            opcode_ids=np.array([_opcodes.opcode_id(n.opcode) for n in self.nodes], dtype=np.int32),
             senders=edges[:, 0].copy(), receivers=edges[:, 1].copy(), edge_bytes=edge_bytes)
 
     def summary(self) -> dict[str, Any]:

@@ -27,6 +27,10 @@ import functools
 import math
 import re
 
+from disco.ir.opcodes import LITERAL_OPERAND_OPCODES as _LITERAL_OPCODES
+from disco.ir.opcodes import SAME_SHAPE_AS_FIRST as _SAME_SHAPE_AS_FIRST
+from disco.ir.opcodes import SAME_SHAPE_AS_SECOND as _SAME_SHAPE_AS_SECOND
+
 DTYPE_BYTES: dict[str, float] = {
     "pred": 1, "s1": 0.125, "u1": 0.125, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1,
     "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8, "u64": 8,
@@ -40,21 +44,7 @@ DTYPE_BYTES: dict[str, float] = {
 _CALL_ATTRS = ("to_apply", "calls", "body", "condition", "branch_computations",
                "true_computation", "false_computation", "scatter", "select")
 
-# Opcodes whose operand list is a literal, not operand names.
-_LITERAL_OPCODES = frozenset({"constant", "parameter", "iota", "rng-get-and-update-state"})
-
-# Shape inference for an omitted shape (XLA's parser infers it too). Kept here until
-# disco/ir/opcodes.py (engineer `sim`) holds the opcode sets; these are the opcodes whose
-# result has the shape of their first operand (elementwise ops: XLA requires equal shapes).
-_SAME_SHAPE_AS_FIRST = frozenset({
-    "abs", "cbrt", "ceil", "cosine", "count-leading-zeros", "erf", "exponential",
-    "exponential-minus-one", "floor", "is-finite", "log", "log-plus-one", "logistic", "negate",
-    "not", "popcnt", "reduce-precision", "round-nearest-afz", "round-nearest-even", "rsqrt",
-    "sign", "sine", "sqrt", "tan", "tanh", "copy", "optimization-barrier",
-    "add", "and", "atan2", "divide", "maximum", "minimum", "multiply", "or", "power",
-    "remainder", "shift-left", "shift-right-arithmetic", "shift-right-logical", "subtract", "xor",
-})
-_SAME_SHAPE_AS_SECOND = frozenset({"select", "clamp"})
+# Shape inference for an omitted shape (XLA's parser infers it too).
 _INFERABLE = _SAME_SHAPE_AS_FIRST | _SAME_SHAPE_AS_SECOND | {"compare", "tuple", "get-tuple-element"}
 
 # -- lexical pieces (Python 3.11 possessive quantifiers keep the nested patterns linear) -------

@@ -6,6 +6,7 @@ import collections
 from typing import TYPE_CHECKING
 
 from disco.ir.hlo_parse import replica_group_size
+from disco.ir.opcodes import FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS
 
 if TYPE_CHECKING:
     from disco.ir.graph import HloGraph
@@ -109,12 +110,6 @@ def _group_outputs(graph: HloGraph, index: dict[str, int], group,
     return out
 
 
-# Producers whose results XLA:CPU's layout assignment may give a layout that an injected
-# fusion cannot absorb (measured: a group fed by two convolutions aborted the process with
-# "Check failed: has_layout()" on resnet50).
-LAYOUT_SENSITIVE_PRODUCERS = frozenset({"convolution"})
-
-
 def preds_of(graph: HloGraph) -> dict[int, list[int]]:
     preds: dict[int, list[int]] = collections.defaultdict(list)
     for s, d in graph.edges:
@@ -153,8 +148,6 @@ def group_computation_ok(graph: HloGraph, comp: str) -> bool:
 def groupable(graph: HloGraph, preds: dict[int, list[int]] | None = None) -> list[bool]:
     """Per node: whether it may be a member of a planned group under every per-node rule
     (fusible opcode, allowed computation, default layout, no layout-sensitive or odd-layout input)."""
-    from disco.plans.plan import FUSIBLE_OPCODES
-
     preds = preds_of(graph) if preds is None else preds
     bad_input = [bool(n.layout) or n.opcode in LAYOUT_SENSITIVE_PRODUCERS for n in graph.nodes]
     return [n.opcode in FUSIBLE_OPCODES and not n.layout and group_computation_ok(graph, n.computation)
@@ -163,8 +156,6 @@ def groupable(graph: HloGraph, preds: dict[int, list[int]] | None = None) -> lis
 
 def validate(plan: FusionPlan, graph: HloGraph) -> None:
     """Raises ValueError describing the first problem found; returns None for a valid plan."""
-    from disco.plans.plan import FUSIBLE_OPCODES
-
     index = graph.index()
     users = users_of(graph) if plan.groups else {}
     preds = preds_of(graph) if plan.groups else {}

@@ -25,20 +25,6 @@ BucketBuild = Literal["tuple", "concat", "rs_ag"]
 BUILDS: tuple[str, ...] = ("tuple", "concat", "rs_ag")
 XlaFusion = Literal["off", "extend"]
 
-# Opcodes disco puts into an injected kLoop fusion. XLA:CPU (jaxlib 0.10.2) aborts the
-# whole process (a CHECK failure, not an exception) on some injected fusions, e.g. a
-# reshape inside one ("Check failed: output_shape.has_layout()"), so only opcodes
-# measured safe are listed; scripts/measure_fusible.py re-measures them, each compile
-# in a child process, and docs/fusible_opcodes.md records the result.
-FUSIBLE_OPCODES: frozenset[str] = frozenset({
-    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "constant", "convert",
-    "copy", "cosine", "divide", "dynamic-slice", "dynamic-update-slice", "erf", "exponential",
-    "exponential-minus-one", "floor", "iota", "is-finite", "log", "log-plus-one", "maximum",
-    "minimum", "multiply", "negate", "not", "or", "pad", "power", "reduce", "reduce-precision",
-    "reduce-window", "remainder", "reverse", "round-nearest-afz", "round-nearest-even", "rsqrt",
-    "select", "sign", "sine", "slice", "sqrt", "subtract", "tan", "tanh", "xor",
-})
-
 # Compile-time passes a plan needs switched off, per backend.
 _FUSION_PASSES = {"cpu": ("fusion", "reshape-mover"),
                   "gpu": ("priority-fusion", "multi_output_fusion", "reshape-mover")}

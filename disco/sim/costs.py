@@ -11,9 +11,9 @@ a set of node indices into a Kernel (``GraphKernels(graph).kernel(indices)``);
 ``kernel_of(graph, indices)`` is the one-off convenience. A single unfused node
 is a kernel of one.
 
-Some opcodes never become kernels (``ZERO_COST_OPCODES``: parameters, constants,
+Some opcodes never become kernels (``disco.ir.opcodes.ZERO_COST_OPCODES``: parameters, constants,
 tuple plumbing, bitcasts, inlined calls) and collectives run on the network,
-not as kernels (``COLLECTIVE_KIND``); both cost 0.0 as kernels.
+not as kernels (``disco.ir.opcodes.COLLECTIVE_KIND``); both cost 0.0 as kernels.
 
 Implementations:
   :class:`AnalyticCosts`: a roofline, ``max(flops / peak_flops, bytes / mem_bandwidth)
@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from disco.ir.opcodes import COLLECTIVE_KIND, ZERO_COST_OPCODES
 from disco.sim import collectives
 
 if TYPE_CHECKING:
@@ -49,20 +50,6 @@ if TYPE_CHECKING:
     from disco.ir.graph import HloGraph, Node
 
 SCHEMA = "disco.costs/1"  # the file format's name: unchanged by the move to disco.sim (tables written before load)
-
-ZERO_COST_OPCODES: frozenset[str] = frozenset({
-    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "call", "after-all",
-    "opt-barrier", "all-reduce-done", "all-gather-done", "collective-permute-done",
-})
-
-# Opcode -> the collective kind that prices it (see disco.sim.collectives).
-COLLECTIVE_KIND: Mapping[str, str] = {
-    "all-reduce": "all-reduce", "all-reduce-start": "all-reduce",
-    "all-gather": "all-gather", "all-gather-start": "all-gather",
-    "reduce-scatter": "reduce-scatter", "all-to-all": "all-to-all",
-    "collective-permute": "collective-permute", "collective-permute-start": "collective-permute",
-}
-
 
 def is_kernel_node(node: Node) -> bool:
     """True when ``node`` runs as (part of) a compute kernel."""

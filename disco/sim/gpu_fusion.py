@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from disco.ir.flops import ELEMENTWISE
+from disco.ir.opcodes import ELEMENTWISE
 
 MATRIX_OPCODES: frozenset[str] = frozenset({"dot", "convolution"})
 REDUCE_OPCODES: frozenset[str] = frozenset({"reduce"})

@@ -12,14 +12,14 @@ compiled with ``plan``:
      kernel of one (XLA's fusion pass is disabled).
    - ``"extend"`` (XLA's fusion pass runs after ours): an emulation of XLA:CPU's loop
      fusion. Producers are visited consumers-first (descending program position). A
-     loop-fusible producer (``XLA_LOOP_OPCODES``: elementwise ops, broadcast, reshape,
+     loop-fusible producer (``XLA_CPU_LOOP_OPCODES``: elementwise ops, broadcast, reshape,
      transpose, slice, concatenate, reduce, ...; or a planned group, which is a loop
      fusion) is fused into its users' fusion when all its users are loop-fusible and
      already in one and the same fusion, and its value is not read by a zero-cost op
      (tuple, get-tuple-element, call: a step output) or a collective; otherwise it
      roots a fusion of its own. A broadcast whose users are all loop-fusible is
      duplicated into each consumer (it becomes part of every consumer's kernel: its
-     inputs are read there, its result is never written; ``DUPLICATED_OPCODES``).
+     inputs are read there, its result is never written; ``XLA_CPU_DUPLICATED_OPCODES``).
      Dots, convolutions, custom calls, scatters and collectives are never fused (XLA:CPU
      runs dots and convolutions as library calls). Planned groups are pre-fused before
      the pass, so XLA grows them by the same rule. Every fusion has one root that all its
@@ -80,9 +80,10 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from disco.ir.opcodes import (ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_DUPLICATED_OPCODES,
+                              XLA_CPU_LOOP_OPCODES, ZERO_COST_OPCODES)
 from disco.sim import gpu_fusion
-from disco.sim.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, CostModel, GraphKernels
-from disco.plans.plan import FUSIBLE_OPCODES
+from disco.sim.costs import CostModel, GraphKernels
 
 if TYPE_CHECKING:
     from disco.sim.cluster import ClusterSpec
@@ -96,25 +97,6 @@ _UNIT_KERNEL, _UNIT_COLL, _UNIT_VARIADIC, _UNIT_RS_AG = 0, 1, 2, 3
 _BUILD_UNIT = {"concat": _UNIT_COLL, "tuple": _UNIT_VARIADIC, "rs_ag": _UNIT_RS_AG}
 _INF = float("inf")
 _VIRTUAL, _KERNEL, _COLL = 0, 1, 2
-
-# XLA's elementwise opcodes (HloInstruction::IsElementwise).
-_ELEMENTWISE: frozenset[str] = frozenset({
-    "abs", "add", "and", "atan2", "bitcast-convert", "cbrt", "ceil", "clamp", "clz", "compare", "complex",
-    "convert", "copy", "cosine", "divide", "erf", "exponential", "exponential-minus-one", "floor", "imag",
-    "is-finite", "log", "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate", "not", "or",
-    "popcnt", "power", "real", "reduce-precision", "remainder", "round-nearest-afz", "round-nearest-even",
-    "rsqrt", "select", "shift-left", "shift-right-arithmetic", "shift-right-logical", "sign", "sine", "sqrt",
-    "stochastic-convert", "subtract", "tan", "tanh", "xor",
-})
-# What XLA:CPU's loop fusion fuses (CpuInstructionFusion: elementwise ops plus CanBeLoopFused),
-# and every opcode a planned group may hold.
-XLA_LOOP_OPCODES: frozenset[str] = _ELEMENTWISE | FUSIBLE_OPCODES | frozenset({
-    "broadcast", "concatenate", "dynamic-slice", "dynamic-update-slice", "gather", "iota", "pad", "reduce",
-    "reshape", "reverse", "slice", "transpose",
-})
-# Cheap producers XLA duplicates into every consumer instead of writing them out.
-DUPLICATED_OPCODES: frozenset[str] = frozenset({"broadcast"})
-
 
 # ---------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
@@ -291,7 +273,7 @@ class Simulator:
                 if p >= d:
                     raise ValueError(f"graph {graph.name!r}: edge {nodes[p].name!r} -> {nodes[d].name!r} "
                                      "goes backwards; expected nodes in topological order")
-        self._loop = [node.opcode in XLA_LOOP_OPCODES for node in nodes]
+        self._loop = [node.opcode in XLA_CPU_LOOP_OPCODES for node in nodes]
         p = cluster.num_devices
         self._cbytes = [0] * n
         for i, node in enumerate(nodes):
@@ -299,7 +281,7 @@ class Simulator:
                 # The full buffer: a reduce-scatter's result is one device's shard.
                 scale = p if COLLECTIVE_KIND[node.opcode] == "reduce-scatter" else 1
                 self._cbytes[i] = node.out_bytes * scale
-        self._ars = [i for i in range(n) if nodes[i].opcode in ("all-reduce", "all-reduce-start")]
+        self._ars = [i for i in range(n) if nodes[i].opcode in ALL_REDUCE_OPCODES]
         self._ar_set = frozenset(self._ars)
         self._kernel_cache: dict[tuple[bool, tuple[int, ...]], float] = {}
         self._group_cache: dict[tuple[str, ...], _Group] = {}
@@ -332,7 +314,7 @@ class Simulator:
                                          self.kernels.preds, [nd.out_elements for nd in nodes])
         dup: set[int] = set()
         for i in range(self._n - 1, -1, -1):
-            if nodes[i].opcode in DUPLICATED_OPCODES and kind[i] == _KERNEL and succs[i] and all(
+            if nodes[i].opcode in XLA_CPU_DUPLICATED_OPCODES and kind[i] == _KERNEL and succs[i] and all(
                     s in dup or (kind[s] == _KERNEL and loop[s]) for s in succs[i]):
                 dup.add(i)
         return dup
@@ -1153,7 +1135,7 @@ class Simulator:
         speed = self.cluster.compute_speed
         compute = sum(self.costs.kernel_time(gk.kernel((i,))) / speed for i in range(self._n)
                       if self._kind[i] == _KERNEL and nodes[i].opcode not in FUSIBLE_OPCODES
-                      and nodes[i].opcode not in XLA_LOOP_OPCODES)
+                      and nodes[i].opcode not in XLA_CPU_LOOP_OPCODES)
         ar_bytes = sum(self._cbytes[a] for a in self._ars)
         comm = (self.costs.collective_time("all-reduce", ar_bytes, self.cluster) if self._ars else 0.0)
         mode = self._modes["extend"]
@@ -1191,7 +1173,7 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
     ``max(compute, comm)`` where
 
     - ``compute`` is the summed unfused kernel time of the compute ops that no plan can fuse
-      (opcodes outside ``disco.plans.plan.FUSIBLE_OPCODES`` and ``XLA_LOOP_OPCODES``, always kernels
+      (opcodes outside ``disco.ir.opcodes.FUSIBLE_OPCODES`` and ``XLA_CPU_LOOP_OPCODES``, always kernels
       of one in both fusion modes), divided by
       ``cluster.compute_speed``; fusible ops are counted as free, since fusion may hide them.
     - ``comm`` is one all-reduce of all all-reduce bytes together (any bucketing costs at least
