@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 
 import hypothesis.strategies as st
+import jax.numpy as jnp
 import networkx as nx
 import pytest
 from hypothesis import event, given, settings
@@ -223,3 +226,28 @@ def test_replica_group_size(text, size):
     from disco.ir.hlo_parse import replica_group_size
 
     assert replica_group_size(text) == size
+
+
+# -- a plan JSON written before the plans cycle was broken (issue 14) still loads and applies ------------
+PRE_CHANGE_PLAN = Path(__file__).parent / "data" / "plan_pre_issue14_mlp_tiny.json"
+
+
+def test_plan_json_written_before_issue_14_loads_validates_and_applies():
+    """Written by the code before disco.plans' import cycle was broken (random_plan(mlp tiny, 0) with even_2
+    buckets and one compile option, from trax_models.make_train_step("mlp", "tiny", devices=2, optimizer="sgd"))."""
+    import trax_models
+    import xla_hooks
+    from disco.ir.extractor import extract
+
+    text = PRE_CHANGE_PLAN.read_text()
+    plan = FusionPlan.from_json(text)
+    assert plan.digest() == "73c0fcd5ad277301"  # what the pre-change code computed
+    assert json.loads(plan.to_json()) == json.loads(text)
+    assert len(plan.groups) == 8 and len(plan.buckets) == 2
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=2, optimizer="sgd")
+    graph = extract(step, *args)
+    assert plan.validate(graph) is plan
+    applied = xla_hooks.apply(plan, step, *args)
+    assert applied.applied, applied.fallback_reason
+    state, loss = applied(*args)
+    assert bool(jnp.isfinite(loss))

@@ -7,6 +7,11 @@ all-reduces are merged into one.
 
 Inside the library a plan is a frozen dataclass; at the boundary (files, the
 REST API, ``--json``) it is JSON checked by a pydantic model with a schema version.
+
+Imports point one way: :mod:`disco.plans.check` (validation against a graph) and
+:mod:`disco.plans.schema` (the JSON form) import nothing from this module at run time
+(check names the plan type for type checkers only), so ``FusionPlan.validate`` and
+``FusionPlan.from_dict`` call them without an import cycle.
 """
 
 from __future__ import annotations
@@ -15,15 +20,15 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from disco.plans import check as plan_check
+from disco.plans.schema import BUILDS, SCHEMA_VERSION, BucketBuild, XlaFusion
 
 if TYPE_CHECKING:
     from disco.ir.graph import HloGraph
 
-SCHEMA_VERSION = 1
-BucketBuild = Literal["tuple", "concat", "rs_ag"]
-BUILDS: tuple[str, ...] = ("tuple", "concat", "rs_ag")
-XlaFusion = Literal["off", "extend"]
+__all__ = ["BUILDS", "SCHEMA_VERSION", "Bucket", "BucketBuild", "FusionPlan", "XlaFusion", "make_plan"]
 
 # Compile-time passes a plan needs switched off, per backend.
 _FUSION_PASSES = {"cpu": ("fusion", "reshape-mover"),
@@ -134,9 +139,12 @@ class FusionPlan:
         Raises:
           ValueError: naming the field that is missing or wrong.
         """
-        from disco.plans import schema as plan_schema
+        from disco.plans import schema as plan_schema  # pydantic loads on the first parse, not with plans
 
-        return plan_schema.parse(data)
+        f = plan_schema.parse(data)
+        return cls(groups=f.groups, xla_fusion=f.xla_fusion,  # type: ignore[arg-type]
+                   buckets=None if f.buckets is None else tuple(Bucket(m, b) for m, b in f.buckets),  # type: ignore[arg-type]
+                   compile_options=f.compile_options, name=f.name)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> FusionPlan:
@@ -160,8 +168,6 @@ class FusionPlan:
           ValueError: saying which group or bucket is wrong and why (for a cycle,
             the path that would form it).
         """
-        from disco.plans import check as plan_check
-
         plan_check.validate(self, graph)
         return self
 

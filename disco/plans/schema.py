@@ -1,49 +1,77 @@
-"""The JSON boundary of a FusionPlan: a pydantic model with a schema version."""
+"""The JSON form of a plan: its schema version, its field vocabularies, and the pydantic model that checks it.
+
+This module imports nothing from disco.plans: it checks the shape of a plan's JSON object and
+returns the checked fields; :meth:`disco.plans.plan.FusionPlan.from_dict` builds the plan from
+them. pydantic is imported on the first :func:`parse`, not with the data model.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import functools
+from typing import Any, Literal, NamedTuple
 
-import pydantic
-
-from disco.plans.plan import SCHEMA_VERSION, Bucket, FusionPlan
-
-
-class BucketModel(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
-    members: list[str] = pydantic.Field(min_length=1)
-    build: Literal["tuple", "concat", "rs_ag"] = "concat"
+SCHEMA_VERSION = 1
+BucketBuild = Literal["tuple", "concat", "rs_ag"]
+BUILDS: tuple[str, ...] = ("tuple", "concat", "rs_ag")
+XlaFusion = Literal["off", "extend"]
 
 
-class PlanModel(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
-    schema_version: Literal[1]
-    name: str = ""
-    groups: list[list[str]] = []
-    xla_fusion: Literal["off", "extend"] = "extend"
-    buckets: list[BucketModel] | None = None
-    compile_options: dict[str, str] = {}
+class PlanFields(NamedTuple):
+    """A plan's fields as checked JSON: plain tuples, ready for ``FusionPlan(**fields._asdict())``."""
+
+    groups: tuple[tuple[str, ...], ...]
+    xla_fusion: str
+    buckets: tuple[tuple[tuple[str, ...], str], ...] | None  # (members, build) per bucket
+    compile_options: tuple[tuple[str, str], ...]
+    name: str
 
 
-def _first_error(e: pydantic.ValidationError) -> str:
+@functools.cache
+def _plan_model() -> Any:
+    import pydantic
+
+    class BucketModel(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+        members: list[str] = pydantic.Field(min_length=1)
+        build: BucketBuild = "concat"
+
+    class PlanModel(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+        schema_version: Literal[1]
+        name: str = ""
+        groups: list[list[str]] = []
+        xla_fusion: XlaFusion = "extend"
+        buckets: list[BucketModel] | None = None
+        compile_options: dict[str, str] = {}
+
+    return PlanModel
+
+
+def _first_error(e: Any) -> str:
     err = e.errors()[0]
     field = ".".join(str(p) for p in err["loc"]) or "<root>"
     return f"plan field {field!r}: {err['msg']} (got {err.get('input')!r})"
 
 
-def parse(data: Any) -> FusionPlan:
-    """Validates a JSON object and returns the plan; ValueError names the bad field."""
+def parse(data: Any) -> PlanFields:
+    """Checks a plan's JSON object.
+
+    Raises:
+      ValueError: naming the bad field, what it held and what was expected.
+    """
+    import pydantic
+
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ValueError(f"plan field 'schema_version': expected {SCHEMA_VERSION}, "
                          f"got {data.get('schema_version')!r}")
     try:
-        m = PlanModel.model_validate(data)
+        m = _plan_model().model_validate(data)
     except pydantic.ValidationError as e:
         raise ValueError(_first_error(e)) from None
-    return FusionPlan(
+    return PlanFields(
         groups=tuple(tuple(g) for g in m.groups),
         xla_fusion=m.xla_fusion,
-        buckets=None if m.buckets is None else tuple(Bucket(tuple(b.members), b.build) for b in m.buckets),
+        buckets=None if m.buckets is None else tuple((tuple(b.members), b.build) for b in m.buckets),
         compile_options=tuple(sorted(m.compile_options.items())),
         name=m.name,
     )
