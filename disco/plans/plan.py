@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from disco.plans import check as plan_check
+from disco.plans import schema as plan_schema
 from disco.plans.schema import BUILDS, SCHEMA_VERSION, BucketBuild, XlaFusion
 
 if TYPE_CHECKING:
@@ -139,8 +140,6 @@ class FusionPlan:
         Raises:
           ValueError: naming the field that is missing or wrong.
         """
-        from disco.plans import schema as plan_schema  # pydantic loads on the first parse, not with plans
-
         f = plan_schema.parse(data)
         return cls(groups=f.groups, xla_fusion=f.xla_fusion,  # type: ignore[arg-type]
                    buckets=None if f.buckets is None else tuple(Bucket(m, b) for m, b in f.buckets),  # type: ignore[arg-type]
