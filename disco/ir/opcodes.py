@@ -26,7 +26,7 @@ The sets, by what they mean:
 * :data:`FUSIBLE_OPCODES`: what disco may put into an injected kLoop fusion (measured, see below).
 * :data:`LAYOUT_SENSITIVE_PRODUCERS`: producers an injected fusion may not read directly.
 * :data:`XLA_CPU_LOOP_OPCODES`, :data:`XLA_CPU_DUPLICATED_OPCODES`: what XLA:CPU's loop fusion
-  fuses and duplicates (used by :mod:`disco.sim.fusion_xla_cpu`).
+  fuses and duplicates (used by :mod:`disco.sim.cpu_fusion`).
 * :data:`OPCODES`, :func:`opcode_id`: the fixed opcode vocabulary of array features.
 """
 

@@ -48,7 +48,8 @@ each region a plan's groups touch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from disco.ir.opcodes import ELEMENTWISE
 
@@ -390,3 +391,32 @@ def _independent(ctx: GpuFusionContext, a: _Fusion, b: _Fusion) -> bool:
         seen.add(v)
         stack.extend(ctx.users[v])
     return True
+
+
+class GpuFusion:
+    """XLA:GPU's fusion over one graph: the :class:`disco.sim.units.FusionEmulation` of a GPU cluster.
+
+    Args:
+      nodes: the graph's nodes, in topological order.
+      is_kernel: whether each node is a compute op (not zero-cost, not a collective).
+      succs: each node's readers.
+      preds: each node's operands.
+      index: instruction name -> node index.
+
+    Attributes:
+      duplicated: the producers XLA:GPU recomputes inside each consumer (:func:`duplicated`).
+    """
+
+    def __init__(self, nodes: Sequence[Any], is_kernel: Sequence[bool], succs: Sequence[Sequence[int]],
+                 preds: Sequence[Sequence[int]], index: Mapping[str, int]):
+        opcodes = [nd.opcode for nd in nodes]
+        out_el = [nd.out_elements for nd in nodes]
+        dup = duplicated(opcodes, is_kernel, succs, preds, out_el)
+        in_el = [out_el[index[nd.operands[0]]] if nd.operands and nd.operands[0] in index else out_el[i]
+                 for i, nd in enumerate(nodes)]
+        self.duplicated = frozenset(dup)
+        self._ctx = make_context(opcodes, out_el, in_el, is_kernel, dup, succs, preds)
+
+    def clusters(self, region: list[int], groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """XLA:GPU's fusions of ``region`` (sorted real compute nodes), ``groups`` pre-fused."""
+        return clusters(self._ctx, region, groups)

@@ -1,0 +1,425 @@
+"""Plan patching: what one plan changes in a fusion mode's base units.
+
+A plan is a patch of its mode's base units (:mod:`disco.sim.units`): its groups (with
+``xla_fusion="off"`` each group is one kernel; with ``"extend"`` each set of base fusions its groups
+touch is re-fused by the backend's fusion emulation with the groups pre-fused, cached per set of
+groups) and its buckets (one collective per bucket; ``buckets=None`` models XLA's combiner: all
+all-reduces in one bucket, or one per all-reduce *level* where one bucket would deadlock) replace
+some base units. :meth:`Patcher.arrays` then gives the scheduler flat per-unit arrays.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from disco.sim import scheduler
+from disco.sim.units import BUILD_UNIT, COLL, UNIT_RS_AG, FusionEmulation, Mode, Unit, UnitBuilder, build_mode
+
+if TYPE_CHECKING:
+    from disco.plans.plan import FusionPlan
+
+Arrays = tuple[list, list, list, list, list, list, list[int], list[int]]
+
+
+class Group:
+    """A planned group resolved against the graph (cached by its names)."""
+
+    __slots__ = ("names", "members", "unit_off", "kmembers_ext", "touched", "solo")
+
+    def __init__(self, names: tuple[str, ...], members: tuple[int, ...]):
+        self.names = names
+        self.members = members
+        self.unit_off: Unit | None = None
+        self.kmembers_ext: tuple[int, ...] = ()
+        self.touched: tuple[int, ...] = ()
+        self.solo: tuple[list[int], list[Unit], float] | None = None  # re-fusion when alone
+
+
+class Patch:
+    """What one plan changes in a mode's base units: units removed and units added."""
+
+    __slots__ = ("mode", "dead", "new", "compute", "comm", "buckets")
+
+    def __init__(self, mode: Mode, dead: list[int], new: list[Unit], buckets: list[Unit] | None,
+                 compute: float, comm: float):
+        self.mode = mode
+        self.dead = dead
+        self.new = new
+        self.buckets = buckets  # the plan's bucket units in plan order (None: the combiner's)
+        self.compute = compute
+        self.comm = comm
+
+
+class Patcher:
+    """Turns plans into patches of one graph's base units, caching groups, buckets and re-fusions.
+
+    Args:
+      builder: makes (and caches) the graph's units.
+      kind: per node, :func:`disco.sim.units.node_kinds`.
+      ars: the all-reduce nodes, in program order.
+      emulation: the backend's fusion emulation for ``xla_fusion="extend"``.
+    """
+
+    def __init__(self, builder: UnitBuilder, kind: Sequence[int], ars: list[int], emulation: FusionEmulation):
+        self.builder = builder
+        self.graph = builder.graph
+        self._n = len(kind)
+        self._index = self.graph.index()
+        self._kind = kind
+        self._ars = ars
+        self._ar_set = frozenset(ars)
+        self._emulation = emulation
+        self._group_cache: dict[tuple[str, ...], Group] = {}
+        self._bucket_names: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self._region_cache: dict[tuple[tuple[str, ...], ...], tuple[list[int], list[Unit], float]] = {}
+        self._combined: dict[str, list[Unit]] = {}
+        self._modes: dict[str, Mode] = {}
+        self._levels = self._ar_levels_graph()
+        self.mode("extend")  # the backend's own fusion of the unplanned graph, once
+
+    def mode(self, fusion: str) -> Mode:
+        mode = self._modes.get(fusion)
+        if mode is None:
+            if fusion not in ("extend", "off"):
+                raise ValueError(f"plan.xla_fusion: expected 'extend' or 'off', got {fusion!r}")
+            mode = self._modes[fusion] = build_mode(self.builder, fusion, self._kind, self._ar_set,
+                                                    self._emulation if fusion == "extend" else None)
+        return mode
+
+    def _resolve(self, names: Sequence[str], what: str) -> tuple[int, ...]:
+        idx = self._index
+        try:
+            return tuple(sorted({idx[nm] for nm in names}))
+        except KeyError as e:
+            raise ValueError(f"{what}: instruction {e.args[0]!r} is not in the graph {self.graph.name!r}") from None
+        except TypeError:
+            raise ValueError(f"{what}: expected a sequence of instruction names, got {names!r}") from None
+
+    def _group(self, gi: int, names: tuple[str, ...]) -> Group:
+        g = self._group_cache.get(names)
+        if g is not None:
+            return g
+        members = self._resolve(names, f"group {gi}")
+        if not members:
+            raise ValueError(f"group {gi} is empty; expected at least one instruction name")
+        bad = [self.graph.nodes[m].name for m in members if self._kind[m] == COLL]
+        if bad:
+            raise ValueError(f"group {gi}: {bad[0]!r} is a collective; groups hold compute ops")
+        g = Group(names, members)
+        off = self._modes.get("off")
+        if off is not None:
+            self._group_off(off, g)
+        ext = self._modes["extend"]
+        g.kmembers_ext = tuple(m for m in members if not ext.virtual[m])
+        g.touched = tuple(sorted({ext.cluster_of[m] for m in g.kmembers_ext}))
+        self._group_cache[names] = g
+        return g
+
+    def _group_off(self, mode: Mode, g: Group) -> None:
+        km = tuple(m for m in g.members if not mode.virtual[m])
+        g.unit_off = self.builder.kernel_unit(mode, km, (g.names,)) if km else None
+
+    def _bucket_members(self, bi: int, names: tuple[str, ...]) -> tuple[int, ...]:
+        members = self._bucket_names.get(names)
+        if members is None:
+            members = self._resolve(names, f"bucket {bi}")
+            bad = [self.graph.nodes[m].name for m in members if m not in self._ar_set]
+            if bad or not members:
+                raise ValueError(f"bucket {bi}: expected all-reduce instruction names, got "
+                                 f"{bad[:3] if bad else 'none'}")
+            self._bucket_names[names] = members
+        return members
+
+    def _ar_levels_graph(self) -> dict[int, int]:
+        """Per all-reduce, the number of all-reduces on the longest chain above it."""
+        lvl = [0] * self._n
+        ar = self._ar_set
+        for i, preds in enumerate(self.builder.kernels.preds):
+            best = 0
+            for p in preds:
+                v = lvl[p] + (1 if p in ar else 0)
+                if v > best:
+                    best = v
+            lvl[i] = best
+        return {a: lvl[a] for a in self._ars}
+
+    def _combiner(self, mode: Mode, levels: dict[int, int] | None = None) -> list[Unit]:
+        """XLA's combiner: all all-reduces in one bucket, split by all-reduce level if needed."""
+        if levels is None and mode.fusion in self._combined:
+            return self._combined[mode.fusion]
+        by_level: dict[int, list[int]] = collections.defaultdict(list)
+        for a in self._ars:
+            by_level[(levels or self._levels)[a]].append(a)
+        out = [self.builder.coll_unit(mode, tuple(by_level[lv]), "all-reduce", variadic=True) for lv in sorted(by_level)]
+        if levels is None:
+            self._combined[mode.fusion] = out
+        return out
+
+    def patch(self, plan: FusionPlan, levels: dict[int, int] | None = None) -> Patch:
+        """The units ``plan`` removes from and adds to its mode's base units.
+
+        Raises:
+          ValueError: for names not in the graph, overlapping groups or overlapping buckets.
+        """
+        mode = self.mode(plan.xla_fusion)
+        cache_get = self._group_cache.get
+        groups: list[Group] = []
+        for gi, names in enumerate(plan.groups):
+            groups.append(cache_get(names) or self._group(gi, names))
+        if groups:
+            count = sum(len(g.members) for g in groups)
+            if len(set().union(*[g.members for g in groups])) != count:
+                self._raise_overlap(plan)
+        dead: list[int] = []
+        new: list[Unit] = []
+        compute = mode.kernel_total
+        comm = mode.comm_total
+        dur = mode.dur
+        if groups:
+            if mode.fusion == "off":
+                unit_of = mode.unit_of
+                for g in groups:
+                    if g.unit_off is None:
+                        self._group_off(mode, g)
+                    u = g.unit_off
+                    if u is not None:
+                        gone = [unit_of[m] for m in u.members]
+                        dead += gone
+                        new.append(u)
+                        compute += u.dur - sum(dur[d] for d in gone)
+            else:
+                compute += self._extend_groups(mode, groups, dead, new)
+        ar_unit = mode.ar_unit
+        if plan.buckets is None:
+            buckets = None
+            if self._ars:
+                dead += ar_unit.values()
+                combined = self._combiner(mode, levels)
+                new += combined
+                comm += sum(u.dur for u in combined) - sum(dur[d] for d in ar_unit.values())
+        else:
+            buckets = []
+            seen: set[int] = set()
+            count = 0
+            bucket_get = self._bucket_names.get
+            coll_get = self.builder.unit_cache.get
+            fusion = mode.fusion
+            for bi, b in enumerate(plan.buckets):
+                members = bucket_get(b.members) or self._bucket_members(bi, b.members)
+                seen.update(members)
+                count += len(members)
+                unit = BUILD_UNIT[b.build]
+                u = coll_get((fusion, unit, members)) or self.builder.coll_unit(mode, members, "all-reduce", unit=unit)
+                buckets.append(u)
+                if len(members) > 1 or unit == UNIT_RS_AG:
+                    gone = [ar_unit[m] for m in members]
+                    dead += gone
+                    new.append(u)
+                    comm += u.dur - sum(dur[d] for d in gone)
+            if len(seen) != count:
+                self._raise_overlap(plan)
+        return Patch(mode, dead, new, buckets, compute, comm)
+
+    def _extend_groups(self, mode: Mode, groups: list[Group], dead: list[int], new: list[Unit]) -> float:
+        """Planned groups grown by XLA's fusion: each set of base fusions that groups touch is re-fused.
+
+        Appends to ``dead`` and ``new``; returns the change in summed kernel time.
+        """
+        # The common case: every group lies inside one XLA fusion.
+        by_cluster: dict[int, list[Group]] = {}
+        for g in groups:
+            t = g.touched
+            if len(t) != 1:
+                if t:
+                    break
+                continue
+            lst = by_cluster.get(t[0])
+            if lst is None:
+                by_cluster[t[0]] = [g]
+            else:
+                lst.append(g)
+        else:
+            delta = 0.0
+            cache = self._region_cache
+            for lst in by_cluster.values():
+                if len(lst) == 1:
+                    hit = lst[0].solo
+                    if hit is None:
+                        hit = lst[0].solo = self._refuse(mode, lst)
+                else:
+                    key = tuple(sorted(g.names for g in lst))
+                    hit = cache.get(key)
+                    if hit is None:
+                        hit = cache[key] = self._refuse(mode, lst)
+                dead += hit[0]
+                new += hit[1]
+                delta += hit[2]
+            return delta
+        owner: dict[int, int] = {}
+        comps: list[list[Group] | None] = []
+        for g in groups:
+            if not g.touched:
+                continue
+            hit = {owner[c] for c in g.touched if c in owner}
+            if not hit:
+                ci = len(comps)
+                comps.append([g])
+            else:
+                ci = min(hit)
+                comp = comps[ci]
+                comp.append(g)  # type: ignore[union-attr]
+                for cj in hit - {ci}:
+                    other = comps[cj]
+                    comp.extend(other)  # type: ignore[union-attr,arg-type]
+                    comps[cj] = None
+                    for h in other:  # type: ignore[union-attr]
+                        for c in h.touched:
+                            owner[c] = ci
+            for c in g.touched:
+                owner[c] = ci
+        cache = self._region_cache
+        delta = 0.0
+        for comp in comps:
+            if comp is None:
+                continue
+            key = tuple(sorted(g.names for g in comp))
+            hit_ = cache.get(key)
+            if hit_ is None:
+                hit_ = cache[key] = self._refuse(mode, comp)
+            dead += hit_[0]
+            new += hit_[1]
+            delta += hit_[2]
+        return delta
+
+    def _refuse(self, mode: Mode, comp: list[Group]) -> tuple[list[int], list[Unit], float]:
+        """(base units removed, units added, kernel-time change) when ``comp``'s groups are pre-fused."""
+        touched = sorted({c for g in comp for c in g.touched})
+        region = sorted(m for c in touched for m in mode.clusters[c])
+        ordered = sorted(comp, key=lambda g: g.kmembers_ext)
+        clusters = self._emulation.clusters(region, [g.kmembers_ext for g in ordered])
+        where = {m: g.names for g in comp for m in g.kmembers_ext}
+        units = []
+        for c in clusters:
+            inside = tuple(dict.fromkeys(where[m] for m in c if m in where))
+            units.append(self.builder.kernel_unit(mode, c, inside))
+        gone = [mode.unit_of[mode.clusters[c][0]] for c in touched]
+        return gone, units, sum(u.dur for u in units) - sum(mode.dur[d] for d in gone)
+
+    def _raise_overlap(self, plan: FusionPlan) -> None:
+        owner: dict[str, str] = {}
+        parts = [(f"group {gi}", names) for gi, names in enumerate(plan.groups)]
+        parts += [(f"bucket {bi}", b.members) for bi, b in enumerate(plan.buckets or ())]
+        for where, names in parts:
+            for name in names:
+                if name in owner:
+                    raise ValueError(f"{where}: instruction {name!r} is already in {owner[name]}; "
+                                     "groups and buckets must be disjoint")
+                owner[name] = where
+        raise ValueError("plan has overlapping groups or buckets")  # pragma: no cover
+
+    def arrays(self, patch: Patch) -> Arrays:
+        """Per-plan unit arrays: the mode's base arrays with the patch applied.
+
+        Returns:
+          (unit_of, indeg, dur, key, succ, coll, ready_k, ready_c): node -> unit id, and per unit
+          (base ids, then the patch's new units) as :func:`disco.sim.scheduler.schedule` takes them;
+          ``indeg`` is a fresh list, the others may be the mode's own (read only).
+        """
+        mode = patch.mode
+        new = patch.new
+        nb = len(mode.dur)
+        unit_of = mode.unit_of[:]
+        indeg = mode.indeg + [u.indeg for u in new]
+        for d in patch.dead:
+            indeg[d] = scheduler.DEAD
+        ready_k = [u for u in mode.ready_k if indeg[u] == 0]
+        ready_c = [u for u in mode.ready_c if indeg[u] == 0]
+        for k, u in enumerate(new):
+            uid = nb + k
+            for m in u.members:
+                unit_of[m] = uid
+            if u.indeg == 0:
+                (ready_c if u.is_coll else ready_k).append(uid)
+        if new:
+            dur = mode.dur + [u.dur for u in new]
+            key = mode.key + [u.prio for u in new]
+            succ = mode.succ + [u.succ for u in new]
+            coll = mode.coll + [u.is_coll for u in new]
+        else:
+            dur, key, succ, coll = mode.dur, mode.key, mode.succ, mode.coll
+        return unit_of, indeg, dur, key, succ, coll, ready_k, ready_c
+
+    def all_units(self, patch: Patch) -> list[Unit]:
+        dead = set(patch.dead)
+        return [u for ui, u in enumerate(patch.mode.units) if ui not in dead] + patch.new
+
+    def toposort(self, patch: Patch) -> list[int]:
+        """Alive unit ids (base ids, then the patch's new units) in a topological order.
+
+        Raises:
+          ValueError: naming units on a cycle.
+        """
+        unit_of, indeg, dur, key, succ, coll, ready_k, ready_c = self.arrays(patch)
+        order = scheduler.toposort(unit_of, indeg, key, succ, ready_k + ready_c)
+        if len(order) + len(patch.dead) != len(dur):
+            units = patch.mode.units + patch.new
+            names = self.graph.nodes
+            stuck = sorted({names[m].name for u in range(len(dur)) if indeg[u] > 0 for m in units[u].members})
+            raise ValueError(f"contracting the plan forms a cycle through {stuck[:6]}; "
+                             "check the plan with disco.plans.check.validate")
+        return order
+
+    def contracted_levels(self, patch: Patch) -> dict[int, int]:
+        """All-reduce levels on the graph with the plan's kernels contracted (all-reduces single)."""
+        mode = patch.mode
+        dead = set(patch.dead)
+        kernels = [u for ui, u in enumerate(mode.units) if ui not in dead and not u.is_coll]
+        kernels += [u for u in patch.new if not u.is_coll]
+        singles = [mode.units[mode.ar_unit[a]] for a in self._ars]
+        others = [u for u in mode.units if u.is_coll and u.members[0] not in self._ar_set]
+        units = kernels + singles + others
+        unit_of = [-1] * self._n
+        for ui, u in enumerate(units):
+            for m in u.members:
+                unit_of[m] = ui
+        indeg = [u.indeg for u in units]
+        heap = [(u.prio, ui) for ui, u in enumerate(units) if u.indeg == 0]
+        heapq.heapify(heap)
+        lvl = [0] * len(units)
+        ar = self._ar_set
+        while heap:
+            _, ui = heapq.heappop(heap)
+            u = units[ui]
+            up = lvl[ui] + (1 if u.is_coll and u.members[0] in ar else 0)
+            for s, c in u.succ:
+                w = unit_of[s]
+                if up > lvl[w]:
+                    lvl[w] = up
+                indeg[w] -= c
+                if indeg[w] == 0:
+                    heapq.heappush(heap, (units[w].prio, w))
+        return {a: lvl[unit_of[a]] for a in self._ars}
+
+    def labels(self, plan: FusionPlan, patch: Patch) -> dict[int, str]:
+        labels: dict[int, str] = {}
+        nb = len(patch.mode.dur)
+        gindex = {names: gi for gi, names in enumerate(plan.groups)}
+        combined = 0
+        bucket_index = {id(u): bi for bi, u in enumerate(patch.buckets or ())}
+        for k, u in enumerate(patch.new):
+            if u.groups:
+                labels[nb + k] = f"fusion.{min(gindex[g] for g in u.groups)}"
+            elif u.is_coll:
+                if patch.buckets is None:
+                    labels[nb + k] = f"combined.{combined}"
+                    combined += 1
+                else:
+                    labels[nb + k] = f"bucket.{bucket_index[id(u)]}"
+        if patch.buckets is not None:  # single-member buckets keep their base unit
+            for bi, u in enumerate(patch.buckets):
+                if len(u.members) == 1:
+                    labels[patch.mode.ar_unit[u.members[0]]] = f"bucket.{bi}"
+        return labels

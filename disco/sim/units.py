@@ -1,0 +1,229 @@
+"""Units: the kernels and collectives a plan compiles to, and the plan-independent data per fusion mode.
+
+A graph node is *virtual* (a zero-cost op, :data:`disco.ir.opcodes.ZERO_COST_OPCODES`: it takes no
+time and only passes dependencies through), a *kernel* op, or a *collective*. A :class:`Mode` holds,
+for one ``xla_fusion`` mode, the adjacency with virtual nodes folded away and the *base units*: the
+kernels and collectives of the plan without groups or buckets. :class:`UnitBuilder` makes units,
+cached by their members, pricing a kernel with the cost model and a collective with the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from disco.ir.opcodes import COLLECTIVE_KIND, ZERO_COST_OPCODES
+
+if TYPE_CHECKING:
+    from disco.ir.graph import HloGraph, Node
+    from disco.sim.cluster import ClusterSpec
+    from disco.sim.costs import CostModel, GraphKernels
+
+# What a node is.
+VIRTUAL, KERNEL, COLL = 0, 1, 2
+# What a cached unit is: a kernel, a collective, or a variadic (tuple / XLA-combined) all-reduce,
+# or a reduce-scatter plus all-gather ("rs_ag" bucket).
+UNIT_KERNEL, UNIT_COLL, UNIT_VARIADIC, UNIT_RS_AG = 0, 1, 2, 3
+BUILD_UNIT = {"concat": UNIT_COLL, "tuple": UNIT_VARIADIC, "rs_ag": UNIT_RS_AG}
+
+
+def node_kinds(nodes: Sequence[Node]) -> list[int]:
+    """Per node: COLL (a collective), VIRTUAL (a zero-cost op) or KERNEL."""
+    return [COLL if node.opcode in COLLECTIVE_KIND else VIRTUAL if node.opcode in ZERO_COST_OPCODES else KERNEL
+            for node in nodes]
+
+
+class FusionEmulation(Protocol):
+    """What a backend's fusion emulation gives a mode (see :mod:`disco.sim.cpu_fusion`).
+
+    Attributes:
+      duplicated: kernel nodes the backend duplicates into every consumer (they become virtual).
+    """
+
+    duplicated: frozenset[int]
+
+    def clusters(self, region: list[int], groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The backend's fusions of ``region`` (sorted real compute nodes), ``groups`` pre-fused."""
+        ...
+
+
+class Unit:
+    """A kernel or collective of one contracted plan (internal; cached across plans).
+
+    ``succ`` lists (node, count) pairs: for each real node outside the unit that reads it, how
+    many of the unit's members it reads; ``indeg`` is the matching count of the unit's
+    (member, outside real input) pairs, so a unit is ready when every pair has been released.
+    """
+
+    __slots__ = ("is_coll", "members", "dur", "prio", "succ", "indeg", "groups", "name")
+
+    def __init__(self, is_coll: bool, members: tuple[int, ...], dur: float, succ: tuple[tuple[int, int], ...],
+                 indeg: int, name: str, groups: tuple[tuple[str, ...], ...] = ()):
+        self.is_coll = is_coll
+        self.members = members  # sorted node indices (real nodes only)
+        self.dur = dur
+        self.prio = members[0]  # program position: its first member
+        self.succ = succ
+        self.indeg = indeg
+        self.name = name  # the label of a unit that is not a planned group or a bucket
+        self.groups = groups  # the planned groups (by names) it contains
+
+
+class Mode:
+    """Plan-independent data for one ``xla_fusion`` mode: folded adjacency and the base units."""
+
+    __slots__ = ("fusion", "virtual", "rp", "rs", "inline", "cluster_of", "clusters", "units", "unit_of",
+                 "dur", "key", "succ", "coll", "indeg", "ready_k", "ready_c", "kernel_total", "comm_total",
+                 "ar_unit")
+
+
+class UnitBuilder:
+    """Makes the units of one graph, cached by (mode, unit kind, members) across plans.
+
+    Args:
+      graph: the graph.
+      costs: the cost model (kernel and collective times).
+      cluster: the cluster (``compute_speed``, collective costs, ``operand_latency``).
+      kernels: the graph's adjacency.
+      cbytes: per node, the bytes a collective moves (0 for other nodes).
+    """
+
+    def __init__(self, graph: HloGraph, costs: CostModel, cluster: ClusterSpec, kernels: GraphKernels,
+                 cbytes: list[int]):
+        self.graph = graph
+        self.costs = costs
+        self.cluster = cluster
+        self.kernels = kernels
+        self._cbytes = cbytes
+        self._kernel_cache: dict[tuple[bool, tuple[int, ...]], float] = {}
+        self.unit_cache: dict[tuple[str, int, tuple[int, ...]], Unit] = {}  # (fusion, UNIT_*, members)
+
+    def links(self, mode: Mode, members: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], int]:
+        mset = set(members)
+        rp, rs = mode.rp, mode.rs
+        indeg = 0
+        succ: dict[int, int] = {}
+        for m in members:
+            for p in rp[m]:
+                if p not in mset:
+                    indeg += 1
+            for s in rs[m]:
+                if s not in mset:
+                    succ[s] = succ.get(s, 0) + 1
+        return tuple(succ.items()), indeg
+
+    def kernel_unit(self, mode: Mode, members: tuple[int, ...],
+                     groups: tuple[tuple[str, ...], ...] = ()) -> Unit:
+        key = (mode.fusion, UNIT_KERNEL, members)
+        u = self.unit_cache.get(key)
+        if u is None:
+            inl = sorted({d for m in members for d in mode.inline[m]})
+            ck = (bool(inl), members)
+            dur = self._kernel_cache.get(ck)
+            if dur is None:
+                dur = self.costs.kernel_time(self.kernels.kernel(members, inl)) / self.cluster.compute_speed
+                self._kernel_cache[ck] = dur
+            succ, indeg = self.links(mode, members)
+            names = self.graph.nodes
+            name = names[members[0]].name if len(members) == 1 else f"xla_fusion({names[members[-1]].name})"
+            u = Unit(False, members, dur, succ, indeg, name)
+            self.unit_cache[key] = u
+        if groups and u.groups != groups:  # the same members, labelled by other groups
+            u = Unit(False, u.members, u.dur, u.succ, u.indeg, u.name, groups)
+        return u
+
+    def coll_unit(self, mode: Mode, members: tuple[int, ...], kind: str, variadic: bool = False,
+                   unit: int | None = None) -> Unit:
+        """One collective over ``members``; ``variadic`` (XLA's combined or a "tuple" bucket) adds the
+        cluster's ``operand_latency`` for each operand after the first; ``unit=UNIT_RS_AG`` (an
+        "rs_ag" bucket) prices it as a reduce-scatter followed by an all-gather of the same bytes."""
+        unit = unit if unit is not None else (UNIT_VARIADIC if variadic else UNIT_COLL)
+        key = (mode.fusion, unit, members)
+        u = self.unit_cache.get(key)
+        if u is None:
+            nbytes = sum(self._cbytes[m] for m in members)
+            if unit == UNIT_RS_AG:
+                dur = (self.costs.collective_time("reduce-scatter", nbytes, self.cluster)
+                       + self.costs.collective_time("all-gather", nbytes, self.cluster))
+            else:
+                dur = self.costs.collective_time(kind, nbytes, self.cluster)
+            if unit == UNIT_VARIADIC:
+                dur += self.cluster.operand_latency * (len(members) - 1)
+            succ, indeg = self.links(mode, members)
+            u = Unit(True, members, dur, succ, indeg, self.graph.nodes[members[0]].name)
+            self.unit_cache[key] = u
+        return u
+
+
+def build_mode(builder: UnitBuilder, fusion: str, kind: Sequence[int], ar_set: frozenset[int],
+               emulation: FusionEmulation | None) -> Mode:
+    """The base units of ``fusion`` mode: ``emulation``'s fusions of the whole graph (None: a kernel per op)."""
+    n = len(kind)
+    raw_p = builder.kernels.preds
+    dup = emulation.duplicated if emulation is not None else frozenset()
+    virtual = [kind[i] == VIRTUAL or i in dup for i in range(n)]
+    # Real preds: fold virtual nodes away (transitively). Node order is topological.
+    through: list[frozenset[int]] = [frozenset()] * n
+    rp: list[tuple[int, ...]] = [()] * n
+    inline: list[tuple[int, ...]] = [()] * n  # duplicated broadcasts each node recomputes
+    inl_through: list[frozenset[int]] = [frozenset()] * n
+    for i in range(n):
+        acc: set[int] = set()
+        inl: set[int] = set()
+        for p in raw_p[i]:
+            if virtual[p]:
+                acc |= through[p]
+                if p in dup:
+                    inl.add(p)
+                    inl |= inl_through[p]
+            else:
+                acc.add(p)
+        if virtual[i]:
+            through[i] = frozenset(acc)
+            if i in dup:
+                inl_through[i] = frozenset(inl)
+        else:
+            rp[i] = tuple(sorted(acc))
+            inline[i] = tuple(sorted(inl))
+    rs_l: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for p in rp[i]:
+            rs_l[p].append(i)
+    mode = Mode()
+    mode.fusion = fusion
+    mode.virtual = virtual
+    mode.rp = rp
+    mode.rs = [tuple(s) for s in rs_l]
+    mode.inline = inline
+    real_kernels = [i for i in range(n) if kind[i] == KERNEL and not virtual[i]]
+    if emulation is not None:
+        clusters = emulation.clusters(real_kernels, [])
+    else:
+        clusters = [(i,) for i in real_kernels]
+    mode.clusters = clusters
+    mode.cluster_of = [-1] * n
+    for ci, c in enumerate(clusters):
+        for m in c:
+            mode.cluster_of[m] = ci
+    units = [builder.kernel_unit(mode, c) for c in clusters]
+    mode.ar_unit = {}
+    for i in range(n):
+        if kind[i] == COLL:
+            if i in ar_set:
+                mode.ar_unit[i] = len(units)
+            units.append(builder.coll_unit(mode, (i,), COLLECTIVE_KIND[builder.graph.nodes[i].opcode]))
+    mode.units = units
+    mode.unit_of = [-1] * n
+    for ui, u in enumerate(units):
+        for m in u.members:
+            mode.unit_of[m] = ui
+    mode.dur = [u.dur for u in units]
+    mode.key = [u.prio for u in units]
+    mode.succ = [u.succ for u in units]
+    mode.coll = [u.is_coll for u in units]
+    mode.indeg = [u.indeg for u in units]
+    mode.ready_k = [ui for ui, u in enumerate(units) if u.indeg == 0 and not u.is_coll]
+    mode.ready_c = [ui for ui, u in enumerate(units) if u.indeg == 0 and u.is_coll]
+    mode.kernel_total = sum(u.dur for u in units if not u.is_coll)
+    mode.comm_total = sum(u.dur for u in units if u.is_coll)
+    return mode
