@@ -27,6 +27,8 @@ The sets, by what they mean:
 * :data:`LAYOUT_SENSITIVE_PRODUCERS`: producers an injected fusion may not read directly.
 * :data:`XLA_CPU_LOOP_OPCODES`, :data:`XLA_CPU_DUPLICATED_OPCODES`: what XLA:CPU's loop fusion
   fuses and duplicates (used by :mod:`disco.sim.cpu_fusion`).
+* ``XLA_GPU_*``: the opcode classes of XLA:GPU's fusion (used by :mod:`disco.sim.gpu_fusion`, whose
+  docstring says what each rule does).
 * :data:`OPCODES`, :func:`opcode_id`: the fixed opcode vocabulary of array features.
 """
 
@@ -116,6 +118,26 @@ XLA_CPU_LOOP_OPCODES: frozenset[str] = XLA_ELEMENTWISE | FUSIBLE_OPCODES | froze
 })
 # Cheap producers XLA:CPU duplicates into every consumer instead of writing them out.
 XLA_CPU_DUPLICATED_OPCODES: frozenset[str] = frozenset({"broadcast"})
+
+# XLA:GPU's fusion (disco.sim.gpu_fusion; xla/service/gpu/transforms/priority_fusion.cc, gpu_fusible.cc).
+# Heroes that are library calls (cuBLAS, cuDNN) or Triton gemm fusions.
+XLA_GPU_MATRIX_OPCODES: frozenset[str] = frozenset({"dot", "convolution"})
+# The hero of an input (reduction) fusion.
+XLA_GPU_REDUCE_OPCODES: frozenset[str] = frozenset({"reduce"})
+# Ops that are kernels of their own on XLA:GPU and take no producer or consumer.
+XLA_GPU_UNFUSIBLE_OPCODES: frozenset[str] = frozenset({
+    "scatter", "select-and-scatter", "sort", "custom-call", "while", "conditional", "rng",
+    "rng-bit-generator", "rng-get-and-update-state", "fft", "triangular-solve", "cholesky",
+    "batch-norm-training", "batch-norm-grad", "batch-norm-inference", "topk",
+})
+# Layout-only or free producers: values recomputed per element.
+XLA_GPU_FREE_DUPLICATES: frozenset[str] = frozenset({"broadcast", "iota"})
+# Ops that are bitcasts on GPU (default layouts): never a kernel, wherever their value goes.
+XLA_GPU_BITCASTS: frozenset[str] = frozenset({"reshape", "bitcast-convert"})
+# Cheap unary elementwise ops priority fusion duplicates into every (fusible) consumer.
+XLA_GPU_CHEAP_UNARY: frozenset[str] = frozenset({"convert", "negate", "copy", "abs", "not", "sign"})
+# Producers a matrix hero absorbs (operand layout / Triton prologue).
+XLA_GPU_MATRIX_PROLOGUE: frozenset[str] = frozenset({"transpose", "convert", "copy"})
 
 # A fixed vocabulary so array features mean the same thing for every graph. An opcode's id is
 # its position in this sorted tuple, so saved feature models depend on it: a new name shifts the

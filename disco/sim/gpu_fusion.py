@@ -52,23 +52,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from disco.ir.opcodes import ELEMENTWISE
+from disco.ir.opcodes import XLA_GPU_BITCASTS as BITCASTS
+from disco.ir.opcodes import XLA_GPU_CHEAP_UNARY as CHEAP_UNARY
+from disco.ir.opcodes import XLA_GPU_FREE_DUPLICATES as FREE_DUPLICATES
+from disco.ir.opcodes import XLA_GPU_MATRIX_OPCODES as MATRIX_OPCODES
+from disco.ir.opcodes import XLA_GPU_MATRIX_PROLOGUE as MATRIX_PROLOGUE
+from disco.ir.opcodes import XLA_GPU_REDUCE_OPCODES as REDUCE_OPCODES
+from disco.ir.opcodes import XLA_GPU_UNFUSIBLE_OPCODES as UNFUSIBLE_OPCODES
 
-MATRIX_OPCODES: frozenset[str] = frozenset({"dot", "convolution"})
-REDUCE_OPCODES: frozenset[str] = frozenset({"reduce"})
-# Ops that are kernels of their own on XLA:GPU and take no producer or consumer.
-UNFUSIBLE_OPCODES: frozenset[str] = frozenset({
-    "scatter", "select-and-scatter", "sort", "custom-call", "while", "conditional", "rng",
-    "rng-bit-generator", "rng-get-and-update-state", "fft", "triangular-solve", "cholesky",
-    "batch-norm-training", "batch-norm-grad", "batch-norm-inference", "top-k",
-})
-# Layout-only or free producers: bitcasts on GPU, or values recomputed per element.
-FREE_DUPLICATES: frozenset[str] = frozenset({"broadcast", "iota"})
-# Ops that are bitcasts on GPU (default layouts): never a kernel, wherever their value goes.
-BITCASTS: frozenset[str] = frozenset({"reshape", "bitcast-convert"})
-# Cheap unary elementwise ops priority fusion duplicates into every (fusible) consumer.
-CHEAP_UNARY: frozenset[str] = frozenset({"convert", "negate", "copy", "abs", "not", "sign"})
-# Producers a matrix hero absorbs (operand layout / Triton prologue).
-MATRIX_PROLOGUE: frozenset[str] = frozenset({"transpose", "convert", "copy"})
 # How many epilogue ops a matrix hero takes (bias add + activation).
 MAX_MATRIX_EPILOGUE = 2
 
