@@ -105,6 +105,8 @@ def schedule(unit_of: Sequence[int], key_unit: Sequence[int], indeg: list[int], 
             record((u, start))
         fin = t_m = start + dur[u]
         done += 1
+        # Releases the collective's readers: the kernel case above, inlined twice on purpose (a
+        # helper call per unit costs the search measurably); they differ in when a kernel is ready.
         for s, c in succ[u]:
             w = unit_of[s]
             k = indeg[w] - c
