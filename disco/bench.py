@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from disco.ir.opcodes import ALL_REDUCE_OPCODES
 from disco.plans.plan import FusionPlan
 
 
@@ -51,7 +52,7 @@ def compiled_counts(text: str) -> tuple[int, int]:
     for comp in parse_module(text).computations:
         for ins in comp.instructions:
             fusions += ins.opcode == "fusion"
-            all_reduces += ins.opcode in ("all-reduce", "all-reduce-start")
+            all_reduces += ins.opcode in ALL_REDUCE_OPCODES
     return fusions, all_reduces
 
 

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disco.ir.opcodes import COLLECTIVE_KIND, OPCODES, ZERO_COST_OPCODES, opcode_id
+from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, OPCODES, ZERO_COST_OPCODES, opcode_id
 from disco.sim.costs import Kernel, is_kernel_node
 from disco.ir.graph import HloGraph
 from disco.plans.plan import FusionPlan
@@ -135,8 +135,7 @@ class GraphContext:
                     dst.append(i)
         self.src = np.array(src, dtype=np.int64)
         self.dst = np.array(dst, dtype=np.int64)
-        self.all_reduces = np.array([i for i, nd in enumerate(nodes) if nd.opcode in ("all-reduce",
-                                                                                        "all-reduce-start")],
+        self.all_reduces = np.array([i for i, nd in enumerate(nodes) if nd.opcode in ALL_REDUCE_OPCODES],
                                     dtype=np.int64)
         self._resolve_cache: dict[tuple[str, ...], np.ndarray] = {}
 

@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from disco.ir.graph import HloGraph
+from disco.ir.opcodes import ALL_REDUCE_OPCODES
 from disco.plans.plan import FusionPlan
 
 _TRACE_LOCK = threading.Lock()  # jax's profiler is process-wide: one trace at a time
@@ -256,7 +257,7 @@ def _op_map(compiled_text: str, plan: FusionPlan | None, rewritten: str | None,
                 node = _resolve(on, index)
                 if node is not None:
                     nodes.add(node)
-                    if node in single_ar and ins.opcode in ("all-reduce", "all-reduce-start"):
+                    if node in single_ar and ins.opcode in ALL_REDUCE_OPCODES:
                         rec["bucket"], rec["bucket_part"] = single_ar[node], "all-reduce"
             order = sorted(nodes, key=lambda n: index[n]) if index else sorted(nodes)
             rec["nodes"] = tuple(order)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disco.ir import flops as _flops
 from disco.ir import opcodes as _opcodes
+from disco.ir.opcodes import ALL_REDUCE_OPCODES
 from disco.ir import hlo_parse
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 SCHEMA = "disco.graph/1"  # the file format's name: unchanged by the move to disco.ir (graphs written before load)
-ALL_REDUCE_OPCODES = frozenset({"all-reduce", "all-reduce-start"})
 _GRAD_RE = re.compile(r"disco_grad\[(.*)\]")
 _LAYOUT_RE = re.compile(r"\]\{([0-9,]*)")
 _BRACES_RE = re.compile(r"\{[^{}]*\}")
@@ -62,7 +62,7 @@ class Node:
     @property
     def is_collective(self) -> bool:
         """A collective; an async pair (``*-start``/``*-done``) counts once, at its start."""
-        return self.opcode in _flops.COLLECTIVES and not self.opcode.endswith("-done")
+        return self.opcode in _opcodes.COLLECTIVES and not self.opcode.endswith("-done")
 
     @property
     def is_gradient(self) -> bool:

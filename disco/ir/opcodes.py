@@ -58,7 +58,7 @@ COLLECTIVES: frozenset[str] = frozenset({
     "all-gather-done", "reduce-scatter", "all-to-all", "collective-permute",
     "collective-permute-start", "collective-permute-done", "collective-broadcast",
 })
-ALL_REDUCE_OPCODES: tuple[str, ...] = ("all-reduce", "all-reduce-start")
+ALL_REDUCE_OPCODES: frozenset[str] = frozenset({"all-reduce", "all-reduce-start"})
 
 # Collective opcode -> the collective kind that prices it (disco.sim.collectives.COLLECTIVE_KINDS).
 COLLECTIVE_KIND: Mapping[str, str] = {
