@@ -92,6 +92,9 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
         return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
     _jax_private.check_version()
     plan.validate(HloGraph.from_hlo_text(text))
+    if not plan.groups and not plan.buckets and not roundtrip:
+        # nothing to rewrite (buckets=() fits only a step without all-reduces): XLA's compile as is
+        return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
     new_text = apply_plan_to_text(text, plan)
     if probe or (probe is None and plan.groups):
         from xla_hooks import probe as _probe

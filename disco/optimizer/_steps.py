@@ -18,6 +18,7 @@ import jax
 from disco import bench, planner, search
 from disco.ir.extractor import extract
 from disco.ir.graph import HloGraph
+from disco.ir.step_checks import check_data_parallel
 from disco.optimizer._choice import (
     PlanRow,
     Span,
@@ -78,9 +79,17 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
         ``preset("local", devices=<devices args are sharded over>)``).
       costs: the cost model (default :class:`disco.sim.costs.AnalyticCosts`).
       progress: reports phase "extract".
+
+    Raises:
+      ValueError: for a step disco cannot plan (no all-reduce in its pre-optimisation HLO, or a
+        gradient reduced twice; :func:`disco.ir.step_checks.check_data_parallel`).
+
+    Warns:
+      NoGradientWarning: when no all-reduce is in a ``disco_grad[...]`` scope.
     """
     progress("extract", 0.0, "extracting the HLO graph")
     graph = extract(step_fn, *args)
+    check_data_parallel(graph)
     cluster = cluster or preset("local", devices=devices_of(args))
     sim = Simulator(graph, costs or AnalyticCosts(), cluster)
     progress("extract", 1.0, f"{len(graph.nodes)} nodes, {len(graph.all_reduces())} all-reduces")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from disco.ir.hlo_parse import replica_group_size
 from disco.ir.opcodes import FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS
+from disco.ir.step_checks import README_POINTER, double_reductions
 
 if TYPE_CHECKING:
     from disco.ir.graph import HloGraph
@@ -244,6 +245,21 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
                              "every all-reduce must be in exactly one bucket")
     cycle = contraction_cycle(plan, graph)
     if cycle is not None:
+        _raise_on_a_double_reduction(plan, graph, cycle)
         bucket_of = {m: bi for bi, b in enumerate(plan.buckets or ()) for m in b.members}
         where = owner.get(cycle[0]) or (f"bucket {bucket_of[cycle[0]]}" if cycle[0] in bucket_of else cycle[0])
         raise ValueError(f"{where}: contracting the plan forms a cycle along {' -> '.join(cycle)}")
+
+
+
+def _raise_on_a_double_reduction(plan: FusionPlan, graph: HloGraph, cycle: list[str]) -> None:
+    """Names the cause of a bucket's cycle when it is an all-reduce feeding another in the same
+    bucket (a gradient reduced twice), keeping the cycle's path."""
+    bucket_of = {m: bi for bi, b in enumerate(plan.buckets or ()) for m in b.members}
+    if cycle[0] not in bucket_of:
+        return
+    for a, b in double_reductions(graph):
+        if bucket_of.get(a) == bucket_of[cycle[0]] == bucket_of.get(b):
+            raise ValueError(f"bucket {bucket_of[a]}: an all-reduce feeds another all-reduce ({a} -> {b}): "
+                             f"reduce each gradient once; {README_POINTER}; contracting the plan forms a "
+                             f"cycle along {' -> '.join(cycle)}")

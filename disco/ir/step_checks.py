@@ -1,0 +1,74 @@
+"""What a step's graph needs before disco can plan it: all-reduces, each gradient reduced once,
+gradients disco recognises.
+
+A data-parallel step written with ``jax.shard_map`` (or ``jax.pmap``) reduces its gradients
+with explicit all-reduces in the pre-optimisation HLO; disco buckets those. A plain
+``jax.jit`` step (GSPMD) has none there (XLA's partitioner adds them later, out of reach),
+and a step that reduces a gradient twice (a ``pmean`` of a gradient jax already summed) has
+an all-reduce feeding another, which no bucketing can merge. Gradients are recognised by
+the ``jax.named_scope("disco_grad[...]")`` around their all-reduce; without it every
+all-reduce (the loss's too) is bucketed alike. README.md, section "Bring your own step",
+shows a step that passes these checks.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from disco.ir.graph import HloGraph
+
+README_POINTER = "see README.md, section 'Bring your own step'"
+
+
+class NoGradientWarning(UserWarning):
+    """The step has all-reduces but none inside ``jax.named_scope("disco_grad[...]")``: disco
+    cannot tell gradients from the loss, so the loss's all-reduce is bucketed with them."""
+
+
+def double_reductions(graph: HloGraph) -> list[tuple[str, str]]:
+    """(upstream, downstream) all-reduce pairs where the first one's result reaches the second.
+
+    One pair per downstream all-reduce (the first upstream one found). Linear in the graph's
+    size: one pass in program order, which is a topological order.
+    """
+    preds: list[list[int]] = [[] for _ in graph.nodes]
+    for s, d in graph.edges:
+        preds[d].append(s)
+    upstream: list[int | None] = [None] * len(graph.nodes)  # an all-reduce this node depends on
+    pairs = []
+    for i, node in enumerate(graph.nodes):
+        up = next((p if graph.nodes[p].is_all_reduce else upstream[p] for p in preds[i]
+                   if graph.nodes[p].is_all_reduce or upstream[p] is not None), None)
+        if node.is_all_reduce and up is not None:
+            pairs.append((graph.nodes[up].name, node.name))
+        upstream[i] = up
+    return pairs
+
+
+def check_data_parallel(graph: HloGraph) -> None:
+    """Checks that disco can plan ``graph``'s all-reduces; warns when no gradient is recognised.
+
+    Raises:
+      ValueError: when the pre-optimisation HLO has no all-reduce (a plain ``jax.jit``/GSPMD
+        step), or an all-reduce feeds another (a gradient reduced twice), naming them.
+
+    Warns:
+      NoGradientWarning: all-reduces but none in a ``disco_grad[...]`` scope.
+    """
+    ars = graph.all_reduces()
+    if not ars:
+        raise ValueError(
+            f"no all-reduce in the pre-optimisation HLO of {graph.name!r}: write the step with shard_map "
+            f"or pmap (a plain jax.jit step is partitioned by XLA after disco sees it); {README_POINTER}")
+    pairs = double_reductions(graph)
+    if pairs:
+        shown = ", ".join(f"{a} -> {b}" for a, b in pairs[:3]) + (", ..." if len(pairs) > 3 else "")
+        raise ValueError(
+            f"an all-reduce feeds another all-reduce ({shown}): reduce each gradient once (in shard_map, "
+            f"jax already sums the gradient of a parameter that is not pcast to varying; pmean it only "
+            f"after jax.lax.pcast(params, axis, to='varying')); {README_POINTER}")
+    if not any(n.is_gradient for n in ars):
+        warnings.warn(
+            f"{graph.name}: {len(ars)} all-reduces but no gradient recognised (none inside "
+            "jax.named_scope('disco_grad[<parameter path>]')); the loss's all-reduce is bucketed with the "
+            f"gradients; {README_POINTER}", NoGradientWarning, stacklevel=2)

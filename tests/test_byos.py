@@ -1,0 +1,146 @@
+"""Bring your own step: the README's example runs as written, and steps disco cannot plan are
+refused early with a message that says what to change (real jax steps, written from scratch)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import disco
+import xla_hooks
+from disco import optimizer as opt
+from disco.ir.step_checks import NoGradientWarning, check_data_parallel, double_reductions
+from disco.plans import baselines
+from disco.plans.plan import Bucket, FusionPlan
+from xla_hooks.apply_plan import PlanFallbackWarning
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N = 4
+
+
+def readme_example() -> str:
+    """The python block of the README's section "Bring your own step"."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text.split("\n## Bring your own step\n", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_example_runs_as_written():
+    code = readme_example()
+    assert "jax.named_scope(f\"disco_grad[" in code and "jax.lax.pcast" in code and "jax.shard_map" in code
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("XLA_FLAGS", None)  # the example sets its own device count
+    p = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "2 gradients, 3 all-reduces; ddp applied: True"
+
+
+# -- steps written from scratch ------------------------------------------------------------------
+def loss_fn(w, x):
+    return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+
+def arrays():
+    mesh = jax.make_mesh((N,), ("dp",), devices=jax.devices()[:N])
+    w = jax.device_put(jnp.ones((8, 8)) / 8, NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8) / 100, NamedSharding(mesh, P("dp")))
+    return mesh, w, x
+
+
+def shard_map_step(mesh, *, pcast: bool, scope: bool, clip: bool = False):
+    def local(w, x):
+        wv = jax.lax.pcast(w, "dp", to="varying") if pcast else w
+        loss, g = jax.value_and_grad(loss_fn)(wv, x)
+        g = jnp.clip(g, -1.0, 1.0) if clip else g
+        if scope:
+            with jax.named_scope("disco_grad[w]"):
+                g = jax.lax.pmean(g, "dp")
+        else:
+            g = jax.lax.pmean(g, "dp")
+        return w - 0.1 * g, jax.lax.pmean(loss, "dp")
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("dp")), out_specs=(P(), P()))
+
+
+def test_a_correct_shard_map_step_passes_the_checks_silently():
+    mesh, w, x = arrays()
+    graph = disco.extract(shard_map_step(mesh, pcast=True, scope=True), w, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_data_parallel(graph)
+    assert double_reductions(graph) == []
+
+
+@pytest.mark.parametrize("clip", [False, True])
+def test_a_gradient_reduced_twice_is_named_not_a_cycle(clip):
+    mesh, w, x = arrays()
+    step = shard_map_step(mesh, pcast=False, scope=True, clip=clip)  # jax sums the gradient, then pmean again
+    graph = disco.extract(step, w, x)
+    pairs = double_reductions(graph)
+    assert len(pairs) == 1 and all(graph.nodes[graph.index()[n]].is_all_reduce for n in pairs[0])
+    with pytest.raises(ValueError, match=r"^an all-reduce feeds another all-reduce \(.+ -> .+\): reduce each "
+                                         r"gradient once .*README.md, section 'Bring your own step'"):
+        opt.prepare(step, (w, x))
+    if clip:  # a plan bucketing both forms a cycle (clip between them): the message names the cause first
+        plan = FusionPlan(buckets=(Bucket(tuple(n.name for n in graph.all_reduces())),))
+        with pytest.raises(ValueError, match=r"^bucket 0: an all-reduce feeds another all-reduce .*reduce each "
+                                             r"gradient once; .*forms a cycle along "):
+            plan.validate(graph)
+
+
+def test_a_plain_jit_step_is_refused_before_any_search():
+    _, w, x = arrays()
+
+    @jax.jit
+    def gspmd_step(w, x):  # shardings on the inputs; XLA's partitioner adds the all-reduce later
+        loss, g = jax.value_and_grad(loss_fn)(w, x)
+        return w - 0.1 * g, loss
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^no all-reduce in the pre-optimisation HLO of .*: write the step "
+                                         r"with shard_map or pmap"):
+        disco.optimize(gspmd_step, w, x, budget_s=30)
+    assert time.perf_counter() - t0 < 25  # refused before the 30 s search, let alone measuring
+    # an empty plan (ddp of a graph without all-reduces) is compiled as XLA's default, not rewritten
+    plan = baselines.make("ddp", disco.extract(gspmd_step, w, x))
+    assert plan.buckets == ()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlanFallbackWarning)
+        applied = xla_hooks.apply(plan, gspmd_step, w, x)
+    assert applied.applied and applied.fallback_reason is None
+    new_w, _ = applied(w, x)
+    ref_w, _ = gspmd_step(w, x)
+    assert jnp.allclose(new_w, ref_w, rtol=1e-6)
+
+
+def test_a_step_without_the_gradient_scope_warns():
+    mesh, w, x = arrays()
+    with pytest.warns(NoGradientWarning, match=r"2 all-reduces but no gradient recognised .*disco_grad"):
+        opt.prepare(shard_map_step(mesh, pcast=True, scope=False), (w, x))
+
+
+def test_a_pmap_step_with_the_scope_is_accepted():
+    def local(w, x):
+        loss, g = jax.value_and_grad(loss_fn)(w, x)
+        with jax.named_scope("disco_grad[w]"):
+            g = jax.lax.pmean(g, "dp")
+        return w - 0.1 * g, jax.lax.pmean(loss, "dp")
+
+    step = jax.pmap(local, axis_name="dp", devices=jax.devices()[:N])
+    w = jnp.ones((N, 8, 8)) / 8
+    x = jnp.ones((N, 4, 8))
+    target = opt.prepare(step, (w, x))
+    grads = [n for n in target.graph.all_reduces() if n.is_gradient]
+    assert len(grads) == 1 and grads[0].param_path == "w"
