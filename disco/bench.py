@@ -34,8 +34,9 @@ class PlanResult:
             "plan": self.name, "applied": self.applied, "fallback_reason": self.fallback_reason,
             "compile_s": round(self.compile_s, 3), "fusions": self.fusions,
             "all_reduces": self.all_reduces, **{k: round(v, 3) for k, v in m.items()},
-            "ratio_to_xla_default": (round(self.measurement.median / base_median, 4)
-                                     if base_median else None),
+            # one convention everywhere: xla_default's median over this one's, higher is faster
+            "speedup_vs_xla_default": (round(base_median / self.measurement.median, 4)
+                                       if base_median and self.measurement.median else None),
             "plan_digest": self.plan.digest() if self.plan is not None else None,
         }
 

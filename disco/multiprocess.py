@@ -145,7 +145,7 @@ def combine(result: LaunchResult) -> list[dict[str, Any]]:
         })
     base = next((r["median_ms"] for r in rows if r["plan"] == "xla_default"), None)
     for r in rows:
-        r["ratio_to_xla_default"] = round(r["median_ms"] / base, 4) if base else None
+        r["speedup_vs_xla_default"] = round(base / r["median_ms"], 4) if base and r["median_ms"] else None
     return rows
 
 

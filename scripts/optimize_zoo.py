@@ -67,7 +67,7 @@ def main(argv=None) -> int:
             mark = " (chosen)" if row["name"] == res["chosen"] else ""
             print(f"| {m} | {row['name']}{mark} | {row['predicted_ms']:.3f} | {row['measured_median_ms']:.2f} "
                   f"({row['measured_min_ms']:.2f}-{row['measured_max_ms']:.2f}) | "
-                  f"{row.get('measured_speedup') or base / row['measured_median_ms']:.3f}x |")
+                  f"{row.get('speedup_vs_xla_default') or base / row['measured_median_ms']:.3f}x |")
         b = res.get("comm_free_bound_ms")
         if b:
             print(f"| {m} | comm_free_bound (not a plan) | - | {b['median']:.2f} ({b['min']:.2f}-{b['max']:.2f}) | "
@@ -76,8 +76,8 @@ def main(argv=None) -> int:
         if conf:
             print(f"| {m} | {res['chosen']}: confirmation run | - | "
                   + "; ".join(f"{k} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in conf.items())
-                  + f" | {res['speedup']:.3f}x |")
-        speedups.append(res["speedup"])
+                  + f" | {res['speedup_vs_xla_default']:.3f}x |")
+        speedups.append(res["speedup_vs_xla_default"])
     if speedups:
         gm = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         print(f"\nGeometric mean measured speedup of the chosen plan over xla_default (from the "
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         logs = []
         for m, res in ceilings.items():
             base = next(r for r in res["rows"] if r["name"] == "xla_default")["measured_median_ms"]
-            chosen = base / res["speedup"]  # the confirmed speedup, on the first run's xla_default
+            chosen = base / res["speedup_vs_xla_default"]  # the confirmed speedup, on the first run's xla_default
             ceiling = res.get("comm_free_bound_speedup") or base / res["comm_free_bound_ms"]["median"]
             bnd = base / ceiling  # the bound at its paired speedup, on the first run's xla_default
             share = (base - chosen) / (base - bnd) if base > bnd else float("nan")

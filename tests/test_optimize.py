@@ -161,7 +161,7 @@ def test_result_is_short_to_print_and_makes_traces_on_request(pipeline):
     assert lines[-1] == f"verdict: {result.verdict}"
     data = result.to_dict()
     assert "chrome_trace" not in json.dumps(data) and len(json.dumps(data)) < 40_000
-    assert data["measurement"] == {"rounds": 2, "steps_per_round": 1} and data["speedup"] == result.speedup
+    assert data["measurement"] == {"rounds": 2, "steps_per_round": 1} and data["speedup_vs_xla_default"] == result.speedup
     trace = opt.chrome_trace(result)
     sim = pipeline.target.simulator
     assert trace["traceEvents"] and trace["otherData"]["step_time_s"] == pytest.approx(sim.step_time(result.plan))
@@ -201,7 +201,7 @@ def test_verdict_names_the_winner_and_noise():
     chosen, verdict = opt._choice.verdict([row("xla_default", 1.0, 0.9, 1.1), row("disco_1", 0.95, 0.9, 1.0)])
     assert chosen == "disco_1"
     assert verdict.startswith("disco_1 measured 1.053x faster than xla_default (950.000 vs 1000.000 ms median)")
-    assert "within run-to-run noise" in verdict
+    assert "in this run the min-max ranges overlap, so this run alone cannot tell the gain from noise" in verdict
 
 
 def test_verdict_ranks_by_the_paired_speedup_not_the_medians():
@@ -312,21 +312,83 @@ def built_result():
                                       {"xla_default": span(0.1, 0.09, 0.11), "ddp": span(0.08, 0.07, 0.09)}, 1.25))
 
 
+INFO = {"model": "mlp", "preset": "tiny", "devices": 4, "device_kind": "cpu", "cost_model_info": {"name": "analytic"}}
+
+
 def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
     from disco.cli import optimize as optimize_cli
 
     result = built_result()
     assert result.speedup == 1.25 and result.to_dict()["confirmed_speedup"] == 1.25
-    optimize_cli._print_table(result, {"model": "mlp", "preset": "tiny", "devices": 4, "device_kind": "cpu",
-                                       "cost_model_info": {"name": "analytic"}})
+    assert result.to_dict()["speedup_vs_xla_default"] == 1.25
+    assert [r["speedup_vs_xla_default"] for r in result.to_dict()["rows"]] == [1.0, 1.30, 1.20]
+    optimize_cli._print_table(result, INFO)
     out = capsys.readouterr().out
-    assert "vs xla_default (paired)" in out and "verdict: ddp measured 1.300x faster" in out
+    assert "verdict: ddp measured 1.300x faster" in out
     lines = [ln for ln in out.splitlines() if ln.strip().startswith(("│ ddp", "│ horovod"))]
     # sorted by the paired speedup (ddp first, though horovod's median is lower); vs best baseline = 1.30/1.30
     assert [ln.split()[1] for ln in lines] == ["ddp", "horovod"]
     assert "1.300x" in lines[0] and "1.000x" in lines[0] and "1.200x" in lines[1] and "0.923x" in lines[1]
     assert "confirmation run (ms, median (min-max)): xla_default 100.000" in out
-    assert "ddp's paired speedup there 1.250x" in out and "can gain here is 1.600x" in out
+    assert "ddp's paired speedup there 1.250x" in out
+    text = " ".join(out.split())
+    assert "* the answer: ddp: the fastest in the first run, confirmed against xla_default in fresh rounds" in text
+    assert "predicted / lower bound: the simulator's step time over its lower bound" in text
+    assert "speedup vs xla_default: per round, xla_default's time over the plan's" in text
+    assert "1.600x over xla_default in the first run" in text and "exceeds" not in text
+
+
+def contradicting_result():
+    """The run the issue quotes, built with the real choice rules: in the first run horovod leads and
+    the ranges overlap; ddp wins the run-off and is confirmed at 1.369x; the bound is 1.058x."""
+    rows = (row("xla_default", 0.100, 0.090, 0.120, speedup=1.0), row("horovod", 0.078, 0.070, 0.095, speedup=1.30),
+            row("ddp", 0.080, 0.072, 0.096, speedup=1.20), row("per_tensor", 0.11, 0.10, 0.12, speedup=0.9))
+    chosen, why = opt._choice.verdict(rows)
+    again = {"xla_default": m(1.0, 1.0, 1.0), "horovod": m(0.9, 0.9, 0.9), "ddp": m(0.78, 0.78, 0.78)}
+    chosen, why = opt._choice.runoff_choice(chosen, why, again)
+    confirm = {"xla_default": m(0.1369, 0.1369, 0.1369), "ddp": m(0.1, 0.1, 0.1)}
+    final, why, gain = opt._choice.confirmed_choice(chosen, why, confirm)
+    span = opt.Span
+    return opt.OptimizeResult(
+        plan=rows[2].plan, chosen=final, verdict=why, rows=rows,
+        setting=opt.Setting(graph={"name": "jit_step", "fingerprint": "0123456789abcdef", "nodes": 10,
+                                   "all_reduces": 3}, cluster="local", cost_model="analytic", lower_bound_s=5e-4),
+        search=opt.SearchSummary("best_first", 10, 5.0, 2.0, ()), config=opt.OptimizeConfig(rounds=3, steps=1),
+        bound=opt.Bound(span(0.0945, 0.09, 0.1), 1.058),
+        runoff=opt.RunOff(chosen, "", {n: opt.Span.of(v) for n, v in again.items()},
+                          {"horovod": 1 / 0.9, "ddp": 1 / 0.78}),
+        confirmation=opt.Confirmation("ddp", final, why, {n: opt.Span.of(v) for n, v in confirm.items()}, gain))
+
+
+def test_the_printed_lines_agree_with_each_other(capsys):
+    from disco.cli import optimize as optimize_cli
+
+    result = contradicting_result()
+    assert result.chosen == "ddp" and result.speedup == pytest.approx(1.369)
+    optimize_cli._print_table(result, INFO)
+    out = capsys.readouterr().out
+    rows = [ln.split()[1] for ln in out.splitlines() if ln.startswith("│ ") and "x" in ln]
+    assert rows[:2] == ["ddp", "horovod"]  # the answer sits first: where it was found, the run-off
+    assert "│ ddp *" in out and out.count(" *") == 1 and "run-off speedup" in out
+    text = " ".join(out.split())
+    assert ("* the answer: ddp: the fastest in the run-off, confirmed against xla_default in fresh rounds; rows: "
+            "the run-off's finalists first, then the first run's order") in text
+    assert "within run-to-run noise" not in text  # the first run's caveat says which run it is about
+    assert "in this run the min-max ranges overlap, so this run alone cannot tell the gain from noise" in text
+    assert "confirmed in a second run: 1.369x" in text
+    assert "the ceiling" not in text and "1.058x over xla_default in the first run" in text
+    assert "the answer's 1.369x exceeds it, so its gain is not from communication alone" in text
+    assert result.summary().splitlines()[3].startswith("  ddp *")
+    assert "the answer's 1.369x exceeds it" in result.summary()
+
+
+def test_the_plot_shows_the_measured_times_of_the_confirmation_run():
+    from disco.cli import optimize as optimize_cli
+
+    source, times = optimize_cli.measured_times(contradicting_result())
+    assert source == "confirmation run" and times == {"xla_default": (0.1369,) * 3, "ddp": (0.1,) * 3}
+    source, times = optimize_cli.measured_times(dataclasses.replace(built_result(), confirmation=None))
+    assert source == "first run" and times == {"xla_default": (0.1, 0.09, 0.12), "ddp": (0.08, 0.07, 0.09)}
 
 
 def test_summary_and_repr_of_a_built_result():
@@ -337,13 +399,16 @@ def test_summary_and_repr_of_a_built_result():
         "disco.optimize jit_step (fingerprint 01234567, 10 nodes, 3 all-reduces) on cluster 'local', analytic "
         "cost model",
         "search: best_first, 10 plans in 2.0 s; simulated lower bound 0.500 ms",
-        "measured 3 plans, 9 rounds x 3 steps (ms median (min-max), paired speedup over xla_default):",
+        "measured 3 plans, 9 rounds x 3 steps (speedup vs xla_default, ms median (min-max)):",
         "  ddp *           1.300x  80.000 (70.000-90.000)  predicted 1.000 ms",
         "  horovod         1.200x  79.000 (70.000-95.000)  predicted 1.000 ms",
         "  xla_default     1.000x  100.000 (90.000-120.000)  predicted 1.000 ms",
         "confirmation: ddp 1.250x paired over 27 rounds",
-        "communication-free bound (not a plan): 60.000 ms, a ceiling of 1.600x",
-        "chosen: ddp (1.250x; * above)",
+        "communication-free bound (not a plan): 60.000 ms (50.000-70.000), 1.600x over xla_default in the first "
+        "run: the step with its all-reduces replaced by copies and XLA's default fusion, what removing "
+        "communication alone would gain here",
+        "chosen: ddp (1.250x)",
+        "* the answer: ddp: the fastest in the first run, confirmed against xla_default in fresh rounds",
         "verdict: ddp measured 1.300x faster",
     ]
     assert "PlanRow('ddp', baseline, predicted 1.000 ms, measured 80.000 ms, 1.300x)" == repr(result.rows[1])

@@ -160,32 +160,39 @@ def _describe_costs(info: dict[str, Any]) -> str:
 
 def _print_table(result: Any, info: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     base_row = result.row("xla_default")
     baseline_rows = [r for r in result.rows if r.kind == "baseline" and r.name != "xla_default" and r.applied]
     best_base = max((r.gain(base_row) for r in baseline_rows), default=None)
+    again = result.runoff.speedups if result.runoff is not None else {}
     lb = result.setting.lower_bound_s
     t = Table(title=(f"disco optimize {info['model']}/{info['preset']} on {info['devices']} devices "
                      f"({info['device_kind']}; predicted by the simulator with the {_describe_costs(info)} "
                      "cost model on cluster "
                      f"{result.setting.cluster!r}; measured, {result.config.rounds} rounds x "
                      f"{result.config.steps} steps)"))
-    for col in ("plan", "from", "predicted ms", "measured ms median (min-max)", "vs xla_default (paired)",
-                "vs best baseline", "predicted / lower bound"):
+    cols = ["plan", "from", "predicted ms", "measured ms median (min-max)", "speedup vs xla_default (paired)",
+            "vs best baseline"]
+    cols += ["run-off speedup"] if again else []
+    for col in (*cols, "predicted / lower bound"):
         t.add_column(col)
-    for r in sorted(result.rows, key=lambda r: (r.median_s is None, -r.gain(base_row) if r.median_s else 0)):
+    for r in result.ordered_rows():
         mark = " *" if r.name == result.chosen else ""
         meas = (f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})"
                 if r.median_s is not None else "-")
         if not r.applied:
             meas += " fell back"
-        t.add_row(r.name + mark, r.origin if r.kind == "search" else "baseline", f"{r.predicted_s * 1e3:.3f}",
-                  meas, f"{r.gain(base_row):.3f}x" if r.median_s else "-",
-                  f"{r.gain(base_row) / best_base:.3f}x" if r.median_s and best_base else "-",
-                  f"{r.predicted_s / lb:.2f}x" if lb > 0 else "-")
+        cells = [r.name + mark, r.origin if r.kind == "search" else "baseline", f"{r.predicted_s * 1e3:.3f}",
+                 meas, f"{r.gain(base_row):.3f}x" if r.median_s else "-",
+                 f"{r.gain(base_row) / best_base:.3f}x" if r.median_s and best_base else "-"]
+        cells += [f"{again[r.name]:.3f}x" if r.name in again else "-"] if again else []
+        t.add_row(*cells, f"{r.predicted_s / lb:.2f}x" if lb > 0 else "-")
     console = Console(width=max(140, Console().width))
     console.print(t)
+    for line in result.legend():
+        console.print(escape(line))
     s = result.search
     console.print(f"simulated lower bound {lb * 1e3:.3f} ms; search: {s.strategy}, {s.evals} plans "
                   f"in {s.seconds:.1f} s ({s.evals_per_s:.0f} evaluations/s)")
@@ -194,18 +201,28 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
         if times is not None:
             line = ", ".join(f"{k} {v[0] * 1e3:.3f} ({v[1] * 1e3:.3f}-{v[2] * 1e3:.3f})" for k, v in times.items())
             if label == "confirmation run":
-                line += f"; {result.chosen}'s paired speedup there {result.confirmation.speedup:.3f}x"
-            console.print(f"{label} (ms, median (min-max)): {line}")
-    if result.bound is not None:
-        med, lo, hi = (v * 1e3 for v in result.bound.times)
-        console.print(f"measured communication-free bound {med:.3f} ms ({lo:.3f}-{hi:.3f}; the step with its "
-                      f"all-reduces replaced by copies, not a plan): the ceiling, up to noise, on what "
-                      f"bucketing can gain here is {result.bound.speedup:.3f}x")
-    console.print(f"[bold]verdict:[/bold] {result.verdict}")
+                line += (f"; {result.confirmation.candidate}'s paired speedup there "
+                         f"{result.confirmation.speedup:.3f}x")
+            console.print(escape(f"{label} (ms, median (min-max)): {line}"))
+    note = result.bound_note()
+    if note:
+        console.print(escape(note))
+    console.print(f"[bold]verdict:[/bold] {escape(result.verdict)}")
+
+
+def measured_times(result: Any) -> tuple[str, dict[str, tuple[float, float, float]]]:
+    """Where the plot's measured times come from and xla_default's and the answer's (median, min,
+    max) seconds there: the confirmation run when there was one, else the first run."""
+    if result.confirmation is not None:
+        return "confirmation run", {n: tuple(v) for n, v in result.confirmation.times.items()}
+    names = dict.fromkeys(("xla_default", result.chosen))
+    return "first run", {n: (result.row(n).median_s, result.row(n).min_s, result.row(n).max_s) for n in names
+                         if result.row(n).median_s is not None}
 
 
 def plot_timelines(result: Any, path: str) -> None:
-    """Draws xla_default's and the chosen plan's simulated compute/comm streams, one above the other.
+    """Draws xla_default's and the chosen plan's simulated compute/comm streams, one above the
+    other, and below them their measured step times (median, min-max), with a colour legend.
 
     Raises:
       CliError: when matplotlib is missing or the file cannot be written.
@@ -215,12 +232,17 @@ def plot_timelines(result: Any, path: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError:
         raise CliError("--plot needs matplotlib, which is not installed; `pip install matplotlib`") from None
     from disco.optimizer import chrome_trace
 
-    panels = [("xla_default", chrome_trace(result, "xla_default")), (result.chosen, chrome_trace(result))]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4), sharex=True)
+    panels = [("xla_default", chrome_trace(result, "xla_default"))]
+    if result.chosen != "xla_default":
+        panels.append((result.chosen, chrome_trace(result)))
+    source, measured = measured_times(result)
+    fig, axes = plt.subplots(len(panels) + 1, 1, figsize=(12, 2.2 * len(panels) + 2.2),
+                             gridspec_kw={"height_ratios": [2] * len(panels) + [1.4]})
     colors = {0: "tab:blue", 1: "tab:orange"}
     for ax, (label, trace) in zip(axes, panels):
         for tid, stream in ((0, "compute"), (1, "comm")):
@@ -229,8 +251,25 @@ def plot_timelines(result: Any, path: str) -> None:
             ax.broken_barh(spans, (1 - tid - 0.4, 0.8), facecolors=colors[tid], edgecolor="white", linewidth=0.3)
         ax.set_yticks([1, 0], ["compute", "comm"])
         step_ms = trace["otherData"]["step_time_s"] * 1e3
-        ax.set_title(f"{label}: {step_ms:.3f} ms simulated", fontsize=10, loc="left")
-    axes[-1].set_xlabel("ms from the step's start (simulated)")
+        meas = measured.get(label)
+        real = f"; measured {meas[0] * 1e3:.3f} ms median ({source})" if meas else ""
+        ax.set_title(f"{label}: {step_ms:.3f} ms simulated{real}", fontsize=10, loc="left")
+        ax.set_xlabel("ms from the step's start (simulated timeline)", fontsize=8)
+    axes[0].legend(handles=[Patch(color=colors[0], label="compute (kernels)"),
+                            Patch(color=colors[1], label="communication (all-reduces)")],
+                   loc="upper right", fontsize=8)
+    ax = axes[-1]
+    names = list(measured)
+    med = [measured[n][0] * 1e3 for n in names]
+    err = [[(measured[n][0] - measured[n][1]) * 1e3 for n in names],
+           [(measured[n][2] - measured[n][0]) * 1e3 for n in names]]
+    ax.barh(names, med, xerr=err, color=["tab:gray" if n == "xla_default" else "tab:green" for n in names],
+            capsize=4)
+    for i, v in enumerate(med):
+        ax.text(v, i, f" {v:.3f} ms", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"measured step time, ms (median, bars: min-max; {source}; answer {result.chosen}, "
+                  f"{result.speedup:.3f}x paired)", fontsize=8)
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=120)

@@ -70,7 +70,7 @@ class PlanRow:
         return {"name": self.name, "kind": self.kind, "origin": self.origin,
                 "predicted_ms": ms(self.predicted_s), "measured_median_ms": ms(self.median_s),
                 "measured_min_ms": ms(self.min_s), "measured_max_ms": ms(self.max_s),
-                "measured_speedup": self.speedup,
+                "speedup_vs_xla_default": self.speedup,
                 "applied": self.applied, "fallback_reason": self.fallback_reason,
                 "plan_digest": self.plan.digest(), "plan_summary": self.plan.summary()}
 
@@ -92,7 +92,8 @@ def verdict(rows: Sequence[PlanRow]) -> tuple[str, str]:
                   f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median)" if fastest else "")
         return "xla_default", f"no plan beat xla_default when measured{detail}; keeping XLA's default compile"
     overlap = fastest.max_s is not None and base.min_s is not None and fastest.max_s >= base.min_s
-    note = " (the min-max ranges overlap: the gain is within run-to-run noise)" if overlap else ""
+    note = (" (in this run the min-max ranges overlap, so this run alone cannot tell the gain from noise)"
+            if overlap else "")
     return fastest.name, (f"{fastest.name} measured {fastest.gain(base):.3f}x faster than xla_default "
                           f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median){note}")
 

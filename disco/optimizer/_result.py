@@ -99,7 +99,7 @@ class OptimizeResult:
             "cost_model": self.setting.cost_model, "cluster": self.setting.cluster,
             "graph": dict(self.setting.graph),
             "measurement": {"rounds": self.config.rounds, "steps_per_round": self.config.steps},
-            "speedup": self.speedup,
+            "speedup_vs_xla_default": self.speedup,  # the answer's (confirmed when confirmed)
             "confirmed_speedup": None if self.confirmation is None else self.confirmation.speedup,
             "confirmation_ms": spans_ms(None if self.confirmation is None else self.confirmation.times),
             "runoff_ms": spans_ms(None if self.runoff is None else self.runoff.times),
@@ -107,9 +107,59 @@ class OptimizeResult:
             "comm_free_bound_speedup": None if self.bound is None else self.bound.speedup,
         }
 
+    def ordered_rows(self) -> list[PlanRow]:
+        """The rows in the order the answer was found: the run-off's finalists first, by their
+        speedup there (so the answer, chosen there, comes first); then the first run's rows by
+        their paired speedup; unmeasured rows last."""
+        base = self.row("xla_default")
+        again = self.runoff.speedups if self.runoff is not None else {}
+
+        def key(r: PlanRow) -> tuple[bool, bool, float]:
+            first = -r.gain(base) if r.median_s is not None else 0.0
+            return (r.median_s is None, r.name not in again, -again[r.name] if r.name in again else first)
+
+        return sorted(self.rows, key=key)
+
+    def how_chosen(self) -> str:
+        """How the answer (the row marked ``*``) was chosen, in a few words."""
+        if self.chosen == "xla_default":
+            if self.confirmation is not None:
+                return (f"xla_default, because {self.confirmation.candidate}'s gain did not hold in the "
+                        "confirmation run")
+            return "xla_default, because no plan measured faster than it"
+        found = "the fastest in the run-off" if self.runoff is not None else "the fastest in the first run"
+        held = ", confirmed against xla_default in fresh rounds" if self.confirmation is not None else ""
+        return f"{self.chosen}: {found}{held}"
+
+    def bound_note(self) -> str | None:
+        """What the measured communication-free bound says and what it does not, or None."""
+        if self.bound is None:
+            return None
+        b = self.bound
+        text = (f"communication-free bound (not a plan): {b.times.median * 1e3:.3f} ms "
+                f"({b.times.min * 1e3:.3f}-{b.times.max * 1e3:.3f}), {b.speedup:.3f}x over xla_default in the "
+                "first run: the step with its all-reduces replaced by copies and XLA's default fusion, what "
+                "removing communication alone would gain here")
+        if self.chosen != "xla_default" and self.speedup > b.speedup:
+            text += (f"; the answer's {self.speedup:.3f}x exceeds it, so its gain is not from communication "
+                     "alone: a plan also changes XLA's compile around the all-reduces (the combiner off, "
+                     "concatenations that fuse differently), and its speedup comes from other rounds")
+        return text
+
+    def legend(self) -> list[str]:
+        """The lines that explain the marks and columns of :meth:`summary` and ``disco optimize``."""
+        runoff = "; rows: the run-off's finalists first, then the first run's order" if self.runoff else ""
+        return [
+            f"* the answer: {self.how_chosen()}{runoff}",
+            "speedup vs xla_default: per round, xla_default's time over the plan's, the median over rounds "
+            "(paired; higher is faster)",
+            "predicted / lower bound: the simulator's step time over its lower bound for this graph (compute "
+            "and communication each at their fastest, fully overlapped); 1.00x: no plan can be predicted faster",
+        ]
+
     def summary(self) -> str:
         """A few lines: the setting, the search, every measured row, the run-off, the confirmation,
-        the bound and the verdict."""
+        the bound, what the marks mean and the verdict."""
         g, s = self.setting.graph, self.search
         base = self.row("xla_default")
         lines = [
@@ -119,10 +169,10 @@ class OptimizeResult:
             f"search: {s.strategy}, {s.evals} plans in {s.seconds:.1f} s; simulated lower bound "
             f"{self.setting.lower_bound_s * 1e3:.3f} ms",
             f"measured {len(self.rows)} plans, {self.config.rounds} rounds x {self.config.steps} steps "
-            "(ms median (min-max), paired speedup over xla_default):",
+            "(speedup vs xla_default, ms median (min-max)):",
         ]
         width = max(len(r.name) for r in self.rows) + 2
-        for r in sorted(self.rows, key=lambda r: (r.median_s is None, -r.gain(base) if r.median_s else 0)):
+        for r in self.ordered_rows():
             name = r.name + (" *" if r.name == self.chosen else "")
             meas = ("-" if r.median_s is None else
                     f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})")
@@ -136,10 +186,11 @@ class OptimizeResult:
             c = self.confirmation
             lines.append(f"confirmation: {c.candidate} {c.speedup:.3f}x "
                          f"paired over {self.config.confirmation_rounds} rounds")
-        if self.bound is not None:
-            lines.append(f"communication-free bound (not a plan): {self.bound.times.median * 1e3:.3f} ms, "
-                         f"a ceiling of {self.bound.speedup:.3f}x")
-        lines.append(f"chosen: {self.chosen} ({self.speedup:.3f}x; * above)")
+        note = self.bound_note()
+        if note:
+            lines.append(note)
+        lines.append(f"chosen: {self.chosen} ({self.speedup:.3f}x)")
+        lines.append(self.legend()[0])
         lines.append(f"verdict: {self.verdict}")
         return "\n".join(lines)
 
