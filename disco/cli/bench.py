@@ -9,10 +9,12 @@ from disco.cli.common import (
     DEFAULT_PLANS,
     CliError,
     add_model_args,
+    add_progress_arg,
     device_kind,
     make_step,
     model_label,
     print_json,
+    progress_reporter,
     resolve_plans,
 )
 
@@ -21,17 +23,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments."""
     add_model_args(p)
     p.add_argument("--plans", default=DEFAULT_PLANS,
-                   help="comma list of baselines (horovod:128 sets a threshold) or plan .json files")
+                   help=f"comma list of baselines (horovod:128 sets a threshold) or plan .json files "
+                        f"(default {DEFAULT_PLANS})")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
     p.add_argument("--processes", type=int, default=1,
-                   help="run across this many local processes (jax.distributed over 127.0.0.1)")
+                   help="run across this many local processes (jax.distributed over 127.0.0.1; default 1)")
     p.add_argument("--devices-per-process", type=int, default=2, help="CPU devices per process (default 2)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds before hung workers are killed")
+    p.add_argument("--timeout", type=float, default=600, help="with --processes: seconds before hung workers are killed (default 600)")
     p.add_argument("--bound", action="store_true",
                    help="also measure the communication-free bound: the step with its all-reduces replaced "
                         "by copies (not a plan; in-process only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--strict", action="store_true",
+                   help="a plan .json made for another graph (its fingerprint differs) is an error, not a warning")
+    add_progress_arg(p)
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The numbers, before the model is built."""
+    if args.rounds < 1 or args.steps < 1:
+        raise CliError(f"--rounds and --steps must be >= 1, got {args.rounds} and {args.steps}")
+    if args.processes < 1 or args.devices_per_process < 1:
+        raise CliError(f"--processes and --devices-per-process must be >= 1, got {args.processes} and "
+                       f"{args.devices_per_process}")
+    if not args.timeout > 0:
+        raise CliError(f"--timeout must be positive seconds, got {args.timeout}")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -45,8 +62,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco bench``; returns the exit status."""
     from rich.console import Console
-    from rich.progress import Progress
 
+    _check(args)
     if args.processes > 1:
         if args.bound:
             raise CliError("--bound is measured in-process only; drop --bound or use --processes 1")
@@ -58,15 +75,18 @@ def run(args: argparse.Namespace) -> int:
 
     step, example = make_step(args)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
-    plans = resolve_plans(args.plans, graph)
+    plans = resolve_plans(args.plans, graph, strict=args.strict)
     if "xla_default" not in plans:
         plans = {"xla_default": resolve_plans("xla_default", graph)["xla_default"], **plans}
-    err = Console(stderr=True)
-    with Progress(console=err, transient=True) as prog:
-        task = prog.add_task("bench", total=len(plans) + int(args.bound) + args.rounds)
+    total = len(plans) + int(args.bound) + args.rounds
+    done = [0]
+    with progress_reporter(not args.no_progress) as progress:
+        def on_bench(msg: str) -> None:
+            done[0] += 1
+            progress("bench", min(1.0, done[0] / total), msg)
+
         results = bench.run_bench(step, example, plans, rounds=args.rounds, steps=args.steps,
-                                  progress=lambda msg: prog.update(task, advance=1, description=msg),
-                                  comm_free_bound=args.bound)
+                                  progress=on_bench, comm_free_bound=args.bound)
     base = next(r for r in results if r.name == "xla_default").measurement.median
     rows = [r.to_dict(base) for r in results]
     info = {**model_label(args),

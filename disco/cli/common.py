@@ -7,11 +7,13 @@ Nothing heavy is imported at module level: ``disco --help`` must not import jax.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
 
 DEFAULT_MODEL = "transformer_lm"
 DEFAULT_COST_MODEL = "analytic"
@@ -117,6 +119,98 @@ def device_kind() -> str:
 
 
 # -- output ----------------------------------------------------------------------------------------
+def check_output_file(path: str | None, flag: str) -> None:
+    """Checks, before any long work, that ``path`` can be written: its directory exists and is
+    writable, and it is not a directory. Nothing is created.
+
+    Raises:
+      CliError: naming the flag, the path and what is wrong.
+    """
+    if not path:
+        return
+    full = os.path.abspath(path)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise CliError(f"{flag} {path!r} is a directory; expected a file path")
+    if not os.path.isdir(folder):
+        raise CliError(f"{flag} {path!r}: the directory {folder!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or (os.path.exists(full) and not os.access(full, os.W_OK)):
+        raise CliError(f"{flag} {path!r}: not writable (directory {folder!r})")
+
+
+def check_output_dir(path: str | None, flag: str) -> None:
+    """Checks, before any long work, that directory ``path`` exists and is writable, or can be
+    created (its nearest existing parent is a writable directory). Nothing is created.
+
+    Raises:
+      CliError: naming the flag, the path and what is wrong.
+    """
+    if not path:
+        return
+    full = os.path.abspath(path)
+    if os.path.exists(full) and not os.path.isdir(full):
+        raise CliError(f"{flag} {path!r} is a file; expected a directory")
+    existing = full
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise CliError(f"{flag} {path!r}: {existing!r} is a file, so the directory cannot be created")
+    if not os.access(existing, os.W_OK):
+        raise CliError(f"{flag} {path!r}: not writable ({existing!r} is not writable)")
+
+
+def add_progress_arg(p: argparse.ArgumentParser) -> None:
+    """``--no-progress``: no progress bar (on a terminal) or progress lines (otherwise) on stderr."""
+    p.add_argument("--no-progress", dest="no_progress", action="store_true",
+                   help="no progress on stderr (default: a bar on a terminal, plain lines otherwise)")
+
+
+class _Lines:
+    """Plain progress lines for a stream that is not a terminal (a log file, a pipe): a line when a
+    phase starts or ends, when its message changes, at most one per ``every_s`` in between."""
+
+    def __init__(self, stream: TextIO, every_s: float) -> None:
+        self.stream, self.every_s = stream, every_s
+        self.last: dict[str, tuple[float, str]] = {}
+
+    def __call__(self, phase: str, fraction: float, message: str) -> None:
+        now = time.monotonic()
+        seen = self.last.get(phase)
+        if seen is not None and fraction < 1.0 and now - seen[0] < self.every_s:
+            return
+        if seen is not None and seen[1] == message:
+            return
+        self.last[phase] = (now, message)
+        self.stream.write(f"[{time.strftime('%H:%M:%S')}] {phase} {fraction:4.0%}: {message}\n")
+        self.stream.flush()
+
+
+@contextlib.contextmanager
+def progress_reporter(enabled: bool = True, every_s: float = 5.0) -> Iterator[Callable[[str, float, str], None]]:
+    """A ``progress(phase, fraction, message)`` callable for the duration of the block: a rich bar
+    per phase when stderr is a terminal, plain timestamped lines when it is not (``make run >
+    log``), nothing when not ``enabled``."""
+    if not enabled:
+        yield lambda phase, fraction, message: None
+        return
+    if not sys.stderr.isatty():
+        yield _Lines(sys.stderr, every_s)
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as prog:
+        tasks: dict[str, Any] = {}
+
+        def progress(phase: str, fraction: float, message: str) -> None:
+            if phase not in tasks:
+                tasks[phase] = prog.add_task(phase, total=1.0)
+            prog.update(tasks[phase], completed=fraction, description=f"{phase}: {message}")
+
+        yield progress
+
+
 def print_json(obj: Any) -> None:
     """Prints one JSON object (indented, sorted keys) on stdout."""
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

@@ -14,11 +14,14 @@ from disco.cli.common import (
     CliError,
     add_cost_model_arg,
     add_model_args,
+    add_progress_arg,
+    check_output_file,
     device_kind,
     load_cost_model,
     make_step,
     model_label,
     print_json,
+    progress_reporter,
 )
 
 STRATEGIES = ("best_first", "annealing", "greedy")
@@ -39,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cluster spec file or preset for the simulator (default: local with --devices)")
     add_cost_model_arg(p)
     p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
-    p.add_argument("--strategy", default="best_first", choices=STRATEGIES, help="search strategy")
+    p.add_argument("--strategy", default="best_first", choices=STRATEGIES, help="search strategy (default best_first)")
     p.add_argument("--measure-top-k", type=int, default=3, help="searched plans to measure (default 3)")
     p.add_argument("--rounds", type=int, default=9, help="interleaved measurement rounds (default 9)")
     p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
@@ -59,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="FILE", help="write the chosen plan's simulated timeline (Chrome trace)")
     p.add_argument("--plot", metavar="FILE", help="draw xla_default's and the chosen plan's timelines (PNG)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_progress_arg(p)
 
 
 def _bucket_counts(spec: str) -> tuple[int, ...]:
@@ -83,6 +87,10 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--measure-top-k must be >= 0, got {args.measure_top_k}")
     if args.rounds < 1 or args.steps < 1:
         raise CliError(f"--rounds and --steps must be >= 1, got {args.rounds} and {args.steps}")
+    if args.confirm_rounds is not None and args.confirm_rounds < 1:
+        raise CliError(f"--confirm-rounds must be >= 1, got {args.confirm_rounds}")
+    for flag in ("out", "trace", "plot"):  # before the search: a bad path must not cost the run
+        check_output_file(getattr(args, flag), f"--{flag}")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -110,21 +118,9 @@ def run(args: argparse.Namespace) -> int:
     step, example = make_step(args)  # first: it sets the device count before jax starts
     costs, cost_info = load_cost_model(args.cost_model)
     config = config_from_args(args)
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from disco.optimizer import optimize
 
-    err = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err,
-                  transient=True, disable=args.json and not err.is_terminal) as prog:
-        tasks: dict[str, Any] = {}
-
-        def progress(phase: str, frac: float, msg: str) -> None:
-            if phase not in tasks:
-                tasks[phase] = prog.add_task(phase, total=1.0)
-            prog.update(tasks[phase], completed=frac, description=f"{phase}: {msg}")
-
+    with progress_reporter(not args.no_progress) as progress:
         result = optimize(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
     _write_outputs(args, result)
     info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info}
