@@ -27,21 +27,25 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="collector dataset directory (samples.jsonl + graphs/)")
-    p.add_argument("--out", default="gnn/default_checkpoint.msgpack", help="checkpoint to write (msgpack)")
+    p.add_argument("--out", default="gnn/default_checkpoint.msgpack",
+                   help="checkpoint to write (msgpack; default gnn/default_checkpoint.msgpack)")
     p.add_argument("--metrics", help="metrics JSON to write (default: next to --out)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--lomo-epochs", type=int, default=None, help="epochs per leave-one-model-out run")
-    p.add_argument("--hidden", type=int, default=32)
-    p.add_argument("--edge-hidden", type=int, default=8)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--node-budget", type=int, default=16384)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--loss", choices=("rank", "mse", "both"), default="both")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split and the initialisation (default 0)")
+    p.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
+    p.add_argument("--lomo-epochs", type=int, default=None,
+                   help="epochs per leave-one-model-out run (default: --epochs)")
+    p.add_argument("--hidden", type=int, default=32, help="node hidden width (default 32)")
+    p.add_argument("--edge-hidden", type=int, default=8, help="edge hidden width (default 8)")
+    p.add_argument("--layers", type=int, default=3, help="message-passing layers (default 3)")
+    p.add_argument("--batch", type=int, default=32, help="graphs per batch (default 32)")
+    p.add_argument("--node-budget", type=int, default=16384, help="padded nodes per batch (default 16384)")
+    p.add_argument("--lr", type=float, default=2e-3, help="learning rate (default 0.002)")
+    p.add_argument("--loss", choices=("rank", "mse", "both"), default="both",
+                   help="ranking loss, squared error on log times, or both (default both)")
     p.add_argument("--lomo", action="store_true", help="also evaluate leave-one-model-out per model")
-    p.add_argument("--limit", type=int, help="use only the first N samples")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--limit", type=int, help="use only the first N samples (default: all)")
+    p.add_argument("--no-progress", "--quiet", dest="quiet", action="store_true",
+                   help="no progress bar (--quiet is the old spelling)")
 
 
 def _metrics_path(out: Path, metrics: str | None) -> Path:

@@ -92,9 +92,19 @@ def _request_handler() -> type:
     return Handler
 
 
+SERVICE_EXTRA_HINT = ("disco serve: the plan service needs the 'service' extra (Flask, Werkzeug), which is not "
+                      "installed: pip install -e '.[service]'")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Serves until interrupted (SIGINT/SIGTERM)."""
-    from werkzeug.serving import make_server
+    """Serves until interrupted (SIGINT/SIGTERM); without the service extra, prints how to install
+    it and returns 2."""
+    try:
+        import flask  # noqa: F401
+        from werkzeug.serving import make_server
+    except ImportError as e:
+        print(f"{SERVICE_EXTRA_HINT} (missing: {e.name})", file=sys.stderr)
+        return 2
 
     from service import create_app
     from service.jobs import stop_runner

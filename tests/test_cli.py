@@ -181,3 +181,132 @@ def test_optimize_with_the_gnn_cost_model_on_virtual_devices():
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["cost_model"] == "gnn" and out["cost_model_info"]["digest"]
+
+
+# -- issue 20: help, early checks, progress without a terminal, the service hint ----------------------
+def _subparsers():
+    import argparse
+
+    from disco import cli
+
+    parser = cli.build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+def test_every_option_with_a_default_shows_it_in_help():
+    import argparse
+
+    missing = []
+    for name, sub in _subparsers().items():
+        for a in sub._actions:
+            if a.help == argparse.SUPPRESS or not a.option_strings or isinstance(a, argparse._HelpAction):
+                continue
+            if a.default in (None, False) or isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+                continue
+            if "default" not in (a.help or ""):
+                missing.append(f"{name} {a.option_strings[0]} (default {a.default!r})")
+    assert not missing, f"options whose help does not show their default: {missing}"
+
+
+def test_preset_names_and_progress_spelling_are_the_same_everywhere():
+    import trax_models
+
+    subs = _subparsers()
+    for name, sub in subs.items():
+        opts = {o: a for a in sub._actions for o in a.option_strings}
+        if "--preset" in opts:
+            assert all(p in opts["--preset"].help for p in trax_models.presets()), name
+        if "--devices" in opts and name != "bench":
+            assert opts["--devices"].default == 4, name
+    for name in ("optimize", "bench", "collect", "train-gnn"):
+        assert "--no-progress" in {o for a in subs[name]._actions for o in a.option_strings}, name
+    args = subs["train-gnn"].parse_args(["--data", "d", "--quiet"])
+    assert args.quiet is True  # the old spelling still works
+
+
+def _main_in_a_subprocess(argv, pre=""):
+    """Runs ``disco.cli.main(argv)`` in a fresh process; prints whether jax was imported."""
+    code = (f"import sys\n{pre}\nfrom disco.cli import main\nrc = main({argv!r})\n"
+            "print('jax imported' if 'jax' in sys.modules else 'no jax')\nsys.exit(rc)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["optimize", "--model", "mlp", "--out", "{missing}/plan.json"], "--out '{missing}/plan.json': the directory"),
+    (["optimize", "--model", "mlp", "--trace", "{missing}/t.json"], "--trace '{missing}/t.json': the directory"),
+    (["optimize", "--model", "mlp", "--plot", "{missing}/p.png"], "--plot '{missing}/p.png': the directory"),
+    (["optimize", "--model", "mlp", "--out", "{tmp}"], "--out '{tmp}' is a directory"),
+    (["calibrate", "--out", "{missing}/c.yaml"], "--out '{missing}/c.yaml': the directory"),
+    (["graph", "--model", "mlp", "--dump", "{file}/sub"], "is a file, so the directory cannot be created"),
+    (["collect", "--models", "mlp", "--out", "{file}"], "--out '{file}' is a file; expected a directory"),
+    (["bench", "--model", "mlp", "--rounds", "0"], "--rounds and --steps must be >= 1, got 0 and 3"),
+])
+def test_bad_outputs_and_numbers_fail_before_the_model_is_built(tmp_path, argv, message):
+    (tmp_path / "file").write_text("x")
+    fill = {"missing": str(tmp_path / "nope"), "tmp": str(tmp_path), "file": str(tmp_path / "file")}
+    argv = [a.format(**fill) for a in argv]
+    r = _main_in_a_subprocess(argv)
+    assert r.returncode == 2, r.stderr
+    assert message.format(**fill) in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stdout.strip() == "no jax"  # refused before jax was imported, let alone a compile
+
+
+def test_an_unwritable_directory_is_named(tmp_path):
+    from disco.cli.common import CliError, check_output_file
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        with pytest.raises(CliError, match=r"--out '.*locked/p.json': not writable"):
+            check_output_file(str(locked / "p.json"), "--out")
+    finally:
+        locked.chmod(0o700)
+    check_output_file(str(tmp_path / "p.json"), "--out")  # a writable directory passes, nothing created
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_serve_without_the_service_extra_prints_one_line_naming_the_extra():
+    block = "sys.modules['flask'] = None\nsys.modules['werkzeug'] = None\nsys.modules['werkzeug.serving'] = None"
+    r = _main_in_a_subprocess(["serve", "--port", "0"], pre=block)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "disco serve: the plan service needs the 'service' extra (Flask, Werkzeug), which is not installed: "
+        "pip install -e '.[service]' (missing: flask)"]
+    assert "Traceback" not in r.stderr
+
+
+def test_progress_lines_without_a_terminal_and_the_speedup_key(tmp_path):
+    r = run_cli("bench", "--model", "mlp", "--preset", "tiny", "--devices", "2", "--plans", "xla_default,one_bucket",
+                "--rounds", "2", "--steps", "1", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()  # stderr is a pipe here: plain lines, no bar
+    assert lines[0].endswith("] bench  25%: compiled xla_default"), lines
+    assert lines[-1].endswith("bench 100%: round 2/2") and all(ln.startswith("[") for ln in lines)
+    assert "\x1b[" not in r.stderr  # no terminal escapes
+    rows = {row["plan"]: row for row in json.loads(r.stdout)["results"]}
+    assert rows["xla_default"]["speedup_vs_xla_default"] == 1.0 and "ratio_to_xla_default" not in rows["one_bucket"]
+    # higher is faster: xla_default's median over the plan's
+    base = rows["xla_default"]["median_ms"]
+    one = rows["one_bucket"]
+    assert one["speedup_vs_xla_default"] == pytest.approx(base / one["median_ms"], rel=2e-3)
+
+
+def test_progress_reporter_is_quiet_when_asked_and_throttles_lines(capsys):
+    from disco.cli.common import _Lines, progress_reporter
+
+    with progress_reporter(False) as progress:
+        progress("search", 0.5, "x")
+    assert capsys.readouterr().err == ""
+    lines = _Lines(sys.stderr, every_s=3600)
+    for i in range(5):
+        lines("search", i / 10, f"{i} plans")
+    lines("search", 1.0, "done")
+    lines("measure", 0.1, "compiled xla_default")
+    err = capsys.readouterr().err.splitlines()
+    assert [ln.split("] ", 1)[1] for ln in err] == ["search   0%: 0 plans", "search 100%: done",
+                                                    "measure  10%: compiled xla_default"]

@@ -76,7 +76,8 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
         a plan with the round-tripped default isolates what the plan changes.
 
     Raises:
-      ValueError: the plan does not fit the step's graph.
+      ValueError: the plan does not fit the step's graph, or was made for another graph
+        (its ``graph_fingerprint`` differs from the step's).
       PrivateApiError: a private jax API changed.
       Exception: whatever XLA raises when the rewritten module does not compile.
     """
@@ -88,10 +89,14 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
     lowered = lower(step_fn, *args)
     text = lowered.as_text(dialect="hlo")
     options = plan.compiler_options(_backend())
+    graph = None
+    if plan.graph_fingerprint is not None:
+        graph = HloGraph.from_hlo_text(text)
+        check_fingerprint(plan, graph)
     if not plan.groups and plan.buckets is None and not roundtrip:
         return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
     _jax_private.check_version()
-    plan.validate(HloGraph.from_hlo_text(text))
+    plan.validate(graph or HloGraph.from_hlo_text(text))
     if not plan.groups and not plan.buckets and not roundtrip:
         # nothing to rewrite (buckets=() fits only a step without all-reduces): XLA's compile as is
         return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
@@ -105,7 +110,20 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
     return AppliedStep(rewritten.compile(compiler_options=options), plan, plan, None, new_text)
 
 
-def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any) -> AppliedStep:
+def check_fingerprint(plan: FusionPlan, graph: Any) -> None:
+    """Raises when ``plan`` records a graph fingerprint other than ``graph``'s (plans without
+    one, written before it was recorded, pass).
+
+    Raises:
+      ValueError: naming both fingerprints.
+    """
+    if plan.graph_fingerprint is not None and plan.graph_fingerprint != graph.fingerprint:
+        raise ValueError(f"plan {plan.name or plan.digest()!r} was made for graph {plan.graph_fingerprint}, "
+                         f"but this step's graph is {graph.fingerprint} (another model, preset, batch or "
+                         "device count?)")
+
+
+def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, strict: bool = False) -> AppliedStep:
     """Compiles ``step_fn`` for ``args`` with ``plan``, falling back to XLA's default.
 
     Args:
@@ -113,9 +131,14 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any) -> A
       step_fn: the training step, plain or jitted.
       *args: example arguments; the returned callable takes arguments of the
         same shapes, dtypes and shardings and returns the same pytrees.
+      strict: raise instead of falling back (for a plan made for another graph, one that
+        does not fit, or a compile that fails).
 
     Returns:
       An :class:`AppliedStep`; ``.applied`` says whether the plan is in effect.
+
+    Raises:
+      ValueError, Exception: only with ``strict``: what :func:`compile_plan` raises.
 
     Example::
 
@@ -123,6 +146,8 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any) -> A
       state, loss = step(state, batch)
     """
     plan = plan or DEFAULT_PLAN
+    if strict:
+        return compile_plan(plan, step_fn, *args)
     try:
         return compile_plan(plan, step_fn, *args)
     except Exception as e:  # noqa: BLE001 - any failure must fall back, with its reason

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from disco.cli.common import print_json, setup_devices
+from disco.cli.common import CliError, check_output_file, print_json, setup_devices
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments."""
-    p.add_argument("--devices", type=int, default=8)
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--devices", type=int, default=4, help="CPU devices the all-reduces span (default 4)")
+    p.add_argument("--reps", type=int, default=20, help="repetitions per message size (default 20)")
     p.add_argument("--out", metavar="YAML", help="write the calibrated 'local' cluster spec here")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -26,6 +26,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco calibrate``; returns the exit status."""
+    if args.reps < 1:
+        raise CliError(f"--reps must be >= 1, got {args.reps}")
+    check_output_file(args.out, "--out")
     from disco import calibrate as cal
     from disco.sim import cluster
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from disco.cli.common import CliError
+from disco.cli.common import CliError, check_output_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,9 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
     p.add_argument("--profile", action="store_true", help="add per-kernel/per-collective times (traced)")
     p.add_argument("--baselines", default=None, help="comma list of baselines (default: all)")
-    p.add_argument("--interleave", type=int, default=3, help="plans measured per chunk with the reference")
+    p.add_argument("--interleave", type=int, default=3, help="plans measured per chunk with the reference (default 3)")
     p.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd (default adamw)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (default: a bar on a terminal, plain lines otherwise)")
     g = p.add_argument_group("per-kernel device times (disco.kernel_collect; writes DIR/kernels.jsonl)")
     g.add_argument("--kernels", action="store_true",
                    help="compile each model at --presets under --variants and record every kernel's device time")
@@ -65,6 +66,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco collect``; prints the summary as one JSON line; returns the exit status."""
+    check_output_dir(args.out, "--out")
     if getattr(args, "kernels", False):
         return _run_kernels(args)
     from disco.collect import collect

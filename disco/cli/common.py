@@ -54,7 +54,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help='its keyword arguments, e.g. \'{"vocab_size": 256, "d_model": 64}\'')
     g.add_argument("--trax-task", default="lm", choices=("lm", "classify"),
                    help="lm: next-token loss on token sequences (needs vocab_size); "
-                        "classify: random inputs of --trax-input-shape with random labels")
+                        "classify: random inputs of --trax-input-shape with random labels (default lm)")
     g.add_argument("--trax-length", type=int, default=16, help="sequence length for lm (default 16)")
     g.add_argument("--trax-input-shape", default=None, metavar="D,D,...",
                    help="one example's shape for classify, e.g. 32,32,3")
@@ -254,12 +254,14 @@ def load_cost_model(value: str) -> tuple[Any, dict[str, Any]]:
 
 
 # -- plans -----------------------------------------------------------------------------------------
-def resolve_plans(spec: str, graph: Any) -> dict[str, Any]:
+def resolve_plans(spec: str, graph: Any, *, strict: bool = False) -> dict[str, Any]:
     """The plans a ``--plans`` comma list names, by name: baselines (``horovod:128`` sets a value)
-    or plan .json files (validated against ``graph``).
+    or plan .json files (validated against ``graph``). A plan file made for another graph (its
+    ``graph_fingerprint`` differs) is named in a warning on stderr, or refused when ``strict``.
 
     Raises:
-      CliError: for an unknown baseline, a bad value, an unreadable file or an empty list.
+      CliError: for an unknown baseline, a bad value, an unreadable file, an empty list, or
+        (``strict``) a plan file made for another graph.
     """
     from disco.plans import baselines
     from disco.plans.plan import FusionPlan
@@ -272,6 +274,15 @@ def resolve_plans(spec: str, graph: Any) -> dict[str, Any]:
                     plan = FusionPlan.from_json(f.read())
             except OSError as e:
                 raise CliError(f"cannot read plan file {item!r}: {e.strerror}") from None
+            if plan.graph_fingerprint is not None and plan.graph_fingerprint != graph.fingerprint:
+                what = (f"plan file {item!r} was made for graph {plan.graph_fingerprint}, but this step's graph is "
+                        f"{graph.fingerprint}")
+                if strict:
+                    raise CliError(f"{what} (--strict)")
+                print(f"warning: {what}; it will fall back to XLA's default compile (--strict to refuse it)",
+                      file=sys.stderr)
+                plans[plan.name or item] = plan
+                continue
             plans[plan.name or item] = plan.validate(graph)
             continue
         name, _, arg = item.partition(":")

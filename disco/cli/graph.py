@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from disco.cli.common import CliError, add_model_args, make_step, model_label, print_json
+from disco.cli.common import CliError, add_model_args, check_output_dir, make_step, model_label, print_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --hlo: the module to read from a file holding several ('#N': the N-th)")
     p.add_argument("--optimized", action="store_true", help="the post-optimisation (compiled) HLO")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--dump", metavar="DIR", help="write the HLO text and graph.json to DIR")
+    p.add_argument("--dump", metavar="DIR", help="write the HLO text and graph.json to DIR (created if missing)")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from disco.ir.graph import HloGraph
 
+    check_output_dir(args.dump, "--dump")
     t0 = time.perf_counter()
     if args.hlo:
         try:

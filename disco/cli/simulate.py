@@ -20,10 +20,14 @@ from disco.cli.common import (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments."""
     add_model_args(p)
-    p.add_argument("--plans", default=DEFAULT_PLANS)
-    p.add_argument("--cluster", help="a cluster YAML file or preset name (default: local)")
+    p.add_argument("--plans", default=DEFAULT_PLANS,
+                   help=f"comma list of baselines (horovod:128 sets a threshold) or plan .json files "
+                        f"(default {DEFAULT_PLANS})")
+    p.add_argument("--cluster", help="a cluster YAML file or preset name (default: local with --devices)")
     add_cost_model_arg(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object (default: a table)")
+    p.add_argument("--strict", action="store_true",
+                   help="a plan .json made for another graph (its fingerprint differs) is an error, not a warning")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -42,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     step, example = make_step(args)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
-    plans = resolve_plans(args.plans, graph)
+    plans = resolve_plans(args.plans, graph, strict=args.strict)
     spec = cluster.resolve(args.cluster, args.devices)
     cm, cm_info = load_cost_model(args.cost_model)
     if spec.is_gpu and args.cost_model == "analytic":  # the analytic model of the cluster's device kind

@@ -211,7 +211,7 @@ def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measu
                "all_reduces": len(graph.all_reduces())},
         cluster=target.cluster.name, cost_model=getattr(target.costs, "name", type(target.costs).__name__),
         lower_bound_s=sim.lower_bound())
-    plan = next(r.plan for r in measured.rows if r.name == last.chosen)
+    plan = next(r.plan for r in measured.rows if r.name == last.chosen).replace(graph_fingerprint=graph.fingerprint)
     return OptimizeResult(plan=plan, chosen=last.chosen, verdict=last.verdict, rows=measured.rows,
                           setting=setting, search=cands.search, config=config, bound=measured.bound,
                           runoff=runoff, confirmation=confirmation, simulator=sim)

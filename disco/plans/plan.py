@@ -76,6 +76,10 @@ class FusionPlan:
         combiner (its default behaviour).
       compile_options: extra XLA compile options, as (key, value) pairs.
       name: a label (e.g. the baseline it came from).
+      graph_fingerprint: the fingerprint of the graph the plan was made for
+        (:attr:`disco.ir.graph.HloGraph.fingerprint`), or None (plans written before it was
+        recorded); applying the plan to another graph warns and falls back, or raises with
+        ``strict=True``. Like the name, it is not part of :meth:`digest`.
     """
 
     groups: tuple[tuple[str, ...], ...] = ()
@@ -83,6 +87,7 @@ class FusionPlan:
     buckets: tuple[Bucket, ...] | None = None
     compile_options: tuple[tuple[str, str], ...] = ()
     name: str = ""
+    graph_fingerprint: str | None = None
 
     # -- predicates ----------------------------------------------------------------------------
     @property
@@ -128,6 +133,8 @@ class FusionPlan:
             "buckets": None if self.buckets is None else [
                 {"members": list(b.members), "build": b.build} for b in self.buckets],
             "compile_options": {k: v for k, v in self.compile_options},
+            # written only when known, so plans without one keep their JSON (and older readers)
+            **({"graph_fingerprint": self.graph_fingerprint} if self.graph_fingerprint else {}),
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -143,7 +150,7 @@ class FusionPlan:
         f = plan_schema.parse(data)
         return cls(groups=f.groups, xla_fusion=f.xla_fusion,  # type: ignore[arg-type]
                    buckets=None if f.buckets is None else tuple(Bucket(m, b) for m, b in f.buckets),  # type: ignore[arg-type]
-                   compile_options=f.compile_options, name=f.name)
+                   compile_options=f.compile_options, name=f.name, graph_fingerprint=f.graph_fingerprint)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> FusionPlan:
@@ -154,9 +161,10 @@ class FusionPlan:
         return cls.from_dict(data)
 
     def digest(self) -> str:
-        """A stable hash of what the plan asks for (the name is left out)."""
+        """A stable hash of what the plan asks for (the name and graph fingerprint are left out)."""
         d = self.to_dict()
         d.pop("name")
+        d.pop("graph_fingerprint", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     # -- checks --------------------------------------------------------------------------------

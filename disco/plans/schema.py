@@ -24,6 +24,7 @@ class PlanFields(NamedTuple):
     buckets: tuple[tuple[tuple[str, ...], str], ...] | None  # (members, build) per bucket
     compile_options: tuple[tuple[str, str], ...]
     name: str
+    graph_fingerprint: str | None = None  # absent in plans written before it was recorded
 
 
 @functools.cache
@@ -43,6 +44,7 @@ def _plan_model() -> Any:
         xla_fusion: XlaFusion = "extend"
         buckets: list[BucketModel] | None = None
         compile_options: dict[str, str] = {}
+        graph_fingerprint: str | None = None
 
     return PlanModel
 
@@ -74,4 +76,5 @@ def parse(data: Any) -> PlanFields:
         buckets=None if m.buckets is None else tuple((tuple(b.members), b.build) for b in m.buckets),
         compile_options=tuple(sorted(m.compile_options.items())),
         name=m.name,
+        graph_fingerprint=m.graph_fingerprint,
     )
