@@ -144,3 +144,49 @@ def test_a_pmap_step_with_the_scope_is_accepted():
     target = opt.prepare(step, (w, x))
     grads = [n for n in target.graph.all_reduces() if n.is_gradient]
     assert len(grads) == 1 and grads[0].param_path == "w"
+
+
+# -- plans record the graph they were made for -------------------------------------------------------
+OLD_PLAN_JSON = ('{"buckets": [{"build": "concat", "members": ["a", "b"]}], "compile_options": {}, "groups": [], '
+                 '"name": "ddp", "schema_version": 1, "xla_fusion": "extend"}')  # as written before the field
+
+
+def test_a_plan_written_before_the_fingerprint_still_loads_and_the_field_round_trips():
+    old = FusionPlan.from_json(OLD_PLAN_JSON)
+    assert old.graph_fingerprint is None and "graph_fingerprint" not in old.to_dict()
+    new = old.replace(graph_fingerprint="0123abcd")
+    assert FusionPlan.from_json(new.to_json()) == new and new.to_dict()["graph_fingerprint"] == "0123abcd"
+    assert new.digest() == old.digest()  # what the plan asks for is unchanged
+
+
+def test_a_plan_for_another_graph_falls_back_with_a_warning_or_raises_when_strict():
+    mesh, w, x = arrays()
+    step = shard_map_step(mesh, pcast=True, scope=True)
+    graph = disco.extract(step, w, x)
+    plan = baselines.make("one_bucket", graph)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ok = xla_hooks.apply(plan.replace(graph_fingerprint=graph.fingerprint), step, w, x, strict=True)
+    assert ok.applied  # the fingerprint of the step's HLO as apply reads it is extract's
+    other = plan.replace(graph_fingerprint="f" * 32)  # made for another graph; its names happen to fit
+    with pytest.warns(PlanFallbackWarning, match=r"was made for graph f{32}, but this step's graph is "):
+        fell = xla_hooks.apply(other, step, w, x)
+    assert not fell.applied and fell.plan.name == "xla_default"
+    with pytest.raises(ValueError, match=r"was made for graph f{32}, but this step's graph is " + graph.fingerprint):
+        xla_hooks.apply(other, step, w, x, strict=True)
+
+
+def test_optimize_writes_the_fingerprint_into_the_answer():
+    from tests.test_optimize import contradicting_result
+
+    result = contradicting_result()
+    assert result.plan.graph_fingerprint is None  # built by hand; make_result adds it (below)
+    mesh, w, x = arrays()
+    target = opt.prepare(shard_map_step(mesh, pcast=True, scope=True), (w, x))
+    config = opt.OptimizeConfig(budget_s=0.5, measure_top_k=0, rounds=1, steps=1, bucket_sweep=(), confirm=False,
+                                measure_bound=False)
+    cands = opt.candidates(target, config)
+    measured = opt.measure(target, cands, config)
+    made = opt.make_result(target, config, cands, measured, None, None)
+    assert made.plan.graph_fingerprint == target.graph.fingerprint
+    assert made.to_dict()["plan"]["graph_fingerprint"] == target.graph.fingerprint

@@ -310,3 +310,23 @@ def test_progress_reporter_is_quiet_when_asked_and_throttles_lines(capsys):
     err = capsys.readouterr().err.splitlines()
     assert [ln.split("] ", 1)[1] for ln in err] == ["search   0%: 0 plans", "search 100%: done",
                                                     "measure  10%: compiled xla_default"]
+
+
+def test_a_plan_file_for_another_graph_is_a_warning_or_with_strict_an_error(tmp_path, capsys):
+    from disco.cli.common import CliError, resolve_plans
+    from disco.ir.graph import HloGraph
+    from disco.plans.plan import FusionPlan
+
+    text = "HloModule m\n\nENTRY e {\n  p = f32[4] parameter(0)\n  ROOT n = f32[4] negate(p)\n}\n"
+    graph = HloGraph.from_hlo_text(text)
+    mine = tmp_path / "mine.json"
+    mine.write_text(FusionPlan(name="mine", graph_fingerprint=graph.fingerprint).to_json())
+    other = tmp_path / "other.json"
+    other.write_text(FusionPlan(name="other", graph_fingerprint="f" * 32).to_json())
+    assert list(resolve_plans(f"{mine},{other}", graph)) == ["mine", "other"]
+    err = capsys.readouterr().err
+    assert f"warning: plan file '{other}' was made for graph {'f' * 32}, but this step's graph is " in err
+    assert "mine" not in err
+    assert list(resolve_plans(str(mine), graph, strict=True)) == ["mine"]
+    with pytest.raises(CliError, match=r"was made for graph f{32}.*\(--strict\)"):
+        resolve_plans(str(other), graph, strict=True)

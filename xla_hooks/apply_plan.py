@@ -90,8 +90,8 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
     text = lowered.as_text(dialect="hlo")
     options = plan.compiler_options(_backend())
     graph = None
-    if plan.graph_fingerprint is not None:
-        graph = HloGraph.from_hlo_text(text)
+    if plan.graph_fingerprint is not None:  # the text disco.extract reads (its fingerprint counts metadata)
+        graph = HloGraph.from_hlo_text(lowered.as_text(dialect="hlo", debug_info=True))
         check_fingerprint(plan, graph)
     if not plan.groups and plan.buckets is None and not roundtrip:
         return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
