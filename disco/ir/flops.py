@@ -3,7 +3,9 @@
 Estimates follow the usual counting conventions: a multiply-add is two flops
 (dot, convolution), an elementwise op is one flop per output element, a
 reduction is one flop per input element. Data movement counts zero flops;
-its cost shows up in bytes.
+its cost shows up in bytes. A ``while`` counts its body's and condition's flops
+once per iteration (:func:`disco.ir.loops.while_trip_count`; once when the trip
+count is not known).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
+from disco.ir import loops
 from disco.ir.hlo_parse import Instruction, Module
 from disco.ir.opcodes import ELEMENTWISE
 
@@ -24,6 +27,7 @@ def instruction_flops(
     ins: Instruction,
     operand: Callable[[str], Instruction | None],
     called_flops: Callable[[str], float],
+    trip_count: int | None = None,
 ) -> float:
     """Estimates the flops of one instruction.
 
@@ -31,6 +35,8 @@ def instruction_flops(
       ins: the instruction.
       operand: looks up an operand instruction by name (None if unknown).
       called_flops: flops of a called computation by name.
+      trip_count: for a ``while``, its trip count: the flops of its body and condition are
+        counted that many times (None: unknown, counted once).
     """
     out = sum(a.elements for a in ins.arrays)
     op = ins.opcode
@@ -58,7 +64,10 @@ def instruction_flops(
         if op == "all-reduce":
             return float(out)
         return float(max(n_in, out))
-    if op in ("fusion", "call", "while", "conditional", "map", "sort", "scatter"):
+    if op == "while":
+        trips = 1 if trip_count is None else trip_count
+        return float(trips * sum(called_flops(c) for c in ins.called))
+    if op in ("fusion", "call", "conditional", "map", "sort", "scatter"):
         return float(sum(called_flops(c) for c in ins.called))
     return 0.0
 
@@ -67,9 +76,11 @@ def module_flops(module: Module) -> Mapping[tuple[str, str], float]:
     """Flops per (computation, instruction name) over the whole module (called computations summed in).
 
     Instruction names are scoped per computation (the same name may appear in two), so
-    operands are looked up in their own computation.
+    operands are looked up in their own computation. A ``while``'s flops are its trip
+    count times its body's and condition's (:mod:`disco.ir.loops`; once if unknown).
     """
     comps = {c.name: c for c in module.computations}
+    trips = loops.trip_counts(module)
     memo: dict[str, float] = {}
     per_ins: dict[tuple[str, str], float] = {}
 
@@ -82,7 +93,7 @@ def module_flops(module: Module) -> Mapping[tuple[str, str], float]:
         if comp is not None:
             names = comp.by_name()
             for ins in comp.instructions:
-                f = instruction_flops(ins, names.get, comp_flops)
+                f = instruction_flops(ins, names.get, comp_flops, trips.get((name, ins.name)))
                 per_ins[(name, ins.name)] = f
                 total += f
         memo[name] = total

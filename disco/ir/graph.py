@@ -3,7 +3,10 @@
 The graph holds the *step computation*: the module's entry computation with
 every ``call`` inlined (jax's ``shard_map`` lowers its body to a called
 computation). Fusion bodies, reduction regions and loop bodies stay inside the
-instruction that calls them; their flops are summed into that node.
+instruction that calls them; their flops are summed into that node, a ``while``'s
+once per iteration (:mod:`disco.ir.loops`). Each ``while`` node also keeps what one
+iteration runs, its body and condition as graphs of their own, with its trip count
+(:class:`Loop`, ``HloGraph.loops``), so the simulator can price the loop's kernels.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disco.ir import flops as _flops
+from disco.ir import loops as _loops
 from disco.ir import opcodes as _opcodes
 from disco.ir.opcodes import ALL_REDUCE_OPCODES
 from disco.ir import hlo_parse
@@ -79,6 +83,45 @@ class GraphArrays(NamedTuple):
     edge_bytes: np.ndarray  # float32 [n_edge]
 
 
+class Loop(NamedTuple):
+    """A ``while`` node of a graph and what one of its iterations runs.
+
+    Attributes:
+      node: the while node's name in the graph that holds it.
+      trip_count: its iterations (:func:`disco.ir.loops.while_trip_count`); None when not
+        known statically (its body's work is then counted once).
+      body: the body computation as a graph (calls inlined as in the step; its own loops nested).
+      condition: the condition computation as a graph.
+    """
+
+    node: str
+    trip_count: int | None
+    body: HloGraph
+    condition: HloGraph
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "trip_count": self.trip_count,
+                "body": self.body.to_dict(), "condition": self.condition.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> Loop:
+        """Reads ``to_dict``'s output. Raises ValueError naming the wrong field."""
+        if not isinstance(data, dict) or not {"node", "trip_count", "body", "condition"} <= data.keys():
+            raise ValueError(f"graph JSON field {where!r}: expected an object with node, trip_count, "
+                             f"body and condition, got {str(data)[:80]!r}")
+        trips = data["trip_count"]
+        if trips is not None and (isinstance(trips, bool) or not isinstance(trips, int) or trips < 0):
+            raise ValueError(f"graph JSON field '{where}.trip_count': expected a non-negative integer "
+                             f"or null, got {trips!r}")
+        graphs = []
+        for key in ("body", "condition"):
+            try:
+                graphs.append(HloGraph.from_dict(data[key]))
+            except ValueError as e:
+                raise ValueError(f"graph JSON field '{where}.{key}': {e}") from None
+        return cls(node=data["node"], trip_count=trips, body=graphs[0], condition=graphs[1])
+
+
 NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "is_all_reduce",
                  "n_operands", "is_elementwise")
 
@@ -92,12 +135,15 @@ class HloGraph:
       nodes: the instructions, in program (text) order, which is a topological order.
       edges: (producer index, consumer index) pairs of data dependencies.
       fingerprint: a hash of the canonical program (independent of instruction names).
+      loops: one :class:`Loop` per ``while`` node (body and condition graphs, trip count),
+        in node order.
     """
 
     name: str
     nodes: tuple[Node, ...]
     edges: tuple[tuple[int, int], ...]
     fingerprint: str
+    loops: tuple[Loop, ...] = ()
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -172,18 +218,24 @@ class HloGraph:
             "gradient_bytes": sum(n.grad_bytes for n in grads),
             "all_reduce_bytes": sum(n.grad_bytes for n in ars),
             "flops": sum(n.flops for n in self.nodes),
+            "while_loops": len(self.loops),
+            "loop_trip_counts": {lp.node: lp.trip_count for lp in self.loops},
+            "loops_unknown_trips": [lp.node for lp in self.loops if lp.trip_count is None],
             "opcodes": self.opcode_histogram(),
         }
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "schema": SCHEMA,
             "name": self.name,
             "fingerprint": self.fingerprint,
             "nodes": [dataclasses.asdict(n) for n in self.nodes],
             "edges": [list(e) for e in self.edges],
         }
+        if self.loops:  # absent for a graph without loops: their files are as before
+            out["loops"] = [lp.to_dict() for lp in self.loops]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -216,8 +268,16 @@ class HloGraph:
                     or not all(isinstance(v, int) and 0 <= v < n for v in e)):
                 raise ValueError(f"graph JSON field 'edges[{i}]': expected [src, dst] node indices < {n}, got {e!r}")
             edges.append((e[0], e[1]))
+        raw_loops = data.get("loops", [])
+        if not isinstance(raw_loops, list):
+            raise ValueError(f"graph JSON field 'loops': expected a list, got {type(raw_loops).__name__}")
+        loops = tuple(Loop.from_dict(lp, f"loops[{i}]") for i, lp in enumerate(raw_loops))
+        names = {nd.name for nd in nodes}
+        for i, lp in enumerate(loops):
+            if lp.node not in names:
+                raise ValueError(f"graph JSON field 'loops[{i}].node': {lp.node!r} is not a node of the graph")
         return cls(name=data["name"], nodes=tuple(nodes), edges=tuple(edges),
-                   fingerprint=data["fingerprint"])
+                   fingerprint=data["fingerprint"], loops=loops)
 
     @classmethod
     def from_json(cls, text: str) -> HloGraph:
@@ -259,15 +319,22 @@ def _inlinable(module: hlo_parse.Module) -> set[str]:
     return {c for (c, is_call), n in uses.items() if is_call and n == 1 and uses[(c, False)] == 0}
 
 
-def step_computations(module: hlo_parse.Module) -> list[hlo_parse.Computation]:
+def step_computations(module: hlo_parse.Module, entry: hlo_parse.Computation | None = None,
+                      inline: set[str] | None = None) -> list[hlo_parse.Computation]:
     """The entry computation and the computations inlined into it.
 
     A computation is inlined when a single ``call`` instruction uses it (jax's
     shard_map body); a computation called from several places (a nested
     ``jax.jit``) stays behind its ``call`` nodes, which then count its flops.
+
+    Args:
+      module: the module.
+      entry: the computation to start from (default the module's entry; a loop body
+        for :class:`Loop` graphs).
+      inline: ``_inlinable(module)``, when the caller has it already.
     """
     comps = {c.name: c for c in module.computations}
-    inline = _inlinable(module)
+    inline = _inlinable(module) if inline is None else inline
     out: list[hlo_parse.Computation] = []
 
     def visit(comp: hlo_parse.Computation) -> None:
@@ -278,7 +345,7 @@ def step_computations(module: hlo_parse.Module) -> list[hlo_parse.Computation]:
                     if c in comps and c in inline:
                         visit(comps[c])
 
-    visit(module.entry)
+    visit(module.entry if entry is None else entry)
     return out
 
 
@@ -399,17 +466,17 @@ def fingerprint(module: hlo_parse.Module) -> str:
     inside attribute values and literals count, and an attribute list holding ``<=`` is
     split as the first parser split it (see ``_fingerprint_attrs``).
     """
-    comp_hashes = _canonical_computation_hashes(module)
-    lines: list[str] = []
-    for comp in step_computations(module):
-        lines.append(f"computation {comp_hashes[comp.name]}")
-    return _hash_lines(lines)[:32]
+    return _fingerprint_of(_canonical_computation_hashes(module), step_computations(module))
 
 
-def _ordered_instructions(module: hlo_parse.Module) -> list[hlo_parse.Instruction]:
-    """Entry instructions in text order, each call's body placed just before the call."""
+def _fingerprint_of(comp_hashes: dict[str, str], step: Iterable[hlo_parse.Computation]) -> str:
+    return _hash_lines([f"computation {comp_hashes[comp.name]}" for comp in step])[:32]
+
+
+def _ordered_instructions(module: hlo_parse.Module, entry: hlo_parse.Computation,
+                          inline: set[str]) -> list[hlo_parse.Instruction]:
+    """``entry``'s instructions in text order, each inlined call's body placed just before the call."""
     comps = {c.name: c for c in module.computations}
-    inline = _inlinable(module)
     out: list[hlo_parse.Instruction] = []
 
     def walk(comp: hlo_parse.Computation) -> None:
@@ -420,7 +487,7 @@ def _ordered_instructions(module: hlo_parse.Module) -> list[hlo_parse.Instructio
                         walk(comps[c])
             out.append(ins)
 
-    walk(module.entry)
+    walk(entry)
     return out
 
 
@@ -444,11 +511,39 @@ def _graph_names(ordered: Sequence[hlo_parse.Instruction]) -> dict[tuple[str, st
     return out
 
 
+class _ModuleFacts(NamedTuple):
+    """What every graph of one module (the step's and its loops') reads: computed once."""
+
+    module: hlo_parse.Module
+    comps: dict[str, hlo_parse.Computation]
+    inline: set[str]
+    flops: Any  # Mapping[(computation, instruction), float]
+    trips: dict[tuple[str, str], int | None]
+    comp_hashes: dict[str, str]
+
+
 def from_module(module: hlo_parse.Module) -> HloGraph:
-    """Builds an HloGraph from a parsed module (entry computation with calls inlined)."""
-    per_ins_flops = _flops.module_flops(module)
-    by_comp = {c.name: c for c in step_computations(module)}
-    ordered = _ordered_instructions(module)
+    """Builds an HloGraph from a parsed module (entry computation with calls inlined).
+
+    Each ``while`` node of the graph gets a :class:`Loop` (``HloGraph.loops``): its trip
+    count and its body and condition computations as graphs built the same way.
+    """
+    facts = _ModuleFacts(module=module, comps={c.name: c for c in module.computations},
+                         inline=_inlinable(module), flops=_flops.module_flops(module),
+                         trips=_loops.trip_counts(module),
+                         comp_hashes=_canonical_computation_hashes(module))
+    return _graph_of(facts, module.entry, module.name, depth=0)
+
+
+def _graph_of(facts: _ModuleFacts, entry: hlo_parse.Computation, name: str, depth: int) -> HloGraph:
+    """The graph of ``entry`` with its calls inlined and a Loop per while node."""
+    if depth > 64:
+        raise hlo_parse.HloParseError(f"while loops nested more than 64 deep at computation {entry.name!r}")
+    module = facts.module
+    per_ins_flops = facts.flops
+    step = step_computations(module, entry, facts.inline)
+    by_comp = {c.name: c for c in step}
+    ordered = _ordered_instructions(module, entry, facts.inline)
     names = _graph_names(ordered)
     scopes = {c.name: c.by_name() for c in by_comp.values()}
     nodes: list[Node] = []
@@ -491,8 +586,20 @@ def from_module(module: hlo_parse.Module) -> HloGraph:
                         edges.append((index[(ins.computation, op)], index[(c, params[i].name)]))
                 edges.append((index[(c, callee.root.name)], dst))
     edges = sorted(set(edges))
-    return HloGraph(name=module.name, nodes=tuple(nodes), edges=tuple(edges),
-                    fingerprint=fingerprint(module))
+    loops = []
+    for ins in ordered:
+        if ins.opcode != "while":
+            continue
+        body = facts.comps.get(ins.attrs.get("body", "").strip().lstrip("%"))
+        cond = facts.comps.get(ins.attrs.get("condition", "").strip().lstrip("%"))
+        if body is None or cond is None:
+            continue  # a malformed loop: priced as one node
+        key = (ins.computation, ins.name)
+        loops.append(Loop(node=names[key], trip_count=facts.trips.get(key),
+                          body=_graph_of(facts, body, f"{name}/{body.name}", depth + 1),
+                          condition=_graph_of(facts, cond, f"{name}/{cond.name}", depth + 1)))
+    return HloGraph(name=name, nodes=tuple(nodes), edges=tuple(edges),
+                    fingerprint=_fingerprint_of(facts.comp_hashes, step), loops=tuple(loops))
 
 
 def _reduced_bytes(ins: hlo_parse.Instruction, scopes: dict[str, dict[str, hlo_parse.Instruction]]) -> int:

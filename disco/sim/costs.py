@@ -11,6 +11,18 @@ a set of node indices into a Kernel (``GraphKernels(graph).kernel(indices)``);
 ``kernel_of(graph, indices)`` is the one-off convenience. A single unfused node
 is a kernel of one.
 
+A ``dynamic-slice`` reads only its slice of its first operand, and a
+``dynamic-update-slice`` whose buffer comes from outside the kernel updates it in
+place (reads none of it, writes only the update): how a scan's body reads the
+step's slice of a stacked array and writes its slice of a stacked result, so a
+loop's traffic per iteration is not the whole stack.
+
+A ``while`` node is priced by the simulator (``disco.sim.simulator``: its trip
+count times one iteration of its body's and condition's kernels, from
+``HloGraph.loops``); as a kernel of one here (a graph without loop bodies, or
+``node_kernel_times``) its flops are already its trip count times its body's
+(``disco.ir.flops``) and its traffic is the loop state it reads and writes once.
+
 Some opcodes never become kernels (``disco.ir.opcodes.ZERO_COST_OPCODES``: parameters, constants,
 tuple plumbing, bitcasts, inlined calls) and collectives run on the network,
 not as kernels (``disco.ir.opcodes.COLLECTIVE_KIND``); both cost 0.0 as kernels.
@@ -104,6 +116,21 @@ class GraphKernels:
         self.preds: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(p)) for p in preds)
         self.succs: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(s)) for s in succs)
         self._bytes = [node.out_bytes for node in graph.nodes]
+        # Slice reads and in-place updates: node -> the producer of its operand 0 (the stack it
+        # slices or updates), when that producer is no other operand of the node.
+        self._slice_of: dict[int, int] = {}
+        self._update_bytes: dict[int, int] = {}  # dynamic-update-slice -> bytes of its update
+        index = None
+        for i, node in enumerate(graph.nodes):
+            if node.opcode in ("dynamic-slice", "dynamic-update-slice") and node.operands:
+                index = graph.index() if index is None else index
+                src = index.get(node.operands[0])
+                if src is None or node.operands[0] in node.operands[1:]:
+                    continue
+                self._slice_of[i] = src
+                if node.opcode == "dynamic-update-slice" and len(node.operands) > 1:
+                    upd = index.get(node.operands[1])
+                    self._update_bytes[i] = self._bytes[upd] if upd is not None else node.out_bytes
 
     def kernel(self, indices: Iterable[int], inlined: Iterable[int] = ()) -> Kernel:
         """The kernel made of the nodes at ``indices``.
@@ -127,7 +154,10 @@ class GraphKernels:
             raise ValueError(f"kernel: node indices {sorted(bad)[:5]} are outside the graph of {n} nodes")
         body = members | inl if inl else members
         inputs = {p for i in body for p in self.preds[i] if p not in body}
-        in_bytes = sum(self._bytes[p] for p in inputs)
+        if self._slice_of:
+            in_bytes = self._sliced_in_bytes(body, inputs)
+        else:
+            in_bytes = sum(self._bytes[p] for p in inputs)
         succs = self.succs
         if inl:
             leaks: dict[int, bool] = {}
@@ -138,13 +168,37 @@ class GraphKernels:
                     leaks[d] = any(s not in body or (s in inl and leaky(s)) for s in succs[d])
                 return leaks[d]
 
-            out_bytes = sum(self._bytes[i] for i in members
-                            if not succs[i] or any(s not in body or (s in inl and leaky(s)) for s in succs[i]))
+            written = [i for i in members
+                       if not succs[i] or any(s not in body or (s in inl and leaky(s)) for s in succs[i])]
         else:
-            out_bytes = sum(self._bytes[i] for i in members
-                            if not succs[i] or any(s not in members for s in succs[i]))
+            written = [i for i in members if not succs[i] or any(s not in members for s in succs[i])]
+        updates = self._update_bytes
+        if updates:  # an in-place update of an outside buffer writes its update, not the whole buffer
+            out_bytes = sum(updates[i] if i in updates and self._slice_of[i] not in body else self._bytes[i]
+                            for i in written)
+        else:
+            out_bytes = sum(self._bytes[i] for i in written)
         order = sorted(body)
         return Kernel(nodes=tuple(self.graph.nodes[i] for i in order), in_bytes=in_bytes, out_bytes=out_bytes)
+
+    def _sliced_in_bytes(self, body: set[int], inputs: set[int]) -> int:
+        """Bytes read from ``inputs``: a stack read only by slices and in-place updates costs the slices."""
+        sliced: dict[int, int] = {}  # input -> bytes its slices read
+        full: set[int] = set()
+        for i in body:
+            src = self._slice_of.get(i)
+            for p in self.preds[i]:
+                if p not in inputs:
+                    continue
+                if p == src:
+                    if i not in self._update_bytes:  # a dynamic-slice reads its output's bytes
+                        sliced[p] = sliced.get(p, 0) + self._bytes[i]
+                    else:
+                        sliced.setdefault(p, 0)  # updated in place: nothing of it is read
+                else:
+                    full.add(p)
+        return sum(self._bytes[p] if p in full or p not in sliced else min(sliced[p], self._bytes[p])
+                   for p in inputs)
 
 
 def kernel_of(graph: HloGraph, indices: Iterable[int]) -> Kernel:

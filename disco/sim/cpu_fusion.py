@@ -10,6 +10,8 @@ is duplicated into each consumer (:data:`disco.ir.opcodes.XLA_CPU_DUPLICATED_OPC
 part of every consumer's kernel; its inputs are read there, its result is never written). Dots,
 convolutions, custom calls, scatters and collectives are never fused (XLA:CPU runs dots and
 convolutions as library calls). Planned groups are pre-fused, so XLA grows them by the same rule.
+A ``while`` is never fused: it is one unit, which the simulator prices as its trip count times one
+iteration of its body's and condition's graphs, each contracted by this same emulation.
 Every fusion has one root that all its members reach, so contracting it never adds a dependency
 between outside ops.
 

@@ -36,8 +36,9 @@ does (``xla/service/gpu/transforms/priority_fusion.cc``, ``multi_output_fusion.c
 
 What is not modelled: XLA's cost-model vetoes (priority fusion refuses fusions its
 performance model says are slower), dot merging (XLA concatenates sibling dots that share an
-operand, e.g. the Q/K/V projections), layout assignment's transposes and copies, and kernels
-inside ``while`` bodies (a while loop is one unit). docs/benchmarks.md compares the
+operand, e.g. the Q/K/V projections), layout assignment's transposes and copies. A ``while`` loop is one
+unit here; the simulator prices it as its trip count times one iteration of its body's and
+condition's graphs, each contracted by this same emulation (``HloGraph.loops``). docs/benchmarks.md compares the
 emulation's kernels with XLA:GPU's compiled modules (scripts/gpu_sim_tables.py).
 
 Everything here is a pure function of plain per-node arrays, so the simulator computes them

@@ -27,7 +27,12 @@ compiled with ``plan``:
 
    A kernel's time is ``costs.kernel_time(kernel) / cluster.compute_speed``; a fused
    kernel's traffic is the bytes it reads from outside plus the bytes of its members
-   read outside (``disco.sim.costs.GraphKernels.kernel``).
+   read outside (``disco.sim.costs.GraphKernels.kernel``). A ``while`` node is one
+   unit whose time is its trip count (1 when unknown) times one iteration: the
+   kernels (and collectives, serially) of its body and condition graphs
+   (``HloGraph.loops``), contracted by the same fusion emulation in the plan's
+   ``xla_fusion`` mode and priced by the same cost model; a while without a body
+   graph is a kernel of one.
 2. **Collectives.** Each of ``plan.buckets`` becomes one all-reduce of the members'
    summed bytes (``costs.collective_time("all-reduce", bytes, cluster)``); all-reduces
    in no bucket are one collective each. ``buckets=None`` models XLA's combiner: all
@@ -143,14 +148,39 @@ class Simulator:
                 self._cbytes[i] = node.out_bytes * scale
         self._ars = [i for i in range(n) if nodes[i].opcode in ALL_REDUCE_OPCODES]
         self._ar_set = frozenset(self._ars)
-        builder = UnitBuilder(graph, costs, cluster, self.kernels, self._cbytes)
+        index = graph.index()
+        self._loops = {index[lp.node]: lp for lp in graph.loops if lp.node in index}
+        self._loop_sims: dict[int, tuple[Simulator, Simulator]] = {}
+        builder = UnitBuilder(graph, costs, cluster, self.kernels, self._cbytes,
+                              self._loop_time if self._loops else None)
         if getattr(cluster, "is_gpu", False):  # a GPU cluster: XLA:GPU's fusion instead of XLA:CPU's
             emulation: FusionEmulation = gpu_fusion.GpuFusion(nodes, [k == KERNEL for k in kind], self.kernels.succs,
-                                                              self.kernels.preds, graph.index())
+                                                              self.kernels.preds, index)
         else:
             emulation = CpuFusion(nodes, kind, self.kernels.succs)
         self._patcher = Patcher(builder, kind, self._ars, emulation)
         self._blocking = not cluster.overlap
+
+    def _loop_time(self, i: int, fusion: str) -> float | None:
+        """Seconds of while node ``i``: trip count (1 if unknown) x one iteration in ``fusion`` mode."""
+        loop = self._loops.get(i)
+        if loop is None:
+            return None
+        sims = self._loop_sims.get(i)
+        if sims is None:
+            sims = self._loop_sims[i] = (Simulator(loop.body, self.costs, self.cluster),
+                                         Simulator(loop.condition, self.costs, self.cluster))
+        trips = 1 if loop.trip_count is None else loop.trip_count
+        return trips * sum(sim.serial_time(fusion) for sim in sims)
+
+    def serial_time(self, fusion: str = "extend") -> float:
+        """The graph's kernels and collectives without a plan, one after another (a loop iteration's time).
+
+        Raises:
+          ValueError: for a fusion mode other than "extend" or "off".
+        """
+        mode = self._patcher.mode(fusion)
+        return mode.kernel_total + mode.comm_total
 
     def _schedule(self, plan: FusionPlan, patch: Patch, order: str, record: bool) -> SimResult:
         """One sweep of the scheduler over ``patch``; with ``record``, the timeline and critical path too."""
@@ -246,7 +276,9 @@ class Simulator:
         nodes = self.graph.nodes
         gk = self.kernels
         speed = self.cluster.compute_speed
-        compute = sum(self.costs.kernel_time(gk.kernel((i,))) / speed for i in range(self._n)
+        loops = {i: min(self._loop_time(i, f) for f in ("extend", "off")) for i in self._loops}
+        compute = sum(loops[i] if i in loops else self.costs.kernel_time(gk.kernel((i,))) / speed
+                      for i in range(self._n)
                       if self._kind[i] == KERNEL and nodes[i].opcode not in FUSIBLE_OPCODES
                       and nodes[i].opcode not in XLA_CPU_LOOP_OPCODES)
         ar_bytes = sum(self._cbytes[a] for a in self._ars)
@@ -288,7 +320,8 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
     - ``compute`` is the summed unfused kernel time of the compute ops that no plan can fuse
       (opcodes outside ``disco.ir.opcodes.FUSIBLE_OPCODES`` and ``XLA_CPU_LOOP_OPCODES``, always kernels
       of one in both fusion modes), divided by
-      ``cluster.compute_speed``; fusible ops are counted as free, since fusion may hide them.
+      ``cluster.compute_speed``; fusible ops are counted as free, since fusion may hide them. A
+      ``while`` counts its simulated time (all iterations), the smaller of its two fusion modes'.
     - ``comm`` is one all-reduce of all all-reduce bytes together (any bucketing costs at least
       this, as the alpha-beta cost is affine in bytes with a non-negative intercept) plus the
       time of every other collective.

@@ -9,7 +9,7 @@ cached by their members, pricing a kernel with the cost model and a collective w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from disco.ir.opcodes import COLLECTIVE_KIND, ZERO_COST_OPCODES
@@ -86,11 +86,15 @@ class UnitBuilder:
       cluster: the cluster (``compute_speed``, collective costs, ``operand_latency``).
       kernels: the graph's adjacency.
       cbytes: per node, the bytes a collective moves (0 for other nodes).
+      loop_time: ``(node index, fusion mode) -> seconds`` of a ``while`` node (all its
+        iterations), or None for a node it does not price; such nodes, and every node when
+        ``loop_time`` is None, are priced by ``costs``.
     """
 
     def __init__(self, graph: HloGraph, costs: CostModel, cluster: ClusterSpec, kernels: GraphKernels,
-                 cbytes: list[int]):
+                 cbytes: list[int], loop_time: Callable[[int, str], float | None] | None = None):
         self.graph = graph
+        self.loop_time = loop_time
         self.costs = costs
         self.cluster = cluster
         self.kernels = kernels
@@ -120,6 +124,9 @@ class UnitBuilder:
             inl = sorted({d for m in members for d in mode.inline[m]})
             ck = (bool(inl), members)
             dur = self._kernel_cache.get(ck)
+            if dur is None and self.loop_time is not None and len(members) == 1:
+                # A while loop: all its iterations' kernels; they depend on the mode (not cached by ck).
+                dur = self.loop_time(members[0], mode.fusion)
             if dur is None:
                 dur = self.costs.kernel_time(self.kernels.kernel(members, inl)) / self.cluster.compute_speed
                 self._kernel_cache[ck] = dur
