@@ -423,7 +423,7 @@ def fit(ds: Dataset, train_idx: Sequence[int], val_idx: Sequence[int], config: T
     """
     from flax import nnx
 
-    from gnn import evaluate
+    from gnn import metrics
     from gnn.model import CostGNN
 
     if not train_idx:
@@ -443,7 +443,7 @@ def fit(ds: Dataset, train_idx: Sequence[int], val_idx: Sequence[int], config: T
         if not val_idx:
             return float("nan")
         _, rel = predict(model, [ds.features(i) for i in val_idx], node_budget=config.node_budget)
-        return evaluate.ranking_metrics(ds, val_idx, rel)["tau"]
+        return metrics.ranking_metrics(ds, val_idx, rel)["tau"]
 
     history: dict[str, Any] = {"loss": [], "val_tau": [], "best_epoch": -1}
     best, best_state, bad = -math.inf, None, 0
