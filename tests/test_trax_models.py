@@ -139,7 +139,7 @@ def test_model_info_matches_state():
 
 
 def test_unknown_model():
-    with pytest.raises(ValueError, match=r"unknown model 'nosuch'; expected one of: bert, mlp, "):
+    with pytest.raises(ValueError, match=r"unknown model 'nosuch'; expected one of: bert, gpt2, mlp, moe, resnet50, "):
         trax_models.make_train_step("nosuch")
 
 
