@@ -19,7 +19,7 @@ from disco.plans import baselines, moves
 from disco.plans import options as plan_options
 from disco.plans.check import GPU_GROUPS_REASON
 from disco.plans.plan import FusionPlan, make_plan
-from disco.sim.cluster import ClusterSpec, preset
+from disco.sim.cluster import preset
 from disco.sim.costs import AnalyticCosts
 from disco.sim.simulator import Simulator
 from tests.equivalence import assert_close, three_steps
@@ -167,35 +167,29 @@ def test_cut_and_option_moves():
 
 
 # -- simulator ----------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class _GpuCluster(ClusterSpec):
-    """A GPU cluster for the option pricing (``ClusterSpec.is_gpu``, as the GPU presets say)."""
-
-    @property
-    def is_gpu(self) -> bool:
-        return True
-
-
-def test_simulator_cut_splits_a_fusion_and_ignores_cuts_outside_one():
+@pytest.mark.parametrize("cluster", ["local", "h100-sxm-8"])
+def test_simulator_cut_splits_a_fusion_and_ignores_cuts_outside_one(cluster):
+    """In XLA:CPU's fusion emulation and in XLA:GPU's."""
     graph = setup("mlp")[2]
-    sim = simulator("mlp")
+    sim = Simulator(graph, AnalyticCosts(), preset(cluster, devices=DEVICES if cluster == "local" else None))
     base = sim.fusions(FusionPlan())
-    cut = effective_cuts("mlp", 1)[0]
-    split = sim.fusions(make_plan(cuts=[cut]))
-    assert len(split) == len(base) + 1
-    assert not any(cut[0] in k and cut[1] in k for k in split)
     kernel_of = {m: ki for ki, kern in enumerate(base) for m in kern}
     ctx = moves.context(graph)
-    apart = next((graph.nodes[p].name, graph.nodes[c].name) for p, c in ctx.cut_edges
-                 if kernel_of.get(graph.nodes[p].name) != kernel_of.get(graph.nodes[c].name))
+    names = [(graph.nodes[p].name, graph.nodes[c].name) for p, c in ctx.cut_edges]
+    inside = [(p, c) for p, c in names if kernel_of.get(p) is not None and kernel_of.get(p) == kernel_of.get(c)]
+    apart = next((p, c) for p, c in names if kernel_of.get(p) != kernel_of.get(c))
+    assert len(inside) >= 10
+    for cut in inside[:10]:
+        split = sim.fusions(make_plan(cuts=[cut]))
+        assert not any(cut[0] in k and cut[1] in k for k in split)
+        assert len(split) > len(base)  # the producer's part roots a fusion of its own (or more)
     assert sim.fusions(make_plan(cuts=[apart])) == base
 
 
 def test_simulator_prices_gpu_options():
     graph = setup("mlp")[2]
+    sim = Simulator(graph, AnalyticCosts(), preset("h100-sxm-8"))
     spec = preset("dgx-a100-8")
-    gpu = _GpuCluster(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
-    sim = Simulator(graph, AnalyticCosts(), gpu)
     assert sim.backend == "gpu" and Simulator(graph, AnalyticCosts(), spec).backend == "cpu"
     default = sim.result(FusionPlan())
     per_tensor = baselines.make("per_tensor", graph)
