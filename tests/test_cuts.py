@@ -217,3 +217,23 @@ def test_xla_tuned_sweep():
     assert baselines.tuned_thresholds(dataclasses.replace(graph, nodes=tuple(
         dataclasses.replace(n, grad_bytes=40 << 20) if n.is_all_reduce else n for n in graph.nodes)))[:3] == [
         16 << 20, 32 << 20, 64 << 20]
+
+
+def test_cuts_need_the_barrier_expander_off_on_cpu():
+    """XLA:CPU's cse_barrier_expander strips the barriers before fusion: with it on, the cut
+    module compiles to XLA's default fusions; with it off (what the plan asks for), to one more
+    per cut."""
+    from disco.ir.extractor import lower
+    from xla_hooks import _jax_private
+
+    step, args, graph = setup("mlp")
+    plan = make_plan(cuts=effective_cuts("mlp", 2))
+    lowered = lower(step, *args)
+    mlir = _jax_private.hlo_text_to_mlir_bytes(apply_plan_to_text(lowered.as_text(dialect="hlo"), plan))
+    rewritten = _jax_private.with_module(lowered, mlir)
+    base = compiled_counts(compile_plan(FusionPlan(), step, *args, roundtrip=True).compiled_text())[0]
+    kept = rewritten.compile(compiler_options=plan.compiler_options("cpu"))
+    stripped = rewritten.compile()
+    assert "cse_barrier_expander" in plan.compiler_options("cpu")["xla_disable_hlo_passes"]
+    assert compiled_counts(kept.as_text())[0] == base + 2
+    assert compiled_counts(stripped.as_text())[0] == base
