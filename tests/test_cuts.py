@@ -219,10 +219,11 @@ def test_xla_tuned_sweep():
         16 << 20, 32 << 20, 64 << 20]
 
 
-def test_cuts_need_the_barrier_expander_off_on_cpu():
-    """XLA:CPU's cse_barrier_expander strips the barriers before fusion: with it on, the cut
-    module compiles to XLA's default fusions; with it off (what the plan asks for), to one more
-    per cut."""
+def test_cuts_hold_with_the_barrier_expander_off_on_cpu():
+    """With cse_barrier_expander off (what a plan with cuts asks for on CPU) the cut module
+    compiles to one more fusion per cut. With it on, jax 0.10.2's XLA:CPU strips the barriers
+    before fusion (XLA's default fusions; measured); jax 0.11.2's and 0.12.0.1's keep them
+    (measured: one more fusion per cut there too), so switching it off matters on 0.10.2 only."""
     from disco.ir.extractor import lower
     from xla_hooks import _jax_private
 
@@ -236,4 +237,5 @@ def test_cuts_need_the_barrier_expander_off_on_cpu():
     stripped = rewritten.compile()
     assert "cse_barrier_expander" in plan.compiler_options("cpu")["xla_disable_hlo_passes"]
     assert compiled_counts(kept.as_text())[0] == base + 2
-    assert compiled_counts(stripped.as_text())[0] == base
+    stripped_count = compiled_counts(stripped.as_text())[0]
+    assert stripped_count == (base if jax.__version__ == "0.10.2" else base + 2)

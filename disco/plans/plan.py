@@ -41,8 +41,9 @@ _FUSION_PASSES = {"cpu": ("fusion", "reshape-mover"),
 _COMBINER_PASSES = {"cpu": ("cpu-all-reduce-combiner",),
                     "gpu": ("gpu-all-reduce-combiner",)}
 # Passes that strip optimization barriers before fusion: XLA:CPU's OptimizationBarrierExpander
-# (measured, jax 0.10.2: a barrier splits a fusion only with it off). XLA:GPU keeps barriers
-# through fusion (measured on an H100, jax 0.11.2: one fusion -> two, no flag).
+# (measured, jax 0.10.2: a barrier splits a fusion only with it off; jax 0.11.2 and 0.12.0.1 keep
+# the barrier either way, so turning it off is harmless there). XLA:GPU keeps barriers through
+# fusion (measured on an H100, jax 0.11.2: one fusion -> two, no flag).
 _BARRIER_PASSES = {"cpu": ("cse_barrier_expander",), "gpu": ()}
 
 
