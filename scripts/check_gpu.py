@@ -33,10 +33,15 @@ import warnings
 from pathlib import Path
 
 RTOL, FLOOR = 1e-5, 1e-7  # tests/equivalence.py's assert_close
+# Cut ends: elementwise ops, which XLA fuses producer-into-consumer on CPU and GPU (the CPU
+# emulation also fuses a reduce into its consumer, which XLA does not: such a cut splits nothing).
+ELEMENTWISE = frozenset({"add", "subtract", "multiply", "divide", "exponential", "tanh", "negate", "maximum",
+                         "minimum", "sqrt", "rsqrt", "log", "select", "compare", "convert", "abs", "power"})
 
 
 def effective_cuts(graph, sim, k: int = 2) -> list[tuple[str, str]]:
-    """``k`` cuts, each inside a different emulated fusion, between a producer and its only user."""
+    """``k`` cuts, each inside a different emulated fusion, between an elementwise producer and its
+    only (elementwise) user."""
     from disco.plans import moves
     from disco.plans.plan import FusionPlan
 
@@ -48,7 +53,8 @@ def effective_cuts(graph, sim, k: int = 2) -> list[tuple[str, str]]:
     for p, c in moves.context(graph).cut_edges:
         pn, cn = graph.nodes[p].name, graph.nodes[c].name
         kp = kernel_of.get(pn)
-        if kp is not None and kp == kernel_of.get(cn) and kp not in used and users.get(p) == {c}:
+        if (kp is not None and kp == kernel_of.get(cn) and kp not in used and users.get(p) == {c}
+                and graph.nodes[p].opcode in ELEMENTWISE and graph.nodes[c].opcode in ELEMENTWISE):
             used.add(kp)
             out.append((pn, cn))
             if len(out) == k:
