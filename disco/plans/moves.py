@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING
 from disco.plans import check as plan_check
 from disco.plans import options as plan_options
 from disco.ir.hlo_parse import replica_group_size
-from disco.plans.plan import FUSIBLE_OPCODES, Bucket, FusionPlan
+from disco.ir.opcodes import FUSIBLE_OPCODES
+from disco.plans.plan import Bucket, FusionPlan
 
 if TYPE_CHECKING:
     from disco.ir.graph import HloGraph

@@ -412,6 +412,7 @@ class GpuFusion:
         self.duplicated = frozenset(dup)
         self._ctx = make_context(opcodes, out_el, in_el, is_kernel, dup, succs, preds)
 
-    def clusters(self, region: list[int], groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    def clusters(self, region: list[int], groups: list[tuple[int, ...]],
+                 cuts: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, ...]]:
         """XLA:GPU's fusions of ``region`` (sorted real compute nodes), ``groups`` pre-fused."""
-        return clusters(self._ctx, region, groups)
+        return clusters(self._ctx, region, groups, cuts)
