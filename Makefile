@@ -2,23 +2,27 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Every install takes its exact versions from a lock (setup.cfg states ranges). Python 3.12 with
+# the newest jax: `make test PYTHON=python3.12 VENV=.venv312 LOCK=constraints/jax-0.12.0.1.txt`.
+LOCK ?= constraints/py3.11.txt
+PIP := $(BIN)/python -m pip install --quiet -c $(LOCK)
 MODEL ?= mlp
 PRESET ?= small
 DEVICES ?= 8
 BUDGET ?= 30
 
-.PHONY: run test test-trax lint install install-test clean
+.PHONY: run test test-trax test-hooks lint install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/python -m pip install --quiet -e .
+$(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml $(LOCK)
+	$(PIP) -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet -e '.[test,service]'
+	$(PIP) -e '.[test,service]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -32,7 +36,7 @@ test: install-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(PIP) -e '.[dev]'
 	touch $@
 
 # Lint with the pinned ruff (newer ruff releases enable more rules by default), then the import
@@ -42,7 +46,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/lint-imports --config setup.cfg
 
 $(VENV)/.installed-trax: $(VENV)/.installed-test
-	$(BIN)/python -m pip install --quiet -e '.[trax]'
+	$(PIP) -e '.[trax]'
 	touch $@
 
 # The real-trax path: installs the trax extra (trax 1.4.1 pulls TensorFlow, ~3 GB) and runs
@@ -50,5 +54,23 @@ $(VENV)/.installed-trax: $(VENV)/.installed-test
 test-trax: $(VENV)/.installed-trax
 	$(BIN)/python -m pytest -m trax tests/test_trax_layer.py
 
+# The XLA hooks' tests on another jax, in a second environment (jax >= 0.11 needs Python 3.12):
+# CI runs the GPU image's 0.11.2; `make test-hooks HOOKS_JAX=0.12.0.1` runs the newest.
+HOOKS_JAX ?= 0.11.2
+HOOKS_PYTHON ?= python3.12
+HOOKS_VENV := .venv-jax$(HOOKS_JAX)
+HOOKS_LOCK := constraints/jax-$(HOOKS_JAX).txt
+HOOK_TESTS ?= tests/test_apply.py tests/test_hook.py tests/test_cuts.py
+
+$(HOOKS_VENV)/.installed: setup.cfg pyproject.toml $(HOOKS_LOCK)
+	$(HOOKS_PYTHON) -m venv $(HOOKS_VENV)
+	$(HOOKS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(HOOKS_VENV)/bin/python -m pip install --quiet -c $(HOOKS_LOCK) -e '.[test,service]'
+	touch $@
+
+test-hooks: $(HOOKS_VENV)/.installed
+	$(HOOKS_VENV)/bin/python -c "import jax; assert jax.__version__ == '$(HOOKS_JAX)', jax.__version__"
+	$(HOOKS_VENV)/bin/python -m pytest $(HOOK_TESTS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-jax* build *.egg-info

@@ -177,7 +177,7 @@ def test_a_plan_that_aborts_xla_falls_back_instead_of_killing_the_process(monkey
         pytest.skip("the zoo's mlp no longer has the nested take_along_axis computation")
     from disco.plans import check as plan_check
 
-    monkeypatch.setattr(plan_check, "validate", lambda plan, graph: None)
+    monkeypatch.setattr(plan_check, "validate", lambda plan, graph, backend="cpu": None)
     plan = make_plan([group], name="aborting")
     with pytest.warns(PlanFallbackWarning, match="XLA aborted the probe compile.*Check failed"):
         applied = xla_hooks.apply(plan, step, *args)

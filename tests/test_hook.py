@@ -173,3 +173,16 @@ def test_failed_job_falls_back():
 def test_jit_rejects_a_bad_timeout():
     with pytest.raises(ValueError, match="timeout_s"):
         xla_hooks.jit(lambda x: x, timeout_s=0)
+
+
+def test_a_gpu_keeps_a_plans_cuts_buckets_and_options_but_not_its_groups(monkeypatch):
+    from disco.plans.plan import make_plan
+    from xla_hooks.hook import _for_this_backend
+
+    plan = make_plan(groups=[["a", "b"]], buckets=[["r"]], cuts=[("x", "y")], xla_fusion="off",
+                     compile_options={"xla_gpu_enable_latency_hiding_scheduler": "True"})
+    assert _for_this_backend(plan, {"k": 1}) == (plan, {"k": 1})  # CPU: as planned
+    monkeypatch.setattr(jax, "default_backend", lambda: "cuda")
+    kept, report = _for_this_backend(plan, {"k": 1})
+    assert kept == plan.replace(groups=(), xla_fusion="extend")
+    assert report["k"] == 1 and report["dropped_groups"].startswith("1 fusion group(s) dropped: XLA:GPU cannot")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-TESTED_JAX_VERSIONS = ("0.10.2",)
+TESTED_JAX_VERSIONS = ("0.10.2", "0.11.2", "0.12.0.1")
 
 
 class PrivateApiError(RuntimeError):

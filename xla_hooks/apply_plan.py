@@ -1,7 +1,9 @@
 """``xla_hooks.apply``: compile a training step with a disco plan, or fall back.
 
 The plan is applied to the step's pre-optimisation HLO (fusion groups as kLoop
-fusions, buckets as merged all-reduces), the rewritten module is compiled through
+fusions, cuts as optimization barriers, buckets as merged all-reduces), validated for
+the backend first (XLA:GPU refuses fusion groups: the plan falls back with that reason
+before anything is compiled), the rewritten module is compiled through
 the released jaxlib with the passes that would undo the plan switched off, and the
 result is a callable with the jitted step's signature. If anything goes wrong the
 step is compiled by XLA's defaults and a :class:`PlanFallbackWarning` says why:
@@ -76,8 +78,8 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
         a plan with the round-tripped default isolates what the plan changes.
 
     Raises:
-      ValueError: the plan does not fit the step's graph, or was made for another graph
-        (its ``graph_fingerprint`` differs from the step's).
+      ValueError: the plan does not fit the step's graph or the backend, or was made for another
+        graph (its ``graph_fingerprint`` differs from the step's).
       PrivateApiError: a private jax API changed.
       Exception: whatever XLA raises when the rewritten module does not compile.
     """
@@ -88,23 +90,24 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
 
     lowered = lower(step_fn, *args)
     text = lowered.as_text(dialect="hlo")
-    options = plan.compiler_options(_backend())
+    backend = _backend()
+    options = plan.compiler_options(backend)
     graph = None
     if plan.graph_fingerprint is not None:  # the text disco.extract reads (its fingerprint counts metadata)
         graph = HloGraph.from_hlo_text(lowered.as_text(dialect="hlo", debug_info=True))
         check_fingerprint(plan, graph)
-    if not plan.groups and plan.buckets is None and not roundtrip:
+    if not plan.groups and plan.buckets is None and not plan.cuts and not roundtrip:
         return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
+    plan.validate(graph or HloGraph.from_hlo_text(text), backend)
     _jax_private.check_version()
-    plan.validate(graph or HloGraph.from_hlo_text(text))
-    if not plan.groups and not plan.buckets and not roundtrip:
+    if not plan.groups and not plan.buckets and not plan.cuts and not roundtrip:
         # nothing to rewrite (buckets=() fits only a step without all-reduces): XLA's compile as is
         return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
     new_text = apply_plan_to_text(text, plan)
     if probe or (probe is None and plan.groups):
         from xla_hooks import probe as _probe
 
-        _probe.probe(new_text, _jax_private.device_count(lowered), options, platform=_backend())
+        _probe.probe(new_text, _jax_private.device_count(lowered), options, platform=backend)
     mlir = _jax_private.hlo_text_to_mlir_bytes(new_text)
     rewritten = _jax_private.with_module(lowered, mlir)
     return AppliedStep(rewritten.compile(compiler_options=options), plan, plan, None, new_text)

@@ -120,6 +120,7 @@ class PlannedStep:
             warnings.warn(f"disco: no plan from {where} ({e}); using XLA's default compile",
                           PlanServiceWarning, stacklevel=3)
             plan, report = None, None
+        plan, report = _for_this_backend(plan, report)
         applied = xla_hooks.apply(plan, self.step_fn, *args)
         self.applied[sig] = applied
         self.reports[sig] = report
@@ -255,3 +256,20 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
         raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
     return PlannedStep(step_fn, service=service, cluster=cluster, timeout_s=timeout_s, token=token,
                        options=options)
+
+
+def _for_this_backend(plan: Any, report: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
+    """On a GPU the plan's fusion groups are dropped (XLA:GPU cannot take them:
+    ``disco.plans.check.GPU_GROUPS_REASON``), so its cuts, buckets and options still apply; the
+    report says so. A planner that knew the backend would not have made them."""
+    import jax
+
+    from disco.plans.options import normalize
+
+    if plan is None or not plan.groups or normalize(jax.default_backend()) != "gpu":
+        return plan, report
+    from disco.plans.check import GPU_GROUPS_REASON
+
+    out = dict(report or {})
+    out["dropped_groups"] = f"{len(plan.groups)} fusion group(s) dropped: {GPU_GROUPS_REASON}"
+    return plan.replace(groups=(), xla_fusion="extend"), out

@@ -8,6 +8,11 @@
   slices the result back; ``rs_ag`` does the same with a reduce-scatter and an
   all-gather in place of the all-reduce.
 
+* Each cut (producer, consumer) makes the consumer read the producer through an
+  ``opt-barrier``: XLA does not fuse across a barrier (XLA:CPU only with
+  ``cse_barrier_expander`` off, which ``FusionPlan.compiler_options`` arranges). Cuts of
+  one producer share one barrier.
+
 Users of a rewritten instruction keep referring to its original name (a
 get-tuple-element, slice or reshape now carries it), except single-output
 fusions, whose users are renamed to the fusion. Every touched computation is
@@ -174,6 +179,22 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
     return out
 
 
+def _rewrite_cuts(lines: list[_Line], cuts: Sequence[tuple[str, str]]) -> list[_Line]:
+    """The consumer of each cut reads its producer through one ``opt-barrier`` per producer."""
+    by_name = {ln.name: ln for ln in lines}
+    barrier: dict[str, str] = {}
+    out = list(lines)
+    for prod, cons in cuts:
+        name = barrier.get(prod)
+        if name is None:
+            p = by_name[prod]
+            name = barrier[prod] = f"{PREFIX}.cut.{prod}"
+            out.append(_Line(name, p.shape, "opt-barrier", [prod], [], order=p.order + 1e-4))
+        c = by_name[cons]
+        c.operands = [name if o == prod else o for o in c.operands]
+    return out
+
+
 def _rewrite_groups(comp: Computation, lines: list[_Line], groups: Sequence[Sequence[str]],
                     start_id: int) -> tuple[list[_Line], list[str]]:
     """Returns the parent's lines and the text of the new fused computations."""
@@ -253,7 +274,10 @@ def apply_plan_to_text(text: str, plan: FusionPlan, module: Module | None = None
     buckets_by_comp: dict[str, list[tuple[Sequence[str], str]]] = collections.defaultdict(list)
     for b in plan.buckets or ():
         buckets_by_comp[where[b.members[0]]].append((b.members, b.build))
-    touched = set(groups_by_comp) | set(buckets_by_comp)
+    cuts_by_comp: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
+    for cut in plan.cuts:
+        cuts_by_comp[where[cut[1]]].append(cut)
+    touched = set(groups_by_comp) | set(buckets_by_comp) | set(cuts_by_comp)
     if not touched:
         return text
     new_comps: dict[str, str] = {}
@@ -263,6 +287,7 @@ def apply_plan_to_text(text: str, plan: FusionPlan, module: Module | None = None
         if comp.name not in touched:
             continue
         lines = [_line(ins, i) for i, ins in enumerate(comp.instructions)]
+        lines = _rewrite_cuts(lines, cuts_by_comp.get(comp.name, []))
         bks = buckets_by_comp.get(comp.name, [])
         lines = _rewrite_buckets(lines, [m for m, _ in bks], [b for _, b in bks], next_bucket)
         next_bucket += len(bks)

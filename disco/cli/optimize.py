@@ -204,6 +204,13 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     if note:
         console.print(escape(note))
     console.print(f"[bold]verdict:[/bold] {escape(result.verdict)}")
+    for r in [result.row(result.chosen)] + [r for r in result.rows if r.name == "disco_1" and r.name != result.chosen]:
+        p = r.plan
+        opts = ", ".join(f"{k}={v}" for k, v in p.compile_options) or "XLA's defaults"
+        console.print(escape(f"{'chosen' if r.name == result.chosen else 'search best'} {r.name}: {len(p.groups)} "
+                             f"fusion groups, {len(p.cuts)} cuts, "
+                             f"{'XLA combiner' if p.buckets is None else f'{len(p.buckets)} buckets'}"
+                             f"; compile options: {opts}"))
 
 
 def measured_times(result: Any) -> tuple[str, dict[str, tuple[float, float, float]]]:

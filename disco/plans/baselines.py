@@ -14,6 +14,11 @@
 * ``even``: the gradients in production order cut into ``k`` buckets of about equal bytes
   (default 2; named ``even_<k>``): the bucket count a DDP user tunes with ``bucket_cap_mb``,
   stated as a count so that one setting means the same on every model.
+* ``xla_tuned`` (GPU; not in :data:`NAMES`): NVIDIA JAX-Toolbox's recipe as compile options,
+  the latency-hiding scheduler on and XLA:GPU's all-reduce combine threshold set
+  (``threshold_bytes``, default 16 MiB); :func:`xla_tuned_sweep` gives the recipe's sweep,
+  powers of two from 16 MiB up to the gradients' size (JAX-Toolbox issue 674). On CPU these
+  options do nothing (the plan compiles as ``xla_default``).
 """
 
 from __future__ import annotations
@@ -23,10 +28,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from disco.ir.graph import HloGraph, Node
+from disco.plans import options as plan_options
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
 NAMES = ("xla_default", "no_fusion", "per_tensor", "one_bucket", "horovod", "ddp", "xla_threshold", "even")
+# Baselines that only mean something on GPU (compile options XLA:CPU ignores).
+GPU_NAMES = ("xla_tuned",)
+TUNED_MIN_THRESHOLD = 16 * MB
 
 
 def _classes(nodes: Sequence[Node]) -> dict[tuple, list[Node]]:
@@ -71,10 +80,10 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     """Builds the baseline plan ``name`` for ``graph``.
 
     Args:
-      name: one of :data:`NAMES`.
+      name: one of :data:`NAMES` or :data:`GPU_NAMES`.
       graph: the step's pre-optimisation graph.
       **kw: ``threshold_mb`` (horovod), ``cap_mb``/``first_mb`` (ddp),
-        ``threshold_bytes`` (xla_threshold), ``k`` (even: the bucket count, >= 1), ``build``
+        ``threshold_bytes`` (xla_threshold, xla_tuned), ``k`` (even: the bucket count, >= 1), ``build``
         ("concat", "rs_ag" or "tuple").
 
     Raises:
@@ -110,8 +119,15 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         per_class = [sum(n.grad_bytes for n in cls) for cls in _classes(ars).values()]
         cap = -(-max(per_class, default=0) // k) or 1  # the largest class cut into k
         plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: cap, build=build), name=f"even_{k}")
+    elif name == "xla_tuned":
+        thr = kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD)
+        if not isinstance(thr, int) or isinstance(thr, bool) or thr < 1:
+            raise ValueError(f"baseline 'xla_tuned': threshold_bytes expected a positive integer, got {thr!r}")
+        opts = {plan_options.SCHEDULER: "True", plan_options.THRESHOLD: str(thr)}
+        plan = FusionPlan(compile_options=tuple(sorted(opts.items())),
+                          name=f"xla_tuned_{thr // MB}mb" if thr % MB == 0 else f"xla_tuned_{thr}")
     else:
-        raise ValueError(f"unknown baseline {name!r}; expected one of: {', '.join(NAMES)}")
+        raise ValueError(f"unknown baseline {name!r}; expected one of: {', '.join(NAMES + GPU_NAMES)}")
     if kw:
         raise ValueError(f"baseline {name!r} got unexpected options {sorted(kw)}")
     return plan.validate(graph)
@@ -119,3 +135,19 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
 
 def make_all(graph: HloGraph, names: Sequence[str] = NAMES) -> dict[str, FusionPlan]:
     return {n: make(n, graph) for n in names}
+
+
+def tuned_thresholds(graph: HloGraph) -> list[int]:
+    """JAX-Toolbox's threshold sweep: powers of two from 16 MiB up to the first that holds every
+    gradient (16 MiB alone when the gradients are smaller)."""
+    total = sum(n.grad_bytes for n in graph.all_reduces())
+    out = [TUNED_MIN_THRESHOLD]
+    while out[-1] < total:
+        out.append(out[-1] * 2)
+    return out
+
+
+def xla_tuned_sweep(graph: HloGraph) -> dict[str, FusionPlan]:
+    """``xla_tuned`` at every threshold of :func:`tuned_thresholds`, by name."""
+    plans = (make("xla_tuned", graph, threshold_bytes=t) for t in tuned_thresholds(graph))
+    return {p.name: p for p in plans}

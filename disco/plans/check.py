@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from disco.ir.hlo_parse import replica_group_size
 from disco.ir.opcodes import FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS
 from disco.ir.step_checks import README_POINTER, double_reductions
+from disco.plans import options as plan_options
 
 if TYPE_CHECKING:
     from disco.ir.graph import HloGraph
@@ -155,8 +156,60 @@ def groupable(graph: HloGraph, preds: dict[int, list[int]] | None = None) -> lis
             and not any(bad_input[p] for p in preds[i]) for i, n in enumerate(graph.nodes)]
 
 
-def validate(plan: FusionPlan, graph: HloGraph) -> None:
-    """Raises ValueError describing the first problem found; returns None for a valid plan."""
+# Why a GPU plan may not carry fusion groups (measured on an H100 with jax 0.11.2).
+GPU_GROUPS_REASON = (
+    "XLA:GPU cannot take planned fusion groups: its PJRT plugin receives the module as a "
+    "versioned StableHLO artifact, and the injected mhlo.fusion has no StableHLO form (the "
+    "compile fails to legalize it); on GPU use cuts, buckets and compile options")
+
+
+def check_cuts(plan: FusionPlan, graph: HloGraph, index: dict[str, int], owner: dict[str, str]) -> None:
+    """Cuts: names in the graph, the producer an operand of the consumer, an array-shaped
+    producer in a computation plans may touch, no cut inside a planned group, no duplicates.
+
+    ``owner`` maps instruction names to the group that holds them ("group <i>").
+
+    Raises:
+      ValueError: naming the cut and what is wrong with it.
+    """
+    seen: set[tuple[str, str]] = set()
+    for ci, cut in enumerate(plan.cuts):
+        if not (isinstance(cut, tuple) and len(cut) == 2 and all(isinstance(x, str) for x in cut)):
+            raise ValueError(f"cut {ci}: expected a (producer, consumer) pair of instruction names, got {cut!r}")
+        prod, cons = cut
+        for role, name in (("producer", prod), ("consumer", cons)):
+            if name not in index:
+                raise ValueError(f"cut {ci}: {role} {name!r} is not in the graph {graph.name!r}")
+        if cut in seen:
+            raise ValueError(f"cut {ci}: ({prod!r}, {cons!r}) is listed twice")
+        seen.add(cut)
+        p_node, c_node = graph.nodes[index[prod]], graph.nodes[index[cons]]
+        if prod not in c_node.operands:
+            raise ValueError(f"cut {ci}: {prod!r} does not feed {cons!r} (its operands: "
+                             f"{', '.join(c_node.operands[:6]) or 'none'}); a cut is an operand edge")
+        if p_node.shape.startswith("(") or "[" not in p_node.shape:
+            raise ValueError(f"cut {ci}: producer {prod!r} has shape {p_node.shape}; a cut needs an array")
+        if not group_computation_ok(graph, p_node.computation):
+            raise ValueError(f"cut {ci}: {prod!r} is in the nested computation {p_node.computation!r}; cuts go in "
+                             "the entry computation or a shard_map body")
+        if prod in owner and owner.get(cons) == owner[prod]:
+            raise ValueError(f"cut {ci}: {prod!r} and {cons!r} are both in {owner[prod]}; a cut cannot split a "
+                             "planned group")
+
+
+def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
+    """Raises ValueError describing the first problem found; returns None for a valid plan.
+
+    Args:
+      plan: the plan.
+      graph: the step's pre-optimisation graph.
+      backend: "cpu" or "gpu" (a jax platform name too): on GPU, fusion groups are refused
+        (:data:`GPU_GROUPS_REASON`); the backend's compile options are checked.
+    """
+    backend = plan_options.normalize(backend)
+    if backend == "gpu" and plan.groups:
+        raise ValueError(f"plan has {len(plan.groups)} fusion group(s) and the backend is GPU: {GPU_GROUPS_REASON}")
+    plan_options.check(plan.compile_options, backend)
     index = graph.index()
     users = users_of(graph) if plan.groups else {}
     preds = preds_of(graph) if plan.groups else {}
@@ -243,6 +296,8 @@ def validate(plan: FusionPlan, graph: HloGraph) -> None:
         if missing:
             raise ValueError(f"buckets leave out all-reduces {missing[:5]}{'...' if len(missing) > 5 else ''}; "
                              "every all-reduce must be in exactly one bucket")
+    if plan.cuts:
+        check_cuts(plan, graph, index, owner)
     cycle = contraction_cycle(plan, graph)
     if cycle is not None:
         _raise_on_a_double_reduction(plan, graph, cycle)

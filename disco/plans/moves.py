@@ -23,9 +23,18 @@ changed.
   groups, dtype) merge, so every all-reduce stays in exactly one bucket; a bucket
   made by a merge or a split is built "concat", and ``switch_build`` turns one
   into "rs_ag" (reduce-scatter + all-gather) or back.
+- Cuts: ``add_cut`` cuts an operand edge between two fusible ops (an array-shaped
+  producer, a computation plans may touch) that no group holds both ends of;
+  ``remove_cut`` drops one. Group moves never join the two ends of a cut.
+- Compile options (the backend's table, :mod:`disco.plans.options`; empty on CPU):
+  ``flip_option`` flips a boolean option, ``step_option`` steps a size option to the
+  next value of its table up or down; a value equal to XLA's default is left out.
+- Backend: a context for "gpu" has no fusible pairs, so no move makes a group (XLA:GPU
+  cannot take them; ``disco.plans.check.GPU_GROUPS_REASON``).
 
 Plans come out canonical (:func:`canonical`): group members and bucket members in
-program order, groups and buckets ordered by their first member, no one-op
+program order, groups and buckets ordered by their first member, cuts in program
+order of (producer, consumer), compile options sorted by key, no one-op
 groups (a one-op group is the same kernel as no group), so equal plans have equal
 digests.
 
@@ -44,7 +53,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from disco.plans import check as plan_check
+from disco.plans import options as plan_options
 from disco.ir.hlo_parse import replica_group_size
+from disco.ir.opcodes import FUSIBLE_OPCODES
 from disco.plans.plan import Bucket, FusionPlan
 
 if TYPE_CHECKING:
@@ -76,6 +87,9 @@ class MoveContext:
       ar_reach: all-reduce node -> bitset of the all-reduces downstream of it in the graph.
       ar_splittable: all-reduce nodes whose bucket may use build "rs_ag" (replica groups of one
         known size, not tuple-shaped).
+      backend: "cpu" or "gpu"; on "gpu" ``fusible_nbrs``/``fusible_nodes`` are empty.
+      cut_edges: (producer, consumer) node pairs a cut may go on (see :func:`add_cut`).
+      options: the backend's compile-option table.
     """
 
     graph: HloGraph
@@ -90,11 +104,36 @@ class MoveContext:
     ar_bit: Mapping[int, int]
     ar_reach: Mapping[int, int]
     ar_splittable: frozenset[int] = frozenset()
+    backend: str = "cpu"
+    cut_edges: tuple[tuple[int, int], ...] = ()
+    options: tuple[plan_options.CompileOption, ...] = ()
     _cache: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
-def context(graph: HloGraph) -> MoveContext:
-    """Precomputes what moves need for ``graph`` (linear in its size)."""
+# Ops a cut may stand between: both fusible, the producer something XLA would compute in a kernel.
+_CUT_OPCODES = FUSIBLE_OPCODES - {"constant", "iota"}
+
+
+def _cut_edges(graph: HloGraph, succ: Sequence[Sequence[int]]) -> tuple[tuple[int, int], ...]:
+    nodes = graph.nodes
+    out = []
+    for i, nd in enumerate(nodes):
+        if (nd.opcode not in _CUT_OPCODES or nd.shape.startswith("(") or "[" not in nd.shape
+                or not plan_check.group_computation_ok(graph, nd.computation)):
+            continue
+        for j in succ[i]:
+            if nodes[j].opcode in _CUT_OPCODES and nd.name in nodes[j].operands:
+                out.append((i, j))
+    return tuple(out)
+
+
+def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
+    """Precomputes what moves need for ``graph`` on ``backend`` (linear in the graph's size).
+
+    Raises:
+      ValueError: for a backend that is neither CPU nor GPU.
+    """
+    backend = plan_options.normalize(backend)
     nodes = graph.nodes
     n = len(nodes)
     succ: list[list[int]] = [[] for _ in range(n)]
@@ -105,7 +144,7 @@ def context(graph: HloGraph) -> MoveContext:
     # plan_check's per-node rules (opcode, computation, layouts; inputs with a layout can never
     # be members, so they are outside every group); constants are left to XLA.
     allowed = plan_check.groupable(graph, {i: pred[i] for i in range(n)})
-    ok = [allowed[i] and nd.opcode != "constant" for i, nd in enumerate(nodes)]
+    ok = [allowed[i] and nd.opcode != "constant" and backend != "gpu" for i, nd in enumerate(nodes)]
     nbrs = []
     for i in range(n):
         if not ok[i]:
@@ -145,7 +184,8 @@ def context(graph: HloGraph) -> MoveContext:
         fusible_nodes=tuple(i for i in range(n) if nbrs[i]),
         ar_class=ar_class, ar_level={i: above[i] for i in ar_class}, ar_bit=bit, ar_reach=reach,
         ar_splittable=frozenset(i for i in ar_class if not nodes[i].shape.startswith("(")
-                                and replica_group_size(nodes[i].replica_groups) is not None))
+                                and replica_group_size(nodes[i].replica_groups) is not None),
+        backend=backend, cut_edges=_cut_edges(graph, succ), options=plan_options.table(backend))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,7 +355,15 @@ def _finish(ed: _Edit, ctx: MoveContext) -> FusionPlan:
     buckets.sort(key=lambda t: t[0])
     return FusionPlan(groups=tuple(g for _, g in groups), xla_fusion=plan.xla_fusion,
                       buckets=None if plan.buckets is None else tuple(b for _, b in buckets),
-                      compile_options=plan.compile_options, name=plan.name)
+                      compile_options=plan.compile_options, name=plan.name, cuts=plan.cuts)
+
+
+def _joins_a_cut(plan: FusionPlan, ctx: MoveContext, members: Sequence[int]) -> bool:
+    """Whether a group of ``members`` would hold both ends of one of the plan's cuts."""
+    if not plan.cuts:
+        return False
+    mset = {ctx.names[i] for i in members}
+    return any(p in mset and c in mset for p, c in plan.cuts)
 
 
 # -- op-fusion moves ---------------------------------------------------------------------------
@@ -336,7 +384,7 @@ def fuse(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan |
         if cx >= 0 and cx == cy:
             continue
         merged = sorted({*_group_members(view, x), *_group_members(view, y)})
-        if _n_outputs(ctx, merged) != 1:
+        if _n_outputs(ctx, merged) != 1 or _joins_a_cut(plan, ctx, merged):
             continue
         ed = _Edit(view)
         for c in (cx, cy):
@@ -387,7 +435,7 @@ def move_op(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPla
         dst = sorted((*_group_members(view, y), x))
         if len(rest) > 1 and _n_outputs(ctx, rest) != 1:
             continue
-        if _n_outputs(ctx, dst) != 1:
+        if _n_outputs(ctx, dst) != 1 or _joins_a_cut(plan, ctx, dst):
             continue
         ed = _Edit(view)
         ed.remove(a)
@@ -509,6 +557,70 @@ def switch_build(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusi
     return plan.replace(buckets=plan.buckets[:i] + (new,) + plan.buckets[i + 1:])
 
 
+# -- cuts --------------------------------------------------------------------------------------
+def _cut_key(ctx: MoveContext, cut: tuple[str, str]) -> tuple[int, int]:
+    return ctx.index[cut[0]], ctx.index[cut[1]]
+
+
+def add_cut(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Cuts one more operand edge between two fusible ops (not inside one planned group)."""
+    if not ctx.cut_edges:
+        return None
+    have = set(plan.cuts)
+    names = ctx.names
+    for _ in range(_TRIES):
+        p, c = rng.choice(ctx.cut_edges)
+        cut = (names[p], names[c])
+        if cut in have or c in _group_members(_view(plan, ctx), p):
+            continue
+        return plan.replace(cuts=tuple(sorted((*plan.cuts, cut), key=lambda k: _cut_key(ctx, k))))
+    return None
+
+
+def remove_cut(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Drops one of the plan's cuts."""
+    if not plan.cuts:
+        return None
+    i = rng.randrange(len(plan.cuts))
+    return plan.replace(cuts=plan.cuts[:i] + plan.cuts[i + 1:])
+
+
+# -- compile options ---------------------------------------------------------------------------
+def _with_option(plan: FusionPlan, opt: plan_options.CompileOption, value: str) -> FusionPlan:
+    """``plan`` with ``opt`` set to ``value`` (left out when it is XLA's default)."""
+    opts = {k: v for k, v in plan.compile_options if k != opt.key}
+    if value != opt.default:
+        opts[opt.key] = value
+    return plan.replace(compile_options=tuple(sorted(opts.items())))
+
+
+def flip_option(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Flips one boolean compile option of the backend's table."""
+    bools = [o for o in ctx.options if o.kind == "bool"]
+    if not bools:
+        return None
+    opt = rng.choice(bools)
+    now = plan_options.as_bool(plan_options.value(plan.compile_options, opt.key, ctx.backend))
+    return _with_option(plan, opt, str(not now))
+
+
+def step_option(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Steps one size option of the backend's table to the next value of its table, up or down."""
+    sizes = [o for o in ctx.options if o.kind == "bytes"]
+    if not sizes:
+        return None
+    opt = rng.choice(sizes)
+    now = int(plan_options.value(plan.compile_options, opt.key, ctx.backend))
+    vals = [int(v) for v in opt.values]
+    up = rng.random() < 0.5
+    if up and now >= vals[-1] or not up and now <= vals[0]:
+        up = not up
+    nxt = min((v for v in vals if v > now), default=None) if up else max((v for v in vals if v < now), default=None)
+    if nxt is None:
+        return None
+    return _with_option(plan, opt, str(nxt))
+
+
 MOVES: dict[str, Move] = {
     "fuse": fuse,
     "split_group": split_group,
@@ -518,13 +630,19 @@ MOVES: dict[str, Move] = {
     "shift_gradient": shift_gradient,
     "toggle_xla_fusion": toggle_xla_fusion,
     "switch_build": switch_build,
+    "add_cut": add_cut,
+    "remove_cut": remove_cut,
+    "flip_option": flip_option,
+    "step_option": step_option,
 }
 
 # Relative frequencies for random_move: fusion moves dominate since there are far more ops
-# than gradients; toggling XLA's fusion is one bit.
+# than gradients; toggling XLA's fusion is one bit. Moves that do not apply (no group to
+# split, no option table on CPU) are redrawn.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "fuse": 4.0, "split_group": 1.0, "move_op": 1.0, "merge_buckets": 1.5, "split_bucket": 1.0,
     "shift_gradient": 1.5, "toggle_xla_fusion": 0.2, "switch_build": 0.3,
+    "add_cut": 0.5, "remove_cut": 0.3, "flip_option": 0.3, "step_option": 0.5,
 }
 
 
@@ -565,4 +683,6 @@ def canonical(plan: FusionPlan, ctx: MoveContext) -> FusionPlan:
         bs = sorted((tuple(sorted(idx[n] for n in b.members)) for b in plan.buckets), key=lambda m: m[0])
         builds = {tuple(sorted(idx[n] for n in b.members)): b.build for b in plan.buckets}
         buckets = tuple(Bucket(tuple(names[i] for i in m), builds[m]) for m in bs)
-    return plan.replace(groups=tuple(tuple(names[i] for i in m) for m in groups), buckets=buckets)
+    cuts = tuple(sorted(dict.fromkeys(plan.cuts), key=lambda k: _cut_key(ctx, k)))
+    return plan.replace(groups=tuple(tuple(names[i] for i in m) for m in groups), buckets=buckets, cuts=cuts,
+                        compile_options=tuple(sorted(plan.compile_options)))

@@ -2,8 +2,9 @@
 
 A plan is written against the *pre-optimisation* HLO of a step (the names in
 :class:`disco.HloGraph`). It never changes what the step computes, only how
-XLA groups the work: which instructions become one kLoop fusion, and which
-all-reduces are merged into one.
+XLA groups the work: which instructions become one kLoop fusion, which
+producer -> consumer edges XLA may not fuse across (cuts), which all-reduces are
+merged into one, and which XLA compile options are set.
 
 Inside the library a plan is a frozen dataclass; at the boundary (files, the
 REST API, ``--json``) it is JSON checked by a pydantic model with a schema version.
@@ -19,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from disco.plans import check as plan_check
+from disco.plans import options as plan_options
 from disco.plans import schema as plan_schema
 from disco.plans.schema import BUILDS, SCHEMA_VERSION, BucketBuild, XlaFusion
 
@@ -38,6 +40,11 @@ _FUSION_PASSES = {"cpu": ("fusion", "reshape-mover"),
 # jax 0.11.2): "all-reduce-combiner" is not among them, "gpu-all-reduce-combiner" is.
 _COMBINER_PASSES = {"cpu": ("cpu-all-reduce-combiner",),
                     "gpu": ("gpu-all-reduce-combiner",)}
+# Passes that strip optimization barriers before fusion: XLA:CPU's OptimizationBarrierExpander
+# (measured, jax 0.10.2: a barrier splits a fusion only with it off; jax 0.11.2 and 0.12.0.1 keep
+# the barrier either way, so turning it off is harmless there). XLA:GPU keeps barriers through
+# fusion (measured on an H100, jax 0.11.2: one fusion -> two, no flag).
+_BARRIER_PASSES = {"cpu": ("cse_barrier_expander",), "gpu": ()}
 
 
 _BOOLS = {"true": "True", "false": "False"}
@@ -70,6 +77,11 @@ class FusionPlan:
 
     Attributes:
       groups: disjoint sets of instruction names, each to become one kLoop fusion.
+        XLA:GPU cannot take them (its PJRT plugin receives StableHLO, where ``mhlo.fusion``
+        has no form): validation for backend "gpu" refuses a plan with groups.
+      cuts: (producer, consumer) instruction-name pairs, the producer an operand of the
+        consumer, that XLA may not fuse across: the consumer reads the producer through an
+        optimization barrier. Valid on every backend.
       xla_fusion: "extend" lets XLA's fusion pass run after ours (it may grow our
         fusions); "off" disables it, so only planned fusions exist.
       buckets: ordered all-reduce groups; ``None`` leaves all-reduces to XLA's
@@ -88,22 +100,25 @@ class FusionPlan:
     compile_options: tuple[tuple[str, str], ...] = ()
     name: str = ""
     graph_fingerprint: str | None = None
+    cuts: tuple[tuple[str, str], ...] = ()
 
     # -- predicates ----------------------------------------------------------------------------
     @property
     def is_default(self) -> bool:
         """True when the plan asks for nothing beyond XLA's default compile."""
         return (not self.groups and self.xla_fusion == "extend" and self.buckets is None
-                and not self.compile_options)
+                and not self.compile_options and not self.cuts)
 
     def disabled_passes(self, backend: str = "cpu") -> tuple[str, ...]:
         """XLA passes to disable when compiling this plan on ``backend`` ("cpu" or "gpu")."""
-        backend = "gpu" if backend in ("gpu", "cuda", "rocm") else "cpu"
+        backend = plan_options.normalize(backend)
         passes: list[str] = []
         if self.groups or self.xla_fusion == "off":
             passes += _FUSION_PASSES[backend] if self.xla_fusion == "off" else ("reshape-mover",)
         if self.buckets is not None:
             passes += _COMBINER_PASSES[backend]
+        if self.cuts:
+            passes += _BARRIER_PASSES[backend]
         return tuple(dict.fromkeys(passes))
 
     def compiler_options(self, backend: str = "cpu") -> dict[str, str]:
@@ -125,7 +140,9 @@ class FusionPlan:
 
     # -- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The JSON object form; ``cuts`` appears only when there are some, so a plan without
+        cuts keeps the form (and the digest) it had before cuts existed."""
+        out = {
             "schema_version": SCHEMA_VERSION,
             "name": self.name,
             "groups": [list(g) for g in self.groups],
@@ -136,6 +153,9 @@ class FusionPlan:
             # written only when known, so plans without one keep their JSON (and older readers)
             **({"graph_fingerprint": self.graph_fingerprint} if self.graph_fingerprint else {}),
         }
+        if self.cuts:
+            out["cuts"] = [list(c) for c in self.cuts]
+        return out
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
@@ -150,7 +170,8 @@ class FusionPlan:
         f = plan_schema.parse(data)
         return cls(groups=f.groups, xla_fusion=f.xla_fusion,  # type: ignore[arg-type]
                    buckets=None if f.buckets is None else tuple(Bucket(m, b) for m, b in f.buckets),  # type: ignore[arg-type]
-                   compile_options=f.compile_options, name=f.name, graph_fingerprint=f.graph_fingerprint)
+                   compile_options=f.compile_options, name=f.name, graph_fingerprint=f.graph_fingerprint,
+                   cuts=f.cuts)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> FusionPlan:
@@ -168,14 +189,18 @@ class FusionPlan:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     # -- checks --------------------------------------------------------------------------------
-    def validate(self, graph: HloGraph) -> FusionPlan:
-        """Checks the plan against ``graph``; returns the plan so calls can chain.
+    def validate(self, graph: HloGraph, backend: str = "cpu") -> FusionPlan:
+        """Checks the plan against ``graph`` for ``backend``; returns the plan so calls can chain.
+
+        Args:
+          graph: the step's pre-optimisation graph.
+          backend: "cpu" or "gpu" (or a jax platform name): on GPU fusion groups are refused.
 
         Raises:
-          ValueError: saying which group or bucket is wrong and why (for a cycle,
-            the path that would form it).
+          ValueError: saying which group, cut, bucket or option is wrong and why (for a
+            cycle, the path that would form it).
         """
-        plan_check.validate(self, graph)
+        plan_check.validate(self, graph, backend)
         return self
 
     def summary(self) -> dict[str, Any]:
@@ -185,6 +210,8 @@ class FusionPlan:
             "grouped_ops": sum(len(g) for g in self.groups),
             "xla_fusion": self.xla_fusion,
             "buckets": None if self.buckets is None else len(self.buckets),
+            "cuts": len(self.cuts),
+            "compile_options": dict(self.compile_options),
             "digest": self.digest(),
         }
 
@@ -196,6 +223,8 @@ def make_plan(
     build: BucketBuild = "concat",
     xla_fusion: XlaFusion = "extend",
     name: str = "",
+    cuts: Iterable[Sequence[str]] = (),
+    compile_options: Mapping[str, str] | None = None,
 ) -> FusionPlan:
     """Convenience constructor from plain lists."""
     return FusionPlan(
@@ -203,4 +232,6 @@ def make_plan(
         xla_fusion=xla_fusion,
         buckets=None if buckets is None else tuple(Bucket(tuple(b), build) for b in buckets),
         name=name,
+        cuts=tuple((str(p), str(c)) for p, c in cuts),
+        compile_options=tuple(sorted((compile_options or {}).items())),
     )

@@ -8,7 +8,7 @@ them. pydantic is imported on the first :func:`parse`, not with the data model.
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 SCHEMA_VERSION = 1
 BucketBuild = Literal["tuple", "concat", "rs_ag"]
@@ -25,6 +25,7 @@ class PlanFields(NamedTuple):
     compile_options: tuple[tuple[str, str], ...]
     name: str
     graph_fingerprint: str | None = None  # absent in plans written before it was recorded
+    cuts: tuple[tuple[str, str], ...] = ()  # (producer, consumer) pairs
 
 
 @functools.cache
@@ -45,6 +46,8 @@ def _plan_model() -> Any:
         buckets: list[BucketModel] | None = None
         compile_options: dict[str, str] = {}
         graph_fingerprint: str | None = None
+        # (producer, consumer) pairs; optional, so plans written before cuts existed still load.
+        cuts: list[Annotated[list[str], pydantic.Field(min_length=2, max_length=2)]] = []
 
     return PlanModel
 
@@ -77,4 +80,5 @@ def parse(data: Any) -> PlanFields:
         compile_options=tuple(sorted(m.compile_options.items())),
         name=m.name,
         graph_fingerprint=m.graph_fingerprint,
+        cuts=tuple((p, c) for p, c in m.cuts),
     )

@@ -57,7 +57,7 @@ def plan_key(plan: FusionPlan) -> int:
     ``FusionPlan.digest`` is the stable form; it costs ~10x more (a JSON dump and a
     SHA-256), which matters at thousands of plans per second.
     """
-    return hash((plan.groups, plan.xla_fusion, plan.buckets, plan.compile_options))
+    return hash((plan.groups, plan.xla_fusion, plan.buckets, plan.compile_options, plan.cuts))
 
 
 def push_top(top: tuple[Scored, ...], item: Scored, k: int) -> tuple[Scored, ...]:
@@ -120,6 +120,6 @@ def problem(graph: HloGraph, evaluate: Evaluate, starts: Sequence[FusionPlan],
     ctx = ctx or moves.context(graph)
     canon = []
     for p in starts:
-        p.validate(graph)
+        p.validate(graph, ctx.backend)
         canon.append(moves.canonical(p, ctx))
     return Problem(graph=graph, ctx=ctx, evaluate=evaluate, starts=tuple(canon))

@@ -66,7 +66,7 @@ def _simulator_of(evaluate: Evaluate) -> Any:
 
 def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: float | None = None,
         max_evals: int | None = None, seed: int = 0, starts: Sequence[FusionPlan] | None = None,
-        progress: Progress | None = None) -> SearchResult:
+        progress: Progress | None = None, backend: str | None = None) -> SearchResult:
     """Runs ``strategy`` until the time budget or the evaluation budget is spent.
 
     The driver draws one key per step from ``random.Random(seed)``, so with
@@ -84,6 +84,9 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
       starts: start plans (default: :func:`default_starts`; the merged-gradient starts
         need ``evaluate`` to be a ``Simulator``'s bound method).
       progress: called after every step with (evaluations, elapsed seconds, best estimate).
+      backend: "cpu" or "gpu" (default: the simulator's, when ``evaluate`` is a Simulator's
+        bound method, else "cpu"): on GPU the moves make no fusion groups and search the
+        GPU compile options (``disco.plans.options``).
 
     Returns:
       The SearchResult.
@@ -101,9 +104,10 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
     t0 = time.perf_counter()
     from disco.plans import moves
 
-    ctx = moves.context(graph)
+    sim = _simulator_of(evaluate)
+    ctx = moves.context(graph, backend or (sim.backend if sim is not None else "cpu"))
     if starts is None:
-        starts = default_starts(graph, _simulator_of(evaluate), ctx)
+        starts = default_starts(graph, sim, ctx)
     prob = make_problem(graph, evaluate, starts, ctx)
     keys = random.Random(seed)
     state = strategy.init(prob, keys.getrandbits(63))

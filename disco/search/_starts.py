@@ -164,6 +164,9 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
                    ctx: moves.MoveContext | None = None) -> list[FusionPlan]:
     """Every baseline, greedy fusion, and (with a simulator) merged-gradient buckets with and without it.
 
+    For a GPU context (``ctx.backend``) the plans with fusion groups are left out and the
+    ``xla_tuned`` sweep is added.
+
     Returns:
       Valid plans, named for where they come from.
     """
@@ -183,4 +186,6 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
                 starts.append(joint.validate(graph))
             except ValueError:
                 pass  # a group and a bucket close a cycle together: leave this pair out
+    if ctx.backend == "gpu":
+        starts = [p for p in starts if not p.groups] + list(baselines.xla_tuned_sweep(graph).values())
     return starts

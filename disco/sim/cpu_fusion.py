@@ -74,14 +74,16 @@ class CpuFusion:
         self._users = users
         self._blocked = blocked
 
-    def clusters(self, region: list[int], groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    def clusters(self, region: list[int], groups: list[tuple[int, ...]],
+                 cuts: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, ...]]:
         """XLA:CPU's loop fusion over ``region`` (sorted real compute nodes), ``groups`` pre-fused.
 
         Producers are visited consumers-first (descending program position; a group at its last
         member). A loop-fusible producer (or a planned group) joins its users' fusion when every
-        user is a loop-fusible op (or in a planned group) in ``region`` and all users are in the
-        same fusion; otherwise it roots a fusion of its own. Dots, convolutions, custom calls and
-        collectives are never fused.
+        user is a loop-fusible op (or in a planned group) in ``region``, all users are in the
+        same fusion and no (producer, user) pair is in ``cuts`` (a plan's optimization barrier);
+        otherwise it roots a fusion of its own. Dots, convolutions, custom calls and collectives
+        are never fused.
         """
         loop, users, blocked = self._loop, self._users, self._blocked
         gid: dict[int, int] = {}
@@ -105,6 +107,9 @@ class CpuFusion:
                     for s in users[m]:
                         if s in inside:
                             continue
+                        if cuts and (m, s) in cuts:
+                            target = -2
+                            break
                         c = cl.get(s, -2)
                         if c == -2 or not (loop[s] or s in gid) or (target >= 0 and c != target):
                             target = -2

@@ -213,13 +213,16 @@ def _accepts(ctx: GpuFusionContext, f: _Fusion, mem: Sequence[int], is_group: bo
     return True
 
 
-def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tuple[int, ...]],
+             cuts: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, ...]]:
     """XLA:GPU's fusion over ``region`` (sorted real compute nodes), ``groups`` pre-fused.
 
     Args:
       ctx: the graph's arrays (:func:`make_context`).
       region: the real (not duplicated) compute nodes to partition, sorted.
       groups: planned groups (sorted node tuples inside ``region``), each kept whole.
+      cuts: (producer, user) node pairs a plan's optimization barrier separates: the producer
+        never fuses into that user's fusion (nor into a matrix epilogue across it).
 
     Returns:
       The fusions, each a sorted tuple of node indices, sorted; every node of ``region``
@@ -232,7 +235,7 @@ def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tupl
         for m in g:
             gid[m] = gi
         items.append((g[-1], g, True))
-    claimed = _matrix_epilogues(ctx, region, in_region, gid)
+    claimed = _matrix_epilogues(ctx, region, in_region, gid, cuts)
     chains: dict[int, list[int]] = {}
     for m, hero in claimed.items():
         chains.setdefault(hero, []).append(m)
@@ -254,7 +257,7 @@ def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tupl
                     if s in inside:
                         continue
                     f = fusion_of.get(s)
-                    if f is None or s not in in_region:
+                    if f is None or s not in in_region or (cuts and (m, s) in cuts):
                         ok = False
                         break
                     targets[id(f)] = f
@@ -298,7 +301,7 @@ def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tupl
 
 
 def _matrix_epilogues(ctx: GpuFusionContext, region: Sequence[int], in_region: set[int],
-                      gid: dict[int, int]) -> dict[int, int]:
+                      gid: dict[int, int], cuts: frozenset[tuple[int, int]] = frozenset()) -> dict[int, int]:
     """Each dot/convolution's epilogue claimed before fusion (XLA's gemm and cuDNN rewriters run
     before priority fusion): up to ``MAX_MATRIX_EPILOGUE`` single-user elementwise ops of the
     hero's size whose only real operand is the chain (a bias add, an activation).
@@ -317,7 +320,7 @@ def _matrix_epilogues(ctx: GpuFusionContext, region: Sequence[int], in_region: s
             if len(us) != 1 or ctx.outside[cur]:
                 break
             s = us[0]
-            if (s not in in_region or s in gid or s in claimed or opcodes[s] not in ELEMENTWISE
+            if (s not in in_region or s in gid or s in claimed or (cur, s) in cuts or opcodes[s] not in ELEMENTWISE
                     or ctx.out_elements[s] != ctx.out_elements[m] or any(p != cur for p in ctx.preds[s])):
                 break
             chain.append(s)
@@ -409,6 +412,7 @@ class GpuFusion:
         self.duplicated = frozenset(dup)
         self._ctx = make_context(opcodes, out_el, in_el, is_kernel, dup, succs, preds)
 
-    def clusters(self, region: list[int], groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    def clusters(self, region: list[int], groups: list[tuple[int, ...]],
+                 cuts: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, ...]]:
         """XLA:GPU's fusions of ``region`` (sorted real compute nodes), ``groups`` pre-fused."""
-        return clusters(self._ctx, region, groups)
+        return clusters(self._ctx, region, groups, cuts)

@@ -5,7 +5,12 @@ A plan is a patch of its mode's base units (:mod:`disco.sim.units`): its groups 
 touch is re-fused by the backend's fusion emulation with the groups pre-fused, cached per set of
 groups) and its buckets (one collective per bucket; ``buckets=None`` models XLA's combiner: all
 all-reduces in one bucket, or one per all-reduce *level* where one bucket would deadlock) replace
-some base units. :meth:`Patcher.arrays` then gives the scheduler flat per-unit arrays.
+some base units. A plan's cuts re-fuse the base fusions they touch with the cut edges
+forbidden (like a group without members). On a GPU cluster the plan's compile options are priced
+too: XLA:GPU's combiner closes a bucket at ``xla_gpu_all_reduce_combine_threshold_bytes`` (XLA's
+default when unset), and collectives overlap kernels only with
+``xla_gpu_enable_latency_hiding_scheduler`` on (``Patch.blocking``). :meth:`Patcher.arrays` then
+gives the scheduler flat per-unit arrays.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import heapq
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from disco.plans import options as plan_options
 from disco.sim import scheduler
-from disco.sim.units import BUILD_UNIT, COLL, UNIT_RS_AG, FusionEmulation, Mode, Unit, UnitBuilder, build_mode
+from disco.sim.units import (BUILD_UNIT, COLL, KERNEL, UNIT_RS_AG, FusionEmulation, Mode, Unit, UnitBuilder,
+                             build_mode)
 
 if TYPE_CHECKING:
     from disco.plans.plan import FusionPlan
@@ -38,19 +45,35 @@ class Group:
         self.solo: tuple[list[int], list[Unit], float] | None = None  # re-fusion when alone
 
 
+class Cut(Group):
+    """A plan cut resolved against "extend" mode: the fusion edges it forbids (cached by its pair).
+
+    It takes part in re-fusion like a group without members: the base fusions it touches are
+    re-fused with its edges forbidden.
+    """
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, names: tuple[str, ...], pairs: frozenset[tuple[int, int]], touched: tuple[int, ...]):
+        super().__init__(names, ())
+        self.pairs = pairs
+        self.touched = touched
+
+
 class Patch:
     """What one plan changes in a mode's base units: units removed and units added."""
 
-    __slots__ = ("mode", "dead", "new", "compute", "comm", "buckets")
+    __slots__ = ("mode", "dead", "new", "compute", "comm", "buckets", "blocking")
 
     def __init__(self, mode: Mode, dead: list[int], new: list[Unit], buckets: list[Unit] | None,
-                 compute: float, comm: float):
+                 compute: float, comm: float, blocking: bool = False):
         self.mode = mode
         self.dead = dead
         self.new = new
         self.buckets = buckets  # the plan's bucket units in plan order (None: the combiner's)
         self.compute = compute
         self.comm = comm
+        self.blocking = blocking  # collectives hold the compute stream (no overlap)
 
 
 class Patcher:
@@ -61,9 +84,11 @@ class Patcher:
       kind: per node, :func:`disco.sim.units.node_kinds`.
       ars: the all-reduce nodes, in program order.
       emulation: the backend's fusion emulation for ``xla_fusion="extend"``.
+      gpu: the cluster is a GPU cluster (its compile options are priced).
     """
 
-    def __init__(self, builder: UnitBuilder, kind: Sequence[int], ars: list[int], emulation: FusionEmulation):
+    def __init__(self, builder: UnitBuilder, kind: Sequence[int], ars: list[int], emulation: FusionEmulation,
+                 gpu: bool = False):
         self.builder = builder
         self.graph = builder.graph
         self._n = len(kind)
@@ -75,7 +100,10 @@ class Patcher:
         self._group_cache: dict[tuple[str, ...], Group] = {}
         self._bucket_names: dict[tuple[str, ...], tuple[int, ...]] = {}
         self._region_cache: dict[tuple[tuple[str, ...], ...], tuple[list[int], list[Unit], float]] = {}
-        self._combined: dict[str, list[Unit]] = {}
+        self._combined: dict[tuple[str, int | None], list[Unit]] = {}
+        self._gpu = gpu
+        self._cut_cache: dict[tuple[str, str], Cut | None] = {}
+        self._option_cache: dict[tuple[tuple[str, str], ...], tuple[bool, int | None]] = {}
         self._modes: dict[str, Mode] = {}
         self._levels = self._ar_levels_graph()
         self.mode("extend")  # the backend's own fusion of the unplanned graph, once
@@ -146,16 +174,78 @@ class Patcher:
             lvl[i] = best
         return {a: lvl[a] for a in self._ars}
 
-    def _combiner(self, mode: Mode, levels: dict[int, int] | None = None) -> list[Unit]:
-        """XLA's combiner: all all-reduces in one bucket, split by all-reduce level if needed."""
-        if levels is None and mode.fusion in self._combined:
-            return self._combined[mode.fusion]
+    def _combiner(self, mode: Mode, levels: dict[int, int] | None = None,
+                  threshold: int | None = None) -> list[Unit]:
+        """XLA's combiner: all all-reduces in one bucket, split by all-reduce level if needed;
+        with a ``threshold`` (XLA:GPU's), each level's all-reduces in program order are cut
+        into buckets of at most that many bytes (one larger all-reduce alone) and 256 operands."""
+        key = (mode.fusion, threshold)
+        if levels is None and key in self._combined:
+            return self._combined[key]
         by_level: dict[int, list[int]] = collections.defaultdict(list)
         for a in self._ars:
             by_level[(levels or self._levels)[a]].append(a)
-        out = [self.builder.coll_unit(mode, tuple(by_level[lv]), "all-reduce", variadic=True) for lv in sorted(by_level)]
+        runs: list[list[int]] = []
+        cbytes = self.builder.cbytes
+        for lv in sorted(by_level):
+            if threshold is None:
+                runs.append(by_level[lv])
+                continue
+            cur: list[int] = []
+            size = 0
+            for a in by_level[lv]:
+                if cur and (size + cbytes[a] > threshold or len(cur) >= 256):
+                    runs.append(cur)
+                    cur, size = [], 0
+                cur.append(a)
+                size += cbytes[a]
+            runs.append(cur)
+        out = [self.builder.coll_unit(mode, tuple(r), "all-reduce", variadic=threshold is None or len(r) > 1)
+               for r in runs]
         if levels is None:
-            self._combined[mode.fusion] = out
+            self._combined[key] = out
+        return out
+
+    def _options(self, options: tuple[tuple[str, str], ...]) -> tuple[bool, int | None]:
+        """(collectives hold the compute stream, XLA:GPU's combine threshold or None) for a plan's
+        compile options on this cluster."""
+        hit = self._option_cache.get(options)
+        if hit is None:
+            overlap = self.builder.cluster.overlap
+            if self._gpu:
+                sched = plan_options.as_bool(plan_options.value(options, plan_options.SCHEDULER, "gpu"))
+                thr = int(plan_options.value(options, plan_options.THRESHOLD, "gpu"))
+                hit = (not (overlap and sched), thr)
+            else:
+                hit = (not overlap, None)
+            self._option_cache[options] = hit
+        return hit
+
+    def _cut(self, ci: int, cut: tuple[str, str]) -> Cut | None:
+        """The cut's forbidden fusion edges in "extend" mode, or None when it changes no fusion
+        decision (a producer that is no kernel, or a consumer that is no kernel)."""
+        if cut in self._cut_cache:
+            return self._cut_cache[cut]
+        if not (isinstance(cut, tuple) and len(cut) == 2):
+            raise ValueError(f"cut {ci}: expected a (producer, consumer) pair of instruction names, got {cut!r}")
+        p, c = self._resolve(cut[:1], f"cut {ci}")[0], self._resolve(cut[1:], f"cut {ci}")[0]
+        ext = self._modes["extend"]
+        out = None
+        if not ext.virtual[p]:
+            cons: set[int] = set()
+            todo = [c]
+            while todo:  # through duplicated producers (virtual kernels) to the users they feed
+                x = todo.pop()
+                if self._kind[x] != KERNEL:
+                    continue
+                if ext.virtual[x]:
+                    todo += self.builder.kernels.succs[x]
+                else:
+                    cons.add(x)
+            touched = sorted({ext.cluster_of[x] for x in (p, *cons) if ext.cluster_of[x] >= 0})
+            if cons and touched:
+                out = Cut(("<cut>", *cut), frozenset((p, x) for x in cons), tuple(touched))
+        self._cut_cache[cut] = out
         return out
 
     def patch(self, plan: FusionPlan, levels: dict[int, int] | None = None) -> Patch:
@@ -173,6 +263,15 @@ class Patcher:
             count = sum(len(g.members) for g in groups)
             if len(set().union(*[g.members for g in groups])) != count:
                 self._raise_overlap(plan)
+        if plan.cuts and mode.fusion == "extend":
+            # A cut re-fuses the base fusions it touches: always when its producer and consumer
+            # share one, else only beside a group that touches them (it may grow across the cut).
+            near = {c for g in groups for c in g.touched}
+            for ci, cut in enumerate(plan.cuts):
+                k = self._cut(ci, cut)
+                if k is not None and (len(k.touched) == 1 or near.intersection(k.touched)):
+                    groups.append(k)
+        blocking, threshold = self._options(plan.compile_options)
         dead: list[int] = []
         new: list[Unit] = []
         compute = mode.kernel_total
@@ -197,7 +296,7 @@ class Patcher:
             buckets = None
             if self._ars:
                 dead += ar_unit.values()
-                combined = self._combiner(mode, levels)
+                combined = self._combiner(mode, levels, threshold)
                 new += combined
                 comm += sum(u.dur for u in combined) - sum(dur[d] for d in ar_unit.values())
         else:
@@ -221,7 +320,7 @@ class Patcher:
                     comm += u.dur - sum(dur[d] for d in gone)
             if len(seen) != count:
                 self._raise_overlap(plan)
-        return Patch(mode, dead, new, buckets, compute, comm)
+        return Patch(mode, dead, new, buckets, compute, comm, blocking)
 
     def _extend_groups(self, mode: Mode, groups: list[Group], dead: list[int], new: list[Unit]) -> float:
         """Planned groups grown by XLA's fusion: each set of base fusions that groups touch is re-fused.
@@ -298,8 +397,9 @@ class Patcher:
         """(base units removed, units added, kernel-time change) when ``comp``'s groups are pre-fused."""
         touched = sorted({c for g in comp for c in g.touched})
         region = sorted(m for c in touched for m in mode.clusters[c])
-        ordered = sorted(comp, key=lambda g: g.kmembers_ext)
-        clusters = self._emulation.clusters(region, [g.kmembers_ext for g in ordered])
+        ordered = sorted((g for g in comp if not isinstance(g, Cut)), key=lambda g: g.kmembers_ext)
+        cuts = frozenset().union(*(g.pairs for g in comp if isinstance(g, Cut)))
+        clusters = self._emulation.clusters(region, [g.kmembers_ext for g in ordered], cuts)
         where = {m: g.names for g in comp for m in g.kmembers_ext}
         units = []
         for c in clusters:

@@ -15,9 +15,10 @@ compiled with ``plan``:
      loop-fusible producer (``XLA_CPU_LOOP_OPCODES``: elementwise ops, broadcast, reshape,
      transpose, slice, concatenate, reduce, ...; or a planned group, which is a loop
      fusion) is fused into its users' fusion when all its users are loop-fusible and
-     already in one and the same fusion, and its value is not read by a zero-cost op
-     (tuple, get-tuple-element, call: a step output) or a collective; otherwise it
-     roots a fusion of its own. A broadcast whose users are all loop-fusible is
+     already in one and the same fusion, its value is not read by a zero-cost op
+     (tuple, get-tuple-element, call: a step output) or a collective, and no plan cut
+     separates it from a user (``plan.cuts``: the user reads it through an optimization
+     barrier; both backends' emulations honour cuts); otherwise it roots a fusion of its own. A broadcast whose users are all loop-fusible is
      duplicated into each consumer (it becomes part of every consumer's kernel: its
      inputs are read there, its result is never written; ``XLA_CPU_DUPLICATED_OPCODES``).
      Dots, convolutions, custom calls, scatters and collectives are never fused (XLA:CPU
@@ -38,7 +39,11 @@ compiled with ``plan``:
    in no bucket are one collective each. ``buckets=None`` models XLA's combiner: all
    all-reduces in one bucket; where some all-reduces depend on others (so one bucket
    would deadlock), one bucket per *level* (the number of all-reduces on the longest
-   chain of all-reduces above it). Other collectives are one collective each.
+   chain of all-reduces above it). On a GPU cluster (``cluster.is_gpu``) XLA:GPU's
+   combiner also closes a bucket at the plan's ``xla_gpu_all_reduce_combine_threshold_bytes``
+   (XLA's default when unset: 30 MiB + 7 bytes): per level, all-reduces in program order, at
+   most that many bytes (one larger all-reduce alone) and 256 operands per bucket. Other
+   collectives are one collective each.
 3. **Two streams, ready-list scheduling.** A *compute stream* runs kernels one at a
    time; a *communication stream* runs collectives one at a time. A unit is *ready* at
    the time the last of its inputs (kernels and collectives) ends.
@@ -52,6 +57,10 @@ compiled with ``plan``:
      first member in ``graph.nodes``). ``order="topological"``: the key is the longest
      remaining path to the end of the step (its own time plus the longest chain of
      kernel and collective times after it), longest first, ties by program position.
+   - On a GPU cluster collectives overlap kernels only with the plan's
+     ``xla_gpu_enable_latency_hiding_scheduler`` on (XLA's default scheduler puts each
+     asynchronous collective's done right after its start): without it, as with
+     ``cluster.overlap=False``, a collective holds the compute stream.
    - A collective starts at ``max(ready, comm stream free)``; collectives are served
      first come, first served (by ready time, ties by program position). When the
      comm stream's next start and the compute stream's next start coincide, the
@@ -158,8 +167,13 @@ class Simulator:
                                                               self.kernels.preds, index)
         else:
             emulation = CpuFusion(nodes, kind, self.kernels.succs)
-        self._patcher = Patcher(builder, kind, self._ars, emulation)
-        self._blocking = not cluster.overlap
+        self._gpu = bool(getattr(cluster, "is_gpu", False))
+        self._patcher = Patcher(builder, kind, self._ars, emulation, gpu=self._gpu)
+
+    @property
+    def backend(self) -> str:
+        """"gpu" on a GPU cluster (its plans carry no fusion groups; GPU compile options are priced)."""
+        return "gpu" if self._gpu else "cpu"
 
     def _loop_time(self, i: int, fusion: str) -> float | None:
         """Seconds of while node ``i``: trip count (1 if unknown) x one iteration in ``fusion`` mode."""
@@ -190,7 +204,7 @@ class Simulator:
             key, key_unit = scheduler.topological_keys(self._patcher.toposort(patch), unit_of, dur, key, succ)
         placed: list[tuple[int, float]] | None = [] if record else None
         step = scheduler.schedule(unit_of, key_unit, indeg, dur, key, succ, coll, ready_k, ready_c,
-                                  len(patch.dead), self._blocking, placed)
+                                  len(patch.dead), patch.blocking, placed)
         if placed is None:
             return SimResult(step_time=step, compute_time=patch.compute, comm_time=patch.comm,
                              exposed_comm=max(0.0, step - patch.compute))

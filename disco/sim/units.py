@@ -42,8 +42,10 @@ class FusionEmulation(Protocol):
 
     duplicated: frozenset[int]
 
-    def clusters(self, region: list[int], groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-        """The backend's fusions of ``region`` (sorted real compute nodes), ``groups`` pre-fused."""
+    def clusters(self, region: list[int], groups: list[tuple[int, ...]],
+                 cuts: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, ...]]:
+        """The backend's fusions of ``region`` (sorted real compute nodes), ``groups`` pre-fused,
+        no producer fused into a user it is cut from (``cuts``: (producer, user) node pairs)."""
         ...
 
 
@@ -101,6 +103,11 @@ class UnitBuilder:
         self._cbytes = cbytes
         self._kernel_cache: dict[tuple[bool, tuple[int, ...]], float] = {}
         self.unit_cache: dict[tuple[str, int, tuple[int, ...]], Unit] = {}  # (fusion, UNIT_*, members)
+
+    @property
+    def cbytes(self) -> list[int]:
+        """Per node, the bytes a collective moves (0 for other nodes)."""
+        return self._cbytes
 
     def links(self, mode: Mode, members: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], int]:
         mset = set(members)

@@ -1,0 +1,130 @@
+"""XLA compile options as a plan axis: per backend, the options that matter and their values.
+
+A plan's ``compile_options`` reach XLA per compile (``Lowered.compile(compiler_options=...)``),
+so they pass the GPU's PJRT plugin where an injected ``mhlo.fusion`` cannot. This module is the
+one table of the options a search may set, per backend:
+
+* ``gpu``: XLA:GPU's all-reduce combine threshold (XLA's default 30 MiB + 7 bytes; NVIDIA's
+  JAX-Toolbox advises sweeping it by powers of two) and the latency-hiding scheduler (off by
+  default; JAX-Toolbox turns it on); both accepted by jax 0.11.2's GPU compile (measured on an
+  H100, docs/benchmarks.md). Pipelined all-reduce is not in the table: that compile rejects
+  ``xla_gpu_enable_pipelined_all_reduce`` ("No such compile option", measured there).
+* ``cpu``: none. The GPU options are accepted by the CPU compile but do nothing there, and
+  XLA:CPU's all-reduce combiner has no threshold flag (it merges every all-reduce; the plan's
+  buckets replace it). No CPU option was measured to matter for these steps.
+
+Values are strings, as XLA parses them (booleans "True"/"False", sizes in bytes).
+
+Example:
+  >>> [o.key for o in table("gpu")][:1]
+  ['xla_gpu_all_reduce_combine_threshold_bytes']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, NamedTuple
+
+Backend = Literal["cpu", "gpu"]
+BACKENDS: tuple[str, ...] = ("cpu", "gpu")
+
+THRESHOLD = "xla_gpu_all_reduce_combine_threshold_bytes"
+SCHEDULER = "xla_gpu_enable_latency_hiding_scheduler"
+# Rejected by jax 0.11.2's GPU compile ("No such compile option"; H100, 2026-11-23): kept to name it.
+PIPELINED_ALL_REDUCE = "xla_gpu_enable_pipelined_all_reduce"
+MB = 1 << 20
+XLA_DEFAULT_THRESHOLD = 30 * MB + 7  # xla/debug_options_flags.cc (late 2025)
+
+
+class CompileOption(NamedTuple):
+    """One XLA option a plan may set.
+
+    Attributes:
+      key: the XLA debug-option name, as ``compiler_options`` takes it.
+      kind: "bool" (a move flips it) or "bytes" (a move steps it along ``values``).
+      default: XLA's own value when the plan leaves it unset.
+      values: the values a search steps through, in order.
+      what: one line on what it changes.
+    """
+
+    key: str
+    kind: Literal["bool", "bytes"]
+    default: str
+    values: tuple[str, ...]
+    what: str
+
+
+_GPU: tuple[CompileOption, ...] = (
+    CompileOption(THRESHOLD, "bytes", str(XLA_DEFAULT_THRESHOLD),
+                  tuple(str(1 << k) for k in range(20, 31)),  # 1 MiB .. 1 GiB
+                  "all-reduces XLA's combiner merges, up to this many bytes each"),
+    CompileOption(SCHEDULER, "bool", "False", ("False", "True"),
+                  "the latency-hiding scheduler: collectives overlap independent compute"),
+)
+_TABLES: dict[str, tuple[CompileOption, ...]] = {"cpu": (), "gpu": _GPU}
+
+
+def normalize(backend: str) -> str:
+    """``"cpu"`` or ``"gpu"`` for a jax platform name ("cuda" and "rocm" are GPUs).
+
+    Raises:
+      ValueError: for a platform that is neither.
+    """
+    b = str(backend).lower()
+    if b in ("gpu", "cuda", "rocm"):
+        return "gpu"
+    if b == "cpu":
+        return "cpu"
+    raise ValueError(f"backend: expected 'cpu' or 'gpu' (or a jax platform: cuda, rocm), got {backend!r}")
+
+
+def table(backend: str) -> tuple[CompileOption, ...]:
+    """The options a search may set on ``backend`` (empty on CPU: see the module docstring)."""
+    return _TABLES[normalize(backend)]
+
+
+def spec(key: str, backend: str) -> CompileOption | None:
+    """The table entry for ``key`` on ``backend``, or None when the table does not list it."""
+    return next((o for o in table(backend) if o.key == key), None)
+
+
+def value(options: Mapping[str, str] | tuple[tuple[str, str], ...], key: str, backend: str) -> str | None:
+    """The value ``key`` takes: the plan's own, else XLA's default (None for an unlisted key left unset)."""
+    opts = dict(options)
+    if key in opts:
+        return opts[key]
+    o = spec(key, backend)
+    return None if o is None else o.default
+
+
+def as_bool(text: str) -> bool:
+    """XLA's reading of a boolean option value ("True"/"true"/"1" are true).
+
+    Raises:
+      ValueError: for a value that is no boolean.
+    """
+    t = str(text).strip().lower()
+    if t in ("true", "1"):
+        return True
+    if t in ("false", "0"):
+        return False
+    raise ValueError(f"expected a boolean option value (True or False), got {text!r}")
+
+
+def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
+    """Checks the values of the table's options in ``options``; other keys are left to XLA.
+
+    Raises:
+      ValueError: naming the option, the value received and what was expected.
+    """
+    for key, val in options:
+        o = spec(key, backend)
+        if o is None:
+            continue
+        if o.kind == "bool":
+            try:
+                as_bool(val)
+            except ValueError:
+                raise ValueError(f"compile option {key}: expected True or False, got {val!r}") from None
+        elif not (str(val).isdigit() and int(val) > 0):
+            raise ValueError(f"compile option {key}: expected a positive number of bytes, got {val!r}")
