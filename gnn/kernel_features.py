@@ -8,7 +8,8 @@ plumbing (parameters, tuples, bitcasts, control flow) or a collective. Each beco
 :class:`disco.sim.costs.Kernel` (its nodes, bytes in and out), the same type the simulator
 builds for a planned fusion group, so one model prices both. Instructions inside while
 bodies count once per execution (``executions``: the product of the enclosing loops'
-``known_trip_count``).
+``known_trip_count``). Bytes are what a kernel moves: a buffer it only dynamic-slices counts the
+slices read, and a dynamic-update-slice (in place on XLA) writes only its update.
 
 :func:`kernel_graph` turns a Kernel into arrays: per node the opcode id (the one vocabulary,
 ``disco.ir.flops.opcode_id``) and :data:`NODE_FEATURES`; edges between working nodes (folded
@@ -38,7 +39,7 @@ from disco.ir import hlo_parse
 from disco.ir.graph import Node
 from disco.sim.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, Kernel, is_kernel_node
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtype_bytes", "is_root",
                  "layout_permuted")
 KINDS = ("gemm", "conv", "reduce", "transpose", "copy", "loop")
@@ -52,6 +53,7 @@ MATRIX_OPCODES = frozenset({"dot", "convolution"})
 _CONTROL = frozenset({"while", "conditional", "call"})
 _CUDNN_CONV = re.compile(r"__cudnn\$conv(Forward|BackwardInput|BackwardFilter|BiasActivationForward)")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
+_SLICING = frozenset({"dynamic-slice", "dynamic-update-slice"})
 
 
 class KernelSpec(NamedTuple):
@@ -198,10 +200,46 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
             return Kernel(nodes=(_node(ins, per_ins.get(ins.name, 0.0)),), in_bytes=_in_bytes(ins),
                           out_bytes=ins.out_bytes)
         nodes = tuple(_node(i, per_ins.get(i.name, 0.0)) for i in body.instructions)
-        return Kernel(nodes=nodes, in_bytes=_in_bytes(ins), out_bytes=ins.out_bytes)
+        return Kernel(nodes=nodes, in_bytes=_fused_in_bytes(ins, body), out_bytes=_fused_out_bytes(ins, body))
 
     def _in_bytes(ins: hlo_parse.Instruction) -> int:
+        if ins.opcode in _SLICING:  # reads (or, in place, writes) only the slice
+            return sum(names[o].out_bytes for o in dict.fromkeys(ins.operands[1:]) if o in names) + (
+                ins.out_bytes if ins.opcode == "dynamic-slice" else 0)
         return sum(names[o].out_bytes for o in dict.fromkeys(ins.operands) if o in names)
+
+    def _fused_in_bytes(ins: hlo_parse.Instruction, body: hlo_parse.Computation) -> int:
+        users: dict[str, list[hlo_parse.Instruction]] = {}
+        for i in body.instructions:
+            for o in i.operands:
+                users.setdefault(o, []).append(i)
+        total, read = 0, set()
+        for p in body.instructions:
+            if p.opcode != "parameter":
+                continue
+            us = users.get(p.name, [])
+            if us and all(u.opcode in _SLICING and u.operands and u.operands[0] == p.name for u in us):
+                # a buffer only sliced from (dynamic-slice) or updated in place (dynamic-update-slice)
+                total += sum(u.out_bytes for u in us if u.opcode == "dynamic-slice")
+                continue
+            idx = int(p.raw_operands) if p.raw_operands.strip().isdigit() else -1
+            operand = ins.operands[idx] if 0 <= idx < len(ins.operands) else p.name
+            if operand not in read:  # an operand passed twice is read once
+                read.add(operand)
+                total += p.out_bytes
+        return total
+
+    def _fused_out_bytes(ins: hlo_parse.Instruction, body: hlo_parse.Computation) -> int:
+        by = body.by_name()
+        root = body.root
+        outs = [by[o] for o in root.operands if o in by] if root.opcode == "tuple" else [root]
+        total = 0
+        for o in outs:
+            if o.opcode == "dynamic-update-slice" and len(o.operands) > 1 and o.operands[1] in by:
+                total += by[o.operands[1]].out_bytes  # in place: only the update is written
+            else:
+                total += o.out_bytes
+        return total
 
     def visit(comp: hlo_parse.Computation, times: int) -> None:
         if comp.name in seen:  # a computation called twice is walked once (its first multiplier)
@@ -224,8 +262,11 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
                 kernel = Kernel(nodes=(node,), in_bytes=_in_bytes(ins), out_bytes=node.out_bytes)
                 kind = ins.attrs.get("custom_call_target", "custom-call").strip('"')
             else:
+                out_bytes = ins.out_bytes
+                if op == "dynamic-update-slice" and len(ins.operands) > 1 and ins.operands[1] in names:
+                    out_bytes = names[ins.operands[1]].out_bytes
                 kernel = Kernel(nodes=(_node(ins, per_ins.get(ins.name, 0.0)),), in_bytes=_in_bytes(ins),
-                                out_bytes=ins.out_bytes)
+                                out_bytes=out_bytes)
                 kind = op
             out.append(KernelSpec(ins.name, kernel, times, kind))
 

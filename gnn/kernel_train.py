@@ -54,6 +54,7 @@ class TrainConfig:
 class Example(NamedTuple):
     graph: KF.KernelGraph
     log_s: float  # measured log seconds per launch
+    weight: float = 1.0  # the loss weight (see make_examples)
 
 
 class TrainState(NamedTuple):
@@ -65,14 +66,21 @@ class TrainState(NamedTuple):
     step: int
 
 
-def make_examples(records: Sequence[KD.Record]) -> list[Example]:
-    """One example per profiled op of every record (ops with a zero time are skipped)."""
+def make_examples(records: Sequence[KD.Record], time_weight: float = 0.5) -> list[Example]:
+    """One example per profiled op of every record (ops with a zero time are skipped).
+
+    An op's loss weight is ``(1 - time_weight) + time_weight * share * n``: ``share`` its part of
+    the record's step time and ``n`` the record's profiled ops (so weights average 1 per record),
+    which makes the kernels that dominate a step count more, capped at 20.
+    """
     out = []
     for r in records:
         idx = r.index()
-        for op, lab in sorted(r.labels.items()):
-            if lab.per_launch > 0:
-                out.append(Example(r.graphs[idx[op]], math.log(lab.per_launch)))
+        ops = [(op, lab) for op, lab in sorted(r.labels.items()) if lab.per_launch > 0]
+        total = sum(lab.seconds for _, lab in ops) or 1.0
+        for op, lab in ops:
+            w = (1 - time_weight) + time_weight * lab.seconds / total * len(ops)
+            out.append(Example(r.graphs[idx[op]], math.log(lab.per_launch), min(w, 20.0)))
     return out
 
 
@@ -132,20 +140,20 @@ def _tx(config: TrainConfig) -> Any:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=config.weight_decay))
 
 
-def loss_fn(params: dict[str, Any], const: dict[str, Any], b: KF.GraphBatch, y: Any) -> Any:
-    """Mean squared error of log seconds over the batch's real graphs."""
+def loss_fn(params: dict[str, Any], const: dict[str, Any], b: KF.GraphBatch, y: Any, w: Any) -> Any:
+    """Weighted mean squared error of log seconds over the batch's real graphs."""
     import jax.numpy as jnp
 
     pred = KM.apply({**params, **const}, b, jnp)
     m = b.graph_mask
-    return (m * (pred - y) ** 2).sum() / jnp.maximum(m.sum(), 1.0)
+    return (m * w * (pred - y) ** 2).sum() / jnp.maximum(m.sum(), 1.0)
 
 
 _STEP: dict[TrainConfig, Callable[..., Any]] = {}
 
 
-def make_step(config: TrainConfig) -> Callable[[TrainState, KF.GraphBatch, Any], tuple[TrainState, Any]]:
-    """The jitted ``step(state, batch, targets) -> (state, loss)`` (one compile per config)."""
+def make_step(config: TrainConfig) -> Callable[[TrainState, KF.GraphBatch, Any, Any], tuple[TrainState, Any]]:
+    """The jitted ``step(state, batch, targets, weights) -> (state, loss)`` (one compile per config)."""
     if config not in _STEP:
         import jax
         import optax
@@ -153,8 +161,8 @@ def make_step(config: TrainConfig) -> Callable[[TrainState, KF.GraphBatch, Any],
         tx = _tx(config)
 
         @jax.jit
-        def step(state: TrainState, b: KF.GraphBatch, y: Any) -> tuple[TrainState, Any]:
-            loss, grads = jax.value_and_grad(loss_fn)(state.params, state.const, b, y)
+        def step(state: TrainState, b: KF.GraphBatch, y: Any, w: Any) -> tuple[TrainState, Any]:
+            loss, grads = jax.value_and_grad(loss_fn)(state.params, state.const, b, y, w)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             return TrainState(optax.apply_updates(state.params, updates), opt_state, state.const,
                               state.step + 1), loss
@@ -163,8 +171,9 @@ def make_step(config: TrainConfig) -> Callable[[TrainState, KF.GraphBatch, Any],
     return _STEP[config]
 
 
-def batches(examples: Sequence[Example], config: TrainConfig, rng: random.Random) -> list[tuple[KF.GraphBatch, Any]]:
-    """One epoch of padded batches and their targets, in a shuffled order."""
+def batches(examples: Sequence[Example], config: TrainConfig,
+            rng: random.Random) -> list[tuple[KF.GraphBatch, Any, Any]]:
+    """One epoch of padded batches, their targets and loss weights, in a shuffled order."""
     order = list(range(len(examples)))
     rng.shuffle(order)
     out = []
@@ -172,7 +181,9 @@ def batches(examples: Sequence[Example], config: TrainConfig, rng: random.Random
         ids = [order[j] for j in chunk]
         y = np.zeros(config.max_graphs + 1, np.float32)
         y[:len(ids)] = [examples[i].log_s for i in ids]
-        out.append((padded([examples[i].graph for i in ids], config.max_graphs, config.node_budget), y))
+        w = np.zeros(config.max_graphs + 1, np.float32)
+        w[:len(ids)] = [examples[i].weight for i in ids]
+        out.append((padded([examples[i].graph for i in ids], config.max_graphs, config.node_budget), y, w))
     return out
 
 
@@ -194,10 +205,10 @@ def fit(examples: Sequence[Example], config: TrainConfig, roofline: Sequence[flo
     t0 = time.perf_counter()
     while state.step < config.steps:
         losses = []
-        for b, y in batches(examples, config, rng):
+        for b, y, w in batches(examples, config, rng):
             if state.step >= config.steps:
                 break
-            state, loss = step(state, b, y)
+            state, loss = step(state, b, y, w)
             losses.append(float(loss))
         history["loss"].append(float(np.mean(losses)))
         if log:

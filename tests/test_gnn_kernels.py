@@ -139,11 +139,11 @@ def test_a_few_training_steps_lower_the_loss(record: KD.Record):
     cfg = KT.TrainConfig(hidden=16, layers=1, steps=30, max_graphs=128, node_budget=1024, lr=1e-2)
     _, state = KT.init(ex, cfg, (3.4e14, 3.0e12, 1.4e-6))
     step = KT.make_step(cfg)
-    b, y = KT.batches(ex, cfg, random.Random(0))[0]
-    first = float(KT.loss_fn(state.params, state.const, b, y))
+    b, y, w = KT.batches(ex, cfg, random.Random(0))[0]
+    first = float(KT.loss_fn(state.params, state.const, b, y, w))
     for _ in range(30):
-        state, _ = step(state, b, y)
-    assert float(KT.loss_fn(state.params, state.const, b, y)) < 0.7 * first
+        state, _ = step(state, b, y, w)
+    assert float(KT.loss_fn(state.params, state.const, b, y, w)) < 0.7 * first
 
 
 # -- checkpoints -------------------------------------------------------------------------------
