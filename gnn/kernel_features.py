@@ -39,7 +39,7 @@ from disco.ir import hlo_parse
 from disco.ir.graph import Node
 from disco.sim.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, Kernel, is_kernel_node
 
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3
 NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtype_bytes", "is_root",
                  "layout_permuted")
 KINDS = ("gemm", "conv", "reduce", "transpose", "copy", "loop")
@@ -54,6 +54,7 @@ _CONTROL = frozenset({"while", "conditional", "call"})
 _CUDNN_CONV = re.compile(r"__cudnn\$conv(Forward|BackwardInput|BackwardFilter|BiasActivationForward)")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
 _SLICING = frozenset({"dynamic-slice", "dynamic-update-slice"})
+_ASYNC_DONE = frozenset({"fusion-done", "async-done", "copy-done", "send-done", "recv-done"})
 
 
 class KernelSpec(NamedTuple):
@@ -255,7 +256,9 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
                 continue
             if op in ZERO_COST_OPCODES or op in COLLECTIVE_KIND or op in _flops.COLLECTIVES:
                 continue
-            if op == "fusion":
+            if op in _ASYNC_DONE:
+                continue
+            if op in ("fusion", "fusion-start"):  # an async fusion (XLA:GPU's copies on extra streams)
                 kernel, kind = fused(ins), ins.attrs.get("kind", "fusion")
             elif op == "custom-call":
                 node = _custom_call_node(ins, names)
