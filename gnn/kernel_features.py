@@ -12,7 +12,7 @@ bodies count once per execution (``executions``: the product of the enclosing lo
 slices read, and a dynamic-update-slice (in place on XLA) writes only its update.
 
 :func:`kernel_graph` turns a Kernel into arrays: per node the opcode id (the one vocabulary,
-``disco.ir.flops.opcode_id``) and :data:`NODE_FEATURES`; edges between working nodes (folded
+``disco.ir.opcodes.opcode_id``) and :data:`NODE_FEATURES`; edges between working nodes (folded
 through bitcasts and other plumbing); per kernel :data:`TOTAL_FEATURES` (bytes in and out,
 flops, matrix flops, node count, the roofline terms of a device, and the kernel's class
 :data:`KINDS`, derived from its nodes so a simulator kernel gets the same value as a compiled one).
@@ -37,7 +37,8 @@ import numpy as np
 from disco.ir import flops as _flops
 from disco.ir import hlo_parse
 from disco.ir.graph import Node
-from disco.sim.costs import COLLECTIVE_KIND, ZERO_COST_OPCODES, Kernel, is_kernel_node
+from disco.ir.opcodes import COLLECTIVE_KIND, COLLECTIVES, OPCODES, XLA_GPU_MATRIX_OPCODES, ZERO_COST_OPCODES, opcode_id
+from disco.sim.costs import Kernel, is_kernel_node
 
 FEATURE_VERSION = 3
 NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtype_bytes", "is_root",
@@ -45,11 +46,11 @@ NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtyp
 KINDS = ("gemm", "conv", "reduce", "transpose", "copy", "loop")
 TOTAL_FEATURES = ("log_in_bytes", "log_out_bytes", "log_flops", "log_matrix_flops", "log_nodes",
                   *(f"kind_{k}" for k in KINDS))
-N_OPCODES = len(_flops.OPCODES) + 1  # + the unknown opcode
-MATRIX_OPCODES = frozenset({"dot", "convolution"})
+N_OPCODES = len(OPCODES) + 1  # + the unknown opcode
+MATRIX_OPCODES = XLA_GPU_MATRIX_OPCODES
 
 # Control flow launches nothing itself; its called computations are walked instead.
-# TODO(opcodes): take these from disco/ir/opcodes.py once it lands.
+# (Control flow and async -done halves are not sets of disco.ir.opcodes; only this module needs them.)
 _CONTROL = frozenset({"while", "conditional", "call"})
 _CUDNN_CONV = re.compile(r"__cudnn\$conv(Forward|BackwardInput|BackwardFilter|BiasActivationForward)")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
@@ -188,26 +189,30 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
     """
     module = hlo if isinstance(hlo, hlo_parse.Module) else hlo_parse.parse_module(hlo)
     comps = {c.name: c for c in module.computations}
-    names: dict[str, hlo_parse.Instruction] = {}
-    for c in module.computations:
-        names.update(c.by_name())
+    scoped = {c.name: c.by_name() for c in module.computations}  # names are scoped per computation
     per_ins = _flops.module_flops(module)
+
+    def flops_of(i: hlo_parse.Instruction) -> float:
+        return per_ins.get((i.computation, i.name), 0.0)
+
+    def operand(ins: hlo_parse.Instruction, name: str) -> hlo_parse.Instruction | None:
+        return scoped.get(ins.computation, {}).get(name)
     out: list[KernelSpec] = []
     seen: set[str] = set()
 
     def fused(ins: hlo_parse.Instruction) -> Kernel:
         body = comps.get(ins.called[0]) if ins.called else None
         if body is None:
-            return Kernel(nodes=(_node(ins, per_ins.get(ins.name, 0.0)),), in_bytes=_in_bytes(ins),
-                          out_bytes=ins.out_bytes)
-        nodes = tuple(_node(i, per_ins.get(i.name, 0.0)) for i in body.instructions)
+            return Kernel(nodes=(_node(ins, flops_of(ins)),), in_bytes=_in_bytes(ins), out_bytes=ins.out_bytes)
+        nodes = tuple(_node(i, flops_of(i)) for i in body.instructions)
         return Kernel(nodes=nodes, in_bytes=_fused_in_bytes(ins, body), out_bytes=_fused_out_bytes(ins, body))
 
     def _in_bytes(ins: hlo_parse.Instruction) -> int:
-        if ins.opcode in _SLICING:  # reads (or, in place, writes) only the slice
-            return sum(names[o].out_bytes for o in dict.fromkeys(ins.operands[1:]) if o in names) + (
-                ins.out_bytes if ins.opcode == "dynamic-slice" else 0)
-        return sum(names[o].out_bytes for o in dict.fromkeys(ins.operands) if o in names)
+        ops = ins.operands[1:] if ins.opcode in _SLICING else ins.operands
+        total = sum(o.out_bytes for o in (operand(ins, n) for n in dict.fromkeys(ops)) if o is not None)
+        if ins.opcode == "dynamic-slice":  # reads only the slice (a dynamic-update-slice writes in place)
+            total += ins.out_bytes
+        return total
 
     def _fused_in_bytes(ins: hlo_parse.Instruction, body: hlo_parse.Computation) -> int:
         users: dict[str, list[hlo_parse.Instruction]] = {}
@@ -254,21 +259,22 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
                     if c in comps:
                         visit(comps[c], times * n)
                 continue
-            if op in ZERO_COST_OPCODES or op in COLLECTIVE_KIND or op in _flops.COLLECTIVES:
+            if op in ZERO_COST_OPCODES or op in COLLECTIVE_KIND or op in COLLECTIVES:
                 continue
             if op in _ASYNC_DONE:
                 continue
             if op in ("fusion", "fusion-start"):  # an async fusion (XLA:GPU's copies on extra streams)
                 kernel, kind = fused(ins), ins.attrs.get("kind", "fusion")
             elif op == "custom-call":
-                node = _custom_call_node(ins, names)
+                node = _custom_call_node(ins, scoped.get(ins.computation, {}))
                 kernel = Kernel(nodes=(node,), in_bytes=_in_bytes(ins), out_bytes=node.out_bytes)
                 kind = ins.attrs.get("custom_call_target", "custom-call").strip('"')
             else:
                 out_bytes = ins.out_bytes
-                if op == "dynamic-update-slice" and len(ins.operands) > 1 and ins.operands[1] in names:
-                    out_bytes = names[ins.operands[1]].out_bytes
-                kernel = Kernel(nodes=(_node(ins, per_ins.get(ins.name, 0.0)),), in_bytes=_in_bytes(ins),
+                update = operand(ins, ins.operands[1]) if op == "dynamic-update-slice" and len(ins.operands) > 1 else None
+                if update is not None:
+                    out_bytes = update.out_bytes
+                kernel = Kernel(nodes=(_node(ins, flops_of(ins)),), in_bytes=_in_bytes(ins),
                                 out_bytes=out_bytes)
                 kind = op
             out.append(KernelSpec(ins.name, kernel, times, kind))
@@ -335,7 +341,7 @@ def kernel_graph(kernel: Kernel) -> KernelGraph:
     totals = np.array([math.log1p(kernel.in_bytes), math.log1p(kernel.out_bytes), math.log1p(kernel.flops),
                        math.log1p(matrix_flops(kernel)), math.log1p(len(work)),
                        *(float(kind == k) for k in KINDS)], np.float32)
-    return KernelGraph(np.array([_flops.opcode_id(n.opcode) for n in work], np.int32), feats,
+    return KernelGraph(np.array([opcode_id(n.opcode) for n in work], np.int32), feats,
                        np.array(senders, np.int32), np.array(receivers, np.int32), totals)
 
 

@@ -9,7 +9,7 @@
   copy measured on the GPU (bytes read plus written; ../shared/GPU_NOTES.md). Matrix rate
   3.43e14 flop/s: the 95th percentile of the achieved rate over the cuBLAS/cuDNN/Triton GEMM and
   convolution kernels of ``per_instruction.jsonl.gz`` (tf32 for float32 matmuls; read from the
-  dataset, not a separate benchmark). Launch 1.4e-6 s: fitted to every profiled kernel of the
+  dataset, not a separate benchmark). Launch 1.19e-6 s: fitted to every profiled kernel of the
   dataset (the value minimising the median relative error; ``scripts/kernel_lomo.py`` refits it per
   fold). docs/benchmarks.md has the numbers and commands.
 
@@ -26,7 +26,7 @@ from disco.sim.costs import AnalyticConfig, AnalyticCosts
 
 ANALYTIC: Mapping[str, AnalyticConfig] = {
     "cpu": AnalyticConfig(),
-    "h100": AnalyticConfig(peak_flops=3.43e14, mem_bandwidth=3.0e12, launch_overhead=1.4e-6),
+    "h100": AnalyticConfig(peak_flops=3.43e14, mem_bandwidth=3.0e12, launch_overhead=1.19e-6),
 }
 DEVICES: tuple[str, ...] = tuple(sorted(ANALYTIC))
 
