@@ -23,9 +23,8 @@ from typing import Any
 DEVICES = ("h100", "cpu")
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """Adds ``predict-kernels`` to ``sub`` (an argparse subparsers object)."""
-    p = sub.add_parser("predict-kernels", help="predict the seconds of every kernel of an optimised HLO module")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's arguments."""
     p.add_argument("--hlo", required=True, metavar="FILE", help="optimised module text (Compiled.as_text(); .gz ok)")
     p.add_argument("--device", required=True, choices=DEVICES, help="the device kind the module was compiled for")
     p.add_argument("--cost-model", default="gnn", metavar="gnn|analytic|PATH",
@@ -33,6 +32,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "(default gnn)")
     p.add_argument("--top", type=int, default=20, help="kernels listed in the text output (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Adds ``predict-kernels`` to the ``disco`` command's subparsers."""
+    p = sub.add_parser("predict-kernels", help="predict the seconds of every kernel of an optimised HLO module")
+    add_arguments(p)
     p.set_defaults(func=run)
     return p
 
@@ -50,10 +55,11 @@ def predict(hlo_text: str, costs: Any) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Prints each kernel's predicted seconds (``--json``: one object) for ``--hlo`` on ``--device``."""
     from disco.cli.common import CliError, load_cost_model
 
     path = Path(args.hlo)
-    if not path.is_file():
+    if not path.exists():
         raise CliError(f"--hlo {args.hlo!r}: no such file")
     with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
         text = f.read()
