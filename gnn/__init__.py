@@ -1,8 +1,16 @@
-"""The Flax GNN cost model: features of a planned graph, the model, training and evaluation.
+"""The Flax GNN cost models: features, models, training, evaluation and checkpoints.
 
-The shipped checkpoint (``default_checkpoint.msgpack``) was trained on 223 measured samples of three
-tiny zoo models; ``default_metrics.json`` records its held-out and leave-one-model-out metrics,
-which are far from the targets. The default cost
-model of ``disco optimize`` and the plan service is the analytic one until a checkpoint trained on
-the full collector dataset meets the accuracy targets.
+Two models:
+
+* the **per-kernel GNN** (``kernel_*`` modules): a kernel's seconds per launch from its fused
+  computation's graph, trained per device kind on profiled kernels. The shipped
+  ``kernel_h100.msgpack`` was trained on ``../shared/data/h100_kernels/per_instruction.jsonl.gz``
+  (``scripts/train_gnn.py --kernels``); ``scripts/kernel_lomo.py`` measures it leave-one-model-out
+  (docs/benchmarks.md). ``disco predict-kernels`` and the cost-model registry (``gnn`` on ``h100``)
+  use it.
+* the older **step-level GNN** (``features``, ``model``, ``train``, ``evaluate``, ``cost_model``):
+  trained on 1,042 measured plan samples of CPU steps; ``default_checkpoint.msgpack`` and
+  ``default_metrics.json`` hold it and its held-out metrics, which are far from the targets. Its
+  kernel head is what ``gnn`` names on ``cpu``. The default cost model of ``disco optimize`` and the
+  plan service stays the analytic one.
 """

@@ -61,6 +61,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     import dataclasses
 
     from gnn import checkpoint, evaluate, train
+    from gnn.cost_model import GnnCosts
 
     t0 = time.time()
     ds = train.load_dataset(args.data, limit=args.limit)
@@ -73,7 +74,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     tr, va, te = train.split(ds, "plans", seed=args.seed)
     model, hist = train.fit(ds, tr, va, cfg, progress=progress)
     held = {"gnn": evaluate.evaluate_gnn(model, ds, te), "analytic": evaluate.evaluate_analytic(ds, te),
-            "gnn_simulated": evaluate.evaluate_gnn_simulated(model, ds, te),
+            "gnn_simulated": evaluate.evaluate_gnn_simulated(GnnCosts(model), ds, te),
             "noise_ceiling_tau": evaluate.noise_ceiling(ds, te)["mean"],
             "history": hist, "sizes": {"train": len(tr), "val": len(va), "test": len(te)}}
     log(f"held-out plans: gnn {evaluate.summary(held['gnn'])}")
@@ -87,7 +88,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
             ltr, lva, lte = train.split(ds, f"lomo:{m}", seed=args.seed)
             lmodel, lhist = train.fit(ds, ltr, lva, lcfg, progress=progress)
             lomo[m] = {"gnn": evaluate.evaluate_gnn(lmodel, ds, lte), "analytic": evaluate.evaluate_analytic(ds, lte),
-                       "gnn_simulated": evaluate.evaluate_gnn_simulated(lmodel, ds, lte),
+                       "gnn_simulated": evaluate.evaluate_gnn_simulated(GnnCosts(lmodel), ds, lte),
                        "noise_ceiling_tau": evaluate.noise_ceiling(ds, lte)["mean"],
                        "best_epoch": lhist["best_epoch"], "n": len(lte)}
             log(f"leave out {m}: gnn {evaluate.summary(lomo[m]['gnn'])} | "

@@ -58,13 +58,9 @@ class GnnCosts(CostModel):
         self.meta = dict(meta or {})
         self._cache: dict[tuple[str, int, int], float] = {}
         self._ctx: dict[str, F.GraphContext] = {}
-        m = model
-        kf = F.N_KERNEL_FEATURES
-        arr = lambda v: np.asarray(v[...], dtype=np.float64)  # noqa: E731
-        self._w = {
-            "mean": arr(m.node_mean)[:kf], "std": arr(m.node_std)[:kf], "embed": arr(m.embed.embedding),
-            "k1": (arr(m.k1.kernel), arr(m.k1.bias)), "k2": (arr(m.k2.kernel), arr(m.k2.bias)),
-            "k3": (arr(m.k3.kernel), arr(m.k3.bias)), "t0": float(arr(m.target_mean))}
+        from gnn.model import kernel_head_weights
+
+        self._w = jax_tree_to_numpy(kernel_head_weights(model))
         self.hits = 0
         self.misses = 0
 
@@ -82,11 +78,10 @@ class GnnCosts(CostModel):
         from gnn import features as F
 
         opc, feats = F.kernel_features(kernel)
-        w = self._w
-        x = np.concatenate([w["embed"][opc], np.clip((feats - w["mean"]) / w["std"], -F.CLIP, F.CLIP)])
-        x = np.maximum(x @ w["k1"][0] + w["k1"][1], 0.0)
-        x = np.maximum(x @ w["k2"][0] + w["k2"][1], 0.0)
-        t = math.exp(float(x @ w["k3"][0][:, 0] + w["k3"][1][0]) + w["t0"])
+        from gnn.model import kernel_head
+
+        log_t = kernel_head(self._w, np.array([opc]), np.asarray(feats, np.float64)[None, :], np)[0]
+        t = math.exp(float(log_t))
         self._cache[key] = t
         return t
 
@@ -151,7 +146,7 @@ class GnnCosts(CostModel):
         """
         from disco.plans.plan import FusionPlan
         from gnn import features as F
-        from gnn.train import predict
+        from gnn.inference import predict
 
         ctx = self._ctx.get(graph.fingerprint)
         if ctx is None or ctx.graph is not graph:
@@ -173,6 +168,13 @@ class GnnCosts(CostModel):
 
     def __repr__(self) -> str:
         return f"GnnCosts(digest={self.digest()!r}, source={self.source!r})"
+
+
+def jax_tree_to_numpy(tree: Any) -> Any:
+    """A nested dict of arrays as float64 numpy arrays (the kernel head's numpy fast path)."""
+    if isinstance(tree, Mapping):
+        return {k: jax_tree_to_numpy(v) for k, v in tree.items()}
+    return np.asarray(tree, dtype=np.float64)
 
 
 def load_default() -> GnnCosts:

@@ -76,7 +76,7 @@ def noise_ceiling(ds: Any, idx: Sequence[int], *, rounds: int = 3, trials: int =
 def evaluate_gnn(model: Any, ds: Any, idx: Sequence[int]) -> dict[str, Any]:
     """GNN metrics on samples ``idx``: the graph head (ranking; MAPE with the group's typical
     measured xla_default time as the scale) and the kernel head alone (absolute MAPE)."""
-    from gnn.train import predict
+    from gnn.inference import predict
 
     abs_log, rel = predict(model, [ds.features(i) for i in idx])
     ref = np.array([ds.samples[i].group_ref_ms for i in idx])
@@ -86,12 +86,11 @@ def evaluate_gnn(model: Any, ds: Any, idx: Sequence[int]) -> dict[str, Any]:
     return out
 
 
-def evaluate_gnn_simulated(model: Any, ds: Any, idx: Sequence[int]) -> dict[str, Any]:
-    """The GNN as the search uses it: its kernel head inside the simulator (``GnnCosts``), with
-    alpha-beta collectives of the ``local`` cluster; metrics of the simulated ms."""
-    from gnn.cost_model import GnnCosts
-
-    ms = analytic_predictions(ds, idx, GnnCosts(model))
+def evaluate_gnn_simulated(costs: Any, ds: Any, idx: Sequence[int]) -> dict[str, Any]:
+    """The GNN as the search uses it: its kernel head inside the simulator (``costs``, a
+    :class:`gnn.cost_model.GnnCosts`), with alpha-beta collectives of the ``local`` cluster;
+    metrics of the simulated ms."""
+    ms = analytic_predictions(ds, idx, costs)
     return ranking_metrics(ds, idx, ms, ms)
 
 

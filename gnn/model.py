@@ -137,12 +137,7 @@ class CostGNN(nnx.Module):
 
     def kernel_log_time(self, opcodes: jax.Array, kfeats: jax.Array) -> jax.Array:
         """Log seconds per kernel from opcode ids [K] and kernel features [K, N_KERNEL_FEATURES]."""
-        kf = F.N_KERNEL_FEATURES
-        x = jnp.clip((kfeats - self.node_mean[...][:kf]) / self.node_std[...][:kf], -F.CLIP, F.CLIP)
-        x = jnp.concatenate([self.embed(opcodes), x], -1)
-        x = jax.nn.relu(self.k1(x))
-        x = jax.nn.relu(self.k2(x))
-        return self.k3(x)[..., 0] + self.target_mean[...]
+        return kernel_head(kernel_head_weights(self), opcodes, kfeats, jnp)
 
     def __call__(self, g: F.GraphsTuple) -> tuple[jax.Array, jax.Array]:
         """Returns (kernel log seconds [N], predicted log(time / xla_default time) [G])."""
@@ -161,6 +156,33 @@ class CostGNN(nnx.Module):
         mx = jnp.where(mx < -1e8, 0.0, mx)
         rel = self.g2(jax.nn.relu(self.g1(jnp.concatenate([mean, mx, glob], -1))))[..., 0]
         return k_log, rel
+
+
+def kernel_head_weights(model: CostGNN) -> dict[str, Any]:
+    """The kernel head's parameters and normalisation as a plain dict (what :func:`kernel_head` takes)."""
+    kf = F.N_KERNEL_FEATURES
+    lin = lambda m: {"kernel": m.kernel[...], "bias": m.bias[...]}  # noqa: E731
+    return {"mean": model.node_mean[...][:kf], "std": model.node_std[...][:kf], "embed": model.embed.embedding[...],
+            "k1": lin(model.k1), "k2": lin(model.k2), "k3": lin(model.k3), "t0": model.target_mean[...]}
+
+
+def kernel_head(w: dict[str, Any], opcodes: Any, kfeats: Any, xp: Any) -> Any:
+    """The kernel head, one pure function for jax (``xp=jax.numpy``) and numpy (``xp=numpy``).
+
+    Args:
+      w: :func:`kernel_head_weights` output (jax or numpy arrays).
+      opcodes: opcode ids [K].
+      kfeats: kernel features [K, N_KERNEL_FEATURES].
+      xp: the array module.
+
+    Returns:
+      log seconds per kernel [K].
+    """
+    x = xp.clip((kfeats - w["mean"]) / w["std"], -F.CLIP, F.CLIP)
+    x = xp.concatenate([w["embed"][opcodes], x], -1)
+    x = xp.maximum(x @ w["k1"]["kernel"] + w["k1"]["bias"], 0.0)
+    x = xp.maximum(x @ w["k2"]["kernel"] + w["k2"]["bias"], 0.0)
+    return (x @ w["k3"]["kernel"] + w["k3"]["bias"])[..., 0] + w["t0"]
 
 
 def graph_log_time(k_log: jax.Array, g: F.GraphsTuple) -> jax.Array:

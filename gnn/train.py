@@ -34,6 +34,7 @@ from disco import dataset
 from disco.ir.graph import HloGraph
 from disco.plans.plan import FusionPlan
 from gnn import features as F
+from gnn.inference import make_batch, predict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,17 +275,6 @@ def _batches(ds: Dataset, idx: Sequence[int], config: TrainConfig,
     return out
 
 
-def make_batch(graphs: Sequence[F.GraphsTuple], n_graph: int, node_budget: int | None = None) -> F.GraphsTuple:
-    """Batches and pads to ``node_budget`` nodes and twice that many edges (or the next power of two
-    above the batch when it does not fit) and ``n_graph`` graph slots."""
-    b = F.batch(graphs)
-    n_node = n_edge = None
-    if node_budget is not None:
-        n_node = max(node_budget, F.bucket_size(b.nodes.shape[0] + 1))
-        n_edge = max(2 * node_budget, F.bucket_size(b.edges.shape[0]))
-    return F.pad(b, n_node=n_node, n_edge=n_edge, n_graph=n_graph)
-
-
 def _targets(ds: Dataset, idx: Sequence[int], n_graph: int) -> tuple[np.ndarray, np.ndarray]:
     abs_t = np.zeros(n_graph, np.float32)
     rel_t = np.zeros(n_graph, np.float32)
@@ -336,32 +326,6 @@ def loss_fn(model: Any, g: F.GraphsTuple, abs_t: Any, rel_t: Any, config: TrainC
     return 0.5 * abs_loss + w_mse * mse + w_rank * rank
 
 
-def predict(model: Any, graphs: Sequence[F.GraphsTuple], *, batch: int = 16,
-            node_budget: int = 16384) -> tuple[np.ndarray, np.ndarray]:
-    """(log seconds from the kernel head, predicted log(time / xla_default)) per graph.
-
-    Graphs are packed into batches of at most ``batch`` graphs and ``node_budget`` nodes
-    (one padded shape, so one compile, unless a single graph is bigger).
-    """
-    fwd = _forward_fn()
-    abs_out, rel_out = [], []
-    k = 0
-    while k < len(graphs):
-        chunk, nodes, edges = [], 0, 0
-        while k < len(graphs) and len(chunk) < batch:
-            n, e = graphs[k].nodes.shape[0], graphs[k].edges.shape[0]
-            if chunk and (nodes + n + 1 > node_budget or edges + e > 2 * node_budget):
-                break
-            chunk.append(graphs[k])
-            nodes, edges, k = nodes + n, edges + e, k + 1
-        g = make_batch(chunk, batch + 1, node_budget)
-        a, r = fwd(model, g)
-        abs_out.append(np.asarray(a)[:len(chunk)])
-        rel_out.append(np.asarray(r)[:len(chunk)])
-    return np.concatenate(abs_out), np.concatenate(rel_out)
-
-
-_FWD: list[Callable[..., Any]] = []
 _STEPS: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
 
@@ -394,21 +358,6 @@ def _train_step(config: TrainConfig) -> Callable[..., Any]:
 
         _STEPS[key] = step
     return _STEPS[key]
-
-
-def _forward_fn() -> Callable[..., Any]:
-    if not _FWD:
-        from flax import nnx
-
-        from gnn.model import graph_log_time
-
-        @nnx.jit
-        def fwd(model: Any, g: F.GraphsTuple) -> Any:
-            k_log, rel = model(g)
-            return graph_log_time(k_log, g), rel
-
-        _FWD.append(fwd)
-    return _FWD[0]
 
 
 def fit(ds: Dataset, train_idx: Sequence[int], val_idx: Sequence[int], config: TrainConfig = TrainConfig(), *,

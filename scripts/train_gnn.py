@@ -1,11 +1,65 @@
-"""Train the GNN cost model (same as ``disco train-gnn``).
+"""Train a GNN cost model.
 
-    PYTHONPATH=. python scripts/train_gnn.py --data /work/data/profiles_tiny --lomo
+Per-kernel GNN from kernel profiles (writes the shipped checkpoint ``gnn/kernel_h100.msgpack``):
+
+    PYTHONPATH=. python scripts/train_gnn.py --kernels ../shared/data/h100_kernels/per_instruction.jsonl.gz \\
+        --device h100 --out gnn/kernel_h100.msgpack
+
+Without ``--kernels``: the step-level GNN, exactly as ``disco train-gnn`` (``--data DIR ...``).
 """
 
-import sys
+from __future__ import annotations
 
-from gnn.cli import main
+import argparse
+import dataclasses
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+
+def train_kernels(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description="train the per-kernel GNN on kernel profiles")
+    p.add_argument("--kernels", required=True, help="per_instruction.jsonl(.gz) (../shared/data/h100_kernels)")
+    p.add_argument("--device", required=True, help="device kind of the profiles (h100, cpu)")
+    p.add_argument("--out", required=True, help="checkpoint to write (.msgpack)")
+    p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: TrainConfig)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    from disco.sim.device_costs import analytic_config
+    from gnn import kernel_data as KD
+    from gnn import kernel_train as KT
+    from gnn.kernel_costs import KernelCosts
+
+    t0 = time.perf_counter()
+    records = KD.load_records(args.kernels, cache_dir=args.cache)
+    cfg = KT.TrainConfig(seed=args.seed, **({} if args.steps is None else {"steps": args.steps}))
+    base = analytic_config(args.device)
+    examples = KT.make_examples(records)
+    model, hist = KT.fit(examples, cfg, (base.peak_flops, base.mem_bandwidth, base.launch_overhead),
+                         log=lambda s: print(s, file=sys.stderr, flush=True))
+    digest = hashlib.sha256(Path(args.kernels).read_bytes()).hexdigest()[:16]
+    meta = {"data": {"file": Path(args.kernels).name, "sha256_16": digest, "records": len(records),
+                     "kernels": len(examples), "models": sorted({r.model for r in records})},
+            "train_config": dataclasses.asdict(cfg), "final_loss": hist["loss"][-1], "train_seconds": hist["seconds"]}
+    costs = KernelCosts(model, device=args.device, meta=meta)
+    costs.save(args.out)
+    print(f"trained on {len(examples)} kernels of {len(records)} records: {hist['steps']} steps in "
+          f"{hist['seconds']:.0f} s (total {time.perf_counter() - t0:.0f} s), final loss {hist['loss'][-1]:.4f}; "
+          f"wrote {args.out} (digest {costs.checkpoint_digest})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--kernels" or a.startswith("--kernels=") for a in argv):
+        return train_kernels(argv)
+    from gnn.cli import main as step_main
+
+    return step_main(argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,7 +39,8 @@ def test_the_commands_table_lists_every_subcommand_once():
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert list(sub.choices) == list(cli.COMMANDS) == [
-        "models", "graph", "bench", "calibrate", "simulate", "serve", "optimize", "train-gnn", "collect"]
+        "models", "graph", "bench", "calibrate", "simulate", "serve", "optimize", "train-gnn", "collect",
+        "predict-kernels"]
     for name, p in sub.choices.items():
         assert callable(p.get_default("func")), name
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from disco import __version__
-from disco.cli import bench, calibrate, collect, graph, models, optimize, simulate
+from disco.cli import bench, calibrate, collect, graph, models, optimize, predict_kernels, simulate
 from disco.cli.common import CliError
 from gnn import cli as gnn_cli
 from service import cli as service_cli
@@ -33,6 +33,7 @@ COMMANDS: dict[str, Callable[[Any], argparse.ArgumentParser]] = {
     "optimize": optimize.add_parser,
     "train-gnn": gnn_cli.add_parser,
     "collect": collect.add_parser,
+    "predict-kernels": predict_kernels.add_parser,
 }
 
 

@@ -224,32 +224,25 @@ def add_cost_model_arg(p: argparse.ArgumentParser) -> None:
                         f"checkpoint (.msgpack) or a saved cost model (.json) (default {DEFAULT_COST_MODEL})")
 
 
-def load_cost_model(value: str) -> tuple[Any, dict[str, Any]]:
-    """The cost model named by ``--cost-model`` and what to report about it (name, digest, source).
+def load_cost_model(value: str, device: str = "cpu") -> tuple[Any, dict[str, Any]]:
+    """The cost model named by ``--cost-model`` for ``device`` (:mod:`disco.sim.registry`) and what
+    to report about it (name, digest, source).
 
     Raises:
-      CliError: for a name that is none of analytic, gnn, a checkpoint or a cost model file,
-        or a file that cannot be loaded.
+      CliError: for a name that is no registered model nor a model file, or a file that cannot be loaded.
     """
-    from disco.sim import costs
+    from disco.sim import registry
+    from gnn.registration import ENTRY
 
+    registry.register(ENTRY)  # the CLI is the layer that may import gnn; disco resolves names only
     try:
-        if value == "analytic":
-            cm = costs.AnalyticCosts()
-        elif value == "gnn" or value.endswith(".msgpack"):
-            from gnn.cost_model import GnnCosts, load_default
-
-            cm = load_default() if value == "gnn" else GnnCosts.load(value)
-            d = cm.describe()
-            return cm, {"name": d["name"], "digest": d["digest"], "source": d["source"],
-                        "trained_on_samples": d["trained_on"].get("samples")}
-        elif os.path.exists(value):
-            cm = costs.load_costs(value)
-        else:
-            raise CliError(f"--cost-model {value!r}: expected analytic, gnn, a .msgpack GNN checkpoint or "
-                           "a cost model .json file")
+        cm = registry.make(value, device=device)
     except (OSError, ValueError, RuntimeError) as e:
         raise CliError(f"--cost-model {value!r}: {e}") from None
+    if cm.name == "gnn" and hasattr(cm, "describe"):
+        d = cm.describe()
+        return cm, {"name": d["name"], "digest": d["digest"], "source": d["source"],
+                    "trained_on_samples": d["trained_on"].get("samples")}
     return cm, {"name": cm.name, "digest": cm.digest(), "source": value if os.path.exists(value) else "built-in"}
 
 

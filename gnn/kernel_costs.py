@@ -1,0 +1,201 @@
+"""``KernelCosts``: the per-kernel GNN behind disco's cost-model contract, and its checkpoint.
+
+* ``kernel_time(kernel)``: seconds per launch of a :class:`disco.sim.costs.Kernel` (a simulator's
+  fusion group or a compiled module's kernel, :mod:`gnn.kernel_features`), from
+  :func:`gnn.kernel_model.apply` evaluated in numpy (no jax dispatch) and cached per kernel;
+* ``predict(graphs)``: seconds per launch of many kernel graphs at once (jitted, batched);
+* collectives: the alpha-beta model of the cluster (inherited);
+* ``save``/``load``: a msgpack checkpoint (:data:`FORMAT`): the config, the device kind, the
+  metadata (training data, config, metrics) and the parameters.
+
+Example:
+  >>> costs = KernelCosts.load("gnn/kernel_h100.msgpack")  # doctest: +SKIP
+  >>> costs.kernel_time(kernel)                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from disco.sim.costs import CostModel, Kernel
+from gnn import kernel_features as KF
+from gnn import kernel_model as KM
+
+FORMAT = "disco.gnn.kernel/1"
+CHECKPOINTS = {"h100": Path(__file__).with_name("kernel_h100.msgpack")}
+
+
+class KernelCosts(CostModel):
+    """Kernel costs from a trained :class:`gnn.kernel_model.KernelGNN`.
+
+    Args:
+      model: the trained model.
+      device: the device kind it was trained for (``h100``, ``cpu``).
+      digest: the checkpoint's digest (sha256 of its bytes, 16 hex digits).
+      source: where it came from, for reports.
+      meta: the checkpoint's metadata.
+    """
+
+    name = "gnn"
+    version = "kernel/1"
+
+    def __init__(self, model: KM.KernelGNN, *, device: str, digest: str = "", source: str = "",
+                 meta: Mapping[str, Any] | None = None):
+        self.model = model
+        self.device = device
+        self.checkpoint_digest = digest
+        self.source = source
+        self.meta = dict(meta or {})
+        self._w = KM.to_numpy(KM.weights(model))
+        self._cache: dict[tuple[str, int, int], float] = {}
+
+    def kernel_time(self, kernel: Kernel) -> float:
+        """Seconds per launch of ``kernel`` (0.0 for a kernel without work)."""
+        if kernel.is_empty:
+            return 0.0
+        key = (kernel.key(), kernel.in_bytes, kernel.out_bytes)
+        t = self._cache.get(key)
+        if t is None:
+            log_s = KM.apply(self._w, KF.batch([KF.kernel_graph(kernel)]), np)[0]
+            t = self._cache[key] = float(np.exp(np.float64(log_s)))
+        return t
+
+    def predict(self, graphs: Sequence[KF.KernelGraph]) -> np.ndarray:
+        """Seconds per launch of each graph (jax, batched)."""
+        from gnn.kernel_train import predict_log_seconds
+
+        return np.exp(predict_log_seconds(KM.weights(self.model), graphs))
+
+    def params(self) -> dict[str, Any]:
+        return {"checkpoint_digest": self.checkpoint_digest, "source": self.source, "device": self.device}
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> KernelCosts:
+        """Loads the checkpoint at ``params["source"]`` and checks its digest.
+
+        Raises:
+          ValueError: for missing fields or a checkpoint whose digest differs.
+        """
+        if not isinstance(params, Mapping) or not isinstance(params.get("source"), str):
+            raise ValueError(f"gnn kernel cost params: expected an object with 'source', got {params!r}")
+        costs = cls.load(params["source"])
+        want = params.get("checkpoint_digest")
+        if want and want != costs.checkpoint_digest:
+            raise ValueError(f"gnn kernel cost params: checkpoint {params['source']} has digest "
+                             f"{costs.checkpoint_digest}, expected {want}")
+        return costs
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the msgpack checkpoint."""
+        data = to_bytes(self.model, device=self.device, meta=self.meta)
+        Path(path).write_bytes(data)
+        self.checkpoint_digest, self.source = hashlib.sha256(data).hexdigest()[:16], str(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> KernelCosts:
+        """Reads a checkpoint written by ``save`` or ``scripts/train_gnn.py --kernels``.
+
+        Raises:
+          ValueError: for a corrupt checkpoint or one that does not match this code.
+          FileNotFoundError: if there is no file at ``path``.
+        """
+        p = Path(path)
+        data = p.read_bytes()
+        model, device, meta = from_bytes(data, p.name)
+        return cls(model, device=device, digest=hashlib.sha256(data).hexdigest()[:16], source=str(p), meta=meta)
+
+    def digest(self) -> str:
+        return self.checkpoint_digest or "untrained"
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "device": self.device, "digest": self.digest(),
+                "source": self.source, "trained_on": self.meta.get("data", {})}
+
+    def __repr__(self) -> str:
+        return f"KernelCosts(device={self.device!r}, digest={self.digest()!r}, source={self.source!r})"
+
+
+# -- checkpoint --------------------------------------------------------------------------------
+def _flat(tree: Mapping[Any, Any], prefix: str = "") -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = np.asarray(v)
+    return out
+
+
+def to_bytes(model: KM.KernelGNN, *, device: str, meta: Mapping[str, Any] | None = None) -> bytes:
+    """The checkpoint bytes of ``model`` (msgpack, never pickle)."""
+    import dataclasses
+
+    from flax import serialization
+
+    return serialization.msgpack_serialize({
+        "format": FORMAT, "device": device, "config": json.dumps(dataclasses.asdict(model.config), sort_keys=True),
+        "meta": json.dumps(dict(meta or {}), sort_keys=True, default=float), "params": _flat(KM.weights(model))})
+
+
+def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[KM.KernelGNN, str, dict[str, Any]]:
+    """(model, device, meta) from :func:`to_bytes` output.
+
+    Raises:
+      ValueError: for bytes that are not a kernel-GNN checkpoint, another format or feature
+        version, or parameters whose names or shapes do not match the config.
+    """
+    from flax import nnx, serialization
+
+    try:
+        raw = serialization.msgpack_restore(data)
+    except Exception as e:  # msgpack raises several unrelated types for corrupt input
+        raise ValueError(f"{where}: not a msgpack checkpoint ({type(e).__name__}: {e})") from None
+    got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+    if got != FORMAT:
+        raise ValueError(f"{where}: expected format {FORMAT!r}, got {got!r}")
+    try:
+        config = KM.KernelModelConfig.from_dict(json.loads(raw["config"]))
+        meta, device, params = json.loads(raw.get("meta", "{}")), str(raw["device"]), raw["params"]
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{where}: damaged checkpoint fields ({type(e).__name__}: {e})") from None
+    try:
+        model = KM.KernelGNN.from_config(config, rngs=nnx.Rngs(0))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    state = nnx.state(model)
+    want = _flat(nnx.to_pure_dict(state))
+    if not isinstance(params, dict) or set(params) != set(want):
+        have = set(params) if isinstance(params, dict) else set()
+        raise ValueError(f"{where}: parameters do not match config {config}: missing "
+                         f"{sorted(set(want) - have)[:3]}, unexpected {sorted(have - set(want))[:3]}")
+    for k, v in want.items():
+        if np.shape(params[k]) != v.shape:
+            raise ValueError(f"{where}: parameter {k!r} has shape {np.shape(params[k])}, expected {v.shape}")
+
+    def fill(tree: Mapping[Any, Any], prefix: str = "") -> dict[Any, Any]:
+        return {k: fill(v, f"{prefix}{k}/") if isinstance(v, Mapping) else np.asarray(params[f"{prefix}{k}"])
+                for k, v in tree.items()}
+
+    nnx.replace_by_pure_dict(state, fill(nnx.to_pure_dict(state)))
+    nnx.update(model, state)
+    return model, device, meta
+
+
+def load_for_device(device: str) -> KernelCosts:
+    """The checkpoint shipped for ``device``.
+
+    Raises:
+      ValueError: for a device without a shipped kernel checkpoint.
+    """
+    path = CHECKPOINTS.get(device)
+    if path is None or not path.is_file():
+        raise ValueError(f"no per-kernel GNN checkpoint for device {device!r}; shipped: "
+                         f"{sorted(d for d, p in CHECKPOINTS.items() if p.is_file())}")
+    return KernelCosts.load(path)

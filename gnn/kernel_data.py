@@ -1,0 +1,196 @@
+"""Per-kernel training data: the shared dataset's records as kernel graphs with measured times.
+
+Reads the format of ``../shared/data/h100_kernels/README.md`` (``per_instruction.jsonl.gz``: one
+compile per line with ``compiled_hlo`` and two profiler traces). For each record:
+
+* every kernel-launching instruction (:func:`gnn.kernel_features.module_kernels`), its graph
+  and executions per step;
+* labels: per ``hlo_op`` the profiler reported and the module holds, the device seconds per
+  step (the mean of the two traces, summed over the op's kernels and streams: a cuBLAS call's
+  memset counts with its GEMM) and the launches per step (its kernels' largest launch count, so a
+  memset beside each GEMM is not a launch of its own). XLA:GPU runs identical kernels once
+  compiled, and the profiler names all their launches after one instruction, so a label's
+  seconds per launch is the mean over the instructions sharing its kernel.
+* the record's measured step device time: every kernel of both traces summed, averaged.
+
+Features are cached per record under ``cache_dir`` (keyed by the HLO's hash and the feature
+version), since parsing a module takes seconds.
+
+Example:
+  >>> records = load_records("../shared/data/h100_kernels/per_instruction.jsonl.gz")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from gnn import kernel_features as KF
+
+
+class Label(NamedTuple):
+    """One profiled hlo_op: seconds per step over ``launches`` launches per step."""
+
+    seconds: float
+    launches: float
+
+    @property
+    def per_launch(self) -> float:
+        return self.seconds / max(self.launches, 1.0)
+
+
+class Record(NamedTuple):
+    """One profiled compile as kernel graphs and labels.
+
+    Attributes:
+      model, preset, variant: which compile.
+      names: kernel-launching instruction names, in program order.
+      executions: launches of each per step (loop trip counts).
+      graphs: each one's :class:`gnn.kernel_features.KernelGraph`.
+      labels: hlo_op name -> :class:`Label`, for the profiled ops the module holds.
+      step_s: measured device seconds per step, every kernel summed (unmatched ones too).
+    """
+
+    model: str
+    preset: str
+    variant: str
+    names: tuple[str, ...]
+    executions: np.ndarray
+    graphs: tuple[KF.KernelGraph, ...]
+    labels: dict[str, Label]
+    step_s: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}/{self.preset}/{self.variant}"
+
+    def index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+
+def _iter_lines(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p.name}:{lineno}: not a JSON object ({e})") from None
+
+
+def labels_of(rec: dict[str, Any]) -> tuple[dict[str, Label], float]:
+    """(hlo_op -> Label, measured step seconds) from a record's two traces (their mean).
+
+    Raises:
+      ValueError: for a record without ``kernels_trace_a``.
+    """
+    traces = [rec[k] for k in ("kernels_trace_a", "kernels_trace_b") if isinstance(rec.get(k), list)]
+    if not traces:
+        raise ValueError(f"record {rec.get('model')}/{rec.get('variant')}: expected 'kernels_trace_a', "
+                         f"got keys {sorted(rec)[:12]}")
+    secs: dict[str, float] = {}
+    launches: dict[str, float] = {}
+    memset_only: dict[str, float] = {}
+    for tr in traces:
+        for k in tr:
+            op = k["hlo_op"]
+            secs[op] = secs.get(op, 0.0) + k["ns_per_step"] * 1e-9 / len(traces)
+            n = float(k["launches_per_step"])
+            if str(k.get("kernel", "")).startswith("Memset"):
+                memset_only[op] = max(memset_only.get(op, 0.0), n)
+            else:
+                launches[op] = max(launches.get(op, 0.0), n)
+    labels = {op: Label(s, launches.get(op) or memset_only.get(op, 1.0)) for op, s in secs.items()}
+    return labels, sum(secs.values())
+
+
+def record_from_json(rec: dict[str, Any]) -> Record:
+    """Features and labels of one dataset line (no cache).
+
+    Raises:
+      ValueError: for a line without ``compiled_hlo`` or traces, or HLO that does not parse.
+    """
+    if not isinstance(rec.get("compiled_hlo"), str):
+        raise ValueError(f"record {rec.get('model')}/{rec.get('variant')}: expected 'compiled_hlo' text")
+    kernels = [k for k in KF.module_kernels(rec["compiled_hlo"]) if not k.kernel.is_empty]
+    labels, step = labels_of(rec)
+    names = tuple(k.name for k in kernels)
+    known = set(names)
+    return Record(rec.get("model", "?"), rec.get("preset", "?"), rec.get("variant", "?"), names,
+                  np.array([k.executions for k in kernels], np.float64),
+                  tuple(KF.kernel_graph(k.kernel) for k in kernels),
+                  {op: lab for op, lab in labels.items() if op in known}, step)
+
+
+# -- cache ------------------------------------------------------------------------------------
+def _save(path: Path, r: Record) -> None:
+    gs = r.graphs
+    np.savez_compressed(
+        path, meta=np.array(json.dumps({"model": r.model, "preset": r.preset, "variant": r.variant,
+                                        "names": list(r.names), "step_s": r.step_s,
+                                        "labels": {k: list(v) for k, v in r.labels.items()}})),
+        executions=r.executions, n_node=np.array([len(g.opcodes) for g in gs]),
+        n_edge=np.array([len(g.senders) for g in gs]), opcodes=np.concatenate([g.opcodes for g in gs]),
+        nodes=np.concatenate([g.nodes for g in gs]), senders=np.concatenate([g.senders for g in gs]),
+        receivers=np.concatenate([g.receivers for g in gs]), totals=np.stack([g.totals for g in gs]))
+
+
+def _load(path: Path) -> Record:
+    z = np.load(path)
+    meta = json.loads(str(z["meta"]))
+    no, eo = np.concatenate([[0], np.cumsum(z["n_node"])]), np.concatenate([[0], np.cumsum(z["n_edge"])])
+    graphs = tuple(KF.KernelGraph(z["opcodes"][no[i]:no[i + 1]], z["nodes"][no[i]:no[i + 1]],
+                                  z["senders"][eo[i]:eo[i + 1]], z["receivers"][eo[i]:eo[i + 1]], z["totals"][i])
+                   for i in range(len(z["n_node"])))
+    return Record(meta["model"], meta["preset"], meta["variant"], tuple(meta["names"]), z["executions"], graphs,
+                  {k: Label(*v) for k, v in meta["labels"].items()}, float(meta["step_s"]))
+
+
+def load_records(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
+                 models: Sequence[str] | None = None, log: Any = None) -> list[Record]:
+    """Every record of a per-kernel dataset file (``.jsonl`` or ``.jsonl.gz``), in file order.
+
+    Args:
+      path: the dataset file.
+      cache_dir: where to keep computed features (None: no cache).
+      models: keep only these models.
+      log: called with a progress line per record (None: silent).
+
+    Raises:
+      ValueError: for a malformed line.
+      FileNotFoundError: if ``path`` does not exist.
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no per-kernel dataset at {path}")
+    cache = Path(cache_dir) if cache_dir is not None else None
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+    out = []
+    for rec in _iter_lines(path):
+        if models is not None and rec.get("model") not in models:
+            continue
+        hlo = rec.get("compiled_hlo", "")
+        h = hashlib.sha256(f"{KF.FEATURE_VERSION}\n{hlo}".encode()).hexdigest()[:20]
+        f = cache / f"{h}.npz" if cache is not None else None
+        if f is not None and f.is_file():
+            r = _load(f)
+            labels, step = labels_of(rec)  # labels are cheap and not part of the features
+            r = r._replace(labels={k: v for k, v in labels.items() if k in set(r.names)}, step_s=step)
+        else:
+            r = record_from_json(rec)
+            if f is not None:
+                _save(f, r)
+        if log:
+            log(f"{r.key}: {len(r.names)} kernels, {len(r.labels)} profiled ops, step {r.step_s * 1e3:.2f} ms")
+        out.append(r)
+    return out

@@ -1,0 +1,396 @@
+"""Kernel features: every kernel an optimised HLO module launches, as a small graph.
+
+One feature function for both backends: :func:`module_kernels` reads an optimised module
+(``Compiled.as_text()`` of XLA:GPU or XLA:CPU) and returns one :class:`KernelSpec` per
+instruction that launches device work: fusions (their fused computation), custom-calls
+(cuBLAS GEMMs, cuDNN convolutions), copies and any other op outside a fusion that is not
+plumbing (parameters, tuples, bitcasts, control flow) or a collective. Each becomes a
+:class:`disco.sim.costs.Kernel` (its nodes, bytes in and out), the same type the simulator
+builds for a planned fusion group, so one model prices both. Instructions inside while
+bodies count once per execution (``executions``: the product of the enclosing loops'
+``known_trip_count``). Bytes are what a kernel moves: a buffer it only dynamic-slices counts the
+slices read, and a dynamic-update-slice (in place on XLA) writes only its update.
+
+:func:`kernel_graph` turns a Kernel into arrays: per node the opcode id (the one vocabulary,
+``disco.ir.opcodes.opcode_id``) and :data:`NODE_FEATURES`; edges between working nodes (folded
+through bitcasts and other plumbing); per kernel :data:`TOTAL_FEATURES` (bytes in and out,
+flops, matrix flops, node count, the roofline terms of a device, and the kernel's class
+:data:`KINDS`, derived from its nodes so a simulator kernel gets the same value as a compiled one).
+:func:`batch` packs graphs jraph-style (nodes, senders, receivers, per-graph totals) padded to
+power-of-two size buckets, so jit compiles once per bucket.
+
+Example:
+  >>> kernels = module_kernels(compiled.as_text())  # doctest: +SKIP
+  >>> b = batch([kernel_graph(k.kernel) for k in kernels])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from disco.ir import flops as _flops
+from disco.ir import hlo_parse
+from disco.ir.graph import Node
+from disco.ir.opcodes import COLLECTIVE_KIND, COLLECTIVES, OPCODES, XLA_GPU_MATRIX_OPCODES, ZERO_COST_OPCODES, opcode_id
+from disco.sim.costs import Kernel, is_kernel_node
+
+FEATURE_VERSION = 3
+NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtype_bytes", "is_root",
+                 "layout_permuted")
+KINDS = ("gemm", "conv", "reduce", "transpose", "copy", "loop")
+TOTAL_FEATURES = ("log_in_bytes", "log_out_bytes", "log_flops", "log_matrix_flops", "log_nodes",
+                  *(f"kind_{k}" for k in KINDS))
+N_OPCODES = len(OPCODES) + 1  # + the unknown opcode
+MATRIX_OPCODES = XLA_GPU_MATRIX_OPCODES
+
+# Control flow launches nothing itself; its called computations are walked instead.
+# (Control flow and async -done halves are not sets of disco.ir.opcodes; only this module needs them.)
+_CONTROL = frozenset({"while", "conditional", "call"})
+_CUDNN_CONV = re.compile(r"__cudnn\$conv(Forward|BackwardInput|BackwardFilter|BiasActivationForward)")
+_GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
+_SLICING = frozenset({"dynamic-slice", "dynamic-update-slice"})
+_ASYNC_DONE = frozenset({"fusion-done", "async-done", "copy-done", "send-done", "recv-done"})
+
+
+class KernelSpec(NamedTuple):
+    """One kernel-launching instruction of a module.
+
+    Attributes:
+      name: the instruction's name (what the profiler reports as ``hlo_op``).
+      kernel: its work as a :class:`disco.sim.costs.Kernel`.
+      executions: launches per module execution (loop trip counts multiplied; 1 outside loops).
+      xla_kind: the fusion kind XLA printed (``kLoop``, ``kInput``, ``kCustom``, ...), the
+        custom-call target, or the opcode.
+    """
+
+    name: str
+    kernel: Kernel
+    executions: int
+    xla_kind: str
+
+
+class KernelGraph(NamedTuple):
+    """One kernel as arrays.
+
+    Attributes:
+      opcodes: int32 [n] opcode ids.
+      nodes: float32 [n, len(NODE_FEATURES)].
+      senders: int32 [e] producer node of each edge.
+      receivers: int32 [e] consumer node of each edge.
+      totals: float32 [len(TOTAL_FEATURES)].
+    """
+
+    opcodes: np.ndarray
+    nodes: np.ndarray
+    senders: np.ndarray
+    receivers: np.ndarray
+    totals: np.ndarray
+
+
+class GraphBatch(NamedTuple):
+    """Kernel graphs packed jraph-style and padded: the last graph holds every padding node and edge.
+
+    Attributes:
+      opcodes: int32 [N]; nodes: float32 [N, F]; senders, receivers: int32 [E];
+      node_graph: int32 [N] the graph of each node; totals: float32 [G, T];
+      node_mask: float32 [N] and graph_mask: float32 [G], 1 for real entries.
+    """
+
+    opcodes: np.ndarray
+    nodes: np.ndarray
+    senders: np.ndarray
+    receivers: np.ndarray
+    node_graph: np.ndarray
+    totals: np.ndarray
+    node_mask: np.ndarray
+    graph_mask: np.ndarray
+
+
+# ---------------------------------------------------------------------------------------------
+def _is_permuted(shape: str) -> bool:
+    for text in re.findall(r"\]\{([0-9,]*)", shape):
+        dims = [int(d) for d in text.split(",") if d]
+        if dims != sorted(dims, reverse=True):
+            return True
+    return False
+
+
+def _node(ins: hlo_parse.Instruction, flops: float, opcode: str | None = None,
+          arrays: Sequence[hlo_parse.ArrayShape] | None = None) -> Node:
+    arrays = tuple(ins.arrays if arrays is None else arrays)
+    shape = ",".join(str(a) for a in arrays) if len(arrays) == 1 else f"({','.join(str(a) for a in arrays)})"
+    return Node(name=ins.name, opcode=opcode or ins.opcode, computation=ins.computation, shape=shape,
+                dtype=arrays[0].dtype if arrays else "token", out_bytes=sum(a.nbytes for a in arrays),
+                out_elements=sum(a.elements for a in arrays), flops=float(flops), operands=ins.operands,
+                layout="permuted" if _is_permuted(ins.shape) else "")
+
+
+def _result_arrays(ins: hlo_parse.Instruction) -> tuple[hlo_parse.ArrayShape, ...]:
+    """A custom-call's results without its scratch workspace (a trailing s8/u8 buffer)."""
+    arrays = ins.arrays
+    if ins.opcode == "custom-call" and len(arrays) > 1 and arrays[-1].dtype in ("s8", "u8"):
+        return arrays[:-1]
+    return arrays
+
+
+def _dims(config: dict, key: str) -> list[int]:
+    return [int(d) for d in config.get(key, [])]
+
+
+def _custom_call_node(ins: hlo_parse.Instruction, names: dict[str, hlo_parse.Instruction]) -> Node:
+    """A cuBLAS GEMM as a ``dot`` node, a cuDNN convolution as a ``convolution`` node, with their flops."""
+    target = ins.attrs.get("custom_call_target", "").strip('"')
+    out = _result_arrays(ins)
+    try:
+        config = json.loads(ins.attrs.get("backend_config", "{}") or "{}")
+    except json.JSONDecodeError:
+        config = {}
+    ops = [names.get(o) for o in ins.operands]
+    shapes = [o.arrays[0] if o is not None and o.arrays else None for o in ops]
+    if target in _GEMM_TARGETS and shapes and shapes[0] is not None:
+        dnums = config.get("gemm_backend_config", {}).get("dot_dimension_numbers", {})
+        k = math.prod(shapes[0].dims[d] for d in _dims(dnums, "lhs_contracting_dimensions")
+                      if d < len(shapes[0].dims))
+        return _node(ins, 2.0 * out[0].elements * k, "dot", out)
+    m = _CUDNN_CONV.search(target)
+    labels = ins.attrs.get("dim_labels", "")
+    if m and len(shapes) >= 2 and "_" in labels and None not in shapes[:2]:
+        # The forward convolution's output and filter, whichever of operands/result they are here.
+        fwd_out, filt = {"BackwardInput": (shapes[0], shapes[1]), "BackwardFilter": (shapes[1], out[0])}.get(
+            m.group(1), (out[0], shapes[1]))
+        kernel_labels = labels.split("_")[1].split("->")[0]
+        k = math.prod(d for lab, d in zip(kernel_labels, filt.dims) if lab != "o")
+        return _node(ins, 2.0 * fwd_out.elements * k, "convolution", out)
+    return _node(ins, 0.0, None, out)
+
+
+def _trip_count(ins: hlo_parse.Instruction) -> int:
+    m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"', ins.attrs.get("backend_config", ""))
+    return int(m.group(1)) if m else 1
+
+
+def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
+    """Every kernel-launching instruction of an optimised module, in program order.
+
+    Args:
+      hlo: the module text (``Compiled.as_text()``) or a parsed module.
+
+    Returns:
+      One KernelSpec per instruction, entry computation first, then loop bodies as reached.
+
+    Raises:
+      ValueError: if the text is not HLO (:class:`disco.ir.hlo_parse.HloParseError`).
+    """
+    module = hlo if isinstance(hlo, hlo_parse.Module) else hlo_parse.parse_module(hlo)
+    comps = {c.name: c for c in module.computations}
+    scoped = {c.name: c.by_name() for c in module.computations}  # names are scoped per computation
+    per_ins = _flops.module_flops(module)
+
+    def flops_of(i: hlo_parse.Instruction) -> float:
+        return per_ins.get((i.computation, i.name), 0.0)
+
+    def operand(ins: hlo_parse.Instruction, name: str) -> hlo_parse.Instruction | None:
+        return scoped.get(ins.computation, {}).get(name)
+    out: list[KernelSpec] = []
+    seen: set[str] = set()
+
+    def fused(ins: hlo_parse.Instruction) -> Kernel:
+        body = comps.get(ins.called[0]) if ins.called else None
+        if body is None:
+            return Kernel(nodes=(_node(ins, flops_of(ins)),), in_bytes=_in_bytes(ins), out_bytes=ins.out_bytes)
+        nodes = tuple(_node(i, flops_of(i)) for i in body.instructions)
+        return Kernel(nodes=nodes, in_bytes=_fused_in_bytes(ins, body), out_bytes=_fused_out_bytes(ins, body))
+
+    def _in_bytes(ins: hlo_parse.Instruction) -> int:
+        ops = ins.operands[1:] if ins.opcode in _SLICING else ins.operands
+        total = sum(o.out_bytes for o in (operand(ins, n) for n in dict.fromkeys(ops)) if o is not None)
+        if ins.opcode == "dynamic-slice":  # reads only the slice (a dynamic-update-slice writes in place)
+            total += ins.out_bytes
+        return total
+
+    def _fused_in_bytes(ins: hlo_parse.Instruction, body: hlo_parse.Computation) -> int:
+        users: dict[str, list[hlo_parse.Instruction]] = {}
+        for i in body.instructions:
+            for o in i.operands:
+                users.setdefault(o, []).append(i)
+        total, read = 0, set()
+        for p in body.instructions:
+            if p.opcode != "parameter":
+                continue
+            us = users.get(p.name, [])
+            if us and all(u.opcode in _SLICING and u.operands and u.operands[0] == p.name for u in us):
+                # a buffer only sliced from (dynamic-slice) or updated in place (dynamic-update-slice)
+                total += sum(u.out_bytes for u in us if u.opcode == "dynamic-slice")
+                continue
+            idx = int(p.raw_operands) if p.raw_operands.strip().isdigit() else -1
+            operand = ins.operands[idx] if 0 <= idx < len(ins.operands) else p.name
+            if operand not in read:  # an operand passed twice is read once
+                read.add(operand)
+                total += p.out_bytes
+        return total
+
+    def _fused_out_bytes(ins: hlo_parse.Instruction, body: hlo_parse.Computation) -> int:
+        by = body.by_name()
+        root = body.root
+        outs = [by[o] for o in root.operands if o in by] if root.opcode == "tuple" else [root]
+        total = 0
+        for o in outs:
+            if o.opcode == "dynamic-update-slice" and len(o.operands) > 1 and o.operands[1] in by:
+                total += by[o.operands[1]].out_bytes  # in place: only the update is written
+            else:
+                total += o.out_bytes
+        return total
+
+    def visit(comp: hlo_parse.Computation, times: int) -> None:
+        if comp.name in seen:  # a computation called twice is walked once (its first multiplier)
+            return
+        seen.add(comp.name)
+        for ins in comp.instructions:
+            op = ins.opcode
+            if op in _CONTROL:
+                n = _trip_count(ins) if op == "while" else 1
+                for c in ins.called:
+                    if c in comps:
+                        visit(comps[c], times * n)
+                continue
+            if op in ZERO_COST_OPCODES or op in COLLECTIVE_KIND or op in COLLECTIVES:
+                continue
+            if op in _ASYNC_DONE:
+                continue
+            if op in ("fusion", "fusion-start"):  # an async fusion (XLA:GPU's copies on extra streams)
+                kernel, kind = fused(ins), ins.attrs.get("kind", "fusion")
+            elif op == "custom-call":
+                node = _custom_call_node(ins, scoped.get(ins.computation, {}))
+                kernel = Kernel(nodes=(node,), in_bytes=_in_bytes(ins), out_bytes=node.out_bytes)
+                kind = ins.attrs.get("custom_call_target", "custom-call").strip('"')
+            else:
+                out_bytes = ins.out_bytes
+                update = operand(ins, ins.operands[1]) if op == "dynamic-update-slice" and len(ins.operands) > 1 else None
+                if update is not None:
+                    out_bytes = update.out_bytes
+                kernel = Kernel(nodes=(_node(ins, flops_of(ins)),), in_bytes=_in_bytes(ins),
+                                out_bytes=out_bytes)
+                kind = op
+            out.append(KernelSpec(ins.name, kernel, times, kind))
+
+    visit(module.entry, 1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+def kernel_kind(kernel: Kernel) -> str:
+    """The kernel's class (:data:`KINDS`) from its working nodes: the first that applies."""
+    ops = {n.opcode for n in kernel.nodes if is_kernel_node(n)}
+    if "dot" in ops:
+        return "gemm"
+    if "convolution" in ops:
+        return "conv"
+    if ops & {"reduce", "reduce-window", "scatter", "select-and-scatter"}:
+        return "reduce"
+    if ops & {"transpose", "copy"} and any(n.layout for n in kernel.nodes) or "transpose" in ops:
+        return "transpose"
+    if ops <= {"copy", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad", "reshape"}:
+        return "copy"
+    return "loop"
+
+
+def matrix_flops(kernel: Kernel) -> float:
+    """Flops of the kernel's matrix work (dots and convolutions)."""
+    return sum(n.flops for n in kernel.nodes if n.opcode in MATRIX_OPCODES)
+
+
+def kernel_graph(kernel: Kernel) -> KernelGraph:
+    """The arrays of one kernel (deterministic: nodes in the kernel's order).
+
+    Raises:
+      ValueError: for a kernel without working nodes (nothing to price).
+    """
+    work = [n for n in kernel.nodes if is_kernel_node(n)]
+    if not work:
+        raise ValueError(f"kernel_graph: kernel of {[n.opcode for n in kernel.nodes]} has no working node")
+    index = {n.name: i for i, n in enumerate(work)}
+    by_name = {n.name: n for n in kernel.nodes}
+    root_names = _roots(kernel)
+
+    def producers(name: str, depth: int = 0) -> list[int]:
+        if name in index:
+            return [index[name]]
+        n = by_name.get(name)
+        if n is None or depth > 64:
+            return []
+        return [p for o in n.operands for p in producers(o, depth + 1)]
+
+    senders, receivers = [], []
+    for j, n in enumerate(work):
+        for s in dict.fromkeys(p for o in n.operands for p in producers(o)):
+            senders.append(s)
+            receivers.append(j)
+    feats = np.zeros((len(work), len(NODE_FEATURES)), np.float32)
+    for i, n in enumerate(work):
+        arrays = hlo_parse.parse_shape(n.shape) if n.shape else ()
+        rank = max((len(a.dims) for a in arrays), default=0)
+        feats[i] = (math.log1p(n.out_elements), math.log1p(n.out_bytes), math.log1p(n.flops), rank,
+                    hlo_parse.DTYPE_BYTES.get(n.dtype, 4), float(n.name in root_names), float(bool(n.layout)))
+    kind = kernel_kind(kernel)
+    totals = np.array([math.log1p(kernel.in_bytes), math.log1p(kernel.out_bytes), math.log1p(kernel.flops),
+                       math.log1p(matrix_flops(kernel)), math.log1p(len(work)),
+                       *(float(kind == k) for k in KINDS)], np.float32)
+    return KernelGraph(np.array([opcode_id(n.opcode) for n in work], np.int32), feats,
+                       np.array(senders, np.int32), np.array(receivers, np.int32), totals)
+
+
+def _roots(kernel: Kernel) -> set[str]:
+    """Names of nodes no other node of the kernel reads (the kernel's outputs)."""
+    used = {o for n in kernel.nodes for o in n.operands}
+    return {n.name for n in kernel.nodes if n.name not in used}
+
+
+# ---------------------------------------------------------------------------------------------
+def bucket(n: int, minimum: int = 8) -> int:
+    """The padded size for ``n`` entries: the next power of two, at least ``minimum``."""
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+def batch(graphs: Sequence[KernelGraph], *, n_node: int | None = None, n_edge: int | None = None,
+          n_graph: int | None = None) -> GraphBatch:
+    """Packs graphs into one padded batch (sizes default to the buckets of :func:`bucket`).
+
+    One extra graph (the last) holds every padding node and edge, so padding never reaches a
+    real graph's sums; real graphs keep their order.
+
+    Raises:
+      ValueError: for no graphs, or explicit sizes too small for them.
+    """
+    if not graphs:
+        raise ValueError("batch: expected at least one kernel graph, got none")
+    nn = sum(len(g.opcodes) for g in graphs)
+    ne = sum(len(g.senders) for g in graphs)
+    n_node = bucket(nn + 1, 16) if n_node is None else n_node
+    n_edge = bucket(ne + 1, 16) if n_edge is None else n_edge
+    n_graph = bucket(len(graphs) + 1) if n_graph is None else n_graph
+    if n_node < nn + 1 or n_edge < ne or n_graph < len(graphs) + 1:
+        raise ValueError(f"batch: sizes (nodes {n_node}, edges {n_edge}, graphs {n_graph}) cannot hold "
+                         f"{nn} nodes, {ne} edges and {len(graphs)} graphs plus one padding node and graph")
+    nf, tf = graphs[0].nodes.shape[1], graphs[0].totals.shape[0]
+    opcodes = np.zeros(n_node, np.int32)
+    nodes = np.zeros((n_node, nf), np.float32)
+    node_graph = np.full(n_node, n_graph - 1, np.int32)
+    node_mask = np.zeros(n_node, np.float32)
+    senders = np.full(n_edge, nn, np.int32)  # padding edges: padding node -> itself
+    receivers = np.full(n_edge, nn, np.int32)
+    totals = np.zeros((n_graph, tf), np.float32)
+    graph_mask = np.zeros(n_graph, np.float32)
+    i = e = 0
+    for j, g in enumerate(graphs):
+        k, m = len(g.opcodes), len(g.senders)
+        opcodes[i:i + k], nodes[i:i + k], node_graph[i:i + k], node_mask[i:i + k] = g.opcodes, g.nodes, j, 1.0
+        senders[e:e + m], receivers[e:e + m] = g.senders + i, g.receivers + i
+        totals[j], graph_mask[j] = g.totals, 1.0
+        i, e = i + k, e + m
+    return GraphBatch(opcodes, nodes, senders, receivers, node_graph, totals, node_mask, graph_mask)

@@ -1,0 +1,115 @@
+"""Leave-one-model-out for the per-kernel GNN and the analytic roofline, side by side.
+
+For each zoo model in the dataset: train the GNN on the other models' records (all presets and
+fusion variants), refit the analytic model's launch term on them, and judge both on the held-out
+model's records: per-kernel Kendall tau, median and p90 relative error of seconds per launch,
+each record's step device time (kernels summed) predicted vs measured, and whether each
+(model, preset)'s variants are ranked as measured. Prints a markdown table.
+
+    PYTHONPATH=. python scripts/kernel_lomo.py --kernels ../shared/data/h100_kernels/per_instruction.jsonl.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kernels", required=True, help="per_instruction.jsonl(.gz)")
+    p.add_argument("--device", default="h100")
+    p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
+    p.add_argument("--steps", type=int, default=None, help="training steps per fold (default: TrainConfig)")
+    p.add_argument("--models", help="comma-separated models to hold out (default: all)")
+    p.add_argument("--json", help="also write the metrics here")
+    args = p.parse_args(argv)
+
+    from disco.sim.device_costs import analytic_config
+    from gnn import kernel_data as KD
+    from gnn import kernel_eval as KE
+    from gnn import kernel_model as KM
+    from gnn import kernel_train as KT
+
+    records = KD.load_records(args.kernels, cache_dir=args.cache)
+    cfg = KT.TrainConfig() if args.steps is None else KT.TrainConfig(steps=args.steps)
+    base = analytic_config(args.device)
+    models = sorted({r.model for r in records})
+    held_out = args.models.split(",") if args.models else models
+    out = {"config": dataclasses.asdict(cfg), "folds": {}}
+    all_gnn, all_ana = [], []
+    t_all = time.perf_counter()
+    print("| held-out record | kernels | tau gnn / analytic | median err | p90 err | step meas ms | "
+          "step gnn ms | step analytic ms | variants ranked as measured gnn / analytic |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    for m in held_out:
+        train = [r for r in records if r.model != m]
+        test = [r for r in records if r.model == m]
+        ex = KT.make_examples(train)
+        # The analytic baseline: fixed ceilings, the launch term fitted on the training models.
+        roof_tr = np.exp(np.concatenate([_roof(r, (base.peak_flops, base.mem_bandwidth, 0.0), labelled=True)
+                                         for r in train]))
+        meas_tr = np.concatenate([[r.labels[o].per_launch for o in _ops(r)] for r in train])
+        launch = KE.fit_launch(roof_tr, meas_tr)
+        roofline = (base.peak_flops, base.mem_bandwidth, launch)
+        t0 = time.perf_counter()
+        model, hist = KT.fit(ex, cfg, roofline)
+        secs = time.perf_counter() - t0
+        w = KM.weights(model)
+        g_ms, a_ms = [], []
+        for r in test:
+            g_ms.append(KE.record_metrics(r, np.exp(KT.predict_log_seconds(w, list(r.graphs)))))
+            a_ms.append(KE.record_metrics(r, np.exp(_roof(r, roofline))))
+        all_gnn += g_ms
+        all_ana += a_ms
+        gv, av = KE.variant_order(g_ms), KE.variant_order(a_ms)
+        out["folds"][m] = {"train_seconds": secs, "launch_s": launch, "examples": len(ex),
+                           "gnn": [_public(x) for x in g_ms], "analytic": [_public(x) for x in a_ms],
+                           "order_gnn": gv, "order_analytic": av}
+        for g, a in zip(g_ms, a_ms):
+            mp = g["record"].rsplit("/", 1)[0]
+            print(f"| {g['record']} | {g['kernels']} | {g['tau']:.3f} / {a['tau']:.3f} | "
+                        f"{g['median_rel_err']:.1%} / {a['median_rel_err']:.1%} | "
+                        f"{g['p90_rel_err']:.1%} / {a['p90_rel_err']:.1%} | {g['step_meas_s'] * 1e3:.2f} | "
+                        f"{g['step_pred_s'] * 1e3:.2f} ({g['step_rel_err']:+.1%}) | "
+                        f"{a['step_pred_s'] * 1e3:.2f} ({a['step_rel_err']:+.1%}) | "
+                        f"{'yes' if gv[mp]['agree'] else 'no'} / {'yes' if av[mp]['agree'] else 'no'} |", flush=True)
+        print(f"# held out {m}: trained {hist['steps']} steps on {len(ex)} kernels in {secs:.0f} s, "
+              f"analytic launch {launch * 1e6:.2f} us", file=sys.stderr, flush=True)
+    pg, pa = KE.pooled(all_gnn), KE.pooled(all_ana)
+    for name, pm, ms in (("gnn", pg, all_gnn), ("analytic", pa, all_ana)):
+        agree = [v["agree"] for v in KE.variant_order(ms).values()]
+        print(f"\n{name}: pooled over {pm['kernels']} held-out kernels: tau {pm['tau']:.3f}, median error "
+              f"{pm['median_rel_err']:.1%}, p90 {pm['p90_rel_err']:.1%}; steps within 10%: "
+              f"{pm['steps_within_10pct']}/{pm['records']} (worst {pm['max_abs_step_err']:.1%}); "
+              f"variant order as measured: {sum(agree)}/{len(agree)} model/preset groups")
+        out[name] = pm
+    print(f"\ntotal {time.perf_counter() - t_all:.0f} s", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=float)
+    return 0
+
+
+def _ops(r):  # noqa: ANN001, ANN202
+    return sorted(op for op, lab in r.labels.items() if lab.per_launch > 0)
+
+
+def _roof(r, roofline, labelled: bool = False):  # noqa: ANN001, ANN202
+    from gnn import kernel_model as KM
+
+    graphs = [r.graphs[r.index()[o]] for o in _ops(r)] if labelled else list(r.graphs)
+    return KM.roofline_log_seconds(np.stack([g.totals for g in graphs]), np.asarray(roofline, np.float64))
+
+
+def _public(m: dict) -> dict:
+    return {k: v for k, v in m.items() if k not in ("rel_err", "pred", "meas")}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

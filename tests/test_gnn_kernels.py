@@ -1,0 +1,232 @@
+"""The per-kernel GNN: features of compiled modules, padding, the pure apply, training, checkpoints,
+the cost-model registry and ``disco predict-kernels`` (on a compiled H100 module from the dataset)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gnn import kernel_data as KD
+from gnn import kernel_features as KF
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "tests" / "data" / "h100_vgg19_small_default.jsonl.gz"
+
+LOOP_HLO = """HloModule loop, is_scheduled=true
+
+%body (p: (s32[], f32[64])) -> (s32[], f32[64]) {
+  %p = (s32[], f32[64]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[64]{0} get-tuple-element(%p), index=1
+  %e = f32[64]{0} exponential(%x)
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[64]{0}) tuple(%j, %e)
+}
+
+%cond (p.1: (s32[], f32[64])) -> pred[] {
+  %p.1 = (s32[], f32[64]{0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%p.1), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%i.1, %n), direction=LT
+}
+
+%fused_add (a: f32[64], b: f32[64]) -> f32[64] {
+  %a = f32[64]{0} parameter(0)
+  %b = f32[64]{0} parameter(1)
+  %m = f32[64]{0} multiply(%a, %b)
+  ROOT %s = f32[64]{0} add(%m, %a)
+}
+
+ENTRY %main (x.2: f32[64]) -> f32[64] {
+  %x.2 = f32[64]{0} parameter(0)
+  %f = f32[64]{0} fusion(%x.2, %x.2), kind=kLoop, calls=%fused_add
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[64]{0}) tuple(%zero, %f)
+  %w = (s32[], f32[64]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  %c = f32[64]{1,0} copy(%f)
+  ROOT %out = f32[64]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def record_json() -> dict:
+    with gzip.open(RECORD, "rt") as f:
+        return json.loads(f.readline())
+
+
+@pytest.fixture(scope="module")
+def record(record_json: dict) -> KD.Record:
+    return KD.record_from_json(record_json)
+
+
+# -- features ----------------------------------------------------------------------------------
+def test_module_kernels_of_a_loop_count_executions_and_skip_plumbing():
+    ks = {k.name: k for k in KF.module_kernels(LOOP_HLO)}
+    assert set(ks) == {"f", "c", "e", "j", "lt"}, sorted(ks)
+    assert ks["f"].executions == 1 and ks["e"].executions == 5 and ks["lt"].executions == 5
+    f = ks["f"]
+    assert f.xla_kind == "kLoop" and f.kernel.in_bytes == 256 and f.kernel.out_bytes == 256
+    assert f.kernel.flops == 128  # multiply + add over 64 elements
+    g = KF.kernel_graph(f.kernel)
+    assert list(g.senders) == [0] and list(g.receivers) == [1]  # multiply -> add; parameters dropped
+
+
+def test_gpu_module_kernels_cover_the_profiled_ops(record_json: dict, record: KD.Record):
+    kernels = KF.module_kernels(record_json["compiled_hlo"])
+    kinds = {k.xla_kind for k in kernels}
+    assert "__cudnn$convForward" in kinds or "__cudnn$convBiasActivationForward" in kinds
+    convs = [k for k in kernels if k.xla_kind.startswith("__cudnn")]
+    assert all(k.kernel.flops > 0 for k in convs)
+    profiled = {k["hlo_op"] for k in record_json["kernels_trace_a"]}
+    assert profiled <= {k.name for k in kernels}
+    assert len(record.labels) == len(profiled) and record.step_s > 0
+
+
+def test_features_are_deterministic(record_json: dict):
+    a = [KF.kernel_graph(k.kernel) for k in KF.module_kernels(record_json["compiled_hlo"])]
+    b = [KF.kernel_graph(k.kernel) for k in KF.module_kernels(record_json["compiled_hlo"])]
+    for x, y in zip(a, b, strict=True):
+        for u, v in zip(x, y, strict=True):
+            np.testing.assert_array_equal(u, v)
+
+
+def test_batch_rejects_sizes_too_small(record: KD.Record):
+    with pytest.raises(ValueError, match="cannot hold"):
+        KF.batch(record.graphs[:4], n_node=2)
+    with pytest.raises(ValueError, match="at least one"):
+        KF.batch([])
+
+
+# -- model -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_model(record: KD.Record):
+    from gnn import kernel_train as KT
+
+    ex = KT.make_examples([record])
+    cfg = KT.TrainConfig(hidden=16, layers=1, steps=1, max_graphs=16, node_budget=512)
+    model, _ = KT.init(ex, cfg, (3.4e14, 3.0e12, 1.4e-6))
+    return model
+
+
+def test_predictions_are_padding_invariant_and_numpy_matches_jax(record: KD.Record, small_model):
+    import jax.numpy as jnp
+
+    from gnn import kernel_model as KM
+
+    w = KM.weights(small_model)
+    graphs = list(record.graphs[:10])
+    small = np.asarray(KM.apply(w, KF.batch(graphs), jnp))[:10]
+    big = np.asarray(KM.apply(w, KF.batch(graphs, n_node=4096, n_edge=4096, n_graph=64), jnp))[:10]
+    np.testing.assert_allclose(small, big, rtol=1e-5, atol=1e-5)
+    one_by_one = [KM.apply(KM.to_numpy(w), KF.batch([g]), np)[0] for g in graphs]
+    np.testing.assert_allclose(small, one_by_one, rtol=1e-4, atol=1e-4)
+
+
+def test_a_few_training_steps_lower_the_loss(record: KD.Record):
+    import random
+
+    from gnn import kernel_train as KT
+
+    ex = KT.make_examples([record])
+    cfg = KT.TrainConfig(hidden=16, layers=1, steps=30, max_graphs=128, node_budget=1024, lr=1e-2)
+    _, state = KT.init(ex, cfg, (3.4e14, 3.0e12, 1.4e-6))
+    step = KT.make_step(cfg)
+    b, y, w = KT.batches(ex, cfg, random.Random(0))[0]
+    first = float(KT.loss_fn(state.params, state.const, b, y, w))
+    for _ in range(30):
+        state, _ = step(state, b, y, w)
+    assert float(KT.loss_fn(state.params, state.const, b, y, w)) < 0.7 * first
+
+
+# -- checkpoints -------------------------------------------------------------------------------
+def test_checkpoint_round_trip_is_identical(tmp_path: Path, record: KD.Record, small_model):
+    from gnn.kernel_costs import KernelCosts
+
+    costs = KernelCosts(small_model, device="h100", meta={"note": "test"})
+    p = tmp_path / "k.msgpack"
+    costs.save(p)
+    back = KernelCosts.load(p)
+    assert back.device == "h100" and back.meta == {"note": "test"} and back.checkpoint_digest == costs.checkpoint_digest
+    ks = [k.kernel for k in KF.module_kernels(LOOP_HLO)]
+    assert [costs.kernel_time(k) for k in ks] == [back.kernel_time(k) for k in ks]
+    p2 = tmp_path / "k2.msgpack"
+    back.save(p2)
+    assert p2.read_bytes() == p.read_bytes()
+
+
+def test_corrupt_or_mismatched_checkpoints_say_why(tmp_path: Path, small_model):
+    from flax import serialization
+
+    from gnn.kernel_costs import KernelCosts, to_bytes
+
+    bad = tmp_path / "bad.msgpack"
+    bad.write_bytes(b"\x00not msgpack at all")
+    with pytest.raises(ValueError, match="bad.msgpack: (not a msgpack checkpoint|expected format)"):
+        KernelCosts.load(bad)
+    raw = serialization.msgpack_restore(to_bytes(small_model, device="h100"))
+    raw["params"] = {k: v for k, v in raw["params"].items() if not k.startswith("out2")}
+    (tmp_path / "missing.msgpack").write_bytes(serialization.msgpack_serialize(raw))
+    with pytest.raises(ValueError, match="parameters do not match config.*missing"):
+        KernelCosts.load(tmp_path / "missing.msgpack")
+    raw = serialization.msgpack_restore(to_bytes(small_model, device="h100"))
+    raw["config"] = json.dumps({**json.loads(raw["config"]), "feature_version": 99})
+    (tmp_path / "version.msgpack").write_bytes(serialization.msgpack_serialize(raw))
+    with pytest.raises(ValueError, match="feature version 99"):
+        KernelCosts.load(tmp_path / "version.msgpack")
+
+
+# -- registry and CLI --------------------------------------------------------------------------
+def test_registry_resolves_names_devices_and_files(tmp_path: Path, small_model):
+    from disco.sim import registry
+    from gnn.kernel_costs import KernelCosts
+    from gnn.registration import ENTRY
+
+    assert registry.make("analytic", device="h100").config.mem_bandwidth == 3.0e12
+    with pytest.raises(ValueError, match="device 'tpu'"):
+        registry.make("analytic", device="tpu")
+    with pytest.raises(ValueError, match="expected analytic"):
+        registry.make("nope")
+    registry.register(ENTRY)
+    p = tmp_path / "m.msgpack"
+    KernelCosts(small_model, device="h100").save(p)
+    loaded = registry.make(str(p))
+    assert isinstance(loaded, KernelCosts) and loaded.device == "h100"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "disco", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("cost_model", ["analytic", "gnn"])
+def test_predict_kernels_json_on_a_compiled_h100_module(tmp_path: Path, record_json: dict, cost_model: str):
+    from gnn.kernel_costs import CHECKPOINTS
+
+    if cost_model == "gnn" and not CHECKPOINTS["h100"].is_file():
+        pytest.skip("no shipped h100 checkpoint")
+    hlo = tmp_path / "module.hlo.txt"
+    hlo.write_text(record_json["compiled_hlo"])
+    r = _cli("predict-kernels", "--hlo", str(hlo), "--device", "h100", "--cost-model", cost_model, "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert set(out) == {"device", "cost_model", "kernels", "total_s"}
+    assert out["device"] == "h100" and out["cost_model"] == cost_model
+    launching = {k.name for k in KF.module_kernels(record_json["compiled_hlo"]) if not k.kernel.is_empty}
+    assert set(out["kernels"]) == launching
+    assert all(v > 0 for v in out["kernels"].values())
+    assert out["total_s"] == pytest.approx(sum(out["kernels"].values()))
+    profiled = {k["hlo_op"] for k in record_json["kernels_trace_a"]}
+    assert profiled <= set(out["kernels"])
+
+
+def test_predict_kernels_rejects_a_missing_file():
+    r = _cli("predict-kernels", "--hlo", "/nonexistent.txt", "--device", "h100", "--cost-model", "analytic")
+    assert r.returncode == 2 and "no such file" in r.stderr
