@@ -120,5 +120,5 @@ def add_across_arguments(p: argparse.ArgumentParser) -> None:
     add_process_args(p)
     p.add_argument("--model", default=None, help="with --processes: also compare the simulator's baselines "
                                                  "of this zoo model with measurements")
-    p.add_argument("--preset", default="tiny", help="its preset (default tiny)")
+    p.add_argument("--preset", default="tiny", help="its preset: tiny | small | paper (default tiny)")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the baselines' measurement (default 5)")

@@ -318,10 +318,10 @@ def add_link_arg(p: argparse.ArgumentParser) -> None:
 
 def add_process_args(p: argparse.ArgumentParser, *, default_dpp: int = 1) -> None:
     """``--processes``, ``--devices-per-process``, ``--timeout`` and ``--link``."""
-    p.add_argument("--processes", type=int, default=1, help="run across this many local worker processes")
+    p.add_argument("--processes", type=int, default=1, help="run across this many local worker processes (default 1)")
     p.add_argument("--devices-per-process", type=int, default=default_dpp,
                    help=f"CPU devices per process (default {default_dpp})")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds before hung workers are killed")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before hung workers are killed (default 1800)")
     add_link_arg(p)
 
 
