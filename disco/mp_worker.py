@@ -1,7 +1,12 @@
 """One worker of a multi-process run (started by :func:`disco.multiprocess.launch`).
 
-    python -m disco.mp_worker --process-id I --num-processes P --port PORT \
-        --devices-per-process D --out result.json --spec '{"model": "mlp", ...}'
+    python -m disco.mp_worker --process-id I --num-processes P --coordinator HOST:PORT \
+        --devices-per-process D --out result.json --spec '{"task": "bench", "model": "mlp", ...}'
+
+Tasks (:class:`disco.multiprocess.WorkerSpec`): ``bench`` measures plans (baselines by name,
+``even:K``, or plan .json files) in interleaved rounds and reports every round's time;
+``calibrate`` times all-reduces of ``sizes`` bytes per device and a variadic all-reduce
+against one concatenated buffer (:mod:`disco.calibrate`) over all processes' devices.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import hashlib
 import json
 import sys
+from typing import Any
 
 
 def _param_digest(state) -> str:
@@ -29,49 +35,41 @@ def _local_leaves(state):
     return [np.asarray(leaf.addressable_data(0)).tolist() for leaf in jax.tree.leaves(state)]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--process-id", type=int, required=True)
-    ap.add_argument("--num-processes", type=int, required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--devices-per-process", type=int, required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--spec", required=True)
-    args = ap.parse_args(argv)
-    spec = json.loads(args.spec)
+def _plans(names: list[str], graph: Any) -> dict[str, Any]:
+    from disco.plans import baselines
+    from disco.plans.plan import FusionPlan
 
-    import jax
+    plans = {}
+    for name in names:
+        if name.endswith(".json"):
+            with open(name, encoding="utf-8") as f:
+                plan = FusionPlan.from_json(f.read())
+            plans[plan.name or name] = plan.validate(graph)
+        elif name.startswith("even:"):
+            plans[f"even_{name[5:]}"] = baselines.make("even", graph, k=int(name[5:]))
+        else:
+            plans[name] = baselines.make(name, graph)
+    return plans
 
-    jax.config.update("jax_num_cpu_devices", args.devices_per_process)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
-                               num_processes=args.num_processes, process_id=args.process_id)
+
+def _bench(spec: dict[str, Any], n: int) -> dict[str, Any]:
     import trax_models
     from disco import bench
-    from disco.plans import baselines
     from disco.ir import extractor
     from disco.ir.graph import HloGraph
 
-    n = len(jax.devices())
     step, example = trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
                                                 optimizer=spec.get("optimizer", "adamw"))
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
-    plans = {}
-    for name in spec["plans"]:
-        if name.endswith(".json"):
-            from disco.plans.plan import FusionPlan
-
-            with open(name, encoding="utf-8") as f:
-                plan = FusionPlan.from_json(f.read())
-            plans[f"disco:{plan.name or name}"] = plan.validate(graph)
-        else:
-            plans[name] = baselines.make(name, graph)
+    plans = _plans(spec["plans"], graph)
     results = bench.run_bench(step, example, plans, rounds=spec["rounds"], steps=spec["steps"])
-    out = {
-        "process_id": args.process_id, "num_processes": args.num_processes, "global_devices": n,
-        "local_devices": len(jax.local_devices()), "fingerprint": graph.fingerprint,
-        "results": [r.to_dict(None) for r in results],
-    }
+    rows = []
+    for r in results:
+        row = r.to_dict(None)
+        row["samples_ms"] = [t * 1e3 for t in r.measurement.samples]
+        rows.append(row)
+    out: dict[str, Any] = {"fingerprint": graph.fingerprint, "gradient_bytes": graph.summary()["gradient_bytes"],
+                           "results": rows}
     if spec.get("check_steps"):
         from xla_hooks import apply_plan
 
@@ -83,6 +81,45 @@ def main(argv=None) -> int:
                 state, _ = fn(state, batch)
             checks[name] = {"digest": _param_digest(state), "leaves": _local_leaves(state)}
         out["checks"] = checks
+    return out
+
+
+def _calibrate(spec: dict[str, Any], n: int) -> dict[str, Any]:
+    from disco import calibrate
+
+    sizes = tuple(spec.get("sizes") or calibrate.SIZES)
+    reps = spec.get("reps", 20)
+    medians = [calibrate.measure_allreduce(n, s, reps) for s in sizes]
+    variadic_s, concat_s = calibrate.measure_variadic(n, reps=reps)
+    return {"sizes": list(sizes), "medians_s": medians, "variadic_s": variadic_s, "concat_s": concat_s,
+            "operands": calibrate.OPERANDS, "operand_bytes": calibrate.OPERAND_BYTES}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--process-id", type=int, required=True)
+    ap.add_argument("--num-processes", type=int, required=True)
+    ap.add_argument("--coordinator", required=True, help="HOST:PORT of process 0's coordinator")
+    ap.add_argument("--devices-per-process", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--spec", required=True)
+    args = ap.parse_args(argv)
+    spec = json.loads(args.spec)
+
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices_per_process)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # A long heartbeat timeout: on 2 loaded cores (load average 18) both workers of a run aborted in
+    # CoordinationServiceAgent::StartSendingHeartbeats at the default 100 s; the launcher notices
+    # dead workers itself (disco.multiprocess.launch's grace_s).
+    jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                               process_id=args.process_id, heartbeat_timeout_seconds=600)
+    n = len(jax.devices())
+    task = spec.get("task", "bench")
+    body = _calibrate(spec, n) if task == "calibrate" else _bench(spec, n)
+    out = {"process_id": args.process_id, "num_processes": args.num_processes, "global_devices": n,
+           "local_devices": len(jax.local_devices()), "task": task, **body}
     jax.distributed.shutdown()
     with open(args.out, "w") as f:
         json.dump(out, f)

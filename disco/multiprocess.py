@@ -1,10 +1,14 @@
-"""Data parallelism across local processes joined with ``jax.distributed`` over 127.0.0.1.
+"""Data parallelism across local processes joined with ``jax.distributed`` (gloo).
 
 In-process virtual devices share one address space; real jobs run one process per
 accelerator with a network in between. :func:`launch` starts ``P`` worker processes
 (``python -m disco.mp_worker``), each with ``D`` local CPU devices and gloo collectives,
-runs the same plans on all of them and gathers every process's results. Workers that
-fail or hang are killed (their whole process group) after a timeout and reported;
+runs the same task on all of them (measure plans, or time all-reduces for a calibration)
+and gathers every process's results. The workers talk over 127.0.0.1, or, given a
+:class:`~disco.testbed.LinkSpec`, each in its own network namespace behind an emulated link
+of that rate and delay (:mod:`disco.testbed`). When a worker fails the others are given
+``grace_s`` to finish and then killed; workers still running at the timeout are killed
+(their whole process group, and with a link everything in their namespaces) and reported;
 nothing is left running.
 """
 
@@ -13,27 +17,43 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disco.testbed import LinkSpec, Testbed
+
+COORDINATOR_PORT = 47613  # inside worker 0's own namespace: nothing else listens there
+
+
+TASKS = ("bench", "calibrate")
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
     """What every worker runs."""
 
+    task: str = "bench"  # "bench": measure plans; "calibrate": time all-reduces of sizes
     model: str = "mlp"
     preset: str = "tiny"
-    plans: tuple[str, ...] = ("xla_default", "per_tensor", "horovod", "ddp")
+    plans: tuple[str, ...] = ("xla_default", "per_tensor", "horovod", "ddp")  # names, even:K, or .json files
     rounds: int = 5
     steps: int = 3
     optimizer: str = "adamw"
     check_steps: int = 0  # >0: also run this many steps per plan and report parameter digests
+    sizes: tuple[int, ...] = ()  # calibrate: all-reduce bytes per device (default disco.calibrate.SIZES)
+    reps: int = 20  # calibrate: repetitions per size
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"WorkerSpec.task: expected one of {', '.join(TASKS)}, got {self.task!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +63,22 @@ class LaunchResult:
     results: tuple[dict[str, Any], ...]  # one JSON object per process, by process id
     failures: tuple[str, ...]  # "process i: why" for each worker that failed or hung
     pids: tuple[int, ...]
+    link: LinkSpec | None = None  # None: 127.0.0.1
+    switch_stats: dict[str, float] | None = None  # the emulated switch's (disco.testbed._switch.run)
+    testbed_prefix: str | None = None  # the name prefix of the testbed's namespaces (disco.testbed.leftovers)
+
+    def link_info(self) -> dict[str, Any]:
+        """What the workers talked over, for JSON output."""
+        if self.link is None:
+            return {"link": "loopback"}
+        out: dict[str, Any] = {"link": self.link.describe(), "link_label": self.link.label(),
+                               "link_detail": self.link.to_dict()}
+        if self.switch_stats:
+            st = self.switch_stats
+            out["switch"] = {"packets": st.get("packets"), "bytes": st.get("bytes"), "lost": st.get("lost"),
+                             "late_mean_us": round(st.get("late_mean_s", 0.0) * 1e6, 1),
+                             "late_max_us": round(st.get("late_max_s", 0.0) * 1e6, 1)}
+        return out
 
     @property
     def ok(self) -> bool:
@@ -64,43 +100,61 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeout_s: float = 600,
-           env: dict[str, str] | None = None) -> LaunchResult:
+           env: dict[str, str] | None = None, link: LinkSpec | None = None, grace_s: float = 10.0,
+           on_started: Callable[[tuple[int, ...]], None] | None = None) -> LaunchResult:
     """Runs ``spec`` on ``processes`` local workers and gathers their JSON results.
+
+    Args:
+      processes, devices_per_process: the workers and each one's CPU devices.
+      spec: what every worker runs.
+      timeout_s: seconds before workers still running are killed.
+      env: the workers' environment (default: this process's, without XLA_FLAGS).
+      link: None: the workers talk over 127.0.0.1; a LinkSpec: each runs in its own network
+        namespace behind an emulated link (:class:`disco.testbed.Testbed`), torn down on return.
+      grace_s: after a worker fails, seconds the others get before they are killed (they are
+        usually stuck in a collective with the one that died).
+      on_started: called with the workers' pids once all are started (tests kill one).
 
     Raises:
       ValueError: processes or devices_per_process below 1.
+      PermissionError: a link where network namespaces are not permitted.
     """
     if processes < 1 or devices_per_process < 1:
         raise ValueError(f"--processes and --devices-per-process must be >= 1, got {processes} and "
                          f"{devices_per_process}")
-    port = free_port()
+    if link is None:
+        return _launch(processes, devices_per_process, spec, None, timeout_s, env, grace_s, on_started)
+    from disco.testbed import Testbed
+
+    with Testbed(processes, link) as tb:
+        res = _launch(processes, devices_per_process, spec, tb, timeout_s, env, grace_s, on_started)
+    return dataclasses.replace(res, link=link, switch_stats=tb.stats, testbed_prefix=tb.prefix)
+
+
+def _launch(processes: int, devices_per_process: int, spec: WorkerSpec, tb: Testbed | None, timeout_s: float,
+            env: dict[str, str] | None, grace_s: float,
+            on_started: Callable[[tuple[int, ...]], None] | None) -> LaunchResult:
+    coordinator = f"127.0.0.1:{free_port()}" if tb is None else f"{tb.address(0)}:{COORDINATOR_PORT}"
     outdir = tempfile.mkdtemp(prefix="disco-mp-")
     base_env = dict(os.environ if env is None else env)
     base_env.pop("XLA_FLAGS", None)  # each worker sets its own device count
     procs: list[subprocess.Popen] = []
     logs = []
-    for i in range(processes):
-        out = os.path.join(outdir, f"result_{i}.json")
-        log = open(os.path.join(outdir, f"worker_{i}.log"), "w")
-        logs.append(log)
-        cmd = [sys.executable, "-m", "disco.mp_worker", "--process-id", str(i),
-               "--num-processes", str(processes), "--port", str(port),
-               "--devices-per-process", str(devices_per_process), "--out", out,
-               "--spec", json.dumps(dataclasses.asdict(spec))]
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=base_env,
-                                      start_new_session=True))
-    deadline = time.monotonic() + timeout_s
     failures: list[str] = []
     try:
-        for i, p in enumerate(procs):
-            left = max(0.1, deadline - time.monotonic())
-            try:
-                rc = p.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                failures.append(f"process {i}: no result after {timeout_s:.0f}s; killed")
-                continue
-            if rc != 0:
-                failures.append(f"process {i}: exited with status {rc}: {_tail(outdir, i)}")
+        for i in range(processes):
+            out = os.path.join(outdir, f"result_{i}.json")
+            log = open(os.path.join(outdir, f"worker_{i}.log"), "w")
+            logs.append(log)
+            cmd = [sys.executable, "-m", "disco.mp_worker", "--process-id", str(i),
+                   "--num-processes", str(processes), "--coordinator", coordinator,
+                   "--devices-per-process", str(devices_per_process), "--out", out,
+                   "--spec", json.dumps(dataclasses.asdict(spec))]
+            procs.append(subprocess.Popen(cmd if tb is None else tb.wrap(i, cmd), stdout=log,
+                                          stderr=subprocess.STDOUT, env=base_env, start_new_session=True))
+        if on_started is not None:
+            on_started(tuple(p.pid for p in procs))
+        failures = _wait(procs, outdir, timeout_s, grace_s, tb)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -113,8 +167,39 @@ def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeou
         if os.path.exists(path):
             with open(path) as f:
                 results.append(json.load(f))
+    shutil.rmtree(outdir, ignore_errors=True)
     return LaunchResult(processes, devices_per_process, tuple(results), tuple(failures),
                         tuple(p.pid for p in procs))
+
+
+def _wait(procs: list[subprocess.Popen], outdir: str, timeout_s: float, grace_s: float,
+          tb: Testbed | None) -> list[str]:
+    """Waits for every worker; after the first failure the others get ``grace_s`` more. Returns
+    the failures ("process i: why")."""
+    deadline = time.monotonic() + timeout_s
+    failed_at: float | None = None
+    failures: dict[int, str] = {}
+    while True:
+        running = [i for i, p in enumerate(procs) if p.poll() is None]
+        for i, p in enumerate(procs):
+            if i not in failures and p.returncode not in (None, 0):
+                failures[i] = f"process {i}: exited with status {p.returncode}: {_tail(outdir, i)}"
+                failed_at = failed_at or time.monotonic()
+        if not running:
+            break
+        now = time.monotonic()
+        if tb is not None and not tb.switch_alive():
+            for i in running:
+                failures[i] = f"process {i}: the emulated switch died; killed"
+            break
+        if now >= deadline or (failed_at is not None and now >= failed_at + grace_s):
+            why = (f"no result after {timeout_s:.0f}s" if now >= deadline
+                   else f"still running {grace_s:.0f}s after another process failed")
+            for i in running:
+                failures[i] = f"process {i}: {why}; killed"
+            break
+        time.sleep(0.05)
+    return [failures[i] for i in sorted(failures)]
 
 
 def _tail(outdir: str, i: int, n: int = 3) -> str:
@@ -127,25 +212,31 @@ def _tail(outdir: str, i: int, n: int = 3) -> str:
 
 
 def combine(result: LaunchResult) -> list[dict[str, Any]]:
-    """Per plan: the slowest process's median (a data-parallel step is as slow as its slowest worker)."""
+    """Per plan, over the processes: the median, min and max of the per-round step time of the
+    slowest process (a data-parallel step is as slow as its slowest worker), and the paired
+    speedup over xla_default (:func:`xla_hooks.measure.paired_speedup` on those per-round times)."""
+    from xla_hooks.measure import Measurement, paired_speedup
+
     if not result.results:
         return []
     names = [r["plan"] for r in result.results[0]["results"]]
     rows = []
+    per_round: dict[str, Measurement] = {}
     for name in names:
         per = [next(x for x in r["results"] if x["plan"] == name) for r in result.results]
+        rounds = [max(s) for s in zip(*(p["samples_ms"] for p in per))]
+        m = per_round[name] = Measurement(tuple(rounds))
         rows.append({
             "plan": name,
-            "median_ms": max(p["median_ms"] for p in per),
-            "min_ms": min(p["min_ms"] for p in per),
-            "max_ms": max(p["max_ms"] for p in per),
+            "median_ms": m.median, "min_ms": m.min, "max_ms": m.max, "samples_ms": rounds,
             "all_reduces": per[0]["all_reduces"],
             "applied": all(p["applied"] for p in per),
             "plan_digests": sorted({p["plan_digest"] for p in per}),
         })
-    base = next((r["median_ms"] for r in rows if r["plan"] == "xla_default"), None)
+    base = per_round.get("xla_default")
     for r in rows:
-        r["speedup_vs_xla_default"] = round(base / r["median_ms"], 4) if base and r["median_ms"] else None
+        r["speedup_vs_xla_default"] = round(base.median / r["median_ms"], 4) if base and r["median_ms"] else None
+        r["paired_speedup"] = round(paired_speedup(base, per_round[r["plan"]]), 4) if base else None
     return rows
 
 

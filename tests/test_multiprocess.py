@@ -44,3 +44,41 @@ def test_hung_workers_are_killed_after_the_timeout():
     res = multiprocess.launch(1, 1, spec, timeout_s=0.5)
     assert not res.ok and "killed" in res.failures[0]
     assert multiprocess.stray_processes(res.pids) == []
+
+
+def test_combine_takes_the_slowest_process_per_round_and_pairs_by_round():
+    def row(plan, samples):
+        return {"plan": plan, "samples_ms": samples, "all_reduces": 1, "applied": True, "plan_digest": plan}
+
+    res = multiprocess.LaunchResult(2, 1, (
+        {"results": [row("xla_default", [10.0, 20.0, 10.0]), row("one_bucket", [5.0, 10.0, 12.0])]},
+        {"results": [row("xla_default", [11.0, 19.0, 10.0]), row("one_bucket", [6.0, 9.0, 20.0])]},
+    ), (), (1, 2))
+    rows = {r["plan"]: r for r in multiprocess.combine(res)}
+    assert rows["xla_default"]["samples_ms"] == [11.0, 20.0, 10.0]
+    assert rows["one_bucket"]["samples_ms"] == [6.0, 10.0, 20.0]
+    assert rows["one_bucket"]["median_ms"] == 10.0
+    # per round 11/6, 20/10, 10/20 -> median 1.833
+    assert rows["one_bucket"]["paired_speedup"] == round(11 / 6, 4)
+    assert res.link_info() == {"link": "loopback"}
+
+
+def test_worker_spec_rejects_an_unknown_task():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"WorkerSpec.task: expected one of bench, calibrate, got 'train'"):
+        multiprocess.WorkerSpec(task="train")
+
+
+def test_calibration_across_two_processes_fits_a_cluster_spec():
+    from disco import mp_calibrate
+
+    cal = mp_calibrate.calibrate(2, 1, None, sizes=(1 << 10, 1 << 16, 1 << 20), reps=3, timeout_s=400)
+    c = cal.calibration
+    assert c.devices == 2 and len(c.medians_s) == 3 and all(t > 0 for t in c.medians_s)
+    assert c.bandwidth > 0 and c.latency > 0 and c.variadic_s > 0 and c.concat_s > 0
+    spec = mp_calibrate.cluster_spec(cal)
+    assert (spec.nodes, spec.devices_per_node, spec.algorithm, spec.overlap) == (2, 1, "ring", False)
+    assert spec.inter.bandwidth == c.bandwidth and spec.operand_latency == c.operand_latency
+    assert "127.0.0.1" in spec.label
+    assert cal.to_dict()["link"] == "loopback"

@@ -6,6 +6,9 @@ import argparse
 from typing import Any
 
 from disco.cli.common import (
+    add_link_arg,
+    over_label,
+    parse_link_arg,
     DEFAULT_PLANS,
     CliError,
     add_model_args,
@@ -31,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run across this many local processes (jax.distributed over 127.0.0.1; default 1)")
     p.add_argument("--devices-per-process", type=int, default=2, help="CPU devices per process (default 2)")
     p.add_argument("--timeout", type=float, default=600, help="with --processes: seconds before hung workers are killed (default 600)")
+    add_link_arg(p)  # issue 17
     p.add_argument("--bound", action="store_true",
                    help="also measure the communication-free bound: the step with its all-reduces replaced "
                         "by copies (not a plan; in-process only)")
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     _check(args)
-    if args.processes > 1:
+    if args.processes > 1 or args.link:
         if args.bound:
             raise CliError("--bound is measured in-process only; drop --bound or use --processes 1")
         return _run_processes(args)
@@ -126,18 +130,20 @@ def _run_processes(args: argparse.Namespace) -> int:
         names = ("xla_default",) + names
     spec = multiprocess.WorkerSpec(model=args.model, preset=args.preset, plans=names,
                                    rounds=args.rounds, steps=args.steps, optimizer=args.optimizer)
-    res = multiprocess.launch(args.processes, args.devices_per_process, spec, timeout_s=args.timeout)
+    res = multiprocess.launch(args.processes, args.devices_per_process, spec, timeout_s=args.timeout,
+                              link=parse_link_arg(args))  # --link (issue 17)
     if not res.ok:
         raise CliError("multi-process bench failed: " + "; ".join(res.failures or ("no results",)))
     rows = multiprocess.combine(res)
     info = {"model": args.model, "preset": args.preset, "processes": args.processes,
             "devices_per_process": args.devices_per_process, "rounds": args.rounds,
-            "steps_per_round": args.steps, "fingerprints": sorted({r["fingerprint"] for r in res.results})}
+            "steps_per_round": args.steps, "fingerprints": sorted({r["fingerprint"] for r in res.results}),
+            **res.link_info()}
     if args.json:
         print_json({**info, "results": rows})
         return 0
     t = Table(title=f"disco bench {args.model}/{args.preset}: {args.processes} processes x "
-                    f"{args.devices_per_process} CPU devices over 127.0.0.1 (gloo), measured; "
+                    f"{args.devices_per_process} CPU devices over {over_label(res.link)}, measured; "
                     "median = slowest process")
     for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "all-reduces", "applied"):
         t.add_column(col)

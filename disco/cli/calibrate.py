@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from disco.cli.common import CliError, check_output_file, print_json, setup_devices
+from disco.cli.common import (
+    CliError,
+    add_process_args,
+    check_output_file,
+    check_process_counts,
+    over_label,
+    parse_link_arg,
+    print_json,
+    setup_devices,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -14,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=20, help="repetitions per message size (default 20)")
     p.add_argument("--out", metavar="YAML", help="write the calibrated 'local' cluster spec here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_across_arguments(p)  # --processes, --link, --model (issue 17)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -29,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise CliError(f"--reps must be >= 1, got {args.reps}")
     check_output_file(args.out, "--out")
+    if args.processes > 1 or args.link:  # across processes, maybe over an emulated link (issue 17)
+        return run_across(args)
     from disco import calibrate as cal
     from disco.sim import cluster
 
@@ -53,3 +65,60 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             print(f"wrote {args.out}")
     return 0
+
+
+# -- across processes, maybe over an emulated link (issue 17) ------------------------------------
+def run_across(args: argparse.Namespace) -> int:
+    """``disco calibrate`` across processes: fit, cluster spec, and (with ``--model``) the
+    simulator's baselines against measurements."""
+    from disco import mp_calibrate
+
+    check_process_counts(args)
+    link = parse_link_arg(args)
+    cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link, reps=args.reps,
+                                 timeout_s=args.timeout)
+    spec = mp_calibrate.cluster_spec(cal)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(spec.to_yaml())
+    out: dict[str, Any] = {**cal.to_dict(), "cluster_yaml": args.out, "cluster": spec.name}
+    if args.model:
+        setup_devices(args.processes * args.devices_per_process)
+        out["baselines"] = mp_calibrate.compare_baselines(
+            spec, args.processes, args.devices_per_process, link, model=args.model, preset=args.preset,
+            rounds=args.rounds, timeout_s=args.timeout)
+    if args.json:
+        print_json(out)
+        return 0
+    c = cal.calibration
+    print(f"measured all-reduce over {args.processes} processes x {args.devices_per_process} CPU devices over "
+          f"{over_label(link)} (slowest process's median of {args.reps}):")
+    for s, t in zip(c.sizes, c.medians_s):
+        print(f"  {s:>10,d} bytes  {t * 1e6:10.1f} us")
+    print(f"fit t = {c.fit_a * 1e6:.1f} us + n / {1 / c.fit_b / 1e6:.2f} MB/s; ring link latency "
+          f"{c.latency * 1e6:.1f} us, bandwidth {c.bandwidth * 8 / 1e6:.1f} Mbit/s")
+    if link is not None:
+        print(f"  configured: {link.label()}; fitted bandwidth / rate {c.bandwidth * 8 / link.rate_bps:.3f}"
+              + (f", fitted latency / delay {c.latency / link.delay_s:.2f}" if link.delay_s else ""))
+    print(f"variadic all-reduce {c.variadic_s * 1e6:.1f} us, concatenated {c.concat_s * 1e6:.1f} us: operand latency "
+          f"{c.operand_latency * 1e6:.1f} us")
+    if "baselines" in out:
+        b = out["baselines"]
+        print(f"{args.model}/{args.preset}: simulated on {spec.name} vs measured (median, slowest process):")
+        for r in b["rows"]:
+            print(f"  {r['plan']:<12} predicted {r['predicted_ms']:9.3f} ms  measured {r['measured_ms']:9.3f} ms "
+                  f"({r['measured_min_ms']:.3f}-{r['measured_max_ms']:.3f})  error {r['error'] * 100:+6.1f}%")
+        print(f"  Kendall tau {b['tau']:.2f}, mean |error| {b['mean_abs_error'] * 100:.1f}%"
+              + ("" if b["fingerprints_match"] else " (the workers compiled a different graph!)"))
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def add_across_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags ``disco calibrate`` takes for a calibration across processes."""
+    add_process_args(p)
+    p.add_argument("--model", default=None, help="with --processes: also compare the simulator's baselines "
+                                                 "of this zoo model with measurements")
+    p.add_argument("--preset", default="tiny", help="its preset: tiny | small | paper (default tiny)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of the baselines' measurement (default 5)")

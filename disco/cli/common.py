@@ -1,5 +1,5 @@
 """What several ``disco`` commands share: the error type, model arguments, device setup,
-JSON printing, the cost-model and plan arguments.
+JSON printing, the cost-model and plan arguments, and --processes/--link (issue 17).
 
 Nothing heavy is imported at module level: ``disco --help`` must not import jax.
 """
@@ -297,3 +297,54 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False) -> dict[str, A
     if not plans:
         raise CliError("--plans is empty; expected e.g. xla_default,per_tensor,horovod")
     return plans
+
+
+# -- --processes and --link: workers across processes, maybe behind emulated links (issue 17) ----
+LINK_HELP = ("emulated link per worker, e.g. rate=1gbit,delay=100us[,jitter=10us,loss=0.1%%]: each worker in its "
+             "own network namespace (needs root; disco.testbed); 'loopback' or none: 127.0.0.1")
+
+
+def add_link_arg(p: argparse.ArgumentParser) -> None:
+    """``--link SPEC`` (read by :func:`parse_link_arg`)."""
+    p.add_argument("--link", default=None, metavar="SPEC", help=LINK_HELP)
+
+
+def add_process_args(p: argparse.ArgumentParser, *, default_dpp: int = 1) -> None:
+    """``--processes``, ``--devices-per-process``, ``--timeout`` and ``--link``."""
+    p.add_argument("--processes", type=int, default=1, help="run across this many local worker processes (default 1)")
+    p.add_argument("--devices-per-process", type=int, default=default_dpp,
+                   help=f"CPU devices per process (default {default_dpp})")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before hung workers are killed (default 1800)")
+    add_link_arg(p)
+
+
+def parse_link_arg(args: argparse.Namespace) -> Any:
+    """``args.link`` as a :class:`disco.testbed.LinkSpec`, or None for loopback.
+
+    Raises:
+      CliError: a spec that does not parse, or a link where namespaces are not permitted.
+    """
+    from disco.testbed import check_permitted, parse_link
+
+    try:
+        link = parse_link(getattr(args, "link", None))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if link is not None:
+        try:
+            check_permitted()
+        except PermissionError as e:
+            raise CliError(f"--link {args.link!r}: {e}") from None
+    return link
+
+
+def check_process_counts(args: argparse.Namespace) -> None:
+    """Raises CliError for --processes or --devices-per-process below 1."""
+    if args.processes < 1 or args.devices_per_process < 1:
+        raise CliError(f"--processes and --devices-per-process must be >= 1, got {args.processes} and "
+                       f"{args.devices_per_process}")
+
+
+def over_label(link: Any) -> str:
+    """What the workers talk over, for table titles."""
+    return "127.0.0.1 (gloo)" if link is None else f"an emulated link of {link.label()} per worker (gloo)"

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from disco.cli.common import (
+    add_process_args,
+    check_process_counts,
+    over_label,
+    parse_link_arg,
+    setup_devices,
     CliError,
     add_cost_model_arg,
     add_model_args,
@@ -63,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE", help="draw xla_default's and the chosen plan's timelines (PNG)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_progress_arg(p)
+    add_process_args(p)  # --processes, --devices-per-process, --timeout, --link (issue 17)
 
 
 def _bucket_counts(spec: str) -> tuple[int, ...]:
@@ -112,6 +119,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit status."""
     _check(args)
+    if args.processes > 1 or args.link:  # across processes, maybe over an emulated link (issue 17)
+        return run_across(args, bucket_sweep=_bucket_counts(args.bucket_sweep))
     from disco.sim.cluster import resolve
 
     cluster = resolve(args.cluster, args.devices)
@@ -280,3 +289,55 @@ def plot_timelines(result: Any, path: str) -> None:
         raise CliError(f"cannot write --plot file {path!r}: {e.strerror}") from None
     finally:
         plt.close(fig)
+
+
+# -- across processes, maybe over an emulated link (issue 17) ------------------------------------
+def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> int:
+    """``disco optimize`` across processes: calibrate on the link (unless --cluster), search, measure.
+    ``bucket_sweep``: ``--bucket-sweep`` as read by ``disco.cli.optimize``."""
+    from disco import mp_calibrate, mp_optimize
+    from disco.sim.cluster import resolve
+
+    check_process_counts(args)
+    if getattr(args, "trax_model", None):
+        raise CliError("--processes runs zoo models only (each worker rebuilds the step by name)")
+    link = parse_link_arg(args)
+    cal = None
+    if args.cluster:
+        cluster = resolve(args.cluster)
+    else:
+        cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link, timeout_s=args.timeout)
+        cluster = mp_calibrate.cluster_spec(cal)
+    setup_devices(args.processes * args.devices_per_process)  # before anything starts jax's backend
+    costs, cost_info = load_cost_model(args.cost_model)
+    res = mp_optimize.optimize(
+        args.model, args.preset, args.processes, args.devices_per_process, link, cluster=cluster, costs=costs,
+        budget_s=args.budget, strategy=args.strategy, measure_top_k=args.measure_top_k, seed=args.seed,
+        rounds=args.rounds, steps=args.steps, bucket_sweep=bucket_sweep, confirm=args.confirm,
+        confirm_rounds=args.confirm_rounds, optimizer=args.optimizer, timeout_s=args.timeout,
+        progress=lambda m: print(f"disco optimize: {m}", file=sys.stderr))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(res.plan_json + "\n")
+    info = {"model": args.model, "preset": args.preset, "processes": args.processes,
+            "devices_per_process": args.devices_per_process, "cost_model_info": cost_info,
+            "calibration": cal.to_dict() if cal else None}
+    if args.json:
+        print_json({**info, **res.to_dict()})
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"disco optimize {args.model}/{args.preset}: {args.processes} processes x "
+                    f"{args.devices_per_process} CPU devices over {over_label(link)}; predicted on cluster "
+                    f"{cluster.name}; measured, median = slowest process per round")
+    for col in ("plan", "kind", "predicted ms", "measured ms median (min-max)", "vs xla_default (paired)"):
+        t.add_column(col)
+    for r in sorted(res.rows, key=lambda r: -r["paired_speedup"]):
+        t.add_row(r["plan"] + (" *" if r["plan"] == res.chosen else ""), r["kind"], f"{r['predicted_ms']:.3f}",
+                  f"{r['median_ms']:.3f} ({r['min_ms']:.3f}-{r['max_ms']:.3f})" + ("" if r["applied"] else " fell back"),
+                  f"{r['paired_speedup']:.3f}x")
+    console = Console(width=max(140, Console().width))
+    console.print(t)
+    console.print(f"[bold]verdict:[/bold] {res.verdict}")
+    return 0

@@ -1,0 +1,118 @@
+"""The zoo on an emulated cluster: per link, a calibration, then per model the baselines, the
+bucket-count sweep and disco's answer measured across processes (:mod:`disco.mp_optimize`).
+
+    python scripts/zoo_links.py --links 'rate=1gbit,delay=100us;rate=10gbit,delay=50us' \
+        --models mlp,transformer_lm --preset small --processes 2 --budget 20 --out zoo_links.jsonl
+
+Writes one JSON line per link (the calibration) and per (link, model) (the optimize result),
+then prints a markdown table per link: per model the paired speedups over xla_default of
+per_tensor, horovod, ddp, the best even_k, the answer in the measuring launch, and its confirmed
+speedup (fresh processes); geometric means over the models vs xla_default and vs the best
+baseline (the best paired speedup among the baselines and the even_k sweep in the same launch,
+1.0 when none beats xla_default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def table(link_label: str, results: list[dict]) -> str:
+    """A markdown table of one link's results (``results``: optimize result dicts with a model)."""
+    lines = [f"link {link_label}: paired speedup over xla_default (slowest process per round), measured",
+             "",
+             "| model | xla_default ms | per_tensor | horovod | ddp | best even_k | answer | answer (measuring run) "
+             "| answer confirmed | vs best baseline |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    g_x, g_b = [], []
+    for res in results:
+        rows = {r["plan"]: r for r in res["rows"]}
+        evens = {k: v for k, v in rows.items() if k.startswith("even_")}
+        best_even = max(evens, key=lambda k: evens[k]["paired_speedup"], default=None)
+        base_speedups = [r["paired_speedup"] for r in res["rows"] if r["kind"] == "baseline" and r["applied"]]
+        best_base = max([1.0, *base_speedups])
+        answer = res["chosen"]
+        measured = rows[answer]["paired_speedup"]
+        confirmed = res["speedup"]
+        g_x.append(confirmed)
+        g_b.append(measured / best_base)
+
+        def cell(name: str) -> str:
+            return f"{rows[name]['paired_speedup']:.3f}x" if name in rows else "-"
+
+        lines.append(f"| {res['model']} | {rows['xla_default']['median_ms']:.2f} | {cell('per_tensor')} | "
+                     f"{cell('horovod')} | {cell('ddp')} | "
+                     f"{(best_even + ' ' + cell(best_even)) if best_even else '-'} | {answer} | {measured:.3f}x | "
+                     f"{confirmed:.3f}x | {measured / best_base:.3f}x |")
+    lines += ["", f"geometric mean over {len(results)} models: answer (confirmed) vs xla_default "
+                  f"{_geomean(g_x):.3f}x; answer vs best baseline (same launch) {_geomean(g_b):.3f}x"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--links", required=True, help="';'-separated link specs")
+    ap.add_argument("--models", default="mlp,transformer_lm,bert,vgg19")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--devices-per-process", type=int, default=1)
+    ap.add_argument("--budget", type=float, default=20)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--bucket-sweep", default="2,3,4")
+    ap.add_argument("--out", required=True, help="append JSON lines here")
+    args = ap.parse_args(argv)
+
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.processes * args.devices_per_process)
+    from disco import mp_calibrate, mp_optimize
+    from disco.testbed import parse_link
+
+    for spec in [s.strip() for s in args.links.split(";") if s.strip()]:
+        link = parse_link(spec)
+        label = link.label() if link else "loopback"
+        t0 = time.time()
+        cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link)
+        cluster = mp_calibrate.cluster_spec(cal)
+        with open(args.out, "a") as f:
+            f.write(json.dumps({"kind": "calibration", "link": spec, **cal.to_dict(),
+                                "seconds": time.time() - t0}) + "\n")
+        c = cal.calibration
+        print(f"[{label}] calibrated: latency {c.latency * 1e6:.1f} us, bandwidth {c.bandwidth * 8 / 1e6:.1f} Mbit/s, "
+              f"operand latency {c.operand_latency * 1e6:.1f} us", file=sys.stderr, flush=True)
+        results = []
+        for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+            t0 = time.time()
+            try:
+                res = mp_optimize.optimize(
+                    model, args.preset, args.processes, args.devices_per_process, link, cluster=cluster,
+                    budget_s=args.budget, rounds=args.rounds, steps=args.steps,
+                    bucket_sweep=tuple(int(k) for k in args.bucket_sweep.split(",") if k.strip()),
+                    progress=lambda m, model=model: print(f"[{label}] {model}: {m}", file=sys.stderr, flush=True))
+            except RuntimeError as e:  # a failed launch: recorded, the other models still run
+                with open(args.out, "a") as f:
+                    f.write(json.dumps({"kind": "error", "link": spec, "model": model, "error": str(e)}) + "\n")
+                print(f"[{label}] {model}: FAILED: {e}", file=sys.stderr, flush=True)
+                continue
+            d = {"kind": "optimize", "link": spec, "model": model, "preset": args.preset,
+                 "processes": args.processes, "devices_per_process": args.devices_per_process,
+                 "seconds": time.time() - t0, **res.to_dict()}
+            results.append(d)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(d) + "\n")
+            print(f"[{label}] {model}: {res.verdict}", file=sys.stderr, flush=True)
+        print(table(label, results) + "\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
