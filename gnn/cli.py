@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,10 @@ def _metrics_path(out: Path, metrics: str | None) -> Path:
     return out.with_name(out.stem + "_metrics.json")
 
 
+def _stderr_line(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} train-gnn: {message}", file=sys.stderr, flush=True)
+
+
 def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
     """Runs the whole pipeline for parsed ``args``; returns the metrics written."""
     import dataclasses
@@ -70,9 +75,11 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     cfg = train.TrainConfig(hidden=args.hidden, edge_hidden=args.edge_hidden, layers=args.layers,
                             epochs=args.epochs, batch=args.batch, node_budget=args.node_budget, lr=args.lr,
                             loss=args.loss, seed=args.seed)
-    progress = not args.quiet
+    # A bar on a terminal; one line per epoch on stderr when redirected (a bar there is noise).
+    progress = not args.quiet and sys.stderr.isatty()
+    epoch_log = None if args.quiet or progress else _stderr_line
     tr, va, te = train.split(ds, "plans", seed=args.seed)
-    model, hist = train.fit(ds, tr, va, cfg, progress=progress)
+    model, hist = train.fit(ds, tr, va, cfg, progress=progress, log=epoch_log)
     held = {"gnn": evaluate.evaluate_gnn(model, ds, te), "analytic": evaluate.evaluate_analytic(ds, te),
             "gnn_simulated": evaluate.evaluate_gnn_simulated(GnnCosts(model), ds, te),
             "noise_ceiling_tau": evaluate.noise_ceiling(ds, te)["mean"],
@@ -86,7 +93,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
         lcfg = dataclasses.replace(cfg, epochs=args.lomo_epochs or cfg.epochs)
         for m in ds.models():
             ltr, lva, lte = train.split(ds, f"lomo:{m}", seed=args.seed)
-            lmodel, lhist = train.fit(ds, ltr, lva, lcfg, progress=progress)
+            lmodel, lhist = train.fit(ds, ltr, lva, lcfg, progress=progress, log=epoch_log)
             lomo[m] = {"gnn": evaluate.evaluate_gnn(lmodel, ds, lte), "analytic": evaluate.evaluate_analytic(ds, lte),
                        "gnn_simulated": evaluate.evaluate_gnn_simulated(GnnCosts(lmodel), ds, lte),
                        "noise_ceiling_tau": evaluate.noise_ceiling(ds, lte)["mean"],

@@ -292,3 +292,19 @@ def test_noise_ceiling_falls_with_measurement_spread():
     ceiling = evaluate.noise_ceiling(noisy, idx)["mean"]
     assert 0.0 < ceiling < 0.9
     assert evaluate.noise_ceiling(noisy, idx) == evaluate.noise_ceiling(noisy, idx)  # seeded
+
+
+def test_train_gnn_cli_logs_epochs_when_not_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Redirected (pytest's capture is not a TTY), train-gnn prints a line per epoch on stderr, not a bar."""
+    if not (SMALL / "samples.jsonl").is_file():
+        pytest.skip("tests/data/profiles_small has no samples")
+    from disco.cli import main
+
+    out = tmp_path / "ck.msgpack"
+    rc = main(["train-gnn", "--data", str(SMALL), "--limit", "40", "--epochs", "2", "--hidden", "8",
+               "--edge-hidden", "4", "--layers", "1", "--batch", "8", "--node-budget", "4096", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0 and out.is_file()
+    lines = [ln for ln in err.splitlines() if "train-gnn: epoch" in ln]
+    assert [ln.split("train-gnn: ")[1].split(":")[0] for ln in lines] == ["epoch 0", "epoch 1"], err
+    assert "\r" not in err  # no bar redraws
