@@ -4,7 +4,8 @@
         --devices-per-process D --out result.json --spec '{"task": "bench", "model": "mlp", ...}'
 
 Tasks (:class:`disco.multiprocess.WorkerSpec`): ``bench`` measures plans (baselines by name,
-``even:K``, or plan .json files) in interleaved rounds and reports every round's time;
+``even:K``, or plan .json files) in interleaved rounds and reports every round's time (with
+``comm_free_bound``, also the step with its all-reduces replaced by copies: the compute floor);
 ``calibrate`` times all-reduces of ``sizes`` bytes per device and a variadic all-reduce
 against one concatenated buffer (:mod:`disco.calibrate`) over all processes' devices.
 """
@@ -62,7 +63,8 @@ def _bench(spec: dict[str, Any], n: int) -> dict[str, Any]:
                                                 optimizer=spec.get("optimizer", "adamw"))
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = _plans(spec["plans"], graph)
-    results = bench.run_bench(step, example, plans, rounds=spec["rounds"], steps=spec["steps"])
+    results = bench.run_bench(step, example, plans, rounds=spec["rounds"], steps=spec["steps"],
+                              comm_free_bound=spec.get("comm_free_bound", False))
     rows = []
     for r in results:
         row = r.to_dict(None)

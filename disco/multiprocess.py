@@ -48,6 +48,7 @@ class WorkerSpec:
     steps: int = 3
     optimizer: str = "adamw"
     check_steps: int = 0  # >0: also run this many steps per plan and report parameter digests
+    comm_free_bound: bool = False  # bench: also measure the step with its all-reduces replaced by copies
     sizes: tuple[int, ...] = ()  # calibrate: all-reduce bytes per device (default disco.calibrate.SIZES)
     reps: int = 20  # calibrate: repetitions per size
 
