@@ -12,7 +12,11 @@ ring latency ``a / (2 (p - 1))``, bandwidth ``2 (p - 1) / (p b)``) and the per-o
 :func:`compare_baselines` then prices the baselines of a zoo model with that spec
 (:class:`disco.sim.simulator.Simulator`, analytic costs) and measures them across the same
 kind of cluster: per baseline the predicted and measured step time and the error, and
-Kendall's tau between the two orders.
+Kendall's tau between the two orders. In the same rounds it measures the step with its
+all-reduces replaced by copies (:mod:`xla_hooks.bound`: the compute floor) and sets it beside
+the simulator's step on a free link, so the error splits into compute and communication; it
+also reports the predictions with the compute scaled to that measured floor (``compute_speed``,
+labelled as such: the floor comes from the same launch, the communication terms do not).
 """
 
 from __future__ import annotations
@@ -116,8 +120,12 @@ def compare_baselines(spec: ClusterSpec, processes: int, devices_per_process: in
     ``processes * devices_per_process`` devices).
 
     Returns:
-      ``{"rows": [{plan, predicted_ms, measured_ms, error}], "tau": ..., "mean_abs_error": ...,
-      "fingerprints_match": ..., **link info}``; error is predicted / measured - 1.
+      ``{"rows": [{plan, predicted_ms, predicted_compute_ms, measured_ms, error,
+      predicted_ms_floor_scaled, error_floor_scaled}], "tau": ..., "mean_abs_error": ...,
+      "compute_floor": {predicted_ms, measured_ms}, "tau_floor_scaled": ...,
+      "mean_abs_error_floor_scaled": ..., "fingerprints_match": ..., **link info}``; error is
+      predicted / measured - 1; the ``floor_scaled`` keys are absent when the floor could not
+      be measured.
 
     Raises:
       RuntimeError: when the workers fail.
@@ -127,31 +135,64 @@ def compare_baselines(spec: ClusterSpec, processes: int, devices_per_process: in
 
     from disco.ir import extractor
     from disco.ir.graph import HloGraph
-    from disco.plans import baselines
     from disco.sim.costs import AnalyticCosts
     from disco.sim.simulator import Simulator
+
+    from disco.bench import COMM_FREE_BOUND
+    from disco.sim.cluster import LinkSpec as SimLink
 
     n = processes * devices_per_process
     step, example = trax_models.make_train_step(model, preset, devices=n, optimizer=optimizer)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     sim = Simulator(graph, AnalyticCosts(), spec)
+    free_link = SimLink(1e18, 0.0)
+    free = Simulator(graph, AnalyticCosts(), dataclasses.replace(spec, intra=free_link, inter=free_link,
+                                                                 operand_latency=0.0))
     wspec = multiprocess.WorkerSpec(model=model, preset=preset, plans=tuple(plans), rounds=rounds, steps=steps,
-                                    optimizer=optimizer)
+                                    optimizer=optimizer, comm_free_bound=True)
     res = multiprocess.launch(processes, devices_per_process, wspec, link=link, timeout_s=timeout_s)
     if not res.ok:
         raise RuntimeError("measuring the baselines across processes failed: "
                            + "; ".join(res.failures or ("no results",)))
+    combined = multiprocess.combine(res)
+    floor = next((r for r in combined if r["plan"] == COMM_FREE_BOUND), None)
+    plans_by_row = {r["plan"]: _baseline_plan(r["plan"], graph) for r in combined if r["plan"] != COMM_FREE_BOUND}
+    compute_ms = free.step_time(plans_by_row.get("xla_default") or next(iter(plans_by_row.values()))) * 1e3
+    scaled = None
+    if floor is not None and floor["median_ms"] > 0:
+        scaled = Simulator(graph, AnalyticCosts(), dataclasses.replace(
+            spec, compute_speed=spec.compute_speed * compute_ms / floor["median_ms"]))
     rows = []
-    for r in multiprocess.combine(res):
-        name = r["plan"]
-        kind, _, k = name.partition("_")
-        plan = baselines.make("even", graph, k=int(k)) if kind == "even" and k.isdigit() else baselines.make(name, graph)
+    for r in combined:
+        if r["plan"] == COMM_FREE_BOUND:
+            continue
+        plan = plans_by_row[r["plan"]]
         pred = sim.step_time(plan) * 1e3
-        rows.append({"plan": name, "predicted_ms": pred, "measured_ms": r["median_ms"],
-                     "measured_min_ms": r["min_ms"], "measured_max_ms": r["max_ms"],
-                     "error": pred / r["median_ms"] - 1, "all_reduces": r["all_reduces"]})
+        row = {"plan": r["plan"], "predicted_ms": pred, "predicted_compute_ms": free.step_time(plan) * 1e3,
+               "measured_ms": r["median_ms"], "measured_min_ms": r["min_ms"], "measured_max_ms": r["max_ms"],
+               "error": pred / r["median_ms"] - 1, "all_reduces": r["all_reduces"]}
+        if scaled is not None:
+            row["predicted_ms_floor_scaled"] = scaled.step_time(plan) * 1e3
+            row["error_floor_scaled"] = row["predicted_ms_floor_scaled"] / r["median_ms"] - 1
+        rows.append(row)
     tau = float(kendalltau([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]).statistic)
-    return {"model": model, "preset": preset, "cluster": spec.name, **res.link_info(), "rows": rows,
-            "tau": tau, "mean_abs_error": sum(abs(r["error"]) for r in rows) / len(rows),
-            "gradient_bytes": res.results[0]["gradient_bytes"],
-            "fingerprints_match": {r["fingerprint"] for r in res.results} == {graph.fingerprint}}
+    out = {"model": model, "preset": preset, "cluster": spec.name, **res.link_info(), "rows": rows,
+           "tau": tau, "mean_abs_error": sum(abs(r["error"]) for r in rows) / len(rows),
+           "gradient_bytes": res.results[0]["gradient_bytes"],
+           "fingerprints_match": {r["fingerprint"] for r in res.results} == {graph.fingerprint},
+           "compute_floor": {"predicted_ms": compute_ms,
+                             **({"measured_ms": floor["median_ms"], "measured_min_ms": floor["min_ms"],
+                                 "measured_max_ms": floor["max_ms"]} if floor is not None else {})}}
+    if scaled is not None:
+        out["tau_floor_scaled"] = float(kendalltau([r["predicted_ms_floor_scaled"] for r in rows],
+                                                   [r["measured_ms"] for r in rows]).statistic)
+        out["mean_abs_error_floor_scaled"] = sum(abs(r["error_floor_scaled"]) for r in rows) / len(rows)
+    return out
+
+
+def _baseline_plan(name: str, graph: Any) -> Any:
+    """The baseline of row ``name`` (``even_<k>``: the even split into k buckets)."""
+    from disco.plans import baselines
+
+    kind, _, k = name.partition("_")
+    return baselines.make("even", graph, k=int(k)) if kind == "even" and k.isdigit() else baselines.make(name, graph)

@@ -110,6 +110,11 @@ def run_across(args: argparse.Namespace) -> int:
                   f"({r['measured_min_ms']:.3f}-{r['measured_max_ms']:.3f})  error {r['error'] * 100:+6.1f}%")
         print(f"  Kendall tau {b['tau']:.2f}, mean |error| {b['mean_abs_error'] * 100:.1f}%"
               + ("" if b["fingerprints_match"] else " (the workers compiled a different graph!)"))
+        f = b["compute_floor"]
+        if "measured_ms" in f:  # the step with its all-reduces replaced by copies, same rounds
+            print(f"  compute floor predicted {f['predicted_ms']:.3f} ms, measured {f['measured_ms']:.3f} ms; with "
+                  f"the compute scaled to it: Kendall tau {b['tau_floor_scaled']:.2f}, mean |error| "
+                  f"{b['mean_abs_error_floor_scaled'] * 100:.1f}%")
     if args.out:
         print(f"wrote {args.out}")
     return 0
