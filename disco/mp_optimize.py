@@ -125,7 +125,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
     from disco.ir import extractor
     from disco.ir.graph import HloGraph
     from disco.plans import baselines
-    from disco.sim.costs import AnalyticCosts
+    from disco.sim import device_costs
     from disco.sim.simulator import Simulator
 
     if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in bucket_sweep):
@@ -137,7 +137,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
     n = processes * devices_per_process
     step, example = trax_models.make_train_step(model, preset, devices=n, optimizer=optimizer)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
-    sim = Simulator(graph, costs or AnalyticCosts(), cluster)
+    sim = Simulator(graph, costs or device_costs.analytic(cluster.device), cluster)
     say(f"searching ({strategy}, {budget_s:g} s) on cluster {cluster.name}")
     found = search.run(search.make(strategy), graph, sim.step_time, budget_s=budget_s, seed=seed)
 

@@ -42,11 +42,15 @@ DEFAULT_OPTIONS: dict[str, Any] = {"budget_s": 10.0, "strategy": "auto", "seed":
 MAX_TIMELINE_EVENTS = 20000
 
 
-def default_costs() -> CostModel:
-    """The cost model the service prices plans with."""
-    from disco.sim.costs import AnalyticCosts
+def default_costs(device: str = "cpu") -> CostModel:
+    """The cost model the service prices plans with: the analytic model of the cluster's device kind.
 
-    return AnalyticCosts()
+    Raises:
+      ValueError: for an unknown device kind.
+    """
+    from disco.sim import device_costs
+
+    return device_costs.analytic(device)
 
 
 def cost_model_id(costs: CostModel) -> dict[str, str]:
@@ -134,7 +138,7 @@ def plan_for_graph(
         strategy of ``disco.search``), ``seed``.
       progress_cb: called as ``progress_cb(fraction, message)``; it may raise
         :class:`Cancelled` (or a subclass) to stop planning.
-      costs: the cost model (default :func:`default_costs`).
+      costs: the cost model (default :func:`default_costs` of the cluster's device kind).
 
     Returns:
       ``(plan, report)``: the plan (validated against ``graph``) and a JSON-able report:
@@ -156,7 +160,7 @@ def plan_for_graph(
     if opts["strategy"] not in strategies():
         raise ValueError(f"options.strategy: expected one of {', '.join(strategies())}, got {opts['strategy']!r}")
     progress = progress_cb or (lambda frac, msg: None)
-    costs = costs or default_costs()
+    costs = costs or default_costs(cluster.device)
     t0 = time.perf_counter()
     progress(0.0, "simulating baselines")
     sim = Simulator(graph, costs, cluster)
@@ -237,7 +241,7 @@ def timeline(graph: HloGraph, cluster: ClusterSpec, plan: FusionPlan, costs: Cos
     """
     from disco.sim.simulator import Simulator
 
-    events = Simulator(graph, costs or default_costs(), cluster).run(plan).timeline
+    events = Simulator(graph, costs or default_costs(cluster.device), cluster).run(plan).timeline
     if len(events) > limit:
         events = sorted(sorted(events, key=lambda e: e.end - e.start, reverse=True)[:limit],
                         key=lambda e: e.start)

@@ -1,7 +1,7 @@
 """The per-kernel GNN (Flax NNX): a kernel's seconds from its fused computation's graph.
 
 The model predicts ``log(seconds per launch)`` as the device's roofline
-(:mod:`disco.sim.device_costs`: ``max(flops / matrix rate, bytes / bandwidth) + launch``) plus a
+(:data:`disco.sim.device_costs.ROOFLINE`: ``max(flops / matrix rate, bytes / bandwidth) + launch``) plus a
 learned correction: an opcode embedding and node features, ``layers`` rounds of message
 passing along and against the kernel's edges, mean and max pooling, and the kernel totals.
 

@@ -12,16 +12,21 @@ Two tables, from the dataset's ``default`` records (XLA's default compile, comma
    multiset of their compute opcodes (layout and data-movement ops left out) and their
    largest element count. ``exact`` is the fraction of compiled kernels whose signature an
    emulated kernel reproduces (multiset intersection).
-2. **h100-1 prediction**: the simulated step of each model at a preset on ``h100-1`` with the
-   H100 cost model (``disco.sim.h100_costs`` unless ``--cost-model`` names another), next to
-   the measured device time (kernels summed, mean of the two traces). With ``--zoo`` the
+2. **h100-1 prediction**: the simulated step of each model at a preset on ``h100-1`` with each
+   cost model ``--cost-model`` names (a comma list of registry names or files, built by
+   ``disco.sim.registry.make(name, device="h100")`` as ``disco simulate`` does; default
+   ``analytic,gnn``), next to the measured device time (kernels summed, mean of the two traces). With ``--zoo`` the
    graph is extracted from the zoo here (what ``disco simulate --cluster h100-1`` does);
    without, from the record's own pre-optimisation HLO.
 
 Usage::
 
-  PYTHONPATH=. python scripts/gpu_sim_tables.py [--data DIR] [--preset paper] [--zoo] [--json]
-  PYTHONPATH=. python scripts/gpu_sim_tables.py --fit [--fit-loops]
+  PYTHONPATH=. python scripts/gpu_sim_tables.py [--data DIR] [--preset paper] [--cost-model analytic,gnn] [--zoo] [--json]
+  PYTHONPATH=. python scripts/gpu_sim_tables.py --fit [--no-loops]
+
+``--fit`` fits the parameters of the H100 analytic model (``disco.sim.device_costs.SummedCosts``)
+to the ``default`` records and prints them with each record's in-sample and leave-one-model-out
+error.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from disco.ir.graph import HloGraph  # noqa: E402
 from disco.ir.hlo_parse import parse_module  # noqa: E402
 from disco.plans import baselines  # noqa: E402
 from disco.sim import cluster as dcluster  # noqa: E402
+from disco.sim import device_costs, registry  # noqa: E402
 from disco.sim.simulator import Simulator  # noqa: E402
 
 # ../shared beside the checkout (/work/main), or beside the worktrees' folder (/work/wt/NAME).
@@ -122,7 +128,7 @@ def _record_graph(rec: dict[str, Any], cache: str | None) -> HloGraph:
 
 def fusion_match(rec: dict[str, Any], cache: str | None = None) -> dict[str, Any]:
     graph = _record_graph(rec, cache)
-    sim = Simulator(graph, _costs(None), dcluster.preset("h100-1"))
+    sim = Simulator(graph, device_costs.analytic("h100"), dcluster.preset("h100-1"))
     kernels = [k for k in sim.fusions(baselines.make("xla_default", graph))
                if not any(graph.nodes[graph.index()[n]].opcode == "while" for n in k)]
     emu = collections.Counter(emulated_signatures(graph, kernels))
@@ -138,17 +144,15 @@ def fusion_match(rec: dict[str, Any], cache: str | None = None) -> dict[str, Any
             "fusion_exact": (exact - mat_x) / max(1, n_comp - mat_c)}
 
 
-def _costs(name: str | None):
-    from disco.sim import h100_costs
+def _costs(name: str):
+    """The model ``name`` prices H100 kernels with (``gnn`` registered here, as the CLI does)."""
+    from gnn.registration import ENTRY
 
-    if name is None:
-        return h100_costs.H100RooflineInterim()
-    from disco.sim import costs
-
-    return costs.load_costs(name)
+    registry.register(ENTRY)
+    return registry.make(name, device="h100")
 
 
-def prediction(rec: dict[str, Any], graph: HloGraph, cost_model: str | None) -> dict[str, Any]:
+def prediction(rec: dict[str, Any], graph: HloGraph, cost_model: str) -> dict[str, Any]:
     sim = Simulator(graph, _costs(cost_model), dcluster.preset("h100-1"))
     res = sim.result(baselines.make("xla_default", graph))
     meas = measured_ms(rec)
@@ -158,13 +162,11 @@ def prediction(rec: dict[str, Any], graph: HloGraph, cost_model: str | None) -> 
 
 
 class _Recorder:
-    """Wraps the interim H100 model and sums the terms (the fit's features) of each priced kernel
+    """Wraps the H100 analytic model and sums the terms (the fit's features) of each priced kernel
     made of ``graph``'s own nodes (a loop body's kernels, priced once per loop, are left to the caller)."""
 
     def __init__(self, graph: HloGraph) -> None:
-        from disco.sim import h100_costs
-
-        self.model = h100_costs.H100RooflineInterim()
+        self.model = device_costs.analytic("h100")
         self.total = [0.0, 0.0, 0.0, 0.0]
         self._own = {id(n) for n in graph.nodes}
 
@@ -192,7 +194,7 @@ def record_terms(graph: HloGraph) -> list[float]:
 
 
 def fit(rows: list[tuple[str, list[float], float]]) -> dict[str, Any]:
-    """Non-negative least squares of relative errors: (model, terms, measured s) -> H100Config fields,
+    """Non-negative least squares of relative errors: (model, terms, measured s) -> SummedConfig fields,
     in-sample and leave-one-model-out errors per row."""
     import numpy as np
     from scipy.optimize import nnls
@@ -226,21 +228,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=DEFAULT_DATA)
     ap.add_argument("--preset", default="paper", help="paper | small | all (default paper)")
     ap.add_argument("--zoo", action="store_true", help="extract graphs from the zoo here for the prediction table")
-    ap.add_argument("--cost-model", default=None, help="a saved cost model (.json); default the interim H100 roofline")
-    ap.add_argument("--fit", action="store_true", help="fit the interim H100 model to the default records and stop")
-    ap.add_argument("--fit-loops", action="store_true",
-                    help="with --fit, keep the records whose graphs hold while loops (rnnlm); the shipped "
-                         "constants were fitted without them")
+    ap.add_argument("--cost-model", default="analytic,gnn",
+                    help="comma list of registry names or saved models (default analytic,gnn)")
+    ap.add_argument("--fit", action="store_true", help="fit the H100 analytic model to the default records and stop")
+    ap.add_argument("--no-loops", action="store_true",
+                    help="with --fit, leave out the records whose graphs hold while loops (rnnlm), as the "
+                         "interim model of 2026-11-23 was fitted; the shipped constants keep them")
     ap.add_argument("--cache", default=None, help="a directory to keep parsed graphs in (pickles)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.fit:
         recs = [r for r in read_records(args.data) if r["variant"] == "default"]
         graphs = [_record_graph(r, args.cache) for r in recs]
-        # The shipped constants were fitted before loops were priced by their bodies: records with a
-        # while loop (rnnlm) were left out, and are unless --fit-loops.
         keep = [(r, g) for r, g in zip(recs, graphs)
-                if args.fit_loops or not any(n.opcode == "while" for n in g.nodes)]
+                if not args.no_loops or not any(n.opcode == "while" for n in g.nodes)]
         recs = [r for r, _ in keep]
         rows = [(r["model"], record_terms(g), measured_ms(r) / 1e3) for r, g in keep]
         res = fit(rows)
@@ -252,10 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     recs = [r for r in read_records(args.data) if r["variant"] == "default"
             and (args.preset == "all" or r["preset"] == args.preset)]
     match = [fusion_match(r, args.cache) for r in recs]
+    names = [n.strip() for n in args.cost_model.split(",") if n.strip()]
     preds = []
     for r in recs:
         graph = _zoo_graph(r["model"], r["preset"]) if args.zoo else _record_graph(r, args.cache)
-        preds.append(prediction(r, graph, args.cost_model))
+        preds += [{**prediction(r, graph, name), "cost_model_arg": name} for name in names]
     if args.json:
         print(json.dumps({"fusion_match": match, "prediction": preds}, indent=1))
         return 0
@@ -266,11 +268,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['exact']:.0%} | {m['matrix_compiled']}/{m['matrix_emulated']}/{m['matrix_exact']} | "
               f"{m['fusion_exact']:.0%} |")
     print()
-    print("| model | preset | measured ms (GPU) | predicted ms (simulated) | error | cost model |")
-    print("|---|---|---:|---:|---:|---|")
-    for p in preds:
-        print(f"| {p['model']} | {p['preset']} | {p['measured_ms']:.3f} | {p['predicted_ms']:.3f} | "
-              f"{p['error']:+.1%} | {p['cost_model']} |")
+    print("| model | preset | measured ms (GPU) | " + " | ".join(f"{n} ms (simulated) | {n} error" for n in names) + " |")
+    print("|---|---|---:|" + "---:|---:|" * len(names))
+    for i in range(0, len(preds), len(names)):
+        row = preds[i:i + len(names)]
+        print(f"| {row[0]['model']} | {row[0]['preset']} | {row[0]['measured_ms']:.3f} | "
+              + " | ".join(f"{p['predicted_ms']:.3f} | {p['error']:+.1%}" for p in row) + " |")
+    print()
+    for n in names:
+        errs = [abs(p["error"]) for p in preds if p["cost_model_arg"] == n]
+        print(f"{n} ({preds[names.index(n)]['cost_model']}): {sum(e <= 0.10 for e in errs)}/{len(errs)} within 10%, "
+              f"mean |error| {sum(errs) / len(errs):.1%}, worst {max(errs):.1%}")
     return 0
 
 

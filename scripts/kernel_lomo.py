@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the metrics here")
     args = p.parse_args(argv)
 
-    from disco.sim.device_costs import analytic_config
+    from disco.sim.device_costs import roofline_config
     from gnn import kernel_data as KD
     from gnn import kernel_eval as KE
     from gnn import kernel_model as KM
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     records = KD.load_records(args.kernels, cache_dir=args.cache)
     cfg = KT.TrainConfig() if args.steps is None else KT.TrainConfig(steps=args.steps)
-    base = analytic_config(args.device)
+    base = roofline_config(args.device)
     models = sorted({r.model for r in records})
     held_out = args.models.split(",") if args.models else models
     out = {"config": dataclasses.asdict(cfg), "folds": {}}

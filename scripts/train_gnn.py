@@ -28,7 +28,7 @@ def train_kernels(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    from disco.sim.device_costs import analytic_config
+    from disco.sim.device_costs import roofline_config
     from gnn import kernel_data as KD
     from gnn import kernel_train as KT
     from gnn.kernel_costs import KernelCosts
@@ -36,7 +36,7 @@ def train_kernels(argv: list[str]) -> int:
     t0 = time.perf_counter()
     records = KD.load_records(args.kernels, cache_dir=args.cache)
     cfg = KT.TrainConfig(seed=args.seed, **({} if args.steps is None else {"steps": args.steps}))
-    base = analytic_config(args.device)
+    base = roofline_config(args.device)
     examples = KT.make_examples(records)
     model, hist = KT.fit(examples, cfg, (base.peak_flops, base.mem_bandwidth, base.launch_overhead),
                          log=lambda s: print(s, file=sys.stderr, flush=True))

@@ -136,7 +136,7 @@ def create_plan():
                        f"{', '.join(planner.strategies())}, got {req.options.strategy!r}", "options.strategy")
     cluster = inputs.parse_cluster(req.cluster, req.devices)
     program = _program(req)
-    key = planner.plan_key(program.identity, cluster, planner.default_costs(), req.options.model_dump())
+    key = planner.plan_key(program.identity, cluster, planner.default_costs(cluster.device), req.options.model_dump())
     store = db.get_store()
     row, created = store.submit(key, inputs.stored_request(req, cluster, program.fingerprint))
     if created:

@@ -189,7 +189,8 @@ def test_registry_resolves_names_devices_and_files(tmp_path: Path, small_model):
     from gnn.kernel_costs import KernelCosts
     from gnn.registration import ENTRY
 
-    assert registry.make("analytic", device="h100").config.mem_bandwidth == 3.0e12
+    assert registry.make("analytic", device="cpu").config.mem_bandwidth == 1e10
+    assert registry.make("analytic", device="h100").name == "analytic-summed"
     with pytest.raises(ValueError, match="device 'tpu'"):
         registry.make("analytic", device="tpu")
     with pytest.raises(ValueError, match="expected analytic"):

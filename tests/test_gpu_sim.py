@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from disco.ir.graph import HloGraph
 from disco.plans import baselines
-from disco.sim import cluster, gpu_fusion, h100_costs
+from disco.sim import cluster, device_costs, gpu_fusion, registry
 from disco.sim.costs import AnalyticCosts
 from disco.sim.simulator import Simulator
 
@@ -114,8 +119,12 @@ def test_gpu_emulation_with_a_planned_group_keeps_it_whole(graph):
     assert len(owner) == 1 and "es" in owner[0]
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def test_gpu_cluster_prices_with_the_h100_model(graph):
-    costs = h100_costs.H100RooflineInterim()
+    costs = registry.make("analytic", device="h100")
+    assert isinstance(costs, device_costs.SummedCosts) and costs == device_costs.analytic("h100")
     sim = Simulator(graph, costs, cluster.preset("h100-1"))
     res = sim.result(baselines.make("xla_default", graph))
     n_kernels = len(sim.fusions(baselines.make("xla_default", graph)))
@@ -126,17 +135,65 @@ def test_gpu_cluster_prices_with_the_h100_model(graph):
     assert cpu.step_time > 10 * res.step_time
 
 
+def test_h100_analytic_model_sums_its_terms(graph):
+    from disco.sim.costs import GraphKernels
+
+    cfg = device_costs.SUMMED["h100"]
+    costs = device_costs.SummedCosts(cfg)
+    gk = GraphKernels(graph)
+    index = graph.index()
+    dot = gk.kernel((index["h"],))  # the dense layer's dot alone
+    launches, dot_flops, conv_flops, nbytes = costs.terms(dot)
+    assert (launches, conv_flops) == (1.0, 0.0) and dot_flops == 2 * 64 * 128 * 256 and nbytes > 0
+    want = cfg.launch + dot_flops / cfg.dot_rate + nbytes / cfg.bandwidth
+    assert costs.kernel_time(dot) == pytest.approx(want, rel=1e-12)
+    # Summed, not maxed: more than the larger of its matrix and memory terms.
+    assert costs.kernel_time(dot) > cfg.launch + max(dot_flops / cfg.dot_rate, nbytes / cfg.bandwidth)
+    assert costs.kernel_time(gk.kernel((index["x"], index["zero"]))) == 0.0  # no compute node: no kernel
+
+
 def test_h100_costs_round_trip_and_errors(tmp_path):
-    m = h100_costs.H100RooflineInterim(h100_costs.H100Config(launch=1e-6, bandwidth=2e12))
-    back = h100_costs.H100RooflineInterim.from_params(m.params())
+    m = device_costs.SummedCosts(device_costs.SummedConfig(launch=1e-6, dot_rate=1e14, conv_rate=2e14,
+                                                           bandwidth=2e12))
+    back = device_costs.SummedCosts.from_params(m.params())
     assert back == m and back.digest() == m.digest()
-    with pytest.raises(ValueError, match=r"unknown keys \['peak'\]"):
-        h100_costs.H100RooflineInterim.from_params({"peak": 1})
-    with pytest.raises(ValueError, match="H100Config.bandwidth: expected a positive number, got 0"):
-        h100_costs.H100Config(bandwidth=0)
-    assert h100_costs.for_device("cpu") is None
-    with pytest.raises(ValueError, match="expected cpu or h100, got 'tpu'"):
-        h100_costs.for_device("tpu")
+    path = tmp_path / "h100.json"
+    m.save(path)
+    assert registry.make(str(path), device="h100") == m  # a saved file is read by the registry's entry
+    with pytest.raises(ValueError, match=r"expected keys \['bandwidth', 'conv_rate', 'dot_rate', 'launch'\], got \['peak'\]"):
+        device_costs.SummedCosts.from_params({"peak": 1})
+    with pytest.raises(ValueError, match="SummedConfig.bandwidth: expected a positive number, got 0"):
+        device_costs.SummedConfig(launch=1e-6, dot_rate=1e14, conv_rate=1e14, bandwidth=0)
+    other = tmp_path / "cpu.json"
+    registry.make("analytic", device="cpu").save(other)
+    with pytest.raises(ValueError, match="expected a saved 'analytic-summed' cost model .* got 'analytic'"):
+        device_costs.SummedCosts.load(other)
+    assert registry.make(str(other)) == AnalyticCosts()
+    with pytest.raises(ValueError, match=r"device 'tpu': expected one of \['cpu', 'h100'\]"):
+        device_costs.analytic("tpu")
+    assert device_costs.analytic("cpu") == AnalyticCosts(device_costs.roofline_config("cpu"))
+
+
+def _simulate(*args: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "disco", "simulate", "--model", "mlp", "--preset", "tiny",
+                        "--plans", "xla_default", "--json", *args], capture_output=True, text=True, env=env,
+                       cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_simulate_prices_a_gpu_cluster_through_the_registry():
+    runs = {cm: _simulate("--devices", "1", "--cluster", "h100-1", "--cost-model", cm) for cm in ("analytic", "gnn")}
+    times = {cm: out["results"][0]["step_time_ms"] for cm, out in runs.items()}
+    assert runs["analytic"]["cost_model"] == "analytic-summed" and runs["gnn"]["cost_model"] == "gnn"
+    assert all(out["cluster"] == "h100-1" and out["cost_model_info"]["device"] == "h100" for out in runs.values())
+    assert runs["gnn"]["cost_model_info"]["source"].endswith("kernel_h100.msgpack")
+    assert all(t > 0 for t in times.values()) and times["analytic"] != times["gnn"], times
+    # The CPU cluster keeps the CPU roofline: a tiny mlp step at least 10x slower than on the H100.
+    cpu = _simulate("--devices", "1")
+    assert cpu["cost_model"] == "analytic" and cpu["cost_model_info"]["device"] == "cpu"
+    assert cpu["results"][0]["step_time_ms"] > 10 * times["analytic"]
 
 
 def test_duplicated_rules():

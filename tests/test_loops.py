@@ -22,7 +22,7 @@ from disco.ir.opcodes import COLLECTIVE_KIND, ZERO_COST_OPCODES
 from disco.plans import baselines
 from disco.sim import cluster as dcluster
 from disco.sim.costs import AnalyticCosts, GraphKernels
-from disco.sim.h100_costs import H100RooflineInterim
+from disco.sim.device_costs import analytic
 from disco.sim.simulator import Simulator
 
 
@@ -326,7 +326,7 @@ def test_dynamic_slice_reads_its_slice_and_update_writes_in_place():
 
 # -- the simulator prices a loop by its trip count -----------------------------------------------------
 _CLUSTERS = {"cpu": (AnalyticCosts(), dcluster.preset("local", devices=2)),
-             "h100": (H100RooflineInterim(), dcluster.preset("h100-1"))}
+             "h100": (analytic("h100"), dcluster.preset("h100-1"))}
 
 
 @pytest.mark.parametrize("cluster", sorted(_CLUSTERS))

@@ -220,7 +220,7 @@ def print_json(obj: Any) -> None:
 def add_cost_model_arg(p: argparse.ArgumentParser) -> None:
     """``--cost-model`` (read by :func:`load_cost_model`)."""
     p.add_argument("--cost-model", default=DEFAULT_COST_MODEL, metavar="analytic|gnn|FILE",
-                   help="analytic (roofline), gnn (the GNN checkpoint shipped in the package), a GNN "
+                   help="analytic (the device kind's analytic model), gnn (the GNN shipped for the device kind), a GNN "
                         f"checkpoint (.msgpack) or a saved cost model (.json) (default {DEFAULT_COST_MODEL})")
 
 

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
     cluster = resolve(args.cluster, args.devices)
     step, example = make_step(args)  # first: it sets the device count before jax starts
-    costs, cost_info = load_cost_model(args.cost_model)
+    costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
     config = config_from_args(args)
     from disco.optimizer import optimize
 
@@ -309,7 +309,7 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
         cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link, timeout_s=args.timeout)
         cluster = mp_calibrate.cluster_spec(cal)
     setup_devices(args.processes * args.devices_per_process)  # before anything starts jax's backend
-    costs, cost_info = load_cost_model(args.cost_model)
+    costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
     res = mp_optimize.optimize(
         args.model, args.preset, args.processes, args.devices_per_process, link, cluster=cluster, costs=costs,
         budget_s=args.budget, strategy=args.strategy, measure_top_k=args.measure_top_k, seed=args.seed,

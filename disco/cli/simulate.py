@@ -48,12 +48,8 @@ def run(args: argparse.Namespace) -> int:
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = resolve_plans(args.plans, graph, strict=args.strict)
     spec = cluster.resolve(args.cluster, args.devices)
-    cm, cm_info = load_cost_model(args.cost_model)
-    if spec.is_gpu and args.cost_model == "analytic":  # the analytic model of the cluster's device kind
-        from disco.sim import h100_costs
-
-        cm = h100_costs.for_device(spec.device)
-        cm_info = {"name": cm.name, "digest": cm.digest(), "source": "built-in", "device": spec.device}
+    cm, cm_info = load_cost_model(args.cost_model, device=spec.device)  # priced for the cluster's device kind
+    cm_info = {**cm_info, "device": spec.device}
     sim = simulator.Simulator(graph, cm, spec)
     rows = []
     for name, plan in plans.items():

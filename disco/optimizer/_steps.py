@@ -30,7 +30,8 @@ from disco.optimizer._choice import (
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.plans import baselines
 from disco.sim.cluster import ClusterSpec, preset
-from disco.sim.costs import AnalyticCosts, CostModel
+from disco.sim import device_costs
+from disco.sim.costs import CostModel
 from disco.sim.simulator import Simulator
 from xla_hooks import measure as _measure
 from xla_hooks.apply_plan import PlanFallbackWarning
@@ -77,7 +78,8 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
       args: its example arguments (real arrays: the plans are measured).
       cluster: the cluster the simulator prices collectives with (default:
         ``preset("local", devices=<devices args are sharded over>)``).
-      costs: the cost model (default :class:`disco.sim.costs.AnalyticCosts`).
+      costs: the cost model (default: the analytic model of the cluster's device kind,
+        :func:`disco.sim.device_costs.analytic`).
       progress: reports phase "extract".
 
     Raises:
@@ -91,7 +93,7 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
     graph = extract(step_fn, *args)
     check_data_parallel(graph)
     cluster = cluster or preset("local", devices=devices_of(args))
-    sim = Simulator(graph, costs or AnalyticCosts(), cluster)
+    sim = Simulator(graph, costs or device_costs.analytic(cluster.device), cluster)
     progress("extract", 1.0, f"{len(graph.nodes)} nodes, {len(graph.all_reduces())} all-reduces")
     return Target(step_fn, tuple(args), graph, sim)
 

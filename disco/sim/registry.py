@@ -3,15 +3,18 @@
 The contract is :class:`disco.sim.costs.CostModel`: ``kernel_time(kernel)``,
 ``collective_time(kind, nbytes, cluster)``, ``save(path)`` and loading by name or file. An
 :class:`Entry` says how to build a named model for a device kind (``make``) and how to read a
-saved file of its kind (``claims`` + ``load``). disco registers ``analytic`` (the roofline of
-:mod:`disco.sim.device_costs`); higher layers register their own, either by calling
-:func:`register` (the CLI registers ``gnn``) or through the ``disco.cost_models`` entry-point
-group of an installed package (setup.cfg), which :func:`make` reads when a name is unknown.
+saved file of its kind (``claims`` + ``load``). disco registers ``analytic`` (the model of each
+device kind in :mod:`disco.sim.device_costs`: a roofline on ``cpu``, a summed model on ``h100``);
+higher layers register their own, either by calling :func:`register` (the CLI registers ``gnn``)
+or through the ``disco.cost_models`` entry-point group of an installed package (setup.cfg), which
+:func:`make` reads when a name is unknown.
 disco itself never imports those packages.
 
 Example:
-  >>> make("analytic", device="h100").config.mem_bandwidth
-  3000000000000.0
+  >>> make("analytic", device="cpu").config.mem_bandwidth
+  10000000000.0
+  >>> make("analytic", device="h100").name
+  'analytic-summed'
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ class Entry(NamedTuple):
 
 _LOCK = threading.Lock()
 _ENTRIES: dict[str, Entry] = {
-    "analytic": Entry("analytic", device_costs.analytic,
-                      describe="roofline per device kind (disco.sim.device_costs)"),
+    "analytic": Entry("analytic", device_costs.analytic, load=device_costs.SummedCosts.load,
+                      claims=device_costs.claims,
+                      describe="the analytic model per device kind (disco.sim.device_costs)"),
 }
 _ENTRY_POINTS_READ: list[bool] = []
 
