@@ -3,8 +3,9 @@
 Each move is a pure function ``move(plan, ctx, rng) -> FusionPlan | None``: it
 returns a new plan one step away from ``plan``, or None when it does not apply
 (no group to split, no adjacent bucket, every try broke a rule). ``ctx`` is a
-:class:`MoveContext`, the plan-independent precomputation for one graph
-(:func:`context`), and ``rng`` a :class:`random.Random`.
+:class:`~disco.plans.move_context.MoveContext`, the plan-independent precomputation for one
+graph (:func:`~disco.plans.move_context.context`, re-exported here), and ``rng`` a
+:class:`random.Random`.
 
 Moves keep a valid plan valid (``plan.validate(graph)`` passes) without calling
 the full validation: every rule is checked incrementally on what the move
@@ -47,145 +48,23 @@ from __future__ import annotations
 
 import bisect
 import collections
-import dataclasses
 import random
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from disco.plans import check as plan_check
 from disco.plans import options as plan_options
-from disco.ir.hlo_parse import replica_group_size
-from disco.ir.opcodes import FUSIBLE_OPCODES
+from disco.plans.move_context import MoveContext, context
 from disco.plans.plan import Bucket, FusionPlan
 
-if TYPE_CHECKING:
-    from disco.ir.graph import HloGraph
+__all__ = [
+    "Move", "MoveContext", "context", "fuse", "split_group", "move_op", "toggle_xla_fusion", "merge_buckets",
+    "split_bucket", "shift_gradient", "switch_build", "add_cut", "remove_cut", "flip_option", "step_option",
+    "MOVES", "DEFAULT_WEIGHTS", "random_move", "canonical",
+]
 
-Move = Callable[[FusionPlan, "MoveContext", random.Random], "FusionPlan | None"]
+Move = Callable[[FusionPlan, MoveContext, random.Random], "FusionPlan | None"]
 _NONE = -1  # cluster id of a node in no group or bucket
 _UNSET = -2
 _TRIES = 4
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class MoveContext:
-    """Plan-independent facts about one graph, precomputed once for many moves.
-
-    Attributes:
-      graph: the graph.
-      index: instruction name -> node index.
-      names: node index -> instruction name.
-      succ: per node, its consumers (node indices, no duplicates).
-      pred: per node, its operands' producers.
-      fusible_nbrs: per node, neighbours (either direction) it may share a group
-        with: both fusible, same computation; empty for non-fusible nodes.
-      fusible_nodes: nodes with at least one fusible neighbour.
-      ar_class: all-reduce node -> class id; buckets merge only within a class
-        (a tuple-shaped all-reduce is a class of its own).
-      ar_level: all-reduce node -> the number of all-reduces on the longest chain above it.
-      ar_bit: all-reduce node -> its bit (its position in program order).
-      ar_reach: all-reduce node -> bitset of the all-reduces downstream of it in the graph.
-      ar_splittable: all-reduce nodes whose bucket may use build "rs_ag" (replica groups of one
-        known size, not tuple-shaped).
-      backend: "cpu" or "gpu"; on "gpu" ``fusible_nbrs``/``fusible_nodes`` are empty.
-      cut_edges: (producer, consumer) node pairs a cut may go on (see :func:`add_cut`).
-      options: the backend's compile-option table.
-    """
-
-    graph: HloGraph
-    index: Mapping[str, int]
-    names: tuple[str, ...]
-    succ: tuple[tuple[int, ...], ...]
-    pred: tuple[tuple[int, ...], ...]
-    fusible_nbrs: tuple[tuple[int, ...], ...]
-    fusible_nodes: tuple[int, ...]
-    ar_class: Mapping[int, int]
-    ar_level: Mapping[int, int]
-    ar_bit: Mapping[int, int]
-    ar_reach: Mapping[int, int]
-    ar_splittable: frozenset[int] = frozenset()
-    backend: str = "cpu"
-    cut_edges: tuple[tuple[int, int], ...] = ()
-    options: tuple[plan_options.CompileOption, ...] = ()
-    _cache: dict = dataclasses.field(default_factory=dict, repr=False)
-
-
-# Ops a cut may stand between: both fusible, the producer something XLA would compute in a kernel.
-_CUT_OPCODES = FUSIBLE_OPCODES - {"constant", "iota"}
-
-
-def _cut_edges(graph: HloGraph, succ: Sequence[Sequence[int]]) -> tuple[tuple[int, int], ...]:
-    nodes = graph.nodes
-    out = []
-    for i, nd in enumerate(nodes):
-        if (nd.opcode not in _CUT_OPCODES or nd.shape.startswith("(") or "[" not in nd.shape
-                or not plan_check.group_computation_ok(graph, nd.computation)):
-            continue
-        for j in succ[i]:
-            if nodes[j].opcode in _CUT_OPCODES and nd.name in nodes[j].operands:
-                out.append((i, j))
-    return tuple(out)
-
-
-def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
-    """Precomputes what moves need for ``graph`` on ``backend`` (linear in the graph's size).
-
-    Raises:
-      ValueError: for a backend that is neither CPU nor GPU.
-    """
-    backend = plan_options.normalize(backend)
-    nodes = graph.nodes
-    n = len(nodes)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    pred: list[list[int]] = [[] for _ in range(n)]
-    for s, d in dict.fromkeys(graph.edges):
-        succ[s].append(d)
-        pred[d].append(s)
-    # plan_check's per-node rules (opcode, computation, layouts; inputs with a layout can never
-    # be members, so they are outside every group); constants are left to XLA.
-    allowed = plan_check.groupable(graph, {i: pred[i] for i in range(n)})
-    ok = [allowed[i] and nd.opcode != "constant" and backend != "gpu" for i, nd in enumerate(nodes)]
-    nbrs = []
-    for i in range(n):
-        if not ok[i]:
-            nbrs.append(())
-            continue
-        comp = nodes[i].computation
-        nbrs.append(tuple(dict.fromkeys(j for j in (*pred[i], *succ[i])
-                                        if ok[j] and nodes[j].computation == comp)))
-    classes: dict[tuple, int] = {}
-    ar_class: dict[int, int] = {}
-    for i, nd in enumerate(nodes):
-        if nd.is_all_reduce:
-            key = (nd.computation, nd.reduction, nd.replica_groups, nd.dtype)
-            if nd.shape.startswith("("):
-                key = ("tuple", i)
-            ar_class[i] = classes.setdefault(key, len(classes))
-    # all-reduces above each node: along edges in topological (program) order
-    above = [0] * n
-    for i in range(n):
-        best = 0
-        for p in pred[i]:
-            v = above[p] + (1 if p in ar_class else 0)
-            if v > best:
-                best = v
-        above[i] = best
-    bit = {a: b for b, a in enumerate(sorted(ar_class))}
-    down = [0] * n  # per node: bitset of all-reduces at or below it
-    for i in range(n - 1, -1, -1):
-        r = 1 << bit[i] if i in bit else 0
-        for s in succ[i]:
-            r |= down[s]
-        down[i] = r
-    reach = {a: down[a] & ~(1 << bit[a]) for a in bit}
-    return MoveContext(
-        graph=graph, index=graph.index(), names=tuple(nd.name for nd in nodes),
-        succ=tuple(map(tuple, succ)), pred=tuple(map(tuple, pred)), fusible_nbrs=tuple(nbrs),
-        fusible_nodes=tuple(i for i in range(n) if nbrs[i]),
-        ar_class=ar_class, ar_level={i: above[i] for i in ar_class}, ar_bit=bit, ar_reach=reach,
-        ar_splittable=frozenset(i for i in ar_class if not nodes[i].shape.startswith("(")
-                                and replica_group_size(nodes[i].replica_groups) is not None),
-        backend=backend, cut_edges=_cut_edges(graph, succ), options=plan_options.table(backend))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,11 +96,11 @@ class _View:
 
 
 def _view(plan: FusionPlan, ctx: MoveContext) -> _View:
-    hit = ctx._cache.get("view")
+    hit = ctx.memo.get("view")
     if hit is not None and hit.plan is plan:
         return hit
     v = _View(plan, ctx)
-    ctx._cache["view"] = v
+    ctx.memo["view"] = v
     return v
 
 
@@ -466,16 +345,22 @@ def _bucket_neighbours(view: _View, ctx: MoveContext) -> list[tuple[int, int]]:
     return pairs
 
 
-def merge_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
-    """Merges a bucket with the next bucket of its class in production order."""
+def _draw_neighbours(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Iterator[tuple[_View, int, int]]:
+    """Up to ``_TRIES`` draws, without replacement, of (view, bucket, next bucket of its class)."""
     if plan.buckets is None:
-        return None
+        return
     view = _view(plan, ctx)
     pairs = _bucket_neighbours(view, ctx)
     for _ in range(_TRIES):
         if not pairs:
-            return None
+            return
         a, b = pairs.pop(rng.randrange(len(pairs)))
+        yield view, a, b
+
+
+def merge_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Merges a bucket with the next bucket of its class in production order."""
+    for view, a, b in _draw_neighbours(plan, ctx, rng):
         ed = _Edit(view)
         ed.remove(a)
         ed.remove(b)
@@ -509,14 +394,7 @@ def split_bucket(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusi
 
 def shift_gradient(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
     """Moves the last all-reduce of a bucket into the next bucket of its class, or the first back."""
-    if plan.buckets is None:
-        return None
-    view = _view(plan, ctx)
-    pairs = _bucket_neighbours(view, ctx)
-    for _ in range(_TRIES):
-        if not pairs:
-            return None
-        a, b = pairs.pop(rng.randrange(len(pairs)))
+    for view, a, b in _draw_neighbours(plan, ctx, rng):
         ma, mb = view.clusters[a], view.clusters[b]
         forward = rng.random() < 0.5
         if forward and len(ma) < 2 or not forward and len(mb) < 2:

@@ -1,0 +1,146 @@
+"""What moves know about one graph: :class:`MoveContext`, precomputed once by :func:`context`.
+
+The facts here do not depend on a plan: who feeds whom, which ops may share a group (fusible,
+same computation, plan_check's layout rules; none on GPU, where XLA cannot take groups), which
+all-reduces may share a bucket (one class: computation, reduction, replica groups, dtype), the
+reachability between all-reduces as bitsets (for the cycle check of bucket moves), the operand
+edges a cut may go on, and the backend's compile-option table. :mod:`disco.plans.moves` reads
+them for every move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from disco.ir.hlo_parse import replica_group_size
+from disco.ir.opcodes import FUSIBLE_OPCODES
+from disco.plans import check as plan_check
+from disco.plans import options as plan_options
+
+if TYPE_CHECKING:
+    from disco.ir.graph import HloGraph
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MoveContext:
+    """Plan-independent facts about one graph, precomputed once for many moves.
+
+    Attributes:
+      graph: the graph.
+      index: instruction name -> node index.
+      names: node index -> instruction name.
+      succ: per node, its consumers (node indices, no duplicates).
+      pred: per node, its operands' producers.
+      fusible_nbrs: per node, neighbours (either direction) it may share a group
+        with: both fusible, same computation; empty for non-fusible nodes.
+      fusible_nodes: nodes with at least one fusible neighbour.
+      ar_class: all-reduce node -> class id; buckets merge only within a class
+        (a tuple-shaped all-reduce is a class of its own).
+      ar_level: all-reduce node -> the number of all-reduces on the longest chain above it.
+      ar_bit: all-reduce node -> its bit (its position in program order).
+      ar_reach: all-reduce node -> bitset of the all-reduces downstream of it in the graph.
+      ar_splittable: all-reduce nodes whose bucket may use build "rs_ag" (replica groups of one
+        known size, not tuple-shaped).
+      backend: "cpu" or "gpu"; on "gpu" ``fusible_nbrs``/``fusible_nodes`` are empty.
+      cut_edges: (producer, consumer) node pairs a cut may go on (see :func:`add_cut`).
+      options: the backend's compile-option table.
+      memo: what moves keep between calls on this context (the index view of the last plan);
+        not compared, not shown.
+    """
+
+    graph: HloGraph
+    index: Mapping[str, int]
+    names: tuple[str, ...]
+    succ: tuple[tuple[int, ...], ...]
+    pred: tuple[tuple[int, ...], ...]
+    fusible_nbrs: tuple[tuple[int, ...], ...]
+    fusible_nodes: tuple[int, ...]
+    ar_class: Mapping[int, int]
+    ar_level: Mapping[int, int]
+    ar_bit: Mapping[int, int]
+    ar_reach: Mapping[int, int]
+    ar_splittable: frozenset[int] = frozenset()
+    backend: str = "cpu"
+    cut_edges: tuple[tuple[int, int], ...] = ()
+    options: tuple[plan_options.CompileOption, ...] = ()
+    memo: dict = dataclasses.field(default_factory=dict, repr=False)
+
+
+# Ops a cut may stand between: both fusible, the producer something XLA would compute in a kernel.
+_CUT_OPCODES = FUSIBLE_OPCODES - {"constant", "iota"}
+
+
+def _cut_edges(graph: HloGraph, succ: Sequence[Sequence[int]]) -> tuple[tuple[int, int], ...]:
+    nodes = graph.nodes
+    out = []
+    for i, nd in enumerate(nodes):
+        if (nd.opcode not in _CUT_OPCODES or nd.shape.startswith("(") or "[" not in nd.shape
+                or not plan_check.group_computation_ok(graph, nd.computation)):
+            continue
+        for j in succ[i]:
+            if nodes[j].opcode in _CUT_OPCODES and nd.name in nodes[j].operands:
+                out.append((i, j))
+    return tuple(out)
+
+
+def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
+    """Precomputes what moves need for ``graph`` on ``backend`` (linear in the graph's size).
+
+    Raises:
+      ValueError: for a backend that is neither CPU nor GPU.
+    """
+    backend = plan_options.normalize(backend)
+    nodes = graph.nodes
+    n = len(nodes)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    pred: list[list[int]] = [[] for _ in range(n)]
+    for s, d in dict.fromkeys(graph.edges):
+        succ[s].append(d)
+        pred[d].append(s)
+    # plan_check's per-node rules (opcode, computation, layouts; inputs with a layout can never
+    # be members, so they are outside every group); constants are left to XLA.
+    allowed = plan_check.groupable(graph, {i: pred[i] for i in range(n)})
+    ok = [allowed[i] and nd.opcode != "constant" and backend != "gpu" for i, nd in enumerate(nodes)]
+    nbrs = []
+    for i in range(n):
+        if not ok[i]:
+            nbrs.append(())
+            continue
+        comp = nodes[i].computation
+        nbrs.append(tuple(dict.fromkeys(j for j in (*pred[i], *succ[i])
+                                        if ok[j] and nodes[j].computation == comp)))
+    classes: dict[tuple, int] = {}
+    ar_class: dict[int, int] = {}
+    for i, nd in enumerate(nodes):
+        if nd.is_all_reduce:
+            key = (nd.computation, nd.reduction, nd.replica_groups, nd.dtype)
+            if nd.shape.startswith("("):
+                key = ("tuple", i)
+            ar_class[i] = classes.setdefault(key, len(classes))
+    # all-reduces above each node: along edges in topological (program) order
+    above = [0] * n
+    for i in range(n):
+        best = 0
+        for p in pred[i]:
+            v = above[p] + (1 if p in ar_class else 0)
+            if v > best:
+                best = v
+        above[i] = best
+    bit = {a: b for b, a in enumerate(sorted(ar_class))}
+    down = [0] * n  # per node: bitset of all-reduces at or below it
+    for i in range(n - 1, -1, -1):
+        r = 1 << bit[i] if i in bit else 0
+        for s in succ[i]:
+            r |= down[s]
+        down[i] = r
+    reach = {a: down[a] & ~(1 << bit[a]) for a in bit}
+    return MoveContext(
+        graph=graph, index=graph.index(), names=tuple(nd.name for nd in nodes),
+        succ=tuple(map(tuple, succ)), pred=tuple(map(tuple, pred)), fusible_nbrs=tuple(nbrs),
+        fusible_nodes=tuple(i for i in range(n) if nbrs[i]),
+        ar_class=ar_class, ar_level={i: above[i] for i in ar_class}, ar_bit=bit, ar_reach=reach,
+        ar_splittable=frozenset(i for i in ar_class if not nodes[i].shape.startswith("(")
+                                and replica_group_size(nodes[i].replica_groups) is not None),
+        backend=backend, cut_edges=_cut_edges(graph, succ), options=plan_options.table(backend))

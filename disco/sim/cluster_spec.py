@@ -1,0 +1,353 @@
+"""The cluster data model: :class:`ClusterSpec`, :class:`LinkSpec`, and our YAML format.
+
+A :class:`ClusterSpec` is what the simulator needs to price a collective: the
+number of nodes, devices per node, an *intra*-node link and an *inter*-node
+link (each a bandwidth in bytes/s and a latency in seconds), the all-reduce
+algorithm, and the speed of a device relative to the device the kernel costs
+were profiled on.
+
+Our own YAML format (``ClusterSpec.to_yaml`` / ``ClusterSpec.from_yaml``)::
+
+    name: 2x8-100gbe
+    nodes: 2
+    devices_per_node: 8
+    intra: {bandwidth: 300GB/s, latency: 5us}   # per device, per direction
+    inter: {bandwidth: 100Gbps, latency: 15us}  # per node, per direction
+    algorithm: hierarchical                     # ring | tree | hierarchical
+    compute_speed: 1.0                          # optional, default 1.0
+    operand_latency: 0us                        # optional: per extra operand of a variadic all-reduce
+    overlap: true                               # optional: collectives beside compute (false: one stream)
+    device: cpu                                 # optional: the device kind that prices kernels (cpu | h100)
+    description: ...                            # optional free text
+    label: public GPU cluster shape, not measured  # optional
+
+Bandwidths are numbers in bytes/s or strings with a unit (``B/s``, ``KB/s``,
+``MB/s``, ``GB/s``, ``GiB/s``, ``bps``, ``Kbps``, ``Mbps``, ``Gbps``, ``Tbps``;
+``Gb/s`` is ``Gbps``). Latencies are numbers in seconds or strings with a unit
+(``s``, ``ms``, ``us``, ``ns``). ``to_yaml`` writes plain numbers.
+
+Files of other systems are read by :mod:`disco.sim.cluster_files`; the named clusters
+are in :mod:`disco.sim.cluster_presets`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+Algorithm = Literal["ring", "tree", "hierarchical"]
+ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical")
+# Device kinds: which fusion emulation and which kernel cost model the simulator uses.
+# "cpu" is XLA:CPU (the behaviour of every spec that names no device); "h100" is XLA:GPU on
+# an NVIDIA H100 SXM (disco.sim.gpu_fusion, and the H100 cost model).
+DEVICES: tuple[str, ...] = ("cpu", "h100")
+GPU_DEVICES: frozenset[str] = frozenset({"h100"})
+
+_RATE_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+                  "ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
+_RATE_UNITS = {  # case matters only for b (bits) vs B (bytes) before "/s"
+    **{f"{p}b/s": v / 8 for p, v in _RATE_PREFIXES.items()},
+    **{f"{p}B/s": v for p, v in _RATE_PREFIXES.items()},
+    **{f"{p}bps": v / 8 for p, v in _RATE_PREFIXES.items()},
+}
+# Sub-second units as divisors, so that "5us" reads as exactly 5e-6 (5 / 1e6, not 5 * 1e-6).
+_TIME_UNITS = {"s": 1.0, "ms": -1e3, "us": -1e6, "µs": -1e6, "ns": -1e9}
+_QUANTITY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Zµ/]+)\s*$")
+
+
+# ---------------------------------------------------------------------------------------------
+def parse_bandwidth(value: Any, where: str, *, bare_unit: float = 1.0) -> float:
+    """Reads a bandwidth as bytes/s.
+
+    Args:
+      value: a number (multiplied by ``bare_unit``) or a string such as "100Gbps", "300 GB/s".
+      where: the field's name, for error messages.
+      bare_unit: bytes/s per unit of a bare number (1.0: bytes/s; 1e9 / 8: Gbps).
+
+    Returns:
+      The bandwidth in bytes/s (> 0).
+
+    Raises:
+      ValueError: naming ``where`` when the value is not a positive bandwidth.
+    """
+    out = _parse_quantity(value, where, _RATE_UNITS, bare_unit, "a bandwidth such as 100Gbps or 3e11 (bytes/s)")
+    if not out > 0:
+        raise ValueError(f"{where}: expected a positive bandwidth, got {value!r}")
+    return out
+
+
+def parse_latency(value: Any, where: str) -> float:
+    """Reads a latency as seconds from a number (seconds) or a string such as "5us".
+
+    Raises:
+      ValueError: naming ``where`` when the value is not a non-negative duration.
+    """
+    out = _parse_quantity(value, where, _TIME_UNITS, 1.0, "a latency such as 5us or 5e-6 (seconds)")
+    if out < 0:
+        raise ValueError(f"{where}: expected a non-negative latency, got {value!r}")
+    return out
+
+
+def _parse_quantity(value: Any, where: str, units: Mapping[str, float], bare: float, expected: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: expected {expected}, got {value!r}")
+    if isinstance(value, (int, float)):
+        out = float(value) * bare
+    elif isinstance(value, str):
+        m = _QUANTITY_RE.match(value)
+        if m is None:
+            try:
+                out = float(value) * bare
+            except ValueError:
+                raise ValueError(f"{where}: expected {expected}, got {value!r}") from None
+        else:
+            unit = _normalise_unit(m.group(2))
+            if unit not in units:
+                raise ValueError(f"{where}: unknown unit {m.group(2)!r} in {value!r}; expected {expected}")
+            scale = units[unit]
+            out = float(m.group(1)) * scale if scale > 0 else float(m.group(1)) / -scale
+    else:
+        raise ValueError(f"{where}: expected {expected}, got {value!r}")
+    if not math.isfinite(out):
+        raise ValueError(f"{where}: expected a finite value, got {value!r}")
+    return out
+
+
+def _normalise_unit(unit: str) -> str:
+    """Lower-cases a unit except the b/B that tells bits from bytes in "<prefix>b/s"."""
+    if unit.endswith("/s") and len(unit) >= 3:
+        return unit[:-3].lower() + unit[-3:]
+    return unit.lower()
+
+
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LinkSpec:
+    """One kind of link.
+
+    Attributes:
+      bandwidth: bytes/s in one direction (intra: per device; inter: per node).
+      latency: seconds per message (the alpha of the alpha-beta model).
+    """
+
+    bandwidth: float
+    latency: float
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.bandwidth, (int, float)) and math.isfinite(self.bandwidth) and self.bandwidth > 0):
+            raise ValueError(f"LinkSpec.bandwidth: expected a positive number of bytes/s, got {self.bandwidth!r}")
+        if not (isinstance(self.latency, (int, float)) and math.isfinite(self.latency) and self.latency >= 0):
+            raise ValueError(f"LinkSpec.latency: expected a non-negative number of seconds, got {self.latency!r}")
+
+    def to_dict(self) -> dict[str, float]:
+        return {"bandwidth": float(self.bandwidth), "latency": float(self.latency)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """A homogeneous data-parallel cluster.
+
+    Attributes:
+      name: a short label, e.g. "dgx-a100-8".
+      nodes: number of machines (>= 1).
+      devices_per_node: accelerators per machine (>= 1).
+      intra: the link between two devices of one node.
+      inter: the link between nodes (for one node, conventionally equal to ``intra``).
+      algorithm: the all-reduce algorithm, "ring", "tree" or "hierarchical".
+      compute_speed: device speed relative to the profiled device (2.0: kernels take half the time).
+      operand_latency: seconds each operand after the first adds to a variadic (tuple) all-reduce,
+        the form XLA's combiner produces. 0 for the public shapes (not measured there); measured
+        by ``disco calibrate`` (XLA:CPU runs a variadic all-reduce operand by operand: about
+        0.2 ms per operand on 8 in-process devices, while one concatenated buffer of the same
+        bytes costs no more than a single operand).
+      overlap: whether a collective runs beside compute (its own stream, as on GPUs with NCCL).
+        False for devices whose collectives are run by the same threads that compute (in-process
+        virtual CPU devices: measured, one all-reduce per gradient is the slowest plan there), so
+        the simulator puts collectives and kernels on one stream.
+      description: free text (not compared).
+      label: provenance, e.g. "public GPU cluster shape, not measured" (not compared).
+      device: the device kind (``DEVICES``): "cpu" (default: XLA:CPU's fusion and the CPU cost
+        model) or "h100" (XLA:GPU's priority fusion emulated, kernels priced for an H100).
+    """
+
+    name: str
+    nodes: int
+    devices_per_node: int
+    intra: LinkSpec
+    inter: LinkSpec
+    algorithm: Algorithm = "ring"
+    compute_speed: float = 1.0
+    operand_latency: float = 0.0
+    overlap: bool = True
+    description: str = dataclasses.field(default="", compare=False)
+    label: str = dataclasses.field(default="", compare=False)
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for field in ("nodes", "devices_per_node"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"ClusterSpec.{field}: expected an integer >= 1, got {v!r}")
+        for field in ("intra", "inter"):
+            if not isinstance(getattr(self, field), LinkSpec):
+                raise ValueError(f"ClusterSpec.{field}: expected a LinkSpec, got {getattr(self, field)!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"ClusterSpec.algorithm: expected one of {', '.join(ALGORITHMS)}, "
+                             f"got {self.algorithm!r}")
+        cs = self.compute_speed
+        if isinstance(cs, bool) or not isinstance(cs, (int, float)) or not (math.isfinite(cs) and cs > 0):
+            raise ValueError(f"ClusterSpec.compute_speed: expected a positive number, got {cs!r}")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"ClusterSpec.overlap: expected true or false, got {self.overlap!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"ClusterSpec.device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
+        ol = self.operand_latency
+        if isinstance(ol, bool) or not isinstance(ol, (int, float)) or not (math.isfinite(ol) and ol >= 0):
+            raise ValueError(f"ClusterSpec.operand_latency: expected a non-negative number of seconds, got {ol!r}")
+
+    @property
+    def is_gpu(self) -> bool:
+        """True when the device kind is a GPU (XLA:GPU's fusion, a GPU cost model)."""
+        return self.device in GPU_DEVICES
+
+    @property
+    def num_devices(self) -> int:
+        """Total devices, ``nodes * devices_per_node``."""
+        return self.nodes * self.devices_per_node
+
+    def replace(self, **kw: Any) -> ClusterSpec:
+        return dataclasses.replace(self, **kw)
+
+    # -- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name, "nodes": self.nodes, "devices_per_node": self.devices_per_node,
+            "intra": self.intra.to_dict(), "inter": self.inter.to_dict(),
+            "algorithm": self.algorithm, "compute_speed": float(self.compute_speed),
+        }
+        if self.operand_latency:
+            out["operand_latency"] = float(self.operand_latency)
+        if not self.overlap:
+            out["overlap"] = False
+        if self.device != "cpu":
+            out["device"] = self.device
+        if self.description:
+            out["description"] = self.description
+        if self.label:
+            out["label"] = self.label
+        return out
+
+    def to_yaml(self) -> str:
+        """The cluster in our YAML format (see the module docstring)."""
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "cluster") -> ClusterSpec:
+        """Reads our format from a parsed mapping.
+
+        Raises:
+          ValueError: naming the field that is missing, unknown or wrong.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where}: expected a mapping of cluster fields, got {type(data).__name__}")
+        known = {"name", "nodes", "devices_per_node", "intra", "inter", "algorithm", "compute_speed",
+                 "operand_latency", "overlap", "description", "label", "device"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown fields {unknown}; expected some of {sorted(known)}")
+        for key in ("nodes", "devices_per_node", "intra"):
+            if key not in data:
+                raise ValueError(f"{where}: missing field {key!r}")
+        nodes = _int_field(data["nodes"], f"{where}.nodes")
+        dpn = _int_field(data["devices_per_node"], f"{where}.devices_per_node")
+        intra = _link_field(data["intra"], f"{where}.intra")
+        if "inter" in data:
+            inter = _link_field(data["inter"], f"{where}.inter")
+        elif nodes == 1:
+            inter = intra
+        else:
+            raise ValueError(f"{where}: missing field 'inter' (needed when nodes > 1, got nodes={nodes})")
+        algorithm = data.get("algorithm", "ring")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"{where}.algorithm: expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+        speed = data.get("compute_speed", 1.0)
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
+            raise ValueError(f"{where}.compute_speed: expected a positive number, got {speed!r}")
+        operand_latency = parse_latency(data.get("operand_latency", 0.0), f"{where}.operand_latency")
+        overlap = data.get("overlap", True)
+        if not isinstance(overlap, bool):
+            raise ValueError(f"{where}.overlap: expected true or false, got {overlap!r}")
+        for key in ("name", "description", "label"):
+            if key in data and not isinstance(data[key], str):
+                raise ValueError(f"{where}.{key}: expected a string, got {data[key]!r}")
+        device = data.get("device", "cpu")
+        if device not in DEVICES:
+            raise ValueError(f"{where}.device: expected one of {', '.join(DEVICES)}, got {device!r}")
+        return cls(name=data.get("name", f"{nodes}x{dpn}"), nodes=nodes, devices_per_node=dpn,
+                   intra=intra, inter=inter, algorithm=algorithm, compute_speed=float(speed),
+                   operand_latency=operand_latency, overlap=overlap, device=device,
+                   description=data.get("description", ""), label=data.get("label", ""))
+
+    @classmethod
+    def from_yaml(cls, path_or_text: str | os.PathLike[str]) -> ClusterSpec:
+        """Reads our YAML format from YAML text, or from a file given as an ``os.PathLike``.
+
+        A ``str`` is always parsed as YAML text, never opened as a path, so text from
+        a request can be passed here safely; use ``pathlib.Path`` (or
+        :func:`load_cluster`) for files.
+
+        Raises:
+          ValueError: for YAML that does not parse or a field that is wrong.
+        """
+        if isinstance(path_or_text, str):
+            text, where = path_or_text, "cluster"
+        else:
+            text, where = _read_text(path_or_text, "cluster")
+        return cls.from_dict(parse_yaml(text, where), where)
+
+
+def _int_field(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{where}: expected an integer >= 1, got {v!r}")
+    return v
+
+
+def _link_field(v: Any, where: str) -> LinkSpec:
+    if not isinstance(v, Mapping) or set(v) != {"bandwidth", "latency"}:
+        raise ValueError(f"{where}: expected a mapping with keys bandwidth and latency, got {v!r}")
+    return LinkSpec(parse_bandwidth(v["bandwidth"], f"{where}.bandwidth"),
+                    parse_latency(v["latency"], f"{where}.latency"))
+
+
+def _read_text(path_or_text: str | os.PathLike[str], default_where: str) -> tuple[str, str]:
+    if isinstance(path_or_text, os.PathLike):
+        p = Path(path_or_text)
+        return p.read_text(), p.name
+    if isinstance(path_or_text, str):
+        if "\n" not in path_or_text and len(path_or_text) < 4096:
+            try:
+                p = Path(path_or_text)
+                if p.is_file():
+                    return p.read_text(), p.name
+            except OSError:
+                pass
+        return path_or_text, default_where
+    raise ValueError(f"expected a path or YAML text, got {type(path_or_text).__name__}")
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parses YAML text; ValueError naming ``where`` when it does not parse."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where}: not valid YAML: {e}") from None
+
