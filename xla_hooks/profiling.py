@@ -38,6 +38,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import glob
 import os
@@ -46,7 +47,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from disco.ir.graph import HloGraph
@@ -267,13 +268,34 @@ def _op_map(compiled_text: str, plan: FusionPlan | None, rewritten: str | None,
 
 
 # -- running the trace ---------------------------------------------------------------------------
-def _events(xplane: str, module: str) -> tuple[dict[str, list[float]], set[int]]:
-    """hlo_op -> durations in seconds (all devices), and the device ordinals seen."""
+@contextlib.contextmanager
+def _trace(fn: Callable[..., Any], args: Sequence[Any], steps: int, prefix: str) -> Iterator[tuple[Any, float]]:
+    """Runs ``steps`` calls of ``fn(*args)`` under one jax trace.
+
+    Yields the trace's ``jax.profiler.ProfileData`` and the traced seconds per step; the trace
+    lock is held until the ``with`` block ends.
+
+    Raises:
+      RuntimeError: if the trace wrote no ``*.xplane.pb`` file.
+    """
     import jax
 
-    data = jax.profiler.ProfileData.from_file(xplane)
-    out: dict[str, list[float]] = collections.defaultdict(list)
-    devices: set[int] = set()
+    with _TRACE_LOCK, tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        with jax.profiler.trace(tmp):
+            t0 = time.perf_counter()
+            out = None
+            for _ in range(steps):
+                out = fn(*args)
+            jax.block_until_ready(out)
+            per_step = (time.perf_counter() - t0) / steps
+        files = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
+        if not files:
+            raise RuntimeError(f"jax.profiler.trace wrote no *.xplane.pb under {tmp}; expected one")
+        yield jax.profiler.ProfileData.from_file(max(files, key=os.path.getmtime)), per_step
+
+
+def _op_events(data: Any, module: str) -> Iterator[tuple[Any, Any, str, dict[str, Any]]]:
+    """(line, event, hlo_op, stats) of every event with an ``hlo_op`` stat (of ``module`` when given)."""
     for plane in data.planes:
         for line in plane.lines:
             for ev in line.events:
@@ -282,11 +304,19 @@ def _events(xplane: str, module: str) -> tuple[dict[str, list[float]], set[int]]
                 if op is None:
                     continue
                 mod = stats.get("hlo_module")
-                if mod is not None and module and mod != module:
+                if module and mod is not None and mod != module:
                     continue
-                out[str(op)].append(ev.duration_ns * 1e-9)
-                if "device_ordinal" in stats:
-                    devices.add(int(stats["device_ordinal"]))
+                yield line, ev, str(op), stats
+
+
+def _events(data: Any, module: str) -> tuple[dict[str, list[float]], set[int]]:
+    """hlo_op -> durations in seconds (all devices), and the device ordinals seen."""
+    out: dict[str, list[float]] = collections.defaultdict(list)
+    devices: set[int] = set()
+    for _, ev, op, stats in _op_events(data, module):
+        out[op].append(ev.duration_ns * 1e-9)
+        if "device_ordinal" in stats:
+            devices.add(int(stats["device_ordinal"]))
     return out, devices
 
 
@@ -320,8 +350,6 @@ def profile(
     """
     if steps < 1 or rounds < 1:
         raise ValueError(f"steps and rounds must be >= 1, got steps={steps}, rounds={rounds}")
-    import jax
-
     from xla_hooks.apply_plan import AppliedStep, apply
     from xla_hooks.measure import measure
 
@@ -334,18 +362,8 @@ def profile(
     plan = plan if plan is not None and fn.applied else fn.plan
     module, info = _op_map(fn.compiled_text(), plan, fn.hlo if fn.applied else None, graph)
     untraced = measure(fn, args, rounds=rounds, steps=1)  # includes a warm-up call
-    with _TRACE_LOCK, tempfile.TemporaryDirectory(prefix="disco_profile_") as tmp:
-        with jax.profiler.trace(tmp):
-            t0 = time.perf_counter()
-            out = None
-            for _ in range(steps):
-                out = fn(*args)
-            jax.block_until_ready(out)
-            traced = (time.perf_counter() - t0) / steps
-        files = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
-        if not files:
-            raise RuntimeError(f"jax.profiler.trace wrote no *.xplane.pb under {tmp}; expected one")
-        events, devices = _events(max(files, key=os.path.getmtime), module)
+    with _trace(fn, args, steps, "disco_profile_") as (data, traced):
+        events, devices = _events(data, module)
     n_dev = max(1, len(devices))
     ops = []
     for name, durs in events.items():
@@ -393,31 +411,11 @@ def trace_kernels(fn: Callable[..., Any], args: Sequence[Any], steps: int = 5,
     """
     if steps < 1:
         raise ValueError(f"steps: expected >= 1, got {steps}")
-    import jax
-
-    with _TRACE_LOCK, tempfile.TemporaryDirectory(prefix="disco_kernels_") as tmp:
-        with jax.profiler.trace(tmp):
-            out = None
-            for _ in range(steps):
-                out = fn(*args)
-            jax.block_until_ready(out)
-        files = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
-        if not files:
-            raise RuntimeError(f"jax.profiler.trace wrote no *.xplane.pb under {tmp}; expected one")
-        data = jax.profiler.ProfileData.from_file(max(files, key=os.path.getmtime))
-        acc: dict[tuple[str, str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
-        for plane in data.planes:
-            for line in plane.lines:
-                for ev in line.events:
-                    stats = dict(ev.stats)
-                    op = stats.get("hlo_op")
-                    if op is None:
-                        continue
-                    mod = stats.get("hlo_module")
-                    if module and mod is not None and mod != module:
-                        continue
-                    rec = acc[(str(line.name), str(ev.name), str(op))]
-                    rec[0] += ev.duration_ns
-                    rec[1] += 1
+    acc: dict[tuple[str, str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    with _trace(fn, args, steps, "disco_kernels_") as (data, _):
+        for line, ev, op, _ in _op_events(data, module):
+            rec = acc[(str(line.name), str(ev.name), op)]
+            rec[0] += ev.duration_ns
+            rec[1] += 1
     return tuple(KernelTime(stream=s, kernel=k, hlo_op=o, ns_per_step=v[0] / steps, launches_per_step=v[1] / steps)
                  for (s, k, o), v in sorted(acc.items()))

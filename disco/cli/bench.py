@@ -9,9 +9,10 @@ from disco.cli.common import (
     add_link_arg,
     over_label,
     parse_link_arg,
-    DEFAULT_PLANS,
     CliError,
     add_model_args,
+    add_plans_arg,
+    add_strict_arg,
     add_progress_arg,
     device_kind,
     make_step,
@@ -25,9 +26,7 @@ from disco.cli.common import (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments."""
     add_model_args(p)
-    p.add_argument("--plans", default=DEFAULT_PLANS,
-                   help=f"comma list of baselines (horovod:128 sets a threshold) or plan .json files "
-                        f"(default {DEFAULT_PLANS})")
+    add_plans_arg(p)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
     p.add_argument("--processes", type=int, default=1,
@@ -39,8 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure the communication-free bound: the step with its all-reduces replaced "
                         "by copies (not a plan; in-process only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--strict", action="store_true",
-                   help="a plan .json made for another graph (its fingerprint differs) is an error, not a warning")
+    add_strict_arg(p)
     add_progress_arg(p)
 
 

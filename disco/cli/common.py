@@ -247,6 +247,19 @@ def load_cost_model(value: str, device: str = "cpu") -> tuple[Any, dict[str, Any
 
 
 # -- plans -----------------------------------------------------------------------------------------
+def add_plans_arg(p: argparse.ArgumentParser) -> None:
+    """``--plans``: a comma list of baselines or plan files (read by :func:`resolve_plans`)."""
+    p.add_argument("--plans", default=DEFAULT_PLANS,
+                   help=f"comma list of baselines (horovod:128 sets a threshold) or plan .json files "
+                        f"(default {DEFAULT_PLANS})")
+
+
+def add_strict_arg(p: argparse.ArgumentParser) -> None:
+    """``--strict``: a plan file made for another graph is an error (read by :func:`resolve_plans`)."""
+    p.add_argument("--strict", action="store_true",
+                   help="a plan .json made for another graph (its fingerprint differs) is an error, not a warning")
+
+
 def resolve_plans(spec: str, graph: Any, *, strict: bool = False) -> dict[str, Any]:
     """The plans a ``--plans`` comma list names, by name: baselines (``horovod:128`` sets a value)
     or plan .json files (validated against ``graph``). A plan file made for another graph (its

@@ -6,9 +6,10 @@ import argparse
 from typing import Any
 
 from disco.cli.common import (
-    DEFAULT_PLANS,
     add_cost_model_arg,
     add_model_args,
+    add_plans_arg,
+    add_strict_arg,
     load_cost_model,
     make_step,
     model_label,
@@ -20,14 +21,11 @@ from disco.cli.common import (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments."""
     add_model_args(p)
-    p.add_argument("--plans", default=DEFAULT_PLANS,
-                   help=f"comma list of baselines (horovod:128 sets a threshold) or plan .json files "
-                        f"(default {DEFAULT_PLANS})")
+    add_plans_arg(p)
     p.add_argument("--cluster", help="a cluster YAML file or preset name (default: local with --devices)")
     add_cost_model_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (default: a table)")
-    p.add_argument("--strict", action="store_true",
-                   help="a plan .json made for another graph (its fingerprint differs) is an error, not a warning")
+    add_strict_arg(p)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -417,37 +417,10 @@ def _fingerprint_attrs(ins: hlo_parse.Instruction) -> dict[str, str]:
     if not ins.fingerprint_attrs:
         return ins.attrs
     out: dict[str, str] = {}
-    for part in _first_parser_split(ins.fingerprint_attrs):
+    for part in hlo_parse.split_top_level(ins.fingerprint_attrs, angle_brackets=True):
         key, eq, val = part.partition("=")
         out[key.strip()] = val.strip() if eq else ""
     return out
-
-
-def _first_parser_split(text: str) -> list[str]:
-    """The first parser's top-level comma split: (), [], {} and <> are brackets, '->' is not."""
-    parts: list[str] = []
-    depth, in_str, start, i = 0, False, 0, 0
-    while i < len(text):
-        c = text[i]
-        if in_str:
-            if c == "\\":
-                i += 2
-                continue
-            if c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "([{<":
-            depth += 1
-        elif c in ")]}>":
-            if not (c == ">" and i > 0 and text[i - 1] == "-"):
-                depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-        i += 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
 
 
 def _hash_lines(lines: Sequence[str]) -> str:

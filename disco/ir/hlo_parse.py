@@ -204,12 +204,16 @@ class Module:
 
 
 # -- small readers (also used by xla_hooks) -----------------------------------------------------
-def split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Splits on ``sep`` outside (), [], {} and double-quoted strings.
+def split_top_level(text: str, sep: str = ",", *, angle_brackets: bool = False) -> list[str]:
+    """Splits on ``sep`` outside (), [], {} and double-quoted strings; parts stripped, empty ones dropped.
 
     ``<`` and ``>`` are not brackets: HLO writes them only in ``<=`` (bounded
-    dynamic dimensions, iota replica groups) and ``->``.
+    dynamic dimensions, iota replica groups) and ``->``. ``angle_brackets=True``
+    counts them as brackets all the same (the ``>`` of ``->`` excepted): the split
+    graph fingerprints were first computed with, which they keep
+    (``disco.ir.graph._fingerprint_attrs``).
     """
+    opens, closes = ("([{<", ")]}>") if angle_brackets else ("([{", ")]}")
     parts: list[str] = []
     depth = 0
     in_str = False
@@ -225,10 +229,11 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
                 in_str = False
         elif c == '"':
             in_str = True
-        elif c in "([{":
+        elif c in opens:
             depth += 1
-        elif c in ")]}":
-            depth -= 1
+        elif c in closes:
+            if not (c == ">" and i > 0 and text[i - 1] == "-"):
+                depth -= 1
         elif c == sep and depth == 0:
             parts.append(text[start:i])
             start = i + 1

@@ -78,6 +78,9 @@ def _inter_half(nbytes: float, cluster: ClusterSpec) -> float:
 def allreduce_time(nbytes: float, cluster: ClusterSpec) -> float:
     """Seconds for one all-reduce of ``nbytes`` per device under ``cluster.algorithm``.
 
+    Ring and hierarchical all-reduces are a reduce-scatter then an all-gather (twice
+    :func:`reduce_scatter_time`); a tree reduces to the root and broadcasts back.
+
     Args:
       nbytes: bytes of the buffer each device contributes (and receives).
       cluster: devices, links and algorithm.
@@ -88,18 +91,12 @@ def allreduce_time(nbytes: float, cluster: ClusterSpec) -> float:
     Raises:
       ValueError: for a negative byte count.
     """
-    _check_bytes(nbytes)
     p = cluster.num_devices
-    if p <= 1:
-        return 0.0
-    if cluster.algorithm == "hierarchical":
-        d = cluster.devices_per_node
-        a, b = cluster.intra.latency, 1.0 / cluster.intra.bandwidth
-        return 2 * _ring_half(nbytes, d, a, b) + 2 * _inter_half(nbytes, cluster)
-    alpha, beta = _flat_link(cluster)
-    if cluster.algorithm == "tree":
+    if cluster.algorithm == "tree" and p > 1:
+        _check_bytes(nbytes)
+        alpha, beta = _flat_link(cluster)
         return 2 * math.ceil(math.log2(p)) * alpha + 2 * nbytes * beta
-    return 2 * _ring_half(nbytes, p, alpha, beta)
+    return 2 * reduce_scatter_time(nbytes, cluster)
 
 
 def reduce_scatter_time(nbytes: float, cluster: ClusterSpec) -> float:

@@ -60,6 +60,48 @@ class Cut(Group):
         self.touched = touched
 
 
+def _regions(groups: Sequence[Group]) -> list[list[Group]]:
+    """The groups that touch base fusions, in sets that touch the same ones: each set is re-fused together."""
+    # The common case: every group lies inside one XLA fusion.
+    by_cluster: dict[int, list[Group]] = {}
+    for g in groups:
+        t = g.touched
+        if len(t) != 1:
+            if t:
+                break
+            continue
+        lst = by_cluster.get(t[0])
+        if lst is None:
+            by_cluster[t[0]] = [g]
+        else:
+            lst.append(g)
+    else:
+        return list(by_cluster.values())
+    owner: dict[int, int] = {}
+    comps: list[list[Group] | None] = []
+    for g in groups:
+        if not g.touched:
+            continue
+        hit = {owner[c] for c in g.touched if c in owner}
+        if not hit:
+            ci = len(comps)
+            comps.append([g])
+        else:
+            ci = min(hit)
+            comp = comps[ci]
+            comp.append(g)  # type: ignore[union-attr]
+            for cj in hit - {ci}:
+                other = comps[cj]
+                comp.extend(other)  # type: ignore[union-attr,arg-type]
+                comps[cj] = None
+                for h in other:  # type: ignore[union-attr]
+                    for c in h.touched:
+                        owner[c] = ci
+        for c in g.touched:
+            owner[c] = ci
+    return [comp for comp in comps if comp is not None]
+
+
 class Patch:
     """What one plan changes in a mode's base units: units removed and units added."""
 
@@ -325,72 +367,24 @@ class Patcher:
     def _extend_groups(self, mode: Mode, groups: list[Group], dead: list[int], new: list[Unit]) -> float:
         """Planned groups grown by XLA's fusion: each set of base fusions that groups touch is re-fused.
 
-        Appends to ``dead`` and ``new``; returns the change in summed kernel time.
+        Appends to ``dead`` and ``new``; returns the change in summed kernel time. A region's
+        re-fusion is cached: on the group when it is alone, else by the region's group names.
         """
-        # The common case: every group lies inside one XLA fusion.
-        by_cluster: dict[int, list[Group]] = {}
-        for g in groups:
-            t = g.touched
-            if len(t) != 1:
-                if t:
-                    break
-                continue
-            lst = by_cluster.get(t[0])
-            if lst is None:
-                by_cluster[t[0]] = [g]
-            else:
-                lst.append(g)
-        else:
-            delta = 0.0
-            cache = self._region_cache
-            for lst in by_cluster.values():
-                if len(lst) == 1:
-                    hit = lst[0].solo
-                    if hit is None:
-                        hit = lst[0].solo = self._refuse(mode, lst)
-                else:
-                    key = tuple(sorted(g.names for g in lst))
-                    hit = cache.get(key)
-                    if hit is None:
-                        hit = cache[key] = self._refuse(mode, lst)
-                dead += hit[0]
-                new += hit[1]
-                delta += hit[2]
-            return delta
-        owner: dict[int, int] = {}
-        comps: list[list[Group] | None] = []
-        for g in groups:
-            if not g.touched:
-                continue
-            hit = {owner[c] for c in g.touched if c in owner}
-            if not hit:
-                ci = len(comps)
-                comps.append([g])
-            else:
-                ci = min(hit)
-                comp = comps[ci]
-                comp.append(g)  # type: ignore[union-attr]
-                for cj in hit - {ci}:
-                    other = comps[cj]
-                    comp.extend(other)  # type: ignore[union-attr,arg-type]
-                    comps[cj] = None
-                    for h in other:  # type: ignore[union-attr]
-                        for c in h.touched:
-                            owner[c] = ci
-            for c in g.touched:
-                owner[c] = ci
-        cache = self._region_cache
         delta = 0.0
-        for comp in comps:
-            if comp is None:
-                continue
-            key = tuple(sorted(g.names for g in comp))
-            hit_ = cache.get(key)
-            if hit_ is None:
-                hit_ = cache[key] = self._refuse(mode, comp)
-            dead += hit_[0]
-            new += hit_[1]
-            delta += hit_[2]
+        cache = self._region_cache
+        for comp in _regions(groups):
+            if len(comp) == 1:
+                hit = comp[0].solo
+                if hit is None:
+                    hit = comp[0].solo = self._refuse(mode, comp)
+            else:
+                key = tuple(sorted(g.names for g in comp))
+                hit = cache.get(key)
+                if hit is None:
+                    hit = cache[key] = self._refuse(mode, comp)
+            dead += hit[0]
+            new += hit[1]
+            delta += hit[2]
         return delta
 
     def _refuse(self, mode: Mode, comp: list[Group]) -> tuple[list[int], list[Unit], float]:

@@ -64,49 +64,30 @@ def schedule(unit_of: Sequence[int], key_unit: Sequence[int], indeg: list[int], 
     # The comm stream's next start; a kernel starts only strictly before it (ties: comm first).
     limit = (tc[0][0] if tc[0][0] > t_m else t_m) if tc else _INF
     while True:
-        while True:  # the compute stream, until the comm stream's next start comes first
-            while tk and tk[0][0] <= t_c:
-                heappush(rk, heappop(tk)[1])
-            if not rk:
-                if not tk or tk[0][0] >= limit:
-                    break
-                t_c = tk[0][0]  # idle until a kernel's collective input ends
-                continue
-            if t_c >= limit:
-                break
+        while tk and tk[0][0] <= t_c:
+            heappush(rk, heappop(tk)[1])
+        if rk and t_c < limit:  # the compute stream runs the ready kernel with the smallest key
             u = key_unit[heappop(rk)]
             if record is not None:
                 record((u, t_c))
             fin = t_c = t_c + dur[u]
-            done += 1
-            for s, c in succ[u]:
-                w = unit_of[s]
-                k = indeg[w] - c
-                indeg[w] = k
-                if fin > rt[w]:
-                    rt[w] = fin
-                if not k:
-                    if coll[w]:
-                        heappush(tc, (rt[w], key[w]))
-                        r = tc[0][0]
-                        limit = r if r > t_m else t_m
-                    elif rt[w] <= fin:
-                        heappush(rk, key[w])
-                    else:
-                        heappush(tk, (rt[w], key[w]))
-        if not tc:
-            break
-        u = key_unit[heappop(tc)[1]]
-        if blocking:  # one stream: the collective waits for the running kernel, then holds it
-            start = limit if limit > t_c else t_c
+            is_coll = False
+        elif not rk and tk and tk[0][0] < limit:
+            t_c = tk[0][0]  # idle until a kernel's collective input ends
+            continue
+        elif tc:  # the comm stream's next start comes first
+            u = key_unit[heappop(tc)[1]]
+            # one stream: the collective waits for the running kernel, then holds it
+            start = limit if not blocking or limit > t_c else t_c
+            if record is not None:
+                record((u, start))
+            fin = t_m = start + dur[u]
+            is_coll = True
         else:
-            start = limit
-        if record is not None:
-            record((u, start))
-        fin = t_m = start + dur[u]
+            break
         done += 1
-        # Releases the collective's readers: the kernel case above, inlined twice on purpose (a
-        # helper call per unit costs the search measurably); they differ in when a kernel is ready.
+        # Releases the unit's readers (inline: a helper call per unit costs the search measurably).
+        # A kernel reader is ready when its last input ends by the compute stream's time.
         for s, c in succ[u]:
             w = unit_of[s]
             k = indeg[w] - c
@@ -116,17 +97,20 @@ def schedule(unit_of: Sequence[int], key_unit: Sequence[int], indeg: list[int], 
             if not k:
                 if coll[w]:
                     heappush(tc, (rt[w], key[w]))
+                    r = tc[0][0]
+                    limit = r if r > t_m else t_m
                 elif rt[w] <= t_c:
                     heappush(rk, key[w])
                 else:
                     heappush(tk, (rt[w], key[w]))
-        if blocking:
-            t_c = fin
-        if tc:
-            r = tc[0][0]
-            limit = r if r > t_m else t_m
-        else:
-            limit = _INF
+        if is_coll:
+            if blocking:
+                t_c = fin
+            if tc:
+                r = tc[0][0]
+                limit = r if r > t_m else t_m
+            else:
+                limit = _INF
     if done != len(dur):
         raise Deadlock()
     return t_c if t_c > t_m else t_m
