@@ -14,8 +14,8 @@ combiner makes one variadic all-reduce, against one concatenated buffer:
 
     operand_latency = (t_variadic - t_concat) / (OPERANDS - 1)
 
-(measured on XLA:CPU with 8 in-process devices: about 0.2 ms per operand; a concat of the same
-bytes costs about what one operand does).
+XLA:CPU's in-process devices run a variadic all-reduce operand by operand, so the term is
+large there (the measurement: docs/benchmarks.md, "Calibration").
 """
 
 from __future__ import annotations
@@ -54,10 +54,9 @@ class Calibration:
 def fit(devices: int, sizes: Sequence[int], times: Sequence[float]) -> Calibration:
     """Least-squares fit of ``t = a + b n`` in relative error, and the ring parameters it implies.
 
-    Relative, not absolute, error: an absolute fit is ruled by the largest sizes and put the
-    intercept at 187 us on this machine's 8 devices while a 1 KiB all-reduce measured 450 us,
-    so one all-reduce per gradient was priced far too cheap (measured: per_tensor is the slowest
-    plan on every zoo model).
+    Relative, not absolute, error: an absolute fit is ruled by the largest sizes and prices
+    small all-reduces far below their measured time, so one all-reduce per gradient would look
+    cheap where it is the slowest plan (docs/benchmarks.md, "Calibration").
     """
     import numpy as np
 

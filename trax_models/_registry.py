@@ -115,7 +115,7 @@ _CONFIGS: dict[str, dict[str, ModelConfig]] = {
             vocab_size=32000, d_model=512, n_layers=2, seq_len=64, global_batch=128
         ),
     },
-    # The models people train now (issue 21); paper: the sizes their reference papers train.
+    # The models people train now; paper: the sizes their reference papers train.
     "vit": {
         "tiny": ViTConfig(
             image_size=16, patch_size=4, d_model=32, d_ff=64, n_heads=2, n_layers=2, num_classes=10

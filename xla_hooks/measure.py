@@ -64,9 +64,9 @@ def measure_interleaved(
 
     One untimed warm-up round first; then round ``r`` starts at the ``r``-th callable (A B C,
     B C A, C A B, ...), and every step is waited for before the next is dispatched. Both matter
-    on CPU: with a fixed order and the steps of a round dispatched asynchronously, two copies
-    of the same executable measured 39.05 and 32.14 ms medians in one run (mlp, preset small,
-    8 virtual devices; docs/benchmarks.md), the one measured right after xla_default slower.
+    on CPU: with a fixed order and the steps of a round dispatched asynchronously, copies of one
+    executable measured up to 20% apart in one run, the one right after xla_default slower
+    (docs/benchmarks.md, "Measurement method").
     """
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps must be >= 1, got rounds={rounds}, steps={steps}")
@@ -90,8 +90,8 @@ def paired_speedup(base: Measurement, other: Measurement) -> float:
 
     Both must come from one :func:`measure_interleaved` run, where a round measures every
     callable back to back. Pairing by round cancels the drift between rounds that a ratio of
-    the two medians keeps: on 2 shared CPU cores one executable's median moved by up to 44%
-    between the interleaved runs of one ``disco optimize`` (docs/benchmarks.md, zoo run 10).
+    the two medians keeps (on shared CPU cores a median moves by tens of percent between runs;
+    docs/benchmarks.md, "disco optimize across the zoo").
 
     Raises:
       ValueError: when the two have different numbers of rounds (not one run).

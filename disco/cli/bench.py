@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run across this many local processes (jax.distributed over 127.0.0.1; default 1)")
     p.add_argument("--devices-per-process", type=int, default=2, help="CPU devices per process (default 2)")
     p.add_argument("--timeout", type=float, default=600, help="with --processes: seconds before hung workers are killed (default 600)")
-    add_link_arg(p)  # issue 17
+    add_link_arg(p)
     p.add_argument("--bound", action="store_true",
                    help="also measure the communication-free bound: the step with its all-reduces replaced "
                         "by copies (not a plan; in-process only)")
@@ -129,7 +129,7 @@ def _run_processes(args: argparse.Namespace) -> int:
     spec = multiprocess.WorkerSpec(model=args.model, preset=args.preset, plans=names,
                                    rounds=args.rounds, steps=args.steps, optimizer=args.optimizer)
     res = multiprocess.launch(args.processes, args.devices_per_process, spec, timeout_s=args.timeout,
-                              link=parse_link_arg(args))  # --link (issue 17)
+                              link=parse_link_arg(args))  # --link
     if not res.ok:
         raise CliError("multi-process bench failed: " + "; ".join(res.failures or ("no results",)))
     rows = multiprocess.combine(res)

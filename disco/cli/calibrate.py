@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=20, help="repetitions per message size (default 20)")
     p.add_argument("--out", metavar="YAML", help="write the calibrated 'local' cluster spec here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_across_arguments(p)  # --processes, --link, --model (issue 17)
+    add_across_arguments(p)  # --processes, --link, --model
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise CliError(f"--reps must be >= 1, got {args.reps}")
     check_output_file(args.out, "--out")
-    if args.processes > 1 or args.link:  # across processes, maybe over an emulated link (issue 17)
+    if args.processes > 1 or args.link:  # across processes, maybe over an emulated link
         return run_across(args)
     from disco import calibrate as cal
     from disco.sim import cluster
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- across processes, maybe over an emulated link (issue 17) ------------------------------------
+# -- across processes, maybe over an emulated link ----------------------------------------------
 def run_across(args: argparse.Namespace) -> int:
     """``disco calibrate`` across processes: fit, cluster spec, and (with ``--model``) the
     simulator's baselines against measurements."""

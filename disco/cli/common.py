@@ -1,5 +1,5 @@
 """What several ``disco`` commands share: the error type, model arguments, device setup,
-JSON printing, the cost-model and plan arguments, and --processes/--link (issue 17).
+JSON printing, the cost-model and plan arguments, and --processes/--link.
 
 Nothing heavy is imported at module level: ``disco --help`` must not import jax.
 """
@@ -312,7 +312,7 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False) -> dict[str, A
     return plans
 
 
-# -- --processes and --link: workers across processes, maybe behind emulated links (issue 17) ----
+# -- --processes and --link: workers across processes, maybe behind emulated links -------------
 LINK_HELP = ("emulated link per worker, e.g. rate=1gbit,delay=100us[,jitter=10us,loss=0.1%%]: each worker in its "
              "own network namespace (needs root; disco.testbed); 'loopback' or none: 127.0.0.1")
 

@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE", help="draw xla_default's and the chosen plan's timelines (PNG)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_progress_arg(p)
-    add_process_args(p)  # --processes, --devices-per-process, --timeout, --link (issue 17)
+    add_process_args(p)  # --processes, --devices-per-process, --timeout, --link
 
 
 def _bucket_counts(spec: str) -> tuple[int, ...]:
@@ -119,7 +119,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit status."""
     _check(args)
-    if args.processes > 1 or args.link:  # across processes, maybe over an emulated link (issue 17)
+    if args.processes > 1 or args.link:  # across processes, maybe over an emulated link
         return run_across(args, bucket_sweep=_bucket_counts(args.bucket_sweep))
     from disco.sim.cluster import resolve
 
@@ -291,7 +291,7 @@ def plot_timelines(result: Any, path: str) -> None:
         plt.close(fig)
 
 
-# -- across processes, maybe over an emulated link (issue 17) ------------------------------------
+# -- across processes, maybe over an emulated link ----------------------------------------------
 def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> int:
     """``disco optimize`` across processes: calibrate on the link (unless --cluster), search, measure.
     ``bucket_sweep``: ``--bucket-sweep`` as read by ``disco.cli.optimize``."""

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import networkx as nx
     import numpy as np
 
-SCHEMA = "disco.graph/1"  # the file format's name: unchanged by the move to disco.ir (graphs written before load)
+SCHEMA = "disco.graph/1"  # the file format's name; graphs written by earlier versions carry it too
 _GRAD_RE = re.compile(r"disco_grad\[(.*)\]")
 _LAYOUT_RE = re.compile(r"\]\{([0-9,]*)")
 _BRACES_RE = re.compile(r"\{[^{}]*\}")

@@ -30,7 +30,7 @@ BACKENDS: tuple[str, ...] = ("cpu", "gpu")
 
 THRESHOLD = "xla_gpu_all_reduce_combine_threshold_bytes"
 SCHEDULER = "xla_gpu_enable_latency_hiding_scheduler"
-# Rejected by jax 0.11.2's GPU compile ("No such compile option"; H100, 2026-11-23): kept to name it.
+# Rejected by jax 0.11.2's GPU compile ("No such compile option", on an H100): kept to name it.
 PIPELINED_ALL_REDUCE = "xla_gpu_enable_pipelined_all_reduce"
 MB = 1 << 20
 XLA_DEFAULT_THRESHOLD = 30 * MB + 7  # xla/debug_options_flags.cc (late 2025)

@@ -162,9 +162,8 @@ class ClusterSpec:
       compute_speed: device speed relative to the profiled device (2.0: kernels take half the time).
       operand_latency: seconds each operand after the first adds to a variadic (tuple) all-reduce,
         the form XLA's combiner produces. 0 for the public shapes (not measured there); measured
-        by ``disco calibrate`` (XLA:CPU runs a variadic all-reduce operand by operand: about
-        0.2 ms per operand on 8 in-process devices, while one concatenated buffer of the same
-        bytes costs no more than a single operand).
+        by ``disco calibrate`` (XLA:CPU runs a variadic all-reduce operand by operand, while one
+        concatenated buffer of the same bytes costs about one operand; docs/benchmarks.md).
       overlap: whether a collective runs beside compute (its own stream, as on GPUs with NCCL).
         False for devices whose collectives are run by the same threads that compute (in-process
         virtual CPU devices: measured, one all-reduce per gradient is the slowest plan there), so

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from disco.sim.cluster import ClusterSpec
     from disco.ir.graph import HloGraph, Node
 
-SCHEMA = "disco.costs/1"  # the file format's name: unchanged by the move to disco.sim (tables written before load)
+SCHEMA = "disco.costs/1"  # the file format's name; tables written by earlier versions carry it too
 
 def is_kernel_node(node: Node) -> bool:
     """True when ``node`` runs as (part of) a compute kernel."""

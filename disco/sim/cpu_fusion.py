@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from disco.ir.opcodes import XLA_CPU_DUPLICATED_OPCODES, XLA_CPU_LOOP_OPCODES
-from disco.sim.units import KERNEL
+from disco.sim.units import KERNEL, group_producers
 
 if TYPE_CHECKING:
     from disco.ir.graph import Node
@@ -86,12 +86,7 @@ class CpuFusion:
         are never fused.
         """
         loop, users, blocked = self._loop, self._users, self._blocked
-        gid: dict[int, int] = {}
-        items: list[tuple[int, tuple[int, ...], bool]] = []
-        for gi, g in enumerate(groups):
-            for m in g:
-                gid[m] = gi
-            items.append((g[-1], g, True))
+        gid, items = group_producers(groups)
         items += [(m, (m,), False) for m in region if m not in gid]
         items.sort(reverse=True)
         cl: dict[int, int] = {}

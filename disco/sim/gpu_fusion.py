@@ -60,6 +60,7 @@ from disco.ir.opcodes import XLA_GPU_MATRIX_OPCODES as MATRIX_OPCODES
 from disco.ir.opcodes import XLA_GPU_MATRIX_PROLOGUE as MATRIX_PROLOGUE
 from disco.ir.opcodes import XLA_GPU_REDUCE_OPCODES as REDUCE_OPCODES
 from disco.ir.opcodes import XLA_GPU_UNFUSIBLE_OPCODES as UNFUSIBLE_OPCODES
+from disco.sim.units import group_producers
 
 # How many epilogue ops a matrix hero takes (bias add + activation).
 MAX_MATRIX_EPILOGUE = 2
@@ -229,12 +230,7 @@ def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tupl
       is in exactly one.
     """
     in_region = set(region)
-    gid: dict[int, int] = {}
-    items: list[tuple[int, tuple[int, ...], bool]] = []
-    for gi, g in enumerate(groups):
-        for m in g:
-            gid[m] = gi
-        items.append((g[-1], g, True))
+    gid, items = group_producers(groups)
     claimed = _matrix_epilogues(ctx, region, in_region, gid, cuts)
     chains: dict[int, list[int]] = {}
     for m, hero in claimed.items():

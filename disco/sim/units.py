@@ -33,6 +33,22 @@ def node_kinds(nodes: Sequence[Node]) -> list[int]:
             for node in nodes]
 
 
+def group_producers(groups: Sequence[tuple[int, ...]]) -> tuple[dict[int, int], list[tuple[int, tuple[int, ...], bool]]]:
+    """Where a fusion emulation starts from its planned groups.
+
+    Returns:
+      (gid, items): node -> index of its group, and one producer item per group,
+      ``(last member, members, True)``; the emulation adds its single nodes as ``(node, (node,), False)``.
+    """
+    gid: dict[int, int] = {}
+    items: list[tuple[int, tuple[int, ...], bool]] = []
+    for gi, g in enumerate(groups):
+        for m in g:
+            gid[m] = gi
+        items.append((g[-1], g, True))
+    return gid, items
+
+
 class FusionEmulation(Protocol):
     """What a backend's fusion emulation gives a mode (see :mod:`disco.sim.cpu_fusion`).
 
