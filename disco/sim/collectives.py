@@ -136,11 +136,7 @@ def all_to_all_time(nbytes: float, cluster: ClusterSpec) -> float:
       ValueError: for a negative byte count.
     """
     _check_bytes(nbytes)
-    p = cluster.num_devices
-    if p <= 1:
-        return 0.0
-    alpha, beta = _flat_link(cluster)
-    return _ring_half(nbytes, p, alpha, beta)
+    return _ring_half(nbytes, cluster.num_devices, *_flat_link(cluster))  # 0.0 for one device
 
 
 def permute_time(nbytes: float, cluster: ClusterSpec) -> float:
