@@ -206,3 +206,43 @@ def test_duplicated_rules():
     elems = [8, 8, 8, 8, 8, 8]
     dup = gpu_fusion.duplicated(opcodes, is_kernel, succs, preds, elems)
     assert dup == {1, 3, 5}
+
+
+# -- the lower bound bounds every plan (GPU: fused epilogues move fewer bytes than a dot alone) --
+_BOUND_CLUSTERS = {"h100-1": (lambda: device_costs.analytic("h100")),
+                   "h100-roofline": (lambda: AnalyticCosts(device_costs.roofline_config("h100"))),
+                   "local": AnalyticCosts}
+
+
+@pytest.mark.parametrize("which", sorted(_BOUND_CLUSTERS))
+@pytest.mark.parametrize("seed", range(12))
+def test_lower_bound_is_below_every_random_plan(graph, which, seed):
+    from disco.plans.random_plans import random_plan
+
+    spec = cluster.preset("local" if which == "local" else "h100-1")
+    sim = Simulator(graph, _BOUND_CLUSTERS[which](), spec)
+    bound = sim.lower_bound()
+    assert bound > 0
+    for plan in (random_plan(graph, seed), baselines.make("xla_default", graph), baselines.make("no_fusion", graph)):
+        assert bound <= sim.step_time(plan) * (1 + 1e-12), (which, plan.name)
+
+
+# A dot reading a broadcast: XLA:GPU (and the emulation) recomputes the broadcast inside the GEMM
+# kernel, which then reads 512 bytes where the dot alone reads the 2 MiB broadcast.
+BROADCAST_DOT = """HloModule b, entry_computation_layout={(f32[128]{0}, f32[128,256]{1,0})->f32[4096,256]{1,0}}
+
+ENTRY main {
+  v = f32[128]{0} parameter(0)
+  w = f32[128,256]{1,0} parameter(1)
+  x = f32[4096,128]{1,0} broadcast(v), dimensions={1}
+  ROOT h = f32[4096,256]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_lower_bound_is_below_a_gemm_that_reads_a_duplicated_broadcast():
+    g = HloGraph.from_hlo_text(BROADCAST_DOT)
+    sim = Simulator(g, device_costs.analytic("h100"), cluster.preset("h100-1"))
+    plan = baselines.make("xla_default", g)
+    assert sim.fusions(plan) == [("h",)]  # the broadcast is no kernel of its own
+    assert 0 < sim.lower_bound() <= sim.step_time(plan)

@@ -62,8 +62,20 @@ from disco.ir.opcodes import XLA_GPU_REDUCE_OPCODES as REDUCE_OPCODES
 from disco.ir.opcodes import XLA_GPU_UNFUSIBLE_OPCODES as UNFUSIBLE_OPCODES
 from disco.sim.units import group_producers
 
-# How many epilogue ops a matrix hero takes (bias add + activation).
+# How many epilogue ops a matrix hero takes (bias add + activation): a convolution (cuDNN's
+# conv-bias-activation) or a small dot (a Triton gemm fusion, which fuses elementwise work freely).
 MAX_MATRIX_EPILOGUE = 2
+# A dot with at least this many output elements runs as a cuBLASLt call, whose only epilogue XLA
+# forms on these models is ``BIAS`` (one ``add``; the compiled zoo modules at preset paper hold
+# epilogues ``DEFAULT`` and ``BIAS`` only: activations stay loop fusions).
+LARGE_GEMM_ELEMENTS = 1 << 20
+
+
+def _epilogue_ops(opcode: str, out_elements: int) -> tuple[int, frozenset[str] | None]:
+    """(most epilogue ops, the opcodes allowed or None for any elementwise) of a matrix hero."""
+    if opcode == "dot" and out_elements >= LARGE_GEMM_ELEMENTS:
+        return 1, frozenset({"add"})
+    return MAX_MATRIX_EPILOGUE, None
 
 
 def is_fusible(opcode: str) -> bool:
@@ -84,6 +96,11 @@ class GpuFusionContext:
         or by nobody.
       last_user: each node's last reader of any kind (program position; -1 for none).
       preds: each node's real kernel producers (through duplicated ones), for sibling fusion.
+      layout_bound: nodes whose value XLA:GPU must write in another layout than a cuBLAS/cuDNN
+        output has: a ``transpose`` of rank 3 or more (it moves batch dimensions, which a GEMM's
+        operand strides cannot express, so it is no matrix prologue), and a value some dot reads
+        with its batch dimensions not leading (:func:`layout_bound`). Neither joins a matrix
+        hero's epilogue.
     """
 
     opcodes: tuple[str, ...]
@@ -93,6 +110,61 @@ class GpuFusionContext:
     outside: tuple[bool, ...]
     last_user: tuple[int, ...]
     preds: tuple[tuple[int, ...], ...]
+    layout_bound: frozenset[int] = frozenset()
+
+
+def _dims(shape: str) -> tuple[int, ...] | None:
+    """The dimensions of an array shape text such as ``f32[48,128,768]`` (None for a tuple)."""
+    if shape.startswith("(") or "[" not in shape:
+        return None
+    inner = shape[shape.index("[") + 1:shape.rindex("]")]
+    try:
+        return tuple(int(d) for d in inner.split(",") if d)
+    except ValueError:
+        return None
+
+
+def layout_bound(opcodes: Sequence[str], shapes: Sequence[str], preds: Sequence[Sequence[int]],
+                 dup: set[int]) -> frozenset[int]:
+    """The nodes whose values XLA:GPU writes in a layout no GEMM produces (see :class:`GpuFusionContext`).
+
+    A batched dot's operand is read batch-dimensions-major by cuBLAS. The pre-optimisation HLO
+    carries no dot dimension numbers here, so a dot of rank-r output is taken to read an operand
+    of rank k <= r transposed when the operand's leading ``k - 2`` dimensions differ from the
+    output's (jax's attention ``dot_general`` with batch dimensions (0, 2) of a ``[b, s, h, d]``
+    operand); XLA's layout assignment then materialises the transpose, fused into the operand's
+    producer fusion (``input_transpose_fusion``) or, after a GEMM, as a kernel of its own. Read
+    through duplicated producers (a bitcast between is still the same buffer).
+
+    Args:
+      opcodes, shapes: per node.
+      preds: each node's operands.
+      dup: the duplicated producers.
+    """
+    dims = [_dims(s) for s in shapes]
+    out: set[int] = set()
+    for i, op in enumerate(opcodes):
+        d = dims[i]
+        if d is None:
+            continue
+        if op == "transpose" and len(d) >= 3:
+            out.add(i)
+        if op != "dot" or len(d) < 3:
+            continue
+        for p in preds[i]:
+            stack, seen = [p], set()
+            while stack:  # through duplicated producers to the value's real producer
+                q = stack.pop()
+                if q in seen:
+                    continue
+                seen.add(q)
+                if q in dup and opcodes[q] in BITCASTS:
+                    stack.extend(preds[q])
+                    continue
+                dq = dims[q]
+                if dq is not None and 3 <= len(dq) <= len(d) and dq[:len(dq) - 2] != d[:len(dq) - 2]:
+                    out.add(q)
+    return frozenset(out)
 
 
 def duplicated(opcodes: Sequence[str], is_kernel: Sequence[bool], succs: Sequence[Sequence[int]],
@@ -135,7 +207,7 @@ def duplicated(opcodes: Sequence[str], is_kernel: Sequence[bool], succs: Sequenc
 
 def make_context(opcodes: Sequence[str], out_elements: Sequence[int], in_elements: Sequence[int],
                  is_kernel: Sequence[bool], dup: set[int], succs: Sequence[Sequence[int]],
-                 preds: Sequence[Sequence[int]]) -> GpuFusionContext:
+                 preds: Sequence[Sequence[int]], bound: frozenset[int] = frozenset()) -> GpuFusionContext:
     """Builds the emulation's per-graph arrays.
 
     Args:
@@ -143,6 +215,7 @@ def make_context(opcodes: Sequence[str], out_elements: Sequence[int], in_element
       is_kernel: whether each node is a compute op.
       dup: the duplicated producers (:func:`duplicated`).
       succs, preds: each node's readers and operands (graph edges, node order topological).
+      bound: the layout-bound nodes (:func:`layout_bound`).
     """
     n = len(opcodes)
     users: list[tuple[int, ...]] = [()] * n
@@ -177,13 +250,13 @@ def make_context(opcodes: Sequence[str], out_elements: Sequence[int], in_element
         rpreds[i] = tuple(sorted(acc2))
     return GpuFusionContext(opcodes=tuple(opcodes), out_elements=tuple(out_elements),
                             in_elements=tuple(in_elements), users=tuple(users), outside=tuple(outside),
-                            last_user=tuple(last), preds=tuple(rpreds))
+                            last_user=tuple(last), preds=tuple(rpreds), layout_bound=bound)
 
 
 class _Fusion:
     """One growing fusion: members, iteration space, hero kind."""
 
-    __slots__ = ("members", "lo", "hi", "elems", "matrix", "reduce", "closed", "epilogue")
+    __slots__ = ("members", "lo", "hi", "elems", "matrix", "reduce", "closed", "epilogue", "bound")
 
     def __init__(self, pos: int, elems: int):
         self.members: list[int] = []
@@ -194,6 +267,7 @@ class _Fusion:
         self.reduce = False
         self.closed = False
         self.epilogue = 0  # elementwise ops in it (for a matrix hero's epilogue limit)
+        self.bound = False  # holds a layout-bound node: no GEMM epilogue
 
 
 def _accepts(ctx: GpuFusionContext, f: _Fusion, mem: Sequence[int], is_group: bool, all_inside: bool) -> bool:
@@ -205,12 +279,14 @@ def _accepts(ctx: GpuFusionContext, f: _Fusion, mem: Sequence[int], is_group: bo
     op = ctx.opcodes[mem[0]]
     i = mem[0]
     if op in MATRIX_OPCODES:
-        return (all_inside and not f.matrix and not f.reduce and f.epilogue <= MAX_MATRIX_EPILOGUE
-                and ctx.out_elements[i] == f.elems)
+        most, allowed = _epilogue_ops(op, ctx.out_elements[i])
+        return (all_inside and not f.matrix and not f.reduce and not f.bound and f.epilogue <= most
+                and ctx.out_elements[i] == f.elems
+                and (allowed is None or all(ctx.opcodes[x] in allowed for x in f.members)))
     if op in REDUCE_OPCODES:
         return not f.matrix and f.elems in (ctx.in_elements[i], ctx.out_elements[i])
     if f.matrix:
-        return all_inside and op in MATRIX_PROLOGUE and len(ctx.users[i]) == 1
+        return all_inside and op in MATRIX_PROLOGUE and len(ctx.users[i]) == 1 and i not in ctx.layout_bound
     return True
 
 
@@ -285,6 +361,7 @@ def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tupl
         target.hi = max(target.hi, max(mem))
         for m in mem:
             fusion_of[m] = target
+            target.bound = target.bound or m in ctx.layout_bound
             op = opcodes[m]
             if op in MATRIX_OPCODES and not is_group:
                 target.matrix = True
@@ -311,12 +388,14 @@ def _matrix_epilogues(ctx: GpuFusionContext, region: Sequence[int], in_region: s
         if m in gid or opcodes[m] not in MATRIX_OPCODES:
             continue
         chain, cur = [m], m
-        for _ in range(MAX_MATRIX_EPILOGUE):
+        most, allowed = _epilogue_ops(opcodes[m], ctx.out_elements[m])
+        for _ in range(most):
             us = ctx.users[cur]
             if len(us) != 1 or ctx.outside[cur]:
                 break
             s = us[0]
             if (s not in in_region or s in gid or s in claimed or (cur, s) in cuts or opcodes[s] not in ELEMENTWISE
+                    or s in ctx.layout_bound or (allowed is not None and opcodes[s] not in allowed)
                     or ctx.out_elements[s] != ctx.out_elements[m] or any(p != cur for p in ctx.preds[s])):
                 break
             chain.append(s)
@@ -406,7 +485,8 @@ class GpuFusion:
         in_el = [out_el[index[nd.operands[0]]] if nd.operands and nd.operands[0] in index else out_el[i]
                  for i, nd in enumerate(nodes)]
         self.duplicated = frozenset(dup)
-        self._ctx = make_context(opcodes, out_el, in_el, is_kernel, dup, succs, preds)
+        bound = layout_bound(opcodes, [nd.shape for nd in nodes], preds, dup)
+        self._ctx = make_context(opcodes, out_el, in_el, is_kernel, dup, succs, preds, bound)
 
     def clusters(self, region: list[int], groups: list[tuple[int, ...]],
                  cuts: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, ...]]:

@@ -100,7 +100,7 @@ from typing import TYPE_CHECKING, Literal
 
 from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_LOOP_OPCODES
 from disco.sim import gpu_fusion, scheduler
-from disco.sim.costs import CostModel, GraphKernels
+from disco.sim.costs import CostModel, GraphKernels, Kernel
 from disco.sim.critical_path import critical_path
 from disco.sim.cpu_fusion import CpuFusion
 from disco.sim.patch import Patch, Patcher
@@ -168,6 +168,7 @@ class Simulator:
         else:
             emulation = CpuFusion(nodes, kind, self.kernels.succs)
         self._gpu = bool(getattr(cluster, "is_gpu", False))
+        self._duplicated = emulation.duplicated if self._gpu else frozenset()
         self._patcher = Patcher(builder, kind, self._ars, emulation, gpu=self._gpu)
 
     @property
@@ -291,10 +292,16 @@ class Simulator:
         gk = self.kernels
         speed = self.cluster.compute_speed
         loops = {i: min(self._loop_time(i, f) for f in ("extend", "off")) for i in self._loops}
-        compute = sum(loops[i] if i in loops else self.costs.kernel_time(gk.kernel((i,))) / speed
-                      for i in range(self._n)
-                      if self._kind[i] == KERNEL and nodes[i].opcode not in FUSIBLE_OPCODES
-                      and nodes[i].opcode not in XLA_CPU_LOOP_OPCODES)
+        fixed = [i for i in range(self._n)
+                 if self._kind[i] == KERNEL and nodes[i].opcode not in FUSIBLE_OPCODES
+                 and nodes[i].opcode not in XLA_CPU_LOOP_OPCODES and i not in self._duplicated]
+        rest = [i for i in fixed if i not in loops]
+        if self._gpu and rest:
+            # One kernel holding all their work that reads and writes nothing (see lower_bound).
+            compute = sum(loops[i] for i in fixed if i in loops) + self.costs.kernel_time(
+                Kernel(nodes=tuple(nodes[i] for i in rest), in_bytes=0, out_bytes=0)) / speed
+        else:
+            compute = sum(loops[i] if i in loops else self.costs.kernel_time(gk.kernel((i,))) / speed for i in fixed)
         ar_bytes = sum(self._cbytes[a] for a in self._ars)
         comm = (self.costs.collective_time("all-reduce", ar_bytes, self.cluster) if self._ars else 0.0)
         mode = self._patcher.mode("extend")
@@ -336,6 +343,14 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
       of one in both fusion modes), divided by
       ``cluster.compute_speed``; fusible ops are counted as free, since fusion may hide them. A
       ``while`` counts its simulated time (all iterations), the smaller of its two fusion modes'.
+      On a GPU cluster XLA:GPU fuses epilogues and prologues into a dot or convolution and
+      duplicates cheap producers into it (``disco.sim.gpu_fusion``), so the kernel that holds such
+      an op can move fewer bytes than the op alone, and a plan's group can hold several: there
+      they are priced as one kernel holding all their work that reads and writes nothing, and
+      the producers the emulation duplicates (never kernels of their own) are left out. This
+      bounds every plan for a cost model under which a kernel costs no less when it gains nodes
+      or bytes and two kernels no less than one holding both (the analytic models; a learned
+      model need not be either).
     - ``comm`` is one all-reduce of all all-reduce bytes together (any bucketing costs at least
       this, as the alpha-beta cost is affine in bytes with a non-negative intercept) plus the
       time of every other collective.
