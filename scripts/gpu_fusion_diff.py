@@ -41,7 +41,6 @@ from disco.sim import cluster as dcluster  # noqa: E402
 from disco.sim import device_costs  # noqa: E402
 from disco.sim.costs import Kernel, is_kernel_node  # noqa: E402
 from disco.sim.simulator import Simulator  # noqa: E402
-from disco.sim.units import KERNEL, node_kinds  # noqa: E402
 from gnn import kernel_data  # noqa: E402
 from gnn import kernel_features as KF  # noqa: E402
 from scripts.gpu_sim_tables import DEFAULT_DATA, _record_graph, read_records  # noqa: E402
