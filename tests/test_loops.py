@@ -345,7 +345,7 @@ def test_simulated_loop_is_trips_times_one_iteration(model, cluster):
     # More work than the same graph with each loop priced as one node (the old price).
     flat = Simulator(dataclasses.replace(graph, loops=()), costs, spec)
     assert sim.result(plan).compute_time > flat.result(plan).compute_time
-    assert sim.lower_bound() <= sim.step_time(plan) or cluster == "h100"
+    assert sim.lower_bound() <= sim.step_time(plan)
 
 
 def test_simulated_time_scales_with_trip_count():
