@@ -115,6 +115,26 @@ def measure_allreduce(devices: int, nbytes: int, reps: int = 20) -> float:
     return _medians(fns, x, reps)[0]
 
 
+def measure_chained(devices: int, nbytes: int, chain: Sequence[int], reps: int = 20) -> tuple[list[float], list[int]]:
+    """Median seconds per call of executables of ``k`` chained all-reduces of ``nbytes`` per device,
+    for each ``k`` in ``chain``, interleaved rep by rep, and the all-reduces each compiled executable
+    holds (a check that XLA kept the chain: ``k`` expected). Each all-reduce takes the previous one's
+    output, so XLA's combiner cannot merge them: the per-all-reduce cost a step of several
+    all-reduces pays (a lone all-reduce per call measures less under load; docs/benchmarks.md)."""
+    import jax
+
+    def chained(k):
+        def f(x):
+            for _ in range(k):
+                x = jax.lax.psum(x, "dp") * (1.0 / devices)
+            return x
+        return f
+
+    fns, x = _data_parallel(devices, [chained(k) for k in chain], max(1, nbytes // 4))
+    counts = [f.lower(x).compile().as_text().count(" all-reduce(") for f in fns]
+    return _medians(fns, x, reps), counts
+
+
 def measure_variadic(devices: int, operands: int = OPERANDS, nbytes: int = OPERAND_BYTES,
                      reps: int = 20) -> tuple[float, float]:
     """Median seconds of (one variadic all-reduce of ``operands`` equal parts, one all-reduce of

@@ -7,7 +7,9 @@ behind an emulated link when one is given (:mod:`disco.testbed`):
 1. Extract the step's graph in this process (``P * D`` virtual devices: the same program the
    workers compile; the workers' graph fingerprints are checked against it).
 2. Search plans against the simulator on ``cluster`` (e.g. :func:`disco.mp_calibrate.cluster_spec`
-   of a calibration on the same link).
+   of a calibration on the same link) with its compute scaled to the step's measured compute
+   floor (:func:`disco.mp_calibrate.with_compute_floor`; the floor is measured in a launch of its
+   own unless given): the analytic costs price a CPU step's compute several times too low.
 3. Measure, in one launch of interleaved rounds, xla_default, per_tensor, horovod, ddp, the
    best baseline by estimate, the ``even_<k>`` sweep and the ``measure_top_k`` best searched
    plans (written as plan files the workers read). A round's time is the slowest worker's;
@@ -35,7 +37,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from disco import multiprocess
+from disco import mp_calibrate, multiprocess
 from disco.optimizer import REPORTED_BASELINES
 from disco.plans.plan import FusionPlan
 
@@ -68,6 +70,10 @@ class CrossOptimizeResult:
       link: the link info (:meth:`disco.multiprocess.LaunchResult.link_info`) of the measuring launch.
       search: strategy, evaluations, seconds.
       cluster: the simulator's cluster name.
+      compute_floor: the measured compute floor the search's spec was scaled to ({"median_ms", ...}
+        of :func:`disco.mp_calibrate.measure_compute_floor`, or {"median_ms"} when given), and the
+        simulator's compute of the step before scaling ("predicted_ms"); None: not scaled.
+      compute_speed: the ``compute_speed`` of the spec the search priced plans on.
       fingerprints_match: whether every worker compiled the graph the search saw.
     """
 
@@ -84,6 +90,8 @@ class CrossOptimizeResult:
     best_baseline: str = "xla_default"
     confirmed_vs_best_baseline: float | None = None
     relation: str = ""
+    compute_floor: dict[str, Any] | None = None
+    compute_speed: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -108,11 +116,17 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
              cluster: ClusterSpec, costs: CostModel | None = None, budget_s: float = 30, strategy: str = "best_first",
              measure_top_k: int = 3, seed: int = 0, rounds: int = 7, steps: int = 3,
              bucket_sweep: Sequence[int] = (2, 3, 4), confirm: bool = True, confirm_rounds: int | None = None,
-             optimizer: str = "adamw", timeout_s: float = 1800,
-             progress: Progress | None = None) -> CrossOptimizeResult:
+             optimizer: str = "adamw", timeout_s: float = 1800, scale_compute: bool = True,
+             compute_floor_ms: float | None = None, progress: Progress | None = None) -> CrossOptimizeResult:
     """Searches plans for a zoo model priced on ``cluster`` and measures them across processes.
 
     This process's jax must have at least ``processes * devices_per_process`` devices.
+
+    Args:
+      scale_compute: price the search on ``cluster`` with its compute scaled to the step's compute
+        floor (:func:`disco.mp_calibrate.with_compute_floor`); False: ``cluster`` as given.
+      compute_floor_ms: that floor, when measured already; None: measured here, in a launch of
+        its own before the search (``rounds`` rounds).
 
     Raises:
       ValueError: bad budgets, counts or names.
@@ -137,7 +151,20 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
     n = processes * devices_per_process
     step, example = trax_models.make_train_step(model, preset, devices=n, optimizer=optimizer)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
-    sim = Simulator(graph, costs or device_costs.analytic(cluster.device), cluster)
+    costs = costs if costs is not None else device_costs.analytic(cluster.device)
+    floor = None
+    if scale_compute:
+        if compute_floor_ms is None:
+            say(f"measuring the compute floor across {processes} processes")
+            floor = mp_calibrate.measure_compute_floor(processes, devices_per_process, link, model=model,
+                                                       preset=preset, rounds=rounds, steps=steps,
+                                                       optimizer=optimizer, timeout_s=timeout_s)
+        else:
+            floor = {"median_ms": compute_floor_ms}
+        floor["predicted_ms"] = mp_calibrate.predicted_compute_s(graph, cluster, costs) * 1e3
+        cluster = mp_calibrate.with_compute_floor(cluster, graph, floor["median_ms"] / 1e3, costs,
+                                                  what=f"{model}/{preset}")
+    sim = Simulator(graph, costs, cluster)
     say(f"searching ({strategy}, {budget_s:g} s) on cluster {cluster.name}")
     found = search.run(search.make(strategy), graph, sim.step_time, budget_s=budget_s, seed=seed)
 
@@ -174,10 +201,11 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
     # -- measure ----------------------------------------------------------------------------
     say(f"measuring {len(cands)} plans across {processes} processes")
     try:
-        return _measure(model, preset, processes, devices_per_process, link, cands, plans_json, graph, found,
-                        cluster, rounds, steps, confirm, confirm_rounds, optimizer, timeout_s, say)
+        res = _measure(model, preset, processes, devices_per_process, link, cands, plans_json, graph, found,
+                       cluster, rounds, steps, confirm, confirm_rounds, optimizer, timeout_s, say)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return dataclasses.replace(res, compute_floor=floor, compute_speed=cluster.compute_speed)
 
 
 def _measure(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None,

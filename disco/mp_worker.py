@@ -6,8 +6,10 @@
 Tasks (:class:`disco.multiprocess.WorkerSpec`): ``bench`` measures plans (baselines by name,
 ``even:K``, or plan .json files) in interleaved rounds and reports every round's time (with
 ``comm_free_bound``, also the step with its all-reduces replaced by copies: the compute floor);
-``calibrate`` times all-reduces of ``sizes`` bytes per device and a variadic all-reduce
-against one concatenated buffer (:mod:`disco.calibrate`) over all processes' devices.
+``calibrate`` times all-reduces of ``sizes`` bytes per device (with ``chain``: executables of
+k chained all-reduces per size) and a variadic all-reduce against one concatenated buffer
+(:mod:`disco.calibrate`) over all processes' devices; ``bench`` with ``chain`` also runs the
+chained timings in the same launch, after its rounds.
 """
 
 from __future__ import annotations
@@ -83,7 +85,21 @@ def _bench(spec: dict[str, Any], n: int) -> dict[str, Any]:
                 state, _ = fn(state, batch)
             checks[name] = {"digest": _param_digest(state), "leaves": _local_leaves(state)}
         out["checks"] = checks
+    if spec.get("chain"):  # the chained all-reduces in the same launch, right after the rounds
+        out["chain_calibration"] = _chain(spec, n)
     return out
+
+
+def _chain(spec: dict[str, Any], n: int) -> dict[str, Any]:
+    """Executables of k chained all-reduces per size: ``chain_medians_s[size][k]`` (seconds per call)
+    and the all-reduces XLA kept in each (``chain_all_reduces``, k expected)."""
+    from disco import calibrate
+
+    sizes = tuple(spec.get("sizes") or calibrate.SIZES)
+    chain = tuple(spec["chain"])
+    per = [calibrate.measure_chained(n, s, chain, spec.get("reps", 20)) for s in sizes]
+    return {"sizes": list(sizes), "chain": list(chain), "chain_medians_s": [m for m, _ in per],
+            "chain_all_reduces": [c for _, c in per]}
 
 
 def _calibrate(spec: dict[str, Any], n: int) -> dict[str, Any]:
@@ -91,9 +107,16 @@ def _calibrate(spec: dict[str, Any], n: int) -> dict[str, Any]:
 
     sizes = tuple(spec.get("sizes") or calibrate.SIZES)
     reps = spec.get("reps", 20)
-    medians = [calibrate.measure_allreduce(n, s, reps) for s in sizes]
+    out: dict[str, Any] = {}
+    chain = tuple(spec.get("chain") or ())
+    if chain:
+        out = _chain(spec, n)
+    if 1 in chain:  # the lone all-reduce per call is the chain of one
+        medians = [m[chain.index(1)] for m in out["chain_medians_s"]]
+    else:
+        medians = [calibrate.measure_allreduce(n, s, reps) for s in sizes]
     variadic_s, concat_s = calibrate.measure_variadic(n, reps=reps)
-    return {"sizes": list(sizes), "medians_s": medians, "variadic_s": variadic_s, "concat_s": concat_s,
+    return {**out, "sizes": list(sizes), "medians_s": medians, "variadic_s": variadic_s, "concat_s": concat_s,
             "operands": calibrate.OPERANDS, "operand_bytes": calibrate.OPERAND_BYTES}
 
 

@@ -51,10 +51,16 @@ class WorkerSpec:
     comm_free_bound: bool = False  # bench: also measure the step with its all-reduces replaced by copies
     sizes: tuple[int, ...] = ()  # calibrate: all-reduce bytes per device (default disco.calibrate.SIZES)
     reps: int = 20  # calibrate: repetitions per size
+    # calibrate: also time executables of k chained all-reduces per size, for each k here
+    # (disco.calibrate.measure_chained); bench: when set, the workers also run that calibration in
+    # the same launch, after the rounds (sizes: ``sizes``, repetitions: ``reps``)
+    chain: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"WorkerSpec.task: expected one of {', '.join(TASKS)}, got {self.task!r}")
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.chain):
+            raise ValueError(f"WorkerSpec.chain: expected all-reduce counts (integers >= 1), got {self.chain!r}")
 
 
 @dataclasses.dataclass(frozen=True)

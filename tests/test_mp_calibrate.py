@@ -1,33 +1,112 @@
-"""The simulator's baselines against measurements across real processes (over 127.0.0.1)."""
+"""Calibration across real processes (over 127.0.0.1): the chained fit, the compute floor in the
+spec, and the simulator's baselines against measurements."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from disco import mp_calibrate
+from disco import calibrate, mp_calibrate
 from disco.sim.cluster import ClusterSpec, LinkSpec
 
 
-def test_compare_baselines_splits_the_error_into_the_compute_floor_and_communication():
+def _spec(**kw) -> ClusterSpec:
     link = LinkSpec(1e9 / 8, 1e-3)
-    spec = ClusterSpec(name="test-2x1", nodes=2, devices_per_node=1, intra=link, inter=link, algorithm="ring",
-                       operand_latency=1e-3, overlap=False)
+    return ClusterSpec(name="test-2x1", nodes=2, devices_per_node=1, intra=link, inter=link, algorithm="ring",
+                       operand_latency=1e-3, overlap=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def mlp_graph():
+    import trax_models
+
+    from disco.ir import extractor
+    from disco.ir.graph import HloGraph
+
+    step, example = trax_models.make_train_step("mlp", "tiny", devices=2)
+    return HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
+
+
+def test_fit_chained_recovers_the_per_all_reduce_cost_apart_from_the_call_overhead():
+    sizes, chain = (1 << 10, 1 << 16, 1 << 20), (1, 2, 4, 8)
+    call, a, b = 2e-3, 13e-3, 8e-9  # 13 ms per chained all-reduce, 125 MB/s, 2 ms per call
+    grid = [[call + k * (a + b * n) for k in chain] for n in sizes]
+    f = mp_calibrate.fit_chained(2, sizes, chain, grid)
+    assert f.call_s == pytest.approx(call, rel=1e-6)
+    assert (f.fit_a, f.fit_b) == (pytest.approx(a, rel=1e-6), pytest.approx(b, rel=1e-6))
+    assert f.latency == pytest.approx(a / 2) and f.bandwidth == pytest.approx(1 / b)  # p = 2: ring terms
+    # a lone all-reduce per call (k = 1) would put the call overhead into the latency
+    lone = calibrate.fit(2, sizes, [row[0] for row in grid])
+    assert lone.fit_a == pytest.approx(call + a, rel=1e-3)
+    with pytest.raises(ValueError, match=r"at least 2 chain lengths and 2 sizes, got chain \(1,\)"):
+        mp_calibrate.fit_chained(2, sizes, (1,), [[1.0] for _ in sizes])
+    with pytest.raises(ValueError, match=r"expected 3 rows \(sizes\) of 4 \(chain lengths\), got \[4, 4\]"):
+        mp_calibrate.fit_chained(2, sizes, chain, grid[:2])
+
+
+def test_the_chained_calibration_across_two_processes_fits_a_positive_alpha_and_beta():
+    cal = mp_calibrate.calibrate(2, 1, None, sizes=(1 << 10, 1 << 16, 1 << 20), chain=(1, 2, 4), reps=3,
+                                 timeout_s=400)
+    ch = cal.chained
+    assert ch is not None and ch.chain == (1, 2, 4) and len(ch.medians_s) == 3
+    assert all(t > 0 for row in ch.medians_s for t in row)
+    assert ch.fit_a > 0 and ch.fit_b > 0 and ch.latency > 0 and ch.bandwidth > 0 and ch.call_s >= 0
+    c = cal.calibration
+    # the spec's link is the chained fit; the lone fit (k = 1 column) is kept beside it
+    assert (c.latency, c.bandwidth) == (ch.latency, ch.bandwidth)
+    assert cal.lone is not None and cal.lone.medians_s == tuple(row[0] for row in ch.medians_s)
+    assert c.operand_latency >= 0 and c.variadic_s > 0
+    spec = mp_calibrate.cluster_spec(cal)
+    assert (spec.inter.latency, spec.inter.bandwidth) == (ch.latency, ch.bandwidth)
+    assert "chained 1/2/4 per call" in spec.description
+    d = cal.to_dict()
+    assert d["fit"] == "chained" and d["chained"]["chain"] == (1, 2, 4)
+
+
+def test_with_compute_floor_scales_the_compute_to_the_floor(mlp_graph):
+    from disco.sim.costs import AnalyticCosts
+
+    spec = _spec()
+    pred = mp_calibrate.predicted_compute_s(mlp_graph, spec, AnalyticCosts())
+    scaled = mp_calibrate.with_compute_floor(spec, mlp_graph, 4 * pred, AnalyticCosts(), what="mlp/tiny")
+    assert scaled.compute_speed == pytest.approx(0.25)
+    assert mp_calibrate.predicted_compute_s(mlp_graph, scaled, AnalyticCosts()) == pytest.approx(4 * pred, rel=1e-6)
+    assert (scaled.intra, scaled.inter, scaled.operand_latency) == (spec.intra, spec.inter, spec.operand_latency)
+    assert "compute floor of mlp/tiny" in scaled.description
+    # a spec that already had a speed: the floor decides, not the product of the two
+    again = mp_calibrate.with_compute_floor(dataclasses.replace(spec, compute_speed=3.0), mlp_graph, 4 * pred,
+                                            AnalyticCosts())
+    assert again.compute_speed == pytest.approx(0.25)
+    with pytest.raises(ValueError, match=r"floor_s: expected a positive number of seconds, got 0"):
+        mp_calibrate.with_compute_floor(spec, mlp_graph, 0, AnalyticCosts())
+
+
+def test_compare_baselines_predicts_on_the_spec_scaled_to_the_measured_floor():
+    spec = _spec()
     out = mp_calibrate.compare_baselines(spec, 2, 1, None, model="mlp", preset="tiny",
-                                         plans=("xla_default", "one_bucket"), rounds=3, steps=1, timeout_s=600)
+                                         plans=("xla_default", "one_bucket"), rounds=3, steps=1,
+                                         chain=(1, 2), chain_sizes=(1 << 10, 1 << 16), chain_reps=3, timeout_s=600)
     rows = {r["plan"]: r for r in out["rows"]}
     assert list(rows) == ["xla_default", "one_bucket"]  # the floor is not a baseline row
     floor = out["compute_floor"]
     assert floor["measured_ms"] > 0 and floor["predicted_ms"] > 0
+    scale = floor["measured_ms"] / floor["predicted_ms"]
+    assert out["compute_speed"] == pytest.approx(1 / scale)
+    assert out["cluster_spec"]["compute_speed"] == pytest.approx(out["compute_speed"])
     for r in rows.values():
-        assert 0 < r["predicted_compute_ms"] < r["predicted_ms"]
-        assert r["error"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
-        # one stream (overlap off): the compute (xla_default's predicted compute scaled to the
-        # measured floor) changes, the communication stays as it was
-        scale = floor["measured_ms"] / floor["predicted_ms"]
-        assert r["predicted_ms_floor_scaled"] == pytest.approx(
-            r["predicted_ms"] - r["predicted_compute_ms"] + r["predicted_compute_ms"] * scale, rel=1e-6)
-        assert r["error_floor_scaled"] == pytest.approx(r["predicted_ms_floor_scaled"] / r["measured_ms"] - 1)
+        assert 0 < r["predicted_compute_ms"] < r["predicted_ms_unscaled"]
+        # one stream (overlap off): the compute is scaled to the floor, the communication stays
+        assert r["predicted_ms"] == pytest.approx(
+            r["predicted_ms_unscaled"] - r["predicted_compute_ms"] + r["predicted_compute_ms"] * scale, rel=1e-6)
+        for key in ("", "_unscaled", "_same_launch"):
+            assert r[f"error{key}"] == pytest.approx(r[f"predicted_ms{key}"] / r["measured_ms"] - 1)
+    # the headline numbers are the scaled spec's
+    assert out["mean_abs_error"] == pytest.approx(sum(abs(r["error"]) for r in rows.values()) / 2)
+    same = out["same_launch_fit"]
+    assert same["fit_a"] > 0 and same["fit_b"] > 0 and same["chain"] == (1, 2)
     # XLA's combined all-reduce: one variadic all-reduce over 1 ms of operand latency per extra operand
     assert rows["xla_default"]["predicted_ms"] > rows["one_bucket"]["predicted_ms"] + 1.0
     assert out["link"] == "loopback" and out["fingerprints_match"]
-    assert 0 <= out["mean_abs_error_floor_scaled"] and -1 <= out["tau_floor_scaled"] <= 1
+    for key in ("", "_unscaled", "_same_launch"):
+        assert 0 <= out[f"mean_abs_error{key}"] and -1 <= out[f"tau{key}"] <= 1

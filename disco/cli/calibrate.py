@@ -95,6 +95,14 @@ def run_across(args: argparse.Namespace) -> int:
           f"{over_label(link)} (slowest process's median of {args.reps}):")
     for s, t in zip(c.sizes, c.medians_s):
         print(f"  {s:>10,d} bytes  {t * 1e6:10.1f} us")
+    if cal.chained is not None:
+        ch = cal.chained
+        print(f"chained all-reduces per call ({'/'.join(map(str, ch.chain))}; ms per call by size):")
+        for s, row in zip(ch.sizes, ch.medians_s):
+            print(f"  {s:>10,d} bytes  " + "  ".join(f"k={k}: {t * 1e3:8.2f}" for k, t in zip(ch.chain, row)))
+        print(f"fit t = {ch.call_s * 1e6:.1f} us + k ({ch.fit_a * 1e6:.1f} us + n / {1 / ch.fit_b / 1e6:.2f} MB/s); "
+              f"the lone fit: ring link latency {cal.lone.latency * 1e6:.1f} us, bandwidth "
+              f"{cal.lone.bandwidth * 8 / 1e6:.1f} Mbit/s")
     print(f"fit t = {c.fit_a * 1e6:.1f} us + n / {1 / c.fit_b / 1e6:.2f} MB/s; ring link latency "
           f"{c.latency * 1e6:.1f} us, bandwidth {c.bandwidth * 8 / 1e6:.1f} Mbit/s")
     if link is not None:
@@ -104,17 +112,21 @@ def run_across(args: argparse.Namespace) -> int:
           f"{c.operand_latency * 1e6:.1f} us")
     if "baselines" in out:
         b = out["baselines"]
-        print(f"{args.model}/{args.preset}: simulated on {spec.name} vs measured (median, slowest process):")
+        f = b["compute_floor"]  # the step with its all-reduces replaced by copies, same rounds
+        print(f"{args.model}/{args.preset}: simulated on {spec.name} with the compute scaled to the measured floor "
+              f"({f['measured_ms']:.3f} ms vs {f['predicted_ms']:.3f} ms predicted) vs measured (median, slowest "
+              f"process); unscaled; latency refitted in the same launch:")
         for r in b["rows"]:
             print(f"  {r['plan']:<12} predicted {r['predicted_ms']:9.3f} ms  measured {r['measured_ms']:9.3f} ms "
-                  f"({r['measured_min_ms']:.3f}-{r['measured_max_ms']:.3f})  error {r['error'] * 100:+6.1f}%")
-        print(f"  Kendall tau {b['tau']:.2f}, mean |error| {b['mean_abs_error'] * 100:.1f}%"
-              + ("" if b["fingerprints_match"] else " (the workers compiled a different graph!)"))
-        f = b["compute_floor"]
-        if "measured_ms" in f:  # the step with its all-reduces replaced by copies, same rounds
-            print(f"  compute floor predicted {f['predicted_ms']:.3f} ms, measured {f['measured_ms']:.3f} ms; with "
-                  f"the compute scaled to it: Kendall tau {b['tau_floor_scaled']:.2f}, mean |error| "
-                  f"{b['mean_abs_error_floor_scaled'] * 100:.1f}%")
+                  f"({r['measured_min_ms']:.3f}-{r['measured_max_ms']:.3f})  error {r['error'] * 100:+6.1f}%; "
+                  f"unscaled {r['predicted_ms_unscaled']:.3f} ({r['error_unscaled'] * 100:+.1f}%)"
+                  + (f"; same launch {r['predicted_ms_same_launch']:.3f} ({r['error_same_launch'] * 100:+.1f}%)"
+                     if "predicted_ms_same_launch" in r else ""))
+        for key, what in (("", "scaled"), ("_unscaled", "unscaled"), ("_same_launch", "same launch")):
+            if f"tau{key}" in b:
+                print(f"  {what}: Kendall tau {b[f'tau{key}']:.2f}, mean |error| {b[f'mean_abs_error{key}'] * 100:.1f}%")
+        if not b["fingerprints_match"]:
+            print("  (the workers compiled a different graph!)")
     if args.out:
         print(f"wrote {args.out}")
     return 0
