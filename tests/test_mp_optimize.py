@@ -34,15 +34,19 @@ def test_confirmed_ratios_pair_the_answer_with_the_best_baseline_by_round():
         mp_optimize.confirmed_ratios(conf, "disco_1", "ddp")
 
 
-@pytest.fixture(scope="module")
-def mlp_graph():
+def _graph(optimizer: str):
     import trax_models
 
     from disco.ir import extractor
     from disco.ir.graph import HloGraph
 
-    step, example = trax_models.make_train_step("mlp", "tiny", devices=2, optimizer="sgd")
+    step, example = trax_models.make_train_step("mlp", "tiny", devices=2, optimizer=optimizer)
     return HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
+
+
+@pytest.fixture(scope="module")
+def mlp_graph():
+    return _graph("sgd")
 
 
 def test_relation_to_baselines_names_the_baseline_and_what_the_answer_adds(mlp_graph):
@@ -63,7 +67,8 @@ def test_relation_to_baselines_names_the_baseline_and_what_the_answer_adds(mlp_g
 def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_baseline():
     """Real processes over 127.0.0.1 (mlp/tiny, 2 x 1 device): the confirmation launch holds
     xla_default, the measuring launch's best baseline and the answer, and the answer's ratio over
-    the best baseline is the per-round pairing of that launch's samples."""
+    the best baseline is the per-round pairing of that launch's samples; the search's spec has its
+    compute scaled to the floor measured before it."""
     from xla_hooks.measure import Measurement, paired_speedup
 
     from disco.sim.cluster import ClusterSpec, LinkSpec
@@ -96,3 +101,19 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert f"the answer is {res.relation}" in res.verdict
     d = res.to_dict()
     assert d["best_baseline"] == res.best_baseline and d["confirmed_vs_best_baseline"] == res.confirmed_vs_best_baseline
+    # the search priced plans on the cluster with its compute scaled to the measured floor
+    from disco import mp_calibrate
+    from disco.plans import baselines
+    from disco.sim.costs import AnalyticCosts
+    from disco.sim.simulator import Simulator
+
+    floor = res.compute_floor
+    assert floor["median_ms"] > 0 and floor["min_ms"] <= floor["median_ms"] <= floor["max_ms"]
+    assert res.compute_speed == pytest.approx(floor["predicted_ms"] / floor["median_ms"])
+    graph = _graph("sgd")
+    scaled = mp_calibrate.with_compute_floor(cluster, graph, floor["median_ms"] / 1e3, AnalyticCosts())
+    assert scaled.compute_speed == pytest.approx(res.compute_speed)
+    sim = Simulator(graph, AnalyticCosts(), scaled)
+    assert rows["horovod"]["predicted_ms"] == pytest.approx(sim.step_time(baselines.make("horovod", graph)) * 1e3)
+    unscaled = Simulator(graph, AnalyticCosts(), cluster).step_time(baselines.make("horovod", graph)) * 1e3
+    assert rows["horovod"]["predicted_ms"] != pytest.approx(unscaled)

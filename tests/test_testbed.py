@@ -358,3 +358,7 @@ def test_disco_optimize_across_an_emulated_link(tmp_path):
     assert {"xla_default", "per_tensor", "horovod", "ddp", "even_2"} <= names
     assert out["chosen"] in names and out["speedup"] > 0
     assert json.loads(plan.read_text())["name"] == out["chosen"]
+    # the spec is fitted from chained all-reduces and the search's compute scaled to the measured floor
+    assert out["calibration"]["fit"] == "chained" and out["calibration"]["chained"]["fit_a"] > 0
+    assert out["compute_floor"]["median_ms"] > 0
+    assert out["compute_speed"] == pytest.approx(out["compute_floor"]["predicted_ms"] / out["compute_floor"]["median_ms"])
