@@ -245,9 +245,9 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
                            f"({confirmed:.3f}x); keeping XLA's default compile")
                 chosen, vs_best = "xla_default", None
     plan_json = plans_json.get(chosen) or _baseline_plan(chosen, graph).to_json()
-    relation = relation_to_baselines(
-        FusionPlan.from_json(plan_json),
-        {n: _baseline_plan(n, graph) for n, (_, kind, _) in cands.items() if kind == "baseline"})
+    # the chosen row first: one_bucket and horovod can be the same plan, and the answer is named as chosen
+    base_names = sorted((n for n, (_, kind, _) in cands.items() if kind == "baseline"), key=lambda n: n != chosen)
+    relation = relation_to_baselines(FusionPlan.from_json(plan_json), {n: _baseline_plan(n, graph) for n in base_names})
     verdict += f"; the answer is {relation}"
     return CrossOptimizeResult(
         chosen=chosen, plan_json=plan_json, verdict=verdict, rows=tuple(rows), confirmed_speedup=confirmed,
