@@ -22,11 +22,11 @@ Two tables, from the dataset's ``default`` records (XLA's default compile, comma
 Usage::
 
   PYTHONPATH=. python scripts/gpu_sim_tables.py [--data DIR] [--preset paper] [--cost-model analytic,gnn] [--zoo] [--json]
-  PYTHONPATH=. python scripts/gpu_sim_tables.py --fit [--no-loops]
+  PYTHONPATH=. python scripts/gpu_sim_tables.py --fit [--form v1|v2] [--no-loops]
 
 ``--fit`` fits the parameters of the H100 analytic model (``disco.sim.device_costs.SummedCosts``)
 to the ``default`` records and prints them with each record's in-sample and leave-one-model-out
-error.
+error; ``--form v1`` fits the 4-parameter form it had before (for the comparison).
 """
 
 from __future__ import annotations
@@ -162,56 +162,100 @@ def prediction(rec: dict[str, Any], graph: HloGraph, cost_model: str) -> dict[st
 
 
 class _Recorder:
-    """Wraps the H100 analytic model and sums the terms (the fit's features) of each priced kernel
+    """Wraps the H100 analytic model and keeps the terms (the fit's features) of each priced kernel
     made of ``graph``'s own nodes (a loop body's kernels, priced once per loop, are left to the caller)."""
 
     def __init__(self, graph: HloGraph) -> None:
         self.model = device_costs.analytic("h100")
-        self.total = [0.0, 0.0, 0.0, 0.0]
+        self.kernels: list[device_costs.KernelTerms] = []
         self._own = {id(n) for n in graph.nodes}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
 
     def kernel_time(self, kernel) -> float:
-        if kernel.nodes and id(kernel.nodes[0]) in self._own:
-            for i, v in enumerate(self.model.terms(kernel)):
-                self.total[i] += v
+        t = self.model.terms(kernel)
+        if kernel.nodes and id(kernel.nodes[0]) in self._own and (t.launches or t.copy_launches):
+            self.kernels.append(t)
         return self.model.kernel_time(kernel)
 
 
-def record_terms(graph: HloGraph) -> list[float]:
-    """(kernels, dot flops, convolution flops, bytes) summed over the emulated kernels of xla_default;
-    a while loop's body and condition kernels count once per iteration (once if the count is unknown)."""
+def record_terms(graph: HloGraph, times: int = 1) -> list[tuple[int, device_costs.KernelTerms]]:
+    """(executions per step, terms) of every emulated kernel of xla_default; a while loop's body and
+    condition kernels execute once per iteration (once if the count is unknown)."""
     rec = _Recorder(graph)
     Simulator(graph, rec, dcluster.preset("h100-1")).result(baselines.make("xla_default", graph))
-    total = rec.total
+    out = [(times, t) for t in rec.kernels]
     for loop in graph.loops:
         trips = 1 if loop.trip_count is None else loop.trip_count
         for part in (loop.body, loop.condition):
-            total = [t + trips * v for t, v in zip(total, record_terms(part))]
-    return total
+            out += record_terms(part, times * trips)
+    return out
 
 
-def fit(rows: list[tuple[str, list[float], float]]) -> dict[str, Any]:
-    """Non-negative least squares of relative errors: (model, terms, measured s) -> SummedConfig fields,
-    in-sample and leave-one-model-out errors per row."""
+# The forms --fit knows. Each: features of one kernel's terms given a knee, the knees to try, the
+# lower bounds of the coefficients, and the SummedConfig fields from the coefficients and the knee.
+# v1: launch + dot/dot_rate + conv/conv_rate + bytes/bandwidth (non-negative least squares).
+# v2 (shipped): data-movement kernels' own launch, a dot rate that rises beyond a knee of dot flops
+# per kernel, matrix rates bounded by the TF32 peak.
+_KNEES = (1e9, 3e9, 1e10, 2e10, 3e10, 5e10, 1e11)
+
+
+def _features(form: str, t: device_costs.KernelTerms, knee: float) -> list[float]:
+    if form == "v1":
+        return [t.launches + t.copy_launches, t.dot_flops, t.conv_flops, t.nbytes]
+    return [t.launches, t.copy_launches, min(t.dot_flops, knee), max(t.dot_flops - knee, 0.0), t.conv_flops,
+            t.nbytes]
+
+
+def _config(form: str, theta, knee: float) -> dict[str, float]:
+    def rate(x: float) -> float:
+        return 1 / x if x > 0 else float("inf")
+    if form == "v1":
+        return {"launch": theta[0], "dot_rate": rate(theta[1]), "conv_rate": rate(theta[2]),
+                "bandwidth": rate(theta[3])}
+    return {"launch": theta[0], "copy_launch": theta[1], "dot_rate": rate(theta[2]), "dot_knee": knee,
+            "dot_rate_large": rate(theta[3]), "conv_rate": rate(theta[4]), "bandwidth": rate(theta[5])}
+
+
+def fit(rows: list[tuple[str, list[tuple[int, device_costs.KernelTerms]], float]], form: str = "v2") -> dict[str, Any]:
+    """Least squares of relative errors, (model, kernel terms, measured s) -> the form's SummedConfig
+    fields, with in-sample and leave-one-model-out (refit without the model's records) errors per row.
+
+    Raises:
+      ValueError: for an unknown form.
+    """
     import numpy as np
-    from scipy.optimize import nnls
+    from scipy.optimize import lsq_linear
 
-    def solve(sub):
-        a = np.array([[t / y for t in terms] for _, terms, y in sub])
-        theta, _ = nnls(a, np.ones(len(sub)))
-        return theta
+    if form not in ("v1", "v2"):
+        raise ValueError(f"form {form!r}: expected 'v1' or 'v2'")
+    knees = (float("inf"),) if form == "v1" else _KNEES
+    inv_peak = 1 / device_costs.H100_TF32_PEAK
+    lower = np.zeros(4) if form == "v1" else np.array([0, 0, inv_peak, inv_peak, inv_peak, 0])
+    y = np.array([m for _, _, m in rows])
+    feats = {k: np.array([np.sum([e * np.array(_features(form, t, k)) for e, t in terms], axis=0)
+                          for _, terms, _ in rows]) for k in knees}
 
-    theta = solve(rows)
-    out = {"launch": theta[0], "dot_rate": 1 / theta[1] if theta[1] else float("inf"),
-           "conv_rate": 1 / theta[2] if theta[2] else float("inf"),
-           "bandwidth": 1 / theta[3] if theta[3] else float("inf"), "rows": []}
-    for model, terms, y in rows:
-        lomo = solve([r for r in rows if r[0] != model])
-        out["rows"].append({"model": model, "in_sample": float(np.dot(theta, terms) / y - 1),
-                            "leave_one_model_out": float(np.dot(lomo, terms) / y - 1)})
+    def solve(idx):
+        best = None
+        for k in knees:
+            a = feats[k][idx] / y[idx, None]
+            theta = lsq_linear(a, np.ones(len(idx)), bounds=(lower, np.inf)).x
+            loss = float(np.sum((a @ theta - 1) ** 2))
+            if best is None or loss < best[0]:
+                best = (loss, k, theta)
+        return best[1], best[2]
+
+    everything = np.arange(len(rows))
+    knee, theta = solve(everything)
+    out: dict[str, Any] = {"form": form, **_config(form, theta, knee), "rows": []}
+    models = [m for m, _, _ in rows]
+    lomo = {m: solve(np.array([i for i in everything if models[i] != m])) for m in sorted(set(models))}
+    for i, m in enumerate(models):
+        k, th = lomo[m]
+        out["rows"].append({"model": m, "in_sample": float(feats[knee][i] @ theta / y[i] - 1),
+                            "leave_one_model_out": float(feats[k][i] @ th / y[i] - 1)})
     return out
 
 
@@ -231,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost-model", default="analytic,gnn",
                     help="comma list of registry names or saved models (default analytic,gnn)")
     ap.add_argument("--fit", action="store_true", help="fit the H100 analytic model to the default records and stop")
+    ap.add_argument("--form", default="v2", choices=("v1", "v2"),
+                    help="with --fit, the model's form: v1 (4 parameters, before 2026-11-23's form change) "
+                         "or v2 (shipped; device_costs.SummedCosts)")
     ap.add_argument("--no-loops", action="store_true",
                     help="with --fit, leave out the records whose graphs hold while loops (rnnlm), as the "
                          "interim model of 2026-11-23 was fitted; the shipped constants keep them")
@@ -244,11 +291,18 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.no_loops or not any(n.opcode == "while" for n in g.nodes)]
         recs = [r for r, _ in keep]
         rows = [(r["model"], record_terms(g), measured_ms(r) / 1e3) for r, g in keep]
-        res = fit(rows)
+        res = fit(rows, args.form)
         print(json.dumps({k: v for k, v in res.items() if k != "rows"}))
         for (model, _, _), r, rec in zip(rows, res["rows"], recs):
             print(f"{model:15s} {rec['preset']:6s} in-sample {r['in_sample']:+.1%}  "
                   f"leave-one-model-out {r['leave_one_model_out']:+.1%}")
+        for preset in sorted({rec["preset"] for rec in recs}):
+            sel = [r for r, rec in zip(res["rows"], recs) if rec["preset"] == preset]
+            ins = [abs(r["in_sample"]) for r in sel]
+            out = [abs(r["leave_one_model_out"]) for r in sel]
+            print(f"preset {preset}: in-sample {sum(e <= 0.10 for e in ins)}/{len(ins)} within 10%, mean |error| "
+                  f"{sum(ins) / len(ins):.1%}; leave-one-model-out {sum(e <= 0.10 for e in out)}/{len(out)}, "
+                  f"mean |error| {sum(out) / len(out):.1%}")
         return 0
     recs = [r for r in read_records(args.data) if r["variant"] == "default"
             and (args.preset == "all" or r["preset"] == args.preset)]

@@ -143,27 +143,102 @@ def test_h100_analytic_model_sums_its_terms(graph):
     gk = GraphKernels(graph)
     index = graph.index()
     dot = gk.kernel((index["h"],))  # the dense layer's dot alone
-    launches, dot_flops, conv_flops, nbytes = costs.terms(dot)
-    assert (launches, conv_flops) == (1.0, 0.0) and dot_flops == 2 * 64 * 128 * 256 and nbytes > 0
-    want = cfg.launch + dot_flops / cfg.dot_rate + nbytes / cfg.bandwidth
+    t = costs.terms(dot)
+    assert (t.launches, t.copy_launches, t.conv_flops) == (1.0, 0.0, 0.0)
+    assert t.dot_flops == 2 * 64 * 128 * 256 < cfg.dot_knee and t.nbytes > 0
+    want = cfg.launch + t.dot_flops / cfg.dot_rate + t.nbytes / cfg.bandwidth
     assert costs.kernel_time(dot) == pytest.approx(want, rel=1e-12)
     # Summed, not maxed: more than the larger of its matrix and memory terms.
-    assert costs.kernel_time(dot) > cfg.launch + max(dot_flops / cfg.dot_rate, nbytes / cfg.bandwidth)
+    assert costs.kernel_time(dot) > cfg.launch + max(t.dot_flops / cfg.dot_rate, t.nbytes / cfg.bandwidth)
     assert costs.kernel_time(gk.kernel((index["x"], index["zero"]))) == 0.0  # no compute node: no kernel
 
 
+def _node(name: str, opcode: str, elements: int, flops: float = 0.0, operands: tuple[str, ...] = ()):
+    from disco.ir.graph import Node
+
+    return Node(name=name, opcode=opcode, computation="main", shape=f"f32[{elements}]", dtype="f32",
+                out_bytes=4 * elements, out_elements=elements, flops=flops, operands=operands)
+
+
+def _dot_kernel(flops: float, nbytes: int = 4096):
+    from disco.sim.costs import Kernel
+
+    return Kernel(nodes=(_node("d", "dot", 256, flops, ("a", "b")),), in_bytes=nbytes, out_bytes=1024)
+
+
+_CFG = dict(launch=2e-6, copy_launch=5e-7, dot_rate=1e14, dot_knee=1e10, dot_rate_large=4e14, conv_rate=2e14,
+            bandwidth=3e12)
+
+
+def test_h100_dot_rate_rises_beyond_the_knee():
+    m = device_costs.SummedCosts(device_costs.SummedConfig(**_CFG))
+    flat = device_costs.SummedCosts(device_costs.SummedConfig(**{**_CFG, "dot_rate_large": _CFG["dot_rate"]}))
+    base = _CFG["launch"] + (4096 + 1024) / _CFG["bandwidth"]
+    # Below the knee: the small rate, as the form without a knee (dot_rate_large == dot_rate).
+    assert m.kernel_time(_dot_kernel(1e9)) == pytest.approx(base + 1e9 / 1e14, rel=1e-12)
+    assert m.kernel_time(_dot_kernel(1e9)) == flat.kernel_time(_dot_kernel(1e9))
+    # Beyond it: the knee's flops at the small rate, the rest at the large one.
+    assert m.kernel_time(_dot_kernel(5e10)) == pytest.approx(base + 1e10 / 1e14 + 4e10 / 4e14, rel=1e-12)
+    assert m.kernel_time(_dot_kernel(5e10)) < flat.kernel_time(_dot_kernel(5e10))
+    # Positive, monotone in flops and bytes, continuous at the knee, subadditive (Simulator.lower_bound).
+    fs = [0.0, 1e6, 1e9, 1e10 - 1, 1e10, 1e10 + 1, 3e10, 1e12]
+    ts = [m.kernel_time(_dot_kernel(f)) for f in fs]
+    assert all(t > 0 for t in ts) and ts == sorted(ts) and len(set(ts)) == len(ts)
+    assert m.kernel_time(_dot_kernel(1e10 + 1)) - m.kernel_time(_dot_kernel(1e10)) < 1e-13
+    assert m.kernel_time(_dot_kernel(1e6, 8192)) > m.kernel_time(_dot_kernel(1e6, 4096))
+    dot_s = [m.kernel_time(_dot_kernel(f)) - base for f in (6e9, 8e9, 1.4e10)]
+    assert dot_s[2] <= dot_s[0] + dot_s[1] + 1e-15
+    # A knee of 0: every flop at the large rate.
+    zero = device_costs.SummedCosts(device_costs.SummedConfig(**{**_CFG, "dot_knee": 0.0}))
+    assert zero.kernel_time(_dot_kernel(1e9)) == pytest.approx(base + 1e9 / 4e14, rel=1e-12)
+
+
+def test_h100_data_movement_kernels_pay_their_own_launch():
+    from disco.sim.costs import Kernel
+
+    m = device_costs.SummedCosts(device_costs.SummedConfig(**_CFG))
+    slice_ = Kernel(nodes=(_node("s", "slice", 1024, operands=("p",)),), in_bytes=8192, out_bytes=4096)
+    t = m.terms(slice_)
+    assert (t.launches, t.copy_launches, t.nbytes) == (0.0, 1.0, 8192 + 4096)
+    assert m.kernel_time(slice_) == pytest.approx(_CFG["copy_launch"] + 12288 / _CFG["bandwidth"], rel=1e-12)
+    # The same traffic with a computing op (add) fused in pays the kernel launch instead.
+    computing = Kernel(nodes=slice_.nodes + (_node("a", "add", 1024, 1024.0, ("s", "s")),), in_bytes=8192,
+                       out_bytes=4096)
+    assert m.terms(computing)[:2] == (1.0, 0.0)
+    assert m.kernel_time(computing) - m.kernel_time(slice_) == pytest.approx(_CFG["launch"] - _CFG["copy_launch"])
+    # Positive and monotone in bytes even at a copy launch of 0 (the shipped fit's value).
+    free = device_costs.SummedCosts(device_costs.SummedConfig(**{**_CFG, "copy_launch": 0.0}))
+    small, big = (Kernel(nodes=slice_.nodes, in_bytes=n, out_bytes=n) for n in (4096, 8192))
+    assert 0 < free.kernel_time(small) < free.kernel_time(big)
+    assert device_costs.SUMMED["h100"].copy_launch <= device_costs.SUMMED["h100"].launch
+
+
 def test_h100_costs_round_trip_and_errors(tmp_path):
-    m = device_costs.SummedCosts(device_costs.SummedConfig(launch=1e-6, dot_rate=1e14, conv_rate=2e14,
-                                                           bandwidth=2e12))
+    m = device_costs.SummedCosts(device_costs.SummedConfig(**_CFG))
     back = device_costs.SummedCosts.from_params(m.params())
     assert back == m and back.digest() == m.digest()
     path = tmp_path / "h100.json"
     m.save(path)
+    assert json.loads(path.read_text())["version"] == "2"
     assert registry.make(str(path), device="h100") == m  # a saved file is read by the registry's entry
-    with pytest.raises(ValueError, match=r"expected keys \['bandwidth', 'conv_rate', 'dot_rate', 'launch'\], got \['peak'\]"):
+    with pytest.raises(ValueError, match=r"expected keys \['bandwidth', 'conv_rate', 'copy_launch', 'dot_knee', "
+                                         r"'dot_rate', 'dot_rate_large', 'launch'\], got \['peak'\]"):
         device_costs.SummedCosts.from_params({"peak": 1})
     with pytest.raises(ValueError, match="SummedConfig.bandwidth: expected a positive number, got 0"):
-        device_costs.SummedConfig(launch=1e-6, dot_rate=1e14, conv_rate=1e14, bandwidth=0)
+        device_costs.SummedConfig(**{**_CFG, "bandwidth": 0})
+    with pytest.raises(ValueError, match="SummedConfig.copy_launch: expected a non-negative number, got -1e-06"):
+        device_costs.SummedConfig(**{**_CFG, "copy_launch": -1e-6})
+    with pytest.raises(ValueError, match=r"SummedConfig.dot_rate_large: expected at least dot_rate "
+                                         r"\(100000000000000.0\), got 50000000000000.0"):
+        device_costs.SummedConfig(**{**_CFG, "dot_rate_large": 5e13})
+    # A file of the 4-parameter form (version 1) is refused with a clear error.
+    old = tmp_path / "v1.json"
+    data = json.loads(path.read_text())
+    old.write_text(json.dumps({**data, "version": "1", "params": {"launch": 1e-6, "dot_rate": 1e14,
+                                                                    "conv_rate": 2e14, "bandwidth": 2e12}}))
+    with pytest.raises(ValueError, match=r"v1.json: field 'version': expected '2', got '1' \(a model of an older "
+                                         r"form: refit it with scripts/gpu_sim_tables.py --fit\)"):
+        device_costs.SummedCosts.load(old)
     other = tmp_path / "cpu.json"
     registry.make("analytic", device="cpu").save(other)
     with pytest.raises(ValueError, match="expected a saved 'analytic-summed' cost model .* got 'analytic'"):

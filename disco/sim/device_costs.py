@@ -4,12 +4,13 @@
 
 * ``cpu``: the roofline :class:`disco.sim.costs.AnalyticCosts` with the defaults of
   :class:`disco.sim.costs.AnalyticConfig` (one XLA:CPU virtual device on a shared core), as before.
-* ``h100``: :class:`SummedCosts`, ``launch + dot_flops / dot_rate + conv_flops / conv_rate +
-  (bytes read + written) / bandwidth``. The terms are added, not maxed: a cuBLAS or cuDNN kernel
-  also moves its operands, and the sum predicts the simulator's step device times better than
-  the max-roofline of :data:`ROOFLINE` (on the 7 zoo models at preset paper: within 10% for 5 of 7
-  vs 1 of 7; docs/benchmarks.md, "The simulator's GPU cost model through the registry"). Its
-  parameters are fitted (``python scripts/gpu_sim_tables.py --fit``), not datasheet figures.
+* ``h100``: :class:`SummedCosts`, ``launch + dot time + conv_flops / conv_rate + (bytes read +
+  written) / bandwidth``, where the dot rate rises beyond a knee of dot flops per kernel and a
+  data-movement kernel has its own launch term. The terms are added, not maxed: a cuBLAS or cuDNN
+  kernel also moves its operands, and the sum predicts the simulator's step device times better
+  than the max-roofline of :data:`ROOFLINE` (docs/benchmarks.md, "The simulator's GPU cost model
+  through the registry" and "The H100 kernel model's form"). Its parameters are fitted
+  (``python scripts/gpu_sim_tables.py --fit``), bounded by the TF32 peak, not datasheet figures.
 
 :data:`ROOFLINE` holds each device's ceilings, ``max(flops / matrix rate, bytes / bandwidth) +
 launch``: the CPU's analytic model, and on the H100 the baseline the per-kernel GNN corrects
@@ -21,7 +22,7 @@ launch 1.19e-6 s, fitted to every profiled kernel of the dataset (``scripts/kern
 
 Example:
   >>> analytic("h100").config.bandwidth
-  3320000000000.0
+  3680000000000.0
   >>> roofline_config("h100").mem_bandwidth
   3000000000000.0
 """
@@ -34,7 +35,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from disco.sim.costs import SCHEMA, AnalyticConfig, AnalyticCosts, CostModel, Kernel, is_kernel_node
 
@@ -45,19 +46,36 @@ ROOFLINE: Mapping[str, AnalyticConfig] = {
 DEVICES: tuple[str, ...] = tuple(sorted(ROOFLINE))
 
 
+# NVIDIA H100 SXM5 datasheet: TF32 Tensor Core 494.7 TFLOP/s dense (989.4 with sparsity). No
+# kernel runs faster, so the fit bounds every matrix rate by it (``scripts/gpu_sim_tables.py --fit``).
+H100_TF32_PEAK = 494.7e12
+
+# Kernels made only of these opcodes move data and compute nothing (gnn.kernel_features.kernel_kind's
+# ``copy`` class); they pay ``SummedConfig.copy_launch`` instead of ``launch``.
+DATA_MOVEMENT_OPCODES: frozenset[str] = frozenset({
+    "copy", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad", "reshape"})
+
+
 @dataclasses.dataclass(frozen=True)
 class SummedConfig:
-    """Parameters of :class:`SummedCosts` (seconds, flop/s, bytes/s).
+    """Parameters of :class:`SummedCosts` (seconds, flops, flop/s, bytes/s).
 
     Attributes:
       launch: fixed seconds per kernel.
-      dot_rate: flop/s of ``dot`` (float32 operands run as tf32 by XLA's default precision).
+      copy_launch: fixed seconds per data-movement kernel (only :data:`DATA_MOVEMENT_OPCODES`).
+      dot_rate: flop/s of a kernel's first ``dot_knee`` dot flops (float32 operands run as tf32).
+      dot_knee: dot flops per kernel beyond which the matrix rate rises to ``dot_rate_large``
+        (a large cuBLAS GEMM fills the GPU's SMs; a small one does not). 0: every flop at the large rate.
+      dot_rate_large: flop/s of a kernel's dot flops beyond ``dot_knee``; at least ``dot_rate``.
       conv_rate: flop/s of ``convolution`` (cuDNN).
       bandwidth: bytes/s to and from device memory, counting bytes read and written.
     """
 
     launch: float
+    copy_launch: float
     dot_rate: float
+    dot_knee: float
+    dot_rate_large: float
     conv_rate: float
     bandwidth: float
 
@@ -65,27 +83,52 @@ class SummedConfig:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            if not ok or v < 0 or (f.name != "launch" and v == 0):
-                raise ValueError(f"SummedConfig.{f.name}: expected a positive number, got {v!r}")
+            if not ok or v < 0 or (f.name not in _MAY_BE_ZERO and v == 0):
+                kind = "a non-negative" if f.name in _MAY_BE_ZERO else "a positive"
+                raise ValueError(f"SummedConfig.{f.name}: expected {kind} number, got {v!r}")
+        if self.dot_rate_large < self.dot_rate:
+            raise ValueError(f"SummedConfig.dot_rate_large: expected at least dot_rate ({self.dot_rate!r}), "
+                             f"got {self.dot_rate_large!r}")
 
 
-# Fitted 2026-11-23 by `python scripts/gpu_sim_tables.py --fit`: non-negative least squares of
-# relative errors over the 14 `default` records of ../shared/data/h100_kernels (7 zoo models x
-# presets paper and small; rnnlm's while loops priced as trip count x body), each record's measured
-# kernel sum against the simulator's h100-1 prediction on its pre-optimisation HLO.
+_MAY_BE_ZERO = frozenset({"launch", "copy_launch", "dot_knee"})
+
+
+class KernelTerms(NamedTuple):
+    """The features :class:`SummedCosts` prices one kernel by (what ``--fit`` regresses on)."""
+
+    launches: float  # 1.0 for a computing kernel, else 0.0
+    copy_launches: float  # 1.0 for a data-movement kernel, else 0.0
+    dot_flops: float
+    conv_flops: float
+    nbytes: float  # bytes read plus written
+
+
+# Fitted 2026-11-23 by `python scripts/gpu_sim_tables.py --fit`: bounded least squares of relative
+# errors over the 14 `default` records of ../shared/data/h100_kernels (7 zoo models x presets paper
+# and small; rnnlm's while loops priced as trip count x body), each record's measured kernel sum
+# against the simulator's h100-1 prediction on its pre-optimisation HLO; dot_knee from a grid,
+# every matrix rate bounded by H100_TF32_PEAK (dot_rate_large sits on the bound). docs/benchmarks.md,
+# "The H100 kernel model's form".
 SUMMED: Mapping[str, SummedConfig] = {
-    "h100": SummedConfig(launch=1.87e-6, dot_rate=2.56e14, conv_rate=2.19e14, bandwidth=3.32e12),
+    "h100": SummedConfig(launch=1.84e-6, copy_launch=0.0, dot_rate=2.03e14, dot_knee=3e10,
+                         dot_rate_large=H100_TF32_PEAK, conv_rate=2.09e14, bandwidth=3.68e12),
 }
 
 
 class SummedCosts(CostModel):
-    """``launch + dot_flops / dot_rate + conv_flops / conv_rate + bytes / bandwidth`` per kernel.
+    """Per kernel: ``launch + dot time + conv_flops / conv_rate + bytes / bandwidth``.
 
-    A kernel without a compute node (only zero-cost ops) costs 0.0; collectives by the cluster's links.
+    The dot time rises with the kernel's dot flops ``f`` piecewise linearly, concave:
+    ``min(f, dot_knee) / dot_rate + max(f - dot_knee, 0) / dot_rate_large`` (the marginal rate of a
+    large GEMM is higher). A data-movement kernel (only :data:`DATA_MOVEMENT_OPCODES`) pays
+    ``copy_launch`` instead of ``launch``. A kernel without a compute node (only zero-cost ops)
+    costs 0.0; collectives by the cluster's links. Every term is monotone in the kernel's work and
+    subadditive across kernels, as ``Simulator.lower_bound`` needs.
     """
 
     name = "analytic-summed"
-    version = "1"
+    version = "2"  # 1: launch + dot/dot_rate + conv/conv_rate + bytes/bandwidth (4 parameters)
 
     def __init__(self, config: SummedConfig):
         if not isinstance(config, SummedConfig):
@@ -93,24 +136,29 @@ class SummedCosts(CostModel):
         self.config = config
 
     @staticmethod
-    def terms(kernel: Kernel) -> tuple[float, float, float, float]:
-        """(launches, dot flops, convolution flops, bytes) of ``kernel``: the model's features."""
-        if kernel.is_empty or not any(is_kernel_node(n) for n in kernel.nodes):
-            return (0.0, 0.0, 0.0, 0.0)
-        dot = conv = 0.0
-        for n in kernel.nodes:
-            if n.opcode == "dot":
-                dot += n.flops
-            elif n.opcode == "convolution":
-                conv += n.flops
-        return (1.0, dot, conv, float(kernel.in_bytes + kernel.out_bytes))
+    def terms(kernel: Kernel) -> KernelTerms:
+        """The features of ``kernel`` (all 0.0 for a kernel without a compute node)."""
+        work = [n for n in kernel.nodes if is_kernel_node(n)]
+        if not work:
+            return KernelTerms(0.0, 0.0, 0.0, 0.0, 0.0)
+        dot = sum(n.flops for n in work if n.opcode == "dot")
+        conv = sum(n.flops for n in work if n.opcode == "convolution")
+        moves = all(n.opcode in DATA_MOVEMENT_OPCODES for n in work)
+        return KernelTerms(0.0 if moves else 1.0, 1.0 if moves else 0.0, float(dot), float(conv),
+                           float(kernel.in_bytes + kernel.out_bytes))
+
+    def time_of(self, t: KernelTerms) -> float:
+        """Seconds of a kernel with terms ``t``."""
+        c = self.config
+        dot = min(t.dot_flops, c.dot_knee) / c.dot_rate + max(t.dot_flops - c.dot_knee, 0.0) / c.dot_rate_large
+        return (t.launches * c.launch + t.copy_launches * c.copy_launch + dot + t.conv_flops / c.conv_rate
+                + t.nbytes / c.bandwidth)
 
     def kernel_time(self, kernel: Kernel) -> float:
-        launches, dot, conv, nbytes = self.terms(kernel)
-        if not launches:
+        t = self.terms(kernel)
+        if not (t.launches or t.copy_launches):
             return 0.0
-        c = self.config
-        return c.launch + dot / c.dot_rate + conv / c.conv_rate + nbytes / c.bandwidth
+        return self.time_of(t)
 
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self.config)
@@ -140,7 +188,8 @@ class SummedCosts(CostModel):
             got = data.get("name") if isinstance(data, Mapping) else type(data).__name__
             raise ValueError(f"{p.name}: expected a saved {cls.name!r} cost model (schema {SCHEMA!r}), got {got!r}")
         if data.get("version") != cls.version:
-            raise ValueError(f"{p.name}: field 'version': expected {cls.version!r}, got {data.get('version')!r}")
+            raise ValueError(f"{p.name}: field 'version': expected {cls.version!r}, got {data.get('version')!r} "
+                             f"(a model of an older form: refit it with scripts/gpu_sim_tables.py --fit)")
         return cls.from_params(data.get("params", {}))
 
     def __eq__(self, other: object) -> bool:
