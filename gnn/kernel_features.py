@@ -37,7 +37,8 @@ import numpy as np
 from disco.ir import flops as _flops
 from disco.ir import hlo_parse
 from disco.ir.graph import Node
-from disco.ir.opcodes import COLLECTIVE_KIND, COLLECTIVES, OPCODES, XLA_GPU_MATRIX_OPCODES, ZERO_COST_OPCODES, opcode_id
+from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, DATA_MOVEMENT_OPCODES, OPCODES, XLA_GPU_MATRIX_OPCODES,
+                               ZERO_COST_OPCODES, opcode_id)
 from disco.sim.costs import Kernel, is_kernel_node
 
 FEATURE_VERSION = 3
@@ -295,7 +296,7 @@ def kernel_kind(kernel: Kernel) -> str:
         return "reduce"
     if ops & {"transpose", "copy"} and any(n.layout for n in kernel.nodes) or "transpose" in ops:
         return "transpose"
-    if ops <= {"copy", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad", "reshape"}:
+    if ops <= DATA_MOVEMENT_OPCODES:
         return "copy"
     return "loop"
 

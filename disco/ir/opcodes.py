@@ -138,6 +138,10 @@ XLA_GPU_BITCASTS: frozenset[str] = frozenset({"reshape", "bitcast-convert"})
 XLA_GPU_CHEAP_UNARY: frozenset[str] = frozenset({"convert", "negate", "copy", "abs", "not", "sign"})
 # Producers a matrix hero absorbs (operand layout / Triton prologue).
 XLA_GPU_MATRIX_PROLOGUE: frozenset[str] = frozenset({"transpose", "convert", "copy"})
+# A kernel made only of these moves data and computes nothing (the H100 kernel model's cheaper
+# launch, disco.sim.device_costs; the GNN's ``copy`` kernel class, gnn.kernel_features).
+DATA_MOVEMENT_OPCODES: frozenset[str] = frozenset({
+    "copy", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad", "reshape"})
 
 # A fixed vocabulary so array features mean the same thing for every graph. An opcode's id is
 # its position in this sorted tuple, so saved feature models depend on it: a new name shifts the

@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from disco.ir.opcodes import DATA_MOVEMENT_OPCODES
 from disco.sim.costs import SCHEMA, AnalyticConfig, AnalyticCosts, CostModel, Kernel, is_kernel_node
 
 ROOFLINE: Mapping[str, AnalyticConfig] = {
@@ -50,10 +51,6 @@ DEVICES: tuple[str, ...] = tuple(sorted(ROOFLINE))
 # kernel runs faster, so the fit bounds every matrix rate by it (``scripts/gpu_sim_tables.py --fit``).
 H100_TF32_PEAK = 494.7e12
 
-# Kernels made only of these opcodes move data and compute nothing (gnn.kernel_features.kernel_kind's
-# ``copy`` class); they pay ``SummedConfig.copy_launch`` instead of ``launch``.
-DATA_MOVEMENT_OPCODES: frozenset[str] = frozenset({
-    "copy", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad", "reshape"})
 
 
 @dataclasses.dataclass(frozen=True)
