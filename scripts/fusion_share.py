@@ -133,6 +133,7 @@ def worker(args: argparse.Namespace) -> dict:
     share = {
         "rounds": args.share_rounds, "steps": config.steps, "seconds": time.perf_counter() - t1,
         "ms": {n: {"median": m.median * 1e3, "min": m.min * 1e3, "max": m.max * 1e3} for n, m in again.items()},
+        "samples_ms": {n: [round(t * 1e3, 4) for t in m.samples] for n, m in again.items()},
         "speedup_vs_xla_default": {n: paired_speedup(again["xla_default"], again[n]) for n in names
                                    if n != "xla_default"},
         "answer_vs_best_baseline": paired_speedup(again[best_baseline], again[result.chosen]),
