@@ -2,6 +2,7 @@
 
     python scripts/fusion_share.py --models vit,gpt2 --devices 2 --preset small --budget 30 \
         [--cluster FILE] [--rounds 9] [--share-rounds 15] --out results.json
+    python scripts/fusion_share.py --table results.json [more.json ...]   # markdown, nothing measured
 
 Per model, in its own process (the device count is fixed when jax starts):
 
@@ -155,6 +156,36 @@ def worker(args: argparse.Namespace) -> dict:
     return out
 
 
+def table(paths: list[str]) -> str:
+    """The markdown table of saved results (one row per model and device count)."""
+    lines = ["| model | devices | answer (confirmed vs xla_default) | plan with groups | its buckets alone | "
+             "fresh run ms: xla_default / plan / buckets alone | plan vs xla_default | buckets alone vs "
+             "xla_default | plan vs buckets alone | op-fusion share | compiled fusions: xla_default / plan / "
+             "buckets alone |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        with open(path) as f:
+            saved = json.load(f)
+        for m, r in saved.items():
+            ans = f"{r['chosen']} ({r['optimize']['speedup_vs_xla_default']:.3f}x)"
+            if not r.get("grouped"):
+                lines.append(f"| {m} | {r['devices']} | {ans} | none measured | - | - | - | - | - | - | - |")
+                continue
+            p, s = r["plan"], r["share"]
+            b = p["buckets_only_row"]
+            nb = "XLA's combiner" if p["buckets"] is None else f"{p['buckets']} buckets"
+            sp = s["speedup_vs_xla_default"]
+            ms = s["ms"]
+            fus = r.get("compiled", {}).get("fusions", {})
+            share = s.get("fusion_share")
+            lines.append(
+                f"| {m} | {r['devices']} | {ans} | {p['name']}: {p['groups']} groups ({p['grouped_ops']} ops), {nb} | "
+                f"{b} | {ms['xla_default']['median']:.2f} / {ms[p['name']]['median']:.2f} / {ms[b]['median']:.2f} | "
+                f"{sp[p['name']]:.3f}x | {sp.get(b, 1.0):.3f}x | {s['plan_vs_buckets_only']:.3f}x | "
+                f"{'-' if share is None else f'{share:.0%}'} | "
+                f"{fus.get('xla_default', '-')} / {fus.get(p['name'], '-')} / {fus.get(b, '-')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="", help="comma list (default: the whole zoo)")
@@ -167,8 +198,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--share-rounds", type=int, default=15)
     ap.add_argument("--out", help="JSON file; results are merged into it (model -> result)")
+    ap.add_argument("--table", nargs="+", metavar="FILE", help="print the table of saved results; measure nothing")
     args = ap.parse_args(argv)
     sys.path.insert(0, REPO)
+    if args.table:
+        print(table(args.table))
+        return 0
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
