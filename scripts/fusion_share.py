@@ -143,7 +143,13 @@ def worker(args: argparse.Namespace) -> dict:
         share["plan_vs_buckets_only"] = paired_speedup(again[buckets_only], again[grouped])
         gain = med["xla_default"] - med[grouped]
         share["fusion_share"] = (med[buckets_only] - med[grouped]) / gain if gain > 0 else None
-        prof = {n: fusion_profile(fns[n].compiled_text()) for n in ("xla_default", grouped, buckets_only)}
+        texts = {n: fns[n].compiled_text() for n in ("xla_default", grouped, buckets_only)}
+        prof = {n: fusion_profile(t) for n, t in texts.items()}
+        if args.dump:
+            os.makedirs(args.dump, exist_ok=True)
+            for n, t in texts.items():
+                with open(os.path.join(args.dump, f"{args.model}.{args.devices}.{n}.compiled.hlo.txt"), "w") as f:
+                    f.write(t)
         out["compiled"] = {
             "fusions": {n: p["fusions"] for n, p in prof.items()},
             "by_kind": {n: p["by_kind"] for n, p in prof.items()},
@@ -198,6 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--share-rounds", type=int, default=15)
     ap.add_argument("--out", help="JSON file; results are merged into it (model -> result)")
+    ap.add_argument("--dump", help="directory for the compiled modules of the plan, its buckets alone and xla_default")
     ap.add_argument("--table", nargs="+", metavar="FILE", help="print the table of saved results; measure nothing")
     args = ap.parse_args(argv)
     sys.path.insert(0, REPO)
@@ -216,7 +223,8 @@ def main(argv=None) -> int:
     for m in [m for m in args.models.split(",") if m] or trax_models.names():
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", m, "--preset", args.preset,
                "--devices", str(args.devices), "--budget", str(args.budget), "--rounds", str(args.rounds),
-               "--share-rounds", str(args.share_rounds)] + (["--cluster", args.cluster] if args.cluster else [])
+               "--share-rounds", str(args.share_rounds)] + (["--cluster", args.cluster] if args.cluster else []) \
+            + (["--dump", args.dump] if args.dump else [])
         r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
         if r.returncode != 0:
             print(f"{m}: failed: {r.stderr.strip().splitlines()[-3:]}", file=sys.stderr, flush=True)
