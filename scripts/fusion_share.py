@@ -124,7 +124,7 @@ def worker(args: argparse.Namespace) -> dict:
     out["plan"] = {"name": grouped, "groups": len(plan.groups), "grouped_ops": sum(len(g) for g in plan.groups),
                    "buckets": None if plan.buckets is None else len(plan.buckets), "cuts": len(plan.cuts),
                    "compile_options": dict(plan.compile_options), "xla_fusion": plan.xla_fusion,
-                   "buckets_only_row": buckets_only}
+                   "buckets_only_row": buckets_only, "plan": plan.to_dict()}
     names = list(dict.fromkeys(n for n in ("xla_default", grouped, buckets_only, best_baseline, result.chosen)
                                if n is not None))
     fns = {n: measured.executables[n] for n in names}
