@@ -162,11 +162,22 @@ def worker(args: argparse.Namespace) -> dict:
     return out
 
 
+def interval(share: dict, base: str, other: str) -> str:
+    """" (lo-hi)": a bootstrap 90% interval of the median per-round ratio base/other, or ""."""
+    from optimize_zoo import bootstrap_median_interval  # beside this script
+
+    samples = share.get("samples_ms", {})
+    if base not in samples or other not in samples:
+        return ""
+    lo, hi = bootstrap_median_interval([b / o for b, o in zip(samples[base], samples[other])])
+    return f" ({lo:.3f}-{hi:.3f})"
+
+
 def table(paths: list[str]) -> str:
     """The markdown table of saved results (one row per model and device count)."""
     lines = ["| model | devices | answer (confirmed vs xla_default) | plan with groups | its buckets alone | "
              "fresh run ms: xla_default / plan / buckets alone | plan vs xla_default | buckets alone vs "
-             "xla_default | plan vs buckets alone | op-fusion share | compiled fusions: xla_default / plan / "
+             "xla_default | plan vs buckets alone (90% interval) | op-fusion share | compiled fusions: xla_default / plan / "
              "buckets alone |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         with open(path) as f:
@@ -186,7 +197,7 @@ def table(paths: list[str]) -> str:
             lines.append(
                 f"| {m} | {r['devices']} | {ans} | {p['name']}: {p['groups']} groups ({p['grouped_ops']} ops), {nb} | "
                 f"{b} | {ms['xla_default']['median']:.2f} / {ms[p['name']]['median']:.2f} / {ms[b]['median']:.2f} | "
-                f"{sp[p['name']]:.3f}x | {sp.get(b, 1.0):.3f}x | {s['plan_vs_buckets_only']:.3f}x | "
+                f"{sp[p['name']]:.3f}x | {sp.get(b, 1.0):.3f}x | {s['plan_vs_buckets_only']:.3f}x{interval(s, b, p['name'])} | "
                 f"{'-' if share is None else f'{share:.0%}'} | "
                 f"{fus.get('xla_default', '-')} / {fus.get(p['name'], '-')} / {fus.get(b, '-')} |")
     return "\n".join(lines)
