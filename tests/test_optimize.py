@@ -444,3 +444,48 @@ def test_the_best_baseline_is_the_fastest_simulated_one_xla_default_on_a_tie():
     assert best_baseline_name({"xla_default": 1.0, "ddp": 0.5, "horovod": 0.5}) == "ddp"
     with pytest.raises(ValueError, match="expected simulated times of one or more baselines, got none"):
         best_baseline_name({})
+
+
+def test_confirmation_keeps_the_best_baseline_when_it_beats_the_searched_plan():
+    # disco_1 still beats xla_default (1.1x) but horovod beats it in the same fresh rounds (1.25x)
+    again = {"xla_default": m(1.0, 1.0, 1.0), "disco_1": m(0.91, 0.91, 0.91), "horovod": m(0.8, 0.8, 0.8)}
+    chosen, verdict, gain = opt._choice.confirmed_choice("disco_1", "disco_1 measured 1.3x", again, "horovod")
+    assert chosen == "horovod" and gain == pytest.approx(1 / 0.91)
+    assert verdict.startswith("disco_1 measured fastest, but in a second run the best baseline was faster")
+    assert verdict.endswith("the best baseline, horovod, 1.250x); keeping horovod")
+    # the searched plan holds against both: it stays
+    again["horovod"] = m(0.95, 0.95, 0.95)
+    assert opt._choice.confirmed_choice("disco_1", "v", again, "horovod")[0] == "disco_1"
+    # neither beats xla_default: XLA's default
+    again = {"xla_default": m(1.0, 1.0, 1.0), "disco_1": m(1.1, 1.1, 1.1), "horovod": m(1.05, 1.05, 1.05)}
+    assert opt._choice.confirmed_choice("disco_1", "v", again, "horovod")[0] == "xla_default"
+
+
+def test_best_baseline_is_the_fastest_applied_baseline_above_xla_default():
+    rows = [row("xla_default", 1.0, speedup=1.0), row("ddp", 0.8, speedup=1.2), row("horovod", 0.7, speedup=1.3),
+            dataclasses.replace(row("even_2", 0.5, speedup=1.9), applied=False)]
+    assert opt._choice.best_baseline(rows) == "horovod"
+    assert opt._choice.best_baseline([row("xla_default", 1.0, speedup=1.0), row("ddp", 1.1, speedup=0.9)]) is None
+
+
+def test_confirm_measures_the_searched_plan_beside_the_best_baseline():
+    """confirm() on real compiled functions: a searched choice is measured with xla_default and the
+    first run's best baseline in the same fresh rounds, and the kept plan is one of the three."""
+    import jax.numpy as jnp
+
+    x = jnp.ones((64, 64))
+    fns = {"xla_default": jax.jit(lambda a: a @ a), "horovod": jax.jit(lambda a: a + 1.0),
+           "disco_1": jax.jit(lambda a: a * 2.0)}
+    rows = (row("xla_default", 1.0, speedup=1.0), row("horovod", 0.8, speedup=1.25),
+            dataclasses.replace(row("disco_1", 0.7, speedup=1.4), kind="search"))
+    measured = opt.Measured(rows, "disco_1", "disco_1 measured 1.4x", None, fns)
+    target = types.SimpleNamespace(args=(x,))
+    c = opt.confirm(target, measured, opt.OptimizeConfig(rounds=3, steps=1, confirm_rounds=3))
+    assert c.candidate == "disco_1" and c.baseline == "horovod"
+    assert set(c.times) == {"xla_default", "horovod", "disco_1"}
+    assert c.baseline_speedup > 0 and c.speedup > 0
+    assert c.chosen in {"disco_1", "horovod", "xla_default"}
+    # a baseline choice is confirmed against xla_default alone
+    measured = opt.Measured(rows, "horovod", "horovod measured 1.25x", None, fns)
+    c = opt.confirm(target, measured, opt.OptimizeConfig(rounds=3, steps=1, confirm_rounds=3))
+    assert c.baseline is None and set(c.times) == {"xla_default", "horovod"}

@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confirm-rounds", type=int, default=None,
                    help="rounds of the confirmation run (default 3 x --rounds)")
     p.add_argument("--no-confirm", dest="confirm", action="store_false",
-                   help="do not re-measure the chosen plan against xla_default in fresh rounds")
+                   help="do not re-measure the chosen plan against xla_default and the best baseline in fresh rounds")
     p.add_argument("--no-bound", dest="bound", action="store_false",
                    help="do not measure the communication-free bound (the step without its all-reduces)")
     p.add_argument("--bucket-sweep", default="2,3,4", metavar="K,K,...",
@@ -206,8 +206,10 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
         if times is not None:
             line = ", ".join(f"{k} {v[0] * 1e3:.3f} ({v[1] * 1e3:.3f}-{v[2] * 1e3:.3f})" for k, v in times.items())
             if label == "confirmation run":
-                line += (f"; {result.confirmation.candidate}'s paired speedup there "
-                         f"{result.confirmation.speedup:.3f}x")
+                c = result.confirmation
+                line += f"; {c.candidate}'s paired speedup there {c.speedup:.3f}x"
+                if c.baseline is not None:
+                    line += f", the best baseline {c.baseline}'s {c.baseline_speedup:.3f}x"
             console.print(escape(f"{label} (ms, median (min-max)): {line}"))
     note = result.bound_note()
     if note:

@@ -18,9 +18,10 @@ The pipeline is a few pure steps, each with its own small result (the shape of
 4. :func:`run_off`: the ``finalists`` fastest plans that beat ``xla_default`` are measured
    again, with it, in fresh interleaved rounds, and the fastest there is chosen (picking the
    fastest of a dozen noisy medians favours whichever plan got lucky rounds).
-5. :func:`confirm`: the choice is measured once more against ``xla_default`` alone, in fresh
-   rounds (three times as many by default). The answer and its reported speedup come from that
-   run; if the gain does not hold there, the answer is ``xla_default``.
+5. :func:`confirm`: the choice is measured once more against ``xla_default`` and, when the
+   choice is not a baseline, the first run's best baseline, in fresh rounds (three times as many
+   by default). The answer and its reported speedup come from that run: the faster of the choice
+   and that baseline if it beats ``xla_default`` there, else ``xla_default``.
 
 The options are one immutable :class:`OptimizeConfig`; the answer is an
 :class:`OptimizeResult` (``print(result.summary())``); :func:`chrome_trace` draws a plan's

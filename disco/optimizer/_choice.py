@@ -117,12 +117,29 @@ def runoff_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]) -
     return best, f"{verdict}; but {best} was the best in a run-off of {len(gains)} ({line})"
 
 
-def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]) -> tuple[str, str, float]:
-    """(chosen, verdict, the chosen plan's paired speedup) after the confirmation run ``again``
-    (one interleaved run of the chosen plan and xla_default)."""
+def best_baseline(rows: Sequence[PlanRow]) -> str | None:
+    """The applied baseline (xla_default aside) with the largest paired speedup above 1, or None."""
+    base = next(r for r in rows if r.name == "xla_default")
+    better = [r for r in rows if r.kind == "baseline" and r.name != "xla_default" and r.applied
+              and r.median_s is not None and r.gain(base) > 1.0]
+    return max(better, key=lambda r: r.gain(base)).name if better else None
+
+
+def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement],
+                     baseline: str | None = None) -> tuple[str, str, float]:
+    """(chosen, verdict, the candidate ``chosen``'s paired speedup) after the confirmation run ``again``
+    (one interleaved run of the chosen plan, xla_default and, when given, the first run's best
+    ``baseline``). The faster of the chosen plan and the baseline wins if it beats xla_default,
+    so the answer is never a searched plan that the best baseline beat in the same fresh rounds."""
     gain = paired_speedup(again["xla_default"], again[chosen])
     numbers = (f"{gain:.3f}x paired over {len(again[chosen].samples)} rounds; {again[chosen].median * 1e3:.3f} "
                f"vs {again['xla_default'].median * 1e3:.3f} ms median")
+    if baseline is not None and baseline != chosen:
+        b_gain = paired_speedup(again["xla_default"], again[baseline])
+        numbers += f"; the best baseline, {baseline}, {b_gain:.3f}x"
+        if b_gain > gain and b_gain > 1.0:
+            return baseline, (f"{chosen} measured fastest, but in a second run the best baseline was faster "
+                              f"({numbers}); keeping {baseline}"), gain
     if gain > 1.0:
         return chosen, f"{verdict}; confirmed in a second run: {numbers}", gain
     return "xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "

@@ -41,7 +41,7 @@ class OptimizeConfig:
         ``k`` buckets of equal bytes) are measured too; ``()`` measures none.
       finalists: how many of the fastest measured plans go to the run-off; 1 skips it.
         Only with ``confirm``.
-      confirm: measure the chosen plan again against xla_default in fresh rounds and keep
+      confirm: measure the chosen plan again against xla_default (and the best baseline) in fresh rounds and keep
         it only if it is faster there too.
       confirm_rounds: the confirmation's rounds; None: :attr:`confirmation_rounds`'s default.
 

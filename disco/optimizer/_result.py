@@ -71,8 +71,17 @@ class OptimizeResult:
         if self.chosen == "xla_default":
             return 1.0
         if self.confirmation is not None:
-            return self.confirmation.speedup
+            return self.confirmed_speedup
         return self.row(self.chosen).gain(self.row("xla_default"))
+
+    @property
+    def confirmed_speedup(self) -> float | None:
+        """The paired speedup over xla_default, in the confirmation, of the plan it kept (of the
+        candidate when it kept xla_default); None without a confirmation."""
+        c = self.confirmation
+        if c is None:
+            return None
+        return c.baseline_speedup if self.chosen == c.baseline and c.baseline_speedup is not None else c.speedup
 
     def row(self, name: str) -> PlanRow:
         """The row called ``name``.
@@ -100,7 +109,9 @@ class OptimizeResult:
             "graph": dict(self.setting.graph),
             "measurement": {"rounds": self.config.rounds, "steps_per_round": self.config.steps},
             "speedup_vs_xla_default": self.speedup,  # the answer's (confirmed when confirmed)
-            "confirmed_speedup": None if self.confirmation is None else self.confirmation.speedup,
+            "confirmed_speedup": self.confirmed_speedup,
+            "confirmation_baseline": None if self.confirmation is None else self.confirmation.baseline,
+            "confirmed_baseline_speedup": None if self.confirmation is None else self.confirmation.baseline_speedup,
             "confirmation_ms": spans_ms(None if self.confirmation is None else self.confirmation.times),
             "runoff_ms": spans_ms(None if self.runoff is None else self.runoff.times),
             "comm_free_bound_ms": None if self.bound is None else self.bound.times.to_ms_dict(),
@@ -127,8 +138,14 @@ class OptimizeResult:
                 return (f"xla_default, because {self.confirmation.candidate}'s gain did not hold in the "
                         "confirmation run")
             return "xla_default, because no plan measured faster than it"
+        c = self.confirmation
+        if c is not None and c.chosen != c.candidate:
+            return (f"{self.chosen}: the best baseline, faster than {c.candidate} (the fastest before) and than "
+                    "xla_default in the confirmation's fresh rounds")
         found = "the fastest in the run-off" if self.runoff is not None else "the fastest in the first run"
-        held = ", confirmed against xla_default in fresh rounds" if self.confirmation is not None else ""
+        against = (f"xla_default and the best baseline ({c.baseline})" if c is not None and c.baseline
+                   else "xla_default")
+        held = f", confirmed against {against} in fresh rounds" if c is not None else ""
         return f"{self.chosen}: {found}{held}"
 
     def bound_note(self) -> str | None:
@@ -184,7 +201,8 @@ class OptimizeResult:
                                                  sorted(self.runoff.speedups.items(), key=lambda kv: -kv[1])))
         if self.confirmation is not None:
             c = self.confirmation
-            lines.append(f"confirmation: {c.candidate} {c.speedup:.3f}x "
+            vs_base = "" if c.baseline is None else f", the best baseline {c.baseline} {c.baseline_speedup:.3f}x"
+            lines.append(f"confirmation: {c.candidate} {c.speedup:.3f}x{vs_base} "
                          f"paired over {self.config.confirmation_rounds} rounds")
         note = self.bound_note()
         if note:

@@ -2,7 +2,7 @@
 
 ``prepare`` (extract the graph) -> ``candidates`` (search, baselines, bucket sweep) ->
 ``measure`` (compile and time them, interleaved; the first choice) -> ``run_off`` (the
-finalists again) -> ``confirm`` (the choice against xla_default alone). Each step takes what
+finalists again) -> ``confirm`` (the choice against xla_default and the best baseline). Each step takes what
 the earlier ones returned and the :class:`~disco.optimizer.OptimizeConfig`; none keeps state.
 """
 
@@ -22,6 +22,7 @@ from disco.ir.step_checks import check_data_parallel
 from disco.optimizer._choice import (
     PlanRow,
     Span,
+    best_baseline,
     confirmed_choice,
     finalists,
     runoff_choice,
@@ -271,14 +272,19 @@ def run_off(target: Target, measured: Measured, config: OptimizeConfig,
 
 # -- confirm ---------------------------------------------------------------------------------------
 class Confirmation(NamedTuple):
-    """The choice measured once more against xla_default alone, in fresh rounds.
+    """The choice measured once more against xla_default and the first run's best baseline, in
+    fresh rounds.
 
     Attributes:
       candidate: the plan confirmed (the choice so far).
-      chosen: ``candidate`` if its gain held there, else xla_default.
+      chosen: ``candidate`` if its gain held there and the baseline did not beat it; the baseline
+        if that was faster there and beat xla_default; else xla_default.
       verdict: the verdict so far, with the confirmation's numbers.
-      times: the candidate's and xla_default's times there.
+      times: each measured plan's times there.
       speedup: the candidate's paired speedup over xla_default there.
+      baseline: the best baseline measured beside the candidate, or None (the candidate is a
+        baseline itself, or no baseline beat xla_default in the first run).
+      baseline_speedup: the baseline's paired speedup over xla_default there, or None.
     """
 
     candidate: str
@@ -286,19 +292,26 @@ class Confirmation(NamedTuple):
     verdict: str
     times: dict[str, Span]
     speedup: float
+    baseline: str | None = None
+    baseline_speedup: float | None = None
 
 
 def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: RunOff | None = None,
             progress: Progress = no_progress) -> Confirmation | None:
-    """Confirms the choice so far (the run-off's, else the first), or None when there is nothing
-    to confirm (``config.confirm`` off, or xla_default chosen). Reports phase "confirm"."""
+    """Confirms the choice so far (the run-off's, else the first) against xla_default and, when
+    the choice is not a baseline, the first run's best baseline; None when there is nothing to
+    confirm (``config.confirm`` off, or xla_default chosen). Reports phase "confirm"."""
     chosen, why = (runoff.chosen, runoff.verdict) if runoff is not None else (measured.chosen, measured.verdict)
     if not config.confirm or chosen == "xla_default":
         return None
+    kinds = {r.name: r.kind for r in measured.rows}
+    baseline = best_baseline(measured.rows) if kinds.get(chosen) != "baseline" else None
     rounds = config.confirmation_rounds
+    names = ("xla_default", chosen) + ((baseline,) if baseline is not None else ())
     again = _measure.measure_interleaved(
-        {n: measured.executables[n] for n in ("xla_default", chosen)}, target.args, rounds=rounds,
+        {n: measured.executables[n] for n in names}, target.args, rounds=rounds,
         steps=config.steps,
         on_round=lambda r: progress("confirm", (r + 1) / rounds, f"confirmation round {r + 1}/{rounds}"))
-    final, why, gain = confirmed_choice(chosen, why, again)
-    return Confirmation(chosen, final, why, {n: Span.of(m) for n, m in again.items()}, gain)
+    final, why, gain = confirmed_choice(chosen, why, again, baseline)
+    b_gain = None if baseline is None else paired_speedup(again["xla_default"], again[baseline])
+    return Confirmation(chosen, final, why, {n: Span.of(m) for n, m in again.items()}, gain, baseline, b_gain)
