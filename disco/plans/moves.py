@@ -27,9 +27,10 @@ changed.
 - Cuts: ``add_cut`` cuts an operand edge between two fusible ops (an array-shaped
   producer, a computation plans may touch) that no group holds both ends of;
   ``remove_cut`` drops one. Group moves never join the two ends of a cut.
-- Compile options (the backend's table, :mod:`disco.plans.options`; empty on CPU):
-  ``flip_option`` flips a boolean option, ``step_option`` steps a size option to the
-  next value of its table up or down; a value equal to XLA's default is left out.
+- Compile options (the backend's table, :mod:`disco.plans.options`): ``flip_option`` flips
+  a boolean option or switches a choice option (CPU: YNNPACK's fusion types), ``step_option``
+  steps a size option to the next value of its table up or down; a value equal to XLA's
+  default is left out.
 - Backend: a context for "gpu" has no fusible pairs, so no move makes a group (XLA:GPU
   cannot take them; ``disco.plans.check.GPU_GROUPS_REASON``).
 
@@ -473,13 +474,16 @@ def _with_option(plan: FusionPlan, opt: plan_options.CompileOption, value: str) 
 
 
 def flip_option(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
-    """Flips one boolean compile option of the backend's table."""
-    bools = [o for o in ctx.options if o.kind == "bool"]
-    if not bools:
+    """Flips one boolean compile option of the backend's table, or switches a choice option to
+    another of its values."""
+    flips = [o for o in ctx.options if o.kind in ("bool", "choice")]
+    if not flips:
         return None
-    opt = rng.choice(bools)
-    now = plan_options.as_bool(plan_options.value(plan.compile_options, opt.key, ctx.backend))
-    return _with_option(plan, opt, str(not now))
+    opt = rng.choice(flips)
+    now = plan_options.value(plan.compile_options, opt.key, ctx.backend)
+    if opt.kind == "choice":
+        return _with_option(plan, opt, rng.choice([v for v in opt.values if v != now]))
+    return _with_option(plan, opt, str(not plan_options.as_bool(now)))
 
 
 def step_option(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
@@ -516,7 +520,7 @@ MOVES: dict[str, Move] = {
 
 # Relative frequencies for random_move: fusion moves dominate since there are far more ops
 # than gradients; toggling XLA's fusion is one bit. Moves that do not apply (no group to
-# split, no option table on CPU) are redrawn.
+# split, no size option on CPU) are redrawn.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "fuse": 4.0, "split_group": 1.0, "move_op": 1.0, "merge_buckets": 1.5, "split_bucket": 1.0,
     "shift_gradient": 1.5, "toggle_xla_fusion": 0.2, "switch_build": 0.3,

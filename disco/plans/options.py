@@ -9,11 +9,18 @@ one table of the options a search may set, per backend:
   default; JAX-Toolbox turns it on); both accepted by jax 0.11.2's GPU compile (measured on an
   H100, docs/benchmarks.md). Pipelined all-reduce is not in the table: that compile rejects
   ``xla_gpu_enable_pipelined_all_reduce`` ("No such compile option", measured there).
-* ``cpu``: none. The GPU options are accepted by the CPU compile but do nothing there, and
-  XLA:CPU's all-reduce combiner has no threshold flag (it merges every all-reduce; the plan's
-  buckets replace it). No CPU option was measured to matter for these steps.
+* ``cpu``: which ops XLA:CPU hands to YNNPACK (``xla_cpu_experimental_ynn_fusion_type``, a
+  comma-separated list of ``DebugOptions.LibraryFusionType`` names). jaxlib 0.10.2's default
+  sends dots, convolutions and reductions there (the explicit list below compiles the same
+  module as leaving it unset, measured on unet tiny); the search's one other value keeps the
+  reductions in XLA's own loop fusions, which is what the fusion groups that won on CPU did
+  (docs/benchmarks.md, issue 21). Per compile the option takes the full enum names only:
+  XLA_FLAGS' short forms ("-reduce", "individual_dot") are rejected there (measured). The GPU
+  options are accepted by the CPU compile but do nothing there, and XLA:CPU's all-reduce
+  combiner has no threshold flag (it merges every all-reduce; the plan's buckets replace it).
 
-Values are strings, as XLA parses them (booleans "True"/"False", sizes in bytes).
+Values are strings, as XLA parses them (booleans "True"/"False", sizes in bytes, choices
+one of the option's ``values``).
 
 Example:
   >>> [o.key for o in table("gpu")][:1]
@@ -32,6 +39,12 @@ THRESHOLD = "xla_gpu_all_reduce_combine_threshold_bytes"
 SCHEDULER = "xla_gpu_enable_latency_hiding_scheduler"
 # Rejected by jax 0.11.2's GPU compile ("No such compile option", on an H100): kept to name it.
 PIPELINED_ALL_REDUCE = "xla_gpu_enable_pipelined_all_reduce"
+YNN_FUSION_TYPE = "xla_cpu_experimental_ynn_fusion_type"
+_LIB = "LIBRARY_FUSION_TYPE_"
+YNN_FUSION_TYPES: tuple[str, ...] = tuple(_LIB + t for t in (
+    "DOT", "ELTWISE", "REDUCE", "INDIVIDUAL_DOT", "INDIVIDUAL_CONVOLUTION"))  # jaxlib 0.10.2's enum
+YNN_DEFAULT = ",".join(_LIB + t for t in ("INDIVIDUAL_DOT", "INDIVIDUAL_CONVOLUTION", "REDUCE"))
+YNN_NO_REDUCE = ",".join(_LIB + t for t in ("INDIVIDUAL_DOT", "INDIVIDUAL_CONVOLUTION"))
 MB = 1 << 20
 XLA_DEFAULT_THRESHOLD = 30 * MB + 7  # xla/debug_options_flags.cc (late 2025)
 
@@ -41,14 +54,15 @@ class CompileOption(NamedTuple):
 
     Attributes:
       key: the XLA debug-option name, as ``compiler_options`` takes it.
-      kind: "bool" (a move flips it) or "bytes" (a move steps it along ``values``).
+      kind: "bool" (a move flips it), "bytes" (a move steps it along ``values``) or "choice"
+        (a move switches it to another of ``values``).
       default: XLA's own value when the plan leaves it unset.
       values: the values a search steps through, in order.
       what: one line on what it changes.
     """
 
     key: str
-    kind: Literal["bool", "bytes"]
+    kind: Literal["bool", "bytes", "choice"]
     default: str
     values: tuple[str, ...]
     what: str
@@ -61,7 +75,11 @@ _GPU: tuple[CompileOption, ...] = (
     CompileOption(SCHEDULER, "bool", "False", ("False", "True"),
                   "the latency-hiding scheduler: collectives overlap independent compute"),
 )
-_TABLES: dict[str, tuple[CompileOption, ...]] = {"cpu": (), "gpu": _GPU}
+_CPU: tuple[CompileOption, ...] = (
+    CompileOption(YNN_FUSION_TYPE, "choice", YNN_DEFAULT, (YNN_DEFAULT, YNN_NO_REDUCE),
+                  "the ops XLA:CPU hands to YNNPACK; without REDUCE, reductions stay in XLA's loop fusions"),
+)
+_TABLES: dict[str, tuple[CompileOption, ...]] = {"cpu": _CPU, "gpu": _GPU}
 
 
 def normalize(backend: str) -> str:
@@ -79,7 +97,7 @@ def normalize(backend: str) -> str:
 
 
 def table(backend: str) -> tuple[CompileOption, ...]:
-    """The options a search may set on ``backend`` (empty on CPU: see the module docstring)."""
+    """The options a search may set on ``backend`` (see the module docstring)."""
     return _TABLES[normalize(backend)]
 
 
@@ -126,5 +144,13 @@ def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
                 as_bool(val)
             except ValueError:
                 raise ValueError(f"compile option {key}: expected True or False, got {val!r}") from None
+        elif o.kind == "choice":
+            if o.key == YNN_FUSION_TYPE:
+                bad = [t for t in str(val).split(",") if t and t not in YNN_FUSION_TYPES]
+                if bad or " " in str(val):
+                    raise ValueError(f"compile option {key}: expected a comma-separated list (no spaces) of "
+                                     f"{', '.join(YNN_FUSION_TYPES)}, got {val!r}")
+            elif val not in o.values:
+                raise ValueError(f"compile option {key}: expected one of {', '.join(o.values)}, got {val!r}")
         elif not (str(val).isdigit() and int(val) > 0):
             raise ValueError(f"compile option {key}: expected a positive number of bytes, got {val!r}")
