@@ -10,7 +10,9 @@ drives one against a time or evaluation budget.
 
 Start points (:func:`default_starts`): every baseline, greedy producer fusion
 (:func:`greedy_fusion`) and buckets chosen against the simulated timeline
-(:func:`merged_gradient_buckets`).
+(:func:`merged_gradient_buckets`); on CPU also reductions with their elementwise neighbours
+(:func:`reduce_fusion`) and XLA's default with reductions kept out of YNNPACK
+(:func:`ynn_no_reduce`).
 
 Example:
   >>> from disco import search
@@ -29,7 +31,7 @@ from disco.search._base import Problem, Scored, Strategy, plan_key, problem
 from disco.search._best_first import BestFirstState, best_first
 from disco.search._driver import SearchResult, run
 from disco.search._greedy import GreedyState, greedy
-from disco.search._starts import default_starts, greedy_fusion, merged_gradient_buckets
+from disco.search._starts import default_starts, greedy_fusion, merged_gradient_buckets, reduce_fusion, ynn_no_reduce
 
 STRATEGIES = {"best_first": best_first, "annealing": annealing, "greedy": greedy}
 
@@ -48,5 +50,5 @@ def make(name: str, **kw: Any) -> Strategy:
 __all__ = [
     "STRATEGIES", "AnnealingState", "BestFirstState", "GreedyState", "Problem", "Scored", "SearchResult",
     "Strategy", "annealing", "best_first", "default_starts", "greedy", "greedy_fusion", "make",
-    "merged_gradient_buckets", "plan_key", "problem", "run",
+    "merged_gradient_buckets", "plan_key", "problem", "reduce_fusion", "run", "ynn_no_reduce",
 ]

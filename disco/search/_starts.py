@@ -1,12 +1,15 @@
-"""Constructive start points: the baselines, greedy producer fusion, merged-gradient buckets."""
+"""Constructive start points: the baselines, greedy producer fusion, reductions with their
+elementwise neighbours, merged-gradient buckets, and (CPU) reductions kept out of YNNPACK."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from disco.ir.opcodes import FUSIBLE_OPCODES
 from disco.plans import baselines
 from disco.plans import moves
+from disco.plans import options as plan_options
 from disco.plans.plan import Bucket, FusionPlan
 
 if TYPE_CHECKING:
@@ -55,6 +58,79 @@ def greedy_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_siz
     names = ctx.names
     plan = FusionPlan(groups=tuple(tuple(names[i] for i in g) for g in groups), name="greedy_fusion")
     return plan.validate(graph)
+
+
+def reduce_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_size: int = 16) -> FusionPlan:
+    """Groups each reduce with its elementwise producers (or, when it has none, its one consumer).
+
+    The pattern behind the fusion groups that measured faster on XLA:CPU (docs/benchmarks.md,
+    issue 21): jaxlib 0.10.2 hands small reductions (LayerNorm/GroupNorm statistics, softmax
+    sums) to YNNPACK one by one; in a planned group with their elementwise neighbours they go
+    into XLA's loop fusions instead. Walking from the reduce, a producer joins when it may share
+    a group with a member (``ctx.fusible_nbrs``), is elementwise or a reduce's operand (in
+    ``FUSIBLE_OPCODES``, no second reduce) and every one of its users is already inside, so each
+    group has one output: the reduce (or its consumer). A reduce with no such producer takes
+    its consumer instead when that is its only user and is fusible with it.
+
+    Args:
+      graph: the step's graph.
+      ctx: its move context (built when None).
+      max_size: the most ops in one group.
+
+    Returns:
+      A valid plan named "reduce_fusion" (no buckets: XLA's combiner); groups that would make
+      the plan invalid together are left out.
+    """
+    ctx = ctx or moves.context(graph)
+    nodes = graph.nodes
+    succ, pred, nbrs = ctx.succ, ctx.pred, ctx.fusible_nbrs
+    taken: set[int] = set()
+    groups: list[tuple[int, ...]] = []
+    for r in reversed(ctx.fusible_nodes):
+        if nodes[r].opcode != "reduce" or r in taken:
+            continue
+        members = {r}
+        frontier = [r]
+        while frontier and len(members) < max_size:
+            y = frontier.pop()
+            ok = set(nbrs[y])
+            for p in pred[y]:
+                if (p in ok and p not in taken and p not in members and succ[p]
+                        and nodes[p].opcode in FUSIBLE_OPCODES and nodes[p].opcode not in ("reduce", "constant")
+                        and all(u in members for u in succ[p])):
+                    members.add(p)
+                    frontier.append(p)
+                    if len(members) >= max_size:
+                        break
+        if len(members) == 1 and len(succ[r]) == 1:
+            c = succ[r][0]
+            if c in nbrs[r] and c not in taken and nodes[c].opcode != "reduce":
+                members.add(c)
+        if len(members) > 1:
+            taken |= members
+            groups.append(tuple(sorted(members)))
+    groups.sort()
+    names = ctx.names
+    named = [tuple(names[i] for i in g) for g in groups]
+    plan = FusionPlan(groups=tuple(named), name="reduce_fusion")
+    try:
+        return plan.validate(graph)
+    except ValueError:  # keep the groups that are valid together, in order
+        kept: list[tuple[str, ...]] = []
+        for g in named:
+            try:
+                FusionPlan(groups=(*kept, g)).validate(graph)
+            except ValueError:
+                continue
+            kept.append(g)
+        return FusionPlan(groups=tuple(kept), name="reduce_fusion").validate(graph)
+
+
+def ynn_no_reduce(plan: FusionPlan) -> FusionPlan:
+    """``plan`` with XLA:CPU's reductions kept out of YNNPACK (the CPU option table's choice)."""
+    opts = dict(plan.compile_options)
+    opts[plan_options.YNN_FUSION_TYPE] = plan_options.YNN_NO_REDUCE
+    return plan.replace(compile_options=tuple(sorted(opts.items())), name=f"{plan.name}+ynn_no_reduce")
 
 
 class _FreeCollectives:
@@ -164,7 +240,8 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
                    ctx: moves.MoveContext | None = None) -> list[FusionPlan]:
     """Every baseline, greedy fusion, and (with a simulator) merged-gradient buckets with and without it.
 
-    For a GPU context (``ctx.backend``) the plans with fusion groups are left out and the
+    On CPU also :func:`reduce_fusion` and XLA's default with reductions kept out of YNNPACK
+    (:func:`ynn_no_reduce`): the two forms of the one pattern measured to win there. For a GPU context (``ctx.backend``) the plans with fusion groups are left out and the
     ``xla_tuned`` sweep is added.
 
     Returns:
@@ -175,6 +252,11 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
     starts.append(baselines.make("horovod", graph, threshold_mb=128))
     fused = greedy_fusion(graph, ctx)
     starts.append(fused)
+    if ctx.backend == "cpu":
+        reduced = reduce_fusion(graph, ctx)
+        if reduced.groups:
+            starts.append(reduced)
+        starts.append(ynn_no_reduce(baselines.make("xla_default", graph)))
     if sim is not None and graph.all_reduces():
         starts.append(merged_gradient_buckets(sim, ctx))
         mg = merged_gradient_buckets(sim, ctx, fused.groups)
