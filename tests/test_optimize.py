@@ -67,7 +67,8 @@ def test_candidates_are_the_baselines_the_sweep_and_the_searched_plans_unmeasure
         even = baselines.make("even", graph, k=k)
         assert even.name in names or even.digest() in digests
     searched = [r for r in cands.rows if r.kind == "search"]
-    assert 1 <= len([r for r in searched if not r.name.endswith("_buckets")]) <= CONFIG.measure_top_k
+    top = [r for r in searched if not r.name.endswith("_buckets") and r.name != "reduce_fusion"]
+    assert 1 <= len(top) <= CONFIG.measure_top_k
     assert all(r.median_s is None and r.speedup is None and r.predicted_s > 0 for r in cands.rows)
     sim = pipeline.target.simulator
     for r in cands.rows:
@@ -489,3 +490,20 @@ def test_confirm_measures_the_searched_plan_beside_the_best_baseline():
     measured = opt.Measured(rows, "horovod", "horovod measured 1.25x", None, fns)
     c = opt.confirm(target, measured, opt.OptimizeConfig(rounds=3, steps=1, confirm_rounds=3))
     assert c.baseline is None and set(c.times) == {"xla_default", "horovod"}
+
+
+def test_reduce_fusion_row_puts_the_reduce_groups_on_the_best_baselines_buckets(pipeline):
+    """On CPU the measured candidates include each reduce fused with its producers (the pattern that
+    measured faster on XLA:CPU), on the best predicted baseline's buckets, as a valid plan."""
+    graph = pipeline.target.graph
+    row = next(r for r in pipeline.cands.rows if r.name == "reduce_fusion")
+    assert row.kind == "search" and row.plan.groups
+    idx = graph.index()
+    assert all(any(graph.nodes[idx[n]].opcode == "reduce" for n in g) for g in row.plan.groups)
+    row.plan.validate(graph)
+    ddp = baselines.make("ddp", graph)
+    p = opt._steps.reduce_fusion_row(graph, ddp)
+    assert p.name == "reduce_fusion" and p.buckets == ddp.buckets and p.groups == row.plan.groups
+    assert opt._steps.reduce_fusion_row(graph, ddp).digest() == p.digest()  # deterministic
+    off = dataclasses.replace(CONFIG, measure_reduce_fusion=False)
+    assert "reduce_fusion" not in [r.name for r in opt.candidates(pipeline.target, off).rows]

@@ -35,6 +35,10 @@ class OptimizeConfig:
       measure_buckets_only: also measure each measured searched plan with its fusion groups
         removed (``disco_<k>_buckets``: XLA fuses, the plan's buckets stay), so a plan whose
         groups were mispriced still contributes its bucketing.
+      measure_reduce_fusion: on CPU devices, also measure :func:`disco.search.reduce_fusion`'s
+        groups (each reduce fused with its elementwise producers) on the best predicted
+        baseline's buckets (row ``reduce_fusion``): measured rather than simulated because the
+        simulator does not model the YNNPACK calls the groups replace (docs/benchmarks.md).
       measure_bound: also measure the communication-free bound in the same rounds (the step
         with its all-reduces replaced by copies; not a plan).
       bucket_sweep: bucket counts ``k`` whose ``even_<k>`` plans (the gradients cut into
@@ -58,6 +62,7 @@ class OptimizeConfig:
     rounds: int = 9
     steps: int = 3
     measure_buckets_only: bool = True
+    measure_reduce_fusion: bool = True
     measure_bound: bool = True
     bucket_sweep: tuple[int, ...] = (2, 3, 4)
     finalists: int = 3

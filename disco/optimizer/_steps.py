@@ -30,6 +30,7 @@ from disco.optimizer._choice import (
 )
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.plans import baselines
+from disco.plans.plan import FusionPlan
 from disco.sim.cluster import ClusterSpec, preset
 from disco.sim import device_costs
 from disco.sim.costs import CostModel
@@ -149,6 +150,12 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
         if name not in rows:
             rows[name] = PlanRow(name, "baseline", name, p.replace(name=name), predicted[name])
             seen.setdefault(p.digest(), name)
+    if config.measure_reduce_fusion and jax.default_backend() == "cpu":
+        p = reduce_fusion_row(graph, base_plans[planner.best_baseline_name(predicted)])
+        if p is not None and p.digest() not in seen:
+            seen[p.digest()] = p.name
+            rows[p.name] = PlanRow(p.name, "search", "each reduce fused with its elementwise producers",
+                                   p, sim.step_time(p))
     for k in dict.fromkeys(config.bucket_sweep):
         p = baselines.make("even", graph, k=k)
         if p.digest() not in seen:
@@ -173,6 +180,21 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
     summary = SearchSummary(result.strategy, result.evals, result.evals_per_s, result.elapsed_s,
                             tuple(result.trace))
     return Candidates(tuple(rows.values()), summary)
+
+
+def reduce_fusion_row(graph: HloGraph, buckets_of: FusionPlan) -> FusionPlan | None:
+    """:func:`disco.search.reduce_fusion`'s groups on ``buckets_of``'s buckets, named
+    ``reduce_fusion`` (its groups with XLA's combiner where the two do not validate together);
+    None for a graph without such groups."""
+    groups = search.reduce_fusion(graph).groups
+    if not groups:
+        return None
+    plan = buckets_of.replace(groups=groups, name="reduce_fusion")
+    try:
+        plan.validate(graph)
+    except ValueError:
+        plan = FusionPlan(groups=groups, name="reduce_fusion").validate(graph)
+    return plan
 
 
 # -- measure -------------------------------------------------------------------------------------
