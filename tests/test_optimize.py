@@ -109,8 +109,14 @@ def test_run_off_and_confirmation_follow_the_config(pipeline):
     if so_far == "xla_default":
         assert conf is None
     else:
-        assert conf.candidate == so_far and set(conf.times) == {"xla_default", so_far}
-        assert conf.chosen == (so_far if conf.speedup > 1 else "xla_default")
+        kinds = {r.name: r.kind for r in measured.rows}
+        want = None if kinds[so_far] == "baseline" else opt._choice.best_baseline(measured.rows)
+        assert conf.candidate == so_far and conf.baseline == want
+        assert set(conf.times) == {"xla_default", so_far} | ({want} if want else set())
+        if want and conf.baseline_speedup > max(conf.speedup, 1.0):
+            assert conf.chosen == want
+        else:
+            assert conf.chosen == (so_far if conf.speedup > 1 else "xla_default")
         assert all(len(c) == 3 for c in conf.times.values())
         rounds = [c for c in pipeline.calls if c[0] == "confirm"]
         assert len(rounds) == CONFIG.confirmation_rounds == 3 * CONFIG.rounds
@@ -131,12 +137,17 @@ def test_optimize_mlp_tiny_keeps_the_numbers(pipeline):
     else:  # faster, round by round, in the selection run and again in the confirmation run
         assert result.row(result.chosen).speedup > 1
         assert result.row("xla_default").speedup == 1.0
-        assert set(result.confirmation.times) == {"xla_default", result.chosen}
+        c = result.confirmation
+        assert result.chosen in (c.candidate, c.baseline)
+        assert set(c.times) == {"xla_default", c.candidate} | ({c.baseline} if c.baseline else set())
         if result.runoff is not None:  # two or more plans beat xla_default in the selection run
-            assert "xla_default" in result.runoff.times and result.chosen in result.runoff.times
+            assert "xla_default" in result.runoff.times and c.candidate in result.runoff.times
             assert 3 <= len(result.runoff.times) <= 4 and "run-off of" in result.verdict
-        assert result.speedup == result.confirmation.speedup > 1
-        assert "confirmed in a second run" in result.verdict
+        assert result.speedup == result.confirmed_speedup > 1
+        if result.chosen == c.candidate:
+            assert result.speedup == c.speedup and "confirmed in a second run" in result.verdict
+        else:  # the best baseline beat the searched choice in the confirmation's rounds
+            assert result.speedup == c.baseline_speedup and f"keeping {c.baseline}" in result.verdict
     assert "comm_free_bound" not in names and result.chosen != "comm_free_bound"
     assert result.row("even_2").median_s is not None and len(result.row("even_2").plan.buckets) == 2
     searched = result.row("disco_1").plan
