@@ -3,7 +3,7 @@ elementwise neighbours, merged-gradient buckets, and (CPU) reductions kept out o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from disco.ir.opcodes import FUSIBLE_OPCODES
@@ -15,6 +15,27 @@ from disco.plans.plan import Bucket, FusionPlan
 if TYPE_CHECKING:
     from disco.ir.graph import HloGraph
     from disco.sim.simulator import Simulator
+
+
+def _grow_producers(ctx: moves.MoveContext, root: int, taken: set[int], max_size: int,
+                    admit: Callable[[int], bool] = lambda p: True) -> set[int]:
+    """``root`` and the producers walked back from it that may share its group: fusible with a
+    member (``ctx.fusible_nbrs``), not ``taken``, accepted by ``admit`` and with every user
+    already inside (so the group's one output is ``root``); at most ``max_size`` ops."""
+    succ, pred, nbrs = ctx.succ, ctx.pred, ctx.fusible_nbrs
+    members = {root}
+    frontier = [root]
+    while frontier and len(members) < max_size:
+        y = frontier.pop()
+        ok = set(nbrs[y])
+        for p in pred[y]:
+            if (p in ok and p not in taken and p not in members and succ[p] and admit(p)
+                    and all(u in members for u in succ[p])):
+                members.add(p)
+                frontier.append(p)
+                if len(members) >= max_size:
+                    break
+    return members
 
 
 def greedy_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_size: int = 64) -> FusionPlan:
@@ -35,22 +56,10 @@ def greedy_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_siz
     ctx = ctx or moves.context(graph)
     taken: set[int] = set()
     groups: list[tuple[int, ...]] = []
-    succ, pred, nbrs = ctx.succ, ctx.pred, ctx.fusible_nbrs
     for root in reversed(ctx.fusible_nodes):
         if root in taken:
             continue
-        members = {root}
-        frontier = [root]
-        while frontier and len(members) < max_size:
-            y = frontier.pop()
-            ok = set(nbrs[y])
-            for p in pred[y]:
-                if (p in ok and p not in taken and p not in members and succ[p]
-                        and all(u in members for u in succ[p])):
-                    members.add(p)
-                    frontier.append(p)
-                    if len(members) >= max_size:
-                        break
+        members = _grow_producers(ctx, root, taken, max_size)
         if len(members) > 1:
             taken |= members
             groups.append(tuple(sorted(members)))
@@ -83,25 +92,14 @@ def reduce_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_siz
     """
     ctx = ctx or moves.context(graph)
     nodes = graph.nodes
-    succ, pred, nbrs = ctx.succ, ctx.pred, ctx.fusible_nbrs
+    succ, nbrs = ctx.succ, ctx.fusible_nbrs
     taken: set[int] = set()
     groups: list[tuple[int, ...]] = []
     for r in reversed(ctx.fusible_nodes):
         if nodes[r].opcode != "reduce" or r in taken:
             continue
-        members = {r}
-        frontier = [r]
-        while frontier and len(members) < max_size:
-            y = frontier.pop()
-            ok = set(nbrs[y])
-            for p in pred[y]:
-                if (p in ok and p not in taken and p not in members and succ[p]
-                        and nodes[p].opcode in FUSIBLE_OPCODES and nodes[p].opcode not in ("reduce", "constant")
-                        and all(u in members for u in succ[p])):
-                    members.add(p)
-                    frontier.append(p)
-                    if len(members) >= max_size:
-                        break
+        members = _grow_producers(ctx, r, taken, max_size, admit=lambda p: (
+            nodes[p].opcode in FUSIBLE_OPCODES and nodes[p].opcode not in ("reduce", "constant")))
         if len(members) == 1 and len(succ[r]) == 1:
             c = succ[r][0]
             if c in nbrs[r] and c not in taken and nodes[c].opcode != "reduce":
