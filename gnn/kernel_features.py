@@ -9,7 +9,7 @@ plumbing (parameters, tuples, bitcasts, control flow) or a collective. Each beco
 builds for a planned fusion group, so one model prices both. Instructions inside while
 bodies count once per execution (``executions``: the product of the enclosing loops'
 ``known_trip_count``). Bytes are what a kernel moves: a buffer it only dynamic-slices counts the
-slices read, and a dynamic-update-slice (in place on XLA) writes only its update.
+slices read (static or dynamic), and a dynamic-update-slice (in place on XLA) writes only its update.
 
 :func:`kernel_graph` turns a Kernel into arrays: per node the opcode id (the one vocabulary,
 ``disco.ir.opcodes.opcode_id``) and :data:`NODE_FEATURES`; edges between working nodes (folded
@@ -41,12 +41,14 @@ from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, DATA_MOVEMENT_OPCODE
                                ZERO_COST_OPCODES, opcode_id)
 from disco.sim.costs import Kernel, is_kernel_node
 
-FEATURE_VERSION = 3
+FEATURE_VERSION = 4
 NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtype_bytes", "is_root",
-                 "layout_permuted")
+                 "layout_permuted", "log_minor_dim", "log_in_ratio", "reduces_minor")
 KINDS = ("gemm", "conv", "reduce", "transpose", "copy", "loop")
 TOTAL_FEATURES = ("log_in_bytes", "log_out_bytes", "log_flops", "log_matrix_flops", "log_nodes",
-                  *(f"kind_{k}" for k in KINDS))
+                  *(f"kind_{k}" for k in KINDS),
+                  "log_max_elements", "log_outputs", "log_inputs", "log_mm_batch", "log_mm_m", "log_mm_n",
+                  "log_mm_k", "log_reduce_len", "reduce_minor")
 N_OPCODES = len(OPCODES) + 1  # + the unknown opcode
 MATRIX_OPCODES = XLA_GPU_MATRIX_OPCODES
 
@@ -56,6 +58,7 @@ _CONTROL = frozenset({"while", "conditional", "call"})
 _CUDNN_CONV = re.compile(r"__cudnn\$conv(Forward|BackwardInput|BackwardFilter|BiasActivationForward)")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
 _SLICING = frozenset({"dynamic-slice", "dynamic-update-slice"})
+_SLICE_USERS = _SLICING | {"slice"}
 _ASYNC_DONE = frozenset({"fusion-done", "async-done", "copy-done", "send-done", "recv-done"})
 
 
@@ -114,12 +117,28 @@ class GraphBatch(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------
-def _is_permuted(shape: str) -> bool:
-    for text in re.findall(r"\]\{([0-9,]*)", shape):
+def _layout_text(shape: str) -> str:
+    """The minor-to-major layouts of ``shape`` joined by ``;`` if any is not the default one, else ''
+    (the form of :attr:`disco.ir.graph.Node.layout`)."""
+    layouts = re.findall(r"\]\{([0-9,]*)", shape)
+    for text in layouts:
         dims = [int(d) for d in text.split(",") if d]
         if dims != sorted(dims, reverse=True):
-            return True
-    return False
+            return ";".join(layouts)
+    return ""
+
+
+def minor_dim(node: Node) -> int:
+    """The size of the node's first array's minor (contiguous) dimension: from its layout when the
+    node has a non-default one, else the last dimension (1 for a scalar)."""
+    arrays = hlo_parse.parse_shape(node.shape) if node.shape else ()
+    if not arrays or not arrays[0].dims:
+        return 1
+    dims = arrays[0].dims
+    first = node.layout.split(";")[0].split(",")[0] if node.layout else ""
+    if first.strip().isdigit() and int(first) < len(dims):
+        return dims[int(first)]
+    return dims[-1]
 
 
 def _node(ins: hlo_parse.Instruction, flops: float, opcode: str | None = None,
@@ -129,7 +148,7 @@ def _node(ins: hlo_parse.Instruction, flops: float, opcode: str | None = None,
     return Node(name=ins.name, opcode=opcode or ins.opcode, computation=ins.computation, shape=shape,
                 dtype=arrays[0].dtype if arrays else "token", out_bytes=sum(a.nbytes for a in arrays),
                 out_elements=sum(a.elements for a in arrays), flops=float(flops), operands=ins.operands,
-                layout="permuted" if _is_permuted(ins.shape) else "")
+                layout=_layout_text(ins.shape))
 
 
 def _result_arrays(ins: hlo_parse.Instruction) -> tuple[hlo_parse.ArrayShape, ...]:
@@ -211,8 +230,8 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
     def _in_bytes(ins: hlo_parse.Instruction) -> int:
         ops = ins.operands[1:] if ins.opcode in _SLICING else ins.operands
         total = sum(o.out_bytes for o in (operand(ins, n) for n in dict.fromkeys(ops)) if o is not None)
-        if ins.opcode == "dynamic-slice":  # reads only the slice (a dynamic-update-slice writes in place)
-            total += ins.out_bytes
+        if ins.opcode in ("dynamic-slice", "slice"):  # reads only the slice (a dynamic-update-slice writes in place)
+            total = ins.out_bytes if ins.opcode == "slice" else total + ins.out_bytes
         return total
 
     def _fused_in_bytes(ins: hlo_parse.Instruction, body: hlo_parse.Computation) -> int:
@@ -225,9 +244,10 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
             if p.opcode != "parameter":
                 continue
             us = users.get(p.name, [])
-            if us and all(u.opcode in _SLICING and u.operands and u.operands[0] == p.name for u in us):
-                # a buffer only sliced from (dynamic-slice) or updated in place (dynamic-update-slice)
-                total += sum(u.out_bytes for u in us if u.opcode == "dynamic-slice")
+            if us and all(u.opcode in _SLICE_USERS and u.operands and u.operands[0] == p.name for u in us):
+                # a buffer only sliced from (slice, dynamic-slice) or updated in place (dynamic-update-slice):
+                # the kernel reads the slices (at most the buffer once)
+                total += min(p.out_bytes, sum(u.out_bytes for u in us if u.opcode != "dynamic-update-slice"))
                 continue
             idx = int(p.raw_operands) if p.raw_operands.strip().isdigit() else -1
             operand = ins.operands[idx] if 0 <= idx < len(ins.operands) else p.name
@@ -333,17 +353,76 @@ def kernel_graph(kernel: Kernel) -> KernelGraph:
             senders.append(s)
             receivers.append(j)
     feats = np.zeros((len(work), len(NODE_FEATURES)), np.float32)
+    ratio = [_in_ratio(n, by_name) for n in work]
+    minor_reduced = [_reduces_minor(n, by_name) for n in work]
     for i, n in enumerate(work):
         arrays = hlo_parse.parse_shape(n.shape) if n.shape else ()
         rank = max((len(a.dims) for a in arrays), default=0)
         feats[i] = (math.log1p(n.out_elements), math.log1p(n.out_bytes), math.log1p(n.flops), rank,
-                    hlo_parse.DTYPE_BYTES.get(n.dtype, 4), float(n.name in root_names), float(bool(n.layout)))
+                    hlo_parse.DTYPE_BYTES.get(n.dtype, 4), float(n.name in root_names), float(bool(n.layout)),
+                    math.log(minor_dim(n)), math.log(ratio[i]), float(minor_reduced[i]))
     kind = kernel_kind(kernel)
+    reduces = [i for i, n in enumerate(work) if n.opcode in _REDUCING]
+    big_reduce = max(reduces, key=lambda i: (ratio[i], -i), default=None)
     totals = np.array([math.log1p(kernel.in_bytes), math.log1p(kernel.out_bytes), math.log1p(kernel.flops),
                        math.log1p(matrix_flops(kernel)), math.log1p(len(work)),
-                       *(float(kind == k) for k in KINDS)], np.float32)
+                       *(float(kind == k) for k in KINDS),
+                       math.log1p(max(n.out_elements for n in work)),
+                       math.log1p(sum(n.name in root_names for n in work)),
+                       math.log1p(_inputs(kernel, by_name)),
+                       *(math.log(d) for d in _matrix_dims(work)),
+                       math.log(ratio[big_reduce]) if big_reduce is not None else 0.0,
+                       float(minor_reduced[big_reduce]) if big_reduce is not None else 0.0], np.float32)
     return KernelGraph(np.array([opcode_id(n.opcode) for n in work], np.int32), feats,
                        np.array(senders, np.int32), np.array(receivers, np.int32), totals)
+
+
+_REDUCING = frozenset({"reduce", "reduce-window"})
+
+
+def _first_dims(node: Node) -> tuple[int, ...]:
+    arrays = hlo_parse.parse_shape(node.shape) if node.shape else ()
+    return arrays[0].dims if arrays else ()
+
+
+def _in_ratio(node: Node, by_name: dict[str, Node]) -> float:
+    """The largest operand's elements over the node's own (>1: a reduction or slice, <1: a broadcast);
+    1 when no operand is a node of the kernel (a simulator group's inputs from outside)."""
+    sizes = [by_name[o].out_elements for o in node.operands if o in by_name and by_name[o].out_elements > 0]
+    if not sizes or node.out_elements <= 0:
+        return 1.0
+    return max(sizes) / node.out_elements
+
+
+def _reduces_minor(node: Node, by_name: dict[str, Node]) -> bool:
+    """A reduce whose operand's minor (contiguous) dimension is reduced away (a row reduction)."""
+    if node.opcode not in _REDUCING or not node.operands or node.operands[0] not in by_name:
+        return False
+    src = by_name[node.operands[0]]
+    if len(_first_dims(node)) == 0:
+        return True
+    return minor_dim(src) != minor_dim(node)
+
+
+def _inputs(kernel: Kernel, by_name: dict[str, Node]) -> int:
+    """The kernel's distinct inputs: its parameters and the operands produced outside it."""
+    params = sum(n.opcode == "parameter" for n in kernel.nodes)
+    outside = {o for n in kernel.nodes for o in n.operands if o not in by_name}
+    return params + len(outside)
+
+
+def _matrix_dims(work: Sequence[Node]) -> tuple[float, float, float, float]:
+    """(batch, m, n, k) of the kernel's largest dot or convolution, read from its output shape
+    (the last two dimensions as m and n, the rest as batch; k = flops / (2 x output elements));
+    all 1 for a kernel without matrix work."""
+    mats = [n for n in work if n.opcode in MATRIX_OPCODES and n.out_elements > 0]
+    if not mats:
+        return (1.0, 1.0, 1.0, 1.0)
+    n = max(mats, key=lambda x: x.flops)
+    dims = _first_dims(n) or (1,)
+    dims = (1, *dims) if len(dims) == 1 else dims
+    k = max(n.flops / (2.0 * n.out_elements), 1.0)
+    return (float(max(math.prod(dims[:-2]), 1)), float(max(dims[-2], 1)), float(max(dims[-1], 1)), k)
 
 
 def _roots(kernel: Kernel) -> set[str]:

@@ -3,7 +3,9 @@
 The model predicts ``log(seconds per launch)`` as the device's roofline
 (:data:`disco.sim.device_costs.ROOFLINE`: ``max(flops / matrix rate, bytes / bandwidth) + launch``) plus a
 learned correction: an opcode embedding and node features, ``layers`` rounds of message
-passing along and against the kernel's edges, mean and max pooling, and the kernel totals.
+passing along and against the kernel's edges, mean and max pooling, and the kernel totals. With
+``members`` > 1 the model is an ensemble: that many networks, trained independently from different
+seeds (:func:`gnn.kernel_train.fit`), whose corrections are averaged.
 
 Everything is one pure function, :func:`apply` ``(weights, batch, xp)``: jax calls it with
 ``jax.numpy`` (training, batched prediction) and :class:`gnn.kernel_costs.KernelCosts` calls it
@@ -40,16 +42,18 @@ class KernelModelConfig:
       hidden: node state width.
       layers: message-passing rounds.
       opcode_dim: opcode embedding width.
+      members: independently trained networks whose log-space corrections are averaged (an ensemble).
       feature_version: ``gnn.kernel_features.FEATURE_VERSION`` the model was built for.
     """
 
     hidden: int = 32
     layers: int = 2
     opcode_dim: int = 8
+    members: int = 1
     feature_version: int = KF.FEATURE_VERSION
 
     def __post_init__(self) -> None:
-        for f in ("hidden", "layers", "opcode_dim", "feature_version"):
+        for f in ("hidden", "layers", "opcode_dim", "members", "feature_version"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"KernelModelConfig.{f}: expected an integer >= 1, got {v!r}")
@@ -70,6 +74,18 @@ class Stat(nnx.Variable):
     """A non-trainable constant saved with the parameters (normalisation, roofline)."""
 
 
+class Member(nnx.Module):
+    """One network of the ensemble: opcode embedding, message passing, readout (a correction in log space)."""
+
+    def __init__(self, *, hidden: int, layers: int, opcode_dim: int, rngs: nnx.Rngs):
+        nf, tf = len(KF.NODE_FEATURES), len(KF.TOTAL_FEATURES)
+        self.embed = nnx.Embed(KF.N_OPCODES, opcode_dim, rngs=rngs)
+        self.node_in = nnx.Linear(opcode_dim + nf, hidden, rngs=rngs)
+        self.mp = nnx.List([nnx.Linear(3 * hidden, hidden, rngs=rngs) for _ in range(layers)])
+        self.out1 = nnx.Linear(2 * hidden + tf, hidden, rngs=rngs)
+        self.out2 = nnx.Linear(hidden, 1, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+
+
 class KernelGNN(nnx.Module):
     """The parameters of the per-kernel GNN; :func:`apply` is its forward pass.
 
@@ -77,6 +93,7 @@ class KernelGNN(nnx.Module):
       hidden: node state width.
       layers: message-passing rounds.
       opcode_dim: opcode embedding width.
+      members: networks in the ensemble (their corrections are averaged; they share the normalisation).
       rngs: parameter initialisation.
 
     Example:
@@ -85,25 +102,24 @@ class KernelGNN(nnx.Module):
       32
     """
 
-    def __init__(self, *, hidden: int = 32, layers: int = 2, opcode_dim: int = 8, rngs: nnx.Rngs):
-        self.config = KernelModelConfig(hidden=hidden, layers=layers, opcode_dim=opcode_dim)
+    def __init__(self, *, hidden: int = 32, layers: int = 2, opcode_dim: int = 8, members: int = 1,
+                 rngs: nnx.Rngs):
+        self.config = KernelModelConfig(hidden=hidden, layers=layers, opcode_dim=opcode_dim, members=members)
         nf, tf = len(KF.NODE_FEATURES), len(KF.TOTAL_FEATURES)
         self.node_mean, self.node_std = Stat(np.zeros(nf, np.float32)), Stat(np.ones(nf, np.float32))
         self.tot_mean, self.tot_std = Stat(np.zeros(tf, np.float32)), Stat(np.ones(tf, np.float32))
         # matrix flops/s, bytes/s, launch seconds of the device (set from disco.sim.device_costs).
         self.roofline = Stat(np.array([1e12, 1e11, 1e-6], np.float32))
-        self.embed = nnx.Embed(KF.N_OPCODES, opcode_dim, rngs=rngs)
-        self.node_in = nnx.Linear(opcode_dim + nf, hidden, rngs=rngs)
-        self.mp = nnx.List([nnx.Linear(3 * hidden, hidden, rngs=rngs) for _ in range(layers)])
-        self.out1 = nnx.Linear(2 * hidden + tf, hidden, rngs=rngs)
-        self.out2 = nnx.Linear(hidden, 1, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+        self.members = nnx.List([Member(hidden=hidden, layers=layers, opcode_dim=opcode_dim, rngs=rngs)
+                                 for _ in range(members)])
 
     @classmethod
     def from_config(cls, config: KernelModelConfig, *, rngs: nnx.Rngs) -> KernelGNN:
         if config.feature_version != KF.FEATURE_VERSION:
             raise ValueError(f"KernelModelConfig: built for feature version {config.feature_version}, this code "
                              f"computes version {KF.FEATURE_VERSION}; retrain with scripts/train_gnn.py --kernels")
-        return cls(hidden=config.hidden, layers=config.layers, opcode_dim=config.opcode_dim, rngs=rngs)
+        return cls(hidden=config.hidden, layers=config.layers, opcode_dim=config.opcode_dim,
+                   members=config.members, rngs=rngs)
 
 
 def weights(model: KernelGNN) -> dict[str, Any]:
@@ -154,16 +170,26 @@ def apply(w: dict[str, Any], b: KF.GraphBatch, xp: Any = np) -> Any:
       b: a padded :class:`gnn.kernel_features.GraphBatch`.
       xp: ``numpy`` or ``jax.numpy``.
     """
-    seg_sum, seg_max = _segment_ops(xp)
-    relu = lambda x: xp.maximum(x, 0.0)  # noqa: E731
-    lin = lambda p, x: x @ p["kernel"] + p["bias"]  # noqa: E731
-    n_node, n_graph = b.nodes.shape[0], b.totals.shape[0]
+    n_graph = b.totals.shape[0]
     x = xp.clip((b.nodes - w["node_mean"]) / w["node_std"], -CLIP, CLIP)
+    t = xp.clip((b.totals - w["tot_mean"]) / w["tot_std"], -CLIP, CLIP)
+    members = w["members"]
+    keys = sorted(members, key=int)
+    corr = sum(_member(members[k], b, x, t, xp) for k in keys) / len(keys)
+    return roofline_log_seconds(b.totals, w["roofline"], xp) + corr[:n_graph]
+
+
+def _member(w: dict[str, Any], b: KF.GraphBatch, x: Any, t: Any, xp: Any) -> Any:
+    """One member's log-space correction [G] from normalised node features ``x`` and totals ``t``."""
+    seg_sum, seg_max = _segment_ops(xp)
+    relu = lambda v: xp.maximum(v, 0.0)  # noqa: E731
+    lin = lambda p, v: v @ p["kernel"] + p["bias"]  # noqa: E731
+    n_node, n_graph = b.nodes.shape[0], b.totals.shape[0]
     h = relu(lin(w["node_in"], xp.concatenate([w["embed"]["embedding"][b.opcodes], x], -1)))
     ones = xp.ones((b.senders.shape[0], 1), h.dtype)
     deg_in = xp.maximum(seg_sum(ones, b.receivers, n_node), 1.0)
     deg_out = xp.maximum(seg_sum(ones, b.senders, n_node), 1.0)
-    for i in range(len(w["mp"])):
+    for i in sorted(w["mp"], key=int):
         m_in = seg_sum(h[b.senders], b.receivers, n_node) / deg_in
         m_out = seg_sum(h[b.receivers], b.senders, n_node) / deg_out
         h = h + relu(lin(w["mp"][i], xp.concatenate([h, m_in, m_out], -1)))
@@ -172,9 +198,8 @@ def apply(w: dict[str, Any], b: KF.GraphBatch, xp: Any = np) -> Any:
     mean = seg_sum(h * mask, b.node_graph, n_graph) / count
     mx = seg_max(xp.where(mask > 0, h, -1e9), b.node_graph, n_graph)
     mx = xp.where(mx < -1e8, 0.0, mx)
-    t = xp.clip((b.totals - w["tot_mean"]) / w["tot_std"], -CLIP, CLIP)
     z = relu(lin(w["out1"], xp.concatenate([mean, mx, t], -1)))
-    return roofline_log_seconds(b.totals, w["roofline"], xp) + lin(w["out2"], z)[:, 0]
+    return lin(w["out2"], z)[:, 0]
 
 
 def to_numpy(w: Any) -> Any:

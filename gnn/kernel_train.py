@@ -38,6 +38,8 @@ class TrainConfig:
       max_graphs: graphs per batch.
       node_budget: padded nodes per batch (edges: twice as many).
       seed: parameter init and batch order.
+      rank_weight: weight of the pairwise ranking term of the loss (0: squared error only).
+      members: networks in the ensemble, each trained for ``steps`` steps from seed ``seed + i``.
     """
 
     hidden: int = 32
@@ -49,6 +51,8 @@ class TrainConfig:
     max_graphs: int = 64
     node_budget: int = 2048
     seed: int = 0
+    rank_weight: float = 0.0
+    members: int = 1
 
 
 class Example(NamedTuple):
@@ -122,7 +126,7 @@ def init(examples: Sequence[Example], config: TrainConfig, roofline: Sequence[fl
     if not examples:
         raise ValueError("init: expected training examples, got none")
     model = KM.KernelGNN(hidden=config.hidden, layers=config.layers, opcode_dim=config.opcode_dim,
-                         rngs=nnx.Rngs(config.seed))
+                         members=config.members, rngs=nnx.Rngs(config.seed))
     nodes = np.concatenate([e.graph.nodes for e in examples])
     totals = np.stack([e.graph.totals for e in examples])
     std = lambda a: np.where(a.std(0) < 1e-2, 1.0, a.std(0)).astype(np.float32)  # noqa: E731
@@ -140,13 +144,23 @@ def _tx(config: TrainConfig) -> Any:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=config.weight_decay))
 
 
-def loss_fn(params: dict[str, Any], const: dict[str, Any], b: KF.GraphBatch, y: Any, w: Any) -> Any:
-    """Weighted mean squared error of log seconds over the batch's real graphs."""
+def loss_fn(params: dict[str, Any], const: dict[str, Any], b: KF.GraphBatch, y: Any, w: Any,
+            rank_weight: float = 0.0) -> Any:
+    """Weighted mean squared error of log seconds over the batch's real graphs, plus ``rank_weight``
+    times a pairwise logistic ranking loss: for every pair of real graphs whose measured times
+    differ, ``log(1 + exp(-(p_i - p_j) * sign(y_i - y_j)))`` averaged over the pairs."""
+    import jax
     import jax.numpy as jnp
 
     pred = KM.apply({**params, **const}, b, jnp)
     m = b.graph_mask
-    return (m * w * (pred - y) ** 2).sum() / jnp.maximum(m.sum(), 1.0)
+    loss = (m * w * (pred - y) ** 2).sum() / jnp.maximum(m.sum(), 1.0)
+    if rank_weight:
+        dy = y[:, None] - y[None, :]
+        pair = m[:, None] * m[None, :] * (jnp.abs(dy) > 0.01)
+        margin = (pred[:, None] - pred[None, :]) * jnp.sign(dy)
+        loss = loss + rank_weight * (pair * jax.nn.softplus(-margin)).sum() / jnp.maximum(pair.sum(), 1.0)
+    return loss
 
 
 _STEP: dict[TrainConfig, Callable[..., Any]] = {}
@@ -154,6 +168,7 @@ _STEP: dict[TrainConfig, Callable[..., Any]] = {}
 
 def make_step(config: TrainConfig) -> Callable[[TrainState, KF.GraphBatch, Any, Any], tuple[TrainState, Any]]:
     """The jitted ``step(state, batch, targets, weights) -> (state, loss)`` (one compile per config)."""
+    config = dataclasses.replace(config, seed=0)  # the step does not depend on the seed: one compile
     if config not in _STEP:
         import jax
         import optax
@@ -162,7 +177,7 @@ def make_step(config: TrainConfig) -> Callable[[TrainState, KF.GraphBatch, Any, 
 
         @jax.jit
         def step(state: TrainState, b: KF.GraphBatch, y: Any, w: Any) -> tuple[TrainState, Any]:
-            loss, grads = jax.value_and_grad(loss_fn)(state.params, state.const, b, y, w)
+            loss, grads = jax.value_and_grad(loss_fn)(state.params, state.const, b, y, w, config.rank_weight)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             return TrainState(optax.apply_updates(state.params, updates), opt_state, state.const,
                               state.step + 1), loss
@@ -191,12 +206,30 @@ def fit(examples: Sequence[Example], config: TrainConfig, roofline: Sequence[flo
         log: Callable[[str], None] | None = None) -> tuple[Any, dict[str, Any]]:
     """Trains for ``config.steps`` steps; returns (model holding the final weights, history).
 
-    Deterministic for a seed (batch order and init); history has the loss per epoch and seconds.
+    With ``config.members`` > 1, trains that many networks independently (seeds ``seed``,
+    ``seed + 1``, ...) on the same examples and returns them as one ensemble model; the history's
+    loss is then the members' mean per epoch. Deterministic for a seed (batch order and init);
+    history has the loss per epoch and seconds.
 
     Raises:
       ValueError: for no examples.
     """
     from flax import nnx
+
+    if config.members > 1:
+        t0 = time.perf_counter()
+        fits = [fit(examples, dataclasses.replace(config, members=1, seed=config.seed + i), roofline,
+                    log=(lambda s, i=i: log(f"member {i}: {s}")) if log else None)
+                for i in range(config.members)]
+        model, _ = init(examples, config, roofline)
+        w = KM.weights(model)
+        w["members"] = {i: KM.weights(m)["members"][0] for i, (m, _) in enumerate(fits)}
+        state = nnx.state(model)
+        nnx.replace_by_pure_dict(state, w)
+        nnx.update(model, state)
+        losses = [h["loss"] for _, h in fits]
+        return model, {"loss": list(np.mean([h[:min(map(len, losses))] for h in losses], 0)),
+                       "steps": fits[0][1]["steps"], "seconds": time.perf_counter() - t0}
 
     model, state = init(examples, config, roofline)
     step = make_step(config)
