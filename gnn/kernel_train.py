@@ -42,17 +42,17 @@ class TrainConfig:
       members: networks in the ensemble, each trained for ``steps`` steps from seed ``seed + i``.
     """
 
-    hidden: int = 32
-    layers: int = 2
+    hidden: int = 64
+    layers: int = 3
     opcode_dim: int = 8
-    steps: int = 600
+    steps: int = 2000
     lr: float = 3e-3
     weight_decay: float = 1e-4
     max_graphs: int = 64
     node_budget: int = 2048
     seed: int = 0
     rank_weight: float = 0.0
-    members: int = 1
+    members: int = 3
 
 
 class Example(NamedTuple):

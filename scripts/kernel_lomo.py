@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="h100")
     p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
     p.add_argument("--steps", type=int, default=None, help="training steps per fold (default: TrainConfig)")
+    p.add_argument("--members", type=int, default=None, help="ensemble members (default: TrainConfig)")
+    p.add_argument("--rank-weight", type=float, default=None, help="pairwise ranking loss weight (default: TrainConfig)")
     p.add_argument("--models", help="comma-separated models to hold out (default: all)")
     p.add_argument("--json", help="also write the metrics here")
     args = p.parse_args(argv)
@@ -37,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     from gnn import kernel_train as KT
 
     records = KD.load_records(args.kernels, cache_dir=args.cache)
-    cfg = KT.TrainConfig() if args.steps is None else KT.TrainConfig(steps=args.steps)
+    over = {k: v for k, v in (("steps", args.steps), ("members", args.members), ("rank_weight", args.rank_weight))
+            if v is not None}
+    cfg = KT.TrainConfig(**over)
     base = roofline_config(args.device)
     models = sorted({r.model for r in records})
     held_out = args.models.split(",") if args.models else models

@@ -25,6 +25,8 @@ def train_kernels(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="checkpoint to write (.msgpack)")
     p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: TrainConfig)")
+    p.add_argument("--members", type=int, default=None, help="ensemble members (default: TrainConfig)")
+    p.add_argument("--rank-weight", type=float, default=None, help="pairwise ranking loss weight (default: TrainConfig)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
@@ -35,7 +37,9 @@ def train_kernels(argv: list[str]) -> int:
 
     t0 = time.perf_counter()
     records = KD.load_records(args.kernels, cache_dir=args.cache)
-    cfg = KT.TrainConfig(seed=args.seed, **({} if args.steps is None else {"steps": args.steps}))
+    over = {k: v for k, v in (("steps", args.steps), ("members", args.members), ("rank_weight", args.rank_weight))
+            if v is not None}
+    cfg = KT.TrainConfig(seed=args.seed, **over)
     base = roofline_config(args.device)
     examples = KT.make_examples(records)
     model, hist = KT.fit(examples, cfg, (base.peak_flops, base.mem_bandwidth, base.launch_overhead),
