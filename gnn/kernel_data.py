@@ -146,7 +146,8 @@ def _save(path: Path, r: Record) -> None:
 
 
 def _load(path: Path) -> Record:
-    z = np.load(path)
+    with np.load(path) as npz:  # an NpzFile reads (and decompresses) an array on every access: once each
+        z = {k: npz[k] for k in npz.files}
     meta = json.loads(str(z["meta"]))
     no, eo = np.concatenate([[0], np.cumsum(z["n_node"])]), np.concatenate([[0], np.cumsum(z["n_edge"])])
     graphs = tuple(KF.KernelGraph(z["opcodes"][no[i]:no[i + 1]], z["nodes"][no[i]:no[i + 1]],

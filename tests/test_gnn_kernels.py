@@ -172,6 +172,20 @@ def test_features_are_deterministic(record_json: dict):
             np.testing.assert_array_equal(u, v)
 
 
+def test_the_feature_cache_gives_back_the_same_records(tmp_path: Path, record: KD.Record):
+    cold = KD.load_records(RECORD, cache_dir=tmp_path)
+    warm = KD.load_records(RECORD, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+    for r in (cold[0], warm[0]):
+        assert r.names == record.names and r.labels == record.labels and r.step_s == record.step_s
+        np.testing.assert_array_equal(r.executions, record.executions)
+        for g, h in zip(r.graphs, record.graphs, strict=True):
+            for u, v in zip(g, h, strict=True):
+                np.testing.assert_array_equal(u, v)
+    # the cached graphs are views of one array per field, not a copy of the file's arrays per graph
+    assert len({id(g.nodes.base) for g in warm[0].graphs}) == 1
+
+
 def test_batch_rejects_sizes_too_small(record: KD.Record):
     with pytest.raises(ValueError, match="cannot hold"):
         KF.batch(record.graphs[:4], n_node=2)
