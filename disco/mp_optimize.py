@@ -18,8 +18,8 @@ behind an emulated link when one is given (:mod:`disco.testbed`):
 4. Confirm the fastest in a fresh launch (fresh processes, ``confirm_rounds`` interleaved
    rounds) against xla_default *and* the best baseline of the measuring launch (the baseline
    or even_k plan with the highest paired speedup there): the answer's paired speedups over
-   both. The answer is xla_default when it is not faster than xla_default there; it is kept
-   when it only ties or loses to the best baseline, and the verdict says so. (No run-off
+   both (:func:`confirmed_answer`). The best baseline is the answer when it was faster there;
+   xla_default when neither beats xla_default there. (No run-off
    between finalists, unlike the in-process optimize: every extra launch recompiles every plan.)
    Picking the fastest of a dozen noisy measurements favours a lucky one, so only the
    confirmation's ratio over the best baseline is evidence of a gain over the baselines.
@@ -235,15 +235,8 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
             again = _launch(model, preset, processes, devices_per_process, link,
                             [cands[n][0] for n in (*against, chosen)], confirm_rounds, steps, optimizer, timeout_s)
             confirmation = tuple(multiprocess.combine(again))
-            confirmed, vs_best = confirmed_ratios(confirmation, chosen, best_base)
-            if confirmed > 1.0:
-                verdict += (f"; confirmed in fresh processes ({confirm_rounds} rounds): {confirmed:.3f}x over "
-                            f"xla_default, " + (f"{vs_best:.3f}x over the best baseline {best_base}"
-                                                if chosen != best_base else "and it is the best baseline"))
-            else:
-                verdict = (f"{chosen} measured fastest ({best['paired_speedup']:.3f}x) but not in the confirmation "
-                           f"({confirmed:.3f}x); keeping XLA's default compile")
-                chosen, vs_best = "xla_default", None
+            chosen, verdict, confirmed, vs_best = confirmed_answer(confirmation, chosen, best_base, verdict,
+                                                                   confirm_rounds)
     plan_json = plans_json.get(chosen) or _baseline_plan(chosen, graph).to_json()
     # the chosen row first: one_bucket and horovod can be the same plan, and the answer is named as chosen
     base_names = sorted((n for n, (_, kind, _) in cands.items() if kind == "baseline"), key=lambda n: n != chosen)
@@ -284,6 +277,32 @@ def confirmed_ratios(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
     over_best = paired_speedup(Measurement(tuple(rows[best_base]["samples_ms"])),
                                Measurement(tuple(rows[chosen]["samples_ms"])))
     return over_default, round(over_best, 4)
+
+
+def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_base: str, verdict: str,
+                     rounds: int) -> tuple[str, str, float, float | None]:
+    """The answer after the confirmation launch's rows: (answer, verdict, its paired speedup over
+    xla_default there, its paired speedup over ``best_base`` there; None for xla_default).
+
+    The rule of the in-process optimize (:func:`disco.optimizer._choice.confirmed_choice`): the
+    faster of ``chosen`` and the best baseline in these fresh rounds wins if it beats xla_default,
+    so the answer is never a searched plan that the best baseline beat in the same rounds;
+    xla_default when neither beats it.
+    """
+    confirmed, vs_best = confirmed_ratios(confirmation, chosen, best_base)
+    base_gain = {r["plan"]: r for r in confirmation}[best_base]["paired_speedup"]
+    if chosen != best_base and best_base != "xla_default" and base_gain > confirmed and base_gain > 1.0:
+        why = (f"{chosen} measured fastest, but in the confirmation in fresh processes ({rounds} rounds) the best "
+               f"baseline {best_base} was faster ({base_gain:.3f}x over xla_default against {confirmed:.3f}x; "
+               f"{chosen} {vs_best:.3f}x of it); keeping {best_base}")
+        return best_base, why, base_gain, 1.0
+    if confirmed > 1.0:
+        versus = (f"{vs_best:.3f}x over the best baseline {best_base}" if chosen != best_base
+                  else "and it is the best baseline")
+        why = f"{verdict}; confirmed in fresh processes ({rounds} rounds): {confirmed:.3f}x over xla_default, {versus}"
+        return chosen, why, confirmed, vs_best
+    why = f"{chosen} measured fastest but not in the confirmation ({confirmed:.3f}x); keeping XLA's default compile"
+    return "xla_default", why, confirmed, None
 
 
 def relation_to_baselines(plan: FusionPlan, baselines: dict[str, FusionPlan]) -> str:
