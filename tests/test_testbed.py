@@ -264,6 +264,13 @@ def _prefix_of(pid: int) -> str:
     raise AssertionError(f"process {pid} is in no testbed namespace")
 
 
+def _terminal_sigint() -> None:
+    """SIGINT as a user's terminal gives it (Python then turns it into KeyboardInterrupt). A test
+    run started in the background of a non-interactive shell (`make test &`) inherits SIGINT
+    ignored, and so would the CLI: Ctrl-C would not reach it at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @needs_netns
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_teardown_when_the_cli_is_interrupted(sig):
@@ -272,7 +279,8 @@ def test_teardown_when_the_cli_is_interrupted(sig):
     proc = subprocess.Popen([sys.executable, "-m", "disco", "bench", "--model", "mlp", "--preset", "tiny",
                              "--processes", "2", "--devices-per-process", "1", "--link", "rate=1gbit,delay=50us",
                              "--rounds", "100"], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_terminal_sigint)
     deadline = time.monotonic() + 120
     mine: list[str] = []
     while time.monotonic() < deadline and not mine:
