@@ -264,23 +264,23 @@ def _prefix_of(pid: int) -> str:
     raise AssertionError(f"process {pid} is in no testbed namespace")
 
 
-def _terminal_sigint() -> None:
-    """SIGINT as a user's terminal gives it (Python then turns it into KeyboardInterrupt). A test
-    run started in the background of a non-interactive shell (`make test &`) inherits SIGINT
-    ignored, and so would the CLI: Ctrl-C would not reach it at all."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @needs_netns
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_teardown_when_the_cli_is_interrupted(sig):
     """Ctrl-C (SIGINT) or SIGTERM to `disco bench --link`: it exits and leaves nothing behind."""
     before = set(testbed.leftovers()["namespaces"])
-    proc = subprocess.Popen([sys.executable, "-m", "disco", "bench", "--model", "mlp", "--preset", "tiny",
-                             "--processes", "2", "--devices-per-process", "1", "--link", "rate=1gbit,delay=50us",
-                             "--rounds", "100"], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_terminal_sigint)
+    # SIGINT as a user's terminal gives it: a test run started in the background of a
+    # non-interactive shell (`make test &`) has SIGINT ignored, and the CLI would inherit that and
+    # never see Ctrl-C. A handled signal is reset to the default in the child at exec.
+    old_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "disco", "bench", "--model", "mlp", "--preset", "tiny",
+                                 "--processes", "2", "--devices-per-process", "1", "--link",
+                                 "rate=1gbit,delay=50us", "--rounds", "100"], cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, old_sigint)
     deadline = time.monotonic() + 120
     mine: list[str] = []
     while time.monotonic() < deadline and not mine:
