@@ -131,10 +131,9 @@ def _layout_text(shape: str) -> str:
 def minor_dim(node: Node) -> int:
     """The size of the node's first array's minor (contiguous) dimension: from its layout when the
     node has a non-default one, else the last dimension (1 for a scalar)."""
-    arrays = hlo_parse.parse_shape(node.shape) if node.shape else ()
-    if not arrays or not arrays[0].dims:
+    dims = _first_dims(node)
+    if not dims:
         return 1
-    dims = arrays[0].dims
     first = node.layout.split(";")[0].split(",")[0] if node.layout else ""
     if first.strip().isdigit() and int(first) < len(dims):
         return dims[int(first)]

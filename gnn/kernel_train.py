@@ -55,6 +55,12 @@ class TrainConfig:
     members: int = 3
 
 
+def train_config(**overrides: Any) -> TrainConfig:
+    """:class:`TrainConfig` with the ``overrides`` that are not None (a script's unset options keep
+    the defaults)."""
+    return TrainConfig(**{k: v for k, v in overrides.items() if v is not None})
+
+
 class Example(NamedTuple):
     graph: KF.KernelGraph
     log_s: float  # measured log seconds per launch

@@ -39,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from gnn import kernel_train as KT
 
     records = KD.load_records(args.kernels, cache_dir=args.cache)
-    over = {k: v for k, v in (("steps", args.steps), ("members", args.members), ("rank_weight", args.rank_weight))
-            if v is not None}
-    cfg = KT.TrainConfig(**over)
+    cfg = KT.train_config(steps=args.steps, members=args.members, rank_weight=args.rank_weight)
     base = roofline_config(args.device)
     models = sorted({r.model for r in records})
     held_out = args.models.split(",") if args.models else models

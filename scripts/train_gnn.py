@@ -37,9 +37,7 @@ def train_kernels(argv: list[str]) -> int:
 
     t0 = time.perf_counter()
     records = KD.load_records(args.kernels, cache_dir=args.cache)
-    over = {k: v for k, v in (("steps", args.steps), ("members", args.members), ("rank_weight", args.rank_weight))
-            if v is not None}
-    cfg = KT.TrainConfig(seed=args.seed, **over)
+    cfg = KT.train_config(seed=args.seed, steps=args.steps, members=args.members, rank_weight=args.rank_weight)
     base = roofline_config(args.device)
     examples = KT.make_examples(records)
     model, hist = KT.fit(examples, cfg, (base.peak_flops, base.mem_bandwidth, base.launch_overhead),
