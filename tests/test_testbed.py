@@ -283,18 +283,20 @@ def test_teardown_when_the_cli_is_interrupted(sig):
         signal.signal(signal.SIGINT, old_sigint)
     deadline = time.monotonic() + 120
     mine: list[str] = []
-    while time.monotonic() < deadline and not mine:
-        mine = sorted(set(testbed.leftovers()["namespaces"]) - before)
+    # worker namespaces only (<prefix>-w<i>): the CLI's permission probe briefly adds one too
+    while time.monotonic() < deadline and not mine and proc.poll() is None:
+        mine = sorted(n for n in set(testbed.leftovers()["namespaces"]) - before if "-w" in n)
         time.sleep(0.1)
-    assert mine, "no testbed namespace appeared"
+    assert mine, f"no testbed namespace appeared; the CLI exited with {proc.poll()}"
     prefix = mine[0].rsplit("-", 1)[0]
-    while time.monotonic() < deadline and len(testbed.leftovers(prefix)["processes"]) < 2:
+    while (time.monotonic() < deadline and proc.poll() is None
+           and len(testbed.leftovers(prefix)["processes"]) < 2):
         time.sleep(0.1)
     during = testbed.leftovers(prefix)
     time.sleep(1)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert len(during["namespaces"]) == 2 and len(during["processes"]) >= 2, during
+    assert len(during["namespaces"]) == 2 and len(during["processes"]) >= 2, (during, err[-2000:])
     assert proc.returncode != 0, err
     assert _left(prefix) == {}
 
