@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from disco import mp_calibrate, multiprocess
-from disco.optimizer import REPORTED_BASELINES
+from disco.optimizer import REPORTED_BASELINES, confirmed_winner
 from disco.plans.plan import FusionPlan
 
 if TYPE_CHECKING:
@@ -284,19 +284,17 @@ def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
     """The answer after the confirmation launch's rows: (answer, verdict, its paired speedup over
     xla_default there, its paired speedup over ``best_base`` there; None for xla_default).
 
-    The rule of the in-process optimize (:func:`disco.optimizer._choice.confirmed_choice`): the
-    faster of ``chosen`` and the best baseline in these fresh rounds wins if it beats xla_default,
-    so the answer is never a searched plan that the best baseline beat in the same rounds;
-    xla_default when neither beats it.
+    The rule is the in-process optimize's (:func:`disco.optimizer.confirmed_winner`).
     """
     confirmed, vs_best = confirmed_ratios(confirmation, chosen, best_base)
     base_gain = {r["plan"]: r for r in confirmation}[best_base]["paired_speedup"]
-    if chosen != best_base and best_base != "xla_default" and base_gain > confirmed and base_gain > 1.0:
+    winner = confirmed_winner(chosen, confirmed, best_base, base_gain)
+    if winner not in (chosen, "xla_default"):
         why = (f"{chosen} measured fastest, but in the confirmation in fresh processes ({rounds} rounds) the best "
                f"baseline {best_base} was faster ({base_gain:.3f}x over xla_default against {confirmed:.3f}x; "
                f"{chosen} {vs_best:.3f}x of it); keeping {best_base}")
         return best_base, why, base_gain, 1.0
-    if confirmed > 1.0:
+    if winner != "xla_default":
         versus = (f"{vs_best:.3f}x over the best baseline {best_base}" if chosen != best_base
                   else "and it is the best baseline")
         why = f"{verdict}; confirmed in fresh processes ({rounds} rounds): {confirmed:.3f}x over xla_default, {versus}"

@@ -11,6 +11,8 @@ import types
 
 import jax
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import disco
 import trax_models
@@ -471,6 +473,26 @@ def test_confirmation_keeps_the_best_baseline_when_it_beats_the_searched_plan():
     # neither beats xla_default: XLA's default
     again = {"xla_default": m(1.0, 1.0, 1.0), "disco_1": m(1.1, 1.1, 1.1), "horovod": m(1.05, 1.05, 1.05)}
     assert opt._choice.confirmed_choice("disco_1", "v", again, "horovod")[0] == "xla_default"
+
+
+_GAINS = st.floats(0.2, 5.0, allow_nan=False)
+
+
+@given(gain=_GAINS, baseline=st.sampled_from([None, "xla_default", "disco_1", "horovod"]),
+       baseline_gain=_GAINS)
+def test_the_confirmed_winner_is_the_faster_of_the_choice_and_the_baseline_above_xla_default(gain, baseline,
+                                                                                           baseline_gain):
+    """The one confirmation rule (both optimizers take it): the answer beats xla_default and
+    anything else measured in the confirmation, or is xla_default."""
+    winner = opt.confirmed_winner("disco_1", gain, baseline, baseline_gain)
+    gains = {"xla_default": 1.0, "disco_1": gain}
+    if baseline not in (None, "disco_1", "xla_default"):
+        gains[baseline] = baseline_gain
+    assert winner in gains
+    if winner == "xla_default":
+        assert max(gains.values()) <= 1.0
+    else:
+        assert gains[winner] > 1.0 and gains[winner] == max(gains.values())  # ties go to the searched plan
 
 
 def test_best_baseline_is_the_fastest_applied_baseline_above_xla_default():

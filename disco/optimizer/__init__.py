@@ -49,7 +49,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from disco.optimizer._choice import PlanRow, Span
+from disco.optimizer._choice import PlanRow, Span, confirmed_winner
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._result import OptimizeResult, Setting, chrome_trace, make_result
 from disco.optimizer._steps import (
@@ -74,7 +74,7 @@ from disco.sim.costs import CostModel
 __all__ = [
     "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "OptimizeConfig", "OptimizeResult",
     "PlanRow", "Progress", "RunOff", "SearchSummary", "Setting", "Span", "Target", "candidates", "chrome_trace",
-    "confirm", "devices_of", "make_result", "measure", "optimize", "prepare", "run_off",
+    "confirm", "confirmed_winner", "devices_of", "make_result", "measure", "optimize", "prepare", "run_off",
 ]
 
 

@@ -125,22 +125,36 @@ def best_baseline(rows: Sequence[PlanRow]) -> str | None:
     return max(better, key=lambda r: r.gain(base)).name if better else None
 
 
+def confirmed_winner(chosen: str, gain: float, baseline: str | None = None,
+                     baseline_gain: float | None = None) -> str:
+    """The confirmation rule, the one place both optimizers (in-process and across processes)
+    take it from: given the paired speedups over xla_default in the confirmation's fresh rounds
+    of the ``chosen`` plan (``gain``) and of the first run's best ``baseline`` (``baseline_gain``),
+    the faster of the two wins if it beats xla_default, else ``xla_default``. So the answer is
+    never a searched plan that the best baseline beat in the same rounds."""
+    if baseline not in (None, chosen, "xla_default") and baseline_gain is not None:
+        if baseline_gain > gain and baseline_gain > 1.0:
+            return baseline
+    return chosen if gain > 1.0 else "xla_default"
+
+
 def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement],
                      baseline: str | None = None) -> tuple[str, str, float]:
     """(chosen, verdict, the candidate ``chosen``'s paired speedup) after the confirmation run ``again``
     (one interleaved run of the chosen plan, xla_default and, when given, the first run's best
-    ``baseline``). The faster of the chosen plan and the baseline wins if it beats xla_default,
-    so the answer is never a searched plan that the best baseline beat in the same fresh rounds."""
+    ``baseline``), by :func:`confirmed_winner`."""
     gain = paired_speedup(again["xla_default"], again[chosen])
     numbers = (f"{gain:.3f}x paired over {len(again[chosen].samples)} rounds; {again[chosen].median * 1e3:.3f} "
                f"vs {again['xla_default'].median * 1e3:.3f} ms median")
+    b_gain = None
     if baseline is not None and baseline != chosen:
         b_gain = paired_speedup(again["xla_default"], again[baseline])
         numbers += f"; the best baseline, {baseline}, {b_gain:.3f}x"
-        if b_gain > gain and b_gain > 1.0:
-            return baseline, (f"{chosen} measured fastest, but in a second run the best baseline was faster "
-                              f"({numbers}); keeping {baseline}"), gain
-    if gain > 1.0:
+    winner = confirmed_winner(chosen, gain, baseline, b_gain)
+    if winner not in (chosen, "xla_default"):
+        return winner, (f"{chosen} measured fastest, but in a second run the best baseline was faster "
+                        f"({numbers}); keeping {winner}"), gain
+    if winner != "xla_default":
         return chosen, f"{verdict}; confirmed in a second run: {numbers}", gain
     return "xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "
                            f"({numbers}); keeping XLA's default compile"), gain
