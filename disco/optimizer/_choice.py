@@ -37,7 +37,9 @@ class PlanRow:
     Attributes:
       name: "xla_default", a baseline's name, or "disco_<rank>" for a searched plan.
       kind: "baseline" or "search".
-      origin: the start plan a searched plan grew from (its name before renaming).
+      origin: where the row came from, one phrase: "searched from <start plan>" for a searched
+        plan, what the candidate is for the others ("each reduce fused with its elementwise
+        producers", "disco_1 without its fusion groups", the baseline's name).
       plan: the plan.
       predicted_s: the simulator's step time.
       median_s, min_s, max_s: the measured median and range over the rounds, or None when

@@ -170,7 +170,7 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
         rank += 1
         name = f"disco_{rank}"
         seen[p.digest()] = name
-        rows[name] = PlanRow(name, "search", p.name, p.replace(name=name), cost)
+        rows[name] = PlanRow(name, "search", f"searched from {p.name}", p.replace(name=name), cost)
         projected = p.replace(groups=(), xla_fusion="extend")
         if config.measure_buckets_only and p.groups and projected.digest() not in seen:
             pname = f"{name}_buckets"
