@@ -11,7 +11,9 @@ behind an emulated link when one is given (:mod:`disco.testbed`):
    floor (:func:`disco.mp_calibrate.with_compute_floor`; the floor is measured in a launch of its
    own unless given): the analytic costs price a CPU step's compute several times too low.
 3. Measure, in one launch of interleaved rounds, xla_default, per_tensor, horovod, ddp, the
-   best baseline by estimate, the ``even_<k>`` sweep and the ``measure_top_k`` best searched
+   best baseline by estimate, the ``even_<k>`` sweep, ``reduce_fusion`` (each reduce fused with
+   its elementwise producers on the best baseline's buckets, as the in-process optimize measures
+   on CPU: :func:`disco.optimizer.reduce_fusion_row`) and the ``measure_top_k`` best searched
    plans (written as plan files the workers read). A round's time is the slowest worker's;
    plans are compared by the paired speedup over xla_default
    (:func:`xla_hooks.measure.paired_speedup`).
@@ -38,7 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from disco import mp_calibrate, multiprocess
-from disco.optimizer import REPORTED_BASELINES, confirmed_winner
+from disco.optimizer import REPORTED_BASELINES, confirmed_winner, reduce_fusion_row
 from disco.plans.plan import FusionPlan
 
 if TYPE_CHECKING:
@@ -117,7 +119,8 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
              measure_top_k: int = 3, seed: int = 0, rounds: int = 7, steps: int = 3,
              bucket_sweep: Sequence[int] = (2, 3, 4), confirm: bool = True, confirm_rounds: int | None = None,
              optimizer: str = "adamw", timeout_s: float = 1800, scale_compute: bool = True,
-             compute_floor_ms: float | None = None, progress: Progress | None = None) -> CrossOptimizeResult:
+             compute_floor_ms: float | None = None, measure_reduce_fusion: bool = True,
+             progress: Progress | None = None) -> CrossOptimizeResult:
     """Searches plans for a zoo model priced on ``cluster`` and measures them across processes.
 
     This process's jax must have at least ``processes * devices_per_process`` devices.
@@ -127,6 +130,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
         floor (:func:`disco.mp_calibrate.with_compute_floor`); False: ``cluster`` as given.
       compute_floor_ms: that floor, when measured already; None: measured here, in a launch of
         its own before the search (``rounds`` rounds).
+      measure_reduce_fusion: also measure the ``reduce_fusion`` row (module doc, step 3).
 
     Raises:
       ValueError: bad budgets, counts or names.
@@ -183,6 +187,18 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
             cands[p.name] = (f"even:{k}", "baseline", sim.step_time(p))
     tmp = tempfile.mkdtemp(prefix="disco-mpopt-")
     plans_json: dict[str, str] = {}
+
+    def add_plan_file(name: str, p: FusionPlan, kind: str, cost: float) -> None:
+        path = os.path.join(tmp, f"{name}.json")
+        plans_json[name] = p.replace(name=name).to_json()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(plans_json[name])
+        cands[name] = (path, kind, cost)
+
+    rf = reduce_fusion_row(graph, baselines.make(best_base, graph)) if measure_reduce_fusion else None
+    if rf is not None and rf.digest() not in seen:
+        seen.add(rf.digest())
+        add_plan_file("reduce_fusion", rf, "search", sim.step_time(rf))
     rank = 0
     for cost, p in found.top:
         if rank >= measure_top_k:
@@ -191,12 +207,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
             continue
         seen.add(p.digest())
         rank += 1
-        name = f"disco_{rank}"
-        path = os.path.join(tmp, f"{name}.json")
-        plans_json[name] = p.replace(name=name).to_json()
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(plans_json[name])
-        cands[name] = (path, "search", cost)
+        add_plan_file(f"disco_{rank}", p, "search", cost)
 
     # -- measure ----------------------------------------------------------------------------
     say(f"measuring {len(cands)} plans across {processes} processes")

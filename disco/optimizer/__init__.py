@@ -66,6 +66,7 @@ from disco.optimizer._steps import (
     devices_of,
     measure,
     prepare,
+    reduce_fusion_row,
     run_off,
 )
 from disco.sim.cluster import ClusterSpec
@@ -74,7 +75,7 @@ from disco.sim.costs import CostModel
 __all__ = [
     "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "OptimizeConfig", "OptimizeResult",
     "PlanRow", "Progress", "RunOff", "SearchSummary", "Setting", "Span", "Target", "candidates", "chrome_trace",
-    "confirm", "confirmed_winner", "devices_of", "make_result", "measure", "optimize", "prepare", "run_off",
+    "confirm", "confirmed_winner", "devices_of", "make_result", "measure", "optimize", "prepare", "reduce_fusion_row", "run_off",
 ]
 
 
