@@ -75,7 +75,8 @@ from disco.sim.costs import CostModel
 __all__ = [
     "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "OptimizeConfig", "OptimizeResult",
     "PlanRow", "Progress", "RunOff", "SearchSummary", "Setting", "Span", "Target", "candidates", "chrome_trace",
-    "confirm", "confirmed_winner", "devices_of", "make_result", "measure", "optimize", "prepare", "reduce_fusion_row", "run_off",
+    "confirm", "confirmed_winner", "devices_of", "make_result", "measure", "optimize", "prepare",
+    "reduce_fusion_row", "run_off",
 ]
 
 
