@@ -299,7 +299,7 @@ def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
     """
     confirmed, vs_best = confirmed_ratios(confirmation, chosen, best_base)
     base_gain = {r["plan"]: r for r in confirmation}[best_base]["paired_speedup"]
-    winner = confirmed_winner(chosen, confirmed, best_base, base_gain)
+    winner = confirmed_winner(chosen, confirmed, best_base, base_gain, vs_best)
     if winner not in (chosen, "xla_default"):
         why = (f"{chosen} measured fastest, but in the confirmation in fresh processes ({rounds} rounds) the best "
                f"baseline {best_base} was faster ({base_gain:.3f}x over xla_default against {confirmed:.3f}x; "

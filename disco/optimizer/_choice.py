@@ -127,16 +127,22 @@ def best_baseline(rows: Sequence[PlanRow]) -> str | None:
     return max(better, key=lambda r: r.gain(base)).name if better else None
 
 
-def confirmed_winner(chosen: str, gain: float, baseline: str | None = None,
-                     baseline_gain: float | None = None) -> str:
+def confirmed_winner(chosen: str, gain: float, baseline: str | None = None, baseline_gain: float | None = None,
+                     vs_baseline: float | None = None) -> str:
     """The confirmation rule, the one place both optimizers (in-process and across processes)
-    take it from: given the paired speedups over xla_default in the confirmation's fresh rounds
-    of the ``chosen`` plan (``gain``) and of the first run's best ``baseline`` (``baseline_gain``),
-    the faster of the two wins if it beats xla_default, else ``xla_default``. So the answer is
-    never a searched plan that the best baseline beat in the same rounds."""
-    if baseline not in (None, chosen, "xla_default") and baseline_gain is not None:
-        if baseline_gain > gain and baseline_gain > 1.0:
-            return baseline
+    take it from. In the confirmation's fresh rounds: ``gain`` and ``baseline_gain`` are the
+    ``chosen`` plan's and the first run's best ``baseline``'s paired speedups over xla_default,
+    ``vs_baseline`` the chosen plan's paired speedup over the baseline (per round, the baseline's
+    time over the chosen's, the median). The faster of the chosen plan and the baseline, by that
+    direct pairing, is the answer if it beats xla_default, else ``xla_default``; so the answer is
+    never a searched plan that the best baseline beat in the same rounds. (The direct pairing,
+    not the two gains: medians of per-round ratios are not transitive, and the two gains can
+    order a pair the other way round from their direct comparison.)"""
+    if baseline not in (None, chosen, "xla_default"):
+        if baseline_gain is None or vs_baseline is None:
+            raise ValueError(f"baseline {baseline!r} given without its gain and the chosen plan's ratio over it")
+        if vs_baseline < 1.0:
+            return baseline if baseline_gain > 1.0 else "xla_default"
     return chosen if gain > 1.0 else "xla_default"
 
 
@@ -148,11 +154,12 @@ def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]
     gain = paired_speedup(again["xla_default"], again[chosen])
     numbers = (f"{gain:.3f}x paired over {len(again[chosen].samples)} rounds; {again[chosen].median * 1e3:.3f} "
                f"vs {again['xla_default'].median * 1e3:.3f} ms median")
-    b_gain = None
+    b_gain = vs = None
     if baseline is not None and baseline != chosen:
         b_gain = paired_speedup(again["xla_default"], again[baseline])
-        numbers += f"; the best baseline, {baseline}, {b_gain:.3f}x"
-    winner = confirmed_winner(chosen, gain, baseline, b_gain)
+        vs = paired_speedup(again[baseline], again[chosen])
+        numbers += f"; the best baseline, {baseline}, {b_gain:.3f}x; {chosen} {vs:.3f}x of it"
+    winner = confirmed_winner(chosen, gain, baseline, b_gain, vs)
     if winner not in (chosen, "xla_default"):
         return winner, (f"{chosen} measured fastest, but in a second run the best baseline was faster "
                         f"({numbers}); keeping {winner}"), gain
