@@ -465,7 +465,7 @@ def test_confirmation_keeps_the_best_baseline_when_it_beats_the_searched_plan():
     again = {"xla_default": m(1.0, 1.0, 1.0), "disco_1": m(0.91, 0.91, 0.91), "horovod": m(0.8, 0.8, 0.8)}
     chosen, verdict, gain = opt._choice.confirmed_choice("disco_1", "disco_1 measured 1.3x", again, "horovod")
     assert chosen == "horovod" and gain == pytest.approx(1 / 0.91)
-    assert verdict.startswith("disco_1 measured fastest, but in a second run the best baseline was faster")
+    assert verdict.startswith("disco_1 measured 1.3x; but in a second run the best baseline was faster")
     assert verdict.endswith("the best baseline, horovod, 1.250x; disco_1 0.879x of it); keeping horovod")
     # the searched plan holds against both: it stays
     again["horovod"] = m(0.95, 0.95, 0.95)

@@ -161,8 +161,8 @@ def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]
         numbers += f"; the best baseline, {baseline}, {b_gain:.3f}x; {chosen} {vs:.3f}x of it"
     winner = confirmed_winner(chosen, gain, baseline, b_gain, vs)
     if winner not in (chosen, "xla_default"):
-        return winner, (f"{chosen} measured fastest, but in a second run the best baseline was faster "
-                        f"({numbers}); keeping {winner}"), gain
+        return winner, (f"{verdict}; but in a second run the best baseline was faster ({numbers}); "
+                        f"keeping {winner}"), gain
     if winner != "xla_default":
         return chosen, f"{verdict}; confirmed in a second run: {numbers}", gain
     return "xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "
