@@ -139,7 +139,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
     """
     import trax_models
 
-    from disco import search
+    from disco import planner, search
     from disco.ir import extractor
     from disco.ir.graph import HloGraph
     from disco.plans import baselines
@@ -173,13 +173,14 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
     found = search.run(search.make(strategy), graph, sim.step_time, budget_s=budget_s, seed=seed)
 
     # -- candidates: (row name, worker plan argument, kind, predicted seconds) ------------------
-    predicted = {name: sim.step_time(baselines.make(name, graph)) for name in baselines.NAMES if name != "even"}
-    best_base = min(predicted, key=lambda k: (predicted[k], k != "xla_default"))
+    base_plans = {name: baselines.make(name, graph) for name in baselines.NAMES if name != "even"}
+    predicted = {name: sim.step_time(p) for name, p in base_plans.items()}
+    best_base = planner.best_baseline_name(predicted)
     cands: dict[str, tuple[str, str, float]] = {}
     seen: set[str] = set()
     for name in dict.fromkeys((*REPORTED_BASELINES, best_base)):
         cands[name] = (name, "baseline", predicted[name])
-        seen.add(baselines.make(name, graph).digest())
+        seen.add(base_plans[name].digest())
     for k in dict.fromkeys(bucket_sweep):
         p = baselines.make("even", graph, k=k)
         if p.digest() not in seen:
@@ -195,7 +196,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
             f.write(plans_json[name])
         cands[name] = (path, kind, cost)
 
-    rf = reduce_fusion_row(graph, baselines.make(best_base, graph)) if measure_reduce_fusion else None
+    rf = reduce_fusion_row(graph, base_plans[best_base]) if measure_reduce_fusion else None
     if rf is not None and rf.digest() not in seen:
         seen.add(rf.digest())
         add_plan_file("reduce_fusion", rf, "search", sim.step_time(rf))
