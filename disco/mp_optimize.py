@@ -28,6 +28,9 @@ behind an emulated link when one is given (:mod:`disco.testbed`):
    The result also says how the answer relates to the baselines
    (:func:`relation_to_baselines`): a baseline itself, a baseline's bucketing plus fusion
    groups or options, or a bucketing of its own.
+5. Optionally (:func:`validate`, not part of :func:`optimize`), measure the decided answer against
+   the best baseline once more in a launch of its own: the confirmation picks the faster of the
+   two, so only a later launch's ratio is an unbiased estimate of the answer's gain.
 """
 
 from __future__ import annotations
@@ -313,6 +316,44 @@ def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
         return chosen, why, confirmed, vs_best
     why = f"{chosen} measured fastest but not in the confirmation ({confirmed:.3f}x); keeping XLA's default compile"
     return "xla_default", why, confirmed, None
+
+
+def validate(res: CrossOptimizeResult, model: str, preset: str, processes: int, devices_per_process: int,
+             link: LinkSpec | None, *, rounds: int = 21, steps: int = 3, optimizer: str = "adamw",
+             timeout_s: float = 1800) -> dict[str, Any]:
+    """Measures a decided answer once more, in a launch of its own after the decision: xla_default,
+    ``res.best_baseline`` and ``res.chosen`` in ``rounds`` interleaved rounds in fresh processes.
+
+    The confirmation launch decides the answer (the faster of the choice and the best baseline
+    there), so its ratio over the best baseline is never below 1.0 by construction; this launch's
+    ratio is the unbiased estimate of what the answer gains. Returns {"rounds", "vs_default" (the
+    answer's paired speedup over xla_default; 1.0 when it is xla_default), "vs_best_baseline"
+    (over the best baseline; 1.0 when it is that baseline), "rows" (the launch's rows)}.
+
+    Raises:
+      ValueError: ``rounds`` or ``steps`` below 1.
+      RuntimeError: when the workers fail (their messages).
+    """
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"rounds and steps >= 1 expected, got {rounds}, {steps}")
+    tmp = tempfile.mkdtemp(prefix="disco-mpval-")
+    try:
+        args = {"xla_default": "xla_default"}
+        if res.best_baseline not in args:
+            kind, _, k = res.best_baseline.partition("_")
+            args[res.best_baseline] = f"even:{k}" if kind == "even" and k.isdigit() else res.best_baseline
+        if res.chosen not in args:
+            path = os.path.join(tmp, "answer.json")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(FusionPlan.from_json(res.plan_json).replace(name=res.chosen).to_json())
+            args[res.chosen] = path
+        launched = _launch(model, preset, processes, devices_per_process, link, list(args.values()), rounds, steps,
+                           optimizer, timeout_s)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = multiprocess.combine(launched)
+    vs_default, vs_best = confirmed_ratios(rows, res.chosen, res.best_baseline)
+    return {"rounds": rounds, "vs_default": vs_default, "vs_best_baseline": vs_best, "rows": rows}
 
 
 def relation_to_baselines(plan: FusionPlan, baselines: dict[str, FusionPlan]) -> str:

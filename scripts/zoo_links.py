@@ -30,9 +30,10 @@ def table(link_label: str, results: list[dict]) -> str:
     lines = [f"link {link_label}: paired speedup over xla_default (slowest process per round), measured",
              "",
              "| model | xla_default ms | per_tensor | horovod | ddp | best even_k | answer | answer (measuring run) "
-             "| answer confirmed | best baseline (measuring run) | answer / best baseline (confirmed) | the answer is |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    g_x, g_b = [], []
+             "| answer confirmed | best baseline (measuring run) | answer / best baseline (confirmed) "
+             "| answer / best baseline (validation) | the answer is |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    g_x, g_b, g_v = [], [], []
     for res in results:
         rows = {r["plan"]: r for r in res["rows"]}
         evens = {k: v for k, v in rows.items() if k.startswith("even_")}
@@ -44,6 +45,9 @@ def table(link_label: str, results: list[dict]) -> str:
         g_x.append(confirmed)
         if vs_best is not None:
             g_b.append(vs_best)
+        val = (res.get("validation") or {}).get("vs_best_baseline")
+        if val is not None:
+            g_v.append(val)
 
         def cell(name: str) -> str:
             return f"{rows[name]['paired_speedup']:.3f}x" if name in rows else "-"
@@ -52,9 +56,11 @@ def table(link_label: str, results: list[dict]) -> str:
                      f"{cell('horovod')} | {cell('ddp')} | "
                      f"{(best_even + ' ' + cell(best_even)) if best_even else '-'} | {answer} | {measured:.3f}x | "
                      f"{confirmed:.3f}x | {best_base} {cell(best_base)} | "
-                     f"{'-' if vs_best is None else f'{vs_best:.3f}x'} | {res['relation']} |")
+                     f"{'-' if vs_best is None else f'{vs_best:.3f}x'} | "
+                     f"{'-' if val is None else f'{val:.3f}x'} | {res['relation']} |")
     lines += ["", f"geometric mean over {len(results)} models: answer (confirmed) vs xla_default "
-                  f"{_geomean(g_x):.3f}x; answer vs best baseline (confirmed, {len(g_b)} models) {_geomean(g_b):.3f}x"]
+                  f"{_geomean(g_x):.3f}x; answer vs best baseline (confirmed, {len(g_b)} models) {_geomean(g_b):.3f}x; "
+                  f"(validation, {len(g_v)} models) {_geomean(g_v):.3f}x"]
     return "\n".join(lines)
 
 
@@ -69,6 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--bucket-sweep", default="2,3,4")
+    ap.add_argument("--validate-rounds", type=int, default=21,
+                    help="rounds of the launch after the decision (0: none)")
     ap.add_argument("--out", required=True, help="append JSON lines here")
     args = ap.parse_args(argv)
 
@@ -107,6 +115,16 @@ def main(argv=None) -> int:
             d = {"kind": "optimize", "link": spec, "model": model, "preset": args.preset,
                  "processes": args.processes, "devices_per_process": args.devices_per_process,
                  "seconds": time.time() - t0, **res.to_dict()}
+            if args.validate_rounds > 0:
+                print(f"[{label}] {model}: validating {res.chosen} against {res.best_baseline} "
+                      f"({args.validate_rounds} rounds, fresh processes)", file=sys.stderr, flush=True)
+                try:
+                    d["validation"] = mp_optimize.validate(res, model, args.preset, args.processes,
+                                                           args.devices_per_process, link, rounds=args.validate_rounds,
+                                                           steps=args.steps)
+                except RuntimeError as e:
+                    d["validation_error"] = str(e)
+                    print(f"[{label}] {model}: validation FAILED: {e}", file=sys.stderr, flush=True)
             results.append(d)
             with open(args.out, "a") as f:
                 f.write(json.dumps(d) + "\n")

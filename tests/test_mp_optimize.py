@@ -130,6 +130,20 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert f"the answer is {res.relation}" in res.verdict
     d = res.to_dict()
     assert d["best_baseline"] == res.best_baseline and d["confirmed_vs_best_baseline"] == res.confirmed_vs_best_baseline
+    # one more launch after the decision: the same three plans (the answer from its plan JSON), fresh rounds
+    val = mp_optimize.validate(res, "mlp", "tiny", 2, 1, None, rounds=3, steps=1, optimizer="sgd", timeout_s=600)
+    vrows = {r["plan"]: r for r in val["rows"]}
+    assert set(vrows) == {"xla_default", res.best_baseline, res.chosen} and val["rounds"] == 3
+    assert all(len(r["samples_ms"]) == 3 and r["applied"] for r in vrows.values())
+    assert val["vs_default"] == vrows[res.chosen]["paired_speedup"]
+    if res.chosen == res.best_baseline:
+        assert val["vs_best_baseline"] == 1.0
+    else:
+        assert val["vs_best_baseline"] == pytest.approx(paired_speedup(
+            Measurement(tuple(vrows[res.best_baseline]["samples_ms"])),
+            Measurement(tuple(vrows[res.chosen]["samples_ms"]))), abs=1e-4)
+    with pytest.raises(ValueError, match="rounds and steps >= 1 expected, got 0, 1"):
+        mp_optimize.validate(res, "mlp", "tiny", 2, 1, None, rounds=0, steps=1)
     # the search priced plans on the cluster with its compute scaled to the measured floor
     from disco import mp_calibrate
     from disco.plans import baselines
