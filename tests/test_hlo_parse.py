@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from disco.ir import hlo_parse
+from disco.ir.replica_groups import replica_group_size
 from disco.ir.graph import HloGraph, from_module
 
 CORPUS = Path(__file__).resolve().parent / "data" / "hlo_corpus"
@@ -126,7 +127,7 @@ def test_trailing_comment_is_not_part_of_the_reducer():
     ("mesh[a=2] {z}", None),
 ])
 def test_replica_group_size_every_form(groups, size):
-    assert hlo_parse.replica_group_size(groups) == size
+    assert replica_group_size(groups) == size
 
 
 def test_omitted_shapes_are_inferred():
@@ -243,10 +244,10 @@ def test_corpus_parses_fully(rel):
                     continue
                 assert module.computation(ins.called[0]).root.opcode in REDUCTIONS, (rel, ins.name)
                 groups = ins.attrs.get("replica_groups", "{}")
-                assert groups == "{}" or hlo_parse.replica_group_size(groups), (rel, ins.name, groups)
+                assert groups == "{}" or replica_group_size(groups), (rel, ins.name, groups)
         for node in graph.all_reduces():
             assert node.reduction in REDUCTIONS, (rel, node.name)
-            assert node.replica_groups in (None, "{}") or hlo_parse.replica_group_size(node.replica_groups)
+            assert node.replica_groups in (None, "{}") or replica_group_size(node.replica_groups)
             assert node.grad_bytes > 0
 
 

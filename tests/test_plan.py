@@ -224,7 +224,7 @@ def test_rs_ag_needs_one_dtype():
     ("{}", None), (None, None), ("", None), ("{{0,1},{2}}", None), ("garbage", None),
 ])
 def test_replica_group_size(text, size):
-    from disco.ir.hlo_parse import replica_group_size
+    from disco.ir.replica_groups import replica_group_size
 
     assert replica_group_size(text) == size
 

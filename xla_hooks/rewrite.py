@@ -102,7 +102,7 @@ def _scatter_gather(name: str, flat: str, dtype: str, total: int, attrs: list[tu
     slices back to ``total`` elements. The reduce-scatter keeps the all-reduce's attributes
     (channel, groups, reduction); the all-gather drops ``to_apply``.
     """
-    from disco.ir.hlo_parse import replica_group_size
+    from disco.ir.replica_groups import replica_group_size
 
     p = replica_group_size(dict(attrs).get("replica_groups"))
     if p is None:  # plan validation rejects this; guard the text all the same

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from disco.ir.hlo_parse import replica_group_size
+from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS
 from disco.ir.step_checks import README_POINTER, double_reductions
 from disco.plans import options as plan_options

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from disco.ir.hlo_parse import replica_group_size
+from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import FUSIBLE_OPCODES
 from disco.plans import check as plan_check
 from disco.plans import options as plan_options
