@@ -340,12 +340,12 @@ def validate(res: CrossOptimizeResult, model: str, preset: str, processes: int, 
     try:
         args = {"xla_default": "xla_default"}
         if res.best_baseline not in args:
-            kind, _, k = res.best_baseline.partition("_")
-            args[res.best_baseline] = f"even:{k}" if kind == "even" and k.isdigit() else res.best_baseline
-        if res.chosen not in args:
+            k = _even_k(res.best_baseline)
+            args[res.best_baseline] = res.best_baseline if k is None else f"even:{k}"
+        if res.chosen not in args:  # plan_json is named as the row (optimize names it so)
             path = os.path.join(tmp, "answer.json")
             with open(path, "w", encoding="utf-8") as f:
-                f.write(FusionPlan.from_json(res.plan_json).replace(name=res.chosen).to_json())
+                f.write(res.plan_json)
             args[res.chosen] = path
         launched = _launch(model, preset, processes, devices_per_process, link, list(args.values()), rounds, steps,
                            optimizer, timeout_s)
@@ -383,9 +383,15 @@ def _baseline_plan(name: str, graph: Any) -> FusionPlan:
     """The baseline (or ``even_<k>``) plan of row ``name``, named so."""
     from disco.plans import baselines
 
-    kind, _, k = name.partition("_")
-    plan = baselines.make("even", graph, k=int(k)) if kind == "even" and k.isdigit() else baselines.make(name, graph)
+    k = _even_k(name)
+    plan = baselines.make(name, graph) if k is None else baselines.make("even", graph, k=k)
     return plan.replace(name=name)
+
+
+def _even_k(name: str) -> int | None:
+    """The bucket count of an ``even_<k>`` row name; None for any other name."""
+    kind, _, k = name.partition("_")
+    return int(k) if kind == "even" and k.isdigit() else None
 
 
 def _launch(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None,
