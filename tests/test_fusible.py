@@ -34,7 +34,7 @@ def measure_fusible():
 def sample_results(measure_fusible):
     from disco.ir.opcodes import FUSIBLE_OPCODES
 
-    cases = {c.name: c for c in measure_fusible._cases()}
+    cases = {c.name: c for c in measure_fusible.all_cases()}
     names = [n for n in SAMPLE if n == "markers" or cases[n].opcode in FUSIBLE_OPCODES]
     tasks = [f"{n}:{cfg}" for n in names for cfg in measure_fusible.CONFIGS]
     return names, measure_fusible.run_tasks(tasks, timeout=60)
@@ -60,7 +60,7 @@ def test_planned_fusions_of_fusible_opcodes_match_reference(measure_fusible, sam
 def test_every_fusible_opcode_has_a_measured_case(measure_fusible):
     from disco.ir.opcodes import FUSIBLE_OPCODES
 
-    measured = {c.opcode for c in measure_fusible._cases()} | {
+    measured = {c.opcode for c in measure_fusible.all_cases()} | {
         measure_fusible.PRODUCER, measure_fusible.CONSUMER}
     assert not FUSIBLE_OPCODES - measured, (
         f"opcodes in FUSIBLE_OPCODES that scripts/measure_fusible.py does not measure: "
