@@ -273,9 +273,12 @@ def best_baseline(rows: Sequence[dict[str, Any]]) -> str:
     return top["plan"] if top is not None and top["paired_speedup"] > 1.0 else "xla_default"
 
 
-def confirmed_ratios(confirmation: Sequence[dict[str, Any]], chosen: str, best_base: str) -> tuple[float, float]:
-    """From one interleaved launch's rows (:func:`disco.multiprocess.combine`): ``chosen``'s paired
-    speedup over xla_default and over ``best_base`` (1.0 when they are the same plan).
+def confirmed_ratios(confirmation: Sequence[dict[str, Any]], chosen: str, best_base: str
+                     ) -> tuple[float, float, float]:
+    """From one interleaved launch's rows (:func:`disco.multiprocess.combine`), by their per-round
+    times and unrounded (the rule compares them with 1.0 as the in-process optimizer does):
+    ``chosen``'s paired speedup over xla_default, over ``best_base`` (1.0 when they are the same
+    plan), and ``best_base``'s over xla_default.
 
     Raises:
       KeyError: a plan missing from the rows.
@@ -286,12 +289,11 @@ def confirmed_ratios(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
     for name in {"xla_default", chosen, best_base}:
         if name not in rows:
             raise KeyError(f"no row {name!r} in the confirmation; rows: {', '.join(rows)}")
-    over_default = rows[chosen]["paired_speedup"]
-    if best_base == chosen:
-        return over_default, 1.0
-    over_best = paired_speedup(Measurement(tuple(rows[best_base]["samples_ms"])),
-                               Measurement(tuple(rows[chosen]["samples_ms"])))
-    return over_default, round(over_best, 4)
+    times = {name: Measurement(tuple(rows[name]["samples_ms"])) for name in {"xla_default", chosen, best_base}}
+    over_default = paired_speedup(times["xla_default"], times[chosen])
+    base_gain = paired_speedup(times["xla_default"], times[best_base])
+    over_best = 1.0 if best_base == chosen else paired_speedup(times[best_base], times[chosen])
+    return over_default, over_best, base_gain
 
 
 def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_base: str, verdict: str,
@@ -301,8 +303,7 @@ def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
 
     The rule is the in-process optimize's (:func:`disco.optimizer.confirmed_winner`).
     """
-    confirmed, vs_best = confirmed_ratios(confirmation, chosen, best_base)
-    base_gain = {r["plan"]: r for r in confirmation}[best_base]["paired_speedup"]
+    confirmed, vs_best, base_gain = confirmed_ratios(confirmation, chosen, best_base)
     winner = confirmed_winner(chosen, confirmed, best_base, base_gain, vs_best)
     if winner not in (chosen, "xla_default"):
         why = (f"{chosen} measured fastest, but in the confirmation in fresh processes ({rounds} rounds) the best "
@@ -352,7 +353,7 @@ def validate(res: CrossOptimizeResult, model: str, preset: str, processes: int, 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rows = multiprocess.combine(launched)
-    vs_default, vs_best = confirmed_ratios(rows, res.chosen, res.best_baseline)
+    vs_default, vs_best, _ = confirmed_ratios(rows, res.chosen, res.best_baseline)
     return {"rounds": rounds, "vs_default": vs_default, "vs_best_baseline": vs_best, "rows": rows}
 
 

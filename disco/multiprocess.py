@@ -242,8 +242,9 @@ def combine(result: LaunchResult) -> list[dict[str, Any]]:
         })
     base = per_round.get("xla_default")
     for r in rows:
-        r["speedup_vs_xla_default"] = round(base.median / r["median_ms"], 4) if base and r["median_ms"] else None
-        r["paired_speedup"] = round(paired_speedup(base, per_round[r["plan"]]), 4) if base else None
+        # unrounded: the optimizer's rules compare these with 1.0 (printers round)
+        r["speedup_vs_xla_default"] = base.median / r["median_ms"] if base and r["median_ms"] else None
+        r["paired_speedup"] = paired_speedup(base, per_round[r["plan"]]) if base else None
     return rows
 
 

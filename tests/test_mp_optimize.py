@@ -25,11 +25,13 @@ def test_confirmed_ratios_pair_the_answer_with_the_best_baseline_by_round():
     conf = [_row("xla_default", 1.0, samples=[10.0, 12.0, 11.0]),
             _row("horovod", 2.0, samples=[5.0, 4.0, 6.0]),
             _row("disco_1", 2.2, kind="search", samples=[4.0, 5.0, 5.0])]
-    over_default, over_best = mp_optimize.confirmed_ratios(conf, "disco_1", "horovod")
-    assert over_default == 2.2
+    over_default, over_best, base_gain = mp_optimize.confirmed_ratios(conf, "disco_1", "horovod")
+    # from the samples, not the rows' paired_speedup field: per round 10/4, 12/5, 11/5 -> median 2.4
+    assert over_default == pytest.approx(2.4)
     # per round 5/4, 4/5, 6/5 -> median 1.2 (not the ratio of medians, 5/5)
     assert over_best == pytest.approx(1.2)
-    assert mp_optimize.confirmed_ratios(conf, "horovod", "horovod") == (2.0, 1.0)
+    assert base_gain == pytest.approx(2.0)  # 10/5, 12/4, 11/6 -> median 2.0
+    assert mp_optimize.confirmed_ratios(conf, "horovod", "horovod") == (pytest.approx(2.0), 1.0, pytest.approx(2.0))
     with pytest.raises(KeyError, match=r"no row 'ddp' in the confirmation; rows: xla_default, horovod, disco_1"):
         mp_optimize.confirmed_ratios(conf, "disco_1", "ddp")
 
@@ -56,6 +58,12 @@ def test_the_confirmed_answer_is_the_faster_of_the_choice_and_the_best_baseline(
     answer, _, gain, vs_best = mp_optimize.confirmed_answer(conf([12.0, 12.0, 12.0], [11.0, 11.0, 11.0]),
                                                             "disco_1", "horovod", "disco_1 measured", 21)
     assert answer == "xla_default" and vs_best is None and gain == pytest.approx(10 / 11)
+    # the rule reads the per-round times unrounded, as the in-process optimizer does: a 1.00001x
+    # gain is a gain even where a row's printed field says 1.0
+    tie = [_row("xla_default", 1.0, samples=[100001.0] * 3), _row("horovod", 1.0, samples=[100002.0] * 3),
+           _row("disco_1", 1.0, kind="search", samples=[100000.0] * 3)]
+    answer, _, gain, vs_best = mp_optimize.confirmed_answer(tie, "disco_1", "horovod", "v", 3)
+    assert answer == "disco_1" and gain == pytest.approx(1.00001, abs=1e-9) and vs_best > 1.0
 
 
 def _graph(optimizer: str):

@@ -234,12 +234,12 @@ def m(*samples):
 
 def test_confirmation_keeps_a_gain_that_holds_and_drops_one_that_does_not():
     again = {"xla_default": m(1.0, 2.0, 1.0), "ddp": m(0.8, 1.6, 1.0)}  # paired ratios 1.25, 1.25, 1.0
-    chosen, verdict, gain = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
+    chosen, verdict, gain, _ = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
     assert chosen == "ddp" and gain == 1.25
     assert verdict == ("ddp measured 1.2x; confirmed in a second run: 1.250x paired over 3 rounds; 1000.000 vs "
                        "1000.000 ms median")
     again = {"xla_default": m(1.0, 1.0, 1.0), "ddp": m(1.0, 0.5, 1.1)}  # a lower median, not a paired gain
-    chosen, verdict, gain = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
+    chosen, verdict, gain, _ = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
     assert chosen == "xla_default" and gain == 1.0
     assert verdict == ("ddp measured fastest, but the gain did not hold in a second run (1.000x paired over 3 "
                        "rounds; 1000.000 vs 1000.000 ms median); keeping XLA's default compile")
@@ -361,7 +361,7 @@ def contradicting_result():
     again = {"xla_default": m(1.0, 1.0, 1.0), "horovod": m(0.9, 0.9, 0.9), "ddp": m(0.78, 0.78, 0.78)}
     chosen, why = opt._choice.runoff_choice(chosen, why, again)
     confirm = {"xla_default": m(0.1369, 0.1369, 0.1369), "ddp": m(0.1, 0.1, 0.1)}
-    final, why, gain = opt._choice.confirmed_choice(chosen, why, confirm)
+    final, why, gain, _ = opt._choice.confirmed_choice(chosen, why, confirm)
     span = opt.Span
     return opt.OptimizeResult(
         plan=rows[2].plan, chosen=final, verdict=why, rows=rows,
@@ -463,8 +463,8 @@ def test_the_best_baseline_is_the_fastest_simulated_one_xla_default_on_a_tie():
 def test_confirmation_keeps_the_best_baseline_when_it_beats_the_searched_plan():
     # disco_1 still beats xla_default (1.1x) but horovod beats it in the same fresh rounds (1.25x)
     again = {"xla_default": m(1.0, 1.0, 1.0), "disco_1": m(0.91, 0.91, 0.91), "horovod": m(0.8, 0.8, 0.8)}
-    chosen, verdict, gain = opt._choice.confirmed_choice("disco_1", "disco_1 measured 1.3x", again, "horovod")
-    assert chosen == "horovod" and gain == pytest.approx(1 / 0.91)
+    chosen, verdict, gain, b_gain = opt._choice.confirmed_choice("disco_1", "disco_1 measured 1.3x", again, "horovod")
+    assert chosen == "horovod" and gain == pytest.approx(1 / 0.91) and b_gain == pytest.approx(1.25)
     assert verdict.startswith("disco_1 measured 1.3x; but in a second run the best baseline was faster")
     assert verdict.endswith("the best baseline, horovod, 1.250x; disco_1 0.879x of it); keeping horovod")
     # the searched plan holds against both: it stays
@@ -480,7 +480,7 @@ def test_confirmation_compares_the_choice_and_the_baseline_directly():
     (1.43x) is above horovod's (1.33x), but horovod was faster than disco_1 in 2 of the 3 rounds
     (0.75x): the direct pairing decides, so horovod is kept (seen across processes, rnnlm)."""
     again = {"xla_default": m(8.0, 12.0, 10.0), "disco_1": m(8.0, 8.0, 7.0), "horovod": m(6.0, 6.0, 8.0)}
-    chosen, verdict, gain = opt._choice.confirmed_choice("disco_1", "v", again, "horovod")
+    chosen, verdict, gain, _ = opt._choice.confirmed_choice("disco_1", "v", again, "horovod")
     assert chosen == "horovod" and gain == pytest.approx(10 / 7)
     assert verdict.endswith("the best baseline, horovod, 1.333x; disco_1 0.750x of it); keeping horovod")
 

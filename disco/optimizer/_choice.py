@@ -146,11 +146,20 @@ def confirmed_winner(chosen: str, gain: float, baseline: str | None = None, base
     return chosen if gain > 1.0 else "xla_default"
 
 
+class ConfirmedChoice(NamedTuple):
+    """What :func:`confirmed_choice` decided: the answer, the verdict, the candidate's paired
+    speedup over xla_default in the confirmation, and the best baseline's (None without one)."""
+
+    answer: str
+    verdict: str
+    gain: float
+    baseline_gain: float | None
+
+
 def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement],
-                     baseline: str | None = None) -> tuple[str, str, float]:
-    """(chosen, verdict, the candidate ``chosen``'s paired speedup) after the confirmation run ``again``
-    (one interleaved run of the chosen plan, xla_default and, when given, the first run's best
-    ``baseline``), by :func:`confirmed_winner`."""
+                     baseline: str | None = None) -> ConfirmedChoice:
+    """The answer after the confirmation run ``again`` (one interleaved run of the chosen plan,
+    xla_default and, when given, the first run's best ``baseline``), by :func:`confirmed_winner`."""
     gain = paired_speedup(again["xla_default"], again[chosen])
     numbers = (f"{gain:.3f}x paired over {len(again[chosen].samples)} rounds; {again[chosen].median * 1e3:.3f} "
                f"vs {again['xla_default'].median * 1e3:.3f} ms median")
@@ -161,9 +170,9 @@ def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]
         numbers += f"; the best baseline, {baseline}, {b_gain:.3f}x; {chosen} {vs:.3f}x of it"
     winner = confirmed_winner(chosen, gain, baseline, b_gain, vs)
     if winner not in (chosen, "xla_default"):
-        return winner, (f"{verdict}; but in a second run the best baseline was faster ({numbers}); "
-                        f"keeping {winner}"), gain
+        return ConfirmedChoice(winner, (f"{verdict}; but in a second run the best baseline was faster ({numbers}); "
+                                        f"keeping {winner}"), gain, b_gain)
     if winner != "xla_default":
-        return chosen, f"{verdict}; confirmed in a second run: {numbers}", gain
-    return "xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "
-                           f"({numbers}); keeping XLA's default compile"), gain
+        return ConfirmedChoice(chosen, f"{verdict}; confirmed in a second run: {numbers}", gain, b_gain)
+    return ConfirmedChoice("xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "
+                                           f"({numbers}); keeping XLA's default compile"), gain, b_gain)

@@ -334,6 +334,5 @@ def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: 
         {n: measured.executables[n] for n in names}, target.args, rounds=rounds,
         steps=config.steps,
         on_round=lambda r: progress("confirm", (r + 1) / rounds, f"confirmation round {r + 1}/{rounds}"))
-    final, why, gain = confirmed_choice(chosen, why, again, baseline)
-    b_gain = None if baseline is None else paired_speedup(again["xla_default"], again[baseline])
+    final, why, gain, b_gain = confirmed_choice(chosen, why, again, baseline)
     return Confirmation(chosen, final, why, {n: Span.of(m) for n, m in again.items()}, gain, baseline, b_gain)
