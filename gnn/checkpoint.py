@@ -17,27 +17,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from gnn.params import fill, flat
 
 FORMAT = "disco.gnn/1"
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flat(v, key + "/"))
-        else:
-            out[key] = np.asarray(v)
-    return out
 
 
 def to_bytes(model: Any, meta: dict[str, Any] | None = None) -> bytes:
     """Serialises ``model`` (a :class:`gnn.model.CostGNN`) and ``meta`` to msgpack bytes."""
     from flax import nnx, serialization
 
-    params = _flat(nnx.to_pure_dict(nnx.state(model)))
+    params = flat(nnx.to_pure_dict(nnx.state(model)))
     return serialization.msgpack_serialize({
         "format": FORMAT, "config": json.dumps(model.config.to_dict(), sort_keys=True),
         "meta": json.dumps(meta or {}, sort_keys=True), "params": params})
@@ -79,23 +68,7 @@ def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[Any, dict[str, A
         raise ValueError(f"{where}: built for feature version {config.feature_version}, this code computes "
                          f"version {features.FEATURE_VERSION}; retrain with `disco train-gnn`")
     model = CostGNN.from_config(config, rngs=nnx.Rngs(0))
-    state = nnx.state(model)
-    want = _flat(nnx.to_pure_dict(state))
-    if not isinstance(params, dict) or set(params) != set(want):
-        got = set(params) if isinstance(params, dict) else set()
-        missing, extra = sorted(set(want) - got)[:3], sorted(got - set(want))[:3]
-        raise ValueError(f"{where}: parameters do not match config {config}: missing {missing}, "
-                         f"unexpected {extra}")
-    for k, v in want.items():
-        if np.shape(params[k]) != v.shape:
-            raise ValueError(f"{where}: parameter {k!r} has shape {np.shape(params[k])}, expected {v.shape}")
-
-    def fill(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-        return {k: fill(v, f"{prefix}{k}/") if isinstance(v, dict) else np.asarray(params[f"{prefix}{k}"])
-                for k, v in tree.items()}
-
-    nnx.replace_by_pure_dict(state, fill(nnx.to_pure_dict(state)))
-    nnx.update(model, state)
+    fill(model, params, where, config)
     return model, meta
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from disco.sim.costs import CostModel, Kernel
 from gnn import kernel_features as KF
 from gnn import kernel_model as KM
+from gnn.params import fill, flat
 
 FORMAT = "disco.gnn.kernel/1"
 CHECKPOINTS = {"h100": Path(__file__).with_name("kernel_h100.msgpack")}
@@ -123,16 +124,6 @@ class KernelCosts(CostModel):
 
 
 # -- checkpoint --------------------------------------------------------------------------------
-def _flat(tree: Mapping[Any, Any], prefix: str = "") -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}/"))
-        else:
-            out[f"{prefix}{k}"] = np.asarray(v)
-    return out
-
-
 def to_bytes(model: KM.KernelGNN, *, device: str, meta: Mapping[str, Any] | None = None) -> bytes:
     """The checkpoint bytes of ``model`` (msgpack, never pickle)."""
     import dataclasses
@@ -141,7 +132,7 @@ def to_bytes(model: KM.KernelGNN, *, device: str, meta: Mapping[str, Any] | None
 
     return serialization.msgpack_serialize({
         "format": FORMAT, "device": device, "config": json.dumps(dataclasses.asdict(model.config), sort_keys=True),
-        "meta": json.dumps(dict(meta or {}), sort_keys=True, default=float), "params": _flat(KM.weights(model))})
+        "meta": json.dumps(dict(meta or {}), sort_keys=True, default=float), "params": flat(KM.weights(model))})
 
 
 def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[KM.KernelGNN, str, dict[str, Any]]:
@@ -169,22 +160,7 @@ def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[KM.KernelGNN, st
         model = KM.KernelGNN.from_config(config, rngs=nnx.Rngs(0))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    state = nnx.state(model)
-    want = _flat(nnx.to_pure_dict(state))
-    if not isinstance(params, dict) or set(params) != set(want):
-        have = set(params) if isinstance(params, dict) else set()
-        raise ValueError(f"{where}: parameters do not match config {config}: missing "
-                         f"{sorted(set(want) - have)[:3]}, unexpected {sorted(have - set(want))[:3]}")
-    for k, v in want.items():
-        if np.shape(params[k]) != v.shape:
-            raise ValueError(f"{where}: parameter {k!r} has shape {np.shape(params[k])}, expected {v.shape}")
-
-    def fill(tree: Mapping[Any, Any], prefix: str = "") -> dict[Any, Any]:
-        return {k: fill(v, f"{prefix}{k}/") if isinstance(v, Mapping) else np.asarray(params[f"{prefix}{k}"])
-                for k, v in tree.items()}
-
-    nnx.replace_by_pure_dict(state, fill(nnx.to_pure_dict(state)))
-    nnx.update(model, state)
+    fill(model, params, where, config)
     return model, device, meta
 
 
