@@ -331,3 +331,19 @@ def test_a_plan_file_for_another_graph_is_a_warning_or_with_strict_an_error(tmp_
     assert list(resolve_plans(str(mine), graph, strict=True)) == ["mine"]
     with pytest.raises(CliError, match=r"was made for graph f{32}.*\(--strict\)"):
         resolve_plans(str(other), graph, strict=True)
+
+
+def test_a_plan_file_that_is_not_a_plan_is_an_error_naming_the_file(tmp_path):
+    from disco.cli.common import CliError, resolve_plans
+    from disco.ir.graph import HloGraph
+
+    graph = HloGraph.from_hlo_text("HloModule m\n\nENTRY e {\n  ROOT p = f32[4] parameter(0)\n}\n")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"name": "x"')
+    with pytest.raises(CliError, match=r"plan file '.*broken\.json': plan is not valid JSON"):
+        resolve_plans(str(broken), graph)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text('{"name": "x", "buckets": "bad"}')
+    with pytest.raises(CliError, match=r"plan file '.*wrong\.json': plan field 'schema_version': Field required"):
+        resolve_plans(str(wrong), graph)
+    assert broken.read_text() == '{"name": "x"'  # nothing is rewritten

@@ -280,6 +280,8 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False) -> dict[str, A
                     plan = FusionPlan.from_json(f.read())
             except OSError as e:
                 raise CliError(f"cannot read plan file {item!r}: {e.strerror}") from None
+            except ValueError as e:
+                raise CliError(f"plan file {item!r}: {e}") from None
             if plan.graph_fingerprint is not None and plan.graph_fingerprint != graph.fingerprint:
                 what = (f"plan file {item!r} was made for graph {plan.graph_fingerprint}, but this step's graph is "
                         f"{graph.fingerprint}")
