@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from disco.ir import flops as _flops
-from disco.ir import hlo_parse
+from disco.ir import hlo_module, hlo_parse
 from disco.ir.graph import Node
 from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, DATA_MOVEMENT_OPCODES, OPCODES, XLA_GPU_MATRIX_OPCODES,
                                ZERO_COST_OPCODES, opcode_id)
@@ -140,8 +140,8 @@ def minor_dim(node: Node) -> int:
     return dims[-1]
 
 
-def _node(ins: hlo_parse.Instruction, flops: float, opcode: str | None = None,
-          arrays: Sequence[hlo_parse.ArrayShape] | None = None) -> Node:
+def _node(ins: hlo_module.Instruction, flops: float, opcode: str | None = None,
+          arrays: Sequence[hlo_module.ArrayShape] | None = None) -> Node:
     arrays = tuple(ins.arrays if arrays is None else arrays)
     shape = ",".join(str(a) for a in arrays) if len(arrays) == 1 else f"({','.join(str(a) for a in arrays)})"
     return Node(name=ins.name, opcode=opcode or ins.opcode, computation=ins.computation, shape=shape,
@@ -150,7 +150,7 @@ def _node(ins: hlo_parse.Instruction, flops: float, opcode: str | None = None,
                 layout=_layout_text(ins.shape))
 
 
-def _result_arrays(ins: hlo_parse.Instruction) -> tuple[hlo_parse.ArrayShape, ...]:
+def _result_arrays(ins: hlo_module.Instruction) -> tuple[hlo_module.ArrayShape, ...]:
     """A custom-call's results without its scratch workspace (a trailing s8/u8 buffer)."""
     arrays = ins.arrays
     if ins.opcode == "custom-call" and len(arrays) > 1 and arrays[-1].dtype in ("s8", "u8"):
@@ -162,7 +162,7 @@ def _dims(config: dict, key: str) -> list[int]:
     return [int(d) for d in config.get(key, [])]
 
 
-def _custom_call_node(ins: hlo_parse.Instruction, names: dict[str, hlo_parse.Instruction]) -> Node:
+def _custom_call_node(ins: hlo_module.Instruction, names: dict[str, hlo_module.Instruction]) -> Node:
     """A cuBLAS GEMM as a ``dot`` node, a cuDNN convolution as a ``convolution`` node, with their flops."""
     target = ins.attrs.get("custom_call_target", "").strip('"')
     out = _result_arrays(ins)
@@ -189,12 +189,12 @@ def _custom_call_node(ins: hlo_parse.Instruction, names: dict[str, hlo_parse.Ins
     return _node(ins, 0.0, None, out)
 
 
-def _trip_count(ins: hlo_parse.Instruction) -> int:
+def _trip_count(ins: hlo_module.Instruction) -> int:
     m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"', ins.attrs.get("backend_config", ""))
     return int(m.group(1)) if m else 1
 
 
-def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
+def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
     """Every kernel-launching instruction of an optimised module, in program order.
 
     Args:
@@ -206,35 +206,35 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
     Raises:
       ValueError: if the text is not HLO (:class:`disco.ir.hlo_parse.HloParseError`).
     """
-    module = hlo if isinstance(hlo, hlo_parse.Module) else hlo_parse.parse_module(hlo)
+    module = hlo if isinstance(hlo, hlo_module.Module) else hlo_parse.parse_module(hlo)
     comps = {c.name: c for c in module.computations}
     scoped = {c.name: c.by_name() for c in module.computations}  # names are scoped per computation
     per_ins = _flops.module_flops(module)
 
-    def flops_of(i: hlo_parse.Instruction) -> float:
+    def flops_of(i: hlo_module.Instruction) -> float:
         return per_ins.get((i.computation, i.name), 0.0)
 
-    def operand(ins: hlo_parse.Instruction, name: str) -> hlo_parse.Instruction | None:
+    def operand(ins: hlo_module.Instruction, name: str) -> hlo_module.Instruction | None:
         return scoped.get(ins.computation, {}).get(name)
     out: list[KernelSpec] = []
     seen: set[str] = set()
 
-    def fused(ins: hlo_parse.Instruction) -> Kernel:
+    def fused(ins: hlo_module.Instruction) -> Kernel:
         body = comps.get(ins.called[0]) if ins.called else None
         if body is None:
             return Kernel(nodes=(_node(ins, flops_of(ins)),), in_bytes=_in_bytes(ins), out_bytes=ins.out_bytes)
         nodes = tuple(_node(i, flops_of(i)) for i in body.instructions)
         return Kernel(nodes=nodes, in_bytes=_fused_in_bytes(ins, body), out_bytes=_fused_out_bytes(ins, body))
 
-    def _in_bytes(ins: hlo_parse.Instruction) -> int:
+    def _in_bytes(ins: hlo_module.Instruction) -> int:
         ops = ins.operands[1:] if ins.opcode in _SLICING else ins.operands
         total = sum(o.out_bytes for o in (operand(ins, n) for n in dict.fromkeys(ops)) if o is not None)
         if ins.opcode in ("dynamic-slice", "slice"):  # reads only the slice (a dynamic-update-slice writes in place)
             total = ins.out_bytes if ins.opcode == "slice" else total + ins.out_bytes
         return total
 
-    def _fused_in_bytes(ins: hlo_parse.Instruction, body: hlo_parse.Computation) -> int:
-        users: dict[str, list[hlo_parse.Instruction]] = {}
+    def _fused_in_bytes(ins: hlo_module.Instruction, body: hlo_module.Computation) -> int:
+        users: dict[str, list[hlo_module.Instruction]] = {}
         for i in body.instructions:
             for o in i.operands:
                 users.setdefault(o, []).append(i)
@@ -255,7 +255,7 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
                 total += p.out_bytes
         return total
 
-    def _fused_out_bytes(ins: hlo_parse.Instruction, body: hlo_parse.Computation) -> int:
+    def _fused_out_bytes(ins: hlo_module.Instruction, body: hlo_module.Computation) -> int:
         by = body.by_name()
         root = body.root
         outs = [by[o] for o in root.operands if o in by] if root.opcode == "tuple" else [root]
@@ -267,7 +267,7 @@ def module_kernels(hlo: str | hlo_parse.Module) -> list[KernelSpec]:
                 total += o.out_bytes
         return total
 
-    def visit(comp: hlo_parse.Computation, times: int) -> None:
+    def visit(comp: hlo_module.Computation, times: int) -> None:
         if comp.name in seen:  # a computation called twice is walked once (its first multiplier)
             return
         seen.add(comp.name)
@@ -358,7 +358,7 @@ def kernel_graph(kernel: Kernel) -> KernelGraph:
         arrays = hlo_parse.parse_shape(n.shape) if n.shape else ()
         rank = max((len(a.dims) for a in arrays), default=0)
         feats[i] = (math.log1p(n.out_elements), math.log1p(n.out_bytes), math.log1p(n.flops), rank,
-                    hlo_parse.DTYPE_BYTES.get(n.dtype, 4), float(n.name in root_names), float(bool(n.layout)),
+                    hlo_module.DTYPE_BYTES.get(n.dtype, 4), float(n.name in root_names), float(bool(n.layout)),
                     math.log(minor_dim(n)), math.log(ratio[i]), float(minor_reduced[i]))
     kind = kernel_kind(kernel)
     reduces = [i for i, n in enumerate(work) if n.opcode in _REDUCING]

@@ -18,7 +18,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from disco.ir import hlo_parse
+from disco.ir import hlo_module, hlo_parse
 from disco.ir.replica_groups import replica_group_size
 from disco.ir.graph import HloGraph, from_module
 
@@ -55,18 +55,18 @@ def corpus_text(rel: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def corpus_modules(rel: str) -> tuple[hlo_parse.Module, ...]:
+def corpus_modules(rel: str) -> tuple[hlo_module.Module, ...]:
     return hlo_parse.parse_modules(corpus_text(rel))
 
 
 def test_parse_shapes():
-    assert hlo_parse.parse_shape("f32[8,16]{1,0}") == (hlo_parse.ArrayShape("f32", (8, 16)),)
+    assert hlo_parse.parse_shape("f32[8,16]{1,0}") == (hlo_module.ArrayShape("f32", (8, 16)),)
     leaves = hlo_parse.parse_shape("(f32[2]{0}, (s32[], pred[3,3]))")
     assert [str(a) for a in leaves] == ["f32[2]", "s32[]", "pred[3,3]"]
     assert leaves[2].nbytes == 9
     assert hlo_parse.parse_shape("bf16[<=8,4]")[0].dims == (8, 4)
     assert hlo_parse.parse_shape("(f32[1], /*index=1*/s8[2])")[1].nbytes == 2
-    assert hlo_parse.parse_shape("b(s32[2]{0})") == (hlo_parse.ArrayShape("s32", (2,)),)
+    assert hlo_parse.parse_shape("b(s32[2]{0})") == (hlo_module.ArrayShape("s32", (2,)),)
     assert hlo_parse.parse_shape("f32[2,3]{1,0:T(8,128)S(1)}")[0].dims == (2, 3)
 
 
@@ -134,7 +134,7 @@ def test_omitted_shapes_are_inferred():
     ins = hlo_parse.parse_module(corpus_text("snippets/omitted_shapes.hlo")).entry.by_name()
     assert ins["sum"].shape == "f32[4,4]{1,0}"
     assert ins["gt"].shape == "pred[4,4]"
-    assert ins["t"].arrays == (hlo_parse.ArrayShape("f32", (4, 4)), hlo_parse.ArrayShape("pred", (4, 4)))
+    assert ins["t"].arrays == (hlo_module.ArrayShape("f32", (4, 4)), hlo_module.ArrayShape("pred", (4, 4)))
     assert ins["first"].shape == "f32[4,4]{1,0}" and ins["out"].out_bytes == 64
 
 
@@ -277,7 +277,7 @@ def test_async_pairs_count_once():
 _NOISE = ("", "", "", " ", "\n", "\n      ", " /* note */ ", "/*x*/", " // note\n", "\n// note\n  ")
 
 
-def _print_module(module: hlo_parse.Module, noise) -> str:
+def _print_module(module: hlo_module.Module, noise) -> str:
     """Re-prints a parsed module as HLO text; ``noise()`` gives the text put between tokens."""
     out = [noise().replace("\n", "\n// lead\n"), module.header, "\n"]
     for comp in module.computations:

@@ -26,7 +26,8 @@ import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
 
-from disco.ir.hlo_parse import Computation, Instruction, Module, parse_module
+from disco.ir.hlo_module import Computation, Instruction, Module
+from disco.ir.hlo_parse import parse_module
 from disco.ir.opcodes import LITERAL_OPERAND_OPCODES
 from disco.plans.plan import FusionPlan
 

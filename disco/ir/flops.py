@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from disco.ir import loops
-from disco.ir.hlo_parse import Instruction, Module
+from disco.ir.hlo_module import Instruction, Module
 from disco.ir.opcodes import ELEMENTWISE
 
 

@@ -25,7 +25,7 @@ from disco.ir import flops as _flops
 from disco.ir import loops as _loops
 from disco.ir import opcodes as _opcodes
 from disco.ir.opcodes import ALL_REDUCE_OPCODES
-from disco.ir import hlo_parse
+from disco.ir import hlo_module, hlo_parse
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -289,7 +289,7 @@ class HloGraph:
 
 
 # ---------------------------------------------------------------------------------------------
-def _nondefault_layout(ins: hlo_parse.Instruction) -> str:
+def _nondefault_layout(ins: hlo_module.Instruction) -> str:
     """The instruction's layout text if some array is not in the default layout, else ''."""
     return _nondefault_layout_of(ins.shape)
 
@@ -309,7 +309,7 @@ def _strip_layout(shape: str) -> str:
     return _BRACES_RE.sub("", _BLOCK_COMMENT_RE.sub("", shape)).replace(" ", "")
 
 
-def _inlinable(module: hlo_parse.Module) -> set[str]:
+def _inlinable(module: hlo_module.Module) -> set[str]:
     """Computations called by exactly one ``call`` instruction (and by nothing else)."""
     uses: collections.Counter[str] = collections.Counter()
     for comp in module.computations:
@@ -319,8 +319,8 @@ def _inlinable(module: hlo_parse.Module) -> set[str]:
     return {c for (c, is_call), n in uses.items() if is_call and n == 1 and uses[(c, False)] == 0}
 
 
-def step_computations(module: hlo_parse.Module, entry: hlo_parse.Computation | None = None,
-                      inline: set[str] | None = None) -> list[hlo_parse.Computation]:
+def step_computations(module: hlo_module.Module, entry: hlo_module.Computation | None = None,
+                      inline: set[str] | None = None) -> list[hlo_module.Computation]:
     """The entry computation and the computations inlined into it.
 
     A computation is inlined when a single ``call`` instruction uses it (jax's
@@ -335,9 +335,9 @@ def step_computations(module: hlo_parse.Module, entry: hlo_parse.Computation | N
     """
     comps = {c.name: c for c in module.computations}
     inline = _inlinable(module) if inline is None else inline
-    out: list[hlo_parse.Computation] = []
+    out: list[hlo_module.Computation] = []
 
-    def visit(comp: hlo_parse.Computation) -> None:
+    def visit(comp: hlo_module.Computation) -> None:
         out.append(comp)
         for ins in comp.instructions:
             if ins.opcode == "call":
@@ -349,7 +349,7 @@ def step_computations(module: hlo_parse.Module, entry: hlo_parse.Computation | N
     return out
 
 
-def _grad_path(ins: hlo_parse.Instruction) -> str | None:
+def _grad_path(ins: hlo_module.Instruction) -> str | None:
     name = ins.op_name
     if not name:
         return None
@@ -357,7 +357,7 @@ def _grad_path(ins: hlo_parse.Instruction) -> str | None:
     return m.group(1) if m else None
 
 
-def _reduction_opcode(module: hlo_parse.Module, ins: hlo_parse.Instruction) -> str | None:
+def _reduction_opcode(module: hlo_module.Module, ins: hlo_module.Instruction) -> str | None:
     for c in ins.called:
         try:
             return module.computation(c).root.opcode
@@ -366,7 +366,7 @@ def _reduction_opcode(module: hlo_parse.Module, ins: hlo_parse.Instruction) -> s
     return None
 
 
-def _canonical_computation_hashes(module: hlo_parse.Module) -> dict[str, str]:
+def _canonical_computation_hashes(module: hlo_module.Module) -> dict[str, str]:
     memo: dict[str, str] = {}
     comps = {c.name: c for c in module.computations}
 
@@ -383,7 +383,7 @@ def _canonical_computation_hashes(module: hlo_parse.Module) -> dict[str, str]:
     return memo
 
 
-def _canonical_lines(instrs: Iterable[hlo_parse.Instruction], comp_hash) -> list[str]:
+def _canonical_lines(instrs: Iterable[hlo_module.Instruction], comp_hash) -> list[str]:
     idx: dict[str, int] = {}
     lines = []
     for i, ins in enumerate(instrs):
@@ -394,7 +394,7 @@ def _canonical_lines(instrs: Iterable[hlo_parse.Instruction], comp_hash) -> list
             if k in _CANON_DROP_ATTRS:
                 continue
             v = raw_attrs[k]
-            if k in hlo_parse._CALL_ATTRS:
+            if k in hlo_module.CALL_ATTRS:
                 v = ",".join(comp_hash(c) for c in ins.called)
             attrs.append(f"{k}={v}")
         ops = ",".join(str(idx.get(o, "?")) for o in ins.operands)
@@ -403,7 +403,7 @@ def _canonical_lines(instrs: Iterable[hlo_parse.Instruction], comp_hash) -> list
     return lines
 
 
-def _fingerprint_attrs(ins: hlo_parse.Instruction) -> dict[str, str]:
+def _fingerprint_attrs(ins: hlo_module.Instruction) -> dict[str, str]:
     """The attributes as the fingerprint reads them: as the first parser split them.
 
     That parser counted the ``<`` of ``<=`` (``sharding={devices=[2,1]<=[2]}``) as an
@@ -427,7 +427,7 @@ def _hash_lines(lines: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def fingerprint(module: hlo_parse.Module) -> str:
+def fingerprint(module: hlo_module.Module) -> str:
     """A hash of the canonical step program: names, metadata and channel ids left out.
 
     Layouts do not count: two modules that differ only in the ``{1,0}`` layouts of their
@@ -442,17 +442,17 @@ def fingerprint(module: hlo_parse.Module) -> str:
     return _fingerprint_of(_canonical_computation_hashes(module), step_computations(module))
 
 
-def _fingerprint_of(comp_hashes: dict[str, str], step: Iterable[hlo_parse.Computation]) -> str:
+def _fingerprint_of(comp_hashes: dict[str, str], step: Iterable[hlo_module.Computation]) -> str:
     return _hash_lines([f"computation {comp_hashes[comp.name]}" for comp in step])[:32]
 
 
-def _ordered_instructions(module: hlo_parse.Module, entry: hlo_parse.Computation,
-                          inline: set[str]) -> list[hlo_parse.Instruction]:
+def _ordered_instructions(module: hlo_module.Module, entry: hlo_module.Computation,
+                          inline: set[str]) -> list[hlo_module.Instruction]:
     """``entry``'s instructions in text order, each inlined call's body placed just before the call."""
     comps = {c.name: c for c in module.computations}
-    out: list[hlo_parse.Instruction] = []
+    out: list[hlo_module.Instruction] = []
 
-    def walk(comp: hlo_parse.Computation) -> None:
+    def walk(comp: hlo_module.Computation) -> None:
         for ins in comp.instructions:
             if ins.opcode == "call":
                 for c in ins.called:
@@ -464,7 +464,7 @@ def _ordered_instructions(module: hlo_parse.Module, entry: hlo_parse.Computation
     return out
 
 
-def _graph_names(ordered: Sequence[hlo_parse.Instruction]) -> dict[tuple[str, str], str]:
+def _graph_names(ordered: Sequence[hlo_module.Instruction]) -> dict[tuple[str, str], str]:
     """A graph-wide unique node name per (computation, instruction name).
 
     HLO scopes names per computation; when an inlined computation reuses a name already
@@ -487,15 +487,15 @@ def _graph_names(ordered: Sequence[hlo_parse.Instruction]) -> dict[tuple[str, st
 class _ModuleFacts(NamedTuple):
     """What every graph of one module (the step's and its loops') reads: computed once."""
 
-    module: hlo_parse.Module
-    comps: dict[str, hlo_parse.Computation]
+    module: hlo_module.Module
+    comps: dict[str, hlo_module.Computation]
     inline: set[str]
     flops: Any  # Mapping[(computation, instruction), float]
     trips: dict[tuple[str, str], int | None]
     comp_hashes: dict[str, str]
 
 
-def from_module(module: hlo_parse.Module) -> HloGraph:
+def from_module(module: hlo_module.Module) -> HloGraph:
     """Builds an HloGraph from a parsed module (entry computation with calls inlined).
 
     Each ``while`` node of the graph gets a :class:`Loop` (``HloGraph.loops``): its trip
@@ -508,7 +508,7 @@ def from_module(module: hlo_parse.Module) -> HloGraph:
     return _graph_of(facts, module.entry, module.name, depth=0)
 
 
-def _graph_of(facts: _ModuleFacts, entry: hlo_parse.Computation, name: str, depth: int) -> HloGraph:
+def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, depth: int) -> HloGraph:
     """The graph of ``entry`` with its calls inlined and a Loop per while node."""
     if depth > 64:
         raise hlo_parse.HloParseError(f"while loops nested more than 64 deep at computation {entry.name!r}")
@@ -575,7 +575,7 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_parse.Computation, name: str, dept
                     fingerprint=_fingerprint_of(facts.comp_hashes, step), loops=tuple(loops))
 
 
-def _reduced_bytes(ins: hlo_parse.Instruction, scopes: dict[str, dict[str, hlo_parse.Instruction]]) -> int:
+def _reduced_bytes(ins: hlo_module.Instruction, scopes: dict[str, dict[str, hlo_module.Instruction]]) -> int:
     """Bytes an all-reduce reduces: its output; for an async start, its operands' bytes.
 
     (An ``all-reduce-start`` may be written with a tuple shape holding its buffers twice.)

@@ -24,25 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import re
 
+from disco.ir.hlo_module import ArrayShape, Computation, Instruction, Module
 from disco.ir.opcodes import LITERAL_OPERAND_OPCODES as _LITERAL_OPCODES
 from disco.ir.opcodes import SAME_SHAPE_AS_FIRST as _SAME_SHAPE_AS_FIRST
 from disco.ir.opcodes import SAME_SHAPE_AS_SECOND as _SAME_SHAPE_AS_SECOND
-
-DTYPE_BYTES: dict[str, float] = {
-    "pred": 1, "s1": 0.125, "u1": 0.125, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1,
-    "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8, "u64": 8,
-    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e3m4": 1,
-    "f8e4m3b11fnuz": 1, "f8e8m0fnu": 1, "f4e2m1fn": 0.5,
-    "bf16": 2, "f16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
-    "token": 0, "opaque": 0,
-}
-
-# Attributes that name called computations.
-_CALL_ATTRS = ("to_apply", "calls", "body", "condition", "branch_computations",
-               "true_computation", "false_computation", "scatter", "select")
 
 # Shape inference for an omitted shape (XLA's parser infers it too).
 _INFERABLE = _SAME_SHAPE_AS_FIRST | _SAME_SHAPE_AS_SECOND | {"compare", "tuple", "get-tuple-element"}
@@ -97,110 +84,6 @@ _OPERAND_TOKEN_RE = re.compile(r"(?:" + _SHAPE + r"\s++)?%?(" + _NAME + ")")
 
 class HloParseError(ValueError):
     """The text is not HLO that this parser understands."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ArrayShape:
-    """One array of an HLO shape: dtype and dimensions (dynamic bounds as ints)."""
-
-    dtype: str
-    dims: tuple[int, ...]
-
-    @functools.cached_property
-    def elements(self) -> int:
-        return math.prod(self.dims)
-
-    @functools.cached_property
-    def nbytes(self) -> int:
-        return int(math.ceil(self.elements * DTYPE_BYTES.get(self.dtype, 4)))
-
-    def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(map(str, self.dims))}]"
-
-
-@dataclasses.dataclass(frozen=True)
-class Instruction:
-    """One HLO instruction as written in the text (comments left out)."""
-
-    name: str
-    opcode: str
-    shape: str  # the shape text, e.g. "f32[8,16]{1,0}" or "(f32[2], s32[])"; inferred if omitted
-    arrays: tuple[ArrayShape, ...]  # the shape's leaves, in order
-    operands: tuple[str, ...]  # operand instruction names (in this instruction's computation)
-    attrs: dict[str, str]  # attribute name -> raw value text
-    raw_operands: str  # the text between the opcode's parentheses
-    computation: str
-    is_root: bool = False
-    line: int = dataclasses.field(default=0, compare=False)  # 1-based line in the file
-    # What the fingerprint reads where it differs from the above (see graph.fingerprint): the
-    # attribute list and a literal with XLA's /*index=N*/ markers kept; "" when no different.
-    fingerprint_attrs: str = dataclasses.field(default="", compare=False, repr=False)
-    fingerprint_literal: str = dataclasses.field(default="", compare=False, repr=False)
-
-    @functools.cached_property
-    def called(self) -> tuple[str, ...]:
-        """Names of computations this instruction calls."""
-        out = []
-        for key in _CALL_ATTRS:
-            if key in self.attrs:
-                val = self.attrs[key].strip()
-                if val.startswith("{"):
-                    val = val[1:-1]
-                out.extend(v.strip().lstrip("%") for v in val.split(",") if v.strip())
-        return tuple(out)
-
-    @property
-    def out_bytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays)
-
-    @property
-    def op_name(self) -> str | None:
-        """The ``metadata={op_name=...}`` string, unescaped, when present."""
-        meta = self.attrs.get("metadata")
-        if not meta:
-            return None
-        m = re.search(r'op_name="((?:[^"\\]|\\.)*)"', meta)
-        if not m:
-            return None
-        return re.sub(r"\\(.)", r"\1", m.group(1))
-
-
-@dataclasses.dataclass(frozen=True)
-class Computation:
-    name: str
-    instructions: tuple[Instruction, ...]
-    is_entry: bool = False
-
-    @property
-    def root(self) -> Instruction:
-        for ins in self.instructions:
-            if ins.is_root:
-                return ins
-        return self.instructions[-1]
-
-    def by_name(self) -> dict[str, Instruction]:
-        return {ins.name: ins for ins in self.instructions}
-
-
-@dataclasses.dataclass(frozen=True)
-class Module:
-    name: str
-    computations: tuple[Computation, ...]
-    header: str
-
-    @property
-    def entry(self) -> Computation:
-        for comp in self.computations:
-            if comp.is_entry:
-                return comp
-        # Without an ENTRY marker, XLA treats the last computation as the entry.
-        return self.computations[-1]
-
-    def computation(self, name: str) -> Computation:
-        for comp in self.computations:
-            if comp.name == name:
-                return comp
-        raise KeyError(f"no computation named {name!r} in module {self.name!r}")
 
 
 # -- small readers (also used by xla_hooks) -----------------------------------------------------

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from disco.ir.hlo_parse import Computation, Instruction, Module
+from disco.ir.hlo_module import Computation, Instruction, Module
 
 _KNOWN_TRIP_RE = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(-?\d+)"?')
 _INT_RE = re.compile(r"-?\d+")
