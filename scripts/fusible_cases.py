@@ -42,6 +42,7 @@ class Case:
 
 
 def cases() -> list[Case]:
+    """Every trial, with the edge variants (``@root``, ``@input``) of :data:`EDGE_VARIANTS`."""
     import jax.numpy as jnp
     import numpy as np
     from jax import lax
