@@ -55,13 +55,13 @@ class KernelCosts(CostModel):
         self.source = source
         self.meta = dict(meta or {})
         self._w = KM.to_numpy(KM.weights(model))
-        self._cache: dict[tuple[str, int, int], float] = {}
+        self._cache: dict[tuple[str, int, int, int], float] = {}
 
     def kernel_time(self, kernel: Kernel) -> float:
         """Seconds per launch of ``kernel`` (0.0 for a kernel without work)."""
         if kernel.is_empty:
             return 0.0
-        key = (kernel.key(), kernel.in_bytes, kernel.out_bytes)
+        key = (kernel.key(), kernel.in_bytes, kernel.out_bytes, kernel.step_bytes)
         t = self._cache.get(key)
         if t is None:
             log_s = KM.apply(self._w, KF.batch([KF.kernel_graph(kernel)]), np)[0]

@@ -14,8 +14,10 @@ slices read (static or dynamic), and a dynamic-update-slice (in place on XLA) wr
 :func:`kernel_graph` turns a Kernel into arrays: per node the opcode id (the one vocabulary,
 ``disco.ir.opcodes.opcode_id``) and :data:`NODE_FEATURES`; edges between working nodes (folded
 through bitcasts and other plumbing); per kernel :data:`TOTAL_FEATURES` (bytes in and out,
-flops, matrix flops, node count, the roofline terms of a device, and the kernel's class
-:data:`KINDS`, derived from its nodes so a simulator kernel gets the same value as a compiled one).
+flops, matrix flops, node count, the roofline terms of a device, the kernel's class
+:data:`KINDS`, derived from its nodes so a simulator kernel gets the same value as a compiled one,
+and one piece of context: the step's input bytes, :attr:`disco.sim.costs.Kernel.step_bytes`, the
+entry computation's parameters, which a simulator graph and its compiled module share).
 :func:`batch` packs graphs jraph-style (nodes, senders, receivers, per-graph totals) padded to
 power-of-two size buckets, so jit compiles once per bucket.
 
@@ -26,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -41,14 +44,14 @@ from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, DATA_MOVEMENT_OPCODE
                                ZERO_COST_OPCODES, opcode_id)
 from disco.sim.costs import Kernel, is_kernel_node
 
-FEATURE_VERSION = 4
+FEATURE_VERSION = 5
 NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtype_bytes", "is_root",
                  "layout_permuted", "log_minor_dim", "log_in_ratio", "reduces_minor")
 KINDS = ("gemm", "conv", "reduce", "transpose", "copy", "loop")
 TOTAL_FEATURES = ("log_in_bytes", "log_out_bytes", "log_flops", "log_matrix_flops", "log_nodes",
                   *(f"kind_{k}" for k in KINDS),
                   "log_max_elements", "log_outputs", "log_inputs", "log_mm_batch", "log_mm_m", "log_mm_n",
-                  "log_mm_k", "log_reduce_len", "reduce_minor")
+                  "log_mm_k", "log_reduce_len", "reduce_minor", "log_step_bytes")
 N_OPCODES = len(OPCODES) + 1  # + the unknown opcode
 MATRIX_OPCODES = XLA_GPU_MATRIX_OPCODES
 
@@ -218,6 +221,7 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
         return scoped.get(ins.computation, {}).get(name)
     out: list[KernelSpec] = []
     seen: set[str] = set()
+    step_bytes = step_input_bytes(module)
 
     def fused(ins: hlo_module.Instruction) -> Kernel:
         body = comps.get(ins.called[0]) if ins.called else None
@@ -297,10 +301,15 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
                 kernel = Kernel(nodes=(_node(ins, flops_of(ins)),), in_bytes=_in_bytes(ins),
                                 out_bytes=out_bytes)
                 kind = op
-            out.append(KernelSpec(ins.name, kernel, times, kind))
+            out.append(KernelSpec(ins.name, dataclasses.replace(kernel, step_bytes=step_bytes), times, kind))
 
     visit(module.entry, 1)
     return out
+
+
+def step_input_bytes(module: hlo_module.Module) -> int:
+    """Bytes of the entry computation's parameters: the step's inputs (:attr:`Kernel.step_bytes`)."""
+    return sum(i.out_bytes for i in module.entry.instructions if i.opcode == "parameter")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +380,8 @@ def kernel_graph(kernel: Kernel) -> KernelGraph:
                        math.log1p(_inputs(kernel, by_name)),
                        *(math.log(d) for d in _matrix_dims(work)),
                        math.log(ratio[big_reduce]) if big_reduce is not None else 0.0,
-                       float(minor_reduced[big_reduce]) if big_reduce is not None else 0.0], np.float32)
+                       float(minor_reduced[big_reduce]) if big_reduce is not None else 0.0,
+                       math.log1p(kernel.step_bytes)], np.float32)
     return KernelGraph(np.array([opcode_id(n.opcode) for n in work], np.int32), feats,
                        np.array(senders, np.int32), np.array(receivers, np.int32), totals)
 

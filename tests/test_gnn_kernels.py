@@ -77,6 +77,8 @@ def test_module_kernels_of_a_loop_count_executions_and_skip_plumbing():
     assert f.kernel.flops == 128  # multiply + add over 64 elements
     g = KF.kernel_graph(f.kernel)
     assert list(g.senders) == [0] and list(g.receivers) == [1]  # multiply -> add; parameters dropped
+    # every kernel, the loop body's too, carries the step's input bytes (the entry's one f32[64])
+    assert {k.kernel.step_bytes for k in ks.values()} == {64 * 4}
 
 
 SLICE_HLO = """HloModule sliced, is_scheduled=true
@@ -139,6 +141,8 @@ def test_features_tell_row_from_column_reductions_and_read_matrix_dims():
     mm = tot["mm"]
     assert [round(float(np.exp(mm[f"log_mm_{d}"]))) for d in ("batch", "m", "n", "k")] == [8, 32, 64, 16]
     assert tot["f"]["log_mm_k"] == 0.0 and tot["f"]["log_inputs"] == pytest.approx(np.log1p(2))
+    step = 4 * (512 * 512 + 1024 * 2048 + 64 * 256 + 8 * 32 * 16 + 8 * 16 * 64)  # the entry's parameters
+    assert [t["log_step_bytes"] for t in tot.values()] == [pytest.approx(np.log1p(step))] * len(tot)
     node = dict(zip(KF.NODE_FEATURES, KF.kernel_graph(ks["rows"]).nodes[0].tolist(), strict=True))
     assert node["log_minor_dim"] == pytest.approx(np.log(64)) and node["log_in_ratio"] == pytest.approx(np.log(256))
 

@@ -348,6 +348,25 @@ def test_simulated_loop_is_trips_times_one_iteration(model, cluster):
     assert sim.lower_bound() <= sim.step_time(plan)
 
 
+def test_loop_kernels_carry_the_steps_input_bytes():
+    """The per-kernel GNN's step context: a loop body's kernels get the step's parameters, not the body's."""
+    text = _zoo_texts("rnnlm")[0]
+    graph = HloGraph.from_hlo_text(text)
+    entry = hlo_parse.parse_module(text).entry
+    step = sum(i.out_bytes for i in entry.instructions if i.opcode == "parameter")
+    seen: set[int] = set()
+
+    class Spy(AnalyticCosts):
+        def kernel_time(self, kernel):
+            seen.add(kernel.step_bytes)
+            return super().kernel_time(kernel)
+
+    sim = Simulator(graph, Spy(), _CLUSTERS["h100"][1])
+    sim.step_time(baselines.make("xla_default", graph))
+    assert graph.loops and step > 0 and seen == {step}
+    assert GraphKernels(graph).step_bytes == step and GraphKernels(graph.loops[0].body).step_bytes != step
+
+
 def test_simulated_time_scales_with_trip_count():
     costs, spec = _CLUSTERS["cpu"]
     times = {}

@@ -77,11 +77,16 @@ class Kernel:
       nodes: the fused graph nodes (one for an unfused op).
       in_bytes: bytes of the distinct values produced outside the kernel that it reads.
       out_bytes: bytes of its nodes' results used outside it (or by nobody: graph outputs).
+      step_bytes: context, not work: bytes of the inputs of the step the kernel belongs to (its
+        entry computation's parameters: model, optimizer state, batch; the same for every kernel
+        of a step, in a loop body too), 0 when unknown. The per-kernel GNN reads it
+        (``gnn.kernel_features``); analytic models ignore it.
     """
 
     nodes: tuple[Node, ...]
     in_bytes: int
     out_bytes: int
+    step_bytes: int = 0
 
     @property
     def flops(self) -> float:
@@ -105,7 +110,7 @@ def kernel_key(nodes: Iterable[Node]) -> str:
 class GraphKernels:
     """A graph's adjacency, precomputed once, for building :class:`Kernel` objects fast."""
 
-    def __init__(self, graph: HloGraph):
+    def __init__(self, graph: HloGraph, step_bytes: int | None = None):
         self.graph = graph
         n = len(graph.nodes)
         preds: list[set[int]] = [set() for _ in range(n)]
@@ -115,6 +120,12 @@ class GraphKernels:
             succs[s].add(d)
         self.preds: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(p)) for p in preds)
         self.succs: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(s)) for s in succs)
+        # Every kernel's Kernel.step_bytes, unless the caller knows the step's (a while body's
+        # parameters are the loop's state): the entry's parameters, those without producers
+        # (an inlined call's parameters have the call's operands).
+        self.step_bytes = (sum(node.out_bytes for node, p in zip(graph.nodes, self.preds, strict=True)
+                               if node.opcode == "parameter" and not p)
+                           if step_bytes is None else step_bytes)
         self._bytes = [node.out_bytes for node in graph.nodes]
         # Slice reads and in-place updates: node -> the producer of its operand 0 (the stack it
         # slices or updates), when that producer is no other operand of the node.
@@ -179,7 +190,8 @@ class GraphKernels:
         else:
             out_bytes = sum(self._bytes[i] for i in written)
         order = sorted(body)
-        return Kernel(nodes=tuple(self.graph.nodes[i] for i in order), in_bytes=in_bytes, out_bytes=out_bytes)
+        return Kernel(nodes=tuple(self.graph.nodes[i] for i in order), in_bytes=in_bytes, out_bytes=out_bytes,
+                      step_bytes=self.step_bytes)
 
     def _sliced_in_bytes(self, body: set[int], inputs: set[int]) -> int:
         """Bytes read from ``inputs``: a stack read only by slices and in-place updates costs the slices."""

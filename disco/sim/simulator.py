@@ -125,6 +125,8 @@ class Simulator:
       graph: the step's HLO graph.
       costs: the cost model.
       cluster: the cluster (collective costs and ``compute_speed``).
+      step_bytes: the step's input bytes every kernel carries (:attr:`disco.sim.costs.Kernel.step_bytes`);
+        None: the graph's entry parameters (a while body's simulator is given its step's).
 
     Raises:
       ValueError: for a graph whose edges are not in topological order.
@@ -134,11 +136,11 @@ class Simulator:
       >>> best = min(plans, key=sim.step_time)    # doctest: +SKIP
     """
 
-    def __init__(self, graph: HloGraph, costs: CostModel, cluster: ClusterSpec):
+    def __init__(self, graph: HloGraph, costs: CostModel, cluster: ClusterSpec, *, step_bytes: int | None = None):
         self.graph = graph
         self.costs = costs
         self.cluster = cluster
-        self.kernels = GraphKernels(graph)
+        self.kernels = GraphKernels(graph, step_bytes)
         nodes = graph.nodes
         n = len(nodes)
         self._n = n
@@ -183,8 +185,9 @@ class Simulator:
             return None
         sims = self._loop_sims.get(i)
         if sims is None:
-            sims = self._loop_sims[i] = (Simulator(loop.body, self.costs, self.cluster),
-                                         Simulator(loop.condition, self.costs, self.cluster))
+            step = self.kernels.step_bytes  # a loop's kernels belong to this step
+            sims = self._loop_sims[i] = (Simulator(loop.body, self.costs, self.cluster, step_bytes=step),
+                                         Simulator(loop.condition, self.costs, self.cluster, step_bytes=step))
         trips = 1 if loop.trip_count is None else loop.trip_count
         return trips * sum(sim.serial_time(fusion) for sim in sims)
 
@@ -299,7 +302,7 @@ class Simulator:
         if self._gpu and rest:
             # One kernel holding all their work that reads and writes nothing (see lower_bound).
             compute = sum(loops[i] for i in fixed if i in loops) + self.costs.kernel_time(
-                Kernel(nodes=tuple(nodes[i] for i in rest), in_bytes=0, out_bytes=0)) / speed
+                Kernel(nodes=tuple(nodes[i] for i in rest), in_bytes=0, out_bytes=0, step_bytes=gk.step_bytes)) / speed
         else:
             compute = sum(loops[i] if i in loops else self.costs.kernel_time(gk.kernel((i,))) / speed for i in fixed)
         ar_bytes = sum(self._cbytes[a] for a in self._ars)
