@@ -22,7 +22,7 @@ import numpy as np
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kernels", required=True, help="per_instruction.jsonl(.gz)")
+    p.add_argument("--kernels", required=True, action="append", help="per_instruction.jsonl(.gz); repeat for several files")
     p.add_argument("--device", default="h100")
     p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
     p.add_argument("--steps", type=int, default=None, help="training steps per fold (default: TrainConfig)")
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from gnn import kernel_model as KM
     from gnn import kernel_train as KT
 
-    records = KD.load_records(args.kernels, cache_dir=args.cache)
+    records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache)]
     cfg = KT.train_config(steps=args.steps, members=args.members, rank_weight=args.rank_weight)
     base = roofline_config(args.device)
     models = sorted({r.model for r in records})

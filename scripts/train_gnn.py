@@ -5,6 +5,9 @@ Per-kernel GNN from kernel profiles (writes the shipped checkpoint ``gnn/kernel_
     PYTHONPATH=. python scripts/train_gnn.py --kernels ../shared/data/h100_kernels/per_instruction.jsonl.gz \\
         --device h100 --out gnn/kernel_h100.msgpack
 
+``--kernels`` may be repeated (e.g. adding ``gnn/data/h100_kernels_2026-11-24.jsonl.gz``, the four
+newer zoo models collected by ``disco collect --kernels``).
+
 Without ``--kernels``: the step-level GNN, exactly as ``disco train-gnn`` (``--data DIR ...``).
 """
 
@@ -20,7 +23,8 @@ from pathlib import Path
 
 def train_kernels(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description="train the per-kernel GNN on kernel profiles")
-    p.add_argument("--kernels", required=True, help="per_instruction.jsonl(.gz) (../shared/data/h100_kernels)")
+    p.add_argument("--kernels", required=True, action="append",
+                   help="per_instruction.jsonl(.gz) (../shared/data/h100_kernels); repeat to train on several files")
     p.add_argument("--device", required=True, help="device kind of the profiles (h100, cpu)")
     p.add_argument("--out", required=True, help="checkpoint to write (.msgpack)")
     p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
@@ -36,14 +40,16 @@ def train_kernels(argv: list[str]) -> int:
     from gnn.kernel_costs import KernelCosts
 
     t0 = time.perf_counter()
-    records = KD.load_records(args.kernels, cache_dir=args.cache)
+    records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache)]
     cfg = KT.train_config(seed=args.seed, steps=args.steps, members=args.members, rank_weight=args.rank_weight)
     base = roofline_config(args.device)
     examples = KT.make_examples(records)
     model, hist = KT.fit(examples, cfg, (base.peak_flops, base.mem_bandwidth, base.launch_overhead),
                          log=lambda s: print(s, file=sys.stderr, flush=True))
-    digest = hashlib.sha256(Path(args.kernels).read_bytes()).hexdigest()[:16]
-    meta = {"data": {"file": Path(args.kernels).name, "sha256_16": digest, "records": len(records),
+    files = [{"file": Path(f).name, "sha256_16": hashlib.sha256(Path(f).read_bytes()).hexdigest()[:16]}
+             for f in args.kernels]
+    data = files[0] if len(files) == 1 else {"files": files}  # one file: the fields earlier checkpoints have
+    meta = {"data": {**data, "records": len(records),
                      "kernels": len(examples), "models": sorted({r.model for r in records})},
             "train_config": dataclasses.asdict(cfg), "final_loss": hist["loss"][-1], "train_seconds": hist["seconds"]}
     costs = KernelCosts(model, device=args.device, meta=meta)

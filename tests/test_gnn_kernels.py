@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -363,3 +364,17 @@ def test_predict_kernels_json_on_a_compiled_h100_module(tmp_path: Path, record_j
 def test_predict_kernels_rejects_a_missing_file():
     r = _cli("predict-kernels", "--hlo", "/nonexistent.txt", "--device", "h100", "--cost-model", "analytic")
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_train_script_trains_on_several_kernel_files(tmp_path: Path):
+    """scripts/train_gnn.py --kernels A --kernels B: one checkpoint over both files' records."""
+    from gnn.kernel_costs import KernelCosts
+
+    out = tmp_path / "k.msgpack"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_gnn.py"), "--kernels", str(RECORD),
+                           "--kernels", str(RECORD), "--device", "h100", "--out", str(out), "--steps", "3",
+                           "--members", "1", "--cache", str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = KernelCosts.load(out).meta["data"]
+    assert data["records"] == 2 and [f["file"] for f in data["files"]] == [RECORD.name] * 2
