@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from disco.ir import flops as _flops
+from disco.ir import loops as _loops
 from disco.ir import hlo_module, hlo_parse
 from disco.ir.graph import Node
 from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, DATA_MOVEMENT_OPCODES, OPCODES, XLA_GPU_MATRIX_OPCODES,
@@ -192,11 +193,6 @@ def _custom_call_node(ins: hlo_module.Instruction, names: dict[str, hlo_module.I
     return _node(ins, 0.0, None, out)
 
 
-def _trip_count(ins: hlo_module.Instruction) -> int:
-    m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"', ins.attrs.get("backend_config", ""))
-    return int(m.group(1)) if m else 1
-
-
 def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
     """Every kernel-launching instruction of an optimised module, in program order.
 
@@ -278,7 +274,8 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
         for ins in comp.instructions:
             op = ins.opcode
             if op in _CONTROL:
-                n = _trip_count(ins) if op == "while" else 1
+                known = _loops.known_trip_count(ins) if op == "while" else None
+                n = 1 if known is None else known
                 for c in ins.called:
                     if c in comps:
                         visit(comps[c], times * n)
