@@ -119,7 +119,7 @@ class CrossOptimizeResult:
 
 def optimize(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None, *,
              cluster: ClusterSpec, costs: CostModel | None = None, budget_s: float = 30, strategy: str = "best_first",
-             measure_top_k: int = 3, seed: int = 0, rounds: int = 7, steps: int = 3,
+             max_evals: int | None = None, measure_top_k: int = 3, seed: int = 0, rounds: int = 7, steps: int = 3,
              bucket_sweep: Sequence[int] = (2, 3, 4), confirm: bool = True, confirm_rounds: int | None = None,
              optimizer: str = "adamw", timeout_s: float = 1800, scale_compute: bool = True,
              compute_floor_ms: float | None = None, measure_reduce_fusion: bool = True,
@@ -134,6 +134,8 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
       compute_floor_ms: that floor, when measured already; None: measured here, in a launch of
         its own before the search (``rounds`` rounds).
       measure_reduce_fusion: also measure the ``reduce_fusion`` row (module doc, step 3).
+      max_evals: also stop the search after this many plan evaluations (a seed then always
+        searches the same plans); None: ``budget_s`` only.
 
     Raises:
       ValueError: bad budgets, counts or names.
@@ -173,7 +175,8 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
                                                   what=f"{model}/{preset}")
     sim = Simulator(graph, costs, cluster)
     say(f"searching ({strategy}, {budget_s:g} s) on cluster {cluster.name}")
-    found = search.run(search.make(strategy), graph, sim.step_time, budget_s=budget_s, seed=seed)
+    found = search.run(search.make(strategy), graph, sim.step_time, budget_s=budget_s, max_evals=max_evals,
+                       seed=seed)
 
     # -- candidates: (row name, worker plan argument, kind, predicted seconds) ------------------
     base_plans = {name: baselines.make(name, graph) for name in baselines.NAMES if name != "even"}

@@ -243,6 +243,7 @@ def _main_in_a_subprocess(argv, pre=""):
     (["graph", "--model", "mlp", "--dump", "{file}/sub"], "is a file, so the directory cannot be created"),
     (["collect", "--models", "mlp", "--out", "{file}"], "--out '{file}' is a file; expected a directory"),
     (["bench", "--model", "mlp", "--rounds", "0"], "--rounds and --steps must be >= 1, got 0 and 3"),
+    (["optimize", "--model", "mlp", "--max-evals", "0"], "--max-evals must be >= 1 evaluations, got 0"),
 ])
 def test_bad_outputs_and_numbers_fail_before_the_model_is_built(tmp_path, argv, message):
     (tmp_path / "file").write_text("x")

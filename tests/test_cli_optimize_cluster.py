@@ -1,5 +1,8 @@
 """``disco optimize --cluster h100-sxm-8`` (issue 16): a GPU cluster's search takes buckets, cuts and
-compile options, no fusion groups, and the output names the options of the plans it prints."""
+compile options, no fusion groups, and the output names the options of the plans it prints.
+
+The search runs a fixed number of evaluations (``--max-evals``, the time budget far above what
+they take), so the plans it finds are the same on every machine whatever its load."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from tests.test_cli import run_cli
 def test_optimize_for_a_gpu_cluster_prints_the_compile_options_it_chose(tmp_path):
     out = tmp_path / "plan.json"
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--devices", "8", "--cluster", "h100-sxm-8",
-                "--budget", "2", "--measure-top-k", "1", "--rounds", "1", "--steps", "1", "--bucket-sweep", "",
+                "--budget", "600", "--max-evals", "1000", "--measure-top-k", "1", "--rounds", "1", "--steps", "1", "--bucket-sweep", "",
                 "--no-bound", "--no-confirm", "--no-progress", "--out", str(out), timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     text = " ".join(r.stdout.split())  # rich wraps long lines

@@ -443,6 +443,8 @@ def test_config_is_frozen_validated_and_defaults_the_confirmation_rounds():
         config.rounds = 1
     with pytest.raises(ValueError, match=r"budget_s: expected a positive number of seconds, got 0"):
         opt.OptimizeConfig(budget_s=0)
+    with pytest.raises(ValueError, match=r"max_evals: expected an integer >= 1 or None, got 0"):
+        opt.OptimizeConfig(max_evals=0)
     with pytest.raises(ValueError, match=r"rounds and steps: expected integers >= 1, got rounds=0, steps=3"):
         opt.OptimizeConfig(rounds=0)
     with pytest.raises(ValueError, match=r"confirm_rounds: expected an integer >= 1, got True"):

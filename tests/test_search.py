@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -37,6 +41,39 @@ def test_strategies_are_deterministic_and_return_valid_plans(name):
     assert a.best_cost <= min(a.start_costs.values())
     assert [c for c, _ in a.top] == sorted(c for c, _ in a.top)
     assert len({p.digest() for _, p in a.top}) == len(a.top)
+
+
+_SEARCH_IN_A_PROCESS = '''
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import disco, trax_models
+from disco import search
+from disco.sim import device_costs
+from disco.sim.cluster_presets import resolve
+from disco.sim.simulator import Simulator
+step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
+graph = disco.extract(step, *args)
+cluster = resolve("h100-sxm-8")
+sim = Simulator(graph, device_costs.analytic(cluster.device), cluster)
+r = search.run(search.best_first(), graph, sim.step_time, max_evals=300, seed=0)
+print(json.dumps({"digest": r.best_plan.digest(), "trace": [(e, c) for e, _, c in r.trace],
+                  "starts": min(r.start_costs.values()), "best": r.best_cost}))
+'''
+
+
+def test_a_seed_searches_the_same_plans_in_every_process():
+    # Python salts string hashes per process: a search whose order depended on them (it did,
+    # through the plan keys breaking ties) chose a different plan on every run. On a GPU
+    # cluster many start plans price the same, so ties decide the path.
+    runs = []
+    for salt in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": salt}
+        r = subprocess.run([sys.executable, "-c", _SEARCH_IN_A_PROCESS], capture_output=True, text=True,
+                           env=env, timeout=600, check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    assert runs[0] == runs[1]
+    assert runs[0]["best"] < runs[0]["starts"]  # and it got off the plateau of equal start plans
 
 
 @pytest.mark.parametrize("name", sorted(search.STRATEGIES))

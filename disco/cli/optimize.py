@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cluster spec file or preset for the simulator (default: local with --devices)")
     add_cost_model_arg(p)
     p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
+    p.add_argument("--max-evals", type=int, default=None, metavar="N",
+                   help="also stop the search after N plan evaluations: the same seed then searches the same "
+                        "plans on any machine (default: --budget only)")
     p.add_argument("--strategy", default="best_first", choices=STRATEGIES, help="search strategy (default best_first)")
     p.add_argument("--measure-top-k", type=int, default=3, help="searched plans to measure (default 3)")
     p.add_argument("--rounds", type=int, default=9, help="interleaved measurement rounds (default 9)")
@@ -88,6 +91,8 @@ def _check(args: argparse.Namespace) -> None:
     _bucket_counts(args.bucket_sweep)
     if not args.budget > 0:
         raise CliError(f"--budget must be positive seconds, got {args.budget}")
+    if args.max_evals is not None and args.max_evals < 1:
+        raise CliError(f"--max-evals must be >= 1 evaluations, got {args.max_evals}")
     if args.finalists < 1:
         raise CliError(f"--finalists must be >= 1, got {args.finalists}")
     if args.measure_top_k < 0:
@@ -110,7 +115,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The :class:`disco.optimizer.OptimizeConfig` the arguments describe."""
     from disco.optimizer import OptimizeConfig
 
-    return OptimizeConfig(budget_s=args.budget, strategy=args.strategy, measure_top_k=args.measure_top_k,
+    return OptimizeConfig(budget_s=args.budget, max_evals=args.max_evals, strategy=args.strategy, measure_top_k=args.measure_top_k,
                           seed=args.seed, rounds=args.rounds, steps=args.steps, measure_bound=args.bound,
                           bucket_sweep=_bucket_counts(args.bucket_sweep), finalists=args.finalists,
                           confirm=args.confirm, confirm_rounds=args.confirm_rounds)
@@ -314,8 +319,8 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
     costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
     res = mp_optimize.optimize(
         args.model, args.preset, args.processes, args.devices_per_process, link, cluster=cluster, costs=costs,
-        budget_s=args.budget, strategy=args.strategy, measure_top_k=args.measure_top_k, seed=args.seed,
-        rounds=args.rounds, steps=args.steps, bucket_sweep=bucket_sweep, confirm=args.confirm,
+        budget_s=args.budget, max_evals=args.max_evals, strategy=args.strategy, measure_top_k=args.measure_top_k,
+        seed=args.seed, rounds=args.rounds, steps=args.steps, bucket_sweep=bucket_sweep, confirm=args.confirm,
         confirm_rounds=args.confirm_rounds, optimizer=args.optimizer, timeout_s=args.timeout,
         progress=lambda m: print(f"disco optimize: {m}", file=sys.stderr))
     if args.out:

@@ -26,6 +26,8 @@ class OptimizeConfig:
 
     Attributes:
       budget_s: seconds for the search (extraction and measurement come on top).
+      max_evals: also stop the search after this many plan evaluations; with it, a seed
+        always searches the same plans (unless ``budget_s`` runs out first). None: time only.
       strategy: the search strategy, one of ``disco.search.STRATEGIES``.
       measure_top_k: how many of the best searched plans (by estimate) to measure.
       seed: the search's seed.
@@ -56,6 +58,7 @@ class OptimizeConfig:
     """
 
     budget_s: float = 60
+    max_evals: int | None = None
     strategy: str = "best_first"
     measure_top_k: int = 3
     seed: int = 0
@@ -76,6 +79,8 @@ class OptimizeConfig:
                              f"{', '.join(search.STRATEGIES)}")
         if not self.budget_s > 0:
             raise ValueError(f"budget_s: expected a positive number of seconds, got {self.budget_s!r}")
+        if self.max_evals is not None and (not _is_int(self.max_evals) or self.max_evals < 1):
+            raise ValueError(f"max_evals: expected an integer >= 1 or None, got {self.max_evals!r}")
         if not _is_int(self.measure_top_k) or self.measure_top_k < 0:
             raise ValueError(f"measure_top_k: expected an integer >= 0, got {self.measure_top_k!r}")
         if any(not _is_int(k) or k < 1 for k in self.bucket_sweep):

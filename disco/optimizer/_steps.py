@@ -137,10 +137,13 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
     graph, sim = target.graph, target.simulator
 
     def on_step(evals: int, elapsed: float, best: float) -> None:
-        progress("search", min(1.0, elapsed / config.budget_s), f"{evals} plans, best {best * 1e3:.3f} ms (simulated)")
+        done = elapsed / config.budget_s
+        if config.max_evals is not None:
+            done = max(done, evals / config.max_evals)
+        progress("search", min(1.0, done), f"{evals} plans, best {best * 1e3:.3f} ms (simulated)")
 
     result = search.run(search.make(config.strategy), graph, sim.step_time, budget_s=config.budget_s,
-                        seed=config.seed, progress=on_step)
+                        max_evals=config.max_evals, seed=config.seed, progress=on_step)
     base_plans = {name: baselines.make(name, graph) for name in baselines.NAMES}
     predicted = {name: sim.step_time(p) for name, p in base_plans.items()}
     rows: dict[str, PlanRow] = {}

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from disco.ir.graph import HloGraph
 
 Evaluate = Callable[[FusionPlan], float]
-# A scored plan: (estimated step time, content key, plan). Keys are unique within a search,
-# so tuples never compare plans.
+# A scored plan: (estimated step time, content key, plan). The key deduplicates plans
+# within one process; orders never depend on it (Python salts string hashes per process),
+# so a seed searches the same plans in every run.
 Scored = tuple[float, int, FusionPlan]
 
 
@@ -66,7 +67,7 @@ def push_top(top: tuple[Scored, ...], item: Scored, k: int) -> tuple[Scored, ...
         return top
     if any(t[1] == item[1] for t in top):
         return top
-    return tuple(sorted((*top, item), key=lambda t: (t[0], t[1]))[:k])
+    return tuple(sorted((*top, item), key=lambda t: t[0])[:k])  # stable: of equals, the first found ranks first
 
 
 def score(problem: Problem, plan: FusionPlan) -> Scored:
@@ -96,7 +97,7 @@ def score_starts(problem: Problem) -> list[Scored]:
         out.append(score(problem, plan))
     if not out:
         raise ValueError("the search got no start plans; expected at least one valid plan")
-    return sorted(out, key=lambda t: (t[0], t[1]))
+    return sorted(out, key=lambda t: t[0])  # stable: of equals, in the order of the start plans
 
 
 def perturb(plan: FusionPlan, ctx: moves.MoveContext, rng: Any, n_moves: int) -> FusionPlan | None:
