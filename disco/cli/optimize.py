@@ -115,10 +115,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The :class:`disco.optimizer.OptimizeConfig` the arguments describe."""
     from disco.optimizer import OptimizeConfig
 
-    return OptimizeConfig(budget_s=args.budget, max_evals=args.max_evals, strategy=args.strategy, measure_top_k=args.measure_top_k,
-                          seed=args.seed, rounds=args.rounds, steps=args.steps, measure_bound=args.bound,
-                          bucket_sweep=_bucket_counts(args.bucket_sweep), finalists=args.finalists,
-                          confirm=args.confirm, confirm_rounds=args.confirm_rounds)
+    return OptimizeConfig(budget_s=args.budget, max_evals=args.max_evals, strategy=args.strategy,
+                          measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds, steps=args.steps,
+                          measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
+                          finalists=args.finalists, confirm=args.confirm, confirm_rounds=args.confirm_rounds)
 
 
 def run(args: argparse.Namespace) -> int:
