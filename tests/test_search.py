@@ -113,6 +113,25 @@ def test_start_points_are_valid():
     assert {"greedy_fusion", "merged_gradient", "greedy_fusion+merged_gradient"} <= names
 
 
+def test_gpu_starts_turn_the_scheduler_on_where_there_are_buckets_to_overlap():
+    # several buckets alone price worse than one on a GPU cluster (no overlap with the scheduler
+    # off) and the scheduler alone has nothing to overlap: the starts carry both changes at once
+    from disco.plans import options as plan_options
+
+    graph, sim = setup()
+    gpu = {p.name: p for p in search.default_starts(graph, sim, moves.context(graph, "gpu"))}
+    several = [p for p in gpu.values() if p.buckets is not None and len(p.buckets) > 1
+               and not p.name.endswith("+lhs")]
+    assert {"per_tensor", "even_2"} <= {p.name for p in several}
+    for p in several:
+        on = gpu[f"{p.name}+lhs"]
+        assert dict(on.compile_options) == {**dict(p.compile_options), plan_options.SCHEDULER: "True"}
+        assert on.buckets == p.buckets and on.cuts == p.cuts and not on.groups
+    assert not any(n.endswith("+lhs") for n, p in gpu.items() if p.buckets is None or len(p.buckets) < 2)
+    cpu = {p.name for p in search.default_starts(graph, sim, moves.context(graph))}
+    assert not any(n.endswith("+lhs") for n in cpu)
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda g, f: search.run(search.best_first(), g, f), r"needs a budget: got budget_s=None and max_evals=None"),
     (lambda g, f: search.run(search.best_first(), g, f, budget_s=0), r"budget_s: expected a positive .* got 0"),
