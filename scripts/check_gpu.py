@@ -7,7 +7,8 @@ one device, through ``xla_hooks.apply`` exactly as a user's step gets them:
 
 * ``xla_default``, and ``xla_default_rt`` (the same module through disco's HLO-text path: the
   reference for counting fusions, and a second compile of the same program for the noise);
-* bucket plans ``per_tensor`` and ``ddp``;
+* bucket plans ``per_tensor`` and ``ddp``, and ``ddp+lhs`` (ddp's buckets with the latency-hiding
+  scheduler on: the GPU search's ``+lhs`` start plans combine the two);
 * ``cuts``: two cuts, each between an elementwise producer and its only user inside one
   fusion of the simulator's emulation (the barrier splits a fusion on XLA:GPU);
 * compile options: the ``xla_tuned`` sweep (JAX-Toolbox: latency-hiding scheduler on, the
@@ -110,6 +111,7 @@ def check_model(model: str, preset: str, rounds: int, steps: int, pipelined: boo
     plans = {"xla_default": FusionPlan(name="xla_default"),
              "per_tensor": baselines.make("per_tensor", graph),
              "ddp": baselines.make("ddp", graph)}
+    plans["ddp+lhs"] = plans["ddp"].replace(compile_options=((plan_options.SCHEDULER, "True"),), name="ddp+lhs")
     cuts = effective_cuts(graph, sim)
     plans["cuts"] = FusionPlan(cuts=tuple(cuts), name="cuts")
     plans.update(baselines.xla_tuned_sweep(graph))
