@@ -465,8 +465,8 @@ def remove_cut(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusion
 
 
 # -- compile options ---------------------------------------------------------------------------
-def _with_option(plan: FusionPlan, opt: plan_options.CompileOption, value: str) -> FusionPlan:
-    """``plan`` with ``opt`` set to ``value`` (left out when it is XLA's default)."""
+def with_option(plan: FusionPlan, opt: plan_options.CompileOption, value: str) -> FusionPlan:
+    """``plan`` with ``opt`` set to ``value`` (left out when it is XLA's default), options sorted."""
     opts = {k: v for k, v in plan.compile_options if k != opt.key}
     if value != opt.default:
         opts[opt.key] = value
@@ -482,8 +482,8 @@ def flip_option(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusio
     opt = rng.choice(flips)
     now = plan_options.value(plan.compile_options, opt.key, ctx.backend)
     if opt.kind == "choice":
-        return _with_option(plan, opt, rng.choice([v for v in opt.values if v != now]))
-    return _with_option(plan, opt, str(not plan_options.as_bool(now)))
+        return with_option(plan, opt, rng.choice([v for v in opt.values if v != now]))
+    return with_option(plan, opt, str(not plan_options.as_bool(now)))
 
 
 def step_option(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
@@ -500,7 +500,7 @@ def step_option(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusio
     nxt = min((v for v in vals if v > now), default=None) if up else max((v for v in vals if v < now), default=None)
     if nxt is None:
         return None
-    return _with_option(plan, opt, str(nxt))
+    return with_option(plan, opt, str(nxt))
 
 
 MOVES: dict[str, Move] = {

@@ -126,9 +126,15 @@ def reduce_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_siz
 
 def ynn_no_reduce(plan: FusionPlan) -> FusionPlan:
     """``plan`` with XLA:CPU's reductions kept out of YNNPACK (the CPU option table's choice)."""
-    opts = dict(plan.compile_options)
-    opts[plan_options.YNN_FUSION_TYPE] = plan_options.YNN_NO_REDUCE
-    return plan.replace(compile_options=tuple(sorted(opts.items())), name=f"{plan.name}+ynn_no_reduce")
+    return _with_table_option(plan, plan_options.YNN_FUSION_TYPE, "cpu", plan_options.YNN_NO_REDUCE, "ynn_no_reduce")
+
+
+def _with_table_option(plan: FusionPlan, key: str, backend: str, value: str, suffix: str) -> FusionPlan:
+    """``plan`` with the option table's ``key`` set to ``value``, named ``<name>+<suffix>``."""
+    opt = plan_options.spec(key, backend)
+    if opt is None:
+        raise ValueError(f"compile option {key!r} is not in the {backend} option table (disco.plans.options)")
+    return moves.with_option(plan, opt, value).replace(name=f"{plan.name}+{suffix}")
 
 
 class _FreeCollectives:
@@ -239,8 +245,9 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
     """Every baseline, greedy fusion, and (with a simulator) merged-gradient buckets with and without it.
 
     On CPU also :func:`reduce_fusion` and XLA's default with reductions kept out of YNNPACK
-    (:func:`ynn_no_reduce`): the two forms of the one pattern measured to win there. For a GPU context (``ctx.backend``) the plans with fusion groups are left out and the
-    ``xla_tuned`` sweep and the latency-hiding scheduler on every start with several buckets
+    (:func:`ynn_no_reduce`): the two forms of the one pattern measured to win there. For a GPU
+    context (``ctx.backend``) the plans with fusion groups are left out, and the ``xla_tuned``
+    sweep and every start with several buckets with the latency-hiding scheduler on
     (:func:`_with_scheduler`) are added.
 
     Returns:
@@ -284,6 +291,4 @@ def _with_scheduler(plan: FusionPlan) -> FusionPlan:
     278.1 us, beyond the best-first search's 5% tolerance), and the scheduler alone has nothing
     to overlap.
     """
-    opts = dict(plan.compile_options)
-    opts[plan_options.SCHEDULER] = "True"
-    return plan.replace(compile_options=tuple(sorted(opts.items())), name=f"{plan.name}+lhs")
+    return _with_table_option(plan, plan_options.SCHEDULER, "gpu", "True", "lhs")
