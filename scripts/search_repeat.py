@@ -5,12 +5,12 @@
 
 For each ``--salts`` value, one fresh Python process with ``PYTHONHASHSEED`` set to it runs the
 best-first search with ``--max-evals`` evaluations (no time budget in play). It does this for every
-model (preset tiny, ``--devices`` devices, default 8), cluster and seed. Python salts string hashes per process,
-so anything in the search that depends on them shows up as a different plan between the salts.
-The script prints one JSON line per (model, cluster, seed): the best simulated step time in each
-process, whether the plan digests agree, and the best start plan's time. Costs: the device kind's
-default model as ``disco optimize`` loads it (``analytic`` for CPU clusters, the shipped GNN
-for GPU ones). Simulated only.
+model (preset tiny, ``--devices`` devices, default 8), cluster and seed. Python salts string hashes
+per process, so anything in the search that depends on them shows up as a different plan between
+the salts. The script prints one JSON line per (model, cluster, seed): the best simulated step time
+in each process, whether the plan digests agree, and the best start plan's time. Costs: ``analytic``
+on CPU clusters, the shipped per-kernel GNN (``--cost-model gnn``) on GPU ones (``disco optimize``
+defaults to ``analytic`` on both). Simulated only.
 """
 
 from __future__ import annotations
