@@ -4,10 +4,12 @@
 service) call. Every baseline of :mod:`disco.plans.baselines` is simulated first. Then,
 by ``options["strategy"]``:
 
-- "auto": :func:`disco.search.run` with its best-first strategy within ``budget_s``;
+- "auto": :func:`disco.search.run` with its best-first strategy within ``budget_s``
+  (and ``max_evals`` simulated plans, where given);
 - a strategy of ``disco.search.STRATEGIES`` ("best_first", "annealing", "greedy");
 - "baselines": the fastest baseline by simulated step time;
-- "random": the fastest of the baselines and random valid plans tried within ``budget_s``.
+- "random": the fastest of the baselines and random valid plans tried within ``budget_s``
+  (and ``max_evals`` random plans, where given).
 
 A plan slower (simulated) than the best baseline is never handed out. The report
 lists the method, the simulated time of every baseline and of the plan, the lower
@@ -38,7 +40,7 @@ ProgressFn = Callable[[float, str], None]
 class Cancelled(Exception):
     """Raised by a progress callback to stop planning (e.g. past a deadline); never swallowed."""
 BUILTIN_STRATEGIES = ("auto", "baselines", "random")
-DEFAULT_OPTIONS: dict[str, Any] = {"budget_s": 10.0, "strategy": "auto", "seed": 0}
+DEFAULT_OPTIONS: dict[str, Any] = {"budget_s": 10.0, "strategy": "auto", "seed": 0, "max_evals": None}
 MAX_TIMELINE_EVENTS = 20000
 
 
@@ -84,9 +86,14 @@ def cluster_digest(cluster: ClusterSpec) -> str:
 
 
 def plan_key(fingerprint: str, cluster: ClusterSpec, costs: CostModel, options: Mapping[str, Any]) -> str:
-    """The cache key of a plan request: sha256 of (graph, cluster, cost model, options)."""
+    """The cache key of a plan request: sha256 of (graph, cluster, cost model, options).
+
+    Options set to None (not given) are left out, so adding an optional option does not
+    change the keys of the plans already stored.
+    """
+    given = {k: v for k, v in options.items() if v is not None}
     blob = json.dumps({"graph": fingerprint, "cluster": cluster_digest(cluster),
-                       "costs": cost_model_id(costs), "options": dict(options)}, sort_keys=True)
+                       "costs": cost_model_id(costs), "options": given}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -107,16 +114,44 @@ def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any]
     if name == "auto":
         name = "best_first"
     budget = float(options["budget_s"])
+    max_evals = options["max_evals"]
 
     def on_step(evals: int, elapsed: float, best: float) -> None:
-        progress(min(1.0, elapsed / budget), f"{evals} plans evaluated, best {best * 1e3:.4f} ms (simulated)")
+        progress(_done_fraction(elapsed, budget, evals, max_evals),
+                 f"{evals} plans evaluated, best {best * 1e3:.4f} ms (simulated)")
 
-    result = mod.run(mod.make(name), graph, sim.step_time, budget_s=budget, seed=int(options["seed"]),
-                     progress=on_step)
+    result = mod.run(mod.make(name), graph, sim.step_time, budget_s=budget, max_evals=max_evals,
+                     seed=int(options["seed"]), progress=on_step)
     info = {"strategy": result.strategy, "evals": result.evals, "elapsed_s": result.elapsed_s,
             "evals_per_s": result.evals_per_s, "best_ms": result.best_cost * 1e3,
             "start_ms": {k: v * 1e3 for k, v in result.start_costs.items()}}
     return result.best_plan, info
+
+
+def _done_fraction(elapsed: float, budget: float, evals: int, max_evals: int | None) -> float:
+    """How far a search is through its budget: the larger of the time and the evaluations spent."""
+    frac = elapsed / budget
+    if max_evals is not None:
+        frac = max(frac, evals / max_evals)
+    return min(1.0, frac)
+
+
+def _check_options(opts: Mapping[str, Any]) -> None:
+    """Raises ValueError naming the first option that is not what the planner expects."""
+    unknown = sorted(set(opts) - set(DEFAULT_OPTIONS))
+    if unknown:
+        raise ValueError(f"options: unknown keys {unknown}; expected some of {sorted(DEFAULT_OPTIONS)}")
+    if opts["strategy"] not in strategies():
+        raise ValueError(f"options.strategy: expected one of {', '.join(strategies())}, got {opts['strategy']!r}")
+    budget = opts["budget_s"]
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < float("inf"):
+        raise ValueError(f"options.budget_s: expected a positive number of seconds, got {budget!r}")
+    seed = opts["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"options.seed: expected an integer >= 0, got {seed!r}")
+    max_evals = opts["max_evals"]
+    if max_evals is not None and (isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1):
+        raise ValueError(f"options.max_evals: expected an integer >= 1 or None, got {max_evals!r}")
 
 
 def plan_for_graph(
@@ -135,7 +170,8 @@ def plan_for_graph(
       options: ``budget_s`` (seconds the search may take, default 10), ``strategy``
         ("auto": the search's best-first strategy; "baselines";
         "random": best of baselines and random valid plans within the budget; or a
-        strategy of ``disco.search``), ``seed``.
+        strategy of ``disco.search``), ``seed``, ``max_evals`` (also stop after this
+        many simulated plans; a search that stops there gives the same plan every time).
       progress_cb: called as ``progress_cb(fraction, message)``; it may raise
         :class:`Cancelled` (or a subclass) to stop planning.
       costs: the cost model (default :func:`default_costs` of the cluster's device kind).
@@ -154,11 +190,7 @@ def plan_for_graph(
     from disco.sim.simulator import Simulator
 
     opts = {**DEFAULT_OPTIONS, **dict(options or {})}
-    unknown = sorted(set(opts) - set(DEFAULT_OPTIONS))
-    if unknown:
-        raise ValueError(f"options: unknown keys {unknown}; expected some of {sorted(DEFAULT_OPTIONS)}")
-    if opts["strategy"] not in strategies():
-        raise ValueError(f"options.strategy: expected one of {', '.join(strategies())}, got {opts['strategy']!r}")
+    _check_options(opts)
     progress = progress_cb or (lambda frac, msg: None)
     costs = costs or default_costs(cluster.device)
     t0 = time.perf_counter()
@@ -220,16 +252,18 @@ def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, o
     from disco.plans.random_plans import random_plan
 
     budget = float(opts["budget_s"])
+    max_evals = opts["max_evals"]
     t0 = time.perf_counter()
     tried = 0
     seed = int(opts["seed"])
-    while time.perf_counter() - t0 < budget:
+    while time.perf_counter() - t0 < budget and (max_evals is None or tried < max_evals):
         plan = random_plan(graph, seed + tried)
         tried += 1
         t = sim.step_time(plan)
         if t < best_s:
             best, best_s = plan, t
-        progress(0.1 + 0.85 * min(1.0, (time.perf_counter() - t0) / budget), f"random plans tried: {tried}")
+        progress(0.1 + 0.85 * _done_fraction(time.perf_counter() - t0, budget, tried, max_evals),
+                 f"random plans tried: {tried}")
     return best, {"random_plans_tried": tried}
 
 

@@ -36,6 +36,9 @@ class PlanOptions(_Strict):
     strategy: str = Field("auto", min_length=1, max_length=64, pattern=r"^[a-z0-9_\-]+$",
                           description="auto | baselines | random | a strategy of disco.search")
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    max_evals: int | None = Field(None, ge=1, le=10_000_000,
+                                  description="also stop after this many plan evaluations; with a budget_s the "
+                                              "search does not reach, the same request always gives the same plan")
 
 
 class GraphNode(_Strict):

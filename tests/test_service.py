@@ -113,6 +113,23 @@ def test_identical_concurrent_requests_share_one_job(server):
     assert n == 1
 
 
+def test_max_evals_gives_the_same_plan_on_another_server(server, tmp_path):
+    """Two servers with their own stores search the same request to the same plan."""
+    body = plan_body(seed=11, strategy="auto", budget_s=120.0, max_evals=60)
+    plans, keys = [], []
+    with ServerProcess(tmp_path / "other.sqlite", workers=1, token=TOKEN) as other:
+        for srv in (server, other):
+            status, posted, _ = srv.request("POST", "/v1/plans", body)
+            assert status == 202, posted
+            job = srv.wait_job(posted["job_id"], timeout=120)
+            assert job["state"] == "done", job
+            report = job["result"]["report"]
+            assert report["options"]["max_evals"] == 60 and 60 <= report["search"]["evals"] < 120, report
+            plans.append(job["result"]["plan"])
+            keys.append(posted["key"])
+    assert keys[0] == keys[1] and plans[0] == plans[1]
+
+
 def _raw_post(server, path, headers, body: bytes):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
@@ -141,6 +158,8 @@ def test_malformed_inputs_get_json_4xx_and_the_server_stays_up(server):
         (json.dumps({**ok, "devices": "4"}).encode(), 400, "devices"),
         (json.dumps({**ok, "options": {"budget_s": "fast"}}).encode(), 400, "options.budget_s"),
         (json.dumps({**ok, "options": {"strategy": "magic"}}).encode(), 400, "options.strategy"),
+        (json.dumps({**ok, "options": {"max_evals": 0}}).encode(), 400, "options.max_evals"),
+        (json.dumps({**ok, "options": {"max_evals": "100"}}).encode(), 400, "options.max_evals"),
         (json.dumps({**ok, "surprise": 1}).encode(), 400, "surprise"),
         (json.dumps({"cluster": "local"}).encode(), 400, None),
         (json.dumps({**ok, "graph": {"schema": "disco.graph/1"}}).encode(), 400, "graph.name"),

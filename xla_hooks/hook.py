@@ -243,7 +243,7 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
       cluster: a preset name ("local" uses the step's device count) or a ClusterSpec.
       timeout_s: how long planning may take in all (requests, job, polling).
       token: bearer token for the service's write endpoints.
-      options: planner options (budget_s, strategy, seed) sent with the request.
+      options: planner options (budget_s, strategy, seed, max_evals) sent with the request.
 
     Returns:
       A callable with ``step_fn``'s signature; ``.applied``/``.reports`` show what was used.
