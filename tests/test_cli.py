@@ -122,6 +122,30 @@ def test_unparsable_hlo_file(tmp_path):
     assert "HloModule" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_input_files_that_are_not_text_are_named_with_what_was_expected(tmp_path):
+    import gzip
+
+    from disco.cli.common import CliError, read_text_input
+
+    text = "HloModule m\nENTRY e {\n  ROOT p = f32[4] parameter(0)\n}\n"
+    (tmp_path / "ok.hlo").write_text(text)
+    (tmp_path / "ok.hlo.gz").write_bytes(gzip.compress(text.encode()))
+    assert read_text_input(str(tmp_path / "ok.hlo"), "--hlo", "HLO") == text
+    assert read_text_input(str(tmp_path / "ok.hlo.gz"), "--hlo", "HLO") == text
+    (tmp_path / "binary.hlo").write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff")
+    (tmp_path / "plain.gz").write_text(text)
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(text.encode() * 50)[:40])
+    cases = [(tmp_path, "is a directory"), (tmp_path / "missing.hlo", "no such file"),
+             (tmp_path / "binary.hlo", "not UTF-8 text (byte 0xd0 at offset 8)"),
+             (tmp_path / "plain.gz", "not a complete gzip file"), (tmp_path / "cut.gz", "not a complete gzip file")]
+    for path, message in cases:
+        with pytest.raises(CliError, match=r"--hlo '.*'.*expected .*HLO") as err:
+            read_text_input(str(path), "--hlo", "HLO")
+        assert message in str(err.value)
+    r = run_cli("graph", "--hlo", str(tmp_path / "binary.hlo"))
+    assert r.returncode == 2 and "not UTF-8 text" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_graph_json_summary(tmp_path):
     r = run_cli("graph", "--model", "mlp", "--devices", "4", "--json", "--dump", str(tmp_path))
     assert r.returncode == 0, r.stderr

@@ -118,6 +118,40 @@ def device_kind() -> str:
     return f"{d.platform}:{getattr(d, 'device_kind', '?')} x{len(jax.devices())} on {platform.machine()}"
 
 
+# -- input -----------------------------------------------------------------------------------------
+def read_text_input(path: str, flag: str, expected: str) -> str:
+    """The UTF-8 text of input file ``path`` (gzip-compressed where it ends in ``.gz``).
+
+    Args:
+      path: the file.
+      flag: the option that named it, for the error (e.g. "--hlo").
+      expected: what the file should hold, for the error (e.g. "HLO module text").
+
+    Raises:
+      CliError: naming the flag, the path, what is wrong and what was expected.
+    """
+    import gzip
+
+    if os.path.isdir(path):
+        raise CliError(f"{flag} {path!r} is a directory; expected a file of {expected}")
+    try:
+        if path.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return f.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CliError(f"{flag} {path!r}: no such file; expected a file of {expected}") from None
+    except UnicodeDecodeError as e:
+        raise CliError(f"{flag} {path!r}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                       f"expected {expected}") from None
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise CliError(f"{flag} {path!r}: not a complete gzip file ({e}); expected gzip-compressed {expected} "
+                       f"(or drop the .gz suffix)") from None
+    except OSError as e:
+        raise CliError(f"{flag} {path!r}: cannot read it: {e.strerror or e}") from None
+
+
 # -- output ----------------------------------------------------------------------------------------
 def check_output_file(path: str | None, flag: str) -> None:
     """Checks, before any long work, that ``path`` can be written: its directory exists and is

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from disco.cli.common import CliError, add_model_args, check_output_dir, make_step, model_label, print_json
+from disco.cli.common import add_model_args, check_output_dir, make_step, model_label, print_json, read_text_input
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,11 +37,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.dump, "--dump")
     t0 = time.perf_counter()
     if args.hlo:
-        try:
-            with open(args.hlo, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise CliError(f"cannot read --hlo file {args.hlo!r}: {e.strerror}") from None
+        text = read_text_input(args.hlo, "--hlo", "HLO module text")
         source = {"hlo_file": args.hlo}
         optimized_text = None
     else:

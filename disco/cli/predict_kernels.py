@@ -15,9 +15,7 @@ Registered by :func:`add_parser`; nothing heavy is imported until the command ru
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-from pathlib import Path
 from typing import Any
 
 DEVICES = ("h100", "cpu")
@@ -56,13 +54,9 @@ def predict(hlo_text: str, costs: Any) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     """Prints each kernel's predicted seconds (``--json``: one object) for ``--hlo`` on ``--device``."""
-    from disco.cli.common import CliError, load_cost_model
+    from disco.cli.common import load_cost_model, read_text_input
 
-    path = Path(args.hlo)
-    if not path.exists():
-        raise CliError(f"--hlo {args.hlo!r}: no such file")
-    with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
-        text = f.read()
+    text = read_text_input(args.hlo, "--hlo", "optimised HLO module text (Compiled.as_text())")
     costs, _ = load_cost_model(args.cost_model, device=args.device)
     kernels = predict(text, costs)
     total = sum(kernels.values())
