@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     from service.jobs import stop_runner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: expected a TCP port 0-65535 (0: any free port), got {args.port}")
     if args.workers < 0:
         raise ValueError(f"--workers: expected an integer >= 0, got {args.workers}")
     if args.token is not None and not args.token.strip():

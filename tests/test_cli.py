@@ -306,6 +306,15 @@ def test_serve_without_the_service_extra_prints_one_line_naming_the_extra():
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_serve_refuses_a_port_out_of_range(port):
+    """A port over 65535 was wrapped round by the socket layer (99999 listened on 34463)."""
+    pytest.importorskip("flask")
+    r = _main_in_a_subprocess(["serve", "--port", port])
+    assert r.returncode == 2 and f"--port: expected a TCP port 0-65535 (0: any free port), got {port}" in r.stderr
+    assert "listening" not in r.stderr and "Traceback" not in r.stderr
+
+
 def test_progress_lines_without_a_terminal_and_the_speedup_key(tmp_path):
     r = run_cli("bench", "--model", "mlp", "--preset", "tiny", "--devices", "2", "--plans", "xla_default,one_bucket",
                 "--rounds", "2", "--steps", "1", "--json")
@@ -372,3 +381,10 @@ def test_a_plan_file_that_is_not_a_plan_is_an_error_naming_the_file(tmp_path):
     with pytest.raises(CliError, match=r"plan file '.*wrong\.json': plan field 'schema_version': Field required"):
         resolve_plans(str(wrong), graph)
     assert broken.read_text() == '{"name": "x"'  # nothing is rewritten
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b'{"name": "\xd0"}')
+    with pytest.raises(CliError, match=r"plan file '.*binary\.json': not UTF-8 text \(byte 0xd0 at offset 10\); "
+                                       r"expected a plan's JSON"):
+        resolve_plans(str(binary), graph)
+    with pytest.raises(CliError, match=r"plan file '.*missing\.json': no such file"):
+        resolve_plans(str(tmp_path / "missing.json"), graph)

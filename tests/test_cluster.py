@@ -254,3 +254,7 @@ def test_resolve_reads_a_file_or_names_a_preset(tmp_path):
     with pytest.raises(ValueError, match=r"--cluster 'moon-base' is neither a file nor a preset; expected a path "
                                          r"or one of: local, dgx-a100-8"):
         resolve("moon-base", 8)
+    binary = tmp_path / "c.bin"
+    binary.write_bytes(b"nodes: 1\n\xd0\xff")
+    with pytest.raises(ValueError, match=r"c\.bin: not UTF-8 text \(byte 0xd0 at offset 9\); expected cluster YAML"):
+        resolve(str(binary), 8)

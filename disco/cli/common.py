@@ -309,11 +309,9 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False) -> dict[str, A
     plans: dict[str, Any] = {}
     for item in [p.strip() for p in spec.split(",") if p.strip()]:
         if item.endswith(".json"):
+            text = read_text_input(item, "plan file", "a plan's JSON (FusionPlan.to_json)")
             try:
-                with open(item, encoding="utf-8") as f:
-                    plan = FusionPlan.from_json(f.read())
-            except OSError as e:
-                raise CliError(f"cannot read plan file {item!r}: {e.strerror}") from None
+                plan = FusionPlan.from_json(text)
             except ValueError as e:
                 raise CliError(f"plan file {item!r}: {e}") from None
             if plan.graph_fingerprint is not None and plan.graph_fingerprint != graph.fingerprint:

@@ -59,7 +59,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from disco.sim.cluster_spec import Algorithm, ClusterSpec, LinkSpec, parse_bandwidth, parse_latency, parse_yaml
+from disco.sim.cluster_spec import (Algorithm, ClusterSpec, LinkSpec, parse_bandwidth, parse_latency, parse_yaml,
+                                    read_cluster_file)
 
 
 def load_cluster(
@@ -93,8 +94,7 @@ def load_cluster(
       ValueError: naming the field that is missing, malformed, or cannot be mapped.
     """
     p = Path(path)
-    text = p.read_text()
-    data = parse_yaml(text, p.name)
+    data = parse_yaml(read_cluster_file(p), p.name)
     if isinstance(data, Mapping) and "Server" in data:
         return _from_superscaler(data, p.name, name=name, algorithm=algorithm)
     if isinstance(data, Mapping) and isinstance(data.get("nodes"), list):

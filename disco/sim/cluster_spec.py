@@ -325,16 +325,25 @@ def _link_field(v: Any, where: str) -> LinkSpec:
                     parse_latency(v["latency"], f"{where}.latency"))
 
 
+def read_cluster_file(p: Path) -> str:
+    """The UTF-8 text of a cluster file; ValueError naming it when it is not text."""
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p.name}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                         f"expected cluster YAML") from None
+
+
 def _read_text(path_or_text: str | os.PathLike[str], default_where: str) -> tuple[str, str]:
     if isinstance(path_or_text, os.PathLike):
         p = Path(path_or_text)
-        return p.read_text(), p.name
+        return read_cluster_file(p), p.name
     if isinstance(path_or_text, str):
         if "\n" not in path_or_text and len(path_or_text) < 4096:
             try:
                 p = Path(path_or_text)
                 if p.is_file():
-                    return p.read_text(), p.name
+                    return read_cluster_file(p), p.name
             except OSError:
                 pass
         return path_or_text, default_where
