@@ -333,6 +333,10 @@ def test_registry_resolves_names_devices_and_files(tmp_path: Path, small_model):
     KernelCosts(small_model, device="h100").save(p)
     loaded = registry.make(str(p))
     assert isinstance(loaded, KernelCosts) and loaded.device == "h100"
+    assert registry.make(str(p), device="h100").device == "h100"
+    with pytest.raises(ValueError, match=r"m\.msgpack' was trained for device 'h100', not 'cpu'; expected a model "
+                                         r"of 'cpu' kernels"):
+        registry.make(str(p), device="cpu")  # an H100 checkpoint does not price CPU kernels
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -91,16 +91,19 @@ def _read_entry_points() -> None:
                 register(entry)
 
 
-def make(spec: str | os.PathLike[str], device: str = "cpu") -> CostModel:
+def make(spec: str | os.PathLike[str], device: str | None = None) -> CostModel:
     """The cost model ``spec`` names for ``device``: a registered name, or a saved model file.
 
     Args:
       spec: a name (``analytic``, ``gnn``, ...) or a path; a file is offered to every entry's
         ``claims`` first, then read as a JSON cost model (:func:`disco.sim.costs.load_costs`).
-      device: the device kind the model prices (``cpu``, ``h100``).
+      device: the device kind the model prices (``cpu``, ``h100``). A name needs one (None:
+        ``cpu``); a file whose model records the device it was trained for (a per-kernel GNN
+        checkpoint) must be for this one (None: any).
 
     Raises:
-      ValueError: for an unknown name, a device the model does not cover, or a bad file.
+      ValueError: for an unknown name, a device the model does not cover, a file trained for
+        another device, or a bad file.
       FileNotFoundError: never for names; for a path that looks like a file but is missing.
     """
     key = os.fspath(spec)
@@ -108,13 +111,23 @@ def make(spec: str | os.PathLike[str], device: str = "cpu") -> CostModel:
         _read_entry_points()
     entry = _ENTRIES.get(key)
     if entry is not None:
-        return entry.make(device)
+        return entry.make(device or "cpu")
     path = Path(key)
     if path.is_file():
-        for e in list(_ENTRIES.values()):
-            if e.load is not None and e.claims is not None and e.claims(path):
-                return e.load(path)
-        return load_costs(path)
+        model = _load_file(path)
+        trained_for = getattr(model, "device", None)
+        if device is not None and isinstance(trained_for, str) and trained_for != device:
+            raise ValueError(f"cost model file {key!r} was trained for device {trained_for!r}, not {device!r}; "
+                             f"expected a model of {device!r} kernels")
+        return model
     if path.suffix:
         raise FileNotFoundError(f"cost model file {key!r} does not exist")
     raise ValueError(f"cost model {key!r}: expected {', '.join(sorted(_ENTRIES))} or a saved model file")
+
+
+def _load_file(path: Path) -> CostModel:
+    """A saved model: the first registry entry that claims the file, else a JSON cost model."""
+    for e in list(_ENTRIES.values()):
+        if e.load is not None and e.claims is not None and e.claims(path):
+            return e.load(path)
+    return load_costs(path)
