@@ -175,6 +175,15 @@ def test_jit_rejects_a_bad_timeout():
         xla_hooks.jit(lambda x: x, timeout_s=0)
 
 
+@pytest.mark.parametrize("url", ["not a url", "127.0.0.1:8000", "ftp://host", "http://", "http://h:99999", 8000])
+def test_jit_rejects_a_service_that_is_not_a_url(url):
+    """A wrong URL is a setup error raised at once (it was urllib's 'unknown url type' at the first step)."""
+    with pytest.raises(ValueError, match=r"service: (expected the plan service's base URL, e\.g\. "
+                                         r"'http://127\.0\.0\.1:8000'|the port of .* is not a number in 0-65535)"):
+        xla_hooks.jit(lambda x: x, service=url)
+    assert xla_hooks.jit(lambda x: x, service="https://plans.example:8443/disco") is not None
+
+
 def test_a_gpu_keeps_a_plans_cuts_buckets_and_options_but_not_its_groups(monkeypatch):
     from disco.plans.plan import make_plan
     from xla_hooks.hook import _for_this_backend

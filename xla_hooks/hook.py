@@ -248,14 +248,35 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
     Returns:
       A callable with ``step_fn``'s signature; ``.applied``/``.reports`` show what was used.
 
+    Raises:
+      ValueError: for a ``timeout_s`` that is not positive or a ``service`` that is not an
+        http(s) URL with a host (setup errors; everything that goes wrong later falls back).
+
     Warns:
       PlanServiceWarning: no plan was obtained; XLA's default compile is used.
       PlanFallbackWarning: the plan could not be applied (from :func:`xla_hooks.apply`).
     """
     if timeout_s is None or not timeout_s > 0:
         raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    if service is not None:
+        _check_service_url(service)
     return PlannedStep(step_fn, service=service, cluster=cluster, timeout_s=timeout_s, token=token,
                        options=options)
+
+
+def _check_service_url(url: Any) -> None:
+    """ValueError unless ``url`` is an http(s) base URL with a host (a wrong URL is a setup error,
+    raised at once, not a service outage to fall back from at the first step)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"service: expected the plan service's base URL, e.g. 'http://127.0.0.1:8000', "
+                         f"got {url!r}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
+    except ValueError:
+        raise ValueError(f"service: the port of {url!r} is not a number in 0-65535") from None
 
 
 def _for_this_backend(plan: Any, report: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
