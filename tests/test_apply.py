@@ -139,6 +139,17 @@ def test_invalid_plan_falls_back_with_a_warning():
     assert_close(three_steps(applied, args), three_steps(jax.jit(step), args))
 
 
+def test_something_that_is_not_a_plan_is_a_usage_error_not_a_fallback():
+    """A plan's JSON dict was an AttributeError ('dict' object has no attribute 'name')."""
+    step, args, graph = setup("mlp")
+    plan_dict = baselines.make("ddp", graph).to_dict()
+    with pytest.raises(TypeError, match=r"plan: expected a disco FusionPlan or None, got dict \(FusionPlan\.from_dict"):
+        xla_hooks.apply(plan_dict, step, *args)
+    with pytest.raises(TypeError, match=r"got int$"):
+        xla_hooks.apply(3, step, *args)
+    assert xla_hooks.apply(FusionPlan.from_dict(plan_dict), step, *args).applied
+
+
 def test_broken_private_api_falls_back(monkeypatch):
     step, args, graph = setup("mlp")
     import jaxlib._hlo

@@ -441,8 +441,11 @@ def test_config_is_frozen_validated_and_defaults_the_confirmation_rounds():
     assert dataclasses.replace(config, confirm_rounds=5).confirmation_rounds == 5
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.rounds = 1
-    with pytest.raises(ValueError, match=r"budget_s: expected a positive number of seconds, got 0"):
-        opt.OptimizeConfig(budget_s=0)
+    for bad in (0, "10", float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=rf"budget_s: expected a positive number of seconds, got {bad!r}"):
+            opt.OptimizeConfig(budget_s=bad)  # "10" was a TypeError comparing str with int
+    with pytest.raises(ValueError, match=r"rounds and steps: expected integers >= 1, got rounds=2.5, steps=3"):
+        opt.OptimizeConfig(rounds=2.5)
     with pytest.raises(ValueError, match=r"max_evals: expected an integer >= 1 or None, got 0"):
         opt.OptimizeConfig(max_evals=0)
     with pytest.raises(ValueError, match=r"rounds and steps: expected integers >= 1, got rounds=0, steps=3"):

@@ -141,6 +141,7 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
       An :class:`AppliedStep`; ``.applied`` says whether the plan is in effect.
 
     Raises:
+      TypeError: ``plan`` is not a FusionPlan (a usage error, never a fallback).
       ValueError, Exception: only with ``strict``: what :func:`compile_plan` raises.
 
     Example::
@@ -148,6 +149,9 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
       step = xla_hooks.apply(plan, train_step, state, batch)
       state, loss = step(state, batch)
     """
+    if plan is not None and not isinstance(plan, FusionPlan):
+        hint = " (FusionPlan.from_dict or FusionPlan.from_json reads a plan's JSON)" if isinstance(plan, (dict, str)) else ""
+        raise TypeError(f"plan: expected a disco FusionPlan or None, got {type(plan).__name__}{hint}")
     plan = plan or DEFAULT_PLAN
     if strict:
         return compile_plan(plan, step_fn, *args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from disco import search
@@ -77,7 +78,8 @@ class OptimizeConfig:
         if self.strategy not in search.STRATEGIES:
             raise ValueError(f"unknown search strategy {self.strategy!r}; expected one of: "
                              f"{', '.join(search.STRATEGIES)}")
-        if not self.budget_s > 0:
+        budget = self.budget_s
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < math.inf:
             raise ValueError(f"budget_s: expected a positive number of seconds, got {self.budget_s!r}")
         if self.max_evals is not None and (not _is_int(self.max_evals) or self.max_evals < 1):
             raise ValueError(f"max_evals: expected an integer >= 1 or None, got {self.max_evals!r}")
@@ -87,7 +89,7 @@ class OptimizeConfig:
             raise ValueError(f"bucket_sweep: expected bucket counts (integers >= 1), got {self.bucket_sweep!r}")
         if not _is_int(self.finalists) or self.finalists < 1:
             raise ValueError(f"finalists: expected an integer >= 1, got {self.finalists!r}")
-        if self.rounds < 1 or self.steps < 1:
+        if not _is_int(self.rounds) or not _is_int(self.steps) or self.rounds < 1 or self.steps < 1:
             raise ValueError(f"rounds and steps: expected integers >= 1, got rounds={self.rounds!r}, "
                              f"steps={self.steps!r}")
         if self.confirm_rounds is not None and (not _is_int(self.confirm_rounds) or self.confirm_rounds < 1):
