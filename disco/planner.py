@@ -117,7 +117,7 @@ def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any]
     max_evals = options["max_evals"]
 
     def on_step(evals: int, elapsed: float, best: float) -> None:
-        progress(_done_fraction(elapsed, budget, evals, max_evals),
+        progress(mod.done_fraction(elapsed, budget, evals, max_evals),
                  f"{evals} plans evaluated, best {best * 1e3:.4f} ms (simulated)")
 
     result = mod.run(mod.make(name), graph, sim.step_time, budget_s=budget, max_evals=max_evals,
@@ -128,14 +128,6 @@ def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any]
     return result.best_plan, info
 
 
-def _done_fraction(elapsed: float, budget: float, evals: int, max_evals: int | None) -> float:
-    """How far a search is through its budget: the larger of the time and the evaluations spent."""
-    frac = elapsed / budget
-    if max_evals is not None:
-        frac = max(frac, evals / max_evals)
-    return min(1.0, frac)
-
-
 def _check_options(opts: Mapping[str, Any]) -> None:
     """Raises ValueError naming the first option that is not what the planner expects."""
     unknown = sorted(set(opts) - set(DEFAULT_OPTIONS))
@@ -143,15 +135,12 @@ def _check_options(opts: Mapping[str, Any]) -> None:
         raise ValueError(f"options: unknown keys {unknown}; expected some of {sorted(DEFAULT_OPTIONS)}")
     if opts["strategy"] not in strategies():
         raise ValueError(f"options.strategy: expected one of {', '.join(strategies())}, got {opts['strategy']!r}")
-    budget = opts["budget_s"]
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < float("inf"):
-        raise ValueError(f"options.budget_s: expected a positive number of seconds, got {budget!r}")
+    from disco import search
+
+    search.check_budgets(opts["budget_s"], opts["max_evals"], where="options.")
     seed = opts["seed"]
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"options.seed: expected an integer >= 0, got {seed!r}")
-    max_evals = opts["max_evals"]
-    if max_evals is not None and (isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1):
-        raise ValueError(f"options.max_evals: expected an integer >= 1 or None, got {max_evals!r}")
 
 
 def plan_for_graph(
@@ -249,6 +238,7 @@ def plan_for_graph(
 def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, opts: Mapping[str, Any],
                    progress: ProgressFn) -> tuple[FusionPlan, dict[str, Any]]:
     """Random valid plans until the budget runs out; the fastest by simulated time wins."""
+    from disco import search
     from disco.plans.random_plans import random_plan
 
     budget = float(opts["budget_s"])
@@ -262,7 +252,7 @@ def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, o
         t = sim.step_time(plan)
         if t < best_s:
             best, best_s = plan, t
-        progress(0.1 + 0.85 * _done_fraction(time.perf_counter() - t0, budget, tried, max_evals),
+        progress(0.1 + 0.85 * search.done_fraction(time.perf_counter() - t0, budget, tried, max_evals),
                  f"random plans tried: {tried}")
     return best, {"random_plans_tried": tried}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 from disco import search
@@ -78,11 +77,7 @@ class OptimizeConfig:
         if self.strategy not in search.STRATEGIES:
             raise ValueError(f"unknown search strategy {self.strategy!r}; expected one of: "
                              f"{', '.join(search.STRATEGIES)}")
-        budget = self.budget_s
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < math.inf:
-            raise ValueError(f"budget_s: expected a positive number of seconds, got {self.budget_s!r}")
-        if self.max_evals is not None and (not _is_int(self.max_evals) or self.max_evals < 1):
-            raise ValueError(f"max_evals: expected an integer >= 1 or None, got {self.max_evals!r}")
+        search.check_budgets(self.budget_s, self.max_evals)
         if not _is_int(self.measure_top_k) or self.measure_top_k < 0:
             raise ValueError(f"measure_top_k: expected an integer >= 0, got {self.measure_top_k!r}")
         if any(not _is_int(k) or k < 1 for k in self.bucket_sweep):

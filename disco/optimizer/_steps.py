@@ -137,10 +137,8 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
     graph, sim = target.graph, target.simulator
 
     def on_step(evals: int, elapsed: float, best: float) -> None:
-        done = elapsed / config.budget_s
-        if config.max_evals is not None:
-            done = max(done, evals / config.max_evals)
-        progress("search", min(1.0, done), f"{evals} plans, best {best * 1e3:.3f} ms (simulated)")
+        progress("search", search.done_fraction(elapsed, config.budget_s, evals, config.max_evals),
+                 f"{evals} plans, best {best * 1e3:.3f} ms (simulated)")
 
     result = search.run(search.make(config.strategy), graph, sim.step_time, budget_s=config.budget_s,
                         max_evals=config.max_evals, seed=config.seed, progress=on_step)

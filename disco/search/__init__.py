@@ -29,7 +29,7 @@ from typing import Any
 from disco.search._annealing import AnnealingState, annealing
 from disco.search._base import Problem, Scored, Strategy, plan_key, problem
 from disco.search._best_first import BestFirstState, best_first
-from disco.search._driver import SearchResult, run
+from disco.search._driver import SearchResult, check_budgets, done_fraction, run
 from disco.search._greedy import GreedyState, greedy
 from disco.search._starts import default_starts, greedy_fusion, merged_gradient_buckets, reduce_fusion, ynn_no_reduce
 
@@ -49,6 +49,7 @@ def make(name: str, **kw: Any) -> Strategy:
 
 __all__ = [
     "STRATEGIES", "AnnealingState", "BestFirstState", "GreedyState", "Problem", "Scored", "SearchResult",
-    "Strategy", "annealing", "best_first", "default_starts", "greedy", "greedy_fusion", "make",
+    "Strategy", "annealing", "best_first", "check_budgets", "default_starts", "done_fraction", "greedy",
+    "greedy_fusion", "make",
     "merged_gradient_buckets", "plan_key", "problem", "reduce_fusion", "run", "ynn_no_reduce",
 ]

@@ -57,6 +57,32 @@ class SearchResult:
                 "best_plan": self.best_plan.to_dict()}
 
 
+def check_budgets(budget_s: object, max_evals: object, where: str = "") -> None:
+    """Checks a caller's search budgets: ``budget_s`` a finite positive number of seconds,
+    ``max_evals`` an integer >= 1 or None (what ``disco.optimize`` and the planner accept;
+    :func:`run` itself also takes ``budget_s=None``).
+
+    Args:
+      where: prefix of the names in the error, e.g. "options.".
+
+    Raises:
+      ValueError: naming the budget, what was expected and what was given.
+    """
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s < math.inf:
+        raise ValueError(f"{where}budget_s: expected a positive number of seconds, got {budget_s!r}")
+    if max_evals is not None and (isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1):
+        raise ValueError(f"{where}max_evals: expected an integer >= 1 or None, got {max_evals!r}")
+
+
+def done_fraction(elapsed: float, budget_s: float, evals: int, max_evals: int | None) -> float:
+    """How far a search is through its budgets, in [0, 1]: the larger of the time and the
+    evaluations spent (for progress reports)."""
+    frac = elapsed / budget_s
+    if max_evals is not None:
+        frac = max(frac, evals / max_evals)
+    return min(1.0, frac)
+
+
 def _simulator_of(evaluate: Evaluate) -> Any:
     from disco.sim.simulator import Simulator
 
