@@ -22,7 +22,10 @@ behind an emulated link when one is given (:mod:`disco.testbed`):
    or even_k plan with the highest paired speedup there): the answer's paired speedups over
    both (:func:`confirmed_answer`). The best baseline is the answer when it was faster there;
    xla_default when neither beats xla_default there. (No run-off
-   between finalists, unlike the in-process optimize: every extra launch recompiles every plan.)
+   between finalists, unlike the in-process optimize: every extra launch recompiles every plan.
+   One run-off only, before the confirmation, when the fastest fusing plan and the fastest
+   baseline have different buckets: the first choice against the fusing plan's fusion decisions on
+   that baseline's buckets, :func:`disco.optimizer.regrouped_row`'s plan, in a launch of their own.)
    Picking the fastest of a dozen noisy measurements favours a lucky one, so only the
    confirmation's ratio over the best baseline is evidence of a gain over the baselines.
    The result also says how the answer relates to the baselines
@@ -43,7 +46,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from disco import mp_calibrate, multiprocess
-from disco.optimizer import REPORTED_BASELINES, confirmed_winner, reduce_fusion_row
+from disco.optimizer import (
+    REPORTED_BASELINES,
+    confirmed_winner,
+    reduce_fusion_row,
+    regroup_sources,
+    regrouped,
+    runoff_choice,
+)
 from disco.plans.plan import FusionPlan
 
 if TYPE_CHECKING:
@@ -79,6 +89,8 @@ class CrossOptimizeResult:
         of :func:`disco.mp_calibrate.measure_compute_floor`, or {"median_ms"} when given), and the
         simulator's compute of the step before scaling ("predicted_ms"); None: not scaled.
       compute_speed: the ``compute_speed`` of the spec the search priced plans on.
+      runoff: the run-off launch's rows (xla_default, the first choice and the regrouped plan),
+        or None when none ran.
       fingerprints_match: whether every worker compiled the graph the search saw.
     """
 
@@ -97,6 +109,7 @@ class CrossOptimizeResult:
     relation: str = ""
     compute_floor: dict[str, Any] | None = None
     compute_speed: float | None = None
+    runoff: tuple[dict[str, Any], ...] | None = None
 
     @property
     def speedup(self) -> float:
@@ -123,7 +136,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
              bucket_sweep: Sequence[int] = (2, 3, 4), confirm: bool = True, confirm_rounds: int | None = None,
              optimizer: str = "adamw", timeout_s: float = 1800, scale_compute: bool = True,
              compute_floor_ms: float | None = None, measure_reduce_fusion: bool = True,
-             progress: Progress | None = None) -> CrossOptimizeResult:
+             measure_regrouped: bool = True, progress: Progress | None = None) -> CrossOptimizeResult:
     """Searches plans for a zoo model priced on ``cluster`` and measures them across processes.
 
     This process's jax must have at least ``processes * devices_per_process`` devices.
@@ -134,6 +147,8 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
       compute_floor_ms: that floor, when measured already; None: measured here, in a launch of
         its own before the search (``rounds`` rounds).
       measure_reduce_fusion: also measure the ``reduce_fusion`` row (module doc, step 3).
+      measure_regrouped: with ``confirm``, also measure the regrouped plan in a run-off (module
+        doc, step 4).
       max_evals: also stop the search after this many plan evaluations (a seed then always
         searches the same plans); None: ``budget_s`` only.
 
@@ -216,11 +231,27 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
         rank += 1
         add_plan_file(f"disco_{rank}", p, "search", cost)
 
+    def regroup(rows: Sequence[dict[str, Any]]) -> str | None:
+        """Adds the measured rows' regrouped plan to the candidates; its row name, or None."""
+        plans = {n: FusionPlan.from_json(plans_json[n]) if n in plans_json else _baseline_plan(n, graph)
+                 for n in cands}
+        gains = {r["plan"]: r["paired_speedup"] for r in rows if r["applied"]}
+        pair = regroup_sources(gains, {n: kind for n, (_, kind, _) in cands.items()}, plans)
+        if pair is None:
+            return None
+        name = f"{pair[0]}_on_{pair[1]}"
+        p = regrouped(plans[pair[0]], plans[pair[1]], graph, name)
+        if p is None or p.digest() in {q.digest() for q in plans.values()}:
+            return None
+        add_plan_file(name, p, "search", sim.step_time(p))
+        return name
+
     # -- measure ----------------------------------------------------------------------------
     say(f"measuring {len(cands)} plans across {processes} processes")
     try:
         res = _measure(model, preset, processes, devices_per_process, link, cands, plans_json, graph, found,
-                       cluster, rounds, steps, confirm, confirm_rounds, optimizer, timeout_s, say)
+                       cluster, rounds, steps, confirm, confirm_rounds, optimizer, timeout_s, say,
+                       regroup if measure_regrouped else None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dataclasses.replace(res, compute_floor=floor, compute_speed=cluster.compute_speed)
@@ -229,8 +260,9 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
 def _measure(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None,
              cands: dict[str, tuple[str, str, float]], plans_json: dict[str, str], graph: Any, found: Any,
              cluster: ClusterSpec, rounds: int, steps: int, confirm: bool, confirm_rounds: int, optimizer: str,
-             timeout_s: float, say: Progress) -> CrossOptimizeResult:
-    """Steps 3 and 4 of the module doc."""
+             timeout_s: float, say: Progress,
+             regroup: Callable[[Sequence[dict[str, Any]]], str | None] | None = None) -> CrossOptimizeResult:
+    """Steps 3 and 4 of the module doc; ``regroup`` adds the regrouped plan to ``cands``."""
     res = _launch(model, preset, processes, devices_per_process, link, [a for a, _, _ in cands.values()],
                   rounds, steps, optimizer, timeout_s)
     by_plan = {r["plan"]: r for r in multiprocess.combine(res)}
@@ -244,9 +276,14 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
     others = [r for r in rows if r["plan"] != "xla_default" and r["applied"]]
     best = max(others, key=lambda r: r["paired_speedup"], default=None)
     chosen, verdict, confirmed, confirmation, vs_best = "xla_default", "no plan beat xla_default when measured", None, None, None
+    runoff = None
     if best is not None and best["paired_speedup"] > 1.0:
         chosen = best["plan"]
         verdict = f"{chosen} measured {best['paired_speedup']:.3f}x faster than xla_default (paired)"
+        extra = regroup(rows) if confirm and regroup is not None else None
+        if extra is not None:
+            chosen, verdict, runoff = _run_off(model, preset, processes, devices_per_process, link, cands, rows,
+                                               chosen, extra, verdict, rounds, steps, optimizer, timeout_s, say)
         if confirm:
             against = [n for n in dict.fromkeys(("xla_default", best_base)) if n != chosen]
             say(f"confirming {chosen} against {' and '.join(against)} ({confirm_rounds} rounds, fresh processes)")
@@ -265,7 +302,30 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
         confirmation=confirmation, link=res.link_info(), cluster=cluster.name,
         search={"strategy": found.strategy, "evals": found.evals, "seconds": found.elapsed_s},
         fingerprints_match={r["fingerprint"] for r in res.results} == {graph.fingerprint},
-        best_baseline=best_base, confirmed_vs_best_baseline=vs_best, relation=relation)
+        best_baseline=best_base, confirmed_vs_best_baseline=vs_best, relation=relation, runoff=runoff)
+
+
+def _run_off(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None,
+             cands: dict[str, tuple[str, str, float]], rows: list[dict[str, Any]], chosen: str, extra: str,
+             verdict: str, rounds: int, steps: int, optimizer: str, timeout_s: float, say: Progress
+             ) -> tuple[str, str, tuple[dict[str, Any], ...]]:
+    """The choice against the regrouped plan ``extra`` (and xla_default) in a launch of their own:
+    (the faster, the verdict, that launch's rows). ``extra``'s row, with its times there, is
+    appended to ``rows``; a fallback is not chosen."""
+    from xla_hooks.measure import Measurement
+
+    say(f"run-off: {chosen} against {extra} ({rounds} rounds, fresh processes)")
+    launched = _launch(model, preset, processes, devices_per_process, link,
+                       [cands[n][0] for n in ("xla_default", chosen, extra)], rounds, steps, optimizer, timeout_s)
+    again = {r["plan"]: r for r in multiprocess.combine(launched)}
+    r = again[extra]
+    rows.append({"plan": extra, "kind": "search", "predicted_ms": cands[extra][2] * 1e3, "median_ms": r["median_ms"],
+                 "min_ms": r["min_ms"], "max_ms": r["max_ms"], "paired_speedup": r["paired_speedup"],
+                 "applied": r["applied"], "all_reduces": r["all_reduces"], "measured_in": "run-off"})
+    times = {n: Measurement(tuple(again[n]["samples_ms"])) for n in ("xla_default", chosen, extra)
+             if again[n]["applied"] or n == "xla_default"}
+    chosen, verdict = runoff_choice(chosen, verdict, times)
+    return chosen, verdict, tuple(again.values())
 
 
 def best_baseline(rows: Sequence[dict[str, Any]]) -> str:

@@ -40,6 +40,7 @@ def table(link_label: str, results: list[dict]) -> str:
         best_even = max(evens, key=lambda k: evens[k]["paired_speedup"], default=None)
         answer, best_base = res["chosen"], res["best_baseline"]
         measured = rows[answer]["paired_speedup"]
+        where = " (run-off)" if rows[answer].get("measured_in") == "run-off" else ""
         confirmed = res["speedup"]
         vs_best = res["confirmed_vs_best_baseline"]
         g_x.append(confirmed)
@@ -54,7 +55,7 @@ def table(link_label: str, results: list[dict]) -> str:
 
         lines.append(f"| {res['model']} | {rows['xla_default']['median_ms']:.2f} | {cell('per_tensor')} | "
                      f"{cell('horovod')} | {cell('ddp')} | "
-                     f"{(best_even + ' ' + cell(best_even)) if best_even else '-'} | {answer} | {measured:.3f}x | "
+                     f"{(best_even + ' ' + cell(best_even)) if best_even else '-'} | {answer} | {measured:.3f}x{where} | "
                      f"{confirmed:.3f}x | {best_base} {cell(best_base)} | "
                      f"{'-' if vs_best is None else f'{vs_best:.3f}x'} | "
                      f"{'-' if val is None else f'{val:.3f}x'} | {res['relation']} |")

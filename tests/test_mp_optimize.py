@@ -168,3 +168,37 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert rows["horovod"]["predicted_ms"] == pytest.approx(sim.step_time(baselines.make("horovod", graph)) * 1e3)
     unscaled = Simulator(graph, AnalyticCosts(), cluster).step_time(baselines.make("horovod", graph)) * 1e3
     assert rows["horovod"]["predicted_ms"] != pytest.approx(unscaled)
+
+
+def test_the_run_off_measures_the_regrouped_plan_in_fresh_processes(mlp_graph, tmp_path):
+    """Real processes over 127.0.0.1 (mlp/tiny, 2 x 1 device): the first choice, xla_default and the
+    regrouped plan (reduce_fusion's groups on even_2's buckets, from its plan file) in one launch; the
+    regrouped plan's row joins the rows with its times there, and the faster of the two is chosen."""
+    from disco.optimizer import reduce_fusion_row, regrouped
+    from disco.plans import baselines
+    from disco.plans.plan import FusionPlan
+
+    even2 = baselines.make("even", mlp_graph, k=2)
+    plan = regrouped(reduce_fusion_row(mlp_graph, FusionPlan()), even2, mlp_graph, "reduce_fusion_on_even_2")
+    assert plan is not None and plan.groups and plan.buckets == even2.buckets
+    path = tmp_path / "reduce_fusion_on_even_2.json"
+    path.write_text(plan.to_json())
+    cands = {"xla_default": ("xla_default", "baseline", 1e-3), "even_2": ("even:2", "baseline", 1e-3),
+             "reduce_fusion_on_even_2": (str(path), "search", 2e-3)}
+    rows = [_row("xla_default", 1.0), _row("even_2", 1.3)]
+    chosen, verdict, launched = mp_optimize._run_off(
+        "mlp", "tiny", 2, 1, None, cands, rows, "even_2", "reduce_fusion_on_even_2", "even_2 measured 1.3x",
+        rounds=2, steps=1, optimizer="sgd", timeout_s=600, say=lambda msg: None)
+    assert {r["plan"] for r in launched} == {"xla_default", "even_2", "reduce_fusion_on_even_2"}
+    assert all(len(r["samples_ms"]) == 2 and r["applied"] for r in launched)
+    extra = rows[-1]
+    assert extra["plan"] == "reduce_fusion_on_even_2" and extra["measured_in"] == "run-off"
+    assert extra["kind"] == "search" and extra["predicted_ms"] == 2.0
+    again = {r["plan"]: r for r in launched}
+    assert extra["paired_speedup"] == again["reduce_fusion_on_even_2"]["paired_speedup"]
+    from xla_hooks.measure import Measurement, paired_speedup
+
+    times = {n: Measurement(tuple(r["samples_ms"])) for n, r in again.items()}
+    assert chosen == max(("even_2", "reduce_fusion_on_even_2"),
+                         key=lambda n: paired_speedup(times["xla_default"], times[n]))
+    assert verdict.startswith("even_2 measured 1.3x") and "run-off of 2" in verdict

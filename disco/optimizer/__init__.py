@@ -17,7 +17,10 @@ The pipeline is a few pure steps, each with its own small result (the shape of
    ``xla_default`` and the verdict says so.
 4. :func:`run_off`: the ``finalists`` fastest plans that beat ``xla_default`` are measured
    again, with it, in fresh interleaved rounds, and the fastest there is chosen (picking the
-   fastest of a dozen noisy medians favours whichever plan got lucky rounds).
+   fastest of a dozen noisy medians favours whichever plan got lucky rounds). With them, the
+   fastest fusing plan's fusion groups on the fastest baseline's buckets, when those differ
+   (:func:`regrouped_row`): the search chose its plans' buckets by the simulator, the
+   measurement may have found a faster bucketing.
 5. :func:`confirm`: the choice is measured once more against ``xla_default`` and, when the
    choice is not a baseline, the first run's best baseline, in fresh rounds (three times as many
    by default). The answer and its reported speedup come from that run: the faster of the choice
@@ -49,7 +52,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from disco.optimizer._choice import PlanRow, Span, confirmed_winner
+from disco.optimizer._choice import PlanRow, Span, confirmed_winner, regroup_sources, runoff_choice
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._result import OptimizeResult, Setting, chrome_trace, make_result
 from disco.optimizer._steps import (
@@ -67,6 +70,8 @@ from disco.optimizer._steps import (
     measure,
     prepare,
     reduce_fusion_row,
+    regrouped,
+    regrouped_row,
     run_off,
 )
 from disco.sim.cluster import ClusterSpec
@@ -76,7 +81,7 @@ __all__ = [
     "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "OptimizeConfig", "OptimizeResult",
     "PlanRow", "Progress", "RunOff", "SearchSummary", "Setting", "Span", "Target", "candidates", "chrome_trace",
     "confirm", "confirmed_winner", "devices_of", "make_result", "measure", "optimize", "prepare",
-    "reduce_fusion_row", "run_off",
+    "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_row", "run_off", "runoff_choice",
 ]
 
 

@@ -127,6 +127,41 @@ def best_baseline(rows: Sequence[PlanRow]) -> str | None:
     return max(better, key=lambda r: r.gain(base)).name if better else None
 
 
+def fuses(plan: FusionPlan) -> bool:
+    """Whether ``plan`` asks for more than a bucketing: fusion groups, cuts, XLA's fusion off or
+    compile options (what :func:`regroup_sources` can move onto another plan's buckets)."""
+    return not plan.replace(buckets=None).is_default
+
+
+def regroup_sources(gains: Mapping[str, float], kinds: Mapping[str, str],
+                    plans: Mapping[str, FusionPlan]) -> tuple[str, str] | None:
+    """(fusing plan, baseline) whose combination is worth measuring, or None.
+
+    The simulator picks the buckets a searched plan (or ``reduce_fusion``) carries, and the
+    measurement can then find another bucketing faster (the ``even_<k>`` sweep, ddp): the fusion
+    decisions and the bucketing are each best as measured, so the fusing plan's groups on the
+    best measured buckets are worth a measurement of their own. The fusing plan is the one with
+    the largest paired speedup above 1 among those that :func:`fuses`; the baseline the one
+    (xla_default aside) with the largest above 1. None when either is missing or the fusing plan
+    has the baseline's buckets already.
+
+    Args:
+      gains: paired speedups over xla_default of the applied, measured rows, by name.
+      kinds: each row's kind ("baseline" or "search").
+      plans: each row's plan.
+    """
+    def top(names: list[str]) -> str | None:
+        above = [n for n in names if gains[n] > 1.0]
+        return max(above, key=gains.__getitem__) if above else None
+
+    measured = [n for n in gains if n != "xla_default"]
+    fusing = top([n for n in measured if fuses(plans[n])])
+    base = top([n for n in measured if kinds[n] == "baseline"])
+    if fusing is None or base is None or plans[fusing].buckets == plans[base].buckets:
+        return None
+    return fusing, base
+
+
 def confirmed_winner(chosen: str, gain: float, baseline: str | None = None, baseline_gain: float | None = None,
                      vs_baseline: float | None = None) -> str:
     """The confirmation rule, the one place both optimizers (in-process and across processes)

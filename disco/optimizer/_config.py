@@ -47,6 +47,10 @@ class OptimizeConfig:
         ``k`` buckets of equal bytes) are measured too; ``()`` measures none.
       finalists: how many of the fastest measured plans go to the run-off; 1 skips it.
         Only with ``confirm``.
+      measure_regrouped: also measure, in the run-off, the fastest fusing plan's fusion
+        decisions on the fastest baseline's buckets when the two differ (row
+        ``<plan>_on_<baseline>``): the search's plans carry the buckets the simulator preferred,
+        and the measurement can find another bucketing faster.
       confirm: measure the chosen plan again against xla_default (and the best baseline) in fresh rounds and keep
         it only if it is faster there too.
       confirm_rounds: the confirmation's rounds; None: :attr:`confirmation_rounds`'s default.
@@ -69,6 +73,7 @@ class OptimizeConfig:
     measure_bound: bool = True
     bucket_sweep: tuple[int, ...] = (2, 3, 4)
     finalists: int = 3
+    measure_regrouped: bool = True
     confirm: bool = True
     confirm_rounds: int | None = None
 

@@ -40,7 +40,8 @@ class OptimizeResult:
       plan: the answer: the fastest measured plan, or xla_default when nothing beat it.
       chosen: the answer's row name.
       verdict: one sentence saying what was chosen and why.
-      rows: every measured plan (baselines and searched), with predicted and measured times.
+      rows: every measured plan (baselines and searched), with predicted and measured times; a
+        plan measured in the run-off only (the regrouped plan) has its times there.
       setting: the graph, cluster, cost model and simulated lower bound.
       search: what the simulated search did.
       config: the options it ran with.
@@ -229,8 +230,9 @@ def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measu
                "all_reduces": len(graph.all_reduces())},
         cluster=target.cluster.name, cost_model=getattr(target.costs, "name", type(target.costs).__name__),
         lower_bound_s=sim.lower_bound())
-    plan = next(r.plan for r in measured.rows if r.name == last.chosen).replace(graph_fingerprint=graph.fingerprint)
-    return OptimizeResult(plan=plan, chosen=last.chosen, verdict=last.verdict, rows=measured.rows,
+    rows = measured.rows + (runoff.rows if runoff is not None else ())
+    plan = next(r.plan for r in rows if r.name == last.chosen).replace(graph_fingerprint=graph.fingerprint)
+    return OptimizeResult(plan=plan, chosen=last.chosen, verdict=last.verdict, rows=rows,
                           setting=setting, search=cands.search, config=config, bound=measured.bound,
                           runoff=runoff, confirmation=confirmation, simulator=sim)
 

@@ -25,6 +25,7 @@ from disco.optimizer._choice import (
     best_baseline,
     confirmed_choice,
     finalists,
+    regroup_sources,
     runoff_choice,
     verdict,
 )
@@ -35,6 +36,7 @@ from disco.sim.cluster import ClusterSpec, preset
 from disco.sim import device_costs
 from disco.sim.costs import CostModel
 from disco.sim.simulator import Simulator
+from xla_hooks import apply_plan
 from xla_hooks import measure as _measure
 from xla_hooks.apply_plan import PlanFallbackWarning
 from xla_hooks.measure import paired_speedup
@@ -256,41 +258,94 @@ def measure(target: Target, cands: Candidates, config: OptimizeConfig,
 
 
 # -- run-off ---------------------------------------------------------------------------------------
-class RunOff(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class RunOff:
     """The finalists measured again with xla_default in fresh interleaved rounds.
 
     Picking the fastest of a dozen noisy medians favours whichever plan got lucky rounds (the
     winner's curse); the run-off measures the ``finalists`` fastest plans that beat
-    xla_default again, and the fastest there is chosen.
+    xla_default again, and the fastest there is chosen. With them, when
+    :func:`~disco.optimizer._choice.regroup_sources` finds a pair, the fastest fusing plan's
+    fusion decisions on the fastest baseline's buckets (:func:`regrouped_row`), measured here only.
 
     Attributes:
       chosen: the finalist with the largest paired speedup there.
       verdict: the first verdict, with what the run-off found.
       times: each finalist's and xla_default's times there.
       speedups: each finalist's paired speedup over xla_default there.
+      rows: the plans measured in the run-off only (the regrouped plan), with its times there.
+      executables: their compiled steps by row name (the confirmation reuses them).
     """
 
     chosen: str
     verdict: str
     times: dict[str, Span]
     speedups: dict[str, float]
+    rows: tuple[PlanRow, ...] = ()
+    executables: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict, repr=False,
+                                                                      compare=False)
+
+
+def regrouped(fusing: FusionPlan, bucketing: FusionPlan, graph: HloGraph, name: str) -> FusionPlan | None:
+    """``fusing``'s fusion decisions (groups, cuts, XLA's fusion, compile options) on ``bucketing``'s
+    buckets, named ``name``; None when the two do not validate together."""
+    try:
+        return fusing.replace(buckets=bucketing.buckets, name=name).validate(graph)
+    except ValueError:
+        return None
+
+
+def regrouped_row(target: Target, rows: tuple[PlanRow, ...]) -> PlanRow | None:
+    """The measured rows' regrouped plan, ``<fusing>_on_<baseline>``
+    (:func:`~disco.optimizer._choice.regroup_sources`), unmeasured; None when there is no pair,
+    the two do not validate together, or the plan is one of ``rows`` already."""
+    base = next(r for r in rows if r.name == "xla_default")
+    by_name = {r.name: r for r in rows}
+    gains = {r.name: r.gain(base) for r in rows if r.applied and r.median_s is not None}
+    pair = regroup_sources(gains, {n: r.kind for n, r in by_name.items()}, {n: r.plan for n, r in by_name.items()})
+    if pair is None:
+        return None
+    fusing, bucketing = pair
+    name = f"{fusing}_on_{bucketing}"
+    plan = regrouped(by_name[fusing].plan, by_name[bucketing].plan, target.graph, name)
+    if plan is None or plan.digest() in {r.plan.digest() for r in rows}:
+        return None
+    return PlanRow(name, "search", f"{fusing}'s fusion decisions on {bucketing}'s buckets (measured in the run-off)",
+                   plan, target.simulator.step_time(plan))
 
 
 def run_off(target: Target, measured: Measured, config: OptimizeConfig,
             progress: Progress = no_progress) -> RunOff | None:
     """The run-off, or None when it does not run (``config.confirm`` off, or fewer than two
-    plans beat xla_default). Reports phase "run-off"."""
+    plans beat xla_default). With ``config.measure_regrouped``, the regrouped plan
+    (:func:`regrouped_row`) is compiled and measured there too. Reports phase "run-off"."""
     finals = finalists(measured.rows, config.finalists)
     if not config.confirm or len(finals) < 2:
         return None
+    execs = {n: measured.executables[n] for n in ("xla_default", *finals)}
+    extra = regrouped_row(target, measured.rows) if config.measure_regrouped else None
+    if extra is not None:
+        progress("run-off", 0.0, f"compiling {extra.name}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the row instead
+            step = apply_plan.apply(extra.plan, target.step_fn, *target.args)
+        if step.applied:
+            execs[extra.name] = step
+        else:
+            extra = dataclasses.replace(extra, applied=False, fallback_reason=step.fallback_reason)
     rounds = config.rounds
     again = _measure.measure_interleaved(
-        {n: measured.executables[n] for n in ("xla_default", *finals)}, target.args, rounds=rounds,
-        steps=config.steps,
+        execs, target.args, rounds=rounds, steps=config.steps,
         on_round=lambda r: progress("run-off", (r + 1) / rounds, f"run-off round {r + 1}/{rounds}"))
     chosen, why = runoff_choice(measured.chosen, measured.verdict, again)
-    return RunOff(chosen, why, {n: Span.of(m) for n, m in again.items()},
-                  {n: paired_speedup(again["xla_default"], m) for n, m in again.items() if n != "xla_default"})
+    speedups = {n: paired_speedup(again["xla_default"], m) for n, m in again.items() if n != "xla_default"}
+    rows: tuple[PlanRow, ...] = ()
+    if extra is not None:
+        m = again.get(extra.name)
+        rows = (extra if m is None else dataclasses.replace(
+            extra, median_s=m.median, min_s=m.min, max_s=m.max, speedup=speedups[extra.name]),)
+    return RunOff(chosen, why, {n: Span.of(m) for n, m in again.items()}, speedups, rows,
+                  {r.name: execs[r.name] for r in rows if r.name in execs})
 
 
 # -- confirm ---------------------------------------------------------------------------------------
@@ -327,12 +382,14 @@ def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: 
     chosen, why = (runoff.chosen, runoff.verdict) if runoff is not None else (measured.chosen, measured.verdict)
     if not config.confirm or chosen == "xla_default":
         return None
-    kinds = {r.name: r.kind for r in measured.rows}
+    extra = runoff.rows if runoff is not None else ()
+    kinds = {r.name: r.kind for r in (*measured.rows, *extra)}
+    execs = {**measured.executables, **(runoff.executables if runoff is not None else {})}
     baseline = best_baseline(measured.rows) if kinds.get(chosen) != "baseline" else None
     rounds = config.confirmation_rounds
     names = ("xla_default", chosen) + ((baseline,) if baseline is not None else ())
     again = _measure.measure_interleaved(
-        {n: measured.executables[n] for n in names}, target.args, rounds=rounds,
+        {n: execs[n] for n in names}, target.args, rounds=rounds,
         steps=config.steps,
         on_round=lambda r: progress("confirm", (r + 1) / rounds, f"confirmation round {r + 1}/{rounds}"))
     final, why, gain, b_gain = confirmed_choice(chosen, why, again, baseline)
