@@ -127,7 +127,8 @@ def worker(args: argparse.Namespace) -> dict:
                    "buckets_only_row": buckets_only, "plan": plan.to_dict()}
     names = list(dict.fromkeys(n for n in ("xla_default", grouped, buckets_only, best_baseline, result.chosen)
                                if n is not None))
-    fns = {n: measured.executables[n] for n in names}
+    compiled = {**measured.executables, **(runoff.executables if runoff is not None else {})}
+    fns = {n: compiled[n] for n in names}
     t1 = time.perf_counter()
     again = measure_interleaved(fns, example, rounds=args.share_rounds, steps=config.steps)
     med = {n: m.median for n, m in again.items()}
