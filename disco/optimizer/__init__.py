@@ -22,7 +22,7 @@ The pipeline is a few pure steps, each with its own small result (the shape of
    (:func:`regrouped_row`): the search chose its plans' buckets by the simulator, the
    measurement may have found a faster bucketing.
 5. :func:`confirm`: the choice is measured once more against ``xla_default`` and, when the
-   choice is not a baseline, the first run's best baseline, in fresh rounds (three times as many
+   choice is not that baseline, the first run's best baseline (also beside another baseline), in fresh rounds (three times as many
    by default). The answer and its reported speedup come from that run: the faster of the choice
    and that baseline if it beats ``xla_default`` there, else ``xla_default``.
 

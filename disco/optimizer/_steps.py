@@ -360,8 +360,8 @@ class Confirmation(NamedTuple):
       verdict: the verdict so far, with the confirmation's numbers.
       times: each measured plan's times there.
       speedup: the candidate's paired speedup over xla_default there.
-      baseline: the best baseline measured beside the candidate, or None (the candidate is a
-        baseline itself, or no baseline beat xla_default in the first run).
+      baseline: the first run's best baseline measured beside the candidate, or None (the
+        candidate is that baseline, or no baseline beat xla_default in the first run).
       baseline_speedup: the baseline's paired speedup over xla_default there, or None.
     """
 
@@ -377,15 +377,16 @@ class Confirmation(NamedTuple):
 def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: RunOff | None = None,
             progress: Progress = no_progress) -> Confirmation | None:
     """Confirms the choice so far (the run-off's, else the first) against xla_default and, when
-    the choice is not a baseline, the first run's best baseline; None when there is nothing to
+    the choice is not that baseline, the first run's best baseline; None when there is nothing to
     confirm (``config.confirm`` off, or xla_default chosen). Reports phase "confirm"."""
     chosen, why = (runoff.chosen, runoff.verdict) if runoff is not None else (measured.chosen, measured.verdict)
     if not config.confirm or chosen == "xla_default":
         return None
-    extra = runoff.rows if runoff is not None else ()
-    kinds = {r.name: r.kind for r in (*measured.rows, *extra)}
     execs = {**measured.executables, **(runoff.executables if runoff is not None else {})}
-    baseline = best_baseline(measured.rows) if kinds.get(chosen) != "baseline" else None
+    # beside every other choice, a baseline one too: a baseline that won the first run and the
+    # run-off by noise is otherwise kept against the first run's faster one (as across processes)
+    baseline = best_baseline(measured.rows)
+    baseline = baseline if baseline != chosen else None
     rounds = config.confirmation_rounds
     names = ("xla_default", chosen) + ((baseline,) if baseline is not None else ())
     again = _measure.measure_interleaved(
