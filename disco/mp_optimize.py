@@ -25,7 +25,7 @@ behind an emulated link when one is given (:mod:`disco.testbed`):
    between finalists, unlike the in-process optimize: every extra launch recompiles every plan.
    One run-off only, before the confirmation, when the fastest fusing plan and the fastest
    baseline have different buckets: the first choice against the fusing plan's fusion decisions on
-   that baseline's buckets, :func:`disco.optimizer.regrouped_row`'s plan, in a launch of their own.)
+   that baseline's buckets, :func:`disco.optimizer.regrouped_plan`, in a launch of their own.)
    Picking the fastest of a dozen noisy measurements favours a lucky one, so only the
    confirmation's ratio over the best baseline is evidence of a gain over the baselines.
    The result also says how the answer relates to the baselines
@@ -46,14 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from disco import mp_calibrate, multiprocess
-from disco.optimizer import (
-    REPORTED_BASELINES,
-    confirmed_winner,
-    reduce_fusion_row,
-    regroup_sources,
-    regrouped,
-    runoff_choice,
-)
+from disco.optimizer import REPORTED_BASELINES, confirmed_winner, reduce_fusion_row, regrouped_plan, runoff_choice
 from disco.plans.plan import FusionPlan
 
 if TYPE_CHECKING:
@@ -236,15 +229,11 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
         plans = {n: FusionPlan.from_json(plans_json[n]) if n in plans_json else _baseline_plan(n, graph)
                  for n in cands}
         gains = {r["plan"]: r["paired_speedup"] for r in rows if r["applied"]}
-        pair = regroup_sources(gains, {n: kind for n, (_, kind, _) in cands.items()}, plans)
-        if pair is None:
+        p = regrouped_plan(gains, {n: kind for n, (_, kind, _) in cands.items()}, plans, graph)
+        if p is None:
             return None
-        name = f"{pair[0]}_on_{pair[1]}"
-        p = regrouped(plans[pair[0]], plans[pair[1]], graph, name)
-        if p is None or p.digest() in {q.digest() for q in plans.values()}:
-            return None
-        add_plan_file(name, p, "search", sim.step_time(p))
-        return name
+        add_plan_file(p.name, p, "search", sim.step_time(p))
+        return p.name
 
     # -- measure ----------------------------------------------------------------------------
     say(f"measuring {len(cands)} plans across {processes} processes")
@@ -266,12 +255,7 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
     res = _launch(model, preset, processes, devices_per_process, link, [a for a, _, _ in cands.values()],
                   rounds, steps, optimizer, timeout_s)
     by_plan = {r["plan"]: r for r in multiprocess.combine(res)}
-    rows = []
-    for name, (arg, kind, pred) in cands.items():
-        r = by_plan[name]
-        rows.append({"plan": name, "kind": kind, "predicted_ms": pred * 1e3, "median_ms": r["median_ms"],
-                     "min_ms": r["min_ms"], "max_ms": r["max_ms"], "paired_speedup": r["paired_speedup"],
-                     "applied": r["applied"], "all_reduces": r["all_reduces"]})
+    rows = [_row(name, kind, pred, by_plan[name]) for name, (_, kind, pred) in cands.items()]
     best_base = best_baseline(rows)
     others = [r for r in rows if r["plan"] != "xla_default" and r["applied"]]
     best = max(others, key=lambda r: r["paired_speedup"], default=None)
@@ -318,14 +302,18 @@ def _run_off(model: str, preset: str, processes: int, devices_per_process: int, 
     launched = _launch(model, preset, processes, devices_per_process, link,
                        [cands[n][0] for n in ("xla_default", chosen, extra)], rounds, steps, optimizer, timeout_s)
     again = {r["plan"]: r for r in multiprocess.combine(launched)}
-    r = again[extra]
-    rows.append({"plan": extra, "kind": "search", "predicted_ms": cands[extra][2] * 1e3, "median_ms": r["median_ms"],
-                 "min_ms": r["min_ms"], "max_ms": r["max_ms"], "paired_speedup": r["paired_speedup"],
-                 "applied": r["applied"], "all_reduces": r["all_reduces"], "measured_in": "run-off"})
+    rows.append({**_row(extra, "search", cands[extra][2], again[extra]), "measured_in": "run-off"})
     times = {n: Measurement(tuple(again[n]["samples_ms"])) for n in ("xla_default", chosen, extra)
              if again[n]["applied"] or n == "xla_default"}
     chosen, verdict = runoff_choice(chosen, verdict, times)
     return chosen, verdict, tuple(again.values())
+
+
+def _row(name: str, kind: str, predicted_s: float, measured: dict[str, Any]) -> dict[str, Any]:
+    """A result row: plan ``name`` of ``kind``, predicted and as ``measured`` (a launch's combined row)."""
+    return {"plan": name, "kind": kind, "predicted_ms": predicted_s * 1e3, "median_ms": measured["median_ms"],
+            "min_ms": measured["min_ms"], "max_ms": measured["max_ms"], "paired_speedup": measured["paired_speedup"],
+            "applied": measured["applied"], "all_reduces": measured["all_reduces"]}
 
 
 def best_baseline(rows: Sequence[dict[str, Any]]) -> str:

@@ -71,6 +71,7 @@ from disco.optimizer._steps import (
     prepare,
     reduce_fusion_row,
     regrouped,
+    regrouped_plan,
     regrouped_row,
     run_off,
 )
@@ -81,7 +82,7 @@ __all__ = [
     "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "OptimizeConfig", "OptimizeResult",
     "PlanRow", "Progress", "RunOff", "SearchSummary", "Setting", "Span", "Target", "candidates", "chrome_trace",
     "confirm", "confirmed_winner", "devices_of", "make_result", "measure", "optimize", "prepare",
-    "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_row", "run_off", "runoff_choice",
+    "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "run_off", "runoff_choice",
 ]
 
 

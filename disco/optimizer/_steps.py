@@ -295,22 +295,32 @@ def regrouped(fusing: FusionPlan, bucketing: FusionPlan, graph: HloGraph, name: 
         return None
 
 
-def regrouped_row(target: Target, rows: tuple[PlanRow, ...]) -> PlanRow | None:
-    """The measured rows' regrouped plan, ``<fusing>_on_<baseline>``
-    (:func:`~disco.optimizer._choice.regroup_sources`), unmeasured; None when there is no pair,
-    the two do not validate together, or the plan is one of ``rows`` already."""
-    base = next(r for r in rows if r.name == "xla_default")
-    by_name = {r.name: r for r in rows}
-    gains = {r.name: r.gain(base) for r in rows if r.applied and r.median_s is not None}
-    pair = regroup_sources(gains, {n: r.kind for n, r in by_name.items()}, {n: r.plan for n, r in by_name.items()})
+def regrouped_plan(gains: Mapping[str, float], kinds: Mapping[str, str], plans: Mapping[str, FusionPlan],
+                   graph: HloGraph) -> FusionPlan | None:
+    """The measured rows' regrouped plan, named ``<fusing>_on_<baseline>``
+    (:func:`~disco.optimizer._choice.regroup_sources`'s pair, :func:`regrouped`); None when there
+    is no pair, the two do not validate together, or the plan is one of ``plans`` already. The
+    arguments are :func:`~disco.optimizer._choice.regroup_sources`'s, and the step's graph."""
+    pair = regroup_sources(gains, kinds, plans)
     if pair is None:
         return None
     fusing, bucketing = pair
-    name = f"{fusing}_on_{bucketing}"
-    plan = regrouped(by_name[fusing].plan, by_name[bucketing].plan, target.graph, name)
-    if plan is None or plan.digest() in {r.plan.digest() for r in rows}:
+    plan = regrouped(plans[fusing], plans[bucketing], graph, f"{fusing}_on_{bucketing}")
+    if plan is None or plan.digest() in {p.digest() for p in plans.values()}:
         return None
-    return PlanRow(name, "search", f"{fusing}'s fusion decisions on {bucketing}'s buckets (measured in the run-off)",
+    return plan
+
+
+def regrouped_row(target: Target, rows: tuple[PlanRow, ...]) -> PlanRow | None:
+    """The measured rows' regrouped plan (:func:`regrouped_plan`) as an unmeasured row, or None."""
+    base = next(r for r in rows if r.name == "xla_default")
+    gains = {r.name: r.gain(base) for r in rows if r.applied and r.median_s is not None}
+    plan = regrouped_plan(gains, {r.name: r.kind for r in rows}, {r.name: r.plan for r in rows}, target.graph)
+    if plan is None:
+        return None
+    fusing, _, bucketing = plan.name.rpartition("_on_")  # no baseline name holds "_on_"
+    return PlanRow(plan.name, "search",
+                   f"{fusing}'s fusion decisions on {bucketing}'s buckets (measured in the run-off)",
                    plan, target.simulator.step_time(plan))
 
 
