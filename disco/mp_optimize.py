@@ -46,7 +46,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from disco import mp_calibrate, multiprocess
-from disco.optimizer import REPORTED_BASELINES, confirmed_winner, reduce_fusion_row, regrouped_plan, runoff_choice
+from disco.optimizer import (
+    REPORTED_BASELINES,
+    confirmed_winner,
+    fastest_baseline,
+    reduce_fusion_row,
+    regrouped_plan,
+    runoff_choice,
+)
 from disco.plans.plan import FusionPlan
 
 if TYPE_CHECKING:
@@ -74,6 +81,8 @@ class CrossOptimizeResult:
         launch; xla_default when none beat it.
       confirmed_vs_best_baseline: the chosen plan's paired speedup over ``best_baseline`` in the
         confirmation launch (1.0 when the answer is that baseline; None: no confirmation ran).
+      confirmed_vs_best_baseline_interval: its 90% bootstrap interval (:func:`over_best_interval`);
+        None when the answer is that baseline or xla_default, or no confirmation ran.
       relation: how the answer relates to the baselines, one phrase (:func:`relation_to_baselines`).
       link: the link info (:meth:`disco.multiprocess.LaunchResult.link_info`) of the measuring launch.
       search: strategy, evaluations, seconds.
@@ -99,6 +108,7 @@ class CrossOptimizeResult:
     fingerprints_match: bool
     best_baseline: str = "xla_default"
     confirmed_vs_best_baseline: float | None = None
+    confirmed_vs_best_baseline_interval: tuple[float, float] | None = None
     relation: str = ""
     compute_floor: dict[str, Any] | None = None
     compute_speed: float | None = None
@@ -260,6 +270,7 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
     others = [r for r in rows if r["plan"] != "xla_default" and r["applied"]]
     best = max(others, key=lambda r: r["paired_speedup"], default=None)
     chosen, verdict, confirmed, confirmation, vs_best = "xla_default", "no plan beat xla_default when measured", None, None, None
+    interval = None
     runoff = None
     if best is not None and best["paired_speedup"] > 1.0:
         chosen = best["plan"]
@@ -276,6 +287,7 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
             confirmation = tuple(multiprocess.combine(again))
             chosen, verdict, confirmed, vs_best = confirmed_answer(confirmation, chosen, best_base, verdict,
                                                                    confirm_rounds)
+            interval = over_best_interval(confirmation, chosen, best_base)
     plan_json = plans_json.get(chosen) or _baseline_plan(chosen, graph).to_json()
     # the chosen row first: one_bucket and horovod can be the same plan, and the answer is named as chosen
     base_names = sorted((n for n, (_, kind, _) in cands.items() if kind == "baseline"), key=lambda n: n != chosen)
@@ -286,7 +298,8 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
         confirmation=confirmation, link=res.link_info(), cluster=cluster.name,
         search={"strategy": found.strategy, "evals": found.evals, "seconds": found.elapsed_s},
         fingerprints_match={r["fingerprint"] for r in res.results} == {graph.fingerprint},
-        best_baseline=best_base, confirmed_vs_best_baseline=vs_best, relation=relation, runoff=runoff)
+        best_baseline=best_base, confirmed_vs_best_baseline=vs_best, confirmed_vs_best_baseline_interval=interval,
+        relation=relation, runoff=runoff)
 
 
 def _run_off(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None,
@@ -317,11 +330,31 @@ def _row(name: str, kind: str, predicted_s: float, measured: dict[str, Any]) -> 
 
 
 def best_baseline(rows: Sequence[dict[str, Any]]) -> str:
-    """The applied baseline row (kind "baseline", even_k included) with the highest paired speedup
-    over xla_default; xla_default when none is above 1.0."""
-    bases = [r for r in rows if r["kind"] == "baseline" and r["applied"] and r["plan"] != "xla_default"]
-    top = max(bases, key=lambda r: r["paired_speedup"], default=None)
-    return top["plan"] if top is not None and top["paired_speedup"] > 1.0 else "xla_default"
+    """:func:`disco.optimizer.fastest_baseline` of a launch's result rows (even_k included);
+    xla_default when no baseline is above 1.0."""
+    gains = {r["plan"]: r["paired_speedup"] for r in rows if r["applied"]}
+    return fastest_baseline(gains, {r["plan"]: r["kind"] for r in rows}) or "xla_default"
+
+
+def over_best_interval(rows: Sequence[dict[str, Any]], chosen: str, best_base: str) -> tuple[float, float] | None:
+    """The 90% bootstrap interval (:func:`xla_hooks.measure.paired_interval`) of ``chosen``'s
+    paired speedup over ``best_base`` in one launch's rows (:func:`disco.multiprocess.combine`);
+    None when the two are the same plan or ``chosen`` is xla_default (``best_base`` is
+    xla_default when no baseline beat it).
+
+    Raises:
+      KeyError: a plan missing from the rows.
+    """
+    from xla_hooks.measure import Measurement, paired_interval
+
+    if chosen in (best_base, "xla_default"):
+        return None
+    by_plan = {r["plan"]: r for r in rows}
+    for name in (chosen, best_base):
+        if name not in by_plan:
+            raise KeyError(f"no row {name!r} in the launch; rows: {', '.join(by_plan)}")
+    return paired_interval(Measurement(tuple(by_plan[best_base]["samples_ms"])),
+                           Measurement(tuple(by_plan[chosen]["samples_ms"])))
 
 
 def confirmed_ratios(confirmation: Sequence[dict[str, Any]], chosen: str, best_base: str
@@ -362,8 +395,9 @@ def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
                f"{chosen} {vs_best:.3f}x of it); keeping {best_base}")
         return best_base, why, base_gain, 1.0
     if winner != "xla_default":
-        versus = (f"{vs_best:.3f}x over the best baseline {best_base}" if chosen != best_base
-                  else "and it is the best baseline")
+        interval = over_best_interval(confirmation, chosen, best_base)
+        versus = ("and it is the best baseline" if interval is None else
+                  f"{vs_best:.3f}x over the best baseline {best_base} (90% interval {interval[0]:.3f}-{interval[1]:.3f})")
         why = f"{verdict}; confirmed in fresh processes ({rounds} rounds): {confirmed:.3f}x over xla_default, {versus}"
         return chosen, why, confirmed, vs_best
     why = f"{chosen} measured fastest but not in the confirmation ({confirmed:.3f}x); keeping XLA's default compile"
@@ -380,7 +414,8 @@ def validate(res: CrossOptimizeResult, model: str, preset: str, processes: int, 
     there), so its ratio over the best baseline is never below 1.0 by construction; this launch's
     ratio is the unbiased estimate of what the answer gains. Returns {"rounds", "vs_default" (the
     answer's paired speedup over xla_default; 1.0 when it is xla_default), "vs_best_baseline"
-    (over the best baseline; 1.0 when it is that baseline), "rows" (the launch's rows)}.
+    (over the best baseline; 1.0 when it is that baseline), "vs_best_baseline_interval" (its 90%
+    bootstrap interval, :func:`over_best_interval`), "rows" (the launch's rows)}.
 
     Raises:
       ValueError: ``rounds`` or ``steps`` below 1.
@@ -405,7 +440,9 @@ def validate(res: CrossOptimizeResult, model: str, preset: str, processes: int, 
         shutil.rmtree(tmp, ignore_errors=True)
     rows = multiprocess.combine(launched)
     vs_default, vs_best, _ = confirmed_ratios(rows, res.chosen, res.best_baseline)
-    return {"rounds": rounds, "vs_default": vs_default, "vs_best_baseline": vs_best, "rows": rows}
+    interval = over_best_interval(rows, res.chosen, res.best_baseline)
+    return {"rounds": rounds, "vs_default": vs_default, "vs_best_baseline": vs_best,
+            "vs_best_baseline_interval": None if interval is None else list(interval), "rows": rows}
 
 
 def relation_to_baselines(plan: FusionPlan, baselines: dict[str, FusionPlan]) -> str:

@@ -165,12 +165,12 @@ def worker(args: argparse.Namespace) -> dict:
 
 def interval(share: dict, base: str, other: str) -> str:
     """" (lo-hi)": a bootstrap 90% interval of the median per-round ratio base/other, or ""."""
-    from optimize_zoo import bootstrap_median_interval  # beside this script
+    from optimize_zoo import samples_interval  # beside this script
 
     samples = share.get("samples_ms", {})
     if base not in samples or other not in samples:
         return ""
-    lo, hi = bootstrap_median_interval([b / o for b, o in zip(samples[base], samples[other])])
+    lo, hi = samples_interval(samples, base, other)
     return f" ({lo:.3f}-{hi:.3f})"
 
 

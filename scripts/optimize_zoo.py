@@ -29,8 +29,6 @@ import argparse
 import json
 import math
 import os
-import random
-import statistics
 import subprocess
 import sys
 import time
@@ -138,20 +136,21 @@ def load_results(paths: list[str], models: list[str]) -> dict:
 
 
 def best_baseline(res: dict) -> dict | None:
-    """The best bucketing baseline of a run: the applied baseline row other than xla_default with
-    the largest paired speedup over xla_default in the first run."""
-    rows = [r for r in res["rows"] if r.get("kind") == "baseline" and r["name"] != "xla_default"
-            and r.get("applied", True) and r.get("speedup_vs_xla_default")]
-    return max(rows, key=lambda r: r["speedup_vs_xla_default"], default=None)
+    """The best bucketing baseline of a run by the optimizer's rule
+    (:func:`disco.optimizer.fastest_baseline`, over the first run's paired speedups): its row, or None."""
+    from disco.optimizer import fastest_baseline
+
+    rows = {r["name"]: r for r in res["rows"] if r.get("applied", True) and r.get("speedup_vs_xla_default")}
+    name = fastest_baseline({n: r["speedup_vs_xla_default"] for n, r in rows.items()},
+                            {n: r.get("kind", "search") for n, r in rows.items()})
+    return None if name is None else rows[name]
 
 
-def bootstrap_median_interval(ratios: list[float], level: float = 0.9, draws: int = 2000) -> tuple[float, float]:
-    """A percentile bootstrap interval of the median of ``ratios`` (seeded: the same table every time)."""
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
-    lo = meds[int((1 - level) / 2 * draws)]
-    hi = meds[min(draws - 1, int((1 + level) / 2 * draws))]
-    return lo, hi
+def samples_interval(samples_ms: dict, base: str, other: str) -> tuple[float, float]:
+    """:func:`xla_hooks.measure.paired_interval` of ``other`` over ``base`` from saved per-round times."""
+    from xla_hooks.measure import Measurement, paired_interval
+
+    return paired_interval(Measurement(tuple(samples_ms[base])), Measurement(tuple(samples_ms[other])))
 
 
 def vs_best_baseline_table(results: dict, shares: dict) -> None:
@@ -176,8 +175,7 @@ def vs_best_baseline_table(results: dict, shares: dict) -> None:
             cell = f"{sh['answer_vs_best_baseline']:.3f}x"
             samples = sh.get("samples_ms", {})
             if ans != b_name and ans in samples and b_name in samples:
-                ratios = [b / a for b, a in zip(samples[b_name], samples[ans])]
-                lo, hi = bootstrap_median_interval(ratios)
+                lo, hi = samples_interval(samples, b_name, ans)
                 cell += f" ({lo:.3f}-{hi:.3f}; {sh['rounds']} rounds)"
             elif ans == b_name:
                 cell += " (the answer is the best baseline)"

@@ -9,7 +9,9 @@ then prints a markdown table per link: per model the paired speedups over xla_de
 per_tensor, horovod, ddp, the best even_k, the answer in the measuring launch, its confirmed
 speedup (fresh processes), the best baseline of the measuring launch (among the baselines and
 the even_k sweep; xla_default when none beats it) and the answer's paired speedup over it in the
-confirmation launch; geometric means over the models of the two confirmed ratios.
+confirmation launch, and over it once more in the validation launch after the decision (with a
+90% bootstrap interval); geometric means over the models of those ratios, the validation's with
+a bootstrap interval.
 """
 
 from __future__ import annotations
@@ -25,13 +27,38 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def validation_ratios(res: dict) -> list[float] | None:
+    """Per round of the validation launch, the best baseline's time over the answer's; [1.0] when
+    the answer is that baseline (the same plan measured twice); None without a validation."""
+    val = res.get("validation")
+    if not val:
+        return None
+    if res["chosen"] == res["best_baseline"]:
+        return [1.0]
+    rows = {r["plan"]: r for r in val["rows"]}
+    return [b / a for b, a in zip(rows[res["best_baseline"]]["samples_ms"], rows[res["chosen"]]["samples_ms"])]
+
+
+def geomean_interval(per_model: list[list[float]], level: float = 0.9, draws: int = 2000) -> tuple[float, float]:
+    """A percentile bootstrap interval of the geometric mean over models of each model's median
+    per-round ratio: every draw resamples each model's rounds with replacement (fixed seed, so the
+    same results give the same interval). A model whose answer is its best baseline contributes
+    exactly 1.0, so the interval leaves out what measuring that plan twice would vary."""
+    import random
+    import statistics
+
+    rng = random.Random(0)
+    means = sorted(_geomean([statistics.median(rng.choices(r, k=len(r))) for r in per_model]) for _ in range(draws))
+    return means[int((1 - level) / 2 * draws)], means[min(draws - 1, int((1 + level) / 2 * draws))]
+
+
 def table(link_label: str, results: list[dict]) -> str:
     """A markdown table of one link's results (``results``: optimize result dicts with a model)."""
     lines = [f"link {link_label}: paired speedup over xla_default (slowest process per round), measured",
              "",
              "| model | xla_default ms | per_tensor | horovod | ddp | best even_k | answer | answer (measuring run) "
              "| answer confirmed | best baseline (measuring run) | answer / best baseline (confirmed) "
-             "| answer / best baseline (validation) | the answer is |",
+             "| answer / best baseline (validation; 90% interval) | the answer is |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     g_x, g_b, g_v = [], [], []
     for res in results:
@@ -49,6 +76,8 @@ def table(link_label: str, results: list[dict]) -> str:
         val = (res.get("validation") or {}).get("vs_best_baseline")
         if val is not None:
             g_v.append(val)
+        span = (res.get("validation") or {}).get("vs_best_baseline_interval")
+        val_cell = "-" if val is None else f"{val:.3f}x" + ("" if span is None else f" ({span[0]:.3f}-{span[1]:.3f})")
 
         def cell(name: str) -> str:
             return f"{rows[name]['paired_speedup']:.3f}x" if name in rows else "-"
@@ -58,10 +87,14 @@ def table(link_label: str, results: list[dict]) -> str:
                      f"{(best_even + ' ' + cell(best_even)) if best_even else '-'} | {answer} | {measured:.3f}x{where} | "
                      f"{confirmed:.3f}x | {best_base} {cell(best_base)} | "
                      f"{'-' if vs_best is None else f'{vs_best:.3f}x'} | "
-                     f"{'-' if val is None else f'{val:.3f}x'} | {res['relation']} |")
+                     f"{val_cell} | {res['relation']} |")
     lines += ["", f"geometric mean over {len(results)} models: answer (confirmed) vs xla_default "
                   f"{_geomean(g_x):.3f}x; answer vs best baseline (confirmed, {len(g_b)} models) {_geomean(g_b):.3f}x; "
                   f"(validation, {len(g_v)} models) {_geomean(g_v):.3f}x"]
+    per_model = [r for r in map(validation_ratios, results) if r is not None]
+    if per_model:
+        lo, hi = geomean_interval(per_model)
+        lines[-1] += f", 90% interval {lo:.3f}-{hi:.3f} (rounds resampled)"
     return "\n".join(lines)
 
 

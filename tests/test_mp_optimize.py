@@ -36,6 +36,21 @@ def test_confirmed_ratios_pair_the_answer_with_the_best_baseline_by_round():
         mp_optimize.confirmed_ratios(conf, "disco_1", "ddp")
 
 
+def test_the_answer_over_the_best_baseline_comes_with_its_interval():
+    conf = [_row("xla_default", 1.0, samples=[10.0, 12.0, 11.0]),
+            _row("horovod", 2.0, samples=[5.0, 4.0, 6.0]),
+            _row("disco_1", 2.2, kind="search", samples=[4.0, 5.0, 5.0])]
+    lo, hi = mp_optimize.over_best_interval(conf, "disco_1", "horovod")
+    # per round 5/4, 4/5, 6/5: the bootstrap medians lie among these ratios and hold their median
+    assert 0.8 <= lo <= 1.2 <= hi <= 1.25 and lo < hi
+    assert mp_optimize.over_best_interval(conf, "horovod", "horovod") is None
+    assert mp_optimize.over_best_interval(conf, "xla_default", "horovod") is None
+    # no baseline beat xla_default: it is the best baseline the answer is compared with
+    assert mp_optimize.over_best_interval(conf, "disco_1", "xla_default")[0] > 2.0
+    with pytest.raises(KeyError, match=r"no row 'ddp' in the launch; rows: xla_default, horovod, disco_1"):
+        mp_optimize.over_best_interval(conf, "disco_1", "ddp")
+
+
 def test_the_confirmed_answer_is_the_faster_of_the_choice_and_the_best_baseline():
     def conf(base_ms, chosen_ms):
         return [_row("xla_default", 1.0, samples=[10.0, 10.0, 10.0]),
@@ -53,7 +68,7 @@ def test_the_confirmed_answer_is_the_faster_of_the_choice_and_the_best_baseline(
                                                                   "disco_1", "horovod", "disco_1 measured", 21)
     assert (answer, gain, vs_best) == ("disco_1", 2.5, 1.25)
     assert verdict == ("disco_1 measured; confirmed in fresh processes (21 rounds): 2.500x over xla_default, "
-                       "1.250x over the best baseline horovod")
+                       "1.250x over the best baseline horovod (90% interval 1.250-1.250)")
     # neither beats xla_default there: XLA's default compile
     answer, _, gain, vs_best = mp_optimize.confirmed_answer(conf([12.0, 12.0, 12.0], [11.0, 11.0, 11.0]),
                                                             "disco_1", "horovod", "disco_1 measured", 21)
@@ -124,14 +139,16 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert {"xla_default", res.best_baseline, res.chosen} <= set(conf) and len(conf) <= 3
     assert all(len(r["samples_ms"]) == 5 for r in conf.values())
     if res.chosen == res.best_baseline:
-        assert res.confirmed_vs_best_baseline == 1.0
+        assert res.confirmed_vs_best_baseline == 1.0 and res.confirmed_vs_best_baseline_interval is None
         assert "it is the best baseline" in res.verdict or f"keeping {res.chosen}" in res.verdict
         assert res.relation == f"the baseline {res.chosen}"
     else:
         expected = paired_speedup(Measurement(tuple(conf[res.best_baseline]["samples_ms"])),
                                   Measurement(tuple(conf[res.chosen]["samples_ms"])))
         assert res.confirmed_vs_best_baseline == pytest.approx(expected, abs=1e-4)
-        assert f"over the best baseline {res.best_baseline}" in res.verdict
+        lo, hi = res.confirmed_vs_best_baseline_interval
+        assert lo <= expected <= hi
+        assert f"over the best baseline {res.best_baseline} (90% interval {lo:.3f}-{hi:.3f})" in res.verdict
     assert res.confirmed_speedup == conf[res.chosen]["paired_speedup"]
     assert res.confirmed_speedup == pytest.approx(statistics.median(
         b / a for b, a in zip(conf["xla_default"]["samples_ms"], conf[res.chosen]["samples_ms"])), abs=1e-4)
@@ -145,8 +162,10 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert all(len(r["samples_ms"]) == 3 and r["applied"] for r in vrows.values())
     assert val["vs_default"] == vrows[res.chosen]["paired_speedup"]
     if res.chosen == res.best_baseline:
-        assert val["vs_best_baseline"] == 1.0
+        assert val["vs_best_baseline"] == 1.0 and val["vs_best_baseline_interval"] is None
     else:
+        lo, hi = val["vs_best_baseline_interval"]
+        assert lo <= val["vs_best_baseline"] <= hi
         assert val["vs_best_baseline"] == pytest.approx(paired_speedup(
             Measurement(tuple(vrows[res.best_baseline]["samples_ms"])),
             Measurement(tuple(vrows[res.chosen]["samples_ms"]))), abs=1e-4)

@@ -242,12 +242,12 @@ def m(*samples):
 
 def test_confirmation_keeps_a_gain_that_holds_and_drops_one_that_does_not():
     again = {"xla_default": m(1.0, 2.0, 1.0), "ddp": m(0.8, 1.6, 1.0)}  # paired ratios 1.25, 1.25, 1.0
-    chosen, verdict, gain, _ = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
+    chosen, verdict, gain, *_ = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
     assert chosen == "ddp" and gain == 1.25
     assert verdict == ("ddp measured 1.2x; confirmed in a second run: 1.250x paired over 3 rounds; 1000.000 vs "
                        "1000.000 ms median")
     again = {"xla_default": m(1.0, 1.0, 1.0), "ddp": m(1.0, 0.5, 1.1)}  # a lower median, not a paired gain
-    chosen, verdict, gain, _ = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
+    chosen, verdict, gain, *_ = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
     assert chosen == "xla_default" and gain == 1.0
     assert verdict == ("ddp measured fastest, but the gain did not hold in a second run (1.000x paired over 3 "
                        "rounds; 1000.000 vs 1000.000 ms median); keeping XLA's default compile")
@@ -369,7 +369,7 @@ def contradicting_result():
     again = {"xla_default": m(1.0, 1.0, 1.0), "horovod": m(0.9, 0.9, 0.9), "ddp": m(0.78, 0.78, 0.78)}
     chosen, why = opt._choice.runoff_choice(chosen, why, again)
     confirm = {"xla_default": m(0.1369, 0.1369, 0.1369), "ddp": m(0.1, 0.1, 0.1)}
-    final, why, gain, _ = opt._choice.confirmed_choice(chosen, why, confirm)
+    final, why, gain, *_ = opt._choice.confirmed_choice(chosen, why, confirm)
     span = opt.Span
     return opt.OptimizeResult(
         plan=rows[2].plan, chosen=final, verdict=why, rows=rows,
@@ -476,10 +476,11 @@ def test_the_best_baseline_is_the_fastest_simulated_one_xla_default_on_a_tie():
 def test_confirmation_keeps_the_best_baseline_when_it_beats_the_searched_plan():
     # disco_1 still beats xla_default (1.1x) but horovod beats it in the same fresh rounds (1.25x)
     again = {"xla_default": m(1.0, 1.0, 1.0), "disco_1": m(0.91, 0.91, 0.91), "horovod": m(0.8, 0.8, 0.8)}
-    chosen, verdict, gain, b_gain = opt._choice.confirmed_choice("disco_1", "disco_1 measured 1.3x", again, "horovod")
+    chosen, verdict, gain, b_gain, *_ = opt._choice.confirmed_choice("disco_1", "disco_1 measured 1.3x", again, "horovod")
     assert chosen == "horovod" and gain == pytest.approx(1 / 0.91) and b_gain == pytest.approx(1.25)
     assert verdict.startswith("disco_1 measured 1.3x; but in a second run the best baseline was faster")
-    assert verdict.endswith("the best baseline, horovod, 1.250x; disco_1 0.879x of it); keeping horovod")
+    assert verdict.endswith("the best baseline, horovod, 1.250x; disco_1 0.879x of it (90% interval 0.879-0.879)); "
+                            "keeping horovod")
     # the searched plan holds against both: it stays
     again["horovod"] = m(0.95, 0.95, 0.95)
     assert opt._choice.confirmed_choice("disco_1", "v", again, "horovod")[0] == "disco_1"
@@ -493,9 +494,10 @@ def test_confirmation_compares_the_choice_and_the_baseline_directly():
     (1.43x) is above horovod's (1.33x), but horovod was faster than disco_1 in 2 of the 3 rounds
     (0.75x): the direct pairing decides, so horovod is kept (seen across processes, rnnlm)."""
     again = {"xla_default": m(8.0, 12.0, 10.0), "disco_1": m(8.0, 8.0, 7.0), "horovod": m(6.0, 6.0, 8.0)}
-    chosen, verdict, gain, _ = opt._choice.confirmed_choice("disco_1", "v", again, "horovod")
+    chosen, verdict, gain, *_ = opt._choice.confirmed_choice("disco_1", "v", again, "horovod")
     assert chosen == "horovod" and gain == pytest.approx(10 / 7)
-    assert verdict.endswith("the best baseline, horovod, 1.333x; disco_1 0.750x of it); keeping horovod")
+    assert verdict.endswith("the best baseline, horovod, 1.333x; disco_1 0.750x of it (90% interval 0.750-1.143)); "
+                            "keeping horovod")
 
 
 _GAINS = st.floats(0.2, 5.0, allow_nan=False)
@@ -651,3 +653,34 @@ def test_regrouped_is_none_when_the_groups_and_buckets_do_not_validate_together(
     rf = opt.reduce_fusion_row(graph, FusionPlan())
     p = opt.regrouped(rf, baselines.make("ddp", graph), graph, "rf_on_ddp")
     assert p.name == "rf_on_ddp" and p.groups == rf.groups and p.buckets == baselines.make("ddp", graph).buckets
+
+
+def test_the_answer_over_the_best_baseline_is_reported_with_its_interval(capsys):
+    """The confirmation's direct pairing of the answer and the best baseline, and how far it can
+    be trusted (a bootstrap interval over the rounds), reach the result, its JSON and the table."""
+    from disco.cli import optimize as optimize_cli
+
+    confirm = {"xla_default": m(10.0, 10.0, 10.0, 10.0, 10.0), "disco_1": m(8.0, 8.2, 7.9, 8.1, 8.0),
+               "horovod": m(8.4, 8.3, 8.5, 8.6, 8.4)}
+    c = opt._choice.confirmed_choice("disco_1", "disco_1 measured 1.3x", confirm, "horovod")
+    assert c.answer == "disco_1" and c.vs_baseline == pytest.approx(8.4 / 8.0)
+    lo, hi = c.vs_baseline_interval
+    assert 1.0 < lo <= c.vs_baseline <= hi  # faster than horovod in every round
+    base = built_result()
+    confirmation = opt.Confirmation("disco_1", c.answer, c.verdict, {n: opt.Span.of(v) for n, v in confirm.items()},
+                                    c.gain, "horovod", c.baseline_gain, c.vs_baseline, c.vs_baseline_interval)
+    result = dataclasses.replace(base, chosen="disco_1", verdict=c.verdict, confirmation=confirmation,
+                                 rows=base.rows + (row("disco_1", 0.078, speedup=1.28),))
+    assert result.confirmed_vs_best_baseline == c.vs_baseline
+    assert result.confirmed_vs_best_baseline_interval == (lo, hi)
+    d = json.loads(json.dumps(result.to_dict()))
+    assert d["confirmed_vs_best_baseline"] == c.vs_baseline and d["confirmed_vs_best_baseline_interval"] == [lo, hi]
+    assert f"disco_1 {c.vs_baseline:.3f}x of it (90% interval {lo:.3f}-{hi:.3f})" in result.summary()
+    optimize_cli._print_table(result, INFO)
+    text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert f"disco_1 {c.vs_baseline:.3f}x of horovod (90% interval {lo:.3f}-{hi:.3f})" in text
+    # the baseline kept: the answer is that baseline (1.0), and the candidate's interval is not the answer's
+    kept = dataclasses.replace(result, chosen="horovod")
+    assert kept.confirmed_vs_best_baseline == 1.0 and kept.confirmed_vs_best_baseline_interval is None
+    # no baseline beside the candidate (the first result): nothing to report
+    assert base.confirmed_vs_best_baseline is None and base.to_dict()["confirmed_vs_best_baseline_interval"] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -100,3 +101,28 @@ def paired_speedup(base: Measurement, other: Measurement) -> float:
         raise ValueError(f"paired_speedup needs two measurements of one interleaved run, got {len(base.samples)} "
                          f"and {len(other.samples)} rounds")
     return statistics.median(b / o for b, o in zip(base.samples, other.samples))
+
+
+def paired_interval(base: Measurement, other: Measurement, level: float = 0.9,
+                    draws: int = 2000) -> tuple[float, float]:
+    """A percentile bootstrap interval, at confidence ``level``, of :func:`paired_speedup`
+    (the median per-round ratio ``base`` / ``other``): the rounds are resampled with
+    replacement ``draws`` times from a fixed seed, so the same samples give the same interval.
+
+    How far a paired speedup can be trusted: an interval that contains 1.0 does not tell
+    the two apart in that run.
+
+    Raises:
+      ValueError: different numbers of rounds (not one run), no rounds, ``level`` outside
+        (0, 1) or ``draws`` below 1.
+    """
+    if len(base.samples) != len(other.samples) or not base.samples:
+        raise ValueError(f"paired_interval needs two measurements of one interleaved run with rounds, got "
+                         f"{len(base.samples)} and {len(other.samples)} rounds")
+    if not 0.0 < level < 1.0 or draws < 1:
+        raise ValueError(f"paired_interval: expected 0 < level < 1 and draws >= 1, got level={level!r}, "
+                         f"draws={draws!r}")
+    ratios = [b / o for b, o in zip(base.samples, other.samples)]
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return medians[int((1 - level) / 2 * draws)], medians[min(draws - 1, int((1 + level) / 2 * draws))]

@@ -215,6 +215,9 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
                 line += f"; {c.candidate}'s paired speedup there {c.speedup:.3f}x"
                 if c.baseline is not None:
                     line += f", the best baseline {c.baseline}'s {c.baseline_speedup:.3f}x"
+                if c.vs_baseline is not None and c.vs_baseline_interval is not None:
+                    lo, hi = c.vs_baseline_interval
+                    line += f"; {c.candidate} {c.vs_baseline:.3f}x of {c.baseline} (90% interval {lo:.3f}-{hi:.3f})"
             console.print(escape(f"{label} (ms, median (min-max)): {line}"))
     note = result.bound_note()
     if note:

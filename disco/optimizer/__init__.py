@@ -52,7 +52,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from disco.optimizer._choice import PlanRow, Span, confirmed_winner, regroup_sources, runoff_choice
+from disco.optimizer._choice import (
+    PlanRow,
+    Span,
+    confirmed_winner,
+    fastest_baseline,
+    regroup_sources,
+    runoff_choice,
+)
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._result import OptimizeResult, Setting, chrome_trace, make_result
 from disco.optimizer._steps import (
@@ -81,7 +88,7 @@ from disco.sim.costs import CostModel
 __all__ = [
     "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "OptimizeConfig", "OptimizeResult",
     "PlanRow", "Progress", "RunOff", "SearchSummary", "Setting", "Span", "Target", "candidates", "chrome_trace",
-    "confirm", "confirmed_winner", "devices_of", "make_result", "measure", "optimize", "prepare",
+    "confirm", "confirmed_winner", "devices_of", "fastest_baseline", "make_result", "measure", "optimize", "prepare",
     "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "run_off", "runoff_choice",
 ]
 

@@ -8,11 +8,11 @@ back to back, so the pairing cancels the drift between rounds that a ratio of me
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from disco.plans.plan import FusionPlan
-from xla_hooks.measure import Measurement, paired_speedup
+from xla_hooks.measure import Measurement, paired_interval, paired_speedup
 
 
 class Span(NamedTuple):
@@ -119,12 +119,34 @@ def runoff_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]) -
     return best, f"{verdict}; but {best} was the best in a run-off of {len(gains)} ({line})"
 
 
-def best_baseline(rows: Sequence[PlanRow]) -> str | None:
-    """The applied baseline (xla_default aside) with the largest paired speedup above 1, or None."""
+def fastest_above_one(gains: Mapping[str, float], names: Iterable[str]) -> str | None:
+    """Of ``names``, the one with the largest paired speedup over xla_default in ``gains`` when
+    that is above 1; None when none is (the first named wins a tie)."""
+    above = [n for n in names if gains[n] > 1.0]
+    return max(above, key=gains.__getitem__) if above else None
+
+
+def fastest_baseline(gains: Mapping[str, float], kinds: Mapping[str, str]) -> str | None:
+    """The rule for "the best baseline" as measured, the one place both optimizers and the zoo
+    scripts take it from: the baseline (kind "baseline", ``even_<k>`` included, xla_default
+    aside) with the largest paired speedup over xla_default above 1, or None.
+
+    Args:
+      gains: paired speedups over xla_default of the applied, measured rows, by name.
+      kinds: each row's kind ("baseline" or "search").
+    """
+    return fastest_above_one(gains, [n for n in gains if n != "xla_default" and kinds[n] == "baseline"])
+
+
+def measured_gains(rows: Sequence[PlanRow]) -> dict[str, float]:
+    """The paired speedups over xla_default of the applied, measured ``rows``, by name."""
     base = next(r for r in rows if r.name == "xla_default")
-    better = [r for r in rows if r.kind == "baseline" and r.name != "xla_default" and r.applied
-              and r.median_s is not None and r.gain(base) > 1.0]
-    return max(better, key=lambda r: r.gain(base)).name if better else None
+    return {r.name: r.gain(base) for r in rows if r.applied and r.median_s is not None}
+
+
+def best_baseline(rows: Sequence[PlanRow]) -> str | None:
+    """:func:`fastest_baseline` of measured ``rows``."""
+    return fastest_baseline(measured_gains(rows), {r.name: r.kind for r in rows})
 
 
 def fuses(plan: FusionPlan) -> bool:
@@ -150,13 +172,8 @@ def regroup_sources(gains: Mapping[str, float], kinds: Mapping[str, str],
       kinds: each row's kind ("baseline" or "search").
       plans: each row's plan.
     """
-    def top(names: list[str]) -> str | None:
-        above = [n for n in names if gains[n] > 1.0]
-        return max(above, key=gains.__getitem__) if above else None
-
-    measured = [n for n in gains if n != "xla_default"]
-    fusing = top([n for n in measured if fuses(plans[n])])
-    base = top([n for n in measured if kinds[n] == "baseline"])
+    fusing = fastest_above_one(gains, [n for n in gains if n != "xla_default" and fuses(plans[n])])
+    base = fastest_baseline(gains, kinds)
     if fusing is None or base is None or plans[fusing].buckets == plans[base].buckets:
         return None
     return fusing, base
@@ -183,12 +200,16 @@ def confirmed_winner(chosen: str, gain: float, baseline: str | None = None, base
 
 class ConfirmedChoice(NamedTuple):
     """What :func:`confirmed_choice` decided: the answer, the verdict, the candidate's paired
-    speedup over xla_default in the confirmation, and the best baseline's (None without one)."""
+    speedup over xla_default in the confirmation, the best baseline's, the candidate's paired
+    speedup over the baseline and its 90% bootstrap interval
+    (:func:`xla_hooks.measure.paired_interval`); the last three None without a baseline."""
 
     answer: str
     verdict: str
     gain: float
     baseline_gain: float | None
+    vs_baseline: float | None = None
+    vs_baseline_interval: tuple[float, float] | None = None
 
 
 def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement],
@@ -198,16 +219,20 @@ def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]
     gain = paired_speedup(again["xla_default"], again[chosen])
     numbers = (f"{gain:.3f}x paired over {len(again[chosen].samples)} rounds; {again[chosen].median * 1e3:.3f} "
                f"vs {again['xla_default'].median * 1e3:.3f} ms median")
-    b_gain = vs = None
+    b_gain = vs = interval = None
     if baseline is not None and baseline != chosen:
         b_gain = paired_speedup(again["xla_default"], again[baseline])
         vs = paired_speedup(again[baseline], again[chosen])
-        numbers += f"; the best baseline, {baseline}, {b_gain:.3f}x; {chosen} {vs:.3f}x of it"
+        interval = paired_interval(again[baseline], again[chosen])
+        numbers += (f"; the best baseline, {baseline}, {b_gain:.3f}x; {chosen} {vs:.3f}x of it "
+                    f"(90% interval {interval[0]:.3f}-{interval[1]:.3f})")
     winner = confirmed_winner(chosen, gain, baseline, b_gain, vs)
     if winner not in (chosen, "xla_default"):
         return ConfirmedChoice(winner, (f"{verdict}; but in a second run the best baseline was faster ({numbers}); "
-                                        f"keeping {winner}"), gain, b_gain)
+                                        f"keeping {winner}"), gain, b_gain, vs, interval)
     if winner != "xla_default":
-        return ConfirmedChoice(chosen, f"{verdict}; confirmed in a second run: {numbers}", gain, b_gain)
+        return ConfirmedChoice(chosen, f"{verdict}; confirmed in a second run: {numbers}", gain, b_gain, vs,
+                               interval)
     return ConfirmedChoice("xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "
-                                           f"({numbers}); keeping XLA's default compile"), gain, b_gain)
+                                           f"({numbers}); keeping XLA's default compile"), gain, b_gain, vs,
+                           interval)

@@ -84,6 +84,26 @@ class OptimizeResult:
             return None
         return c.baseline_speedup if self.chosen == c.baseline and c.baseline_speedup is not None else c.speedup
 
+    @property
+    def confirmed_vs_best_baseline(self) -> float | None:
+        """The answer's paired speedup, in the confirmation, over the first run's best baseline
+        measured there: 1.0 when the answer is that baseline; None without a confirmation, without
+        such a baseline, or when the answer is xla_default."""
+        c = self.confirmation
+        if c is None or c.baseline is None or self.chosen == "xla_default":
+            return None
+        return 1.0 if self.chosen == c.baseline else c.vs_baseline
+
+    @property
+    def confirmed_vs_best_baseline_interval(self) -> tuple[float, float] | None:
+        """The 90% bootstrap interval of :attr:`confirmed_vs_best_baseline` when the answer is the
+        confirmed candidate (an interval that holds 1.0: not told apart from the baseline in that
+        run); None otherwise."""
+        c = self.confirmation
+        if c is None or self.chosen != c.candidate or c.vs_baseline_interval is None:
+            return None
+        return c.vs_baseline_interval
+
     def row(self, name: str) -> PlanRow:
         """The row called ``name``.
 
@@ -113,6 +133,9 @@ class OptimizeResult:
             "confirmed_speedup": self.confirmed_speedup,
             "confirmation_baseline": None if self.confirmation is None else self.confirmation.baseline,
             "confirmed_baseline_speedup": None if self.confirmation is None else self.confirmation.baseline_speedup,
+            "confirmed_vs_best_baseline": self.confirmed_vs_best_baseline,
+            "confirmed_vs_best_baseline_interval": (None if self.confirmed_vs_best_baseline_interval is None
+                                                    else list(self.confirmed_vs_best_baseline_interval)),
             "confirmation_ms": spans_ms(None if self.confirmation is None else self.confirmation.times),
             "runoff_ms": spans_ms(None if self.runoff is None else self.runoff.times),
             "comm_free_bound_ms": None if self.bound is None else self.bound.times.to_ms_dict(),
@@ -203,6 +226,9 @@ class OptimizeResult:
         if self.confirmation is not None:
             c = self.confirmation
             vs_base = "" if c.baseline is None else f", the best baseline {c.baseline} {c.baseline_speedup:.3f}x"
+            if c.vs_baseline is not None and c.vs_baseline_interval is not None:
+                lo, hi = c.vs_baseline_interval
+                vs_base += f", {c.candidate} {c.vs_baseline:.3f}x of it (90% interval {lo:.3f}-{hi:.3f})"
             lines.append(f"confirmation: {c.candidate} {c.speedup:.3f}x{vs_base} "
                          f"paired over {self.config.confirmation_rounds} rounds")
         note = self.bound_note()

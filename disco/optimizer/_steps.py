@@ -373,6 +373,9 @@ class Confirmation(NamedTuple):
       baseline: the first run's best baseline measured beside the candidate, or None (the
         candidate is that baseline, or no baseline beat xla_default in the first run).
       baseline_speedup: the baseline's paired speedup over xla_default there, or None.
+      vs_baseline: the candidate's paired speedup over the baseline there, or None.
+      vs_baseline_interval: its 90% bootstrap interval (:func:`xla_hooks.measure.paired_interval`),
+        or None.
     """
 
     candidate: str
@@ -382,6 +385,8 @@ class Confirmation(NamedTuple):
     speedup: float
     baseline: str | None = None
     baseline_speedup: float | None = None
+    vs_baseline: float | None = None
+    vs_baseline_interval: tuple[float, float] | None = None
 
 
 def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: RunOff | None = None,
@@ -403,5 +408,6 @@ def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: 
         {n: execs[n] for n in names}, target.args, rounds=rounds,
         steps=config.steps,
         on_round=lambda r: progress("confirm", (r + 1) / rounds, f"confirmation round {r + 1}/{rounds}"))
-    final, why, gain, b_gain = confirmed_choice(chosen, why, again, baseline)
-    return Confirmation(chosen, final, why, {n: Span.of(m) for n, m in again.items()}, gain, baseline, b_gain)
+    c = confirmed_choice(chosen, why, again, baseline)
+    return Confirmation(chosen, c.answer, c.verdict, {n: Span.of(m) for n, m in again.items()}, c.gain, baseline,
+                        c.baseline_gain, c.vs_baseline, c.vs_baseline_interval)
