@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from disco import mp_calibrate, multiprocess
 from disco.optimizer import (
     REPORTED_BASELINES,
+    OptimizeConfig,
     confirmed_winner,
     fastest_baseline,
     reduce_fusion_row,
@@ -155,8 +156,11 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
       max_evals: also stop the search after this many plan evaluations (a seed then always
         searches the same plans); None: ``budget_s`` only.
 
+    The options it shares with the in-process optimizer mean what :class:`disco.optimizer.OptimizeConfig`
+    says, and are validated there.
+
     Raises:
-      ValueError: bad budgets, counts or names.
+      ValueError: bad budgets, counts or names (:class:`disco.optimizer.OptimizeConfig`'s messages).
       RuntimeError: when the workers fail (their messages).
       PermissionError: a link where network namespaces are not permitted.
     """
@@ -169,11 +173,11 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
     from disco.sim import device_costs
     from disco.sim.simulator import Simulator
 
-    if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in bucket_sweep):
-        raise ValueError(f"bucket_sweep: expected bucket counts (integers >= 1), got {tuple(bucket_sweep)!r}")
-    if rounds < 1 or steps < 1 or measure_top_k < 0:
-        raise ValueError(f"rounds, steps >= 1 and measure_top_k >= 0 expected, got {rounds}, {steps}, {measure_top_k}")
-    confirm_rounds = 3 * rounds if confirm_rounds is None else confirm_rounds
+    # the in-process optimizer's options where the two share them: one validation, before anything runs
+    confirm_rounds = OptimizeConfig(
+        budget_s=budget_s, max_evals=max_evals, strategy=strategy, measure_top_k=measure_top_k, seed=seed,
+        rounds=rounds, steps=steps, bucket_sweep=tuple(bucket_sweep), confirm=confirm, confirm_rounds=confirm_rounds,
+        measure_reduce_fusion=measure_reduce_fusion, measure_regrouped=measure_regrouped).confirmation_rounds
     say = progress or (lambda msg: None)
     n = processes * devices_per_process
     step, example = trax_models.make_train_step(model, preset, devices=n, optimizer=optimizer)

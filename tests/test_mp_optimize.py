@@ -221,3 +221,17 @@ def test_the_run_off_measures_the_regrouped_plan_in_fresh_processes(mlp_graph, t
     assert chosen == max(("even_2", "reduce_fusion_on_even_2"),
                          key=lambda n: paired_speedup(times["xla_default"], times[n]))
     assert verdict.startswith("even_2 measured 1.3x") and "run-off of 2" in verdict
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"rounds": 0}, "rounds and steps: expected integers >= 1, got rounds=0"),
+    ({"bucket_sweep": (2, 0)}, r"bucket_sweep: expected bucket counts \(integers >= 1\), got \(2, 0\)"),
+    ({"strategy": "nope"}, "unknown search strategy 'nope'"),
+    ({"measure_top_k": -1}, "measure_top_k: expected an integer >= 0, got -1"),
+    ({"confirm_rounds": 0}, "confirm_rounds: expected an integer >= 1, got 0"),
+])
+def test_bad_options_are_refused_before_anything_runs(bad, message):
+    """The options shared with the in-process optimizer are checked by its config, before the
+    model is built or a process started (no cluster is needed to be refused)."""
+    with pytest.raises(ValueError, match=message):
+        mp_optimize.optimize("mlp", "tiny", 2, 1, None, cluster=None, **bad)

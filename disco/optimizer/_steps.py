@@ -25,6 +25,7 @@ from disco.optimizer._choice import (
     best_baseline,
     confirmed_choice,
     finalists,
+    measured_gains,
     regroup_sources,
     runoff_choice,
     verdict,
@@ -301,6 +302,13 @@ def regrouped_plan(gains: Mapping[str, float], kinds: Mapping[str, str], plans: 
     (:func:`~disco.optimizer._choice.regroup_sources`'s pair, :func:`regrouped`); None when there
     is no pair, the two do not validate together, or the plan is one of ``plans`` already. The
     arguments are :func:`~disco.optimizer._choice.regroup_sources`'s, and the step's graph."""
+    found = _regroup(gains, kinds, plans, graph)
+    return None if found is None else found[0]
+
+
+def _regroup(gains: Mapping[str, float], kinds: Mapping[str, str], plans: Mapping[str, FusionPlan],
+             graph: HloGraph) -> tuple[FusionPlan, str, str] | None:
+    """:func:`regrouped_plan`'s plan with the names of its fusing plan and its baseline."""
     pair = regroup_sources(gains, kinds, plans)
     if pair is None:
         return None
@@ -308,17 +316,16 @@ def regrouped_plan(gains: Mapping[str, float], kinds: Mapping[str, str], plans: 
     plan = regrouped(plans[fusing], plans[bucketing], graph, f"{fusing}_on_{bucketing}")
     if plan is None or plan.digest() in {p.digest() for p in plans.values()}:
         return None
-    return plan
+    return plan, fusing, bucketing
 
 
 def regrouped_row(target: Target, rows: tuple[PlanRow, ...]) -> PlanRow | None:
     """The measured rows' regrouped plan (:func:`regrouped_plan`) as an unmeasured row, or None."""
-    base = next(r for r in rows if r.name == "xla_default")
-    gains = {r.name: r.gain(base) for r in rows if r.applied and r.median_s is not None}
-    plan = regrouped_plan(gains, {r.name: r.kind for r in rows}, {r.name: r.plan for r in rows}, target.graph)
-    if plan is None:
+    found = _regroup(measured_gains(rows), {r.name: r.kind for r in rows}, {r.name: r.plan for r in rows},
+                     target.graph)
+    if found is None:
         return None
-    fusing, _, bucketing = plan.name.rpartition("_on_")  # no baseline name holds "_on_"
+    plan, fusing, bucketing = found
     return PlanRow(plan.name, "search",
                    f"{fusing}'s fusion decisions on {bucketing}'s buckets (measured in the run-off)",
                    plan, target.simulator.step_time(plan))
