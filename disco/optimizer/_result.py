@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from disco.optimizer._choice import PlanRow, Span
+from disco.optimizer._choice import PlanRow, Span, best_baseline
 from disco.optimizer._config import OptimizeConfig
 from disco.optimizer._steps import Bound, Candidates, Confirmation, Measured, RunOff, SearchSummary, Target
 from disco.plans.plan import FusionPlan
@@ -87,11 +87,13 @@ class OptimizeResult:
     @property
     def confirmed_vs_best_baseline(self) -> float | None:
         """The answer's paired speedup, in the confirmation, over the first run's best baseline
-        measured there: 1.0 when the answer is that baseline; None without a confirmation, without
-        such a baseline, or when the answer is xla_default."""
+        measured there: 1.0 when the answer is that baseline; None without a confirmation, when no
+        baseline beat xla_default in the first run, or when the answer is xla_default."""
         c = self.confirmation
-        if c is None or c.baseline is None or self.chosen == "xla_default":
+        if c is None or self.chosen == "xla_default":
             return None
+        if c.baseline is None:  # the candidate was the first run's best baseline, or there was none
+            return 1.0 if self.chosen == best_baseline(self.rows) else None
         return 1.0 if self.chosen == c.baseline else c.vs_baseline
 
     @property
