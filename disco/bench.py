@@ -28,15 +28,24 @@ class PlanResult:
     measurement: Any  # xla_hooks.measure.Measurement
     step: Any = dataclasses.field(default=None, repr=False, compare=False)  # the measured callable
 
-    def to_dict(self, base_median: float | None) -> dict[str, Any]:
-        m = self.measurement.to_dict()
+    def to_dict(self, base: Any | None) -> dict[str, Any]:
+        """The row as JSON, next to ``base``, xla_default's Measurement in the same rounds (None:
+        no speedups): ``speedup_vs_xla_default`` (the ratio of the two medians), ``paired_speedup``
+        (:func:`xla_hooks.measure.paired_speedup`, the median of per-round ratios, as ``disco
+        optimize`` reports it) and ``paired_interval`` (its 90% bootstrap interval)."""
+        from xla_hooks.measure import paired_interval, paired_speedup
+
+        m = self.measurement
+        paired = None if base is None else paired_speedup(base, m)
+        interval = None if base is None else paired_interval(base, m)
         return {
             "plan": self.name, "applied": self.applied, "fallback_reason": self.fallback_reason,
             "compile_s": round(self.compile_s, 3), "fusions": self.fusions,
-            "all_reduces": self.all_reduces, **{k: round(v, 3) for k, v in m.items()},
-            # one convention everywhere: xla_default's median over this one's, higher is faster
-            "speedup_vs_xla_default": (round(base_median / self.measurement.median, 4)
-                                       if base_median and self.measurement.median else None),
+            "all_reduces": self.all_reduces, **{k: round(v, 3) for k, v in m.to_dict().items()},
+            # one convention everywhere: xla_default's time over this one's, higher is faster
+            "speedup_vs_xla_default": (round(base.median / m.median, 4) if base is not None and m.median else None),
+            "paired_speedup": None if paired is None else round(paired, 4),
+            "paired_interval": None if interval is None else [round(v, 4) for v in interval],
             "plan_digest": self.plan.digest() if self.plan is not None else None,
         }
 

@@ -221,8 +221,9 @@ def _tail(outdir: str, i: int, n: int = 3) -> str:
 def combine(result: LaunchResult) -> list[dict[str, Any]]:
     """Per plan, over the processes: the median, min and max of the per-round step time of the
     slowest process (a data-parallel step is as slow as its slowest worker), and the paired
-    speedup over xla_default (:func:`xla_hooks.measure.paired_speedup` on those per-round times)."""
-    from xla_hooks.measure import Measurement, paired_speedup
+    speedup over xla_default (:func:`xla_hooks.measure.paired_speedup` on those per-round times)
+    with its 90% bootstrap interval (``paired_interval``)."""
+    from xla_hooks.measure import Measurement, paired_interval, paired_speedup
 
     if not result.results:
         return []
@@ -245,6 +246,7 @@ def combine(result: LaunchResult) -> list[dict[str, Any]]:
         # unrounded: the optimizer's rules compare these with 1.0 (printers round)
         r["speedup_vs_xla_default"] = base.median / r["median_ms"] if base and r["median_ms"] else None
         r["paired_speedup"] = paired_speedup(base, per_round[r["plan"]]) if base else None
+        r["paired_interval"] = list(paired_interval(base, per_round[r["plan"]])) if base else None
     return rows
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
+import statistics
 import sys
 import time
 
@@ -44,9 +46,6 @@ def geomean_interval(per_model: list[list[float]], level: float = 0.9, draws: in
     per-round ratio: every draw resamples each model's rounds with replacement (fixed seed, so the
     same results give the same interval). A model whose answer is its best baseline contributes
     exactly 1.0, so the interval leaves out what measuring that plan twice would vary."""
-    import random
-    import statistics
-
     rng = random.Random(0)
     means = sorted(_geomean([statistics.median(rng.choices(r, k=len(r))) for r in per_model]) for _ in range(draws))
     return means[int((1 - level) / 2 * draws)], means[min(draws - 1, int((1 + level) / 2 * draws))]

@@ -329,6 +329,9 @@ def test_progress_lines_without_a_terminal_and_the_speedup_key(tmp_path):
     base = rows["xla_default"]["median_ms"]
     one = rows["one_bucket"]
     assert one["speedup_vs_xla_default"] == pytest.approx(base / one["median_ms"], rel=2e-3)
+    # and paired, as disco optimize reports it: the median of per-round ratios, with its interval
+    lo, hi = one["paired_interval"]
+    assert lo <= one["paired_speedup"] <= hi and rows["xla_default"]["paired_speedup"] == 1.0
 
 
 def test_progress_reporter_is_quiet_when_asked_and_throttles_lines(capsys):

@@ -61,6 +61,9 @@ def test_combine_takes_the_slowest_process_per_round_and_pairs_by_round():
     assert rows["one_bucket"]["median_ms"] == 10.0
     # per round 11/6, 20/10, 10/20 -> median 1.833
     assert rows["one_bucket"]["paired_speedup"] == pytest.approx(11 / 6, rel=1e-12)
+    lo, hi = rows["one_bucket"]["paired_interval"]  # resampled among the per-round ratios 0.5, 1.833, 2.0
+    assert 0.5 <= lo <= 11 / 6 <= hi <= 2.0
+    assert rows["xla_default"]["paired_interval"] == [1.0, 1.0]
     assert res.link_info() == {"link": "loopback"}
 
 

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
         results = bench.run_bench(step, example, plans, rounds=args.rounds, steps=args.steps,
                                   progress=on_bench, comm_free_bound=args.bound)
-    base = next(r for r in results if r.name == "xla_default").measurement.median
+    base = next(r for r in results if r.name == "xla_default").measurement
     rows = [r.to_dict(base) for r in results]
     info = {**model_label(args),
             "rounds": args.rounds, "steps_per_round": args.steps, "fingerprint": graph.fingerprint,
@@ -101,12 +101,12 @@ def run(args: argparse.Namespace) -> int:
 
     t = Table(title=f"disco bench {info['model']}/{info['preset']} on {args.devices} devices "
                     f"({info['device_kind']}, measured, {args.rounds} rounds x {args.steps} steps)")
-    for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "compile s", "fusions",
-                "all-reduces", "applied"):
+    for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "paired (90% interval)",
+                "compile s", "fusions", "all-reduces", "applied"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
-                  _speedup(r), f"{r['compile_s']:.2f}", str(r["fusions"]),
+                  _speedup(r), _paired(r), f"{r['compile_s']:.2f}", str(r["fusions"]),
                   str(r["all_reduces"]), "bound, not a plan" if r["plan_digest"] is None
                   else "yes" if r["applied"] else f"no: {r['fallback_reason']}")
     Console(width=max(120, Console().width)).print(t)
@@ -143,16 +143,25 @@ def _run_processes(args: argparse.Namespace) -> int:
     t = Table(title=f"disco bench {args.model}/{args.preset}: {args.processes} processes x "
                     f"{args.devices_per_process} CPU devices over {over_label(res.link)}, measured; "
                     "median = slowest process")
-    for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "all-reduces", "applied"):
+    for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "paired (90% interval)",
+                "all-reduces", "applied"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
-                  _speedup(r), str(r["all_reduces"]), "yes" if r["applied"] else "no")
+                  _speedup(r), _paired(r), str(r["all_reduces"]), "yes" if r["applied"] else "no")
     Console(width=max(120, Console().width)).print(t)
     return 0
 
 
 def _speedup(row: dict[str, Any]) -> str:
-    """A row's ``speedup_vs_xla_default`` as the tables print it (higher is faster)."""
+    """A row's ``speedup_vs_xla_default`` (the ratio of medians) as the tables print it (higher is faster)."""
     v = row["speedup_vs_xla_default"]
     return "-" if v is None else f"{v:.3f}x"
+
+
+def _paired(row: dict[str, Any]) -> str:
+    """A row's ``paired_speedup`` and ``paired_interval`` as the tables print them."""
+    v, span = row.get("paired_speedup"), row.get("paired_interval")
+    if v is None:
+        return "-"
+    return f"{v:.3f}x" + ("" if span is None else f" ({span[0]:.3f}-{span[1]:.3f})")
