@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import statistics
 import sys
 import time
@@ -46,9 +45,10 @@ def geomean_interval(per_model: list[list[float]], level: float = 0.9, draws: in
     per-round ratio: every draw resamples each model's rounds with replacement (fixed seed, so the
     same results give the same interval). A model whose answer is its best baseline contributes
     exactly 1.0, so the interval leaves out what measuring that plan twice would vary."""
-    rng = random.Random(0)
-    means = sorted(_geomean([statistics.median(rng.choices(r, k=len(r))) for r in per_model]) for _ in range(draws))
-    return means[int((1 - level) / 2 * draws)], means[min(draws - 1, int((1 + level) / 2 * draws))]
+    from xla_hooks.measure import bootstrap_interval
+
+    return bootstrap_interval(lambda rng: _geomean([statistics.median(rng.choices(r, k=len(r))) for r in per_model]),
+                              level, draws)
 
 
 def table(link_label: str, results: list[dict]) -> str:

@@ -119,10 +119,21 @@ def paired_interval(base: Measurement, other: Measurement, level: float = 0.9,
     if len(base.samples) != len(other.samples) or not base.samples:
         raise ValueError(f"paired_interval needs two measurements of one interleaved run with rounds, got "
                          f"{len(base.samples)} and {len(other.samples)} rounds")
-    if not 0.0 < level < 1.0 or draws < 1:
-        raise ValueError(f"paired_interval: expected 0 < level < 1 and draws >= 1, got level={level!r}, "
-                         f"draws={draws!r}")
     ratios = [b / o for b, o in zip(base.samples, other.samples)]
+    return bootstrap_interval(lambda rng: statistics.median(rng.choices(ratios, k=len(ratios))), level, draws)
+
+
+def bootstrap_interval(draw: Callable[[random.Random], float], level: float = 0.9,
+                       draws: int = 2000) -> tuple[float, float]:
+    """The percentile interval, at confidence ``level``, of ``draws`` values of ``draw(rng)``,
+    one resample each, from one generator seeded 0 (the same draws give the same interval).
+
+    Raises:
+      ValueError: ``level`` outside (0, 1) or ``draws`` below 1.
+    """
+    if not 0.0 < level < 1.0 or draws < 1:
+        raise ValueError(f"bootstrap interval: expected 0 < level < 1 and draws >= 1, got level={level!r}, "
+                         f"draws={draws!r}")
     rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
-    return medians[int((1 - level) / 2 * draws)], medians[min(draws - 1, int((1 + level) / 2 * draws))]
+    values = sorted(draw(rng) for _ in range(draws))
+    return values[int((1 - level) / 2 * draws)], values[min(draws - 1, int((1 + level) / 2 * draws))]
