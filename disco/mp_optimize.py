@@ -43,7 +43,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disco import mp_calibrate, multiprocess
 from disco.optimizer import (
@@ -289,9 +289,8 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
             again = _launch(model, preset, processes, devices_per_process, link,
                             [cands[n][0] for n in (*against, chosen)], confirm_rounds, steps, optimizer, timeout_s)
             confirmation = tuple(multiprocess.combine(again))
-            chosen, verdict, confirmed, vs_best = confirmed_answer(confirmation, chosen, best_base, verdict,
-                                                                   confirm_rounds)
-            interval = over_best_interval(confirmation, chosen, best_base)
+            chosen, verdict, confirmed, vs_best, interval = confirmed_answer(confirmation, chosen, best_base,
+                                                                             verdict, confirm_rounds)
     plan_json = plans_json.get(chosen) or _baseline_plan(chosen, graph).to_json()
     # the chosen row first: one_bucket and horovod can be the same plan, and the answer is named as chosen
     base_names = sorted((n for n, (_, kind, _) in cands.items() if kind == "baseline"), key=lambda n: n != chosen)
@@ -384,10 +383,22 @@ def confirmed_ratios(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
     return over_default, over_best, base_gain
 
 
+class ConfirmedAnswer(NamedTuple):
+    """What :func:`confirmed_answer` decided: the answer, the verdict, the answer's paired speedup
+    over xla_default in the confirmation launch, over the best baseline there (None for
+    xla_default), and the latter's 90% bootstrap interval (:func:`over_best_interval`; None when
+    the answer is the best baseline or xla_default)."""
+
+    answer: str
+    verdict: str
+    gain: float
+    vs_best: float | None
+    interval: tuple[float, float] | None = None
+
+
 def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_base: str, verdict: str,
-                     rounds: int) -> tuple[str, str, float, float | None]:
-    """The answer after the confirmation launch's rows: (answer, verdict, its paired speedup over
-    xla_default there, its paired speedup over ``best_base`` there; None for xla_default).
+                     rounds: int) -> ConfirmedAnswer:
+    """The answer after the confirmation launch's rows (:class:`ConfirmedAnswer`).
 
     The rule is the in-process optimize's (:func:`disco.optimizer.confirmed_winner`).
     """
@@ -397,15 +408,15 @@ def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
         why = (f"{chosen} measured fastest, but in the confirmation in fresh processes ({rounds} rounds) the best "
                f"baseline {best_base} was faster ({base_gain:.3f}x over xla_default against {confirmed:.3f}x; "
                f"{chosen} {vs_best:.3f}x of it); keeping {best_base}")
-        return best_base, why, base_gain, 1.0
+        return ConfirmedAnswer(best_base, why, base_gain, 1.0)
     if winner != "xla_default":
         interval = over_best_interval(confirmation, chosen, best_base)
         versus = ("and it is the best baseline" if interval is None else
                   f"{vs_best:.3f}x over the best baseline {best_base} (90% interval {interval[0]:.3f}-{interval[1]:.3f})")
         why = f"{verdict}; confirmed in fresh processes ({rounds} rounds): {confirmed:.3f}x over xla_default, {versus}"
-        return chosen, why, confirmed, vs_best
+        return ConfirmedAnswer(chosen, why, confirmed, vs_best, interval)
     why = f"{chosen} measured fastest but not in the confirmation ({confirmed:.3f}x); keeping XLA's default compile"
-    return "xla_default", why, confirmed, None
+    return ConfirmedAnswer("xla_default", why, confirmed, None)
 
 
 def validate(res: CrossOptimizeResult, model: str, preset: str, processes: int, devices_per_process: int,

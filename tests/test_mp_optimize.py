@@ -58,26 +58,26 @@ def test_the_confirmed_answer_is_the_faster_of_the_choice_and_the_best_baseline(
                 _row("disco_1", 10.0 / statistics.median(chosen_ms), kind="search", samples=chosen_ms)]
 
     # the baseline was faster in the fresh rounds: it is the answer, and the verdict says why
-    answer, verdict, gain, vs_best = mp_optimize.confirmed_answer(conf([4.0, 4.0, 4.0], [5.0, 5.0, 5.0]),
+    answer, verdict, gain, vs_best, _ = mp_optimize.confirmed_answer(conf([4.0, 4.0, 4.0], [5.0, 5.0, 5.0]),
                                                                   "disco_1", "horovod", "disco_1 measured", 21)
     assert (answer, gain, vs_best) == ("horovod", 2.5, 1.0)
     assert "the best baseline horovod was faster (2.500x over xla_default against 2.000x" in verdict
     assert verdict.endswith("keeping horovod")
     # the choice was faster: it stays, with its ratio over the baseline
-    answer, verdict, gain, vs_best = mp_optimize.confirmed_answer(conf([5.0, 5.0, 5.0], [4.0, 4.0, 4.0]),
-                                                                  "disco_1", "horovod", "disco_1 measured", 21)
-    assert (answer, gain, vs_best) == ("disco_1", 2.5, 1.25)
+    answer, verdict, gain, vs_best, interval = mp_optimize.confirmed_answer(
+        conf([5.0, 5.0, 5.0], [4.0, 4.0, 4.0]), "disco_1", "horovod", "disco_1 measured", 21)
+    assert (answer, gain, vs_best, interval) == ("disco_1", 2.5, 1.25, (1.25, 1.25))
     assert verdict == ("disco_1 measured; confirmed in fresh processes (21 rounds): 2.500x over xla_default, "
                        "1.250x over the best baseline horovod (90% interval 1.250-1.250)")
     # neither beats xla_default there: XLA's default compile
-    answer, _, gain, vs_best = mp_optimize.confirmed_answer(conf([12.0, 12.0, 12.0], [11.0, 11.0, 11.0]),
+    answer, _, gain, vs_best, _ = mp_optimize.confirmed_answer(conf([12.0, 12.0, 12.0], [11.0, 11.0, 11.0]),
                                                             "disco_1", "horovod", "disco_1 measured", 21)
     assert answer == "xla_default" and vs_best is None and gain == pytest.approx(10 / 11)
     # the rule reads the per-round times unrounded, as the in-process optimizer does: a 1.00001x
     # gain is a gain even where a row's printed field says 1.0
     tie = [_row("xla_default", 1.0, samples=[100001.0] * 3), _row("horovod", 1.0, samples=[100002.0] * 3),
            _row("disco_1", 1.0, kind="search", samples=[100000.0] * 3)]
-    answer, _, gain, vs_best = mp_optimize.confirmed_answer(tie, "disco_1", "horovod", "v", 3)
+    answer, _, gain, vs_best, _ = mp_optimize.confirmed_answer(tie, "disco_1", "horovod", "v", 3)
     assert answer == "disco_1" and gain == pytest.approx(1.00001, abs=1e-9) and vs_best > 1.0
 
 
