@@ -54,15 +54,16 @@ $(VENV)/.installed-trax: $(VENV)/.installed-test
 test-trax: $(VENV)/.installed-trax
 	$(BIN)/python -m pytest -m trax tests/test_trax_layer.py
 
-# The XLA hooks' tests on another jax, in a second environment (jax >= 0.11 needs Python 3.12):
-# CI runs the GPU image's 0.11.2; `make test-hooks HOOKS_JAX=0.12.0.1` runs the newest.
+# The XLA hooks' and the profiler's tests on another jax, in a second environment (Python 3.12:
+# jax >= 0.11 needs it). CI runs the GPU image's 0.11.2 and the oldest jax the hooks were tested
+# on, `make test-hooks HOOKS_JAX=0.8.3`; `make test-hooks HOOKS_JAX=0.12.0.1` runs the newest.
 HOOKS_JAX ?= 0.11.2
 # The first Python 3.12 found: on PATH, else pyenv's (a pyenv shim with another global version fails).
 HOOKS_PYTHON ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12 2>/dev/null); do \
 	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 HOOKS_VENV := .venv-jax$(HOOKS_JAX)
 HOOKS_LOCK := constraints/jax-$(HOOKS_JAX).txt
-HOOK_TESTS ?= tests/test_apply.py tests/test_hook.py tests/test_cuts.py
+HOOK_TESTS ?= tests/test_apply.py tests/test_hook.py tests/test_cuts.py tests/test_profile.py tests/test_kernel_collect.py
 
 $(HOOKS_VENV)/.installed: setup.cfg pyproject.toml $(HOOKS_LOCK)
 	@test -n "$(HOOKS_PYTHON)" || { echo "make test-hooks: no Python 3.12 found (jax $(HOOKS_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }

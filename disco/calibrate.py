@@ -83,9 +83,11 @@ def _data_parallel(devices: int, fns: Sequence[Any], per_device: int) -> tuple[l
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    import trax_models
+
     if devices > len(jax.devices()):
         raise ValueError(f"asked for {devices} devices, {len(jax.devices())} available")
-    mesh = jax.make_mesh((devices,), ("dp",), devices=jax.devices()[:devices])
+    mesh = trax_models.data_parallel_mesh(devices, "dp")
     jitted = [jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("dp"), out_specs=P("dp"), check_vma=False))
               for f in fns]
     x = jax.device_put(jnp.ones((devices * per_device,), jnp.float32), NamedSharding(mesh, P("dp")))

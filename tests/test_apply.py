@@ -152,9 +152,9 @@ def test_something_that_is_not_a_plan_is_a_usage_error_not_a_fallback():
 
 def test_broken_private_api_falls_back(monkeypatch):
     step, args, graph = setup("mlp")
-    import jaxlib._hlo
+    import jaxlib._jax
 
-    monkeypatch.delattr(jaxlib._hlo, "hlo_module_from_text")
+    monkeypatch.delattr(jaxlib._jax.mlir, "hlo_to_stablehlo")
     plan = baselines.make("one_bucket", graph)
     with pytest.warns(PlanFallbackWarning, match="PrivateApiError"):
         applied = xla_hooks.apply(plan, step, *args)

@@ -53,7 +53,7 @@ def loss_fn(w, x):
 
 
 def arrays():
-    mesh = jax.make_mesh((N,), ("dp",), devices=jax.devices()[:N])
+    mesh = jax.make_mesh((N,), ("dp",), devices=jax.devices()[:N], axis_types=(jax.sharding.AxisType.Explicit,))
     w = jax.device_put(jnp.ones((8, 8)) / 8, NamedSharding(mesh, P()))
     x = jax.device_put(jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8) / 100, NamedSharding(mesh, P("dp")))
     return mesh, w, x

@@ -234,8 +234,9 @@ def test_xla_tuned_sweep():
 def test_cuts_hold_with_the_barrier_expander_off_on_cpu():
     """With cse_barrier_expander off (what a plan with cuts asks for on CPU) the cut module
     compiles to one more fusion per cut. With it on, jax 0.10.2's XLA:CPU strips the barriers
-    before fusion (XLA's default fusions; measured); jax 0.11.2's and 0.12.0.1's keep them
-    (measured: one more fusion per cut there too), so switching it off matters on 0.10.2 only."""
+    before fusion (XLA's default fusions; measured), as do 0.8.3's and 0.9.2's; jax 0.11.2's and
+    0.12.0.1's keep them (measured: one more fusion per cut there too), so switching it off matters
+    on jax <= 0.10 only."""
     from disco.ir.extractor import lower
     from xla_hooks import _jax_private
 
@@ -250,4 +251,5 @@ def test_cuts_hold_with_the_barrier_expander_off_on_cpu():
     assert "cse_barrier_expander" in plan.compiler_options("cpu")["xla_disable_hlo_passes"]
     assert compiled_counts(kept.as_text())[0] == base + 2
     stripped_count = compiled_counts(stripped.as_text())[0]
-    assert stripped_count == (base if jax.__version__ == "0.10.2" else base + 2)
+    strips = tuple(int(p) for p in jax.__version__.split(".")[:2]) <= (0, 10)
+    assert stripped_count == (base if strips else base + 2)

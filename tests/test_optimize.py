@@ -628,7 +628,7 @@ def test_run_off_measures_the_fusing_plans_groups_on_the_fastest_measured_bucket
     assert {"xla_default", "even_2", "reduce_fusion", row.name} <= set(runoff.times)
     # the answer keeps the step's numbers
     assert_allclose_leaves(three_steps(runoff.executables[row.name], pipeline.args),
-                           three_steps(pipeline.step, pipeline.args))
+                           three_steps(jax.jit(pipeline.step), pipeline.args))
     # chosen in the run-off, it is confirmed against the best baseline and becomes the result's plan
     won = dataclasses.replace(runoff, chosen=row.name)
     c = opt.confirm(target, first, config, won)

@@ -11,12 +11,11 @@ import trax_models
 import xla_hooks
 from disco import search
 from disco.ir.extractor import extract
-from disco.ir.hlo_parse import parse_module
 from disco.ir.opcodes import FUSIBLE_OPCODES
 from disco.plans import moves
 from disco.plans import options as plan_options
-from disco.plans.plan import FusionPlan
 from tests.equivalence import assert_close, three_steps
+from tests.ynn import default_with_ynn, ynn_fusions
 
 DEVICES = 2
 
@@ -25,12 +24,6 @@ DEVICES = 2
 def setup(name):
     step, args = trax_models.make_train_step(name, "tiny", devices=DEVICES, optimizer="sgd")
     return step, args, extract(step, *args)
-
-
-def ynn_fusions(text: str) -> int:
-    """kCustom fusions that XLA:CPU hands to YNNPACK, over all computations."""
-    return sum(ins.opcode == "fusion" and "__ynn_fusion" in ins.attrs.get("backend_config", "")
-               for comp in parse_module(text).computations for ins in comp.instructions)
 
 
 def test_reduce_fusion_groups_one_reduce_each_with_elementwise_neighbours():
@@ -61,9 +54,9 @@ def test_reduce_fusion_applies_with_fewer_ynn_fusions_and_same_numbers():
     """The start compiles on CPU, hands fewer reductions to YNNPACK than XLA's default, and three
     steps agree with jax.jit's within the tests' tolerance."""
     step, args, graph = setup("unet")
-    base = xla_hooks.apply(FusionPlan(name="xla_default"), step, *args)
+    _, before = default_with_ynn(step, args)
     applied = xla_hooks.apply(search.reduce_fusion(graph), step, *args, strict=True)
     assert applied.applied, applied.fallback_reason
-    before, after = ynn_fusions(base.compiled_text()), ynn_fusions(applied.compiled_text())
+    after = ynn_fusions(applied.compiled_text())
     assert after < before, f"YNN fusions {before} -> {after}"
     assert_close(three_steps(applied, args), three_steps(jax.jit(step), args))

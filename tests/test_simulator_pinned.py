@@ -36,6 +36,7 @@ from disco.sim.costs import AnalyticCosts  # noqa: E402
 from disco.sim.simulator import ORDERS, SimResult, Simulator, lower_bound  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "simulator_pinned.json"
+ZOO_FINGERPRINTS = Path(__file__).parent / "data" / "zoo_fingerprints.json"  # and the jax they were pinned with
 MODELS = ("mlp", "vgg19", "resnet50", "transformer_lm")
 RANDOM_SEEDS = (0, 1, 2)
 
@@ -115,6 +116,12 @@ def pinned() -> dict[str, Any]:
 def test_simulator_reproduces_the_pinned_numbers(model, pinned):
     want = pinned[model]
     graph = _graph(model)
+    if graph.fingerprint != want["fingerprint"]:
+        import jax
+
+        pinned_jax = json.loads(ZOO_FINGERPRINTS.read_text())["jax"]
+        if jax.__version__ != pinned_jax:  # jax 0.8.3 lowers the zoo steps differently (measured)
+            pytest.skip(f"the zoo graph of jax {jax.__version__} differs from the pinned one (jax {pinned_jax})")
     assert graph.fingerprint == want["fingerprint"], "the zoo graph changed, not the simulator"
     got = record(graph)
     assert sorted(got["plans"]) == sorted(want["plans"])

@@ -12,11 +12,11 @@ import pytest
 import trax_models
 import xla_hooks
 from disco.ir.extractor import extract
-from disco.ir.hlo_parse import parse_module
 from disco.plans import moves
 from disco.plans import options as plan_options
 from disco.plans.plan import FusionPlan, make_plan
 from tests.equivalence import assert_close, three_steps
+from tests.ynn import default_with_ynn, ynn_fusions
 
 DEVICES = 2
 NO_REDUCE = {plan_options.YNN_FUSION_TYPE: plan_options.YNN_NO_REDUCE}
@@ -26,12 +26,6 @@ NO_REDUCE = {plan_options.YNN_FUSION_TYPE: plan_options.YNN_NO_REDUCE}
 def setup(name):
     step, args = trax_models.make_train_step(name, "tiny", devices=DEVICES, optimizer="sgd")
     return step, args
-
-
-def ynn_fusions(text: str) -> int:
-    """kCustom fusions that XLA:CPU hands to YNNPACK, over all computations."""
-    return sum(ins.opcode == "fusion" and "__ynn_fusion" in ins.attrs.get("backend_config", "")
-               for comp in parse_module(text).computations for ins in comp.instructions)
 
 
 def test_cpu_table_lists_the_ynn_option_and_checks_its_values():
@@ -60,11 +54,11 @@ def test_flip_option_switches_the_ynn_choice_on_cpu_and_back():
 def test_explicit_default_compiles_as_xla_default():
     """The table's default is jaxlib's own: spelling it out changes nothing in the module."""
     step, args = setup("unet")
-    base = xla_hooks.apply(FusionPlan(name="xla_default"), step, *args)
+    _, before = default_with_ynn(step, args)
     spelled = xla_hooks.apply(make_plan(compile_options={plan_options.YNN_FUSION_TYPE: plan_options.YNN_DEFAULT}),
                               step, *args)
     assert spelled.applied, spelled.fallback_reason
-    assert ynn_fusions(spelled.compiled_text()) == ynn_fusions(base.compiled_text()) > 0
+    assert ynn_fusions(spelled.compiled_text()) == before
 
 
 def test_no_reduce_applies_with_fewer_ynn_fusions_and_same_numbers():
@@ -73,10 +67,10 @@ def test_no_reduce_applies_with_fewer_ynn_fusions_and_same_numbers():
     (unet: mlp's YNN fusions are all dots, which the option leaves in YNNPACK.)"""
     name = "unet"
     step, args = setup(name)
-    base = xla_hooks.apply(FusionPlan(name="xla_default"), step, *args)
+    _, before = default_with_ynn(step, args)
     plan = make_plan(compile_options=NO_REDUCE, name="no_reduce_ynn")
     applied = xla_hooks.apply(plan, step, *args, strict=True)
     assert applied.applied, applied.fallback_reason
-    before, after = ynn_fusions(base.compiled_text()), ynn_fusions(applied.compiled_text())
+    after = ynn_fusions(applied.compiled_text())
     assert after < before, f"{name}: YNN fusions {before} -> {after}"
     assert_close(three_steps(applied, args), three_steps(jax.jit(step), args))

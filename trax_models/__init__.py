@@ -18,6 +18,7 @@ from trax_models._train_state import TrainState
 
 if TYPE_CHECKING:
     from trax_models._info import ModelInfo, model_info
+    from trax_models._jax_compat import data_parallel_mesh
     from trax_models._train_step import build_train_step, make_train_step
     from trax_models._trax_layer import make_trax_train_step
 
@@ -26,6 +27,7 @@ _LAZY = {
     "build_train_step": "trax_models._train_step",
     "make_trax_train_step": "trax_models._trax_layer",
     "model_info": "trax_models._info",
+    "data_parallel_mesh": "trax_models._jax_compat",
     "ModelInfo": "trax_models._info",
 }
 
@@ -35,6 +37,7 @@ __all__ = [
     "TrainState",
     "build_train_step",
     "config",
+    "data_parallel_mesh",
     "make_train_step",
     "make_trax_train_step",
     "model_info",

@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from trax_models import _registry
+from trax_models._jax_compat import data_parallel_mesh
 from trax_models._optimizers import make_optimizer
 from trax_models._task import Task
 from trax_models._train_state import TrainState
@@ -133,7 +134,7 @@ def build_train_step(
             f"global batch {global_batch} must be a positive multiple of devices ({devices})"
         )
     tx = make_optimizer(optimizer, learning_rate=learning_rate)
-    mesh = jax.make_mesh((devices,), (AXIS,), devices=jax.devices()[:devices])
+    mesh = data_parallel_mesh(devices, AXIS)
 
     def local_step(state: TrainState, batch: dict[str, jax.Array]):
         varying = jax.lax.pcast(state.params, AXIS, to="varying")

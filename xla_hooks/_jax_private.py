@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-TESTED_JAX_VERSIONS = ("0.10.2", "0.11.2", "0.12.0.1")
+TESTED_JAX_VERSIONS = ("0.8.3", "0.9.2", "0.10.2", "0.11.2", "0.12.0.1")
 
 
 class PrivateApiError(RuntimeError):
@@ -31,9 +31,13 @@ def check_version() -> str:
 def hlo_text_to_mlir_bytes(text: str) -> bytes:
     """HLO text -> StableHLO bytecode (via jaxlib's HLO parser and converter)."""
     try:
-        from jaxlib import _hlo, _jax
+        from jaxlib import _jax
     except ImportError as e:  # pragma: no cover - depends on the installed jaxlib
-        raise PrivateApiError(f"jaxlib has no _hlo/_jax modules: {e}") from None
+        raise PrivateApiError(f"jaxlib has no _jax module: {e}") from None
+    try:  # the HLO text parser: in its own _hlo module in jaxlib 0.10.2 on, in _jax in 0.8.3 and 0.9.2
+        from jaxlib import _hlo
+    except ImportError:
+        _hlo = _jax
     try:
         module = _hlo.hlo_module_from_text(text)
         proto = module.as_serialized_hlo_module_proto()

@@ -47,6 +47,7 @@ import statistics
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -294,19 +295,27 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], steps: int, prefix: str)
         yield jax.profiler.ProfileData.from_file(max(files, key=os.path.getmtime)), per_step
 
 
-def _op_events(data: Any, module: str) -> Iterator[tuple[Any, Any, str, dict[str, Any]]]:
-    """(line, event, hlo_op, stats) of every event with an ``hlo_op`` stat (of ``module`` when given)."""
-    for plane in data.planes:
-        for line in plane.lines:
-            for ev in line.events:
-                stats = dict(ev.stats)
-                op = stats.get("hlo_op")
-                if op is None:
-                    continue
-                mod = stats.get("hlo_module")
-                if module and mod is not None and mod != module:
-                    continue
-                yield line, ev, str(op), stats
+def _op_events(data: Any, module: str) -> list[tuple[Any, Any, str, dict[str, Any]]]:
+    """(line, event, hlo_op, stats) of every event with an ``hlo_op`` stat (of ``module`` when given).
+
+    Read with DeprecationWarnings ignored: jaxlib 0.8.3's nanobind warns when it first builds the
+    type of an event's stats on Python 3.12, and where warnings are errors (pytest's
+    ``filterwarnings = error``, ``python -W error``) that warning aborts the process (measured)."""
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for plane in data.planes:
+            for line in plane.lines:
+                for ev in line.events:
+                    stats = dict(ev.stats)
+                    op = stats.get("hlo_op")
+                    if op is None:
+                        continue
+                    mod = stats.get("hlo_module")
+                    if module and mod is not None and mod != module:
+                        continue
+                    out.append((line, ev, str(op), stats))
+    return out
 
 
 def _events(data: Any, module: str) -> tuple[dict[str, list[float]], set[int]]:

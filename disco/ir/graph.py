@@ -37,6 +37,11 @@ _LAYOUT_RE = re.compile(r"\]\{([0-9,]*)")
 _BRACES_RE = re.compile(r"\{[^{}]*\}")
 _BLOCK_COMMENT_RE = re.compile(r"/\*.*?\*/")
 _CANON_DROP_ATTRS = frozenset({"metadata", "channel_id", "origin", "statistics"})
+# Where jax traced an instruction from: metadata fields that the legacy attribute split can leave
+# inside another attribute's value (see _fingerprint_attrs), and that must not count.
+_LOCATION_FIELD_RE = re.compile(
+    r'\s*\b(?:stack_frame_id|source_line|source_end_line|source_column|source_end_column)=\d+'
+    r'|\s*\bsource_file="(?:[^"\\]|\\.)*"')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,13 +418,20 @@ def _fingerprint_attrs(ins: hlo_module.Instruction) -> dict[str, str]:
     datasets) were computed that way, so the fingerprint keeps reading attributes that
     way (other comments, and line breaks between attributes, do not count);
     ``Instruction.attrs`` holds the correct split, comment-free.
+
+    Source locations inside such a value are dropped: the metadata that lands there can carry a
+    ``stack_frame_id`` (jax 0.8.3 gives the ``Sharding`` custom-calls of a ``shard_map`` step
+    one), which depends on the Python call stack that traced the step, so the same step traced
+    from two programs would otherwise get two fingerprints (measured: the coordinator and the
+    workers of ``disco.multiprocess``). No zoo step of jax 0.10.2 has one there, so their
+    fingerprints are unchanged.
     """
     if not ins.fingerprint_attrs:
         return ins.attrs
     out: dict[str, str] = {}
     for part in hlo_parse.split_top_level(ins.fingerprint_attrs, angle_brackets=True):
         key, eq, val = part.partition("=")
-        out[key.strip()] = val.strip() if eq else ""
+        out[key.strip()] = _LOCATION_FIELD_RE.sub("", val.strip()) if eq else ""
     return out
 
 

@@ -1,0 +1,29 @@
+"""YNNPACK fusions in XLA:CPU's compiled modules, for the tests of the options and starts that move
+reductions out of them."""
+
+from __future__ import annotations
+
+import jaxlib
+import pytest
+
+import xla_hooks
+from disco.ir.hlo_parse import parse_module
+from disco.plans.plan import FusionPlan
+
+
+def ynn_fusions(text: str) -> int:
+    """kCustom fusions that XLA:CPU hands to YNNPACK, over all computations."""
+    return sum(ins.opcode == "fusion" and "__ynn_fusion" in ins.attrs.get("backend_config", "")
+               for comp in parse_module(text).computations for ins in comp.instructions)
+
+
+def default_with_ynn(step, args):
+    """XLA's default compile of ``step`` and its YNNPACK fusion count. jaxlib 0.8.3's and 0.9.2's
+    XLA:CPU hand nothing to YNNPACK (measured), so there the test is skipped; from jaxlib 0.10 on
+    a module without YNNPACK fusions fails the test."""
+    base = xla_hooks.apply(FusionPlan(name="xla_default"), step, *args)
+    count = ynn_fusions(base.compiled_text())
+    if count == 0 and tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) < (0, 10):
+        pytest.skip(f"jaxlib {jaxlib.__version__}'s XLA:CPU hands no fusion to YNNPACK: nothing for the option to move")
+    assert count > 0, f"jaxlib {jaxlib.__version__}: XLA's default compile has no YNNPACK fusion"
+    return base, count
