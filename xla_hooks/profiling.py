@@ -298,9 +298,9 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], steps: int, prefix: str)
 def _op_events(data: Any, module: str) -> list[tuple[Any, Any, str, dict[str, Any]]]:
     """(line, event, hlo_op, stats) of every event with an ``hlo_op`` stat (of ``module`` when given).
 
-    Read with DeprecationWarnings ignored: jaxlib 0.8.3's nanobind warns when it first builds the
-    type of an event's stats on Python 3.12, and where warnings are errors (pytest's
-    ``filterwarnings = error``, ``python -W error``) that warning aborts the process (measured)."""
+    Read with DeprecationWarnings ignored: on Python 3.12 jaxlib's nanobind warns when it first
+    builds the type of an event's stats, and where that warning is an error (pytest's
+    ``filterwarnings = error``) it aborts the process (measured with jaxlib 0.8.3 and 0.11.2)."""
     out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
