@@ -15,7 +15,7 @@ from disco.ir.opcodes import FUSIBLE_OPCODES
 from disco.plans import moves
 from disco.plans import options as plan_options
 from tests.equivalence import assert_close, three_steps
-from tests.ynn import default_with_ynn, ynn_fusions
+from tests.ynn import default_ynn_fusions, ynn_fusions
 
 DEVICES = 2
 
@@ -54,7 +54,7 @@ def test_reduce_fusion_applies_with_fewer_ynn_fusions_and_same_numbers():
     """The start compiles on CPU, hands fewer reductions to YNNPACK than XLA's default, and three
     steps agree with jax.jit's within the tests' tolerance."""
     step, args, graph = setup("unet")
-    _, before = default_with_ynn(step, args)
+    before = default_ynn_fusions(step, args)
     applied = xla_hooks.apply(search.reduce_fusion(graph), step, *args, strict=True)
     assert applied.applied, applied.fallback_reason
     after = ynn_fusions(applied.compiled_text())

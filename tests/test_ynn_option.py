@@ -16,7 +16,7 @@ from disco.plans import moves
 from disco.plans import options as plan_options
 from disco.plans.plan import FusionPlan, make_plan
 from tests.equivalence import assert_close, three_steps
-from tests.ynn import default_with_ynn, ynn_fusions
+from tests.ynn import default_ynn_fusions, ynn_fusions
 
 DEVICES = 2
 NO_REDUCE = {plan_options.YNN_FUSION_TYPE: plan_options.YNN_NO_REDUCE}
@@ -54,7 +54,7 @@ def test_flip_option_switches_the_ynn_choice_on_cpu_and_back():
 def test_explicit_default_compiles_as_xla_default():
     """The table's default is jaxlib's own: spelling it out changes nothing in the module."""
     step, args = setup("unet")
-    _, before = default_with_ynn(step, args)
+    before = default_ynn_fusions(step, args)
     spelled = xla_hooks.apply(make_plan(compile_options={plan_options.YNN_FUSION_TYPE: plan_options.YNN_DEFAULT}),
                               step, *args)
     assert spelled.applied, spelled.fallback_reason
@@ -67,7 +67,7 @@ def test_no_reduce_applies_with_fewer_ynn_fusions_and_same_numbers():
     (unet: mlp's YNN fusions are all dots, which the option leaves in YNNPACK.)"""
     name = "unet"
     step, args = setup(name)
-    _, before = default_with_ynn(step, args)
+    before = default_ynn_fusions(step, args)
     plan = make_plan(compile_options=NO_REDUCE, name="no_reduce_ynn")
     applied = xla_hooks.apply(plan, step, *args, strict=True)
     assert applied.applied, applied.fallback_reason
