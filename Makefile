@@ -55,8 +55,8 @@ test-trax: $(VENV)/.installed-trax
 	$(BIN)/python -m pytest -m trax tests/test_trax_layer.py
 
 # The XLA hooks' and the profiler's tests on another jax, in a second environment (Python 3.12:
-# jax >= 0.11 needs it). CI runs the GPU image's 0.11.2 and the oldest jax the hooks were tested
-# on, `make test-hooks HOOKS_JAX=0.8.3`; `make test-hooks HOOKS_JAX=0.12.0.1` runs the newest.
+# jax >= 0.11 needs it). CI runs the GPU image's 0.11.2, the oldest jax the hooks were tested
+# on (`make test-hooks HOOKS_JAX=0.8.3`) and the newest (`HOOKS_JAX=0.12.0.1`).
 HOOKS_JAX ?= 0.11.2
 # The first Python 3.12 found: on PATH, else pyenv's (a pyenv shim with another global version fails).
 HOOKS_PYTHON ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12 2>/dev/null); do \

@@ -194,7 +194,7 @@ def _trial(case: Case, mode: str, fusion: str) -> dict[str, Any]:
     text = lowered.as_text(dialect="hlo")
     if case.subst:
         text = _substitute(text, *case.subst)
-        ref_exe = _jax_private.with_module(lowered, _jax_private.hlo_text_to_mlir_bytes(text)).compile()
+        ref_exe = _jax_private.compile_rewritten(lowered, text)
         ref = ref_exe(*args)
     else:
         ref = fn(*args)
@@ -205,8 +205,7 @@ def _trial(case: Case, mode: str, fusion: str) -> dict[str, Any]:
     plan = make_plan([names], xla_fusion=fusion, name=f"measure:{case.name}")
     new_text = apply_plan_to_text(text, plan)
     try:
-        mlir = _jax_private.hlo_text_to_mlir_bytes(new_text)
-        exe = _jax_private.with_module(lowered, mlir).compile(compiler_options=plan.compiler_options())
+        exe = _jax_private.compile_rewritten(lowered, new_text, plan.compiler_options())
         out = exe(*args)
         jax.block_until_ready(out)
     except Exception as e:  # noqa: BLE001 - recorded as the trial's result

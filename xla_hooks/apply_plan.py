@@ -108,9 +108,7 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
         from xla_hooks import probe as _probe
 
         _probe.probe(new_text, _jax_private.device_count(lowered), options, platform=backend)
-    mlir = _jax_private.hlo_text_to_mlir_bytes(new_text)
-    rewritten = _jax_private.with_module(lowered, mlir)
-    return AppliedStep(rewritten.compile(compiler_options=options), plan, plan, None, new_text)
+    return AppliedStep(_jax_private.compile_rewritten(lowered, new_text, options), plan, plan, None, new_text)
 
 
 def check_fingerprint(plan: FusionPlan, graph: Any) -> None:

@@ -74,4 +74,4 @@ def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: boo
     _jax_private.check_version()
     lowered = lower(step_fn, *args)
     text = strip_all_reduces(lowered.as_text(dialect="hlo"), keep_scalars=keep_scalars)
-    return _jax_private.with_module(lowered, _jax_private.hlo_text_to_mlir_bytes(text)).compile()
+    return _jax_private.compile_rewritten(lowered, text)
