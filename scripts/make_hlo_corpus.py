@@ -14,6 +14,13 @@ Three sources, each file gzipped and listed in MANIFEST.json with where it came 
 Usage (about 10 minutes on 2 loaded cores)::
 
     PYTHONPATH=. python scripts/make_hlo_corpus.py [--only jax|gpu] [--keep-existing] [--out DIR]
+
+``jax/`` holds jax 0.10.2's dumps. ``jax0.12/`` holds a few of jax 0.12.0.1's, whose printer writes
+tuple elements as ``%x#1`` operands (no get-tuple-element instructions) and shardings in
+HloShardingV3's form; made with a Python 3.12 environment holding that jax::
+
+    PYTHONPATH=. python scripts/make_hlo_corpus.py --only jax --jax-dir jax0.12 \
+        --cases zoo_mlp_d2,shard_map_collectives,scan,cond_while
 """
 
 from __future__ import annotations
@@ -169,7 +176,8 @@ def _write(out: Path, rel: str, text: str, manifest: dict, source: str) -> None:
     print(f"{rel}: {len(text):,} chars", flush=True)
 
 
-def jax_dumps(out: Path, manifest: dict, keep_existing: bool) -> None:
+def jax_dumps(out: Path, manifest: dict, keep_existing: bool, folder: str = "jax",
+              only: frozenset[str] | None = None) -> None:
     import jax
 
     cases = [(f"zoo_{name}_d{dev}", dev, _ZOO_CODE.format(name=name, devices=dev),
@@ -178,9 +186,15 @@ def jax_dumps(out: Path, manifest: dict, keep_existing: bool) -> None:
     cases += [(name, dev, _PROGRAM_CODE.format(body=textwrap.dedent(body)),
                f"scripts/make_hlo_corpus.py PROGRAMS[{name!r}] on {dev} CPU devices")
               for name, (dev, body) in PROGRAMS.items()]
+    if only is not None:
+        unknown = only - {label for label, *_ in cases}
+        if unknown:
+            raise SystemExit(f"--cases: unknown {sorted(unknown)}; expected some of "
+                             f"{[label for label, *_ in cases]}")
+        cases = [c for c in cases if c[0] in only]
     for label, dev, code, what in cases:
         stages = ("before_optimizations", "after_optimizations")
-        rels = [f"jax/{label}.{stage}.hlo.gz" for stage in stages]
+        rels = [f"{folder}/{label}.{stage}.hlo.gz" for stage in stages]
         sources = [f"{what}; XLA_FLAGS=--xla_dump_to, the module's {stage} dump (jax {jax.__version__})"
                    for stage in stages]
         if keep_existing and all((out / rel).exists() for rel in rels):
@@ -215,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("jax", "gpu"))
     parser.add_argument("--keep-existing", action="store_true",
                         help="do not recompile programs whose two dumps are already there")
+    parser.add_argument("--jax-dir", default="jax", help="the corpus folder the jax dumps go to")
+    parser.add_argument("--cases", help="comma-separated jax cases to dump (default: all)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     manifest_path = out / "MANIFEST.json"
@@ -222,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "gpu"):
         gpu_modules(out, manifest)
     if args.only in (None, "jax"):
-        jax_dumps(out, manifest, args.keep_existing)
+        only = frozenset(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases else None
+        jax_dumps(out, manifest, args.keep_existing, args.jax_dir, only)
     manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
     return 0
 

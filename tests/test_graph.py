@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import glob
 import os
@@ -107,9 +108,20 @@ def test_from_xla_dump_matches_extract(tmp_path):
     from_dump = disco.HloGraph.from_hlo_text(Path(dumped).read_text())
     step, args = zoo_step("mlp")
     extracted = disco.extract(step, *args)
-    assert len(from_dump.nodes) == len(extracted.nodes)
     assert len(from_dump.all_reduces()) == len(extracted.all_reduces())
-    assert from_dump.fingerprint == extracted.fingerprint
+    if tuple(int(p) for p in jax.__version__.split(".")[:2]) <= (0, 10):
+        assert len(from_dump.nodes) == len(extracted.nodes)
+        assert from_dump.fingerprint == extracted.fingerprint
+    else:
+        # jaxlib >= 0.11 dumps the module after XLA's Shardy import (measured with 0.11.2 and
+        # 0.12.0.1): shardings in HloShardingV3's form and one more `Sharding` custom-call, so
+        # it is not the text jax lowered and the fingerprints differ; every other opcode is
+        # there as often (get-tuple-elements too, which the dump writes as "x#i" operands)
+        def counts(graph):
+            return collections.Counter(n.opcode for n in graph.nodes if n.opcode != "custom-call")
+
+        assert counts(from_dump) == counts(extracted)
+        assert counts(extracted)["get-tuple-element"] > 0
 
 
 def test_json_round_trip():

@@ -78,8 +78,11 @@ _SPACE_RE = re.compile(r"\s*+")
 _INDEX_MARKER_RE = re.compile(r"/\*index=\d+\*/")
 _NOT_NEWLINE_RE = re.compile(r"[^\n]")
 _GROUP_RE = re.compile(_GROUP)
-_BARE_OPERANDS_RE = re.compile(r"\s*+(?:%?" + _NAME + r"\s*+(?:,\s*+%?" + _NAME + r"\s*+)*+)?")
-_OPERAND_TOKEN_RE = re.compile(r"(?:" + _SHAPE + r"\s++)?%?(" + _NAME + ")")
+# An operand may name a tuple element as "x#1" (XLA's printer since jaxlib 0.11 writes its
+# --xla_dump_to files that way, without the get-tuple-element instructions); "x#1#0" nests.
+_OPERAND = _NAME + r"(?:#\d++)*+"
+_BARE_OPERANDS_RE = re.compile(r"\s*+(?:%?" + _OPERAND + r"\s*+(?:,\s*+%?" + _OPERAND + r"\s*+)*+)?")
+_OPERAND_TOKEN_RE = re.compile(r"(?:" + _SHAPE + r"\s++)?%?(" + _OPERAND + ")")
 
 
 class HloParseError(ValueError):
@@ -495,6 +498,9 @@ def _parse_chunk(chunk: _Chunk) -> Module:
                                     + _hint(text, pos))
             try:
                 ins = _instruction(im, source, name, known, line)
+                for element in _tuple_element_operands(ins, known):
+                    known[element.name] = element
+                    instrs.append(element)
             except HloParseError as e:
                 raise HloParseError(f"line {line}: {e}") from None
             if ins.name in known:
@@ -511,6 +517,38 @@ def _parse_chunk(chunk: _Chunk) -> Module:
             f"line {chunk.first_line}: module {chunk.name!r} has no computations; "
             "expected 'ENTRY <name> { ... }' blocks")
     return Module(name=chunk.name, computations=tuple(comps), header=header)
+
+
+def _tuple_element_operands(ins: Instruction, known: dict[str, Instruction]) -> list[Instruction]:
+    """The get-tuple-element instructions behind ``ins``'s "x#i" operands that are not in ``known``.
+
+    XLA's printer since jaxlib 0.11 writes a tuple element as ``%x#i`` in its dumps instead of a
+    ``get-tuple-element`` instruction; each one becomes that instruction here, named ``x#i``
+    (no HLO name holds a ``#``), placed before its first user, without metadata.
+    """
+    out: list[Instruction] = []
+    for operand in ins.operands:
+        parts = operand.split("#")
+        for depth in range(1, len(parts)):
+            tuple_name, element_name = "#".join(parts[:depth]), "#".join(parts[:depth + 1])
+            if element_name in known or any(e.name == element_name for e in out):
+                continue
+            producer = known.get(tuple_name) or next((e for e in out if e.name == tuple_name), None)
+            if producer is None:
+                raise HloParseError(
+                    f"operand {operand!r} of {ins.name!r}: {tuple_name!r} is not defined before it")
+            index = int(parts[depth])
+            elements = _tuple_elements(producer.shape) if producer.shape.lstrip().startswith("(") else []
+            if index >= len(elements):
+                raise HloParseError(
+                    f"operand {operand!r} of {ins.name!r}: {tuple_name!r} has shape {producer.shape!r}, "
+                    f"which has no tuple element {index}")
+            shape = elements[index]
+            out.append(Instruction(
+                name=element_name, opcode="get-tuple-element", shape=shape,
+                arrays=_parse_shape_cached(shape), operands=(tuple_name,), attrs={"index": str(index)},
+                raw_operands=tuple_name, computation=ins.computation, line=ins.line))
+    return out
 
 
 def _hint(text: str, pos: int) -> str:
