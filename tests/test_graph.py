@@ -114,9 +114,10 @@ def test_from_xla_dump_matches_extract(tmp_path):
         assert from_dump.fingerprint == extracted.fingerprint
     else:
         # jaxlib >= 0.11 dumps the module after XLA's Shardy import (measured with 0.11.2 and
-        # 0.12.0.1): shardings in HloShardingV3's form and one more `Sharding` custom-call, so
-        # it is not the text jax lowered and the fingerprints differ; every other opcode is
-        # there as often (get-tuple-elements too, which the dump writes as "x#i" operands)
+        # 0.12.0.1): shardings in HloShardingV3's form and other custom-calls (113 `Sharding`
+        # where jax's text has 56 `Sharding` and 56 `xla.sdy.FuncResultSharding`), so it is not
+        # the text jax lowered and the fingerprints differ; every other opcode is there as often
+        # (get-tuple-elements too, which the dump writes as "x#i" operands)
         def counts(graph):
             return collections.Counter(n.opcode for n in graph.nodes if n.opcode != "custom-call")
 
