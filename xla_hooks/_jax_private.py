@@ -18,6 +18,12 @@ class PrivateApiError(RuntimeError):
     """A private jax API disco relies on is missing or behaves differently."""
 
 
+def major_minor(version: str) -> tuple[int, int]:
+    """``"0.12.0.1"`` -> ``(0, 12)``: the release a jax or jaxlib version string belongs to."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
 def check_version() -> str:
     import jax
 
@@ -85,8 +91,7 @@ def rewritten_module_options() -> dict[str, Any]:
     """
     import jax
 
-    major_minor = tuple(int(p) for p in jax.__version__.split(".")[:2])
-    return {"xla_enable_hlo_sharding_v3": False} if major_minor >= (0, 11) else {}
+    return {"xla_enable_hlo_sharding_v3": False} if major_minor(jax.__version__) >= (0, 11) else {}
 
 
 def compile_rewritten(lowered: Any, text: str, compiler_options: dict[str, Any] | None = None) -> Any:
