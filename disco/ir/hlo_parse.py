@@ -526,14 +526,14 @@ def _tuple_element_operands(ins: Instruction, known: dict[str, Instruction]) -> 
     ``get-tuple-element`` instruction; each one becomes that instruction here, named ``x#i``
     (no HLO name holds a ``#``), placed before its first user, without metadata.
     """
-    out: list[Instruction] = []
+    made: dict[str, Instruction] = {}
     for operand in ins.operands:
         parts = operand.split("#")
         for depth in range(1, len(parts)):
             tuple_name, element_name = "#".join(parts[:depth]), "#".join(parts[:depth + 1])
-            if element_name in known or any(e.name == element_name for e in out):
+            if element_name in known or element_name in made:
                 continue
-            producer = known.get(tuple_name) or next((e for e in out if e.name == tuple_name), None)
+            producer = known.get(tuple_name) or made.get(tuple_name)
             if producer is None:
                 raise HloParseError(
                     f"operand {operand!r} of {ins.name!r}: {tuple_name!r} is not defined before it")
@@ -544,11 +544,11 @@ def _tuple_element_operands(ins: Instruction, known: dict[str, Instruction]) -> 
                     f"operand {operand!r} of {ins.name!r}: {tuple_name!r} has shape {producer.shape!r}, "
                     f"which has no tuple element {index}")
             shape = elements[index]
-            out.append(Instruction(
+            made[element_name] = Instruction(
                 name=element_name, opcode="get-tuple-element", shape=shape,
                 arrays=_parse_shape_cached(shape), operands=(tuple_name,), attrs={"index": str(index)},
-                raw_operands=tuple_name, computation=ins.computation, line=ins.line))
-    return out
+                raw_operands=tuple_name, computation=ins.computation, line=ins.line)
+    return list(made.values())
 
 
 def _hint(text: str, pos: int) -> str:
