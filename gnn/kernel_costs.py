@@ -2,11 +2,13 @@
 
 * ``kernel_time(kernel)``: seconds per launch of a :class:`disco.sim.costs.Kernel` (a simulator's
   fusion group or a compiled module's kernel, :mod:`gnn.kernel_features`), from
-  :func:`gnn.kernel_model.apply` evaluated in numpy (no jax dispatch) and cached per kernel;
+  :func:`gnn.kernel_model.apply` evaluated in numpy (no jax dispatch) plus the measured correction
+  of a kernel the training data held (:mod:`gnn.kernel_corrections`), cached per kernel;
 * ``predict(graphs)``: seconds per launch of many kernel graphs at once (jitted, batched);
 * collectives: the alpha-beta model of the cluster (inherited);
 * ``save``/``load``: a msgpack checkpoint (:data:`FORMAT`): the config, the device kind, the
-  metadata (training data, config, metrics) and the parameters.
+  metadata (training data, config, metrics), the parameters and the corrections table (optional:
+  a checkpoint without one loads with none).
 
 Example:
   >>> costs = KernelCosts.load("gnn/kernel_h100.msgpack")  # doctest: +SKIP
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from disco.sim.costs import CostModel, Kernel
+from gnn import kernel_corrections as KC
 from gnn import kernel_features as KF
 from gnn import kernel_model as KM
 from gnn.params import fill, flat
@@ -42,14 +45,16 @@ class KernelCosts(CostModel):
       digest: the checkpoint's digest (sha256 of its bytes, 16 hex digits).
       source: where it came from, for reports.
       meta: the checkpoint's metadata.
+      corrections: fingerprint -> log-seconds correction (:func:`gnn.kernel_corrections.fit_corrections`).
     """
 
     name = "gnn"
     version = "kernel/1"
 
     def __init__(self, model: KM.KernelGNN, *, device: str, digest: str = "", source: str = "",
-                 meta: Mapping[str, Any] | None = None):
+                 meta: Mapping[str, Any] | None = None, corrections: Mapping[str, float] | None = None):
         self.model = model
+        self.corrections = dict(corrections or {})
         self.device = device
         self.checkpoint_digest = digest
         self.source = source
@@ -64,15 +69,16 @@ class KernelCosts(CostModel):
         key = (kernel.key(), kernel.in_bytes, kernel.out_bytes, kernel.step_bytes)
         t = self._cache.get(key)
         if t is None:
-            log_s = KM.apply(self._w, KF.batch([KF.kernel_graph(kernel)]), np)[0]
-            t = self._cache[key] = float(np.exp(np.float64(log_s)))
+            graph = KF.kernel_graph(kernel)
+            log_s = KC.corrected(KM.apply(self._w, KF.batch([graph]), np), [graph], self.corrections)[0]
+            t = self._cache[key] = float(np.exp(log_s))
         return t
 
     def predict(self, graphs: Sequence[KF.KernelGraph]) -> np.ndarray:
         """Seconds per launch of each graph (jax, batched)."""
         from gnn.kernel_train import predict_log_seconds
 
-        return np.exp(predict_log_seconds(KM.weights(self.model), graphs))
+        return np.exp(KC.corrected(predict_log_seconds(KM.weights(self.model), graphs), graphs, self.corrections))
 
     def params(self) -> dict[str, Any]:
         return {"checkpoint_digest": self.checkpoint_digest, "source": self.source, "device": self.device}
@@ -95,7 +101,7 @@ class KernelCosts(CostModel):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the msgpack checkpoint."""
-        data = to_bytes(self.model, device=self.device, meta=self.meta)
+        data = to_bytes(self.model, device=self.device, meta=self.meta, corrections=self.corrections)
         Path(path).write_bytes(data)
         self.checkpoint_digest, self.source = hashlib.sha256(data).hexdigest()[:16], str(path)
 
@@ -109,34 +115,38 @@ class KernelCosts(CostModel):
         """
         p = Path(path)
         data = p.read_bytes()
-        model, device, meta = from_bytes(data, p.name)
-        return cls(model, device=device, digest=hashlib.sha256(data).hexdigest()[:16], source=str(p), meta=meta)
+        model, device, meta, corrections = from_bytes(data, p.name)
+        return cls(model, device=device, digest=hashlib.sha256(data).hexdigest()[:16], source=str(p), meta=meta,
+                   corrections=corrections)
 
     def digest(self) -> str:
         return self.checkpoint_digest or "untrained"
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "device": self.device, "digest": self.digest(),
-                "source": self.source, "trained_on": self.meta.get("data", {})}
+                "source": self.source, "trained_on": self.meta.get("data", {}),
+                "measured_kernels": len(self.corrections)}
 
     def __repr__(self) -> str:
         return f"KernelCosts(device={self.device!r}, digest={self.digest()!r}, source={self.source!r})"
 
 
 # -- checkpoint --------------------------------------------------------------------------------
-def to_bytes(model: KM.KernelGNN, *, device: str, meta: Mapping[str, Any] | None = None) -> bytes:
-    """The checkpoint bytes of ``model`` (msgpack, never pickle)."""
+def to_bytes(model: KM.KernelGNN, *, device: str, meta: Mapping[str, Any] | None = None,
+             corrections: Mapping[str, float] | None = None) -> bytes:
+    """The checkpoint bytes of ``model`` and its corrections table (msgpack, never pickle)."""
     import dataclasses
 
     from flax import serialization
 
     return serialization.msgpack_serialize({
         "format": FORMAT, "device": device, "config": json.dumps(dataclasses.asdict(model.config), sort_keys=True),
-        "meta": json.dumps(dict(meta or {}), sort_keys=True, default=float), "params": flat(KM.weights(model))})
+        "meta": json.dumps(dict(meta or {}), sort_keys=True, default=float),
+        "corrections": json.dumps(dict(corrections or {}), sort_keys=True), "params": flat(KM.weights(model))})
 
 
-def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[KM.KernelGNN, str, dict[str, Any]]:
-    """(model, device, meta) from :func:`to_bytes` output.
+def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[KM.KernelGNN, str, dict[str, Any], dict[str, float]]:
+    """(model, device, meta, corrections) from :func:`to_bytes` output.
 
     Raises:
       ValueError: for bytes that are not a kernel-GNN checkpoint, another format or feature
@@ -154,6 +164,7 @@ def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[KM.KernelGNN, st
     try:
         config = KM.KernelModelConfig.from_dict(json.loads(raw["config"]))
         meta, device, params = json.loads(raw.get("meta", "{}")), str(raw["device"]), raw["params"]
+        corrections = KC.check_table(json.loads(raw.get("corrections", "{}")), where)
     except (KeyError, TypeError, json.JSONDecodeError) as e:
         raise ValueError(f"{where}: damaged checkpoint fields ({type(e).__name__}: {e})") from None
     try:
@@ -161,7 +172,7 @@ def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[KM.KernelGNN, st
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     fill(model, params, where, config)
-    return model, device, meta
+    return model, device, meta, corrections
 
 
 def load_for_device(device: str) -> KernelCosts:

@@ -126,10 +126,14 @@ def record_from_json(rec: dict[str, Any]) -> Record:
     labels, step = labels_of(rec)
     names = tuple(k.name for k in kernels)
     known = set(names)
-    return Record(rec.get("model", "?"), rec.get("preset", "?"), rec.get("variant", "?"), names,
-                  np.array([k.executions for k in kernels], np.float64),
-                  tuple(KF.kernel_graph(k.kernel) for k in kernels),
-                  {op: lab for op, lab in labels.items() if op in known}, step)
+    return Record(**_which(rec), names=names, executions=np.array([k.executions for k in kernels], np.float64),
+                  graphs=tuple(KF.kernel_graph(k.kernel) for k in kernels),
+                  labels={op: lab for op, lab in labels.items() if op in known}, step_s=step)
+
+
+def _which(rec: dict[str, Any]) -> dict[str, str]:
+    """The record's model, preset and variant (``?`` where missing)."""
+    return {k: str(rec.get(k, "?")) for k in ("model", "preset", "variant")}
 
 
 # -- cache ------------------------------------------------------------------------------------
@@ -185,8 +189,9 @@ def load_records(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[s
         f = cache / f"{h}.npz" if cache is not None else None
         if f is not None and f.is_file():
             r = _load(f)
-            labels, step = labels_of(rec)  # labels are cheap and not part of the features
-            r = r._replace(labels={k: v for k, v in labels.items() if k in set(r.names)}, step_s=step)
+            # labels and names are cheap and not part of the features: two records can share a module
+            labels, step = labels_of(rec)
+            r = r._replace(**_which(rec), labels={k: v for k, v in labels.items() if k in set(r.names)}, step_s=step)
         else:
             r = record_from_json(rec)
             if f is not None:

@@ -77,6 +77,16 @@ def pooled(metrics: Sequence[dict[str, Any]]) -> dict[str, float]:
             "steps_within_10pct": int((np.abs(steps) <= 0.10).sum()), "records": len(metrics)}
 
 
+def summary(name: str, metrics: Sequence[dict[str, Any]]) -> str:
+    """One line of :func:`pooled` figures and the variant order, as the scripts print them."""
+    pm = pooled(metrics)
+    agree = [v["agree"] for v in variant_order(metrics).values()]
+    return (f"{name}: pooled over {pm['kernels']} kernels: tau {pm['tau']:.3f}, median error "
+            f"{pm['median_rel_err']:.1%}, p90 {pm['p90_rel_err']:.1%}; steps within 10%: "
+            f"{pm['steps_within_10pct']}/{pm['records']} (worst {pm['max_abs_step_err']:.1%}); "
+            f"variant order as measured: {sum(agree)}/{len(agree)} model/preset groups")
+
+
 def fit_launch(roofline_s: np.ndarray, measured_s: np.ndarray, grid: np.ndarray | None = None) -> float:
     """The launch seconds L minimising the median of ``|(roofline + L) / measured - 1|`` over a grid."""
     grid = np.concatenate([[0.0], np.geomspace(1e-7, 1e-4, 121)]) if grid is None else grid

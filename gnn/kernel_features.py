@@ -19,7 +19,8 @@ flops, matrix flops, node count, the roofline terms of a device, the kernel's cl
 and one piece of context: the step's input bytes, :attr:`disco.sim.costs.Kernel.step_bytes`, the
 entry computation's parameters, which a simulator graph and its compiled module share).
 :func:`batch` packs graphs jraph-style (nodes, senders, receivers, per-graph totals) padded to
-power-of-two size buckets, so jit compiles once per bucket.
+power-of-two size buckets, so jit compiles once per bucket. :func:`fingerprint` names a kernel by its
+graph without the context (:data:`CONTEXT_TOTALS`): the same kernel in another step has the same one.
 
 Example:
   >>> kernels = module_kernels(compiled.as_text())  # doctest: +SKIP
@@ -29,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -53,6 +55,8 @@ TOTAL_FEATURES = ("log_in_bytes", "log_out_bytes", "log_flops", "log_matrix_flop
                   *(f"kind_{k}" for k in KINDS),
                   "log_max_elements", "log_outputs", "log_inputs", "log_mm_batch", "log_mm_m", "log_mm_n",
                   "log_mm_k", "log_reduce_len", "reduce_minor", "log_step_bytes")
+# Totals that describe the kernel's step, not the kernel: left out of its fingerprint.
+CONTEXT_TOTALS = ("log_step_bytes",)
 N_OPCODES = len(OPCODES) + 1  # + the unknown opcode
 MATRIX_OPCODES = XLA_GPU_MATRIX_OPCODES
 
@@ -381,6 +385,23 @@ def kernel_graph(kernel: Kernel) -> KernelGraph:
                        math.log1p(kernel.step_bytes)], np.float32)
     return KernelGraph(np.array([opcode_id(n.opcode) for n in work], np.int32), feats,
                        np.array(senders, np.int32), np.array(receivers, np.int32), totals)
+
+
+def fingerprint(graph: KernelGraph) -> str:
+    """16 hex digits naming the kernel a graph describes: its opcodes, edges, node features and totals
+    except :data:`CONTEXT_TOTALS`, floats rounded to 4 decimals (so a last-bit difference of ``log``
+    between platforms does not change it). Equal graphs of different steps share it."""
+    keep = [i for i, k in enumerate(TOTAL_FEATURES) if k not in CONTEXT_TOTALS]
+    h = hashlib.sha256()
+    for a in (graph.opcodes.astype(np.int32), graph.senders.astype(np.int32), graph.receivers.astype(np.int32),
+              _rounded(graph.nodes), _rounded(graph.totals[keep])):
+        h.update(str(a.shape).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _rounded(a: np.ndarray) -> np.ndarray:
+    return np.round(a.astype(np.float64), 4) + 0.0  # + 0.0: -0.0 becomes 0.0
 
 
 _REDUCING = frozenset({"reduce", "reduce-window"})

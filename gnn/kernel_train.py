@@ -295,3 +295,12 @@ def _forward() -> Callable[..., Any]:
 
         _FWD.append(jax.jit(lambda w, b: KM.apply(w, b, jnp)))
     return _FWD[0]
+
+
+def measured_corrections(w: dict[str, Any], examples: Sequence[Example]) -> dict[str, float]:
+    """The corrections table (:func:`gnn.kernel_corrections.fit_corrections`) of a trained model's
+    weights ``w`` on its training ``examples``."""
+    from gnn.kernel_corrections import fit_corrections
+
+    graphs = [e.graph for e in examples]
+    return fit_corrections([e.log_s for e in examples], predict_log_seconds(w, graphs), graphs)

@@ -36,6 +36,7 @@ def train_kernels(argv: list[str]) -> int:
 
     from disco.sim.device_costs import roofline_config
     from gnn import kernel_data as KD
+    from gnn import kernel_model as KM
     from gnn import kernel_train as KT
     from gnn.kernel_costs import KernelCosts
 
@@ -46,16 +47,19 @@ def train_kernels(argv: list[str]) -> int:
     examples = KT.make_examples(records)
     model, hist = KT.fit(examples, cfg, (base.peak_flops, base.mem_bandwidth, base.launch_overhead),
                          log=lambda s: print(s, file=sys.stderr, flush=True))
+    corrections = KT.measured_corrections(KM.weights(model), examples)
     files = [{"file": Path(f).name, "sha256_16": hashlib.sha256(Path(f).read_bytes()).hexdigest()[:16]}
              for f in args.kernels]
     data = files[0] if len(files) == 1 else {"files": files}  # one file: the fields earlier checkpoints have
     meta = {"data": {**data, "records": len(records),
                      "kernels": len(examples), "models": sorted({r.model for r in records})},
-            "train_config": dataclasses.asdict(cfg), "final_loss": hist["loss"][-1], "train_seconds": hist["seconds"]}
-    costs = KernelCosts(model, device=args.device, meta=meta)
+            "train_config": dataclasses.asdict(cfg), "final_loss": hist["loss"][-1], "train_seconds": hist["seconds"],
+            "measured_kernels": len(corrections)}
+    costs = KernelCosts(model, device=args.device, meta=meta, corrections=corrections)
     costs.save(args.out)
     print(f"trained on {len(examples)} kernels of {len(records)} records: {hist['steps']} steps in "
-          f"{hist['seconds']:.0f} s (total {time.perf_counter() - t0:.0f} s), final loss {hist['loss'][-1]:.4f}; "
+          f"{hist['seconds']:.0f} s (total {time.perf_counter() - t0:.0f} s), final loss {hist['loss'][-1]:.4f}, "
+          f"{len(corrections)} measured kernels; "
           f"wrote {args.out} (digest {costs.checkpoint_digest})")
     return 0
 

@@ -382,3 +382,38 @@ def test_train_script_trains_on_several_kernel_files(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = KernelCosts.load(out).meta["data"]
     assert data["records"] == 2 and [f["file"] for f in data["files"]] == [RECORD.name] * 2
+    costs = KernelCosts.load(out)
+    assert costs.corrections and costs.meta["measured_kernels"] == len(costs.corrections)
+    judged = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_judge.py"), "--checkpoint", str(out),
+                             "--kernels", str(RECORD), "--cache", str(tmp_path / "cache")],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert judged.returncode == 0, judged.stderr[-2000:]
+    assert "| vgg19/small/default |" in judged.stdout
+    # every kernel of the training record has its measured correction
+    n = len([lab for lab in KD.load_records(RECORD, cache_dir=tmp_path / "cache")[0].labels.values()
+             if lab.per_launch > 0])
+    assert f"kernels with a measured correction: {n}/{n} (100.0%)" in judged.stdout
+    assert "gnn: pooled over" in judged.stdout and "gnn_network_alone: pooled over" in judged.stdout
+
+
+def test_leave_one_model_out_reports_the_corrections(tmp_path: Path, record_json: dict):
+    """scripts/kernel_lomo.py over two 'models' with the same kernels: every held-out kernel has a
+    measured correction; one model alone is refused with a reason."""
+    twin = tmp_path / "twin.jsonl.gz"
+    with gzip.open(twin, "wt") as f:
+        f.write(json.dumps({**record_json, "model": "vgg19_twin"}) + "\n")
+    cmd = [sys.executable, str(ROOT / "scripts" / "kernel_lomo.py"), "--kernels", str(RECORD), "--steps", "3",
+           "--members", "1", "--cache", str(tmp_path / "cache")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    alone = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert alone.returncode == 2 and "at least two models" in alone.stderr
+    proc = subprocess.run([*cmd, "--kernels", str(twin), "--json", str(tmp_path / "m.json")],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads((tmp_path / "m.json").read_text())
+    n = out["covered"]["of"]
+    assert n == 2 * len([lab for lab in KD.record_from_json(record_json).labels.values() if lab.per_launch > 0])
+    assert out["covered"]["kernels"] == n
+    assert {"gnn", "gnn_network_alone", "analytic"} <= set(out)
+    # a held-out kernel measured in the other 'model' is predicted at that measurement
+    assert out["gnn"]["median_rel_err"] < 1e-4 < out["gnn_network_alone"]["median_rel_err"]

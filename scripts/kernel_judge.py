@@ -1,0 +1,60 @@
+"""Judge a trained per-kernel checkpoint on profiled records it may never have seen.
+
+Prints, per record of ``--kernels``, the per-kernel Kendall tau, median and p90 relative error of
+seconds per launch and the step's device time (kernels summed) predicted vs measured; then the
+pooled figures with the checkpoint's measured corrections and with the network alone, and how many
+of the kernels the corrections hold. Prediction runs wherever this runs (CPU is fine); the labels are
+the records' measurements.
+
+    PYTHONPATH=. python scripts/kernel_judge.py --checkpoint gnn/kernel_h100.msgpack \\
+        --kernels gnn/data/h100_kernels_2026-11-24.jsonl.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, help="a per-kernel checkpoint (.msgpack)")
+    p.add_argument("--kernels", required=True, action="append", help="per_instruction.jsonl(.gz); repeatable")
+    p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
+    args = p.parse_args(argv)
+
+    from gnn import kernel_corrections as KC
+    from gnn import kernel_data as KD
+    from gnn import kernel_eval as KE
+    from gnn import kernel_features as KF
+    from gnn import kernel_model as KM
+    from gnn import kernel_train as KT
+    from gnn.kernel_costs import KernelCosts
+
+    costs = KernelCosts.load(args.checkpoint)
+    w = KM.weights(costs.model)
+    records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache)]
+    fixed, alone, known, total = [], [], 0, 0
+    print("| record | kernels | tau | median err | p90 err | step meas ms | step gnn ms |")
+    print("|---|---|---|---|---|---|---|")
+    for r in records:
+        net = KT.predict_log_seconds(w, list(r.graphs))
+        m = KE.record_metrics(r, np.exp(KC.corrected(net, r.graphs, costs.corrections)))
+        fixed.append(m)
+        alone.append(KE.record_metrics(r, np.exp(net)))
+        ops = [o for o, lab in r.labels.items() if lab.per_launch > 0]
+        known += sum(KF.fingerprint(r.graphs[r.index()[o]]) in costs.corrections for o in ops)
+        total += len(ops)
+        print(f"| {r.key} | {m['kernels']} | {m['tau']:.3f} | {m['median_rel_err']:.1%} | {m['p90_rel_err']:.1%} | "
+              f"{m['step_meas_s'] * 1e3:.2f} | {m['step_pred_s'] * 1e3:.2f} ({m['step_rel_err']:+.1%}) |")
+    print(f"\ncheckpoint {args.checkpoint} (digest {costs.checkpoint_digest}, {len(costs.corrections)} measured "
+          f"kernels); kernels with a measured correction: {known}/{total} ({known / max(total, 1):.1%})")
+    print(KE.summary("gnn", fixed))
+    print(KE.summary("gnn_network_alone", alone))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
