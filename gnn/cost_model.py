@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from disco.sim.costs import CostModel, Kernel
+from gnn.params import load_checked
 
 DEFAULT_CHECKPOINT = Path(__file__).with_name("default_checkpoint.msgpack")
 DEFAULT_METRICS = Path(__file__).with_name("default_metrics.json")
@@ -95,15 +96,7 @@ class GnnCosts(CostModel):
         Raises:
           ValueError: for missing fields or a checkpoint whose digest differs.
         """
-        if not isinstance(params, Mapping) or not isinstance(params.get("source"), str):
-            raise ValueError(f"gnn cost params: expected an object with 'source' and 'checkpoint_digest', "
-                             f"got {params!r}")
-        costs = cls.load(params["source"])
-        want = params.get("checkpoint_digest")
-        if want and want != costs.checkpoint_digest:
-            raise ValueError(f"gnn cost params: checkpoint {params['source']} has digest "
-                             f"{costs.checkpoint_digest}, expected {want}")
-        return costs
+        return load_checked(cls.load, params, "gnn cost params")
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the model as a msgpack checkpoint (not JSON, unlike the other cost models)."""

@@ -30,7 +30,7 @@ from disco.sim.costs import CostModel, Kernel
 from gnn import kernel_corrections as KC
 from gnn import kernel_features as KF
 from gnn import kernel_model as KM
-from gnn.params import fill, flat
+from gnn.params import fill, flat, load_checked
 
 FORMAT = "disco.gnn.kernel/1"
 CHECKPOINTS = {"h100": Path(__file__).with_name("kernel_h100.msgpack")}
@@ -90,14 +90,7 @@ class KernelCosts(CostModel):
         Raises:
           ValueError: for missing fields or a checkpoint whose digest differs.
         """
-        if not isinstance(params, Mapping) or not isinstance(params.get("source"), str):
-            raise ValueError(f"gnn kernel cost params: expected an object with 'source', got {params!r}")
-        costs = cls.load(params["source"])
-        want = params.get("checkpoint_digest")
-        if want and want != costs.checkpoint_digest:
-            raise ValueError(f"gnn kernel cost params: checkpoint {params['source']} has digest "
-                             f"{costs.checkpoint_digest}, expected {want}")
-        return costs
+        return load_checked(cls.load, params, "gnn kernel cost params")
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the msgpack checkpoint."""

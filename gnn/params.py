@@ -2,13 +2,14 @@
 
 Both checkpoint formats (the step GNN's :mod:`gnn.checkpoint`, the per-kernel GNN's
 :mod:`gnn.kernel_costs`) write :func:`flat` and read back with :func:`fill`, which checks every
-name and shape against the model the checkpoint's config builds.
+name and shape against the model the checkpoint's config builds; both cost models rebuild from
+their ``params()`` with :func:`load_checked`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,3 +51,24 @@ def fill(model: Any, params: Any, where: str, config: Any) -> None:
 
     nnx.replace_by_pure_dict(state, filled(nnx.to_pure_dict(state)))
     nnx.update(model, state)
+
+
+T = TypeVar("T")
+
+
+def load_checked(load: Callable[[str], T], params: Any, what: str) -> T:
+    """``load(params["source"])``, checked against ``params["checkpoint_digest"]`` when that is given
+    (a cost model's ``params()``: which checkpoint, and which bytes of it).
+
+    Raises:
+      ValueError: for params without a ``source`` string, or a checkpoint whose digest differs; the
+        message starts with ``what``.
+    """
+    if not isinstance(params, Mapping) or not isinstance(params.get("source"), str):
+        raise ValueError(f"{what}: expected an object with 'source' (and optionally 'checkpoint_digest'), "
+                         f"got {params!r}")
+    costs = load(params["source"])
+    want, have = params.get("checkpoint_digest"), getattr(costs, "checkpoint_digest", None)
+    if want and want != have:
+        raise ValueError(f"{what}: checkpoint {params['source']} has digest {have}, expected {want}")
+    return costs

@@ -316,6 +316,24 @@ def test_corrupt_or_mismatched_checkpoints_say_why(tmp_path: Path, small_model):
         KernelCosts.load(tmp_path / "version.msgpack")
 
 
+def test_both_gnn_cost_models_rebuild_from_params_and_check_the_digest(tmp_path: Path, small_model):
+    from gnn.cost_model import DEFAULT_CHECKPOINT, GnnCosts
+    from gnn.kernel_costs import KernelCosts
+
+    model = small_model
+    p = tmp_path / "k.msgpack"
+    KernelCosts(model, device="h100").save(p)
+    for cls, path, what in ((KernelCosts, p, "gnn kernel cost params"), (GnnCosts, DEFAULT_CHECKPOINT, "gnn cost params")):
+        costs = cls.load(path)
+        again = cls.from_params(costs.params())
+        assert again.checkpoint_digest == costs.checkpoint_digest
+        with pytest.raises(ValueError, match=f"{what}: checkpoint .* has digest {costs.checkpoint_digest}, "
+                                             f"expected 0000"):
+            cls.from_params({**costs.params(), "checkpoint_digest": "0000"})
+        with pytest.raises(ValueError, match=f"{what}: expected an object with 'source'"):
+            cls.from_params({"checkpoint_digest": "0000"})
+
+
 # -- registry and CLI --------------------------------------------------------------------------
 def test_registry_resolves_names_devices_and_files(tmp_path: Path, small_model):
     from disco.sim import registry

@@ -176,3 +176,4 @@ def test_kernel_costs_apply_the_corrections_and_keep_them_in_the_checkpoint(tmp_
     (tmp_path / "bad.msgpack").write_bytes(serialization.msgpack_serialize(raw))
     with pytest.raises(ValueError, match=r"bad\.msgpack: corrections: expected 16-hex-digit"):
         KernelCosts.load(tmp_path / "bad.msgpack")
+
