@@ -320,9 +320,8 @@ def test_both_gnn_cost_models_rebuild_from_params_and_check_the_digest(tmp_path:
     from gnn.cost_model import DEFAULT_CHECKPOINT, GnnCosts
     from gnn.kernel_costs import KernelCosts
 
-    model = small_model
     p = tmp_path / "k.msgpack"
-    KernelCosts(model, device="h100").save(p)
+    KernelCosts(small_model, device="h100").save(p)
     for cls, path, what in ((KernelCosts, p, "gnn kernel cost params"), (GnnCosts, DEFAULT_CHECKPOINT, "gnn cost params")):
         costs = cls.load(path)
         again = cls.from_params(costs.params())
@@ -398,9 +397,9 @@ def test_train_script_trains_on_several_kernel_files(tmp_path: Path):
                            "--members", "1", "--cache", str(tmp_path / "cache")],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    data = KernelCosts.load(out).meta["data"]
-    assert data["records"] == 2 and [f["file"] for f in data["files"]] == [RECORD.name] * 2
     costs = KernelCosts.load(out)
+    data = costs.meta["data"]
+    assert data["records"] == 2 and [f["file"] for f in data["files"]] == [RECORD.name] * 2
     assert costs.corrections and costs.meta["measured_kernels"] == len(costs.corrections)
     judged = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_judge.py"), "--checkpoint", str(out),
                              "--kernels", str(RECORD), "--cache", str(tmp_path / "cache")],
