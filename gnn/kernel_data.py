@@ -74,6 +74,10 @@ class Record(NamedTuple):
     def index(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self.names)}
 
+    def profiled_ops(self) -> list[str]:
+        """The labelled ops with a positive time, sorted: the kernels a model is trained and judged on."""
+        return sorted(op for op, lab in self.labels.items() if lab.per_launch > 0)
+
 
 def _iter_lines(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     p = Path(path)
@@ -191,7 +195,8 @@ def load_records(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[s
             r = _load(f)
             # labels and names are cheap and not part of the features: two records can share a module
             labels, step = labels_of(rec)
-            r = r._replace(**_which(rec), labels={k: v for k, v in labels.items() if k in set(r.names)}, step_s=step)
+            known = set(r.names)
+            r = r._replace(**_which(rec), labels={k: v for k, v in labels.items() if k in known}, step_s=step)
         else:
             r = record_from_json(rec)
             if f is not None:

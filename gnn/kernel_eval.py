@@ -14,12 +14,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from gnn import kernel_data as KD
+from gnn import kernel_features as KF
 
 
 def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
@@ -41,7 +42,7 @@ def record_metrics(record: KD.Record, per_launch_s: np.ndarray) -> dict[str, Any
         raise ValueError(f"record_metrics: expected {len(record.names)} predictions for {record.key}, "
                          f"got shape {per_launch_s.shape}")
     idx = record.index()
-    ops = sorted(op for op, lab in record.labels.items() if lab.per_launch > 0)
+    ops = record.profiled_ops()
     pred = np.array([per_launch_s[idx[op]] for op in ops])
     meas = np.array([record.labels[op].per_launch for op in ops])
     rel = np.abs(pred / meas - 1.0)
@@ -85,6 +86,17 @@ def summary(name: str, metrics: Sequence[dict[str, Any]]) -> str:
             f"{pm['median_rel_err']:.1%}, p90 {pm['p90_rel_err']:.1%}; steps within 10%: "
             f"{pm['steps_within_10pct']}/{pm['records']} (worst {pm['max_abs_step_err']:.1%}); "
             f"variant order as measured: {sum(agree)}/{len(agree)} model/preset groups")
+
+
+def measured_share(records: Sequence[KD.Record], corrections: Mapping[str, float]) -> tuple[int, int]:
+    """(profiled kernels whose fingerprint ``corrections`` holds, all profiled kernels) of ``records``."""
+    known = total = 0
+    for r in records:
+        idx = r.index()
+        ops = r.profiled_ops()
+        known += sum(KF.fingerprint(r.graphs[idx[op]]) in corrections for op in ops)
+        total += len(ops)
+    return known, total
 
 
 def fit_launch(roofline_s: np.ndarray, measured_s: np.ndarray, grid: np.ndarray | None = None) -> float:

@@ -86,7 +86,7 @@ def make_examples(records: Sequence[KD.Record], time_weight: float = 0.5) -> lis
     out = []
     for r in records:
         idx = r.index()
-        ops = [(op, lab) for op, lab in sorted(r.labels.items()) if lab.per_launch > 0]
+        ops = [(op, r.labels[op]) for op in r.profiled_ops()]
         total = sum(lab.seconds for _, lab in ops) or 1.0
         for op, lab in ops:
             w = (1 - time_weight) + time_weight * lab.seconds / total * len(ops)

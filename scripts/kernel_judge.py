@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     from gnn import kernel_corrections as KC
     from gnn import kernel_data as KD
     from gnn import kernel_eval as KE
-    from gnn import kernel_features as KF
     from gnn import kernel_model as KM
     from gnn import kernel_train as KT
     from gnn.kernel_costs import KernelCosts
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     costs = KernelCosts.load(args.checkpoint)
     w = KM.weights(costs.model)
     records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache)]
-    fixed, alone, known, total = [], [], 0, 0
+    fixed, alone = [], []
     print("| record | kernels | tau | median err | p90 err | step meas ms | step gnn ms |")
     print("|---|---|---|---|---|---|---|")
     for r in records:
@@ -44,11 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         m = KE.record_metrics(r, np.exp(KC.corrected(net, r.graphs, costs.corrections)))
         fixed.append(m)
         alone.append(KE.record_metrics(r, np.exp(net)))
-        ops = [o for o, lab in r.labels.items() if lab.per_launch > 0]
-        known += sum(KF.fingerprint(r.graphs[r.index()[o]]) in costs.corrections for o in ops)
-        total += len(ops)
         print(f"| {r.key} | {m['kernels']} | {m['tau']:.3f} | {m['median_rel_err']:.1%} | {m['p90_rel_err']:.1%} | "
               f"{m['step_meas_s'] * 1e3:.2f} | {m['step_pred_s'] * 1e3:.2f} ({m['step_rel_err']:+.1%}) |")
+    known, total = KE.measured_share(records, costs.corrections)
     print(f"\ncheckpoint {args.checkpoint} (digest {costs.checkpoint_digest}, {len(costs.corrections)} measured "
           f"kernels); kernels with a measured correction: {known}/{total} ({known / max(total, 1):.1%})")
     print(KE.summary("gnn", fixed))

@@ -38,7 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     from gnn import kernel_corrections as KC
     from gnn import kernel_data as KD
     from gnn import kernel_eval as KE
-    from gnn import kernel_features as KF
     from gnn import kernel_model as KM
     from gnn import kernel_train as KT
 
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         # The analytic baseline: fixed ceilings, the launch term fitted on the training models.
         roof_tr = np.exp(np.concatenate([_roof(r, (base.peak_flops, base.mem_bandwidth, 0.0), labelled=True)
                                          for r in train]))
-        meas_tr = np.concatenate([[r.labels[o].per_launch for o in _ops(r)] for r in train])
+        meas_tr = np.concatenate([[r.labels[o].per_launch for o in r.profiled_ops()] for r in train])
         launch = KE.fit_launch(roof_tr, meas_tr)
         roofline = (base.peak_flops, base.mem_bandwidth, launch)
         t0 = time.perf_counter()
@@ -79,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             a_ms.append(KE.record_metrics(r, np.exp(_roof(r, roofline))))
         all_gnn += g_ms
         all_net += n_ms
-        known = [KF.fingerprint(r.graphs[r.index()[o]]) in corrections for r in test for o in _ops(r)]
-        covered[0] += sum(known)
-        covered[1] += len(known)
+        known, total = KE.measured_share(test, corrections)
+        covered[0] += known
+        covered[1] += total
         all_ana += a_ms
         gv, av = KE.variant_order(g_ms), KE.variant_order(a_ms)
         out["folds"][m] = {"train_seconds": secs, "launch_s": launch, "examples": len(ex),
@@ -111,14 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _ops(r):  # noqa: ANN001, ANN202
-    return sorted(op for op, lab in r.labels.items() if lab.per_launch > 0)
-
-
 def _roof(r, roofline, labelled: bool = False):  # noqa: ANN001, ANN202
     from gnn import kernel_model as KM
 
-    graphs = [r.graphs[r.index()[o]] for o in _ops(r)] if labelled else list(r.graphs)
+    idx = r.index()
+    graphs = [r.graphs[idx[o]] for o in r.profiled_ops()] if labelled else list(r.graphs)
     return KM.roofline_log_seconds(np.stack([g.totals for g in graphs]), np.asarray(roofline, np.float64))
 
 

@@ -407,8 +407,7 @@ def test_train_script_trains_on_several_kernel_files(tmp_path: Path):
     assert judged.returncode == 0, judged.stderr[-2000:]
     assert "| vgg19/small/default |" in judged.stdout
     # every kernel of the training record has its measured correction
-    n = len([lab for lab in KD.load_records(RECORD, cache_dir=tmp_path / "cache")[0].labels.values()
-             if lab.per_launch > 0])
+    n = len(KD.load_records(RECORD, cache_dir=tmp_path / "cache")[0].profiled_ops())
     assert f"kernels with a measured correction: {n}/{n} (100.0%)" in judged.stdout
     assert "gnn: pooled over" in judged.stdout and "gnn_network_alone: pooled over" in judged.stdout
 
@@ -429,7 +428,7 @@ def test_leave_one_model_out_reports_the_corrections(tmp_path: Path, record_json
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads((tmp_path / "m.json").read_text())
     n = out["covered"]["of"]
-    assert n == 2 * len([lab for lab in KD.record_from_json(record_json).labels.values() if lab.per_launch > 0])
+    assert n == 2 * len(KD.record_from_json(record_json).profiled_ops())
     assert out["covered"]["kernels"] == n
     assert {"gnn", "gnn_network_alone", "analytic"} <= set(out)
     # a held-out kernel measured in the other 'model' is predicted at that measurement
