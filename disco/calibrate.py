@@ -29,6 +29,8 @@ from typing import Any
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 24)
 OPERANDS = 32
 OPERAND_BYTES = 1 << 20  # total bytes of the variadic/concat pair
+MIN_FIT_A = 1e-9  # seconds per all-reduce: the floor of a fitted intercept
+MIN_FIT_B = 1e-15  # seconds per byte: the floor of a fitted slope (1 PB/s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Calibration:
     operand_latency: float = 0.0  # seconds per extra operand of a variadic all-reduce
     variadic_s: float | None = None  # the OPERANDS-operand variadic all-reduce, median
     concat_s: float | None = None  # the same bytes as one buffer, median
+    floored: tuple[str, ...] = ()  # the fitted terms raised to their floor (floor_fit)
 
     def as_preset_calibration(self) -> dict[str, float]:
         return {"latency": self.latency, "bandwidth": self.bandwidth, "operand_latency": self.operand_latency}
@@ -65,10 +68,33 @@ def fit(devices: int, sizes: Sequence[int], times: Sequence[float]) -> Calibrati
     x = np.asarray(sizes, dtype=np.float64)
     y = np.asarray(times, dtype=np.float64)
     b, a = np.polyfit(x, y, 1, w=1.0 / y)
-    a, b = max(float(a), 1e-9), max(float(b), 1e-15)
+    a, b, floored = floor_fit(float(a), float(b))
     p = devices
     return Calibration(devices, tuple(int(s) for s in sizes), tuple(float(t) for t in times),
-                       latency=a / (2 * (p - 1)), bandwidth=2 * (p - 1) / (p * b), fit_a=a, fit_b=b)
+                       latency=a / (2 * (p - 1)), bandwidth=2 * (p - 1) / (p * b), fit_a=a, fit_b=b,
+                       floored=floored)
+
+
+def floor_fit(a: float, b: float) -> tuple[float, float, tuple[str, ...]]:
+    """The fitted intercept ``a`` and slope ``b`` raised to ``MIN_FIT_A`` and ``MIN_FIT_B``, and
+    the names of those that were raised.
+
+    A term below its floor is no cost the simulator can use: noise put the intercept below
+    zero, or the times did not grow with the size. The floor keeps the spec usable; the
+    names go into the result so that the caller can say the fit did not measure that term.
+    """
+    floored = tuple(name for name, v, lo in (("fit_a", a, MIN_FIT_A), ("fit_b", b, MIN_FIT_B)) if not v >= lo)
+    return (MIN_FIT_A if "fit_a" in floored else a), (MIN_FIT_B if "fit_b" in floored else b), floored
+
+
+def floored_note(floored: Sequence[str]) -> str | None:
+    """One line saying which fitted terms are floors, not measurements; None when none is."""
+    if not floored:
+        return None
+    what = {"fit_a": "the latency (intercept)", "fit_b": "the per-byte time (slope)"}
+    return (f"note: {' and '.join(what[f] for f in floored)} fitted at or below zero and was set to its floor: "
+            f"the times did not grow with the message size as expected; measure again with more --reps "
+            f"on a quieter machine")
 
 
 def _data_parallel(devices: int, fns: Sequence[Any], per_device: int) -> tuple[list[Any], Any]:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from disco import multiprocess
-from disco.calibrate import Calibration, fit
+from disco.calibrate import Calibration, fit, floor_fit
 
 if TYPE_CHECKING:
     from disco.sim.cluster import ClusterSpec
@@ -58,6 +58,7 @@ class ChainFit:
       call_s: the per-call overhead (>= 0), paid once per executable.
       fit_a, fit_b: seconds per all-reduce and per byte of one, inside a chain.
       latency, bandwidth: per ring step (seconds) and per link (bytes/s).
+      floored: the fitted terms raised to their floor (:func:`disco.calibrate.floor_fit`).
     """
 
     devices: int
@@ -69,6 +70,7 @@ class ChainFit:
     fit_b: float
     latency: float
     bandwidth: float
+    floored: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "per_all_reduce_1kib_s": self.fit_a + self.fit_b * 1024}
@@ -101,11 +103,11 @@ def fit_chained(devices: int, sizes: Sequence[int], chain: Sequence[int],
         raise ValueError(f"medians: expected positive seconds, got {medians!r}")
     a_mat = np.stack([np.ones_like(k), k, k * n], axis=1) / t[:, None]  # rows scaled by 1/t: relative error
     (c, a, b), _ = nnls(a_mat, np.ones_like(t))
-    a, b = max(float(a), 1e-9), max(float(b), 1e-15)
+    a, b, floored = floor_fit(float(a), float(b))
     p = devices
     return ChainFit(devices, tuple(int(s) for s in sizes), tuple(int(kk) for kk in chain),
                     tuple(tuple(float(v) for v in row) for row in medians), call_s=float(c), fit_a=a, fit_b=b,
-                    latency=a / (2 * (p - 1)), bandwidth=2 * (p - 1) / (p * b))
+                    latency=a / (2 * (p - 1)), bandwidth=2 * (p - 1) / (p * b), floored=floored)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +190,7 @@ def calibrate(processes: int, devices_per_process: int, link: LinkSpec | None, *
     chained = _fit_results(n, res.results) if chain else None
     if chained is not None:
         c = dataclasses.replace(c, latency=chained.latency, bandwidth=chained.bandwidth, fit_a=chained.fit_a,
-                                fit_b=chained.fit_b)
+                                fit_b=chained.fit_b, floored=chained.floored)
     return CrossCalibration(processes, devices_per_process, link, c, res.link_info().get("switch"),
                             chained=chained, lone=lone if chained else None)
 

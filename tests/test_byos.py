@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import warnings
 
 import jax
@@ -108,11 +107,11 @@ def test_a_plain_jit_step_is_refused_before_any_search():
         loss, g = jax.value_and_grad(loss_fn)(w, x)
         return w - 0.1 * g, loss
 
-    t0 = time.perf_counter()
+    phases = []
     with pytest.raises(ValueError, match=r"^no all-reduce in the pre-optimisation HLO of .*: write the step "
                                          r"with shard_map or pmap"):
-        disco.optimize(gspmd_step, w, x, budget_s=30)
-    assert time.perf_counter() - t0 < 25  # refused before the 30 s search, let alone measuring
+        disco.optimize(gspmd_step, w, x, budget_s=30, progress=lambda phase, *_: phases.append(phase))
+    assert set(phases) == {"extract"}  # refused before the search, let alone measuring
     # an empty plan (ddp of a graph without all-reduces) is compiled as XLA's default, not rewritten
     plan = baselines.make("ddp", disco.extract(gspmd_step, w, x))
     assert plan.buckets == ()

@@ -12,6 +12,19 @@ def test_fit_recovers_ring_parameters():
     c = calibrate.fit(4, sizes, times)
     assert c.latency == pytest.approx(30e-6, rel=1e-6)
     assert c.bandwidth == pytest.approx(2e9, rel=1e-6)
+    assert c.floored == () and calibrate.floored_note(c.floored) is None
+
+
+def test_a_fit_that_measured_no_cost_is_floored_and_says_so():
+    """Times that fall with the size have no per-byte cost to fit: the slope is set to its floor
+    (the spec stays usable) and the result names it, as does the note the CLI prints."""
+    c = calibrate.fit(2, [1 << 10, 1 << 20], [2e-3, 1e-3])
+    assert c.floored == ("fit_b",) and c.fit_b == calibrate.MIN_FIT_B and c.fit_a > calibrate.MIN_FIT_A
+    assert c.to_dict()["floored"] == ("fit_b",)
+    note = calibrate.floored_note(c.floored)
+    assert note.startswith("note: the per-byte time (slope) fitted at or below zero") and "--reps" in note
+    both = calibrate.floor_fit(-1e-3, float("nan"))
+    assert both == (calibrate.MIN_FIT_A, calibrate.MIN_FIT_B, ("fit_a", "fit_b"))
 
 
 def test_fit_needs_two_devices():

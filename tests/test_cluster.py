@@ -223,7 +223,7 @@ def test_spec_validation():
 def test_from_yaml_never_opens_a_path_given_as_text(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(preset("local").to_yaml())
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"cluster: expected a mapping of cluster fields, got str"):
         ClusterSpec.from_yaml(str(path))  # a str is YAML text: a bare path string is not a spec
 
 

@@ -1,7 +1,9 @@
 """The packages' lazy exports: ``__all__`` names exactly what ``__getattr__`` resolves, and every
 name resolves (to the object the TYPE_CHECKING imports name), without importing jax on import."""
 
+import ast
 import importlib
+import inspect
 import subprocess
 import sys
 
@@ -13,10 +15,28 @@ def test_all_matches_lazy_exports(package):
     mod = importlib.import_module(package)
     lazy = set(mod._EXPORTS) | set(getattr(mod, "_SUBMODULES", {}))
     assert sorted(mod.__all__) == sorted(lazy)
+    named = _type_checking_imports(mod)
+    assert sorted(named) == sorted(mod.__all__)
     for name in mod.__all__:
-        assert getattr(mod, name) is not None, name
+        assert getattr(mod, name) is named[name], name
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         mod.nope  # noqa: B018
+
+
+def _type_checking_imports(mod) -> dict:
+    """name -> the object the package's ``if TYPE_CHECKING:`` imports bind to it."""
+    tree = ast.parse(inspect.getsource(mod))
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    out = {}
+    for stmt in block.body:
+        assert isinstance(stmt, ast.ImportFrom), ast.unparse(stmt)
+        for alias in stmt.names:
+            try:  # a submodule, imported by its own name (not through the package's __getattr__)
+                obj = importlib.import_module(f"{stmt.module}.{alias.name}")
+            except ModuleNotFoundError:
+                obj = getattr(importlib.import_module(stmt.module), alias.name)
+            out[alias.asname or alias.name] = obj
+    return out
 
 
 def test_profile_is_the_function():

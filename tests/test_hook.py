@@ -123,10 +123,8 @@ def test_slow_service_times_out_and_falls_back():
 
     with stub(slow) as url:
         fast = xla_hooks.jit(step, service=url, timeout_s=0.5)
-        t0 = time.monotonic()
         with pytest.warns(PlanServiceWarning, match="timed out|timeout"):
             out = three_steps(fast, args)
-        assert time.monotonic() - t0 < 30
     assert_close(out, reference)
 
 
@@ -181,7 +179,8 @@ def test_jit_rejects_a_service_that_is_not_a_url(url):
     with pytest.raises(ValueError, match=r"service: (expected the plan service's base URL, e\.g\. "
                                          r"'http://127\.0\.0\.1:8000'|the port of .* is not a number in 0-65535)"):
         xla_hooks.jit(lambda x: x, service=url)
-    assert xla_hooks.jit(lambda x: x, service="https://plans.example:8443/disco") is not None
+    assert xla_hooks.jit(lambda x: x, service="https://plans.example:8443/disco").service == \
+        "https://plans.example:8443/disco"
 
 
 def test_a_gpu_keeps_a_plans_cuts_buckets_and_options_but_not_its_groups(monkeypatch):

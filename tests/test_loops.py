@@ -160,15 +160,16 @@ def test_unknown_trip_count_counts_once():
     assert graph.summary()["loops_unknown_trips"] == [loop.node]
 
 
-def test_fingerprint_ignores_trip_counts():
-    """Flops and loops are not part of the fingerprint: two loops that differ only in their bound's
-    constant differ (the program differs), but loop graphs do not change the step's fingerprint."""
-    graph = HloGraph.from_hlo_text(_zoo_texts("gpt2")[0])
-    module = hlo_parse.parse_module(_zoo_texts("gpt2")[0])
-    from disco.ir.graph import fingerprint
-
-    assert graph.fingerprint == fingerprint(module)
-    assert dataclasses.replace(graph, loops=()).fingerprint == graph.fingerprint
+def test_fingerprint_covers_the_loop_program_not_its_trip_count(monkeypatch):
+    """Two loops that differ only in their bound's constant differ (the program differs); the trip
+    count disco derives is not part of the fingerprint, so stored plans keep their key when the
+    loop analysis changes."""
+    short, long = HloGraph.from_hlo_text(_loop_text(bound=3)), HloGraph.from_hlo_text(_loop_text(bound=10))
+    assert [lp.trip_count for lp in short.loops + long.loops] == [3, 10]
+    assert short.fingerprint != long.fingerprint
+    monkeypatch.setattr(loops, "trip_counts", lambda module: {})  # the analysis finds nothing
+    unknown = HloGraph.from_hlo_text(_loop_text(bound=10))
+    assert [lp.trip_count for lp in unknown.loops] == [None] and unknown.fingerprint == long.fingerprint
 
 
 def test_graph_json_round_trip_keeps_loops():

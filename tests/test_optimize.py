@@ -298,10 +298,11 @@ def test_cli_optimize_json_in_a_subprocess(tmp_path):
     assert FusionPlan.from_json(out.read_text()).name == data["chosen"]
 
 
-def test_cli_rejects_an_unknown_cluster():
+def test_cli_rejects_an_unknown_cluster(capsys):
     from disco import cli
 
     assert cli.main(["optimize", "--model", "mlp", "--cluster", "moon-base"]) == 2
+    assert "--cluster 'moon-base' is neither a file nor a preset" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("sweep", ["2,x", "0", "3,-1"])

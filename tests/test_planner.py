@@ -45,7 +45,6 @@ def test_max_evals_stops_the_search_and_gives_the_same_plan_each_time():
     assert plan_a == plan_b and report_a["plan_ms"] == report_b["plan_ms"]
     # the search stops at the evaluation budget (a step may finish its batch of children), not at 600 s
     assert 40 <= report_a["search"]["evals"] < 80, report_a["search"]
-    assert report_a["search"]["elapsed_s"] < 600
     assert report_a["options"]["max_evals"] == 40
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert max(fractions[:-1]) > 0.5  # progress follows the evaluations, not the (unused) 600 s

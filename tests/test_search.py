@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -95,10 +96,27 @@ def test_state_is_not_mutated_by_step():
     assert state.evals == 1 and again.evals > 1
 
 
-def test_time_budget_stops_the_search():
+def test_time_budget_stops_the_search_at_the_first_step_past_it(monkeypatch):
+    """On a clock that advances 0.1 s per step, a 0.35 s budget allows the steps that start at 0,
+    0.1, 0.2 and 0.3 s, and no other; what they did is what the same seed does under an
+    evaluation budget of as many evaluations."""
+    from disco.search import _driver
+
     graph, sim = setup()
-    r = search.run(search.greedy(), graph, sim.step_time, budget_s=0.3)
-    assert 0.3 <= r.elapsed_s < 3 and r.evals_per_s > 0
+    clock = [0.0]
+    monkeypatch.setattr(_driver, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    base = search.greedy()
+
+    def step(state, key):
+        clock[0] += 0.1
+        return base.step(state, key)
+
+    steps = []
+    timed = search.run(base._replace(step=step), graph, sim.step_time, budget_s=0.35, seed=3,
+                       progress=lambda evals, elapsed, best: steps.append(elapsed))
+    assert steps == pytest.approx([0.1, 0.2, 0.3, 0.4]) and timed.elapsed_s == pytest.approx(0.4)
+    counted = search.run(base, graph, sim.step_time, max_evals=timed.evals, seed=3)
+    assert (counted.evals, counted.best_plan, counted.best_cost) == (timed.evals, timed.best_plan, timed.best_cost)
 
 
 def test_start_points_are_valid():

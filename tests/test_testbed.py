@@ -242,13 +242,12 @@ def test_teardown_after_a_worker_is_killed():
         seen["during"] = testbed.leftovers(_prefix_of(pids[1]))
         os.kill(pids[1], signal.SIGKILL)
 
-    t0 = time.monotonic()
     res = multiprocess.launch(2, 1, spec, link=parse_link("rate=1gbit,delay=100us"), timeout_s=300,
                               grace_s=5, on_started=kill_one)
     assert not res.ok
     assert any("process 1: exited with status -9" in f for f in res.failures), res.failures
     assert len(seen["during"]["namespaces"]) == 2 and seen["during"]["processes"]
-    assert time.monotonic() - t0 < 200  # not left to the 300 s timeout
+    assert not any("no result after" in f for f in res.failures), res.failures  # not left to the 300 s timeout
     assert multiprocess.stray_processes(res.pids) == []
     assert res.testbed_prefix and seen["during"]["namespaces"][0].startswith(res.testbed_prefix)
     assert _left(res.testbed_prefix) == {}

@@ -10,6 +10,7 @@ from disco.cli.common import (
     add_process_args,
     check_output_file,
     check_process_counts,
+    note_floors,
     over_label,
     parse_link_arg,
     print_json,
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         with open(args.out, "w") as f:
             f.write(spec.to_yaml())
     out = {**c.to_dict(), "cluster_yaml": args.out}
+    note_floors(c.floored)
     if args.json:
         print_json(out)
     else:
@@ -82,6 +84,7 @@ def run_across(args: argparse.Namespace) -> int:
         with open(args.out, "w") as f:
             f.write(spec.to_yaml())
     out: dict[str, Any] = {**cal.to_dict(), "cluster_yaml": args.out, "cluster": spec.name}
+    note_floors(cal.calibration.floored)
     if args.model:
         setup_devices(args.processes * args.devices_per_process)
         out["baselines"] = mp_calibrate.compare_baselines(

@@ -395,3 +395,12 @@ def check_process_counts(args: argparse.Namespace) -> None:
 def over_label(link: Any) -> str:
     """What the workers talk over, for table titles."""
     return "127.0.0.1 (gloo)" if link is None else f"an emulated link of {link.label()} per worker (gloo)"
+
+
+def note_floors(floored: tuple[str, ...], prefix: str = "") -> None:
+    """Says on stderr which terms of a calibration's fit are floors rather than measurements."""
+    from disco.calibrate import floored_note
+
+    note = floored_note(floored)
+    if note:
+        print(prefix + note, file=sys.stderr)

@@ -14,6 +14,7 @@ from typing import Any
 from disco.cli.common import (
     add_process_args,
     check_process_counts,
+    note_floors,
     over_label,
     parse_link_arg,
     setup_devices,
@@ -318,6 +319,7 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
     else:
         cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link, timeout_s=args.timeout)
         cluster = mp_calibrate.cluster_spec(cal)
+        note_floors(cal.calibration.floored, prefix="disco optimize: ")
     setup_devices(args.processes * args.devices_per_process)  # before anything starts jax's backend
     costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
     res = mp_optimize.optimize(
