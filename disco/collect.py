@@ -162,8 +162,16 @@ def collect(config: CollectConfig, *, log: Callable[[str], None] | None = None,
     """
     import trax_models
 
-    if config.rounds < 1 or config.steps < 1 or config.random < 0 or config.devices < 1:
-        raise ValueError(f"expected rounds, steps, devices >= 1 and random >= 0, got {config}")
+    from disco.plans import baselines as bl
+
+    bad = [f"{name} {value} (expected >= {lo})" for name, value, lo in
+           (("rounds", config.rounds, 1), ("steps", config.steps, 1), ("devices", config.devices, 1),
+            ("random", config.random, 0)) if value < lo]
+    if bad:
+        raise ValueError("collect: " + ", ".join(bad))
+    unknown_baselines = [b for b in config.baselines or () if b not in bl.NAMES]
+    if unknown_baselines:  # before the directory is made: a typo leaves nothing behind
+        raise ValueError(f"unknown baselines {unknown_baselines}; expected some of: {', '.join(bl.NAMES)}")
     unknown = [m for m in config.models if m not in trax_models.names()]
     if unknown or not config.models:
         raise ValueError(f"unknown models {unknown or '(none given)'}; expected some of: "

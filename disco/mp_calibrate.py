@@ -178,7 +178,7 @@ def calibrate(processes: int, devices_per_process: int, link: LinkSpec | None, *
     spec = multiprocess.WorkerSpec(task="calibrate", sizes=tuple(sizes), reps=reps, chain=tuple(chain))
     res = multiprocess.launch(processes, devices_per_process, spec, link=link, timeout_s=timeout_s)
     if not res.ok:
-        raise RuntimeError("calibration across processes failed: " + "; ".join(res.failures or ("no results",)))
+        raise multiprocess.WorkersFailed("calibration across processes failed: " + "; ".join(res.failures or ("no results",)))
     n = processes * devices_per_process
     medians = [max(r["medians_s"][i] for r in res.results) for i in range(len(sizes))]
     variadic = max(r["variadic_s"] for r in res.results)
@@ -285,7 +285,7 @@ def measure_compute_floor(processes: int, devices_per_process: int, link: LinkSp
                                     optimizer=optimizer, comm_free_bound=True)
     res = multiprocess.launch(processes, devices_per_process, wspec, link=link, timeout_s=timeout_s)
     if not res.ok:
-        raise RuntimeError("measuring the compute floor across processes failed: "
+        raise multiprocess.WorkersFailed("measuring the compute floor across processes failed: "
                            + "; ".join(res.failures or ("no results",)))
     rows = {r["plan"]: r for r in multiprocess.combine(res)}
     if COMM_FREE_BOUND not in rows:
@@ -341,7 +341,7 @@ def compare_baselines(spec: ClusterSpec, processes: int, devices_per_process: in
                                     sizes=tuple(chain_sizes), reps=chain_reps)
     res = multiprocess.launch(processes, devices_per_process, wspec, link=link, timeout_s=timeout_s)
     if not res.ok:
-        raise RuntimeError("measuring the baselines across processes failed: "
+        raise multiprocess.WorkersFailed("measuring the baselines across processes failed: "
                            + "; ".join(res.failures or ("no results",)))
     combined = multiprocess.combine(res)
     floor = next((r for r in combined if r["plan"] == COMM_FREE_BOUND), None)

@@ -74,7 +74,8 @@ class CrossOptimizeResult:
       plan_json: the answer as plan JSON.
       verdict: one sentence.
       rows: per measured plan: name, kind (baseline/search), predicted_ms, measured median/min/max
-        ms (slowest worker per round), paired speedup over xla_default, applied.
+        ms (slowest worker per round), paired speedup over xla_default (``paired_speedup``, also
+        as ``speedup_vs_xla_default``, the key every ``--json`` uses), applied.
       confirmed_speedup: the chosen plan's paired speedup over xla_default in the confirmation
         launch (None: none ran).
       confirmation: that launch's rows.
@@ -130,7 +131,7 @@ class CrossOptimizeResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["speedup"] = self.speedup
+        d["speedup"] = d["speedup_vs_xla_default"] = self.speedup
         return d
 
 
@@ -329,6 +330,7 @@ def _row(name: str, kind: str, predicted_s: float, measured: dict[str, Any]) -> 
     """A result row: plan ``name`` of ``kind``, predicted and as ``measured`` (a launch's combined row)."""
     return {"plan": name, "kind": kind, "predicted_ms": predicted_s * 1e3, "median_ms": measured["median_ms"],
             "min_ms": measured["min_ms"], "max_ms": measured["max_ms"], "paired_speedup": measured["paired_speedup"],
+            "speedup_vs_xla_default": measured["paired_speedup"],  # the key of every --json (paired here)
             "applied": measured["applied"], "all_reduces": measured["all_reduces"]}
 
 
@@ -504,5 +506,5 @@ def _launch(model: str, preset: str, processes: int, devices_per_process: int, l
                                    optimizer=optimizer)
     res = multiprocess.launch(processes, devices_per_process, spec, link=link, timeout_s=timeout_s)
     if not res.ok:
-        raise RuntimeError("measuring across processes failed: " + "; ".join(res.failures or ("no results",)))
+        raise multiprocess.WorkersFailed("measuring across processes failed: " + "; ".join(res.failures or ("no results",)))
     return res

@@ -36,6 +36,11 @@ COORDINATOR_PORT = 47613  # inside worker 0's own namespace: nothing else listen
 TASKS = ("bench", "calibrate")
 
 
+class WorkersFailed(RuntimeError):
+    """The worker processes of a launch failed (timed out, crashed, or reported an error); the
+    message says what each failed process said. ``disco`` prints it as one line."""
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
     """What every worker runs."""

@@ -41,6 +41,16 @@ def test_even_rejects_a_bad_count(k):
         baselines.make("even", graph([40, 40]), k=k)
 
 
+@pytest.mark.parametrize("name, key, value", [
+    ("horovod", "threshold_mb", -5), ("horovod", "threshold_mb", 0), ("ddp", "cap_mb", float("nan")),
+    ("ddp", "first_mb", "x"), ("xla_threshold", "threshold_bytes", 0), ("xla_threshold", "threshold_bytes", 1.5)])
+def test_sizes_that_are_not_positive_are_refused(name, key, value):
+    """horovod:-5 and horovod:0 were accepted and made one bucket per gradient (per_tensor)."""
+    with pytest.raises(ValueError, match=rf"baseline '{name}': {key} expected a positive (number of MB|integer), "
+                                         rf"got {value!r}"):
+        baselines.make(name, graph([40, 40]), **{key: value})
+
+
 def test_unknown_options_are_named():
     with pytest.raises(ValueError, match=r"baseline 'horovod' got unexpected options \['k'\]"):
         baselines.make("horovod", graph([40]), k=2)

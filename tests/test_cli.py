@@ -103,9 +103,9 @@ def test_unknown_preset():
     assert "Traceback" not in r.stderr
 
 
-def test_too_many_devices():
+def test_too_few_devices():
     r = run_cli("graph", "--model", "mlp", "--devices", "0")
-    assert r.returncode == 2 and "--devices must be at least 1" in r.stderr
+    assert r.returncode == 2 and "--devices must be 1 to 4,096 (virtual CPU devices in this process), got 0" in r.stderr
 
 
 def test_bound_across_processes_is_refused_clearly():
@@ -375,6 +375,12 @@ def test_a_plan_file_for_another_graph_is_a_warning_or_with_strict_an_error(tmp_
     assert list(resolve_plans(str(mine), graph, strict=True)) == ["mine"]
     with pytest.raises(CliError, match=r"was made for graph f{32}.*\(--strict\)"):
         resolve_plans(str(other), graph, strict=True)
+    # disco simulate prices what a compile would run: XLA's default, and says so
+    simulated = resolve_plans(f"{other},horovod", graph, simulated=True)
+    assert simulated["other"] == FusionPlan(name="xla_default")
+    assert "simulated as XLA's default compile" in capsys.readouterr().err
+    with pytest.raises(CliError, match=r"^plan 'horovod:-5': baseline 'horovod': threshold_mb expected a positive"):
+        resolve_plans("horovod:-5", graph)
 
 
 def test_a_plan_file_that_is_not_a_plan_is_an_error_naming_the_file(tmp_path):
@@ -398,3 +404,59 @@ def test_a_plan_file_that_is_not_a_plan_is_an_error_naming_the_file(tmp_path):
         resolve_plans(str(binary), graph)
     with pytest.raises(CliError, match=r"plan file '.*missing\.json': no such file"):
         resolve_plans(str(tmp_path / "missing.json"), graph)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["optimize", "--model", "mlp", "--devices", "0"], "--devices must be 1 to 4,096 (virtual CPU devices in this "
+                                                       "process), got 0"),
+    (["optimize", "--model", "mlp", "--devices", "100000"], "--devices must be 1 to 4,096"),
+    (["optimize", "--model", "mlp", "--processes", "2", "--trace", "t.json"],
+     "--trace is written by the optimizer in one process only; with --processes or --link the answer is written "
+     "by --out"),
+    (["calibrate", "--processes", "2", "--timeout", "0"], "--timeout must be positive seconds, got 0.0"),
+    (["simulate", "--model", "mlp", "--cluster", "/"], "cluster file '/': Is a directory; expected a readable "
+                                                       "cluster YAML file"),
+])
+def test_bad_counts_and_flags_are_refused_before_any_work(argv, message, tmp_path):
+    """One line, status 2, before a compile or a launch (--devices 100000 aborted inside XLA)."""
+    r = run_cli(*[str(tmp_path / a) if a == "t.json" else a for a in argv], timeout=120)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_workers_that_fail_are_one_line_and_status_1():
+    """A calibration whose workers time out (2 s: jax does not even start) ends in their messages."""
+    r = run_cli("calibrate", "--processes", "2", "--timeout", "2", timeout=120)
+    lines = [ln for ln in r.stderr.strip().splitlines() if "[Gloo]" not in ln]
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("disco calibrate: error: calibration across processes failed: process 0: no result "
+                               "after 2s; killed")
+
+
+def test_simulate_says_when_the_cluster_has_other_devices_and_gives_the_speedup():
+    r = run_cli("simulate", "--model", "mlp", "--cluster", "h100-sxm-8", "--plans", "xla_default,per_tensor",
+                "--json")
+    assert r.returncode == 0, r.stderr
+    assert "the step is built for --devices 4, but cluster 'h100-sxm-8' has 8 devices" in r.stderr
+    rows = {row["plan"]: row for row in json.loads(r.stdout)["results"]}
+    assert rows["xla_default"]["speedup_vs_xla_default"] == 1.0
+    assert rows["per_tensor"]["speedup_vs_xla_default"] == pytest.approx(
+        rows["xla_default"]["step_time_ms"] / rows["per_tensor"]["step_time_ms"], rel=1e-3)
+
+
+def test_graph_dump_where_the_system_refuses_is_one_line(tmp_path):
+    r = run_cli("graph", "--model", "mlp", "--dump", "/proc/disco-cannot-write-here/x")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--dump '/proc/disco-cannot-write-here/x': cannot write" in r.stderr
+
+
+
+def test_a_fallback_warning_is_one_line_without_disco_source(tmp_path):
+    from disco.plans.plan import FusionPlan
+
+    other = tmp_path / "other.json"
+    other.write_text(FusionPlan(name="other", graph_fingerprint="f" * 32, buckets=()).to_json())
+    r = run_cli("bench", "--model", "mlp", "--devices", "2", "--plans", f"xla_default,{other}", "--rounds", "1",
+                "--steps", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "warning (PlanFallbackWarning): " in r.stderr and ".py:" not in r.stderr, r.stderr

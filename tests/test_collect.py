@@ -118,3 +118,13 @@ def test_committed_small_dataset_is_valid():
             graphs[fp] = HloGraph.from_json(dataset.read_graph_json(data, fp))
         FusionPlan.from_dict(s["plan"]).validate(graphs[fp])
         assert s["applied"] and s["measured"]["median_ms"] > 0
+
+
+def test_bad_counts_and_names_are_refused_before_anything_is_written(tmp_path):
+    out = tmp_path / "d"
+    with pytest.raises(ValueError, match=r"^collect: devices 0 \(expected >= 1\), random -1 \(expected >= 0\)$"):
+        collect(CollectConfig(models=("mlp",), out=str(out), devices=0, random=-1), show_progress=False)
+    with pytest.raises(ValueError, match=r"^unknown baselines \['nosuch'\]; expected some of: xla_default"):
+        collect(CollectConfig(models=("mlp",), out=str(out), baselines=("nosuch",)),
+                show_progress=False)
+    assert not out.exists()

@@ -380,6 +380,17 @@ def test_predict_kernels_json_on_a_compiled_h100_module(tmp_path: Path, record_j
     assert out["total_s"] == pytest.approx(sum(out["kernels"].values()))
     profiled = {k["hlo_op"] for k in record_json["kernels_trace_a"]}
     assert profiled <= set(out["kernels"])
+    assert "warning" not in r.stderr  # a compiled module: is_scheduled=true in its header
+
+
+def test_predict_kernels_warns_on_a_module_before_optimisation(tmp_path: Path, record_json: dict):
+    pre = tmp_path / "pre.hlo.txt"
+    pre.write_text(record_json["compiled_hlo"].replace("is_scheduled=true, ", "", 1))
+    r = _cli("predict-kernels", "--hlo", str(pre), "--device", "h100", "--cost-model", "analytic", "--top", "1")
+    assert r.returncode == 0 and "this looks like HLO before optimisation" in r.stderr, r.stderr[-2000:]
+    assert len(r.stdout.strip().splitlines()) == 2  # the total and --top 1 kernel
+    r = _cli("predict-kernels", "--hlo", str(pre), "--device", "h100", "--top", "-1")
+    assert r.returncode == 2 and "--top must be >= 0 kernels, got -1" in r.stderr
 
 
 def test_predict_kernels_rejects_a_missing_file():

@@ -155,6 +155,9 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert f"the answer is {res.relation}" in res.verdict
     d = res.to_dict()
     assert d["best_baseline"] == res.best_baseline and d["confirmed_vs_best_baseline"] == res.confirmed_vs_best_baseline
+    # the key every --json uses: the answer's confirmed speedup, and each row's paired one
+    assert d["speedup_vs_xla_default"] == res.speedup
+    assert all(r["speedup_vs_xla_default"] == r["paired_speedup"] for r in d["rows"])
     # one more launch after the decision: the same three plans (the answer from its plan JSON), fresh rounds
     val = mp_optimize.validate(res, "mlp", "tiny", 2, 1, None, rounds=3, steps=1, optimizer="sgd", timeout_s=600)
     vrows = {r["plan"]: r for r in val["rows"]}

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from disco import __version__
 from disco.cli import bench, calibrate, collect, graph, models, optimize, predict_kernels, simulate
 from disco.cli.common import CliError
+from disco.multiprocess import WorkersFailed
 from gnn import cli as gnn_cli
 from service import cli as service_cli
 
@@ -49,13 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: Any = None, line: str | None = None) -> None:
+    """Warnings as ``disco`` prints them: the category and the message, without the source line
+    (a ``PlanFallbackWarning`` is news for the user, not a pointer into disco's code)."""
+    print(f"warning ({category.__name__}): {message}", file=file or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs ``disco``; returns the exit status (2 for a user error, 130 when interrupted)."""
+    """Runs ``disco``; returns the exit status (2 for a user error, 1 when worker processes failed,
+    130 when interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    previous, warnings.showwarning = warnings.showwarning, _one_line_warning
     try:
         return int(args.func(args) or 0)
     except CliError as e:
@@ -64,9 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:  # bad input from the library (unknown names, unparsable HLO, ...)
         print(f"disco {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except WorkersFailed as e:  # worker processes timed out or failed: their messages, one line
+        print(f"disco {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = previous
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from disco.cli.common import (
+    check_process_counts,
     add_link_arg,
     over_label,
     parse_link_arg,
@@ -46,11 +47,7 @@ def _check(args: argparse.Namespace) -> None:
     """The numbers, before the model is built."""
     if args.rounds < 1 or args.steps < 1:
         raise CliError(f"--rounds and --steps must be >= 1, got {args.rounds} and {args.steps}")
-    if args.processes < 1 or args.devices_per_process < 1:
-        raise CliError(f"--processes and --devices-per-process must be >= 1, got {args.processes} and "
-                       f"{args.devices_per_process}")
-    if not args.timeout > 0:
-        raise CliError(f"--timeout must be positive seconds, got {args.timeout}")
+    check_process_counts(args)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -102,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     t = Table(title=f"disco bench {info['model']}/{info['preset']} on {args.devices} devices "
                     f"({info['device_kind']}, measured, {args.rounds} rounds x {args.steps} steps)")
     for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "paired (90% interval)",
-                "compile s", "fusions", "all-reduces", "applied"):
+                "compile s", "fusions", "all-reduce ops (a variadic one: 1)", "applied"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
@@ -131,7 +128,7 @@ def _run_processes(args: argparse.Namespace) -> int:
     res = multiprocess.launch(args.processes, args.devices_per_process, spec, timeout_s=args.timeout,
                               link=parse_link_arg(args))  # --link
     if not res.ok:
-        raise CliError("multi-process bench failed: " + "; ".join(res.failures or ("no results",)))
+        raise multiprocess.WorkersFailed("multi-process bench failed: " + "; ".join(res.failures or ("no results",)))
     rows = multiprocess.combine(res)
     info = {"model": args.model, "preset": args.preset, "processes": args.processes,
             "devices_per_process": args.devices_per_process, "rounds": args.rounds,
@@ -144,7 +141,7 @@ def _run_processes(args: argparse.Namespace) -> int:
                     f"{args.devices_per_process} CPU devices over {over_label(res.link)}, measured; "
                     "median = slowest process")
     for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "paired (90% interval)",
-                "all-reduces", "applied"):
+                "all-reduce ops (a variadic one: 1)", "applied"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",

@@ -40,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise CliError(f"--reps must be >= 1, got {args.reps}")
     check_output_file(args.out, "--out")
+    if args.model and args.processes < 2:
+        raise CliError(f"--model {args.model!r} compares the simulator with measurements across processes: give "
+                       "--processes 2 or more (in one process, `disco simulate` and `disco bench` do that)")
     if args.processes > 1 or args.link:  # across processes, maybe over an emulated link
         return run_across(args)
     from disco import calibrate as cal
@@ -106,7 +109,8 @@ def run_across(args: argparse.Namespace) -> int:
         print(f"fit t = {ch.call_s * 1e6:.1f} us + k ({ch.fit_a * 1e6:.1f} us + n / {1 / ch.fit_b / 1e6:.2f} MB/s); "
               f"the lone fit: ring link latency {cal.lone.latency * 1e6:.1f} us, bandwidth "
               f"{cal.lone.bandwidth * 8 / 1e6:.1f} Mbit/s")
-    print(f"fit t = {c.fit_a * 1e6:.1f} us + n / {1 / c.fit_b / 1e6:.2f} MB/s; ring link latency "
+    print(("the spec's link (the chained fit's): " if cal.chained is not None else "")
+          + f"fit t = {c.fit_a * 1e6:.1f} us + n / {1 / c.fit_b / 1e6:.2f} MB/s; ring link latency "
           f"{c.latency * 1e6:.1f} us, bandwidth {c.bandwidth * 8 / 1e6:.1f} Mbit/s")
     if link is not None:
         print(f"  configured: {link.label()}; fitted bandwidth / rate {c.bandwidth * 8 / link.rate_bps:.3f}"

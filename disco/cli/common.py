@@ -25,16 +25,24 @@ class CliError(Exception):
 
 
 # -- devices and the step ------------------------------------------------------------------------
+MAX_CPU_DEVICES = 4096  # virtual CPU devices jax starts in 1 s here; 100,000 aborted inside XLA (threads)
+
+
+def check_devices(n: int, flag: str = "--devices") -> None:
+    """Raises CliError unless ``n`` virtual CPU devices is a count this machine can start."""
+    if not 1 <= n <= MAX_CPU_DEVICES:
+        raise CliError(f"{flag} must be 1 to {MAX_CPU_DEVICES:,d} (virtual CPU devices in this process), got {n}")
+
+
 def setup_devices(n: int) -> None:
     """Makes at least ``n`` virtual CPU devices available (before jax's backend starts).
 
     Raises:
-      CliError: for ``n`` below 1.
+      CliError: for ``n`` outside 1 to :data:`MAX_CPU_DEVICES`.
     """
     import jax
 
-    if n < 1:
-        raise CliError(f"--devices must be at least 1, got {n}")
+    check_devices(n)
     try:
         jax.config.update("jax_num_cpu_devices", max(n, 1))
     except RuntimeError:
@@ -272,7 +280,9 @@ def load_cost_model(value: str, device: str = "cpu") -> tuple[Any, dict[str, Any
     try:
         cm = registry.make(value, device=device)
     except (OSError, ValueError, RuntimeError) as e:
-        raise CliError(f"--cost-model {value!r}: {e}") from None
+        msg = str(e)
+        prefix = f"cost model {value!r}: "  # the registry names the value itself: say it once
+        raise CliError(f"--cost-model {value!r}: {msg.removeprefix(prefix)}") from None
     if cm.name == "gnn" and hasattr(cm, "describe"):
         d = cm.describe()
         return cm, {"name": d["name"], "digest": d["digest"], "source": d["source"],
@@ -294,10 +304,12 @@ def add_strict_arg(p: argparse.ArgumentParser) -> None:
                    help="a plan .json made for another graph (its fingerprint differs) is an error, not a warning")
 
 
-def resolve_plans(spec: str, graph: Any, *, strict: bool = False) -> dict[str, Any]:
+def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: bool = False) -> dict[str, Any]:
     """The plans a ``--plans`` comma list names, by name: baselines (``horovod:128`` sets a value)
     or plan .json files (validated against ``graph``). A plan file made for another graph (its
-    ``graph_fingerprint`` differs) is named in a warning on stderr, or refused when ``strict``.
+    ``graph_fingerprint`` differs) is named in a warning on stderr, or refused when ``strict``;
+    kept as it is for a compile (which falls back to XLA's default), or, when ``simulated``,
+    replaced by xla_default's plan: what that compile would run.
 
     Raises:
       CliError: for an unknown baseline, a bad value, an unreadable file, an empty list, or
@@ -319,6 +331,11 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False) -> dict[str, A
                         f"{graph.fingerprint}")
                 if strict:
                     raise CliError(f"{what} (--strict)")
+                if simulated:
+                    print(f"warning: {what}; simulated as XLA's default compile, which applying it would fall "
+                          "back to (--strict to refuse it)", file=sys.stderr)
+                    plans[plan.name or item] = baselines.make("xla_default", graph)
+                    continue
                 print(f"warning: {what}; it will fall back to XLA's default compile (--strict to refuse it)",
                       file=sys.stderr)
                 plans[plan.name or item] = plan
@@ -340,7 +357,10 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False) -> dict[str, A
         if name not in baselines.NAMES:
             raise CliError(f"unknown plan {name!r}; expected a baseline ({', '.join(baselines.NAMES)}) "
                            "or a plan .json file")
-        plans[item] = baselines.make(name, graph, **kw)
+        try:
+            plans[item] = baselines.make(name, graph, **kw)
+        except ValueError as e:
+            raise CliError(f"plan {item!r}: {e}") from None
     if not plans:
         raise CliError("--plans is empty; expected e.g. xla_default,per_tensor,horovod")
     return plans
@@ -386,10 +406,16 @@ def parse_link_arg(args: argparse.Namespace) -> Any:
 
 
 def check_process_counts(args: argparse.Namespace) -> None:
-    """Raises CliError for --processes or --devices-per-process below 1."""
+    """Raises CliError for --processes or --devices-per-process below 1, or a --timeout that is not
+    a positive number of seconds."""
     if args.processes < 1 or args.devices_per_process < 1:
         raise CliError(f"--processes and --devices-per-process must be >= 1, got {args.processes} and "
                        f"{args.devices_per_process}")
+    if not 0 < args.timeout < float("inf"):
+        raise CliError(f"--timeout must be positive seconds, got {args.timeout}")
+    if getattr(args, "link", None) not in (None, "loopback") and args.processes < 2:
+        raise CliError(f"--link {args.link!r} emulates the link between worker processes; with --processes "
+                       f"{args.processes} nothing crosses it: give --processes 2 or more")
 
 
 def over_label(link: Any) -> str:
@@ -404,3 +430,24 @@ def note_floors(floored: tuple[str, ...], prefix: str = "") -> None:
     note = floored_note(floored)
     if note:
         print(prefix + note, file=sys.stderr)
+
+
+def note_device_mismatch(devices: int, spec: Any, command: str) -> None:
+    """Says on stderr when the step is built for another device count than the cluster has."""
+    if spec.num_devices != devices:
+        print(f"{command}: note: the step is built for --devices {devices}, but cluster {spec.name!r} has "
+              f"{spec.num_devices} devices; the simulator prices its all-reduces over {spec.num_devices}",
+              file=sys.stderr)
+
+
+def note_measured_elsewhere(spec: Any, command: str) -> None:
+    """Says on stderr when plans priced for a GPU cluster are measured on CPU devices (call it
+    after jax's backend has started: it asks jax which devices it runs on)."""
+    import jax
+
+    platform = jax.devices()[0].platform
+    if spec.device != "cpu" and platform == "cpu":
+        print(f"{command}: note: cluster {spec.name!r} prices plans for {spec.device} devices, but they are "
+              "measured on this machine's CPU devices: the measured speedups are the CPU's, and GPU compile "
+              "options change nothing there", file=sys.stderr)
+

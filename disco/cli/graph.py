@@ -6,7 +6,15 @@ import argparse
 import os
 from typing import Any
 
-from disco.cli.common import add_model_args, check_output_dir, make_step, model_label, print_json, read_text_input
+from disco.cli.common import (
+    CliError,
+    add_model_args,
+    check_output_dir,
+    make_step,
+    model_label,
+    print_json,
+    read_text_input,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,14 +60,17 @@ def run(args: argparse.Namespace) -> int:
                                    module=args.module if args.hlo else None)
     elapsed = time.perf_counter() - t0
     if args.dump:
-        os.makedirs(args.dump, exist_ok=True)
-        with open(os.path.join(args.dump, "step.pre_opt.hlo.txt"), "w") as f:
-            f.write(text)
-        if optimized_text is not None:
-            with open(os.path.join(args.dump, "step.optimized.hlo.txt"), "w") as f:
-                f.write(optimized_text)
-        with open(os.path.join(args.dump, "graph.json"), "w") as f:
-            f.write(graph.to_json())
+        try:  # check_output_dir cannot see everything (root passes os.access where /proc refuses)
+            os.makedirs(args.dump, exist_ok=True)
+            with open(os.path.join(args.dump, "step.pre_opt.hlo.txt"), "w") as f:
+                f.write(text)
+            if optimized_text is not None:
+                with open(os.path.join(args.dump, "step.optimized.hlo.txt"), "w") as f:
+                    f.write(optimized_text)
+            with open(os.path.join(args.dump, "graph.json"), "w") as f:
+                f.write(graph.to_json())
+        except OSError as e:
+            raise CliError(f"--dump {args.dump!r}: cannot write {e.filename!r}: {e.strerror}") from None
     summary = {**source, "optimized": bool(args.optimized), **graph.summary(),
                "extract_seconds": round(elapsed, 3)}
     if args.json:

@@ -13,8 +13,11 @@ from typing import Any
 
 from disco.cli.common import (
     add_process_args,
+    check_devices,
     check_process_counts,
+    note_device_mismatch,
     note_floors,
+    note_measured_elsewhere,
     over_label,
     parse_link_arg,
     setup_devices,
@@ -90,7 +93,7 @@ def _bucket_counts(spec: str) -> tuple[int, ...]:
 
 def _check(args: argparse.Namespace) -> None:
     _bucket_counts(args.bucket_sweep)
-    if not args.budget > 0:
+    if not 0 < args.budget < float("inf"):
         raise CliError(f"--budget must be positive seconds, got {args.budget}")
     if args.max_evals is not None and args.max_evals < 1:
         raise CliError(f"--max-evals must be >= 1 evaluations, got {args.max_evals}")
@@ -129,8 +132,11 @@ def run(args: argparse.Namespace) -> int:
         return run_across(args, bucket_sweep=_bucket_counts(args.bucket_sweep))
     from disco.sim.cluster import resolve
 
+    check_devices(args.devices)  # before the cluster: --devices 0 is the flag's error, not the preset's
     cluster = resolve(args.cluster, args.devices)
+    note_device_mismatch(args.devices, cluster, "disco optimize")
     step, example = make_step(args)  # first: it sets the device count before jax starts
+    note_measured_elsewhere(cluster, "disco optimize")
     costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
     config = config_from_args(args)
     from disco.optimizer import optimize
@@ -312,6 +318,10 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
     check_process_counts(args)
     if getattr(args, "trax_model", None):
         raise CliError("--processes runs zoo models only (each worker rebuilds the step by name)")
+    for flag in ("trace", "plot"):  # the simulated timelines of the in-process result; none here
+        if getattr(args, flag):
+            raise CliError(f"--{flag} is written by the optimizer in one process only; with --processes or --link "
+                           "the answer is written by --out and the measurements by --json")
     link = parse_link_arg(args)
     cal = None
     if args.cluster:
@@ -327,7 +337,7 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
         budget_s=args.budget, max_evals=args.max_evals, strategy=args.strategy, measure_top_k=args.measure_top_k,
         seed=args.seed, rounds=args.rounds, steps=args.steps, bucket_sweep=bucket_sweep, confirm=args.confirm,
         confirm_rounds=args.confirm_rounds, optimizer=args.optimizer, timeout_s=args.timeout,
-        progress=lambda m: print(f"disco optimize: {m}", file=sys.stderr))
+        progress=None if args.no_progress else (lambda m: print(f"disco optimize: {m}", file=sys.stderr)))
     if args.out:
         with open(args.out, "w") as f:
             f.write(res.plan_json + "\n")
@@ -343,7 +353,7 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
     t = Table(title=f"disco optimize {args.model}/{args.preset}: {args.processes} processes x "
                     f"{args.devices_per_process} CPU devices over {over_label(link)}; predicted on cluster "
                     f"{cluster.name}; measured, median = slowest process per round")
-    for col in ("plan", "kind", "predicted ms", "measured ms median (min-max)", "vs xla_default (paired)"):
+    for col in ("plan", "kind", "predicted ms", "measured ms median (min-max)", "speedup vs xla_default (paired)"):
         t.add_column(col)
     for r in sorted(res.rows, key=lambda r: -r["paired_speedup"]):
         t.add_row(r["plan"] + (" *" if r["plan"] == res.chosen else ""), r["kind"], f"{r['predicted_ms']:.3f}",

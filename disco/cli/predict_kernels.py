@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 DEVICES = ("h100", "cpu")
@@ -56,7 +57,15 @@ def run(args: argparse.Namespace) -> int:
     """Prints each kernel's predicted seconds (``--json``: one object) for ``--hlo`` on ``--device``."""
     from disco.cli.common import load_cost_model, read_text_input
 
+    from disco.cli.common import CliError
+
+    if args.top < 0:
+        raise CliError(f"--top must be >= 0 kernels, got {args.top}")
     text = read_text_input(args.hlo, "--hlo", "optimised HLO module text (Compiled.as_text())")
+    if "is_scheduled=true" not in text.split("\n", 1)[0]:  # XLA's header of every compiled module
+        print("disco predict-kernels: warning: the module's header has no is_scheduled=true: this looks like "
+              "HLO before optimisation, whose instructions are not the kernels a device runs; expected "
+              "Compiled.as_text() (or XLA's *after_optimizations* dump)", file=sys.stderr)
     costs, _ = load_cost_model(args.cost_model, device=args.device)
     kernels = predict(text, costs)
     total = sum(kernels.values())

@@ -10,9 +10,11 @@ from disco.cli.common import (
     add_model_args,
     add_plans_arg,
     add_strict_arg,
+    check_devices,
     load_cost_model,
     make_step,
     model_label,
+    note_device_mismatch,
     print_json,
     resolve_plans,
 )
@@ -42,10 +44,12 @@ def run(args: argparse.Namespace) -> int:
     from disco.ir.graph import HloGraph
     from disco.sim import cluster, simulator
 
+    check_devices(args.devices)
+    spec = cluster.resolve(args.cluster, args.devices)  # before the compile: a bad --cluster costs nothing
+    note_device_mismatch(args.devices, spec, "disco simulate")
     step, example = make_step(args)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
-    plans = resolve_plans(args.plans, graph, strict=args.strict)
-    spec = cluster.resolve(args.cluster, args.devices)
+    plans = resolve_plans(args.plans, graph, strict=args.strict, simulated=True)
     cm, cm_info = load_cost_model(args.cost_model, device=spec.device)  # priced for the cluster's device kind
     cm_info = {**cm_info, "device": spec.device}
     sim = simulator.Simulator(graph, cm, spec)
@@ -53,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     for name, plan in plans.items():
         r = sim.run(plan)
         rows.append({"plan": name, **{f"{k}_ms": round(v * 1e3, 4) for k, v in r.summary().items()}})
+    base = next((r["step_time_ms"] for r in rows if r["plan"] == "xla_default"), None)
+    for r in rows:  # the convention of every table and --json: xla_default's time over the plan's
+        r["speedup_vs_xla_default"] = round(base / r["step_time_ms"], 4) if base and r["step_time_ms"] else None
     lb = sim.lower_bound()
     out = {**model_label(args), "cluster": spec.name,
            "cost_model": cm.name, "cost_model_info": cm_info, "simulated": True, "lower_bound_ms": round(lb * 1e3, 4),

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -100,16 +101,19 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     elif name == "one_bucket":
         plan = FusionPlan(buckets=_greedy(ars, lambda i: 1 << 62, build=build), name=name)
     elif name == "horovod":
-        mb = float(kw.pop("threshold_mb", 64))
+        mb = _positive_size(name, "threshold_mb", kw.pop("threshold_mb", 64))
         plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: int(mb * MB), build=build),
                           name="horovod" if mb == 64 else f"horovod_{mb:g}mb")
     elif name == "ddp":
-        cap, first = float(kw.pop("cap_mb", 25)), float(kw.pop("first_mb", 1))
+        cap = _positive_size(name, "cap_mb", kw.pop("cap_mb", 25))
+        first = _positive_size(name, "first_mb", kw.pop("first_mb", 1))
         plan = FusionPlan(buckets=_greedy(reverse_parameter_order(graph),
                                           lambda i: int((first if i == 0 else cap) * MB), build=build),
                           name=name)
     elif name == "xla_threshold":
-        thr = int(kw.pop("threshold_bytes", 30 * MB))
+        thr = kw.pop("threshold_bytes", 30 * MB)
+        if not isinstance(thr, int) or isinstance(thr, bool) or thr < 1:
+            raise ValueError(f"baseline 'xla_threshold': threshold_bytes expected a positive integer, got {thr!r}")
         plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: thr, max_members=256, build=build),
                           name=f"xla_threshold_{thr}")
     elif name == "even":
@@ -131,6 +135,17 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     if kw:
         raise ValueError(f"baseline {name!r} got unexpected options {sorted(kw)}")
     return plan.validate(graph)
+
+
+def _positive_size(name: str, key: str, value: Any) -> float:
+    """``value`` as a positive finite number of MB, or ValueError naming the baseline and the key."""
+    try:
+        mb = float(value)
+    except (TypeError, ValueError):
+        mb = math.nan
+    if isinstance(value, bool) or not 0 < mb < math.inf:
+        raise ValueError(f"baseline {name!r}: {key} expected a positive number of MB, got {value!r}")
+    return mb
 
 
 def make_all(graph: HloGraph, names: Sequence[str] = NAMES) -> dict[str, FusionPlan]:

@@ -326,12 +326,14 @@ def _link_field(v: Any, where: str) -> LinkSpec:
 
 
 def read_cluster_file(p: Path) -> str:
-    """The UTF-8 text of a cluster file; ValueError naming it when it is not text."""
+    """The UTF-8 text of a cluster file; ValueError naming it when it is not a readable text file."""
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{p.name}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
                          f"expected cluster YAML") from None
+    except OSError as e:  # a directory, a file without read permission, ...
+        raise ValueError(f"cluster file {str(p)!r}: {e.strerror}; expected a readable cluster YAML file") from None
 
 
 def _read_text(path_or_text: str | os.PathLike[str], default_where: str) -> tuple[str, str]:
@@ -357,5 +359,8 @@ def parse_yaml(text: str, where: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ValueError(f"{where}: not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{where}: not valid YAML (JSON is YAML too){at}: {problem}") from None
 
