@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--kernels" or a.startswith("--kernels=") for a in argv):
         return train_kernels(argv)
-    from gnn.cli import main as step_main
+    from disco.cli.train_gnn import main as step_main
 
     return step_main(argv)
 

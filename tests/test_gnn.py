@@ -256,7 +256,7 @@ def test_default_checkpoint_loads_and_names_itself() -> None:
 
 
 def test_train_gnn_cli_writes_checkpoint_and_metrics(tmp_path: Path, dataset: train.Dataset) -> None:
-    from gnn import cli
+    from disco.cli import train_gnn as cli
 
     src = Path(dataset.source)
     data = tmp_path / "data"

@@ -16,10 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from disco import __version__
-from disco.cli import bench, calibrate, collect, graph, models, optimize, predict_kernels, simulate
+from disco.cli import bench, calibrate, collect, graph, models, optimize, predict_kernels, simulate, train_gnn
 from disco.cli.common import CliError
 from disco.multiprocess import WorkersFailed
-from gnn import cli as gnn_cli
 from service import cli as service_cli
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main"]
@@ -33,7 +32,7 @@ COMMANDS: dict[str, Callable[[Any], argparse.ArgumentParser]] = {
     "simulate": simulate.add_parser,
     "serve": service_cli.add_parser,
     "optimize": optimize.add_parser,
-    "train-gnn": gnn_cli.add_parser,
+    "train-gnn": train_gnn.add_parser,
     "collect": collect.add_parser,
     "predict-kernels": predict_kernels.add_parser,
 }
