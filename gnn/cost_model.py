@@ -179,7 +179,7 @@ def load_default() -> GnnCosts:
     """
     if not DEFAULT_CHECKPOINT.is_file():
         raise RuntimeError(f"no default GNN checkpoint at {DEFAULT_CHECKPOINT}; train one with "
-                           "`disco train-gnn --data DIR --out gnn/default_checkpoint.msgpack`")
+                           "`disco train-gnn --data DIR --out gnn/default_checkpoint.msgpack --overwrite-shipped`")
     return GnnCosts.load(DEFAULT_CHECKPOINT)
 
 

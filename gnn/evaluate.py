@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +55,8 @@ def noise_ceiling(ds: Any, idx: Sequence[int], *, rounds: int = 3, trials: int =
     range (max - min over its rounds) / d2, d2 being the expected range of ``rounds`` standard
     normals (1.69 for 3). The result is the mean tau between truth and re-measurement, per group
     and averaged. It covers only the noise within a measuring chunk (drift between chunks is
-    normalised away), so the real ceiling is lower still.
+    normalised away), so the real ceiling is lower still. A group of one sample has no tau and
+    is left out; ``"mean"`` is nan when no group has two samples.
     """
     d2 = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326}.get(rounds, 2.5)
     rng = np.random.default_rng(seed)
@@ -68,7 +70,9 @@ def noise_ceiling(ds: Any, idx: Sequence[int], *, rounds: int = 3, trials: int =
         sd = np.array([(x.max_ms - x.min_ms) / d2 * x.norm_ms / x.median_ms for x in s])
         taus = [kendall_tau(truth, np.median(truth[:, None] + sd[:, None] * rng.standard_normal((len(s), rounds)),
                                              axis=1)) for _ in range(trials)]
-        out[g] = float(np.nanmean(taus))
+        taus = [t for t in taus if math.isfinite(t)]
+        if taus:  # none for a group of one sample: it has no tau
+            out[g] = float(np.mean(taus))
     out["mean"] = float(np.mean(list(out.values()))) if out else float("nan")
     return out
 

@@ -70,7 +70,9 @@ def ranking_metrics(ds: Any, idx: Sequence[int], predicted: Sequence[float],
         "top1_regret_max": float(max((v["top1_regret"] for v in groups.values()), default=float("nan"))),
         "top5_regret": float(np.mean([v["top5_regret"] for v in groups.values()])) if groups else float("nan"),
         "n": len(idx), "groups": groups}
-    if predicted_ms is not None:
+    if predicted_ms is not None and not len(idx):
+        out["mape"] = float("nan")
+    elif predicted_ms is not None:
         meas = np.array([ds.samples[i].norm_ms for i in idx])
         out["mape"] = float(np.mean(np.abs(np.asarray(predicted_ms) - meas) / meas))
     return out

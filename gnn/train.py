@@ -394,6 +394,9 @@ def fit(ds: Dataset, train_idx: Sequence[int], val_idx: Sequence[int], config: T
         _, rel = predict(model, [ds.features(i) for i in val_idx], node_budget=config.node_budget)
         return metrics.ranking_metrics(ds, val_idx, rel)["tau"]
 
+    val_groups = [ds.samples[i].group for i in val_idx]
+    why_no_tau = ("predicted or measured times constant within every validation group"
+                  if any(val_groups.count(g) >= 2 for g in set(val_groups)) else "no validation group of 2 or more samples")
     history: dict[str, Any] = {"loss": [], "val_tau": [], "best_epoch": -1}
     best, best_state, bad = -math.inf, None, 0
     bar = None
@@ -413,10 +416,11 @@ def fit(ds: Dataset, train_idx: Sequence[int], val_idx: Sequence[int], config: T
             tau = val_score()
             history["loss"].append(float(np.mean(losses)))
             history["val_tau"].append(tau)
+            shown = f"{tau:.3f}" if math.isfinite(tau) else f"undefined ({why_no_tau})"
             if log:
-                log(f"epoch {epoch}: loss {np.mean(losses):.4f} val tau {tau:.3f}")
+                log(f"epoch {epoch}: loss {np.mean(losses):.4f} val tau {shown}")
             if bar is not None:
-                bar.update(task, advance=1, description=f"loss {np.mean(losses):.3f} val tau {tau:.3f}")
+                bar.update(task, advance=1, description=f"loss {np.mean(losses):.3f} val tau {shown}")
             score = tau if math.isfinite(tau) else -float(np.mean(losses))
             if score > best:
                 best, bad, history["best_epoch"] = score, 0, epoch

@@ -8,7 +8,8 @@ Per-kernel GNN from kernel profiles (writes the shipped checkpoint ``gnn/kernel_
 ``--kernels`` may be repeated (e.g. adding ``gnn/data/h100_kernels_2026-11-24.jsonl.gz``, the four
 newer zoo models collected by ``disco collect --kernels``).
 
-Without ``--kernels``: the step-level GNN, exactly as ``disco train-gnn`` (``--data DIR ...``).
+Without ``--kernels``: the step-level GNN, exactly as ``disco train-gnn`` (``--data DIR ...``; the
+shipped ``gnn/default_checkpoint.msgpack`` is written over only with ``--overwrite-shipped``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 import types
 from pathlib import Path
@@ -313,3 +314,92 @@ def test_train_gnn_cli_logs_epochs_when_not_a_terminal(tmp_path: Path, capsys: p
     lines = [ln for ln in err.splitlines() if "train-gnn: epoch" in ln]
     assert [ln.split("train-gnn: ")[1].split(":")[0] for ln in lines] == ["epoch 0", "epoch 1"], err
     assert "\r" not in err  # no bar redraws
+
+
+# small enough to train in seconds on the committed samples
+_FAST = ["--epochs", "1", "--hidden", "8", "--edge-hidden", "4", "--layers", "1", "--batch", "8", "--node-budget", "4096"]
+
+
+def _train_gnn(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    if not (SMALL / "samples.jsonl").is_file():
+        pytest.skip("tests/data/profiles_small has no samples")
+    from disco.cli import main
+
+    rc = main(["train-gnn", "--data", str(SMALL), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_train_gnn_writes_to_the_current_directory_by_default_not_the_shipped_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from gnn import cost_model
+
+    shipped = cost_model.DEFAULT_CHECKPOINT.read_bytes() if cost_model.DEFAULT_CHECKPOINT.is_file() else None
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _train_gnn([*_FAST, "--no-progress"], capsys)
+    assert rc == 0, err
+    assert (tmp_path / "gnn_checkpoint.msgpack").is_file() and (tmp_path / "gnn_checkpoint_metrics.json").is_file()
+    if shipped is not None:
+        assert cost_model.DEFAULT_CHECKPOINT.read_bytes() == shipped
+    # a readable summary: tau as a number, MAPE and regrets in percent, no dict reprs
+    assert re.search(r"gnn graph head: +tau -?\d\.\d{3} \(raw -?\d\.\d{3}\), MAPE \d+\.\d%, "
+                     r"top-1 regret \d+\.\d% \(worst group \d+\.\d%\), top-5 regret \d+\.\d%; 6 samples", out), out
+    assert "{" not in out and "nan" not in out, out
+
+
+@pytest.mark.parametrize("flag", ["--out", "--metrics"])
+def test_train_gnn_refuses_to_write_over_the_shipped_files(
+        flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gnn import cost_model
+
+    shipped = (cost_model.DEFAULT_CHECKPOINT, cost_model.DEFAULT_METRICS)
+    if not all(f.is_file() for f in shipped):
+        pytest.skip("no checkpoint and metrics shipped")
+    target = shipped[0] if flag == "--out" else shipped[1]
+    before = [f.read_bytes() for f in shipped]
+    try:
+        rc, _, err = _train_gnn([*_FAST, "--limit", "40", "--out", str(tmp_path / "ck.msgpack"), flag, str(target)],
+                                capsys)
+    finally:
+        changed = [f.name for f, b in zip(shipped, before) if f.read_bytes() != b]
+        for f, b in zip(shipped, before):  # restore the package's files whatever the command did
+            if f.name in changed:
+                f.write_bytes(b)
+    assert not changed
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"disco train-gnn: error: {flag} ") and "--overwrite-shipped" in err, err
+
+
+@pytest.mark.parametrize("flag, path", [("--out", "missing/ck.msgpack"), ("--metrics", "missing/m.json")])
+def test_train_gnn_checks_output_paths_before_training(
+        flag: str, path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--out", str(tmp_path / "ck.msgpack"), flag, str(tmp_path / path)]
+    rc, _, err = _train_gnn([*_FAST, "--limit", "40", *args], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"disco train-gnn: error: {flag} ") and "does not exist" in err, err
+    assert "train-gnn: epoch" not in err and not (tmp_path / "ck.msgpack").exists()  # failed before training
+
+
+@pytest.mark.parametrize("flag, value", [("--lr", "-1"), ("--lr", "0"), ("--lr", "nan"), ("--lr", "inf"),
+                                         ("--epochs", "0"), ("--lomo-epochs", "0"), ("--batch", "0"),
+                                         ("--node-budget", "0"), ("--hidden", "0"), ("--edge-hidden", "0"),
+                                         ("--layers", "0"), ("--limit", "0")])
+def test_train_gnn_rejects_bad_hyperparameters_up_front(
+        flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ck.msgpack"
+    rc, _, err = _train_gnn([*_FAST, "--limit", "40", "--lomo", "--out", str(out), flag, value], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert re.match(rf"disco train-gnn: error: {flag} \S+: expected (an integer >= 1|a finite number > 0)", err), err
+    assert "train-gnn: epoch" not in err and not out.exists()
+
+
+def test_train_gnn_says_why_tau_is_undefined_on_too_few_samples(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """4 samples of one group: one held-out sample, so no tau and no noise ceiling; said in words,
+    without numpy's warnings (errors here: pyproject's filterwarnings)."""
+    rc, out, err = _train_gnn([*_FAST, "--limit", "4", "--out", str(tmp_path / "ck.msgpack")], capsys)
+    assert rc == 0, err
+    assert "1 test sample" in out and "{" not in out and "nan" not in out, out
+    assert re.search(r"gnn graph head: +tau undefined \(no group has 2 or more of these samples\), MAPE \d+\.\d%", out)
+    assert re.search(r"noise ceiling of tau: +undefined", out), out
+    assert "val tau undefined (no validation group of 2 or more samples)" in err, err

@@ -1,21 +1,33 @@
 """``disco train-gnn``: train the cost GNN on a collector dataset, evaluate it, write a checkpoint.
 
-Steps: load ``--data``; split held-out plans of every model (``plans``) and train/evaluate;
-optionally leave each model out in turn (``--lomo``) and train/evaluate once per model;
-compare with AnalyticCosts + the simulator on the same held-out samples. The shipped
-model is the one trained on the ``plans`` split (best validation epoch); write ``--out``
-(msgpack) and the metrics JSON (``--metrics``; default ``gnn/default_metrics.json`` for the
-default checkpoint, else ``<out stem>_metrics.json``).
+Steps: check the arguments and the output paths; load ``--data``; split held-out plans of every
+model (``plans``) and train/evaluate; optionally leave each model out in turn (``--lomo``) and
+train/evaluate once per model; compare with AnalyticCosts + the simulator on the same held-out
+samples. The model written is the one trained on the ``plans`` split (best validation epoch):
+``--out`` (msgpack; default ``gnn_checkpoint.msgpack`` in the current directory) and the
+metrics JSON (``--metrics``; default ``<out stem>_metrics.json``, ``default_metrics.json`` next
+to a ``default_checkpoint.msgpack``).
+
+The files shipped in the ``gnn`` package (the checkpoint ``--cost-model gnn`` loads and its
+metrics) are written over only with ``--overwrite-shipped``; retraining the shipped checkpoint::
+
+    disco train-gnn --data DIR --out gnn/default_checkpoint.msgpack --overwrite-shipped \\
+        --epochs 12 --lomo --lomo-epochs 4
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from disco.cli.common import CliError, check_output_file
+
+DEFAULT_OUT = "gnn_checkpoint.msgpack"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,9 +40,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="collector dataset directory (samples.jsonl + graphs/)")
-    p.add_argument("--out", default="gnn/default_checkpoint.msgpack",
-                   help="checkpoint to write (msgpack; default gnn/default_checkpoint.msgpack)")
-    p.add_argument("--metrics", help="metrics JSON to write (default: next to --out)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"checkpoint to write (msgpack; default {DEFAULT_OUT} in the current directory)")
+    p.add_argument("--metrics", help="metrics JSON to write (default: <out stem>_metrics.json next to --out)")
+    p.add_argument("--overwrite-shipped", action="store_true",
+                   help="allow --out/--metrics to write over files shipped in the gnn package "
+                        "(gnn/default_checkpoint.msgpack, which --cost-model gnn loads, and its metrics)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and the initialisation (default 0)")
     p.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
     p.add_argument("--lomo-epochs", type=int, default=None,
@@ -57,20 +72,97 @@ def _metrics_path(out: Path, metrics: str | None) -> Path:
     return out.with_name(out.stem + "_metrics.json")
 
 
+# the integer flags that must be at least 1: flag -> attribute (None, a flag not given, is not checked)
+_AT_LEAST_ONE = {"--epochs": "epochs", "--lomo-epochs": "lomo_epochs", "--hidden": "hidden",
+                 "--edge-hidden": "edge_hidden", "--layers": "layers", "--batch": "batch",
+                 "--node-budget": "node_budget", "--limit": "limit"}
+
+
+def check_args(args: argparse.Namespace) -> tuple[Path, Path]:
+    """Checks the hyperparameters and the output paths before any data is read or trained on;
+    returns the checkpoint and metrics paths.
+
+    Raises:
+      CliError: naming the flag, the value received and what was expected; for an output path
+        that cannot be written; for a file shipped in the gnn package without ``--overwrite-shipped``.
+    """
+    from gnn import cost_model
+
+    for flag, attr in _AT_LEAST_ONE.items():
+        v = getattr(args, attr)
+        if v is not None and v < 1:
+            raise CliError(f"{flag} {v}: expected an integer >= 1")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise CliError(f"--lr {args.lr}: expected a finite number > 0 (e.g. 0.002)")
+    out = Path(args.out)
+    mp = _metrics_path(out, args.metrics)
+    check_output_file(str(out), "--out")
+    check_output_file(str(mp), "--metrics")
+    if out.resolve() == mp.resolve():
+        raise CliError(f"--metrics {str(mp)!r} is the checkpoint --out; expected another file")
+    shipped = cost_model.DEFAULT_CHECKPOINT.parent.resolve()
+    for flag, path in (("--out", out), ("--metrics", mp)):
+        if not args.overwrite_shipped and path.is_file() and path.resolve().is_relative_to(shipped):
+            raise CliError(f"{flag} {str(path)!r} is a file shipped in the gnn package (what --cost-model gnn "
+                           "loads, or its metrics); write elsewhere, or pass --overwrite-shipped to replace it")
+    return out, mp
+
+
 def _stderr_line(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} train-gnn: {message}", file=sys.stderr, flush=True)
 
 
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%"
+
+
+def describe(metrics: dict[str, Any]) -> str:
+    """One line of a metrics dict of :mod:`gnn.evaluate`: Kendall tau, then MAPE and regrets in
+    percent; a tau that is undefined says why."""
+    n = metrics["n"]
+    if not n:
+        return "no samples"
+    if math.isfinite(metrics["tau"]):
+        tau = f"tau {metrics['tau']:.3f} (raw {metrics['tau_raw']:.3f})"
+    elif not any(g["n"] >= 2 for g in metrics["groups"].values()):
+        tau = "tau undefined (no group has 2 or more of these samples)"
+    else:
+        tau = "tau undefined (predicted or measured times constant within every group)"
+    parts = [tau]
+    if "mape" in metrics:
+        parts.append(f"MAPE {_percent(metrics['mape'])}")
+    parts.append(f"top-1 regret {_percent(metrics['top1_regret'])} (worst group {_percent(metrics['top1_regret_max'])})")
+    parts.append(f"top-5 regret {_percent(metrics['top5_regret'])}")
+    return ", ".join(parts) + f"; {n} sample{'' if n == 1 else 's'}"
+
+
+def _ceiling(tau: float) -> str:
+    return f"{tau:.3f}" if math.isfinite(tau) else "undefined (no group has 2 or more of these samples)"
+
+
+def _report(log: Any, title: str, result: dict[str, Any]) -> None:
+    log(f"{title}:")
+    log(f"  gnn graph head:                {describe(result['gnn'])}")
+    log(f"  gnn kernel head in simulator:  {describe(result['gnn_simulated'])}")
+    log(f"  analytic in simulator:         {describe(result['analytic'])}")
+    log(f"  noise ceiling of tau:          {_ceiling(result['noise_ceiling_tau'])}")
+
+
 def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
-    """Runs the whole pipeline for parsed ``args``; returns the metrics written."""
+    """Runs the whole pipeline for parsed ``args``; returns the metrics written.
+
+    Raises:
+      CliError: for bad arguments or output paths (:func:`check_args`), before any training.
+    """
     import dataclasses
 
     from gnn import checkpoint, evaluate, train
     from gnn.cost_model import GnnCosts
 
+    out, mp = check_args(args)
     t0 = time.time()
     ds = train.load_dataset(args.data, limit=args.limit)
-    log(f"data: {len(ds.samples)} samples, {len(ds.groups())} groups, models {ds.models()}, "
+    log(f"data: {len(ds.samples)} samples, {len(ds.groups())} groups, models {', '.join(ds.models())}, "
         f"{ds.skipped} lines skipped, digest {ds.digest()}")
     cfg = train.TrainConfig(hidden=args.hidden, edge_hidden=args.edge_hidden, layers=args.layers,
                             epochs=args.epochs, batch=args.batch, node_budget=args.node_budget, lr=args.lr,
@@ -84,10 +176,9 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
             "gnn_simulated": evaluate.evaluate_gnn_simulated(GnnCosts(model), ds, te),
             "noise_ceiling_tau": evaluate.noise_ceiling(ds, te)["mean"],
             "history": hist, "sizes": {"train": len(tr), "val": len(va), "test": len(te)}}
-    log(f"held-out plans: gnn {evaluate.summary(held['gnn'])}")
-    log(f"held-out plans: noise ceiling of tau {held['noise_ceiling_tau']:.3f}")
-    log(f"held-out plans: analytic {evaluate.summary(held['analytic'])}")
-    log(f"held-out plans: gnn kernels in the simulator {evaluate.summary(held['gnn_simulated'])}")
+    log("tau: Kendall's tau of predicted against measured times, mean over groups (-1 to 1); "
+        "MAPE and regrets in percent")
+    _report(log, f"held-out plans ({len(tr)} train / {len(va)} validation / {len(te)} test samples)", held)
     lomo: dict[str, Any] = {}
     if args.lomo and len(ds.models()) > 1:
         lcfg = dataclasses.replace(cfg, epochs=args.lomo_epochs or cfg.epochs)
@@ -98,11 +189,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
                        "gnn_simulated": evaluate.evaluate_gnn_simulated(GnnCosts(lmodel), ds, lte),
                        "noise_ceiling_tau": evaluate.noise_ceiling(ds, lte)["mean"],
                        "best_epoch": lhist["best_epoch"], "n": len(lte)}
-            log(f"leave out {m}: gnn {evaluate.summary(lomo[m]['gnn'])} | "
-                f"analytic {evaluate.summary(lomo[m]['analytic'])} | "
-                f"gnn in the simulator {evaluate.summary(lomo[m]['gnn_simulated'])} | "
-                f"noise ceiling {lomo[m]['noise_ceiling_tau']:.3f}")
-    out = Path(args.out)
+            _report(log, f"leave out {m} ({len(ltr)} train samples of the other models, {len(lte)} test)", lomo[m])
     meta = {"train_config": dataclasses.asdict(cfg), "data": {"source": ds.source, "samples": len(ds.samples),
                                                               "digest": ds.digest(), "models": ds.models()},
             "split": "plans", "metrics_summary": {"heldout_plans": evaluate.summary(held["gnn"])}}
@@ -110,7 +197,6 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     metrics = {"checkpoint": str(out), "checkpoint_digest": digest, "model": {"name": "gnn", "version": "1",
                "config": model.config.to_dict()}, **meta, "heldout_plans": held, "leave_one_model_out": lomo,
                "seconds": round(time.time() - t0, 1)}
-    mp = _metrics_path(out, args.metrics)
     mp.write_text(json.dumps(metrics, indent=1, sort_keys=True, default=float))
     log(f"wrote {out} (digest {digest}) and {mp} in {metrics['seconds']} s")
     return metrics
@@ -124,4 +210,8 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="train_gnn", description=__doc__.splitlines()[0])
     add_arguments(p)
-    return run(p.parse_args(argv))
+    try:
+        return run(p.parse_args(argv))
+    except (CliError, ValueError) as e:
+        print(f"train_gnn: error: {e}", file=sys.stderr)
+        return 2
