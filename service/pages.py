@@ -39,7 +39,7 @@ _INDEX = """<!doctype html>
 <style>{{ style|safe }}</style></head><body>
 <h1>disco plan service {{ version }}</h1>
 <p>Fusion plans (op-fusion groups and gradient buckets) for data-parallel JAX training steps.
-Workers ask for a plan with <code>xla_hooks.jit(step, service=URL)</code>.</p>
+Workers ask for a plan with <code>xla_hooks.jit(step, service=URL{{ client_token }})</code>.</p>
 <table>
 <tr><th>POST /v1/plans</th><td>a plan for HLO text or graph JSON: cached (200) or a job (202){{ auth }}</td></tr>
 <tr><th>GET /v1/jobs/&lt;id&gt;</th><td>a plan job's state and result</td></tr>
@@ -63,13 +63,13 @@ model {{ report.cost_model.name }} v{{ report.cost_model.version }}. All times a
 <h2>Plan</h2>
 <table>{% for k, v in summary.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
 <h2>Simulated step time</h2>
-<table><tr><th>plan</th><th>ms</th><th>vs xla_default</th></tr>
+<table><tr><th>plan</th><th>ms</th><th>speedup vs xla_default (higher is faster)</th></tr>
 <tr class="chosen"><td>this plan ({{ report.chosen }})</td><td class="num">{{ "%.4f"|format(report.plan_ms) }}</td>
-<td class="num">{{ "%.3f"|format(report.plan_ms / base) }}x</td></tr>
+<td class="num">{{ speedup(report.plan_ms) }}</td></tr>
 {% for name, ms in baselines %}<tr><td>{{ name }}</td><td class="num">{{ "%.4f"|format(ms) }}</td>
-<td class="num">{{ "%.3f"|format(ms / base) }}x</td></tr>{% endfor %}
+<td class="num">{{ speedup(ms) }}</td></tr>{% endfor %}
 <tr><td><i>lower bound</i></td><td class="num">{{ "%.4f"|format(report.lower_bound_ms) }}</td>
-<td class="num">{{ "%.3f"|format(report.lower_bound_ms / base) }}x</td></tr></table>
+<td class="num">{{ speedup(report.lower_bound_ms) }}</td></tr></table>
 <h2>Simulated timeline</h2>
 {{ svg|safe }}
 <p><a href="/v1/plans/{{ key }}">plan JSON</a></p>
@@ -118,6 +118,12 @@ def timeline_svg(events: list[list[Any]], width: int = SVG_WIDTH) -> str:
     return "".join(parts)
 
 
+def _speedup(base_ms: float, ms: float) -> str:
+    """``base_ms / ms`` as the report prints it: the project's "speedup vs xla_default"
+    (xla_default's time over the plan's; above 1 is faster, below 1 slower)."""
+    return f"{base_ms / ms:.3f}x" if ms > 0 else "-"
+
+
 def _html(body: str) -> Response:
     resp = Response(body, mimetype="text/html")
     resp.headers["Content-Security-Policy"] = CSP
@@ -129,7 +135,9 @@ def _html(body: str) -> Response:
 @bp.get("/")
 def index():
     auth = "; needs the bearer token" if current_app.config["TOKEN"] is not None else ""
-    return _html(render_template_string(_INDEX, style=_STYLE, version=__version__, auth=auth))
+    client_token = ", token=TOKEN" if auth else ""
+    return _html(render_template_string(_INDEX, style=_STYLE, version=__version__, auth=auth,
+                                        client_token=client_token))
 
 
 @bp.get("/plans/<key>")
@@ -147,6 +155,6 @@ def plan_page(key: str):
         summary["search"] = search["error"]
     base = report["baselines_ms"].get("xla_default") or report["plan_ms"] or 1.0
     return _html(render_template_string(_PAGE, style=_STYLE, key=key, report=report, summary=summary,
-                                        base=base or 1.0,
+                                        speedup=lambda ms: _speedup(base, ms),
                                         baselines=sorted(report["baselines_ms"].items(), key=lambda kv: kv[1]),
                                         svg=timeline_svg(stored["timeline"])))

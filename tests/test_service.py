@@ -6,6 +6,7 @@ import functools
 import http.client
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -335,6 +336,27 @@ def test_graph_json_fingerprint_is_the_servers(client):
     assert {r.status_code for r in (a, b, c, h)} <= {200, 202}, (a.json, b.json, c.json, h.json)
     assert a.json["key"] == b.json["key"] == c.json["key"]  # the client's fingerprint is ignored
     assert h.json["key"] != a.json["key"]  # HLO and graph JSON are identified apart
+
+
+def test_report_page_speedups_are_xla_default_over_plan(client):
+    """"speedup vs xla_default" is xla_default's time over the plan's everywhere: a plan slower than
+    xla_default shows a value below 1, a faster one above 1."""
+    from service.store import Store
+
+    report = {"graph": {"name": "g", "nodes": 3, "all_reduces": 1, "fingerprint": "f"},
+              "cluster": {"name": "local", "devices": 4}, "method": "baselines", "strategy": "baselines",
+              "cost_model": {"name": "analytic", "version": 1}, "plan_summary": {}, "chosen": "ddp",
+              "plan_ms": 20.0, "lower_bound_ms": 4.0, "speedup_vs_xla_default": 0.5,
+              "baselines_ms": {"xla_default": 10.0, "per_tensor": 5.0, "ddp": 20.0}}
+    with Store(client.application.config["DATABASE"]) as store:
+        job, _ = store.submit("k" * 32, {})
+        store.finish_job(job["job_id"], "k" * 32, "f", {}, report, [["a", "compute", 0.0, 1.0]])
+    page = client.get("/plans/" + "k" * 32).get_data(as_text=True)
+    assert "speedup vs xla_default (higher is faster)" in page
+    rows = re.findall(r'<td>(?:<i>)?([a-z_() ]+?)(?:</i>)?</td><td class="num">[0-9.]+</td>\n'
+                      r'<td class="num">([0-9.]+)x</td>', page)
+    assert rows == [("this plan (ddp)", "0.500"), ("per_tensor", "2.000"), ("xla_default", "1.000"),
+                    ("ddp", "0.500"), ("lower bound", "2.500")], page
 
 
 def test_healthz_does_not_import_jax(tmp_path):
