@@ -9,7 +9,9 @@ on the first request each process serves (:mod:`service.jobs`).
 from __future__ import annotations
 
 import logging
+import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from flask import Flask
@@ -49,24 +51,12 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     Raises:
       ValueError: for a bad setting, e.g. an empty token (which would turn
-        authentication off without a word) or WORKERS < 0.
-      sqlite3.DatabaseError: the database file is not a usable SQLite database.
+        authentication off without a word), WORKERS < 0, or a DATABASE that is a
+        directory, not an SQLite file, or in a directory that does not exist.
     """
     app = Flask("service", instance_relative_config=True)
     app.config.from_mapping(DEFAULTS)
-    if config is None:
-        env = {key: os.environ[var] for key, var in _ENV.items() if var in os.environ}
-        if env.get("TOKEN") is not None and not env["TOKEN"].strip():
-            raise ValueError("DISCO_SERVICE_TOKEN is set but empty; set a token, or unset the variable "
-                             "to run without authentication")
-        if "WORKERS" in env:
-            try:
-                env["WORKERS"] = int(env["WORKERS"])
-            except ValueError:
-                raise ValueError(f"DISCO_SERVICE_WORKERS: expected an integer >= 0, got {env['WORKERS']!r}") from None
-        app.config.from_mapping({k: v for k, v in env.items() if v != ""})
-    else:
-        app.config.from_mapping(config)
+    app.config.from_mapping(env_config(os.environ) if config is None else config)
     _check_config(app.config)
     if not app.config["DATABASE"]:
         os.makedirs(app.instance_path, exist_ok=True)
@@ -75,7 +65,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         log.warning("disco service: no write token (DISCO_SERVICE_TOKEN / --token): anyone who can reach "
                     "the server can submit plan jobs and upload profiles")
 
-    db.init_app(app)
+    db.init_app(app, setting="DISCO_SERVICE_DB" if config is None else "config DATABASE")
     jobs.init_app(app)
     app.extensions["disco_intake"] = Intake(timeout_s=float(app.config["PARSE_TIMEOUT_S"]),
                                             parallel=app.config["PARSE_PARALLEL"])
@@ -83,6 +73,25 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
     return app
+
+
+def env_config(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings that DISCO_SERVICE_DB, DISCO_SERVICE_TOKEN and DISCO_SERVICE_WORKERS give
+    (for ``gunicorn 'service:create_app()'`` and ``disco serve``); unset or empty variables give none.
+
+    Raises:
+      ValueError: DISCO_SERVICE_TOKEN is set but empty, or DISCO_SERVICE_WORKERS is not an integer.
+    """
+    env = {key: environ[var] for key, var in _ENV.items() if var in environ}
+    if env.get("TOKEN") is not None and not env["TOKEN"].strip():
+        raise ValueError("DISCO_SERVICE_TOKEN is set but empty; set a token, or unset the variable "
+                         "to run without authentication")
+    if "WORKERS" in env:
+        try:
+            env["WORKERS"] = int(env["WORKERS"])
+        except ValueError:
+            raise ValueError(f"DISCO_SERVICE_WORKERS: expected an integer >= 0, got {env['WORKERS']!r}") from None
+    return {k: v for k, v in env.items() if v != ""}
 
 
 def _check_config(config: Any) -> None:
@@ -95,5 +104,5 @@ def _check_config(config: Any) -> None:
             raise ValueError(f"config {key}: expected an integer >= {low}, got {v!r}")
     for key in ("JOB_TIMEOUT_S", "PARSE_TIMEOUT_S", "HEALTH_QUICK_CHECK_S"):
         v = config[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"config {key}: expected a positive number of seconds, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            raise ValueError(f"config {key}: expected a positive, finite number of seconds, got {v!r}")

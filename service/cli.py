@@ -5,7 +5,8 @@ For production use gunicorn instead::
     gunicorn -w 2 --threads 4 -b 127.0.0.1:8000 'service:create_app()'
 
 with ``DISCO_SERVICE_DB`` / ``DISCO_SERVICE_TOKEN`` in the environment for the
-database path and the write token.
+database path and the write token. ``disco serve`` reads the same variables
+(and ``DISCO_SERVICE_WORKERS``) for the options it is not given.
 
 The development server here answers its own errors (a request line over 64 KiB: 414)
 as JSON like the app does, and its ``Server`` header names no versions. Starting
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import math
+import os
 import signal
 import sys
 from typing import Any
@@ -29,14 +32,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the plan service (REST API and HTML reports)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--db", metavar="PATH", help="SQLite database (default: under the instance folder)")
-    p.add_argument("--workers", type=int, default=2, help="background plan threads (default 2)")
+    p.add_argument("--db", metavar="PATH", help="SQLite database, a file in an existing directory (default: "
+                   "$DISCO_SERVICE_DB, else under the instance folder)")
+    p.add_argument("--workers", type=int, help="background plan threads (default: $DISCO_SERVICE_WORKERS, else 2)")
     p.add_argument("--queue-size", type=int, default=64, help="bounded job queue (default 64)")
     p.add_argument("--job-timeout", type=float, default=600.0, help="seconds a job may run (default 600)")
     p.add_argument("--parse-timeout", type=float, default=30.0,
                    help="seconds the check of one posted HLO text may take (default 30)")
-    p.add_argument("--token", help="bearer token required by the write endpoints (default: none; "
-                   "then anyone who can reach the server can write)")
+    p.add_argument("--token", help="bearer token required by the write endpoints (default: "
+                   "$DISCO_SERVICE_TOKEN, else none; then anyone who can reach the server can write)")
     p.set_defaults(func=run)
     return p
 
@@ -96,6 +100,35 @@ SERVICE_EXTRA_HINT = ("disco serve: the plan service needs the 'service' extra (
                       "installed: pip install -e '.[service]'")
 
 
+def _config(args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
+    """The app's config from ``disco serve``'s arguments, each unset one from ``env``
+    (:func:`service.app.env_config`: DISCO_SERVICE_DB, DISCO_SERVICE_TOKEN, DISCO_SERVICE_WORKERS).
+
+    Raises:
+      ValueError: for a setting ``disco serve`` cannot run with, naming the option.
+    """
+    token = args.token if args.token is not None else env.get("TOKEN")
+    workers = args.workers if args.workers is not None else env.get("WORKERS", 2)
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: expected a TCP port 0-65535 (0: any free port), got {args.port}")
+    if workers < 1:
+        where = "--workers" if args.workers is not None else "DISCO_SERVICE_WORKERS"
+        raise ValueError(f"{where}: expected an integer >= 1 (the threads that run plan jobs), got {workers}")
+    if args.queue_size < 1:
+        raise ValueError(f"--queue-size: expected an integer >= 1, got {args.queue_size}")
+    for option, seconds in (("--job-timeout", args.job_timeout), ("--parse-timeout", args.parse_timeout)):
+        if not 0 < seconds < math.inf:
+            raise ValueError(f"{option}: expected a positive, finite number of seconds, got {seconds}")
+    if args.db is not None and not args.db.strip():
+        raise ValueError("--db: expected a file path, got an empty one (leave --db out for the default)")
+    if args.token is not None and not args.token.strip():
+        raise ValueError("--token: expected a non-empty token, got an empty one (leave --token out to run "
+                         "without authentication)")
+    return {"DATABASE": args.db if args.db is not None else env.get("DATABASE"), "WORKERS": workers,
+            "TOKEN": token, "QUEUE_SIZE": args.queue_size, "JOB_TIMEOUT_S": args.job_timeout,
+            "PARSE_TIMEOUT_S": args.parse_timeout}
+
+
 def run(args: argparse.Namespace) -> int:
     """Serves until interrupted (SIGINT/SIGTERM); without the service extra, prints how to install
     it and returns 2."""
@@ -107,22 +140,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     from service import create_app
+    from service.app import env_config
+    from service.db import initialise
     from service.jobs import stop_runner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port: expected a TCP port 0-65535 (0: any free port), got {args.port}")
-    if args.workers < 0:
-        raise ValueError(f"--workers: expected an integer >= 0, got {args.workers}")
-    if args.token is not None and not args.token.strip():
-        raise ValueError("--token: expected a non-empty token, got an empty one (leave --token out to run "
-                         "without authentication)")
-    config: dict[str, Any] = {"DATABASE": args.db, "WORKERS": args.workers, "TOKEN": args.token,
-                              "QUEUE_SIZE": args.queue_size, "JOB_TIMEOUT_S": args.job_timeout,
-                              "PARSE_TIMEOUT_S": args.parse_timeout}
+    given = {"DISCO_SERVICE_DB": args.db, "DISCO_SERVICE_TOKEN": args.token, "DISCO_SERVICE_WORKERS": args.workers}
+    config = _config(args, env_config({k: v for k, v in os.environ.items() if given.get(k) is None}))
+    if config["DATABASE"] is not None:
+        initialise(config["DATABASE"], "--db" if args.db is not None else "DISCO_SERVICE_DB")
     app = create_app(config)
     server = make_server(args.host, args.port, app, threaded=True, request_handler=_request_handler())
-    warning = bind_warning(args.host, server.server_port, args.token)
+    warning = bind_warning(args.host, server.server_port, config["TOKEN"])
     if warning:
         log.warning(warning)
     signal.signal(signal.SIGTERM, _interrupt)

@@ -2,7 +2,8 @@
 
 ``get_store()`` opens one :class:`~service.store.Store` per request (in ``g``) and
 ``close_store`` closes it when the request's app context ends; ``init_app(app)`` creates
-the tables (a corrupt file makes ``create_app`` fail) and registers the teardown.
+the tables (a directory, a missing directory or a file that is no database makes
+``create_app`` fail with a ValueError) and registers the teardown.
 Blueprints import this module, never the application factory.
 
 :func:`health` answers ``/healthz``: a write probe on every call and ``PRAGMA
@@ -13,9 +14,11 @@ reason (:mod:`service.errors`).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
+
 from flask import Flask, current_app, g
 
 from service.store import Store
@@ -32,11 +35,40 @@ class _HealthState:
         self.problem: str | None = None
 
 
-def init_app(app: Flask) -> None:
-    """Creates the database's tables (idempotent) and closes each request's store on teardown."""
-    Store.initialise(app.config["DATABASE"])
+def init_app(app: Flask, setting: str = "config DATABASE") -> None:
+    """Creates the database's tables (idempotent) and closes each request's store on teardown.
+
+    Raises:
+      ValueError: the database cannot be used (see :func:`initialise`).
+    """
+    initialise(app.config["DATABASE"], setting)
     app.extensions[_HEALTH] = _HealthState()
     app.teardown_appcontext(close_store)
+
+
+def initialise(path: str, setting: str) -> None:
+    """Creates the database file (when missing) and its tables.
+
+    Args:
+      path: the SQLite file: an existing database, or a new file in an existing directory
+        (no directory is created).
+      setting: what named the path (``--db``, ``DISCO_SERVICE_DB``), for the error.
+
+    Raises:
+      ValueError: ``path`` is a directory, its directory does not exist, or SQLite cannot
+        open it or finds no database in it.
+    """
+    if os.path.isdir(path):
+        raise ValueError(f"{setting}: expected an SQLite database file, got the directory {path!r}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{setting}: expected a database file in an existing directory, got {path!r} "
+                         f"(no directory {parent!r}; create it first)")
+    try:
+        Store.initialise(path)
+    except sqlite3.DatabaseError as e:
+        expected = "an SQLite database" if os.path.exists(path) else "a new file in a writable directory"
+        raise ValueError(f"{setting}: expected {expected}, got {path!r} ({e})") from None
 
 
 def get_store() -> Store:

@@ -121,8 +121,7 @@ class Store:
     # -- lifecycle ---------------------------------------------------------------------------------
     @classmethod
     def initialise(cls, path: str) -> None:
-        """Creates the file, switches it to WAL mode and creates the tables (idempotent)."""
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        """Creates the file (not its directory), switches it to WAL mode and creates the tables (idempotent)."""
         s = cls(path)
         try:
             s.conn.execute("PRAGMA journal_mode = WAL")

@@ -543,6 +543,66 @@ def test_unsafe_configuration_is_refused_or_warned(tmp_path):
         assert "beyond loopback" not in srv.tail() and "no write token" not in srv.tail()
 
 
+@pytest.mark.parametrize("args, env, message", [
+    (["--workers", "0"], {}, r"--workers: expected an integer >= 1 .*got 0"),
+    ([], {"DISCO_SERVICE_WORKERS": "0"}, r"DISCO_SERVICE_WORKERS: expected an integer >= 1 .*got 0"),
+    (["--queue-size", "0"], {}, r"--queue-size: expected an integer >= 1, got 0"),
+    (["--job-timeout", "nan"], {}, r"--job-timeout: expected a positive, finite number of seconds, got nan"),
+    (["--job-timeout", "inf"], {}, r"--job-timeout: expected a positive, finite number of seconds, got inf"),
+    (["--parse-timeout", "0"], {}, r"--parse-timeout: expected a positive, finite number of seconds, got 0"),
+    (["--port", "70000"], {}, r"--port: expected a TCP port 0-65535 .*got 70000"),
+    (["--db", ""], {}, r"--db: expected a file path, got an empty one"),
+    (["--db", "{tmp}"], {}, r"--db: expected an SQLite database file, got the directory '{tmp}'"),
+    (["--db", "{tmp}/text.sqlite"], {}, r"--db: expected an SQLite database, got '{tmp}/text.sqlite' "
+                                        r"\(file is not a database\)"),
+    (["--db", "{tmp}/missing/p.sqlite"], {},
+     r"--db: expected a database file in an existing directory, got '{tmp}/missing/p.sqlite' "
+     r"\(no directory '{tmp}/missing'; create it first\)"),
+    ([], {"DISCO_SERVICE_DB": "{tmp}/missing/p.sqlite"},
+     r"DISCO_SERVICE_DB: expected a database file in an existing directory, got '{tmp}/missing/p.sqlite'"),
+    ([], {"DISCO_SERVICE_TOKEN": ""}, r"DISCO_SERVICE_TOKEN is set but empty"),
+], ids=["workers", "env-workers", "queue-size", "job-timeout-nan", "job-timeout-inf", "parse-timeout", "port",
+        "db-empty", "db-directory", "db-not-a-database", "db-missing-directory", "env-db-missing-directory",
+        "env-token-empty"])
+def test_disco_serve_refuses_bad_settings_in_one_line(tmp_path, args, env, message):
+    """Refused at start: one line naming the option, exit status 2, no traceback, no directory made."""
+    (tmp_path / "text.sqlite").write_text("not a database\n" * 10)
+    tmp = str(tmp_path)
+    args = [a.format(tmp=tmp) for a in args]
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), **{k: v.format(tmp=tmp) for k, v in env.items()}}
+    if "--db" not in args and "DISCO_SERVICE_DB" not in env:
+        args += ["--db", str(tmp_path / "ok.sqlite")]
+    cmd = [sys.executable, "-m", "disco", "serve", "--port", "0", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert re.fullmatch("disco serve: error: " + message.format(tmp=re.escape(tmp)) + ".*", out.stderr.strip()), \
+        out.stderr
+    assert not (tmp_path / "missing").exists()
+
+
+def test_create_app_refuses_a_database_it_cannot_use(tmp_path, monkeypatch):
+    """gunicorn's path (create_app) refuses what ``disco serve --db`` refuses, naming its setting."""
+    (tmp_path / "text.sqlite").write_text("not a database\n" * 10)
+    with pytest.raises(ValueError, match=r"^config DATABASE: expected an SQLite database file, got the directory"):
+        create_app({"DATABASE": str(tmp_path)})
+    with pytest.raises(ValueError, match=r"^config DATABASE: expected an SQLite database, .*not a database"):
+        create_app({"DATABASE": str(tmp_path / "text.sqlite")})
+    monkeypatch.setenv("DISCO_SERVICE_DB", str(tmp_path / "missing" / "p.sqlite"))
+    with pytest.raises(ValueError, match=r"^DISCO_SERVICE_DB: expected a database file in an existing directory"):
+        create_app()
+    assert not (tmp_path / "missing").exists()
+
+
+def test_disco_serve_takes_the_token_from_the_environment(tmp_path):
+    with ServerProcess(tmp_path / "t.sqlite", env={"DISCO_SERVICE_TOKEN": TOKEN}) as srv:
+        status, body, _ = srv.request("POST", "/v1/profiles", [])  # no token sent
+        assert_error(status, body, 401)
+        status, body, _ = srv.request("POST", "/v1/profiles", [], headers={"Authorization": f"Bearer {TOKEN}"})
+        assert_error(status, body, 400)  # the token from the environment lets the write through
+        assert "no write token" not in srv.tail()
+
+
 def _chattr(flag: str, path) -> bool:
     return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
 

@@ -14,7 +14,8 @@ is compiled by XLA's defaults.
 
 Example::
 
-  step = xla_hooks.jit(train_step, service="http://127.0.0.1:8000", cluster="local")
+  step = xla_hooks.jit(train_step, service="http://127.0.0.1:8000", cluster="local",
+                       token=os.environ["DISCO_SERVICE_TOKEN"])  # the server's --token
   state, loss = step(state, batch)      # plans and compiles on the first call
 """
 
