@@ -156,7 +156,14 @@ def test_graph_json_summary(tmp_path):
     # the dumped HLO reads back through --hlo with the same fingerprint
     r2 = run_cli("graph", "--hlo", str(tmp_path / "step.pre_opt.hlo.txt"), "--json")
     assert r2.returncode == 0, r2.stderr
-    assert json.loads(r2.stdout)["fingerprint"] == out["fingerprint"]
+    assert json.loads(r2.stdout)["fingerprint"] == out["fingerprint"] and not json.loads(r2.stdout)["optimized"]
+    # a file says whether it was compiled; --optimized compiles a zoo step, not a file
+    r3 = run_cli("graph", "--model", "mlp", "--devices", "4", "--optimized", "--dump", str(tmp_path / "opt"))
+    assert r3.returncode == 0 and "(post-optimisation HLO)" in r3.stdout, r3.stderr
+    r4 = run_cli("graph", "--hlo", str(tmp_path / "opt" / "step.optimized.hlo.txt"), "--json")
+    assert r4.returncode == 0 and json.loads(r4.stdout)["optimized"], r4.stderr
+    r5 = run_cli("graph", "--hlo", str(tmp_path / "step.pre_opt.hlo.txt"), "--optimized")
+    assert r5.returncode == 2 and "--optimized compiles a zoo model's step; an --hlo file is read as it is" in r5.stderr
 
 
 def test_graph_table():

@@ -623,7 +623,9 @@ def test_run_off_measures_the_fusing_plans_groups_on_the_fastest_measured_bucket
     runoff = opt.run_off(target, first, config)
     assert runoff is not None and [r.name for r in runoff.rows] == ["reduce_fusion_on_even_2"]
     row = runoff.rows[0]
-    assert row.applied and row.kind == "search" and "even_2's buckets" in row.origin
+    assert row.applied and row.kind == "search"
+    assert row.origin == (f"reduce_fusion's {len(rf.plan.groups)} fusion groups on even_2's buckets "
+                          "(measured in the run-off)")
     assert row.plan.groups == rf.plan.groups and row.plan.buckets == baselines.make("even", target.graph, k=2).buckets
     assert row.speedup == runoff.speedups[row.name] and row.median_s == runoff.times[row.name].median
     assert {"xla_default", "even_2", "reduce_fusion", row.name} <= set(runoff.times)
@@ -654,6 +656,16 @@ def test_regrouped_is_none_when_the_groups_and_buckets_do_not_validate_together(
     rf = opt.reduce_fusion_row(graph, FusionPlan())
     p = opt.regrouped(rf, baselines.make("ddp", graph), graph, "rf_on_ddp")
     assert p.name == "rf_on_ddp" and p.groups == rf.groups and p.buckets == baselines.make("ddp", graph).buckets
+
+
+def test_fusion_decisions_name_what_is_not_buckets():
+    from disco.plans.plan import make_plan
+
+    assert opt.fusion_decisions(FusionPlan(buckets=())) == "XLA's defaults"
+    plan = make_plan(groups=[["a", "b"]], cuts=[["a", "b"], ["b", "c"]], xla_fusion="off",
+                     compile_options={"xla_gpu_enable_latency_hiding_scheduler": "True"})
+    assert opt.fusion_decisions(plan) == ("1 fusion group and 2 fusion cuts and XLA's fusion off and compile options "
+                                          "(xla_gpu_enable_latency_hiding_scheduler)")
 
 
 def test_the_answer_over_the_best_baseline_is_reported_with_its_interval(capsys):

@@ -43,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from disco.ir.graph import HloGraph
 
     check_output_dir(args.dump, "--dump")
+    if args.hlo and args.optimized:
+        raise CliError("--optimized compiles a zoo model's step; an --hlo file is read as it is "
+                       "(give XLA's dump after optimisation itself)")
+    if args.module and not args.hlo:
+        raise CliError("--module selects a module of an --hlo file; expected --hlo FILE with it")
     t0 = time.perf_counter()
     if args.hlo:
         text = read_text_input(args.hlo, "--hlo", "HLO module text")
@@ -59,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     graph = HloGraph.from_hlo_text(optimized_text if optimized_text is not None else text,
                                    module=args.module if args.hlo else None)
     elapsed = time.perf_counter() - t0
+    # a file says itself whether it was compiled: XLA's header of every compiled module
+    optimized = "is_scheduled=true" in text.split("\n", 1)[0] if args.hlo else bool(args.optimized)
     if args.dump:
         try:  # check_output_dir cannot see everything (root passes os.access where /proc refuses)
             os.makedirs(args.dump, exist_ok=True)
@@ -71,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 f.write(graph.to_json())
         except OSError as e:
             raise CliError(f"--dump {args.dump!r}: cannot write {e.filename!r}: {e.strerror}") from None
-    summary = {**source, "optimized": bool(args.optimized), **graph.summary(),
+    summary = {**source, "optimized": optimized, **graph.summary(),
                "extract_seconds": round(elapsed, 3)}
     if args.json:
         print_json(summary)
@@ -81,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     what = " ".join(f"{k}={v}" for k, v in source.items())
-    console.print(f"[bold]disco graph[/bold] {what} ({'post' if args.optimized else 'pre'}-optimisation HLO)")
+    console.print(f"[bold]disco graph[/bold] {what} ({'post' if optimized else 'pre'}-optimisation HLO)")
     t = Table(show_header=False)
     for key in ("name", "fingerprint", "nodes", "edges", "all_reduces", "gradient_all_reduces",
                 "gradient_bytes", "flops", "extract_seconds"):

@@ -74,6 +74,7 @@ from disco.optimizer._steps import (
     candidates,
     confirm,
     devices_of,
+    fusion_decisions,
     measure,
     prepare,
     reduce_fusion_row,
@@ -88,7 +89,7 @@ from disco.sim.costs import CostModel
 __all__ = [
     "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "OptimizeConfig", "OptimizeResult",
     "PlanRow", "Progress", "RunOff", "SearchSummary", "Setting", "Span", "Target", "candidates", "chrome_trace",
-    "confirm", "confirmed_winner", "devices_of", "fastest_baseline", "make_result", "measure", "optimize", "prepare",
+    "confirm", "confirmed_winner", "devices_of", "fastest_baseline", "fusion_decisions", "make_result", "measure", "optimize", "prepare",
     "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "run_off", "runoff_choice",
 ]
 

@@ -327,8 +327,23 @@ def regrouped_row(target: Target, rows: tuple[PlanRow, ...]) -> PlanRow | None:
         return None
     plan, fusing, bucketing = found
     return PlanRow(plan.name, "search",
-                   f"{fusing}'s fusion decisions on {bucketing}'s buckets (measured in the run-off)",
+                   f"{fusing}'s {fusion_decisions(plan)} on {bucketing}'s buckets (measured in the run-off)",
                    plan, target.simulator.step_time(plan))
+
+
+def fusion_decisions(plan: FusionPlan) -> str:
+    """What of ``plan`` is not its buckets, in words: "3 fusion groups and compile options
+    (xla_gpu_enable_latency_hiding_scheduler)", or "XLA's defaults" when nothing is."""
+    parts = []
+    if plan.groups:
+        parts.append(f"{len(plan.groups)} fusion group{'s' if len(plan.groups) != 1 else ''}")
+    if plan.cuts:
+        parts.append(f"{len(plan.cuts)} fusion cut{'s' if len(plan.cuts) != 1 else ''}")
+    if plan.xla_fusion != "extend":
+        parts.append(f"XLA's fusion {plan.xla_fusion}")
+    if plan.compile_options:
+        parts.append(f"compile options ({', '.join(k for k, _ in plan.compile_options)})")
+    return " and ".join(parts) if parts else "XLA's defaults"
 
 
 def run_off(target: Target, measured: Measured, config: OptimizeConfig,
