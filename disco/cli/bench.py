@@ -6,21 +6,22 @@ import argparse
 from typing import Any
 
 from disco.cli.common import (
-    check_process_counts,
-    add_link_arg,
-    over_label,
-    parse_link_arg,
     CliError,
+    add_link_arg,
     add_model_args,
     add_plans_arg,
-    add_strict_arg,
     add_progress_arg,
+    add_strict_arg,
+    check_process_counts,
     device_kind,
     make_step,
     model_label,
+    over_label,
+    parse_link_arg,
     print_json,
     progress_reporter,
     resolve_plans,
+    table_console,
 )
 
 
@@ -60,8 +61,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco bench``; returns the exit status."""
-    from rich.console import Console
-
     _check(args)
     if args.processes > 1 or args.link:
         if args.bound:
@@ -106,13 +105,12 @@ def run(args: argparse.Namespace) -> int:
                   _speedup(r), _paired(r), f"{r['compile_s']:.2f}", str(r["fusions"]),
                   str(r["all_reduces"]), "bound, not a plan" if r["plan_digest"] is None
                   else "yes" if r["applied"] else f"no: {r['fallback_reason']}")
-    Console(width=max(120, Console().width)).print(t)
+    table_console(120).print(t)
     return 0
 
 
 def _run_processes(args: argparse.Namespace) -> int:
     """``disco bench --processes N``: every process rebuilds the zoo step; the slowest sets the time."""
-    from rich.console import Console
     from rich.table import Table
 
     from disco import multiprocess
@@ -146,7 +144,7 @@ def _run_processes(args: argparse.Namespace) -> int:
     for r in rows:
         t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
                   _speedup(r), _paired(r), str(r["all_reduces"]), "yes" if r["applied"] else "no")
-    Console(width=max(120, Console().width)).print(t)
+    table_console(120).print(t)
     return 0
 
 

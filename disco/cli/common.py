@@ -451,3 +451,18 @@ def note_measured_elsewhere(spec: Any, command: str) -> None:
               "measured on this machine's CPU devices: the measured speedups are the CPU's, and GPU compile "
               "options change nothing there", file=sys.stderr)
 
+
+def table_console(min_width: int) -> Any:
+    """A rich Console for a command's table: at least ``min_width`` columns on a terminal, and
+    wide (240) into a file or a pipe, whose lines nobody wraps, so no cell is cut short."""
+    from rich.console import Console
+
+    if not sys.stdout.isatty():
+        return Console(width=240)
+    return Console(width=max(min_width, Console().width))
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless ``n`` is 1: "1 bucket", "3 buckets"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+

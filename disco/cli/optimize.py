@@ -12,26 +12,28 @@ import sys
 from typing import Any
 
 from disco.cli.common import (
+    CliError,
+    add_cost_model_arg,
+    add_model_args,
     add_process_args,
+    add_progress_arg,
     check_devices,
+    check_output_file,
     check_process_counts,
+    counted,
+    device_kind,
+    load_cost_model,
+    make_step,
+    model_label,
     note_device_mismatch,
     note_floors,
     note_measured_elsewhere,
     over_label,
     parse_link_arg,
-    setup_devices,
-    CliError,
-    add_cost_model_arg,
-    add_model_args,
-    add_progress_arg,
-    check_output_file,
-    device_kind,
-    load_cost_model,
-    make_step,
-    model_label,
     print_json,
     progress_reporter,
+    setup_devices,
+    table_console,
 )
 
 STRATEGIES = ("best_first", "annealing", "greedy")
@@ -176,7 +178,6 @@ def _describe_costs(info: dict[str, Any]) -> str:
 
 
 def _print_table(result: Any, info: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -206,7 +207,7 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
                  f"{r.gain(base_row) / best_base:.3f}x" if r.median_s and best_base else "-"]
         cells += [f"{again[r.name]:.3f}x" if r.name in again else "-"] if again else []
         t.add_row(*cells, f"{r.predicted_s / lb:.2f}x" if lb > 0 else "-")
-    console = Console(width=max(140, Console().width))
+    console = table_console(140)
     console.print(t)
     for line in result.legend():
         console.print(escape(line))
@@ -233,9 +234,9 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     for r in [result.row(result.chosen)] + [r for r in result.rows if r.name == "disco_1" and r.name != result.chosen]:
         p = r.plan
         opts = ", ".join(f"{k}={v}" for k, v in p.compile_options) or "XLA's defaults"
-        console.print(escape(f"{'chosen' if r.name == result.chosen else 'search best'} {r.name}: {len(p.groups)} "
-                             f"fusion groups, {len(p.cuts)} cuts, "
-                             f"{'XLA combiner' if p.buckets is None else f'{len(p.buckets)} buckets'}"
+        console.print(escape(f"{'chosen' if r.name == result.chosen else 'search best'} {r.name}: "
+                             f"{counted(len(p.groups), 'fusion group')}, {counted(len(p.cuts), 'cut')}, "
+                             f"{'XLA combiner' if p.buckets is None else counted(len(p.buckets), 'bucket')}"
                              f"; compile options: {opts}"))
 
 
@@ -347,7 +348,6 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
     if args.json:
         print_json({**info, **res.to_dict()})
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"disco optimize {args.model}/{args.preset}: {args.processes} processes x "
@@ -359,7 +359,7 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
         t.add_row(r["plan"] + (" *" if r["plan"] == res.chosen else ""), r["kind"], f"{r['predicted_ms']:.3f}",
                   f"{r['median_ms']:.3f} ({r['min_ms']:.3f}-{r['max_ms']:.3f})" + ("" if r["applied"] else " fell back"),
                   f"{r['paired_speedup']:.3f}x")
-    console = Console(width=max(140, Console().width))
+    console = table_console(140)
     console.print(t)
     console.print(f"[bold]verdict:[/bold] {res.verdict}")
     return 0

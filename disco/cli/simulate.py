@@ -17,6 +17,7 @@ from disco.cli.common import (
     note_device_mismatch,
     print_json,
     resolve_plans,
+    table_console,
 )
 
 
@@ -67,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"simulated (cost model {cm.name}, cluster {spec.name}): {out['model']}/{out['preset']}, "
@@ -77,5 +77,5 @@ def run(args: argparse.Namespace) -> int:
         t.add_column(c)
     for r in rows:
         t.add_row(*[str(r[c]) for c in cols])
-    Console(width=max(120, Console().width)).print(t)
+    table_console(120).print(t)
     return 0
