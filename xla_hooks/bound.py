@@ -61,6 +61,10 @@ def strip_all_reduces(text: str, keep_scalars: bool = False) -> str:
 def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: bool = False) -> Any:
     """Compiles ``step_fn`` for ``args`` with its all-reduces replaced by copies (see the module doc).
 
+    Args:
+      step_fn, args: the step and its example arguments, as for ``jax.jit(step_fn).lower(*args)``.
+      keep_scalars: keep the all-reduces of scalars (the loss), as :func:`strip_all_reduces`.
+
     Returns:
       A jax ``Compiled`` taking and returning the same pytrees as ``jax.jit(step_fn)``.
 

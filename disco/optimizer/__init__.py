@@ -110,12 +110,13 @@ def optimize(
       *args: its example arguments (real arrays: the plans are measured).
       cluster: the cluster the simulator prices collectives with (default:
         ``cluster.preset("local", devices=<devices args are sharded over>)``).
-      costs: the cost model (default :class:`disco.sim.costs.AnalyticCosts`).
+      costs: the cost model (default: the cluster's device kind's, ``disco.sim.device_costs.analytic(cluster.device)``:
+        the CPU roofline, or ``SummedCosts`` on an H100 cluster).
       config: the options (default ``OptimizeConfig()``).
       progress: called as ``progress(phase, fraction, message)``; phases "extract", "search",
         "measure", "run-off", "confirm".
-      **options: :class:`OptimizeConfig` fields (``budget_s=30``, ``rounds=5``, ...), applied
-        over ``config``.
+      **options: :class:`OptimizeConfig` fields (e.g. ``budget_s``, default 60 s; ``rounds``,
+        default 9), applied over ``config``.
 
     Returns:
       The OptimizeResult.

@@ -44,7 +44,8 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
       local: this machine's ``devices`` virtual CPU devices (default 8, as the tests'
         ``--xla_force_host_platform_device_count=8``), one node; link costs are
         placeholders (5 GB/s, 20 us) unless ``calibration`` gives measured
-        ``bandwidth`` (bytes/s), ``latency`` (s) and/or ``compute_speed``.
+        ``bandwidth`` (bytes/s), ``latency`` (s), ``operand_latency`` (s per extra operand of a
+        variadic all-reduce) and/or ``compute_speed``.
       dgx-a100-8: 1 node x 8 GPUs, NVLink 300 GB/s per direction, 5 us; ring.
       2x8-100gbe: 2 nodes x 8 GPUs, NVLink inside, 100 Gb/s Ethernet between (15 us); hierarchical.
       16x8-ib: 16 nodes x 8 GPUs, NVLink inside, 8 x 200 Gb/s InfiniBand per node (200 GB/s, 5 us);
