@@ -54,3 +54,14 @@ def test_sizes_that_are_not_positive_are_refused(name, key, value):
 def test_unknown_options_are_named():
     with pytest.raises(ValueError, match=r"baseline 'horovod' got unexpected options \['k'\]"):
         baselines.make("horovod", graph([40]), k=2)
+
+
+def test_make_refuses_what_is_not_a_graph():
+    import disco
+    import trax_models
+
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=2)
+    graph = disco.extract(step, *args)
+    assert baselines.make("ddp", graph).buckets
+    with pytest.raises(TypeError, match=r"^baseline 'ddp': graph: expected a disco HloGraph .*got str"):
+        baselines.make("ddp", graph.to_json())

@@ -252,3 +252,57 @@ def test_plan_json_written_before_issue_14_loads_validates_and_applies():
     assert applied.applied, applied.fallback_reason
     state, loss = applied(*args)
     assert bool(jnp.isfinite(loss))
+
+
+# -- fields of the wrong type, refused where the plan is built (real graph: mlp tiny) -----------
+def _mlp_graph():
+    import disco
+    import trax_models
+
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=2)
+    return disco.extract(step, *args)
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    ({"groups": "ab"}, TypeError, r"^FusionPlan\.groups: expected a tuple of tuples of instruction names, got str 'ab'"),
+    ({"groups": [["a"]]}, TypeError, r"^FusionPlan\.groups: .*got list \[\['a'\]\] \(make_plan builds"),
+    ({"buckets": ["a"]}, TypeError, r"^FusionPlan\.buckets: expected None or a tuple of Bucket, got list"),
+    ({"xla_fusion": "none"}, ValueError, r"^FusionPlan\.xla_fusion: expected 'off' or 'extend', got 'none'"),
+    ({"compile_options": {"a": "b"}}, TypeError, r"^FusionPlan\.compile_options: expected a tuple of \(key, value\)"),
+    ({"compile_options": (("a", 1),)}, TypeError, r"^FusionPlan\.compile_options: .*got tuple \(\('a', 1\),\)"),
+    ({"cuts": (("a",),)}, TypeError, r"^FusionPlan\.cuts: expected a tuple of \(producer, consumer\) name pairs"),
+    ({"name": None}, TypeError, r"^FusionPlan\.name and graph_fingerprint: expected str"),
+])
+def test_plan_fields_of_the_wrong_type_are_refused(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        FusionPlan(**kw)
+
+
+def test_bucket_and_make_plan_refuse_a_string_for_names():
+    names = [n.name for n in _mlp_graph().all_reduces()]
+    with pytest.raises(TypeError, match=r"^Bucket\.members: expected a tuple of all-reduce instruction names, got str"):
+        Bucket(names[0])
+    with pytest.raises(ValueError, match=r"^Bucket\.build: expected one of tuple, concat, rs_ag, got 'x'"):
+        Bucket(tuple(names), "x")
+    with pytest.raises(TypeError, match=r"^make_plan: buckets: expected lists of instruction names, got str"):
+        make_plan(buckets=names[0])
+    with pytest.raises(TypeError, match=r"^make_plan: groups: expected lists of instruction names, got list"):
+        make_plan(groups=["a", "b"])
+    assert make_plan(buckets=(n for n in [names])).buckets == (Bucket(tuple(names)),)  # iterables still work
+
+
+def test_validate_refuses_what_is_not_a_graph():
+    graph = _mlp_graph()
+    plan = make_plan(buckets=[[n.name for n in graph.all_reduces()]])
+    assert plan.validate(graph) is plan
+    with pytest.raises(TypeError, match=r"^graph: expected a disco HloGraph .*got str"):
+        plan.validate(graph.name)
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"schema_version": ' + "9" * 5000 + "}", r"^plan is not valid JSON: Exceeds the limit"),
+    ("[" * 100_000, r"^plan is not valid JSON: maximum recursion depth"),
+])
+def test_json_too_long_or_too_deep_is_named_as_the_plan(text, match):
+    with pytest.raises(ValueError, match=match):
+        FusionPlan.from_json(text)

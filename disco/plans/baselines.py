@@ -88,8 +88,12 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         ("concat", "rs_ag" or "tuple").
 
     Raises:
+      TypeError: ``graph`` is not an HloGraph.
       ValueError: unknown name or keyword.
     """
+    if not isinstance(graph, HloGraph):
+        raise TypeError(f"baseline {name!r}: graph: expected a disco HloGraph (disco.extract(step, *args)), "
+                        f"got {type(graph).__name__}")
     build = kw.pop("build", "concat")
     ars = graph.all_reduces()
     if name == "xla_default":

@@ -50,6 +50,16 @@ _BARRIER_PASSES = {"cpu": ("cse_barrier_expander",), "gpu": ()}
 _BOOLS = {"true": "True", "false": "False"}
 
 
+def _names(value: Any) -> bool:
+    """True for a tuple of strings (instruction names, or an option's key and value)."""
+    return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Bucket:
     """All-reduces (by instruction name) merged into one collective.
@@ -69,6 +79,12 @@ class Bucket:
 
     members: tuple[str, ...]
     build: BucketBuild = "concat"
+
+    def __post_init__(self) -> None:
+        if not _names(self.members):
+            raise TypeError(f"Bucket.members: expected a tuple of all-reduce instruction names, got {_short(self.members)}")
+        if self.build not in BUILDS:
+            raise ValueError(f"Bucket.build: expected one of {', '.join(BUILDS)}, got {self.build!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +117,26 @@ class FusionPlan:
     name: str = ""
     graph_fingerprint: str | None = None
     cuts: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        """Checks the fields' types (a list or a str where a tuple belongs would hash, compare and
+        serialise wrongly); :func:`make_plan` builds a plan from lists."""
+        hint = " (make_plan builds a plan from lists)"
+        if not isinstance(self.groups, tuple) or not all(_names(g) for g in self.groups):
+            raise TypeError(f"FusionPlan.groups: expected a tuple of tuples of instruction names, "
+                            f"got {_short(self.groups)}{hint}")
+        if self.xla_fusion not in ("off", "extend"):
+            raise ValueError(f"FusionPlan.xla_fusion: expected 'off' or 'extend', got {self.xla_fusion!r}")
+        if self.buckets is not None and (not isinstance(self.buckets, tuple)
+                                         or not all(isinstance(b, Bucket) for b in self.buckets)):
+            raise TypeError(f"FusionPlan.buckets: expected None or a tuple of Bucket, got {_short(self.buckets)}{hint}")
+        for field, what in (("compile_options", "(key, value) string pairs"), ("cuts", "(producer, consumer) name pairs")):
+            value = getattr(self, field)
+            if not isinstance(value, tuple) or not all(_names(p) and len(p) == 2 for p in value):
+                raise TypeError(f"FusionPlan.{field}: expected a tuple of {what}, got {_short(value)}{hint}")
+        if not isinstance(self.name, str) or not isinstance(self.graph_fingerprint, (str, type(None))):
+            raise TypeError(f"FusionPlan.name and graph_fingerprint: expected str (graph_fingerprint also None), "
+                            f"got {type(self.name).__name__} and {type(self.graph_fingerprint).__name__}")
 
     # -- predicates ----------------------------------------------------------------------------
     @property
@@ -177,7 +213,7 @@ class FusionPlan:
     def from_json(cls, text: str | bytes) -> FusionPlan:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # also a number too long to convert, or too deep
             raise ValueError(f"plan is not valid JSON: {e}") from None
         return cls.from_dict(data)
 
@@ -216,6 +252,14 @@ class FusionPlan:
         }
 
 
+def _name_lists(field: str, value: Any) -> list[Any]:
+    """``value`` as a list, refusing a str where lists of names belong (it would split into letters)."""
+    items = None if isinstance(value, str) else list(value)
+    if items is None or any(isinstance(v, str) for v in items):
+        raise TypeError(f"make_plan: {field}: expected lists of instruction names, got {_short(value)}")
+    return items
+
+
 def make_plan(
     groups: Iterable[Sequence[str]] = (),
     buckets: Iterable[Sequence[str]] | None = None,
@@ -226,7 +270,13 @@ def make_plan(
     cuts: Iterable[Sequence[str]] = (),
     compile_options: Mapping[str, str] | None = None,
 ) -> FusionPlan:
-    """Convenience constructor from plain lists."""
+    """Convenience constructor from plain lists.
+
+    Raises:
+      TypeError: for a str where a list of names belongs (it would be split into letters).
+    """
+    groups, cuts = _name_lists("groups", groups), _name_lists("cuts", cuts)
+    buckets = None if buckets is None else _name_lists("buckets", buckets)
     return FusionPlan(
         groups=tuple(tuple(g) for g in groups),
         xla_fusion=xla_fusion,
