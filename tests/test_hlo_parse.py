@@ -406,3 +406,14 @@ def test_tuple_element_operands_read_as_the_get_tuple_elements_they_stand_for(re
         made = [i for c in again.computations for i in c.instructions if "#" in i.name]
         assert bool(made) == any((c.name, o) in elide
                                  for c in module.computations for i in c.instructions for o in i.operands)
+
+
+def test_bytes_are_refused_with_their_type_not_as_empty_text():
+    import disco
+    import trax_models
+
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=2)
+    text = disco.hlo_text(step, *args)
+    with pytest.raises(hlo_parse.HloParseError, match=r"^HLO text: expected a str, got bytes \(decode"):
+        HloGraph.from_hlo_text(text.encode())
+    assert HloGraph.from_hlo_text(text).all_reduces()

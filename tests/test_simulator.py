@@ -441,3 +441,22 @@ def test_step_time_bounds_hold_on_random_dags(case, order, overlap):
         assert all(a.end <= b.start + 1e-12 for a, b in zip(evs, evs[1:]))
     if order == "program":  # the compute stream is in program (first compute member) order
         assert not r.critical_path or r.critical_path[-1] in {e.name for e in r.timeline}
+
+
+def test_simulate_refuses_arguments_of_the_wrong_type():
+    import disco
+    import trax_models
+    from disco.plans import baselines
+
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=2)
+    graph = disco.extract(step, *args)
+    plan, costs, cluster = baselines.make("ddp", graph), AnalyticCosts(), preset("local", devices=2)
+    assert simulate(graph, plan, costs, cluster).step_time > 0
+    with pytest.raises(TypeError, match=r"^plan: expected a disco FusionPlan, got dict"):
+        simulate(graph, plan.to_dict(), costs, cluster)
+    with pytest.raises(TypeError, match=r"^Simulator: cluster: expected a ClusterSpec, got str 'local'"):
+        simulate(graph, plan, costs, "local")
+    with pytest.raises(TypeError, match=r"^Simulator: costs: expected a disco\.sim\.costs\.CostModel, got NoneType"):
+        Simulator(graph, None, cluster)
+    with pytest.raises(TypeError, match=r"^Simulator: graph: expected a HloGraph, got str"):
+        lower_bound(graph.name, costs, cluster)

@@ -8,10 +8,18 @@ from typing import Any
 from disco.ir.graph import HloGraph
 
 
+def check_step(step_fn: Any) -> None:
+    """Raises TypeError unless ``step_fn`` is callable (a str has a ``.lower`` too)."""
+    if not callable(step_fn):
+        raise TypeError(f"step_fn: expected the training step (a function or a jax.jit result), "
+                        f"got {type(step_fn).__name__}")
+
+
 def lower(step_fn: Callable[..., Any], *args: Any) -> Any:
     """``jax.jit(step_fn).lower(*args)``; accepts an already jitted function too."""
     import jax
 
+    check_step(step_fn)
     jitted = step_fn if hasattr(step_fn, "lower") else jax.jit(step_fn)
     return jitted.lower(*args)
 

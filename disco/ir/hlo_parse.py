@@ -359,7 +359,10 @@ class _Chunk:
 
 
 def _module_chunks(text: str) -> list[_Chunk]:
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        hint = " (decode bytes first: data.decode())" if isinstance(text, (bytes, bytearray)) else ""
+        raise HloParseError(f"HLO text: expected a str, got {type(text).__name__}{hint}")
+    if not text.strip():
         raise HloParseError("empty HLO text; expected a module starting with 'HloModule <name>'")
     pieces: list[tuple[str, int]] = []
     start, line = 0, 1

@@ -96,10 +96,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from disco.ir.graph import HloGraph
 from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_LOOP_OPCODES
+from disco.plans.plan import FusionPlan
 from disco.sim import gpu_fusion, scheduler
+from disco.sim.cluster_spec import ClusterSpec
 from disco.sim.costs import CostModel, GraphKernels, Kernel
 from disco.sim.critical_path import critical_path
 from disco.sim.cpu_fusion import CpuFusion
@@ -107,10 +110,6 @@ from disco.sim.patch import Patch, Patcher
 from disco.sim.timeline import Event, SimResult, timeline
 from disco.sim.units import COLL, KERNEL, FusionEmulation, UnitBuilder, node_kinds
 
-if TYPE_CHECKING:
-    from disco.ir.graph import HloGraph
-    from disco.plans.plan import FusionPlan
-    from disco.sim.cluster import ClusterSpec
 
 __all__ = ["ORDERS", "Event", "Order", "SimResult", "Simulator", "lower_bound", "simulate"]
 
@@ -129,6 +128,7 @@ class Simulator:
         None: the graph's entry parameters (a while body's simulator is given its step's).
 
     Raises:
+      TypeError: for a graph, cost model or cluster of the wrong type.
       ValueError: for a graph whose edges are not in topological order.
 
     Example:
@@ -137,6 +137,11 @@ class Simulator:
     """
 
     def __init__(self, graph: HloGraph, costs: CostModel, cluster: ClusterSpec, *, step_bytes: int | None = None):
+        for arg, value, expected in (("graph", graph, HloGraph), ("cluster", cluster, ClusterSpec)):
+            if not isinstance(value, expected):
+                raise TypeError(f"Simulator: {arg}: expected a {expected.__name__}, got {type(value).__name__} {value!r:.60}")
+        if not callable(getattr(costs, "kernel_time", None)):
+            raise TypeError(f"Simulator: costs: expected a disco.sim.costs.CostModel, got {type(costs).__name__} {costs!r:.60}")
         self.graph = graph
         self.costs = costs
         self.cluster = cluster
@@ -220,6 +225,8 @@ class Simulator:
                          timeline=tuple(events))
 
     def _simulate(self, plan: FusionPlan, order: str, record: bool) -> SimResult:
+        if not isinstance(plan, FusionPlan):
+            raise TypeError(f"plan: expected a disco FusionPlan, got {type(plan).__name__} {plan!r:.60}")
         if order not in ORDERS:
             raise ValueError(f"order: expected one of {', '.join(ORDERS)}, got {order!r}")
         patcher = self._patcher
