@@ -128,6 +128,19 @@ def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any]
     return result.best_plan, info
 
 
+def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` over :data:`DEFAULT_OPTIONS`, checked as :func:`plan_for_graph` checks them.
+
+    Raises:
+      ValueError: naming the first option that is unknown or not what the planner expects.
+    """
+    if options is not None and not isinstance(options, Mapping):
+        raise ValueError(f"options: expected a mapping of planner options, got {type(options).__name__}")
+    opts = {**DEFAULT_OPTIONS, **dict(options or {})}
+    _check_options(opts)
+    return opts
+
+
 def _check_options(opts: Mapping[str, Any]) -> None:
     """Raises ValueError naming the first option that is not what the planner expects."""
     unknown = sorted(set(opts) - set(DEFAULT_OPTIONS))
@@ -178,8 +191,7 @@ def plan_for_graph(
     from disco.plans import baselines
     from disco.sim.simulator import Simulator
 
-    opts = {**DEFAULT_OPTIONS, **dict(options or {})}
-    _check_options(opts)
+    opts = check_options(options)
     progress = progress_cb or (lambda frac, msg: None)
     costs = costs or default_costs(cluster.device)
     t0 = time.perf_counter()

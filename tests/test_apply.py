@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 
 import jax
 import numpy as np
@@ -233,3 +234,14 @@ def test_probe_child_runs_on_the_parents_platform(platform, parent, expected):
     env = child_env(parent, platform)
     assert env.get("JAX_PLATFORMS") == expected
     assert "XLA_FLAGS" not in env
+
+
+def test_a_step_that_is_not_callable_is_a_usage_error_not_a_fallback():
+    _, args, _ = setup("mlp")
+    for strict in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no PlanFallbackWarning: nothing is compiled
+            with pytest.raises(TypeError, match=r"^step_fn: expected the training step .*got str"):
+                xla_hooks.apply(None, "step", *args, strict=strict)
+    with pytest.raises(TypeError, match=r"^step_fn: expected the training step .*got str"):
+        disco.extract("step", *args)

@@ -194,3 +194,18 @@ def test_a_gpu_keeps_a_plans_cuts_buckets_and_options_but_not_its_groups(monkeyp
     kept, report = _for_this_backend(plan, {"k": 1})
     assert kept == plan.replace(groups=(), xla_fusion="extend")
     assert report["k"] == 1 and report["dropped_groups"].startswith("1 fusion group(s) dropped: XLA:GPU cannot")
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    ({"step_fn": "step"}, TypeError, r"^step_fn: expected the training step .*got str"),
+    ({"timeout_s": "5"}, ValueError, r"^timeout_s: expected a positive number of seconds, got '5'"),
+    ({"cluster": "nope"}, ValueError, r"^cluster: expected a ClusterSpec or a preset name \(local, .*\), got 'nope'"),
+    ({"cluster": 3}, ValueError, r"^cluster: expected a ClusterSpec or a preset name .*got 3"),
+    ({"options": {"foo": 1}}, ValueError, r"^options: unknown keys \['foo'\]"),
+    ({"options": {"budget_s": -1}}, ValueError, r"^options\.budget_s: expected a positive number of seconds, got -1"),
+])
+def test_setup_errors_raise_at_once(kw, exc, match):
+    step, args, _ = setup()
+    kw = {"step_fn": step, **kw}
+    with pytest.raises(exc, match=match):
+        xla_hooks.jit(**kw)

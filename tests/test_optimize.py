@@ -699,3 +699,18 @@ def test_the_answer_over_the_best_baseline_is_reported_with_its_interval(capsys)
     assert base.confirmed_vs_best_baseline == 1.0 and base.to_dict()["confirmed_vs_best_baseline_interval"] is None
     slower = tuple(dataclasses.replace(r, speedup=0.9) if r.name != "xla_default" else r for r in base.rows)
     assert dataclasses.replace(base, rows=slower).confirmed_vs_best_baseline is None
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    ({"cluster": "local"}, TypeError, r"^cluster: expected a ClusterSpec or None, got str 'local' \(disco\.sim\.cluster\.preset"),
+    ({"costs": "analytic"}, TypeError, r"^costs: expected a disco\.sim\.costs\.CostModel or None, got str 'analytic'"),
+    ({"config": {"budget_s": 1}}, TypeError, r"^config: expected an OptimizeConfig or None, got dict"),
+    ({"measure_bound": "no"}, ValueError, r"^expected True or False for measure_bound='no'"),
+    ({"seed": "x"}, ValueError, r"^seed: expected an integer, got 'x'"),
+])
+def test_optimize_refuses_bad_arguments_before_extracting(kw, exc, match):
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=2)
+    phases = []
+    with pytest.raises(exc, match=match):
+        disco.optimize(step, *args, progress=lambda phase, fraction, message: phases.append(phase), **kw)
+    assert phases == []  # nothing ran, not even the extraction

@@ -139,7 +139,8 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
       An :class:`AppliedStep`; ``.applied`` says whether the plan is in effect.
 
     Raises:
-      TypeError: ``plan`` is not a FusionPlan (a usage error, never a fallback).
+      TypeError: ``plan`` is not a FusionPlan or ``step_fn`` is not callable (usage errors, never a
+        fallback).
       ValueError, Exception: only with ``strict``: what :func:`compile_plan` raises.
 
     Example::
@@ -150,6 +151,9 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
     if plan is not None and not isinstance(plan, FusionPlan):
         hint = " (FusionPlan.from_dict or FusionPlan.from_json reads a plan's JSON)" if isinstance(plan, (dict, str)) else ""
         raise TypeError(f"plan: expected a disco FusionPlan or None, got {type(plan).__name__}{hint}")
+    from disco.ir.extractor import check_step
+
+    check_step(step_fn)  # a usage error too: the fallback could not compile it either
     plan = plan or DEFAULT_PLAN
     if strict:
         return compile_plan(plan, step_fn, *args)

@@ -250,19 +250,36 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
       A callable with ``step_fn``'s signature; ``.applied``/``.reports`` show what was used.
 
     Raises:
-      ValueError: for a ``timeout_s`` that is not positive or a ``service`` that is not an
-        http(s) URL with a host (setup errors; everything that goes wrong later falls back).
+      TypeError: for a ``step_fn`` that is not callable.
+      ValueError: for a ``timeout_s`` that is not a positive number, a ``service`` that is not an
+        http(s) URL with a host, a ``cluster`` that is neither a ClusterSpec nor a preset name, or
+        ``options`` the planner refuses (setup errors; everything that goes wrong later falls back).
 
     Warns:
       PlanServiceWarning: no plan was obtained; XLA's default compile is used.
       PlanFallbackWarning: the plan could not be applied (from :func:`xla_hooks.apply`).
     """
-    if timeout_s is None or not timeout_s > 0:
+    from disco.ir.extractor import check_step
+    from disco.planner import check_options
+
+    check_step(step_fn)
+    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not timeout_s > 0:
         raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
     if service is not None:
         _check_service_url(service)
+    _check_cluster(cluster)
+    check_options(options)
     return PlannedStep(step_fn, service=service, cluster=cluster, timeout_s=timeout_s, token=token,
                        options=options)
+
+
+def _check_cluster(cluster: Any) -> None:
+    """ValueError unless ``cluster`` is a ClusterSpec or a preset's name (what the planner and the
+    service take)."""
+    from disco.sim.cluster import PRESETS, ClusterSpec
+
+    if not isinstance(cluster, ClusterSpec) and not (isinstance(cluster, str) and cluster in PRESETS):
+        raise ValueError(f"cluster: expected a ClusterSpec or a preset name ({', '.join(PRESETS)}), got {cluster!r:.80}")
 
 
 def _check_service_url(url: Any) -> None:

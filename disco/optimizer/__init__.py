@@ -123,12 +123,16 @@ def optimize(
 
     Raises:
       ValueError: for a bad option (:class:`OptimizeConfig` names it), before anything runs.
-      TypeError: for an option that is not an :class:`OptimizeConfig` field.
+      TypeError: for an option that is not an :class:`OptimizeConfig` field, or a ``config``,
+        ``cluster`` or ``costs`` of the wrong type (before the graph is extracted).
     """
     unknown = sorted(set(options) - set(OptimizeConfig.field_names()))
     if unknown:
         raise TypeError(f"optimize: unknown options {unknown}; expected OptimizeConfig fields: "
                         f"{', '.join(OptimizeConfig.field_names())}")
+    if config is not None and not isinstance(config, OptimizeConfig):
+        raise TypeError(f"config: expected an OptimizeConfig or None, got {type(config).__name__} "
+                        "(pass options as keywords: optimize(step, *args, budget_s=30))")
     config = dataclasses.replace(config or OptimizeConfig(), **options)
     report = progress or no_progress
     target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)

@@ -20,6 +20,9 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+_FLAGS = ("measure_buckets_only", "measure_reduce_fusion", "measure_bound", "measure_regrouped", "confirm")
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizeConfig:
     """What ``optimize`` searches and how it measures; validated when built.
@@ -57,7 +60,7 @@ class OptimizeConfig:
 
     Raises:
       ValueError: for an unknown strategy, a budget that is not positive, ``measure_top_k``
-        below 0, a bucket count below 1, ``finalists`` below 1, rounds/steps below 1 or
+        below 0, a flag that is not a bool, a seed that is not an integer, a bucket count below 1, ``finalists`` below 1, rounds/steps below 1 or
         ``confirm_rounds`` below 1, naming the value received.
     """
 
@@ -83,6 +86,11 @@ class OptimizeConfig:
             raise ValueError(f"unknown search strategy {self.strategy!r}; expected one of: "
                              f"{', '.join(search.STRATEGIES)}")
         search.check_budgets(self.budget_s, self.max_evals)
+        flags = {f: getattr(self, f) for f in _FLAGS if not isinstance(getattr(self, f), bool)}
+        if flags:
+            raise ValueError(f"expected True or False for {', '.join(f'{k}={v!r}' for k, v in flags.items())}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
         if not _is_int(self.measure_top_k) or self.measure_top_k < 0:
             raise ValueError(f"measure_top_k: expected an integer >= 0, got {self.measure_top_k!r}")
         if any(not _is_int(k) or k < 1 for k in self.bucket_sweep):

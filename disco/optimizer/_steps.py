@@ -88,12 +88,18 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
       progress: reports phase "extract".
 
     Raises:
+      TypeError: for a ``cluster`` or ``costs`` of the wrong type (before extracting).
       ValueError: for a step disco cannot plan (no all-reduce in its pre-optimisation HLO, or a
         gradient reduced twice; :func:`disco.ir.step_checks.check_data_parallel`).
 
     Warns:
       NoGradientWarning: when no all-reduce is in a ``disco_grad[...]`` scope.
     """
+    if cluster is not None and not isinstance(cluster, ClusterSpec):
+        raise TypeError(f"cluster: expected a ClusterSpec or None, got {type(cluster).__name__} {cluster!r:.60} "
+                        "(disco.sim.cluster.preset(name) or load_cluster(path) makes one)")
+    if costs is not None and not callable(getattr(costs, "kernel_time", None)):
+        raise TypeError(f"costs: expected a disco.sim.costs.CostModel or None, got {type(costs).__name__} {costs!r:.60}")
     progress("extract", 0.0, "extracting the HLO graph")
     graph = extract(step_fn, *args)
     check_data_parallel(graph)
