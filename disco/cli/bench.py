@@ -13,6 +13,7 @@ from disco.cli.common import (
     add_progress_arg,
     add_strict_arg,
     check_process_counts,
+    counted,
     device_kind,
     make_step,
     model_label,
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     t = Table(title=f"disco bench {info['model']}/{info['preset']} on {args.devices} devices "
-                    f"({info['device_kind']}, measured, {args.rounds} rounds x {args.steps} steps)")
+                    f"({info['device_kind']}, measured, {counted(args.rounds, 'round')} x {counted(args.steps, 'step')})")
     for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "paired (90% interval)",
                 "compile s", "fusions", "all-reduce ops (a variadic one: 1)", "applied"):
         t.add_column(col)

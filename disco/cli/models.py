@@ -10,7 +10,7 @@ from disco.cli.common import print_json
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments."""
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the models and the presets")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -189,8 +189,8 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     t = Table(title=(f"disco optimize {info['model']}/{info['preset']} on {info['devices']} devices "
                      f"({info['device_kind']}; predicted by the simulator with the {_describe_costs(info)} "
                      "cost model on cluster "
-                     f"{result.setting.cluster!r}; measured, {result.config.rounds} rounds x "
-                     f"{result.config.steps} steps)"))
+                     f"{result.setting.cluster!r}; measured, {counted(result.config.rounds, 'round')} x "
+                     f"{counted(result.config.steps, 'step')})"))
     cols = ["plan", "from", "predicted ms", "measured ms median (min-max)", "speedup vs xla_default (paired)",
             "vs best baseline"]
     cols += ["run-off speedup"] if again else []
