@@ -177,8 +177,7 @@ def calibrate(processes: int, devices_per_process: int, link: LinkSpec | None, *
         raise ValueError(f"chain: expected at least 2 distinct chain lengths (or none), got {tuple(chain)!r}")
     spec = multiprocess.WorkerSpec(task="calibrate", sizes=tuple(sizes), reps=reps, chain=tuple(chain))
     res = multiprocess.launch(processes, devices_per_process, spec, link=link, timeout_s=timeout_s)
-    if not res.ok:
-        raise multiprocess.WorkersFailed("calibration across processes failed: " + "; ".join(res.failures or ("no results",)))
+    res.raise_if_failed("calibration across processes")
     n = processes * devices_per_process
     medians = [max(r["medians_s"][i] for r in res.results) for i in range(len(sizes))]
     variadic = max(r["variadic_s"] for r in res.results)
@@ -284,9 +283,7 @@ def measure_compute_floor(processes: int, devices_per_process: int, link: LinkSp
     wspec = multiprocess.WorkerSpec(model=model, preset=preset, plans=("xla_default",), rounds=rounds, steps=steps,
                                     optimizer=optimizer, comm_free_bound=True)
     res = multiprocess.launch(processes, devices_per_process, wspec, link=link, timeout_s=timeout_s)
-    if not res.ok:
-        raise multiprocess.WorkersFailed("measuring the compute floor across processes failed: "
-                           + "; ".join(res.failures or ("no results",)))
+    res.raise_if_failed("measuring the compute floor across processes")
     rows = {r["plan"]: r for r in multiprocess.combine(res)}
     if COMM_FREE_BOUND not in rows:
         raise RuntimeError(f"the workers reported no {COMM_FREE_BOUND} row; rows: {', '.join(rows)}")
@@ -340,9 +337,7 @@ def compare_baselines(spec: ClusterSpec, processes: int, devices_per_process: in
                                     optimizer=optimizer, comm_free_bound=True, chain=tuple(chain),
                                     sizes=tuple(chain_sizes), reps=chain_reps)
     res = multiprocess.launch(processes, devices_per_process, wspec, link=link, timeout_s=timeout_s)
-    if not res.ok:
-        raise multiprocess.WorkersFailed("measuring the baselines across processes failed: "
-                           + "; ".join(res.failures or ("no results",)))
+    res.raise_if_failed("measuring the baselines across processes")
     combined = multiprocess.combine(res)
     floor = next((r for r in combined if r["plan"] == COMM_FREE_BOUND), None)
     if floor is None or not floor["median_ms"] > 0:

@@ -505,6 +505,5 @@ def _launch(model: str, preset: str, processes: int, devices_per_process: int, l
     spec = multiprocess.WorkerSpec(model=model, preset=preset, plans=tuple(plans), rounds=rounds, steps=steps,
                                    optimizer=optimizer)
     res = multiprocess.launch(processes, devices_per_process, spec, link=link, timeout_s=timeout_s)
-    if not res.ok:
-        raise multiprocess.WorkersFailed("measuring across processes failed: " + "; ".join(res.failures or ("no results",)))
+    res.raise_if_failed("measuring across processes")
     return res

@@ -96,6 +96,11 @@ class LaunchResult:
     def ok(self) -> bool:
         return not self.failures and len(self.results) == self.processes
 
+    def raise_if_failed(self, what: str) -> None:
+        """Raises :class:`WorkersFailed` ("<what> failed: <each failure>") unless :attr:`ok`."""
+        if not self.ok:
+            raise WorkersFailed(f"{what} failed: " + "; ".join(self.failures or ("no results",)))
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -126,8 +126,7 @@ def _run_processes(args: argparse.Namespace) -> int:
                                    rounds=args.rounds, steps=args.steps, optimizer=args.optimizer)
     res = multiprocess.launch(args.processes, args.devices_per_process, spec, timeout_s=args.timeout,
                               link=parse_link_arg(args))  # --link
-    if not res.ok:
-        raise multiprocess.WorkersFailed("multi-process bench failed: " + "; ".join(res.failures or ("no results",)))
+    res.raise_if_failed("multi-process bench")
     rows = multiprocess.combine(res)
     info = {"model": args.model, "preset": args.preset, "processes": args.processes,
             "devices_per_process": args.devices_per_process, "rounds": args.rounds,
