@@ -417,3 +417,11 @@ def test_bytes_are_refused_with_their_type_not_as_empty_text():
     with pytest.raises(hlo_parse.HloParseError, match=r"^HLO text: expected a str, got bytes \(decode"):
         HloGraph.from_hlo_text(text.encode())
     assert HloGraph.from_hlo_text(text).all_reduces()
+
+
+def test_is_scheduled_reads_the_module_header_only():
+    """XLA writes is_scheduled=true on every compiled module; a comment may come before the header."""
+    assert hlo_parse.is_scheduled("HloModule m, is_scheduled=true, entry_computation_layout={()->f32[]}\nENTRY e {}")
+    assert hlo_parse.is_scheduled("// from a dump\nHloModule m, is_scheduled=true")
+    assert not hlo_parse.is_scheduled("HloModule m\n\nENTRY e {\n  // is_scheduled=true\n}")
+    assert not hlo_parse.is_scheduled("not HLO")

@@ -64,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
     graph = HloGraph.from_hlo_text(optimized_text if optimized_text is not None else text,
                                    module=args.module if args.hlo else None)
     elapsed = time.perf_counter() - t0
-    # a file says itself whether it was compiled: XLA's header of every compiled module
-    optimized = "is_scheduled=true" in text.split("\n", 1)[0] if args.hlo else bool(args.optimized)
+    from disco.ir.hlo_parse import is_scheduled
+
+    optimized = is_scheduled(text) if args.hlo else bool(args.optimized)  # a file says itself
     if args.dump:
         try:  # check_output_dir cannot see everything (root passes os.access where /proc refuses)
             os.makedirs(args.dump, exist_ok=True)

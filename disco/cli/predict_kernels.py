@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise CliError(f"--top must be >= 0 kernels, got {args.top}")
     text = read_text_input(args.hlo, "--hlo", "optimised HLO module text (Compiled.as_text())")
-    if "is_scheduled=true" not in text.split("\n", 1)[0]:  # XLA's header of every compiled module
+    from disco.ir.hlo_parse import is_scheduled
+
+    if not is_scheduled(text):
         print("disco predict-kernels: warning: the module's header has no is_scheduled=true: this looks like "
               "HLO before optimisation, whose instructions are not the kernels a device runs; expected "
               "Compiled.as_text() (or XLA's *after_optimizations* dump)", file=sys.stderr)

@@ -90,6 +90,16 @@ class HloParseError(ValueError):
 
 
 # -- small readers (also used by xla_hooks) -----------------------------------------------------
+def is_scheduled(text: str) -> bool:
+    """Whether the first ``HloModule`` header of ``text`` says ``is_scheduled=true``: XLA writes it
+    on every compiled (optimised) module, never on the text jax lowers before optimisation."""
+    m = _MODULE_START_RE.search(text)
+    if m is None:
+        return False
+    end = text.find("\n", m.start())
+    return "is_scheduled=true" in (text[m.start():] if end < 0 else text[m.start():end])
+
+
 def split_top_level(text: str, sep: str = ",", *, angle_brackets: bool = False) -> list[str]:
     """Splits on ``sep`` outside (), [], {} and double-quoted strings; parts stripped, empty ones dropped.
 
