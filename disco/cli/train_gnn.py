@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from disco.cli.common import CliError, check_output_file
+from disco.cli.common import CliError, check_output_file, counted
 
 DEFAULT_OUT = "gnn_checkpoint.msgpack"
 
@@ -133,7 +133,7 @@ def describe(metrics: dict[str, Any]) -> str:
         parts.append(f"MAPE {_percent(metrics['mape'])}")
     parts.append(f"top-1 regret {_percent(metrics['top1_regret'])} (worst group {_percent(metrics['top1_regret_max'])})")
     parts.append(f"top-5 regret {_percent(metrics['top5_regret'])}")
-    return ", ".join(parts) + f"; {n} sample{'' if n == 1 else 's'}"
+    return ", ".join(parts) + f"; {counted(n, 'sample')}"
 
 
 def _ceiling(tau: float) -> str:
