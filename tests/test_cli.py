@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -164,6 +165,23 @@ def test_graph_json_summary(tmp_path):
     assert r4.returncode == 0 and json.loads(r4.stdout)["optimized"], r4.stderr
     r5 = run_cli("graph", "--hlo", str(tmp_path / "step.pre_opt.hlo.txt"), "--optimized")
     assert r5.returncode == 2 and "--optimized compiles a zoo model's step; an --hlo file is read as it is" in r5.stderr
+    # model options with --hlo are refused by name, not ignored
+    r6 = run_cli("graph", "--hlo", str(tmp_path / "step.pre_opt.hlo.txt"), "--model", "mlp", "--devices", "4")
+    assert r6.returncode == 2 and "--model, --devices build a step; an --hlo file is read as it is" in r6.stderr
+
+
+def test_deferred_model_defaults_are_the_documented_ones():
+    from disco.cli.common import add_model_args, apply_model_defaults, defer_model_defaults, model_args_given
+
+    plain, deferred = argparse.ArgumentParser(), argparse.ArgumentParser()
+    add_model_args(plain)
+    add_model_args(deferred)
+    defer_model_defaults(deferred)
+    args = deferred.parse_args(["--preset", "small", "--trax-batch", "3"])
+    assert model_args_given(args) == ["--preset", "--trax-batch"]
+    apply_model_defaults(args)
+    assert vars(args) == vars(plain.parse_args(["--preset", "small", "--trax-batch", "3"]))
+    assert model_args_given(deferred.parse_args([])) == []
 
 
 def test_graph_table():
@@ -253,7 +271,8 @@ def test_preset_names_and_progress_spelling_are_the_same_everywhere():
         if "--preset" in opts:
             assert all(p in opts["--preset"].help for p in trax_models.presets()), name
         if "--devices" in opts and name != "bench":
-            assert opts["--devices"].default == 4, name
+            # graph defers its defaults (to refuse them beside --hlo), so the help is what is the same
+            assert "(default 4)" in opts["--devices"].help and opts["--devices"].default in (4, None), name
     for name in ("optimize", "bench", "collect", "train-gnn"):
         assert "--no-progress" in {o for a in subs[name]._actions for o in a.option_strings}, name
     args = subs["train-gnn"].parse_args(["--data", "d", "--quiet"])

@@ -49,24 +49,51 @@ def setup_devices(n: int) -> None:
         pass  # backend already initialised: make_train_step reports a shortage clearly
 
 
+_MODEL_DEFAULTS = {"model": DEFAULT_MODEL, "preset": "tiny", "devices": 4, "optimizer": "adamw",
+                   "trax_model": None, "trax_kwargs": None, "trax_task": "lm", "trax_length": 16,
+                   "trax_input_shape": None, "trax_batch": 2}
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """``--model/--preset/--devices/--optimizer`` and the ``--trax-*`` group (read by :func:`make_step`)."""
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo model name (default {DEFAULT_MODEL}; see `disco models`)")
-    p.add_argument("--preset", default="tiny", help="tiny | small | paper (default tiny)")
-    p.add_argument("--devices", type=int, default=4, help="data-parallel devices (default 4)")
-    p.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd (default adamw)")
+    d = _MODEL_DEFAULTS
+    p.add_argument("--model", default=d["model"], help=f"zoo model name (default {d['model']}; see `disco models`)")
+    p.add_argument("--preset", default=d["preset"], help=f"tiny | small | paper (default {d['preset']})")
+    p.add_argument("--devices", type=int, default=d["devices"], help=f"data-parallel devices (default {d['devices']})")
+    p.add_argument("--optimizer", default=d["optimizer"], help=f"adamw | adam | sgd (default {d['optimizer']})")
     g = p.add_argument_group("real trax models (pip install -e '.[trax]'; instead of --model/--preset)")
-    g.add_argument("--trax-model", metavar="PATH", default=None,
+    g.add_argument("--trax-model", metavar="PATH", default=d["trax_model"],
                    help="a trax layer constructor, e.g. trax.models.TransformerLM")
-    g.add_argument("--trax-kwargs", metavar="JSON", default=None,
+    g.add_argument("--trax-kwargs", metavar="JSON", default=d["trax_kwargs"],
                    help='its keyword arguments, e.g. \'{"vocab_size": 256, "d_model": 64}\'')
-    g.add_argument("--trax-task", default="lm", choices=("lm", "classify"),
-                   help="lm: next-token loss on token sequences (needs vocab_size); "
-                        "classify: random inputs of --trax-input-shape with random labels (default lm)")
-    g.add_argument("--trax-length", type=int, default=16, help="sequence length for lm (default 16)")
-    g.add_argument("--trax-input-shape", default=None, metavar="D,D,...",
+    g.add_argument("--trax-task", default=d["trax_task"], choices=("lm", "classify"),
+                   help="lm: next-token loss on token sequences (needs vocab_size); classify: random inputs "
+                        f"of --trax-input-shape with random labels (default {d['trax_task']})")
+    g.add_argument("--trax-length", type=int, default=d["trax_length"],
+                   help=f"sequence length for lm (default {d['trax_length']})")
+    g.add_argument("--trax-input-shape", default=d["trax_input_shape"], metavar="D,D,...",
                    help="one example's shape for classify, e.g. 32,32,3")
-    g.add_argument("--trax-batch", type=int, default=2, help="examples per device (default 2)")
+    g.add_argument("--trax-batch", type=int, default=d["trax_batch"],
+                   help=f"examples per device (default {d['trax_batch']})")
+
+
+def defer_model_defaults(p: argparse.ArgumentParser) -> None:
+    """For a command that can read a file instead of building a step: the :func:`add_model_args`
+    options default to None so that :func:`model_args_given` sees which ones the user gave;
+    :func:`apply_model_defaults` puts the documented defaults back before :func:`make_step`."""
+    p.set_defaults(**{k: None for k in _MODEL_DEFAULTS})
+
+
+def model_args_given(args: argparse.Namespace) -> list[str]:
+    """The model options given on the command line (as flags), after :func:`defer_model_defaults`."""
+    return ["--" + k.replace("_", "-") for k in _MODEL_DEFAULTS if getattr(args, k, None) is not None]
+
+
+def apply_model_defaults(args: argparse.Namespace) -> None:
+    """Fills the model options left at None by :func:`defer_model_defaults` with their defaults."""
+    for k, v in _MODEL_DEFAULTS.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
 
 
 def model_label(args: argparse.Namespace) -> dict[str, Any]:

@@ -9,8 +9,11 @@ from typing import Any
 from disco.cli.common import (
     CliError,
     add_model_args,
+    apply_model_defaults,
     check_output_dir,
+    defer_model_defaults,
     make_step,
+    model_args_given,
     model_label,
     print_json,
     read_text_input,
@@ -20,6 +23,7 @@ from disco.cli.common import (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments."""
     add_model_args(p)
+    defer_model_defaults(p)  # --hlo with --model is refused, not silently ignored
     p.add_argument("--hlo", metavar="FILE", help="read an HLO text dump instead of building a zoo model")
     p.add_argument("--module", metavar="NAME",
                    help="with --hlo: the module to read from a file holding several ('#N': the N-th)")
@@ -46,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
     if args.hlo and args.optimized:
         raise CliError("--optimized compiles a zoo model's step; an --hlo file is read as it is "
                        "(give XLA's dump after optimisation itself)")
+    given = model_args_given(args)
+    if args.hlo and given:
+        raise CliError(f"{', '.join(given)} build{'s' if len(given) == 1 else ''} a step; an --hlo file is read as "
+                       "it is: expected --hlo FILE or the model options, not both")
+    apply_model_defaults(args)
     if args.module and not args.hlo:
         raise CliError("--module selects a module of an --hlo file; expected --hlo FILE with it")
     t0 = time.perf_counter()
