@@ -129,12 +129,37 @@ def _config(args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
             "PARSE_TIMEOUT_S": args.parse_timeout}
 
 
+def _listen(host: str, port: int, app: Any) -> Any:
+    """Werkzeug's threaded server bound to ``host:port``.
+
+    Raises:
+      ValueError: where the address cannot be bound (port in use, an address not of this machine, a name
+        that does not resolve), naming it. Werkzeug prints the reason and exits 1; this keeps the reason
+        and lets ``disco serve`` exit 2 with one line, as for its other bad settings.
+    """
+    import contextlib
+    import io
+
+    from werkzeug.serving import make_server
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return make_server(host, port, app, threaded=True, request_handler=_request_handler())
+    except SystemExit:
+        reason = said.getvalue().strip().splitlines()[0] if said.getvalue().strip() else "cannot bind"
+        hint = ("another program listens there: stop it, or give another --port (0: any free port)"
+                if "in use" in reason.lower() else
+                "expected an address of this machine or a name that resolves to one (--host)")
+        raise ValueError(f"cannot listen on {host}:{port}: {reason}; {hint}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Serves until interrupted (SIGINT/SIGTERM); without the service extra, prints how to install
     it and returns 2."""
     try:
         import flask  # noqa: F401
-        from werkzeug.serving import make_server
+        import werkzeug  # noqa: F401
     except ImportError as e:
         print(f"{SERVICE_EXTRA_HINT} (missing: {e.name})", file=sys.stderr)
         return 2
@@ -150,7 +175,11 @@ def run(args: argparse.Namespace) -> int:
     if config["DATABASE"] is not None:
         initialise(config["DATABASE"], "--db" if args.db is not None else "DISCO_SERVICE_DB")
     app = create_app(config)
-    server = make_server(args.host, args.port, app, threaded=True, request_handler=_request_handler())
+    try:
+        server = _listen(args.host, args.port, app)
+    except ValueError:  # printed by the command line as one line, exit status 2
+        stop_runner(app, timeout=2.0)
+        raise
     warning = bind_warning(args.host, server.server_port, config["TOKEN"])
     if warning:
         log.warning(warning)

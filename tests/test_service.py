@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sqlite3
+import socket
 import subprocess
 import sys
 import threading
@@ -579,6 +580,25 @@ def test_disco_serve_refuses_bad_settings_in_one_line(tmp_path, args, env, messa
     assert re.fullmatch("disco serve: error: " + message.format(tmp=re.escape(tmp)) + ".*", out.stderr.strip()), \
         out.stderr
     assert not (tmp_path / "missing").exists()
+
+
+def test_disco_serve_refuses_an_address_it_cannot_listen_on(tmp_path):
+    """A port another program holds, or a host that is not this machine's: one line, exit status 2."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for host, message in (("127.0.0.1", rf"cannot listen on 127\.0\.0\.1:{port}: .*in use.*; another program "
+                               r"listens there: stop it, or give another --port \(0: any free port\)"),
+                              ("nosuch.invalid", rf"cannot listen on nosuch\.invalid:{port}: .*; expected an address "
+                               r"of this machine or a name that resolves to one \(--host\)")):
+            cmd = [sys.executable, "-m", "disco", "serve", "--host", host, "--port", str(port), "--token", "t",
+                   "--db", str(tmp_path / "p.sqlite")]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+            assert out.returncode == 2, out.stderr
+            assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+            assert re.fullmatch("disco serve: error: " + message, out.stderr.strip()), out.stderr
 
 
 def test_create_app_refuses_a_database_it_cannot_use(tmp_path, monkeypatch):
