@@ -69,6 +69,11 @@ def bind_warning(host: str, port: int, token: str | None) -> str | None:
     return f"disco serve: bound to {host}:{port}, beyond loopback: {who} {writes}"
 
 
+def _colour(stream: Any) -> bool:
+    """Whether request lines written to ``stream`` may carry ANSI colours: a terminal, and NO_COLOR unset."""
+    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
+
+
 def _request_handler() -> type:
     from werkzeug.serving import WSGIRequestHandler
 
@@ -79,6 +84,13 @@ def _request_handler() -> type:
 
         def version_string(self) -> str:
             return "disco"
+
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            if _colour(sys.stderr):
+                super().log_request(code, size)
+                return  # Werkzeug colours the line by status for a terminal; a log file gets the plain line
+            line = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in self.requestline)
+            self.log("info", '"%s" %s %s', line, code, size)
 
         def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
             short, long = self.responses.get(code, ("error", "error"))

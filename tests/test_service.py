@@ -544,6 +544,24 @@ def test_unsafe_configuration_is_refused_or_warned(tmp_path):
         assert "beyond loopback" not in srv.tail() and "no write token" not in srv.tail()
 
 
+def test_request_log_is_plain_text_in_a_file_and_coloured_on_a_terminal(tmp_path, monkeypatch):
+    from service.cli import _colour
+
+    with ServerProcess(tmp_path / "c.sqlite", token=TOKEN) as srv:
+        assert srv.request("GET", "/v1/no-such-route")[0] == 404
+        assert srv.request("POST", "/v1/profiles", [])[0] == 400
+        log = srv.tail()
+    assert '"GET /v1/no-such-route HTTP/1.1" 404' in log and '"POST /v1/profiles HTTP/1.1" 400' in log, log
+    assert "\x1b[" not in log, log  # Werkzeug's colours stay out of a redirected log
+    main, other = os.openpty()
+    with os.fdopen(other, "w") as terminal, open(tmp_path / "f.log", "w") as file:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+        assert _colour(terminal) and not _colour(file)
+        monkeypatch.setenv("NO_COLOR", "1")
+        assert not _colour(terminal)
+    os.close(main)
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["--workers", "0"], {}, r"--workers: expected an integer >= 1 .*got 0"),
     ([], {"DISCO_SERVICE_WORKERS": "0"}, r"DISCO_SERVICE_WORKERS: expected an integer >= 1 .*got 0"),
