@@ -207,6 +207,26 @@ def test_cli_writes_the_plan_trace_and_plot_from_a_result(pipeline, tmp_path):
     assert (tmp_path / "timelines.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_plot_labels_each_measured_time_clear_of_its_whisker(pipeline):
+    import matplotlib.pyplot as plt
+
+    from disco.cli import optimize as optimize_cli
+
+    fig = optimize_cli.draw_timelines(pipeline.result)
+    try:
+        bars = fig.axes[-1]
+        _, measured = optimize_cli.measured_times(pipeline.result)
+        labels = {round(t.get_position()[1]): t for t in bars.texts}
+        assert len(labels) == len(measured)
+        for i, (median, _, high) in enumerate(measured.values()):
+            assert labels[i].get_text().strip() == f"{median * 1e3:.3f} ms"
+            assert labels[i].get_position()[0] >= high * 1e3  # starts at the whisker's end, not on it
+            assert bars.get_xlim()[1] > high * 1e3
+        assert fig.axes[0].get_legend() is not None
+    finally:
+        plt.close(fig)
+
+
 def row(name, median, lo=None, hi=None, applied=True, speedup=None):
     return opt.PlanRow(name, "baseline", name, FusionPlan(name=name), 1e-3, median,
                        median if lo is None else lo, median if hi is None else hi, applied, speedup=speedup)

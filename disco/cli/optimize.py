@@ -251,11 +251,29 @@ def measured_times(result: Any) -> tuple[str, dict[str, tuple[float, float, floa
 
 
 def plot_timelines(result: Any, path: str) -> None:
-    """Draws xla_default's and the chosen plan's simulated compute/comm streams, one above the
-    other, and below them their measured step times (median, min-max), with a colour legend.
+    """Writes :func:`draw_timelines`'s figure to ``path`` (PNG, or what the suffix names).
 
     Raises:
       CliError: when matplotlib is missing or the file cannot be written.
+    """
+    fig = draw_timelines(result)  # first: it says when matplotlib is missing
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise CliError(f"cannot write --plot file {path!r}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def draw_timelines(result: Any) -> Any:
+    """A matplotlib figure: xla_default's and the chosen plan's simulated compute/comm streams, one
+    above the other, and below them their measured step times (median, min-max), each labelled right
+    of its whisker, with a colour legend above the first panel.
+
+    Raises:
+      CliError: when matplotlib is missing.
     """
     try:
         import matplotlib
@@ -287,7 +305,7 @@ def plot_timelines(result: Any, path: str) -> None:
         ax.set_xlabel("ms from the step's start (simulated timeline)", fontsize=8)
     axes[0].legend(handles=[Patch(color=colors[0], label="compute (kernels)"),
                             Patch(color=colors[1], label="communication (all-reduces)")],
-                   loc="upper right", fontsize=8)
+                   loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
     ax = axes[-1]
     names = list(measured)
     med = [measured[n][0] * 1e3 for n in names]
@@ -295,18 +313,15 @@ def plot_timelines(result: Any, path: str) -> None:
            [(measured[n][2] - measured[n][0]) * 1e3 for n in names]]
     ax.barh(names, med, xerr=err, color=["tab:gray" if n == "xla_default" else "tab:green" for n in names],
             capsize=4)
-    for i, v in enumerate(med):
-        ax.text(v, i, f" {v:.3f} ms", va="center", fontsize=8)
+    ends = [measured[n][2] * 1e3 for n in names]  # each label right of its bar's max, clear of the whisker
+    for i, (v, end) in enumerate(zip(med, ends)):
+        ax.text(end, i, f"  {v:.3f} ms", va="center", fontsize=8)
+    ax.set_xlim(0, max(ends) * 1.18)
     ax.invert_yaxis()
     ax.set_xlabel(f"measured step time, ms (median, bars: min-max; {source}; answer {result.chosen}, "
                   f"{result.speedup:.3f}x paired)", fontsize=8)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as e:
-        raise CliError(f"cannot write --plot file {path!r}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
+    return fig
 
 
 # -- across processes, maybe over an emulated link ----------------------------------------------
