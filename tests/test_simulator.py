@@ -454,9 +454,9 @@ def test_simulate_refuses_arguments_of_the_wrong_type():
     assert simulate(graph, plan, costs, cluster).step_time > 0
     with pytest.raises(TypeError, match=r"^plan: expected a disco FusionPlan, got dict"):
         simulate(graph, plan.to_dict(), costs, cluster)
-    with pytest.raises(TypeError, match=r"^Simulator: cluster: expected a ClusterSpec, got str 'local'"):
+    with pytest.raises(TypeError, match=r"^Simulator: cluster: expected a ClusterSpec, got str 'local' \(disco\.sim\.cluster\.preset"):
         simulate(graph, plan, costs, "local")
     with pytest.raises(TypeError, match=r"^Simulator: costs: expected a disco\.sim\.costs\.CostModel, got NoneType"):
         Simulator(graph, None, cluster)
-    with pytest.raises(TypeError, match=r"^Simulator: graph: expected a HloGraph, got str"):
+    with pytest.raises(TypeError, match=r"^Simulator: graph: expected a disco HloGraph \(disco\.extract\(step, \*args\)\), got str"):
         lower_bound(graph.name, costs, cluster)

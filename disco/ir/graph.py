@@ -294,6 +294,19 @@ class HloGraph:
 
 
 # ---------------------------------------------------------------------------------------------
+def require_graph(value: Any, where: str = "graph") -> HloGraph:
+    """``value`` when it is an :class:`HloGraph`; the one check every public entry point that takes
+    a graph makes, so that the message says the same everywhere.
+
+    Raises:
+      TypeError: naming ``where``, what was given and how to make a graph.
+    """
+    if not isinstance(value, HloGraph):
+        raise TypeError(f"{where}: expected a disco HloGraph (disco.extract(step, *args)), "
+                        f"got {type(value).__name__} {value!r:.60}")
+    return value
+
+
 def _nondefault_layout(ins: hlo_module.Instruction) -> str:
     """The instruction's layout text if some array is not in the default layout, else ''."""
     return _nondefault_layout_of(ins.shape)

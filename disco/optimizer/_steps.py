@@ -33,9 +33,9 @@ from disco.optimizer._choice import (
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.plans import baselines
 from disco.plans.plan import FusionPlan
-from disco.sim.cluster import ClusterSpec, preset
+from disco.sim.cluster import ClusterSpec, preset, require_cluster
 from disco.sim import device_costs
-from disco.sim.costs import CostModel
+from disco.sim.costs import CostModel, require_cost_model
 from disco.sim.simulator import Simulator
 from xla_hooks import apply_plan
 from xla_hooks import measure as _measure
@@ -95,11 +95,8 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
     Warns:
       NoGradientWarning: when no all-reduce is in a ``disco_grad[...]`` scope.
     """
-    if cluster is not None and not isinstance(cluster, ClusterSpec):
-        raise TypeError(f"cluster: expected a ClusterSpec or None, got {type(cluster).__name__} {cluster!r:.60} "
-                        "(disco.sim.cluster.preset(name) or load_cluster(path) makes one)")
-    if costs is not None and not callable(getattr(costs, "kernel_time", None)):
-        raise TypeError(f"costs: expected a disco.sim.costs.CostModel or None, got {type(costs).__name__} {costs!r:.60}")
+    require_cluster(cluster, or_none=True)
+    require_cost_model(costs, or_none=True)
     progress("extract", 0.0, "extracting the HLO graph")
     graph = extract(step_fn, *args)
     check_data_parallel(graph)

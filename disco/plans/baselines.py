@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from disco.ir.graph import HloGraph, Node
+from disco.ir.graph import HloGraph, Node, require_graph
 from disco.plans import options as plan_options
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
@@ -91,9 +91,7 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
       TypeError: ``graph`` is not an HloGraph.
       ValueError: unknown name or keyword.
     """
-    if not isinstance(graph, HloGraph):
-        raise TypeError(f"baseline {name!r}: graph: expected a disco HloGraph (disco.extract(step, *args)), "
-                        f"got {type(graph).__name__}")
+    require_graph(graph, f"baseline {name!r}: graph")
     build = kw.pop("build", "concat")
     ars = graph.all_reduces()
     if name == "xla_default":

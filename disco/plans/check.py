@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from disco.ir.graph import HloGraph
+from disco.ir.graph import HloGraph, require_graph
 from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS
 from disco.ir.step_checks import README_POINTER, double_reductions
@@ -206,8 +206,7 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
       backend: "cpu" or "gpu" (a jax platform name too): on GPU, fusion groups are refused
         (:data:`GPU_GROUPS_REASON`); the backend's compile options are checked.
     """
-    if not isinstance(graph, HloGraph):
-        raise TypeError(f"graph: expected a disco HloGraph (disco.extract(step, *args)), got {type(graph).__name__}")
+    require_graph(graph)
     backend = plan_options.normalize(backend)
     if backend == "gpu" and plan.groups:
         raise ValueError(f"plan has {len(plan.groups)} fusion group(s) and the backend is GPU: {GPU_GROUPS_REASON}")

@@ -312,6 +312,19 @@ class ClusterSpec:
         return cls.from_dict(parse_yaml(text, where), where)
 
 
+def require_cluster(value: Any, where: str = "cluster", *, or_none: bool = False) -> ClusterSpec | None:
+    """``value`` when it is a :class:`ClusterSpec` (or None, where ``or_none``); the one check the
+    entry points that take a cluster make.
+
+    Raises:
+      TypeError: naming ``where``, what was given and how to make a cluster.
+    """
+    if isinstance(value, ClusterSpec) or (or_none and value is None):
+        return value
+    raise TypeError(f"{where}: expected a ClusterSpec{' or None' if or_none else ''}, got {type(value).__name__} "
+                    f"{value!r:.60} (disco.sim.cluster.preset(name) or load_cluster(path) makes one)")
+
+
 def _int_field(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{where}: expected an integer >= 1, got {v!r}")

@@ -279,6 +279,19 @@ class CostModel(abc.ABC):
         return model
 
 
+def require_cost_model(value: Any, where: str = "costs", *, or_none: bool = False) -> CostModel | None:
+    """``value`` when it is a cost model (anything with a callable ``kernel_time``; or None, where
+    ``or_none``); the one check the entry points that take a cost model make.
+
+    Raises:
+      TypeError: naming ``where`` and what was given.
+    """
+    if callable(getattr(value, "kernel_time", None)) or (or_none and value is None):
+        return value
+    raise TypeError(f"{where}: expected a disco.sim.costs.CostModel{' or None' if or_none else ''}, "
+                    f"got {type(value).__name__} {value!r:.60}")
+
+
 @dataclasses.dataclass(frozen=True)
 class AnalyticConfig:
     """Roofline parameters. The defaults are CPU-ish (one XLA:CPU virtual device on a shared core).

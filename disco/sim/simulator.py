@@ -98,12 +98,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from disco.ir.graph import HloGraph
+from disco.ir.graph import HloGraph, require_graph
 from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_LOOP_OPCODES
 from disco.plans.plan import FusionPlan
 from disco.sim import gpu_fusion, scheduler
-from disco.sim.cluster_spec import ClusterSpec
-from disco.sim.costs import CostModel, GraphKernels, Kernel
+from disco.sim.cluster_spec import ClusterSpec, require_cluster
+from disco.sim.costs import CostModel, GraphKernels, Kernel, require_cost_model
 from disco.sim.critical_path import critical_path
 from disco.sim.cpu_fusion import CpuFusion
 from disco.sim.patch import Patch, Patcher
@@ -137,11 +137,9 @@ class Simulator:
     """
 
     def __init__(self, graph: HloGraph, costs: CostModel, cluster: ClusterSpec, *, step_bytes: int | None = None):
-        for arg, value, expected in (("graph", graph, HloGraph), ("cluster", cluster, ClusterSpec)):
-            if not isinstance(value, expected):
-                raise TypeError(f"Simulator: {arg}: expected a {expected.__name__}, got {type(value).__name__} {value!r:.60}")
-        if not callable(getattr(costs, "kernel_time", None)):
-            raise TypeError(f"Simulator: costs: expected a disco.sim.costs.CostModel, got {type(costs).__name__} {costs!r:.60}")
+        require_graph(graph, "Simulator: graph")
+        require_cluster(cluster, "Simulator: cluster")
+        require_cost_model(costs, "Simulator: costs")
         self.graph = graph
         self.costs = costs
         self.cluster = cluster
