@@ -55,7 +55,7 @@ from disco.optimizer import (
     regrouped_plan,
     runoff_choice,
 )
-from disco.plans.plan import FusionPlan
+from disco.plans.plan import FusionPlan, decisions
 
 if TYPE_CHECKING:
     from disco.sim.cluster import ClusterSpec
@@ -471,16 +471,7 @@ def relation_to_baselines(plan: FusionPlan, baselines: dict[str, FusionPlan]) ->
             return f"the baseline {name}"
     for name, base in baselines.items():
         if plan.buckets == base.buckets:
-            extra = []
-            if plan.groups != base.groups:
-                extra.append(f"{len(plan.groups)} fusion groups")
-            if plan.cuts != base.cuts:
-                extra.append(f"{len(plan.cuts)} fusion cuts")
-            if plan.compile_options != base.compile_options:
-                extra.append("compile options " + ", ".join(f"{k}={v}" for k, v in plan.compile_options))
-            if plan.xla_fusion != base.xla_fusion:
-                extra.append(f"xla_fusion={plan.xla_fusion}")
-            return f"{name}'s bucketing plus " + (" and ".join(extra) or "nothing")
+            return f"{name}'s bucketing plus " + (" and ".join(decisions(plan, relative_to=base)) or "nothing")
     n = "XLA's" if plan.buckets is None else f"{len(plan.buckets)} buckets"
     return f"its own bucketing ({n})"
 

@@ -104,9 +104,9 @@ def test_relation_to_baselines_names_the_baseline_and_what_the_answer_adds(mlp_g
     assert rel(bases["horovod"].replace(name="disco_1"), bases) == "the baseline horovod"
     names = [n.name for n in mlp_graph.nodes if n.opcode in ("add", "multiply")][:2]
     grouped = bases["horovod"].replace(name="disco_1", groups=(tuple(names),))
-    assert rel(grouped, bases) == "horovod's bucketing plus 1 fusion groups"
+    assert rel(grouped, bases) == "horovod's bucketing plus 1 fusion group"
     opts = bases["horovod"].replace(compile_options=(("xla_cpu_enable_fast_math", "true"),))
-    assert rel(opts, bases) == "horovod's bucketing plus compile options xla_cpu_enable_fast_math=true"
+    assert rel(opts, bases) == "horovod's bucketing plus compile options (xla_cpu_enable_fast_math=true)"
     own = baselines.make("even", mlp_graph, k=3)
     assert rel(own, bases) == f"its own bucketing ({len(own.buckets)} buckets)"
 

@@ -679,13 +679,17 @@ def test_regrouped_is_none_when_the_groups_and_buckets_do_not_validate_together(
 
 
 def test_fusion_decisions_name_what_is_not_buckets():
-    from disco.plans.plan import make_plan
+    from disco.plans.plan import decisions, make_plan
 
     assert opt.fusion_decisions(FusionPlan(buckets=())) == "XLA's defaults"
     plan = make_plan(groups=[["a", "b"]], cuts=[["a", "b"], ["b", "c"]], xla_fusion="off",
                      compile_options={"xla_gpu_enable_latency_hiding_scheduler": "True"})
     assert opt.fusion_decisions(plan) == ("1 fusion group and 2 fusion cuts and XLA's fusion off and compile options "
-                                          "(xla_gpu_enable_latency_hiding_scheduler)")
+                                          "(xla_gpu_enable_latency_hiding_scheduler=True)")
+    # relative to a plan: only what differs; the same phrases as relation_to_baselines uses
+    assert decisions(plan, relative_to=plan.replace(groups=())) == ("1 fusion group",)
+    assert decisions(plan.replace(compile_options=()), relative_to=plan) == ("compile options (XLA's defaults)",)
+    assert decisions(plan, relative_to=plan) == ()
 
 
 def test_the_answer_over_the_best_baseline_is_reported_with_its_interval(capsys):

@@ -32,7 +32,7 @@ from disco.optimizer._choice import (
 )
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.plans import baselines
-from disco.plans.plan import FusionPlan
+from disco.plans.plan import FusionPlan, decisions
 from disco.sim.cluster import ClusterSpec, preset, require_cluster
 from disco.sim import device_costs
 from disco.sim.costs import CostModel, require_cost_model
@@ -335,18 +335,9 @@ def regrouped_row(target: Target, rows: tuple[PlanRow, ...]) -> PlanRow | None:
 
 
 def fusion_decisions(plan: FusionPlan) -> str:
-    """What of ``plan`` is not its buckets, in words: "3 fusion groups and compile options
-    (xla_gpu_enable_latency_hiding_scheduler)", or "XLA's defaults" when nothing is."""
-    parts = []
-    if plan.groups:
-        parts.append(f"{len(plan.groups)} fusion group{'s' if len(plan.groups) != 1 else ''}")
-    if plan.cuts:
-        parts.append(f"{len(plan.cuts)} fusion cut{'s' if len(plan.cuts) != 1 else ''}")
-    if plan.xla_fusion != "extend":
-        parts.append(f"XLA's fusion {plan.xla_fusion}")
-    if plan.compile_options:
-        parts.append(f"compile options ({', '.join(k for k, _ in plan.compile_options)})")
-    return " and ".join(parts) if parts else "XLA's defaults"
+    """What of ``plan`` is not its buckets, in words (:func:`disco.plans.plan.decisions`): "3 fusion
+    groups and compile options (xla_gpu_enable_latency_hiding_scheduler=True)", or "XLA's defaults"."""
+    return " and ".join(decisions(plan)) or "XLA's defaults"
 
 
 def run_off(target: Target, measured: Measured, config: OptimizeConfig,

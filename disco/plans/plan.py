@@ -252,6 +252,28 @@ class FusionPlan:
         }
 
 
+def decisions(plan: FusionPlan, relative_to: FusionPlan | None = None) -> tuple[str, ...]:
+    """What ``plan`` decides apart from its buckets, as phrases ("1 fusion group", "2 fusion cuts",
+    "XLA's fusion off", "compile options (k=v)"); with ``relative_to``, only where the two differ.
+    Empty: XLA's defaults (or nothing beyond ``relative_to``)."""
+    base = relative_to if relative_to is not None else FusionPlan()
+
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}{'' if n == 1 else 's'}"
+
+    parts = []
+    if plan.groups != base.groups:
+        parts.append(count(len(plan.groups), "fusion group"))
+    if plan.cuts != base.cuts:
+        parts.append(count(len(plan.cuts), "fusion cut"))
+    if plan.xla_fusion != base.xla_fusion:
+        parts.append(f"XLA's fusion {plan.xla_fusion}")
+    if plan.compile_options != base.compile_options:
+        shown = ", ".join(f"{k}={v}" for k, v in plan.compile_options) or "XLA's defaults"
+        parts.append(f"compile options ({shown})")
+    return tuple(parts)
+
+
 def _name_lists(field: str, value: Any) -> list[Any]:
     """``value`` as a list, refusing a str where lists of names belong (it would split into letters)."""
     items = None if isinstance(value, str) else list(value)
