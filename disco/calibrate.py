@@ -191,3 +191,17 @@ def calibrate(devices: int, sizes: Sequence[int] = SIZES, reps: int = 20) -> Cal
     variadic_s, concat_s = measure_variadic(devices, reps=reps)
     return dataclasses.replace(c, operand_latency=max(0.0, (variadic_s - concat_s) / (OPERANDS - 1)),
                                variadic_s=variadic_s, concat_s=concat_s)
+
+
+def machine_cluster(devices: int, reps: int = 10) -> tuple[Any, Calibration]:
+    """This machine's ``devices`` CPU devices as a cluster spec: :func:`calibrate`, then the
+    ``local`` preset with the measured link and per-operand costs (what ``disco calibrate --out``
+    writes, and what ``disco optimize`` prices plans with when no ``--cluster`` is given).
+
+    Returns:
+      (the ClusterSpec, the Calibration it came from).
+    """
+    from disco.sim.cluster import preset
+
+    c = calibrate(devices, reps=reps)
+    return preset("local", devices=devices, calibration=c.as_preset_calibration()), c

@@ -213,6 +213,14 @@ def test_calibrate_writes_a_loadable_spec(tmp_path):
 
     spec = cluster.load_cluster(str(out))
     assert spec.num_devices == 2 and spec.intra.bandwidth == pytest.approx(data["bandwidth"])
+    assert spec.operand_latency == pytest.approx(data["operand_latency"])
+    # simulate says when its cluster's link costs are placeholders, and not for a calibrated file
+    placeholder = run_cli("simulate", "--model", "mlp", "--devices", "2", "--plans", "xla_default", "--json")
+    calibrated = run_cli("simulate", "--model", "mlp", "--devices", "2", "--plans", "xla_default", "--json",
+                         "--cluster", str(out))
+    assert placeholder.returncode == calibrated.returncode == 0, placeholder.stderr + calibrated.stderr
+    assert "cluster 'local' prices all-reduces with placeholder link costs" in placeholder.stderr
+    assert "placeholder" not in calibrated.stderr
 
 
 def test_simulate_names_the_cost_model_it_used():

@@ -316,6 +316,33 @@ def test_cli_optimize_json_in_a_subprocess(tmp_path):
     assert "even_3" in {r["name"] for r in data["rows"]} and "even_2" not in {r["name"] for r in data["rows"]}
     assert data["comm_free_bound_ms"]["min"] <= data["comm_free_bound_ms"]["median"]
     assert FusionPlan.from_json(out.read_text()).name == data["chosen"]
+    # no --cluster: this machine's 4 devices, their all-reduces calibrated first, priced with what was measured
+    assert "calibrating the all-reduces of this machine's 4 CPU devices first" in proc.stderr
+    cal, spec = data["calibration"], data["cluster_spec"]
+    assert cal["devices"] == 4 and spec["label"] == "calibrated on this machine" and spec["devices_per_node"] == 4
+    assert spec["operand_latency"] == cal["operand_latency"] and spec["intra"]["latency"] == cal["latency"]
+
+
+def test_cli_optimize_on_the_placeholder_cluster_does_not_calibrate(capsys):
+    from disco import cli
+    from disco.sim.cluster import LOCAL_LABEL
+
+    assert cli.main(["optimize", "--model", "mlp", "--devices", "2", "--cluster", "local", "--budget", "1",
+                     "--measure-top-k", "0", "--rounds", "1", "--steps", "1", "--bucket-sweep", "", "--no-bound",
+                     "--no-confirm", "--json", "--no-progress"]) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert data["calibration"] is None and data["cluster_spec"]["label"] == LOCAL_LABEL
+    assert "calibrating" not in out.err
+
+
+def test_the_gpu_preset_follows_the_device_kind_and_count():
+    from disco.sim.cluster import gpu_preset_for
+
+    assert gpu_preset_for("NVIDIA H100 80GB HBM3", 1) == "h100-1"
+    assert gpu_preset_for("NVIDIA H100 80GB HBM3", 8) == "h100-sxm-8"
+    assert gpu_preset_for("NVIDIA H200", 1) is None  # another device kind: the H100 model would misprice it
+    assert gpu_preset_for("NVIDIA H100 PCIe", 4) is None  # no preset of 4
 
 
 def test_cli_rejects_an_unknown_cluster(capsys):

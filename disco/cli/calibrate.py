@@ -46,11 +46,9 @@ def run(args: argparse.Namespace) -> int:
     if args.processes > 1 or args.link:  # across processes, maybe over an emulated link
         return run_across(args)
     from disco import calibrate as cal
-    from disco.sim import cluster
 
     setup_devices(args.devices)
-    c = cal.calibrate(args.devices, reps=args.reps)
-    spec = cluster.preset("local", devices=args.devices, calibration=c.as_preset_calibration())
+    spec, c = cal.machine_cluster(args.devices, reps=args.reps)
     if args.out:
         with open(args.out, "w") as f:
             f.write(spec.to_yaml())

@@ -467,6 +467,17 @@ def note_device_mismatch(devices: int, spec: Any, command: str) -> None:
               file=sys.stderr)
 
 
+def note_placeholder_costs(spec: Any, command: str) -> None:
+    """Says on stderr when the cluster is the uncalibrated ``local`` preset, whose link costs are
+    placeholders (no per-operand cost: XLA's variadic all-reduces look as cheap as buckets)."""
+    from disco.sim.cluster import LOCAL_LABEL
+
+    if spec.name == "local" and spec.label == LOCAL_LABEL:
+        print(f"{command}: note: cluster 'local' prices all-reduces with placeholder link costs; "
+              "`disco calibrate --out local.yaml` measures this machine's, `--cluster local.yaml` uses them",
+              file=sys.stderr)
+
+
 def note_measured_elsewhere(spec: Any, command: str) -> None:
     """Says on stderr when plans priced for a GPU cluster are measured on CPU devices (call it
     after jax's backend has started: it asks jax which devices it runs on)."""

@@ -28,6 +28,7 @@ from disco.cli.common import (
     note_device_mismatch,
     note_floors,
     note_measured_elsewhere,
+    note_placeholder_costs,
     over_label,
     parse_link_arg,
     print_json,
@@ -51,7 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments (read by :func:`config_from_args` and :func:`run`)."""
     add_model_args(p)
     p.add_argument("--cluster", default=None, metavar="FILE|PRESET",
-                   help="cluster spec file or preset for the simulator (default: local with --devices)")
+                   help="cluster spec file or preset for the simulator (default: this machine: its --devices CPU "
+                        "devices with their all-reduces calibrated first, or the H100 preset of that many GPUs; "
+                        "with --processes, calibrated across them; 'local': uncalibrated placeholders)")
     add_cost_model_arg(p)
     p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
     p.add_argument("--max-evals", type=int, default=None, metavar="N",
@@ -135,10 +138,15 @@ def run(args: argparse.Namespace) -> int:
     from disco.sim.cluster import resolve
 
     check_devices(args.devices)  # before the cluster: --devices 0 is the flag's error, not the preset's
-    cluster = resolve(args.cluster, args.devices)
-    note_device_mismatch(args.devices, cluster, "disco optimize")
+    cluster = resolve(args.cluster, args.devices) if args.cluster else None
+    if cluster is not None:
+        note_device_mismatch(args.devices, cluster, "disco optimize")
     step, example = make_step(args)  # first: it sets the device count before jax starts
+    calibration = None
+    if cluster is None:
+        cluster, calibration = this_machine(args.devices, "disco optimize")
     note_measured_elsewhere(cluster, "disco optimize")
+    note_placeholder_costs(cluster, "disco optimize")
     costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
     config = config_from_args(args)
     from disco.optimizer import optimize
@@ -146,12 +154,48 @@ def run(args: argparse.Namespace) -> int:
     with progress_reporter(not args.no_progress) as progress:
         result = optimize(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
     _write_outputs(args, result)
-    info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info}
+    info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info,
+            "cluster_spec": cluster.to_dict(), "calibration": calibration.to_dict() if calibration else None}
     if args.json:
         print_json({**info, **result.to_dict()})
         return 0
     _print_table(result, info)
     return 0
+
+
+def this_machine(devices: int, command: str) -> tuple[Any, Any]:
+    """The cluster plans are priced on when no ``--cluster`` is given (call it after jax's backend
+    has started): on CPU, this machine's ``devices`` devices with their all-reduces calibrated
+    first (:func:`disco.calibrate.machine_cluster`, a few seconds); on GPUs, the preset of this
+    many of jax's device kind (:func:`disco.sim.cluster.gpu_preset_for`).
+
+    Returns:
+      (the ClusterSpec, the Calibration on CPU or None).
+
+    Raises:
+      CliError: on GPUs no preset describes.
+    """
+    import jax
+
+    from disco.sim.cluster import PRESETS, gpu_preset_for, preset
+
+    first = jax.devices()[0]
+    if first.platform == "cpu":
+        from disco.calibrate import machine_cluster
+
+        print(f"{command}: calibrating the all-reduces of this machine's {devices} CPU devices first (a few "
+              "seconds; --cluster FILE reuses a `disco calibrate --out FILE`, --cluster local skips it)",
+              file=sys.stderr, flush=True)
+        spec, cal = machine_cluster(devices)
+        note_floors(cal.floored, prefix=f"{command}: ")
+        return spec, cal
+    name = gpu_preset_for(first.device_kind, devices)
+    if name is None:
+        raise CliError(f"no cluster preset describes {devices} x {first.device_kind!r} ({first.platform}): give "
+                       f"--cluster FILE (a cluster spec, the format `disco calibrate --out` writes) or one of: "
+                       f"{', '.join(PRESETS)}")
+    print(f"{command}: pricing plans on preset {name!r} ({devices} x {first.device_kind})", file=sys.stderr)
+    return preset(name), None
 
 
 def _write_outputs(args: argparse.Namespace, result: Any) -> None:
@@ -168,6 +212,12 @@ def _write_outputs(args: argparse.Namespace, result: Any) -> None:
         raise CliError(f"cannot write {e.filename!r}: {e.strerror}") from None
     if args.plot:
         plot_timelines(result, args.plot)
+
+
+def _cluster_note(info: dict[str, Any]) -> str:
+    """" (<label>)" for the table's title: where the cluster's costs come from."""
+    label = (info.get("cluster_spec") or {}).get("label")
+    return f" ({label})" if label else ""
 
 
 def _describe_costs(info: dict[str, Any]) -> str:
@@ -189,7 +239,8 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     t = Table(title=(f"disco optimize {info['model']}/{info['preset']} on {info['devices']} devices "
                      f"({info['device_kind']}; predicted by the simulator with the {_describe_costs(info)} "
                      "cost model on cluster "
-                     f"{result.setting.cluster!r}; measured, {counted(result.config.rounds, 'round')} x "
+                     f"{result.setting.cluster!r}{_cluster_note(info)}; measured, "
+                     f"{counted(result.config.rounds, 'round')} x "
                      f"{counted(result.config.steps, 'step')})"))
     cols = ["plan", "from", "predicted ms", "measured ms median (min-max)", "speedup vs xla_default (paired)",
             "vs best baseline"]

@@ -15,6 +15,7 @@ from disco.cli.common import (
     make_step,
     model_label,
     note_device_mismatch,
+    note_placeholder_costs,
     print_json,
     resolve_plans,
     table_console,
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     check_devices(args.devices)
     spec = cluster.resolve(args.cluster, args.devices)  # before the compile: a bad --cluster costs nothing
     note_device_mismatch(args.devices, spec, "disco simulate")
+    note_placeholder_costs(spec, "disco simulate")
     step, example = make_step(args)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = resolve_plans(args.plans, graph, strict=args.strict, simulated=True)

@@ -113,6 +113,15 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
     return spec
 
 
+def gpu_preset_for(device_kind: str, devices: int) -> str | None:
+    """The GPU preset that describes ``devices`` local GPUs of jax's ``device_kind`` (e.g.
+    "NVIDIA H100 80GB HBM3"): ``h100-1`` for one H100, ``h100-sxm-8`` for eight; None where no
+    preset fits (then a cluster file is needed)."""
+    if "h100" not in device_kind.lower():
+        return None
+    return {1: "h100-1", 8: "h100-sxm-8"}.get(devices)
+
+
 def resolve(value: str | None, devices: int | None = None) -> ClusterSpec:
     """The cluster a ``--cluster`` argument names: a cluster file when the path exists (read
     by :func:`load_cluster`), else a preset; ``None`` is ``local``. ``devices`` is passed to
