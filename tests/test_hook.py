@@ -6,6 +6,7 @@ import contextlib
 import functools
 import http.server
 import json
+import socket
 import threading
 import time
 
@@ -149,6 +150,58 @@ def test_garbage_from_the_service_falls_back(status, body, match):
             out = three_steps(fast, args)
     assert_close(out, reference)
     assert all(issubclass(w.category, PlanFallbackWarning) for w in record)
+
+
+@contextlib.contextmanager
+def raw_stub(answer: bytes, drip_s: float = 0.0):
+    """A TCP server that reads one request and writes ``answer`` (a byte every ``drip_s``): not
+    necessarily HTTP."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.settimeout(0.1)
+    stop = threading.Event()
+
+    def answer_one(conn):
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536) or b"\r\n\r\n"
+            chunks = [answer[i:i + 1] for i in range(len(answer))] if drip_s else [answer]
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                conn.sendall(chunk)
+                time.sleep(drip_s)
+
+    def serve():
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = sock.accept()
+                threading.Thread(target=answer_one, args=(conn,), daemon=True).start()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join(5)
+        sock.close()
+
+
+@pytest.mark.parametrize("answer, match", [
+    (b"garbage garbage\r\n\r\n", "BadStatusLine"),
+    (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n{}", "LineTooLong"),
+])
+def test_a_service_that_does_not_speak_http_falls_back(answer, match):
+    """http.client's protocol errors are no OSError; they escaped and stopped the step."""
+    step, args, reference = setup()
+    with raw_stub(answer) as url:
+        fast = xla_hooks.jit(step, service=url, timeout_s=5)
+        with pytest.warns(PlanServiceWarning, match=rf"POST /v1/plans failed: {match}") as record:
+            out = three_steps(fast, args)
+    assert_close(out, reference)
+    assert len(record) == 1
 
 
 def test_failed_job_falls_back():

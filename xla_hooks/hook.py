@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -220,7 +221,8 @@ class PlannedStep:
         except urllib.error.HTTPError as e:
             with e:
                 status, raw = e.code, e.read(_MAX_RESPONSE)
-        except (urllib.error.URLError, TimeoutError, OSError) as e:
+        except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException) as e:
+            # HTTPException: an answer that is not HTTP (BadStatusLine, LineTooLong, IncompleteRead)
             reason = getattr(e, "reason", e)
             raise _NoPlan(f"{method} {path} failed: {type(reason).__name__}: {reason}") from None
         try:
