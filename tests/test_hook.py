@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 import time
+import warnings
 
 import jax
 import pytest
@@ -57,6 +58,19 @@ def test_round_trip_through_a_real_service(server, strategy):
     assert applied.plan.digest() == report["plan_summary"]["digest"]
     # the compiled step is cached per argument signature: three calls, one plan
     assert len(fast.applied) == 1
+
+
+def test_a_token_read_from_a_file_keeps_its_newline_out_of_the_header(server, tmp_path):
+    """A trailing newline made http.client raise 'Invalid header value' at the first step."""
+    step, args, reference = setup()
+    (tmp_path / "token").write_text("tok\n")
+    fast = xla_hooks.jit(step, service=server.url, timeout_s=60, token=(tmp_path / "token").read_text(),
+                         options={"strategy": "baselines", "seed": 0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlanFallbackWarning)
+        assert_close(three_steps(fast, args), reference)
+    (report,) = fast.reports.values()
+    assert report is not None and report["graph"]["fingerprint"]
 
 
 def test_local_planner_without_a_service():
@@ -226,7 +240,11 @@ def test_jit_rejects_a_bad_timeout():
         xla_hooks.jit(lambda x: x, timeout_s=0)
 
 
-@pytest.mark.parametrize("url", ["not a url", "127.0.0.1:8000", "ftp://host", "http://", "http://h:99999", 8000])
+@pytest.mark.parametrize("url", ["not a url", "127.0.0.1:8000", "ftp://host", "http://", "http://h:99999", 8000,
+                                 # these raised from http.client at the first step, or sent the request elsewhere
+                                 "http://127.0.0.1:8000/my plans", "http://127.0.0.1:8000/plän",
+                                 "http://127.0.0.1:8000/\n", "http://127.0.0.1:8000/?a=b", "http://127.0.0.1:8000/#x",
+                                 "http://user:pw@127.0.0.1:8000"])
 def test_jit_rejects_a_service_that_is_not_a_url(url):
     """A wrong URL is a setup error raised at once (it was urllib's 'unknown url type' at the first step)."""
     with pytest.raises(ValueError, match=r"service: (expected the plan service's base URL, e\.g\. "
@@ -256,6 +274,10 @@ def test_a_gpu_keeps_a_plans_cuts_buckets_and_options_but_not_its_groups(monkeyp
     ({"cluster": 3}, ValueError, r"^cluster: expected a ClusterSpec or a preset name .*got 3"),
     ({"options": {"foo": 1}}, ValueError, r"^options: unknown keys \['foo'\]"),
     ({"options": {"budget_s": -1}}, ValueError, r"^options\.budget_s: expected a positive number of seconds, got -1"),
+    # tokens an HTTP header cannot carry raised from http.client at the first step
+    ({"token": "to\nken"}, ValueError, r"^token: expected printable ASCII .*got a token holding '\\n'"),
+    ({"token": "tök"}, ValueError, r"^token: expected printable ASCII .*got a token holding 'ö'"),
+    ({"token": 1234}, TypeError, r"^token: expected the service's bearer token as a str, got int"),
 ])
 def test_setup_errors_raise_at_once(kw, exc, match):
     step, args, _ = setup()

@@ -245,16 +245,17 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
         plan in this process with :func:`disco.planner.plan_for_graph`.
       cluster: a preset name ("local" uses the step's device count) or a ClusterSpec.
       timeout_s: how long planning may take in all (requests, job, polling).
-      token: bearer token for the service's write endpoints.
+      token: bearer token for the service's write endpoints (surrounding whitespace is dropped).
       options: planner options (budget_s, strategy, seed, max_evals) sent with the request.
 
     Returns:
       A callable with ``step_fn``'s signature; ``.applied``/``.reports`` show what was used.
 
     Raises:
-      TypeError: for a ``step_fn`` that is not callable.
+      TypeError: for a ``step_fn`` that is not callable, or a ``token`` that is not a str.
       ValueError: for a ``timeout_s`` that is not a positive number, a ``service`` that is not an
-        http(s) URL with a host, a ``cluster`` that is neither a ClusterSpec nor a preset name, or
+        http(s) URL with a host (and no query, fragment, user name, whitespace or non-ASCII), a
+        ``token`` an HTTP header cannot carry, a ``cluster`` that is neither a ClusterSpec nor a preset name, or
         ``options`` the planner refuses (setup errors; everything that goes wrong later falls back).
 
     Warns:
@@ -269,6 +270,7 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
         raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
     if service is not None:
         _check_service_url(service)
+    token = _checked_token(token)
     _check_cluster(cluster)
     check_options(options)
     return PlannedStep(step_fn, service=service, cluster=cluster, timeout_s=timeout_s, token=token,
@@ -284,15 +286,44 @@ def _check_cluster(cluster: Any) -> None:
         raise ValueError(f"cluster: expected a ClusterSpec or a preset name ({', '.join(PRESETS)}), got {cluster!r:.80}")
 
 
+def _checked_token(token: Any) -> str | None:
+    """The token as the ``Authorization`` header carries it: surrounding whitespace dropped (a
+    token read from a file ends in a newline; the service strips what it receives too).
+
+    Raises:
+      TypeError: for a token that is not a string.
+      ValueError: for one with characters an HTTP header cannot carry (the request raised at the
+        first step).
+    """
+    if token is None:
+        return None
+    if not isinstance(token, str):
+        raise TypeError(f"token: expected the service's bearer token as a str, got {type(token).__name__}")
+    token = token.strip()
+    bad = next((c for c in token if not " " <= c < "\x7f"), None)
+    if bad is not None:
+        raise ValueError(f"token: expected printable ASCII (what an HTTP header carries), got a token "
+                         f"holding {bad!r}")
+    return token
+
+
 def _check_service_url(url: Any) -> None:
     """ValueError unless ``url`` is an http(s) base URL with a host (a wrong URL is a setup error,
     raised at once, not a service outage to fall back from at the first step)."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url) if isinstance(url, str) else None
+    expected = "service: expected the plan service's base URL, e.g. 'http://127.0.0.1:8000', got"
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"service: expected the plan service's base URL, e.g. 'http://127.0.0.1:8000', "
-                         f"got {url!r}")
+        raise ValueError(f"{expected} {url!r}")
+    if not all(" " < c < "\x7f" for c in url):  # http.client refuses them at the first request
+        raise ValueError(f"{expected} {url!r}, which holds whitespace, control or non-ASCII characters "
+                         "(percent-encode them)")
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise ValueError(f"{expected} {url!r}, with a query or fragment (disco appends /v1/plans to the URL)")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{expected} {url!r}, with a user name (the client sends no user:password; "
+                         "writes take token=)")
     try:
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
     except ValueError:
