@@ -167,9 +167,9 @@ def test_garbage_from_the_service_falls_back(status, body, match):
 
 
 @contextlib.contextmanager
-def raw_stub(answer: bytes, drip_s: float = 0.0):
-    """A TCP server that reads one request and writes ``answer`` (a byte every ``drip_s``): not
-    necessarily HTTP."""
+def raw_stub(answer: bytes, drip_s: float = 0.0, drip_from: int = 0):
+    """A TCP server that reads one request and writes ``answer`` (from byte ``drip_from`` on, a
+    byte every ``drip_s``): not necessarily HTTP."""
     sock = socket.create_server(("127.0.0.1", 0))
     sock.settimeout(0.1)
     stop = threading.Event()
@@ -180,7 +180,8 @@ def raw_stub(answer: bytes, drip_s: float = 0.0):
             data = b""
             while b"\r\n\r\n" not in data:
                 data += conn.recv(65536) or b"\r\n\r\n"
-            chunks = [answer[i:i + 1] for i in range(len(answer))] if drip_s else [answer]
+            rest = answer[drip_from:]
+            chunks = [answer[:drip_from]] + [rest[i:i + 1] for i in range(len(rest))] if drip_s else [answer]
             for chunk in chunks:
                 if stop.is_set():
                     return
@@ -216,6 +217,27 @@ def test_a_service_that_does_not_speak_http_falls_back(answer, match):
             out = three_steps(fast, args)
     assert_close(out, reference)
     assert len(record) == 1
+
+
+_SLOW_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + b"p" * 300 + b"\r\n"
+_SLOW_BODY = b"Content-Length: 300\r\n\r\n" + b" " * 300
+
+
+@pytest.mark.parametrize("drip_from", [0, len(_SLOW_HEAD)], ids=["headers", "body"])
+def test_a_service_that_answers_a_byte_at_a_time_falls_back_at_timeout_s(drip_from):
+    """urlopen's timeout bounds each socket read, not the request: a byte every 50 ms held the step
+    for the whole answer (30 s here) whatever timeout_s said."""
+    step, args, reference = setup()
+    xla_hooks.apply(None, step, *args)  # compiled once already, so the time below is the planning's
+    with raw_stub(_SLOW_HEAD + _SLOW_BODY, drip_s=0.05, drip_from=drip_from) as url:
+        fast = xla_hooks.jit(step, service=url, timeout_s=1)
+        t0 = time.monotonic()
+        with pytest.warns(PlanServiceWarning, match=r"POST /v1/plans did not finish within timeout_s=1\b") as record:
+            fast(*args)
+        elapsed = time.monotonic() - t0
+    assert elapsed < 8, f"the first step took {elapsed:.1f} s with timeout_s=1"
+    assert len(record) == 1
+    assert_close(three_steps(fast, args), reference)
 
 
 def test_failed_job_falls_back():

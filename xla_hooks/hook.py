@@ -21,8 +21,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -215,16 +217,21 @@ class PlannedStep:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(self.service + path, data=data, headers=headers, method=method)
-        try:
-            with urllib.request.urlopen(req, timeout=remaining) as resp:
-                status, raw = resp.status, resp.read(_MAX_RESPONSE)
-        except urllib.error.HTTPError as e:
-            with e:
-                status, raw = e.code, e.read(_MAX_RESPONSE)
-        except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException) as e:
-            # HTTPException: an answer that is not HTTP (BadStatusLine, LineTooLong, IncompleteRead)
-            reason = getattr(e, "reason", e)
-            raise _NoPlan(f"{method} {path} failed: {type(reason).__name__}: {reason}") from None
+        with _Deadline(remaining) as deadline_left:
+            try:
+                try:
+                    with _opener(deadline_left).open(req, timeout=remaining) as resp:
+                        status, raw = resp.status, resp.read(_MAX_RESPONSE)
+                except urllib.error.HTTPError as e:
+                    with e:
+                        status, raw = e.code, e.read(_MAX_RESPONSE)
+            except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException) as e:
+                # HTTPException: an answer that is not HTTP (BadStatusLine, LineTooLong, IncompleteRead)
+                if not deadline_left.passed:
+                    reason = getattr(e, "reason", e)
+                    raise _NoPlan(f"{method} {path} failed: {type(reason).__name__}: {reason}") from None
+        if deadline_left.passed:  # its sockets were shut: what was read is cut short
+            raise _NoPlan(f"{method} {path} did not finish within timeout_s={self.timeout_s:g}")
         try:
             parsed = json.loads(raw)
         except (ValueError, RecursionError):
@@ -232,6 +239,86 @@ class PlannedStep:
         if not isinstance(parsed, dict):
             raise _NoPlan(f"{method} {path} answered {status} with JSON that is not an object")
         return status, parsed
+
+
+class _Deadline:
+    """Shuts down the sockets of one request when ``seconds`` have passed.
+
+    urlopen's ``timeout`` bounds each socket operation, not the request: a service that answers a
+    byte at a time held the step for as long as it kept sending. Shutting the sockets down ends
+    whatever read is blocked; ``passed`` then says why.
+    """
+
+    def __init__(self, seconds: float):
+        self.passed = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._timer.cancel()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            passed = self.passed
+        if passed:
+            _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.passed = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _WatchedConnections:
+    """A urllib handler whose connections register their socket with a :class:`_Deadline`."""
+
+    deadline: _Deadline
+
+    def do_open(self, http_class: Any, req: Any, **kw: Any) -> Any:
+        deadline = self.deadline
+
+        def connection(host: str, **conn_kw: Any) -> Any:
+            conn = http_class(host, **conn_kw)
+            connect = conn.connect
+
+            def watched_connect() -> None:
+                connect()
+                deadline.watch(conn.sock)
+
+            conn.connect = watched_connect
+            return conn
+
+        return super().do_open(connection, req, **kw)  # type: ignore[misc]
+
+
+class _WatchedHTTP(_WatchedConnections, urllib.request.HTTPHandler):
+    pass
+
+
+class _WatchedHTTPS(_WatchedConnections, urllib.request.HTTPSHandler):
+    pass
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """urllib's opener (proxies and redirects as urlopen's) with its connections under ``deadline``."""
+    handlers = [_WatchedHTTP(), _WatchedHTTPS()]
+    for h in handlers:
+        h.deadline = deadline
+    return urllib.request.build_opener(*handlers)
 
 
 def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = "local",
