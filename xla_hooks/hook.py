@@ -121,7 +121,8 @@ class PlannedStep:
                 plan, report = self._service_plan(text, graph, args)
         except _NoPlan as e:
             where = self.service or "the local planner"
-            warnings.warn(f"disco: no plan from {where} ({e}); using XLA's default compile",
+            reason = " ".join(str(e).split())  # one line, whatever the service or http.client wrote
+            warnings.warn(f"disco: no plan from {where} ({reason}); using XLA's default compile",
                           PlanServiceWarning, stacklevel=3)
             plan, report = None, None
         plan, report = _for_this_backend(plan, report)
