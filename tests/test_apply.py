@@ -245,3 +245,29 @@ def test_a_step_that_is_not_callable_is_a_usage_error_not_a_fallback():
                 xla_hooks.apply(None, "step", *args, strict=strict)
     with pytest.raises(TypeError, match=r"^step_fn: expected the training step .*got str"):
         disco.extract("step", *args)
+
+
+def test_a_compile_option_that_changes_results_is_refused_and_falls_back():
+    """XLA's debug options include ones that change what a step computes: a plan cannot carry them."""
+    import jax.numpy as jnp
+
+    def biggest(x):
+        return jnp.max(x)
+
+    x = jnp.array([1.0, float("nan"), 3.0])
+    assert np.isnan(jax.jit(biggest)(x))
+    unsafe = FusionPlan(name="fast_min_max", compile_options=(("xla_cpu_enable_fast_min_max", "True"),))
+    with pytest.raises(ValueError, match=r"^compile option xla_cpu_enable_fast_min_max='True': not one a plan may "
+                                         r"carry; plans carry only options that keep what the step computes: "):
+        xla_hooks.apply(unsafe, biggest, x, strict=True)
+    with pytest.warns(PlanFallbackWarning, match="fast_min_max"):
+        step = xla_hooks.apply(unsafe, biggest, x)
+    assert not step.applied and np.isnan(step(x))
+    with pytest.raises(ValueError, match=r"^compile option xla_cpu_enable_fast_math: expected false or False, "
+                                         r"got 'true' \(other values change what the step computes\)"):
+        xla_hooks.apply(FusionPlan(compile_options=(("xla_cpu_enable_fast_math", "true"),)), biggest, x, strict=True)
+    # options that keep the results still apply: the other backend's table, and XLA's default spelled out
+    kept = FusionPlan(compile_options=(("xla_cpu_enable_fast_math", "false"),
+                                       ("xla_gpu_enable_latency_hiding_scheduler", "True")))
+    step = xla_hooks.apply(kept, biggest, x, strict=True)
+    assert step.applied and np.isnan(step(x))

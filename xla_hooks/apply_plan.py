@@ -88,9 +88,12 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
     from xla_hooks import _jax_private
     from xla_hooks.rewrite import apply_plan_to_text
 
+    from disco.plans import options as plan_options
+
     lowered = lower(step_fn, *args)
     text = lowered.as_text(dialect="hlo")
     backend = _backend()
+    plan_options.check(plan.compile_options, backend)  # also for a plan of options alone (validate skipped)
     options = plan.compiler_options(backend)
     graph = None
     if plan.graph_fingerprint is not None:  # the text disco.extract reads (its fingerprint counts metadata)

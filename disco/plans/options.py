@@ -80,6 +80,14 @@ _CPU: tuple[CompileOption, ...] = (
                   "the ops XLA:CPU hands to YNNPACK; without REDUCE, reductions stay in XLA's loop fusions"),
 )
 _TABLES: dict[str, tuple[CompileOption, ...]] = {"cpu": _CPU, "gpu": _GPU}
+# Options outside the tables that a plan may still carry, because they change how the step is
+# scheduled or compiled and never what it computes beyond rounding (None: any value; else the values
+# that keep the results). Every other key is refused: XLA's debug options include ones that change
+# results (xla_cpu_enable_fast_min_max=True returned 3.0 for the max of an array holding NaN, measured).
+_KEEP_RESULTS: dict[str, tuple[str, ...] | None] = {
+    PIPELINED_ALL_REDUCE: None,  # scripts/check_gpu.py tries it; jax 0.11.2's GPU compile rejects it
+    "xla_cpu_enable_fast_math": ("false", "False"),  # XLA's default; plans of the early random generator set it
+}
 
 
 def normalize(backend: str) -> str:
@@ -130,7 +138,10 @@ def as_bool(text: str) -> bool:
 
 
 def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
-    """Checks the values of the table's options in ``options``; other keys are left to XLA.
+    """Checks ``options`` for ``backend``: the values of its table's options; the other backend's
+    table options (accepted and inert, e.g. the GPU options on XLA:CPU); and that any other key is
+    one known to keep what the step computes (``_KEEP_RESULTS``), so that a plan never changes the
+    step's results.
 
     Raises:
       ValueError: naming the option, the value received and what was expected.
@@ -138,6 +149,7 @@ def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
     for key, val in options:
         o = spec(key, backend)
         if o is None:
+            _check_outside_table(key, val, backend)
             continue
         if o.kind == "bool":
             try:
@@ -154,3 +166,19 @@ def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
                 raise ValueError(f"compile option {key}: expected one of {', '.join(o.values)}, got {val!r}")
         elif not (str(val).isdigit() and int(val) > 0):
             raise ValueError(f"compile option {key}: expected a positive number of bytes, got {val!r}")
+
+
+def _check_outside_table(key: str, val: str, backend: str) -> None:
+    """Refuses an option outside ``backend``'s table unless another backend's table lists it or it
+    keeps the step's results (``_KEEP_RESULTS``)."""
+    if any(o.key == key for table_ in _TABLES.values() for o in table_):
+        return
+    allowed = _KEEP_RESULTS.get(key, ())
+    if key in _KEEP_RESULTS and (allowed is None or str(val) in allowed):
+        return
+    if allowed:
+        raise ValueError(f"compile option {key}: expected {' or '.join(allowed)}, got {val!r} (other values "
+                         "change what the step computes)")
+    known = sorted({o.key for table_ in _TABLES.values() for o in table_} | set(_KEEP_RESULTS))
+    raise ValueError(f"compile option {key}={val!r}: not one a plan may carry; plans carry only options "
+                     f"that keep what the step computes: {', '.join(known)}")
