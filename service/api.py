@@ -36,7 +36,8 @@ def _require_token() -> None:
     if scheme.lower() != "bearer" or not given:
         raise ApiError(401, "unauthorized", "missing bearer token: send 'Authorization: Bearer <token>'",
                        None, {"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(given.strip().encode(), str(token).encode()):
+    # both sides stripped: a token read from a file or an environment variable may end in a newline
+    if not hmac.compare_digest(given.strip().encode(), str(token).strip().encode()):
         raise ApiError(401, "unauthorized", "wrong bearer token", None, {"WWW-Authenticate": "Bearer"})
 
 

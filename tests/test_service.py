@@ -544,6 +544,14 @@ def test_unsafe_configuration_is_refused_or_warned(tmp_path):
         assert "beyond loopback" not in srv.tail() and "no write token" not in srv.tail()
 
 
+def test_a_token_with_surrounding_whitespace_authenticates_without_it(tmp_path):
+    """A token read from a file ends in a newline: the server compares it stripped, as the client sends it."""
+    with ServerProcess(tmp_path / "w.sqlite", env={"DISCO_SERVICE_TOKEN": f" {TOKEN}\n"}) as srv:
+        for sent, status in ((TOKEN, 400), ("other", 401)):
+            got = srv.request("POST", "/v1/profiles", [], headers={"Authorization": f"Bearer {sent}"})[0]
+            assert got == status, (sent, got)  # 400: past authentication, refused by validation
+
+
 def test_request_log_is_plain_text_in_a_file_and_coloured_on_a_terminal(tmp_path, monkeypatch):
     from service.cli import _colour
 
