@@ -12,6 +12,7 @@ import time
 import warnings
 
 import jax
+import numpy as np
 import pytest
 
 import trax_models
@@ -306,3 +307,36 @@ def test_setup_errors_raise_at_once(kw, exc, match):
     kw = {"step_fn": step, **kw}
     with pytest.raises(exc, match=match):
         xla_hooks.jit(**kw)
+
+
+def test_a_python_scalar_argument_is_traced_so_a_new_value_is_not_a_new_plan():
+    """jax traces a Python float as a weak-typed scalar: a learning rate or step counter that changes every
+    call must not plan and compile the step again (it did, keyed by the value)."""
+    import jax.numpy as jnp
+
+    def scaled(x, lr):
+        return x * lr
+
+    x = jnp.ones(3)
+    step = xla_hooks.jit(scaled)
+    for lr in (0.1, 0.2, 0.3):
+        np.testing.assert_array_equal(np.asarray(step(x, lr)), np.asarray(jax.jit(scaled)(x, lr)))
+    np.testing.assert_array_equal(np.asarray(step(x, 2)), np.asarray(jax.jit(scaled)(x, 2)))  # int: its own
+    assert len(step.applied) == 2
+
+
+def test_a_jitted_step_with_static_arguments_is_a_usage_error():
+    import jax.numpy as jnp
+
+    from disco.ir.extractor import StaticArgumentsError
+    from disco.plans.plan import FusionPlan
+
+    def scaled(x, lr):
+        return x * lr
+
+    static = jax.jit(scaled, static_argnums=1)
+    for call in (lambda: xla_hooks.apply(FusionPlan(), static, jnp.ones(3), 0.1),
+                 lambda: xla_hooks.jit(static)(jnp.ones(3), 0.1)):
+        with pytest.raises(StaticArgumentsError, match=r"^step_fn: a jax.jit with static arguments .*"
+                                                        r"functools.partial\(step, \.\.\.\)$"):
+            call()

@@ -142,8 +142,8 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
       An :class:`AppliedStep`; ``.applied`` says whether the plan is in effect.
 
     Raises:
-      TypeError: ``plan`` is not a FusionPlan or ``step_fn`` is not callable (usage errors, never a
-        fallback).
+      TypeError: ``plan`` is not a FusionPlan, ``step_fn`` is not callable, or it is a ``jax.jit``
+        with static arguments (usage errors, never a fallback).
       ValueError, Exception: only with ``strict``: what :func:`compile_plan` raises.
 
     Example::
@@ -154,7 +154,7 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
     if plan is not None and not isinstance(plan, FusionPlan):
         hint = " (FusionPlan.from_dict or FusionPlan.from_json reads a plan's JSON)" if isinstance(plan, (dict, str)) else ""
         raise TypeError(f"plan: expected a disco FusionPlan or None, got {type(plan).__name__}{hint}")
-    from disco.ir.extractor import check_step
+    from disco.ir.extractor import StaticArgumentsError, check_step
 
     check_step(step_fn)  # a usage error too: the fallback could not compile it either
     plan = plan or DEFAULT_PLAN
@@ -162,6 +162,8 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
         return compile_plan(plan, step_fn, *args)
     try:
         return compile_plan(plan, step_fn, *args)
+    except StaticArgumentsError:
+        raise  # a usage error: XLA's default compile could not take the step's arguments either
     except Exception as e:  # noqa: BLE001 - any failure must fall back, with its reason
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         warnings.warn(

@@ -55,8 +55,8 @@ def _signature(args: tuple[Any, ...]) -> Any:
         shape = getattr(x, "shape", None)
         dtype = getattr(x, "dtype", None)
         sharding = getattr(x, "sharding", None)
-        if shape is None:  # a Python scalar: part of the trace
-            sig.append(("py", type(x).__name__, repr(x)))
+        if shape is None:  # a Python scalar: traced as a weak-typed scalar, so its type matters, not its value
+            sig.append(("py", type(x).__name__))
         elif sharding is None:
             sig.append((tuple(shape), str(dtype), None))
         else:  # equivalent shardings (e.g. P() and P(None,)) must share one compiled step

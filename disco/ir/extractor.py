@@ -15,13 +15,29 @@ def check_step(step_fn: Any) -> None:
                         f"got {type(step_fn).__name__}")
 
 
+class StaticArgumentsError(TypeError):
+    """The step is a ``jax.jit`` with static arguments, which disco's compiled steps cannot take."""
+
+
 def lower(step_fn: Callable[..., Any], *args: Any) -> Any:
-    """``jax.jit(step_fn).lower(*args)``; accepts an already jitted function too."""
+    """``jax.jit(step_fn).lower(*args)``; accepts an already jitted function too.
+
+    Raises:
+      TypeError: ``step_fn`` is not callable.
+      StaticArgumentsError: ``step_fn`` is a ``jax.jit`` with static arguments: the compiled step
+        takes the array arguments only, so it could not be called as the step is.
+    """
     import jax
 
     check_step(step_fn)
     jitted = step_fn if hasattr(step_fn, "lower") else jax.jit(step_fn)
-    return jitted.lower(*args)
+    lowered = jitted.lower(*args)
+    if lowered.in_tree != jax.tree.structure((args, {})):
+        raise StaticArgumentsError(
+            "step_fn: a jax.jit with static arguments (static_argnums/static_argnames), which a compiled step "
+            "cannot take; expected the plain step or a jax.jit without them: bind the static values with "
+            "functools.partial(step, ...)")
+    return lowered
 
 
 def hlo_text(
