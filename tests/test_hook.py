@@ -293,8 +293,8 @@ def test_a_gpu_keeps_a_plans_cuts_buckets_and_options_but_not_its_groups(monkeyp
 @pytest.mark.parametrize("kw, exc, match", [
     ({"step_fn": "step"}, TypeError, r"^step_fn: expected the training step .*got str"),
     ({"timeout_s": "5"}, ValueError, r"^timeout_s: expected a positive number of seconds, got '5'"),
-    ({"cluster": "nope"}, ValueError, r"^cluster: expected a ClusterSpec or a preset name \(local, .*\), got 'nope'"),
-    ({"cluster": 3}, ValueError, r"^cluster: expected a ClusterSpec or a preset name .*got 3"),
+    ({"cluster": "nope"}, ValueError, r"^cluster: expected a ClusterSpec, 'auto' or a preset name \(local, .*\), got 'nope'"),
+    ({"cluster": 3}, ValueError, r"^cluster: expected a ClusterSpec, 'auto' or a preset name .*got 3"),
     ({"options": {"foo": 1}}, ValueError, r"^options: unknown keys \['foo'\]"),
     ({"options": {"budget_s": -1}}, ValueError, r"^options\.budget_s: expected a positive number of seconds, got -1"),
     # tokens an HTTP header cannot carry raised from http.client at the first step
@@ -340,3 +340,14 @@ def test_a_jitted_step_with_static_arguments_is_a_usage_error():
         with pytest.raises(StaticArgumentsError, match=r"^step_fn: a jax.jit with static arguments .*"
                                                         r"functools.partial\(step, \.\.\.\)$"):
             call()
+
+
+def test_the_default_cluster_is_the_devices_the_step_runs_on():
+    """cluster="auto": on CPU the 'local' preset over the step's devices (on GPUs, the H100 preset of that
+    many: tests/test_optimize.py checks the mapping; no GPU here)."""
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=2)
+    planned = xla_hooks.jit(step, options={"max_evals": 50})
+    assert planned.cluster == "auto"
+    planned(*args)
+    (report,) = planned.reports.values()
+    assert report["cluster"]["name"] == "local" and report["cluster"]["devices"] == 2

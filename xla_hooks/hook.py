@@ -131,14 +131,33 @@ class PlannedStep:
         self.reports[sig] = report
         return applied
 
+    def _cluster(self, args: tuple[Any, ...]) -> Any:
+        """``cluster`` as given, or for "auto" the preset of the devices the step runs on: "local"
+        on CPU, the H100 preset of this many GPUs (:func:`disco.sim.cluster.gpu_preset_for`)."""
+        if self.cluster != "auto":
+            return self.cluster
+        import jax
+
+        from disco.sim.cluster import gpu_preset_for
+
+        first = jax.devices()[0]
+        if first.platform == "cpu":
+            return "local"
+        name = gpu_preset_for(first.device_kind, _devices(args))
+        if name is None:
+            raise _NoPlan(f"no cluster preset describes {_devices(args)} x {first.device_kind!r}, whose kernels "
+                          "the cost models were not trained for; pass cluster= a preset name or a ClusterSpec")
+        return name
+
     def _cluster_spec(self, args: tuple[Any, ...]) -> Any:
         from disco.sim.cluster import ClusterSpec, preset
 
-        if isinstance(self.cluster, ClusterSpec):
-            return self.cluster
-        if self.cluster == "local":
+        cluster = self._cluster(args)
+        if isinstance(cluster, ClusterSpec):
+            return cluster
+        if cluster == "local":
             return preset("local", devices=_devices(args))
-        return preset(self.cluster)
+        return preset(cluster)
 
     def _local_plan(self, graph: Any, args: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
         try:
@@ -153,6 +172,8 @@ class PlannedStep:
             options = {"budget_s": max(0.1, min(10.0, self.timeout_s * 0.5)), **self.options}
             plan, report = plan_for_graph(graph, self._cluster_spec(args), options, progress)
             return plan.validate(graph), report
+        except _NoPlan:
+            raise
         except Exception as e:  # noqa: BLE001 - any planner failure falls back
             raise _NoPlan(f"{type(e).__name__}: {e}") from None
 
@@ -162,11 +183,12 @@ class PlannedStep:
 
         deadline = time.monotonic() + self.timeout_s
         body: dict[str, Any] = {"hlo_text": text}
-        if isinstance(self.cluster, ClusterSpec):
-            body["cluster"] = {"yaml": self.cluster.to_yaml()}
+        cluster = self._cluster(args)
+        if isinstance(cluster, ClusterSpec):
+            body["cluster"] = {"yaml": cluster.to_yaml()}
         else:
-            body["cluster"] = self.cluster
-            if self.cluster == "local":
+            body["cluster"] = cluster
+            if cluster == "local":
                 body["devices"] = _devices(args)
         if self.options:
             body["options"] = self.options
@@ -322,7 +344,7 @@ def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(*handlers)
 
 
-def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = "local",
+def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = "auto",
         timeout_s: float = 30.0, token: str | None = None, *,
         options: Mapping[str, Any] | None = None) -> PlannedStep:
     """Wraps ``step_fn`` like ``jax.jit``, compiling it with a disco plan on first use.
@@ -331,7 +353,9 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
       step_fn: the training step (plain or jitted).
       service: the plan service's base URL (e.g. "http://127.0.0.1:8000"), or None to
         plan in this process with :func:`disco.planner.plan_for_graph`.
-      cluster: a preset name ("local" uses the step's device count) or a ClusterSpec.
+      cluster: a preset name ("local" uses the step's device count) or a ClusterSpec; "auto" (the
+        default): the devices the step runs on, "local" on CPU and the H100 preset of that many GPUs
+        (``h100-1``, ``h100-sxm-8``; other GPUs fall back with a warning asking for a cluster).
       timeout_s: how long planning may take in all (requests, job, polling).
       token: bearer token for the service's write endpoints (surrounding whitespace is dropped).
       options: planner options (budget_s, strategy, seed, max_evals) sent with the request.
@@ -370,8 +394,9 @@ def _check_cluster(cluster: Any) -> None:
     service take)."""
     from disco.sim.cluster import PRESETS, ClusterSpec
 
-    if not isinstance(cluster, ClusterSpec) and not (isinstance(cluster, str) and cluster in PRESETS):
-        raise ValueError(f"cluster: expected a ClusterSpec or a preset name ({', '.join(PRESETS)}), got {cluster!r:.80}")
+    if not isinstance(cluster, ClusterSpec) and not (isinstance(cluster, str) and cluster in (*PRESETS, "auto")):
+        raise ValueError(f"cluster: expected a ClusterSpec, 'auto' or a preset name ({', '.join(PRESETS)}), "
+                         f"got {cluster!r:.80}")
 
 
 def _checked_token(token: Any) -> str | None:
