@@ -393,6 +393,48 @@ def test_predict_kernels_warns_on_a_module_before_optimisation(tmp_path: Path, r
     assert r.returncode == 2 and "--top must be >= 0 kernels, got -1" in r.stderr
 
 
+def _cpu_module() -> str:
+    """A tiny function compiled by XLA:CPU in this process."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda x: jnp.tanh(x @ x.T).sum(axis=0) * 2.0).lower(jnp.ones((64, 32))).compile().as_text()
+
+
+def test_predict_kernels_refuses_a_module_of_the_other_backend(tmp_path: Path, record_json: dict):
+    cpu, gpu = tmp_path / "cpu.hlo.txt", tmp_path / "gpu.hlo.txt"
+    cpu.write_text(_cpu_module())
+    gpu.write_text(record_json["compiled_hlo"])
+    r = _cli("predict-kernels", "--hlo", str(cpu), "--device", "cpu", "--cost-model", "analytic", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["kernels"], r.stderr[-2000:]
+    for path, device, other in ((cpu, "h100", "XLA:CPU"), (gpu, "cpu", "XLA:GPU")):
+        r = _cli("predict-kernels", "--hlo", str(path), "--device", device, "--cost-model", "analytic")
+        assert r.returncode == 2 and r.stdout == "", r.stderr[-2000:]
+        assert r.stderr.count("\n") == 1 and f"is a module compiled by {other}" in r.stderr, r.stderr
+
+
+def test_predict_kernels_says_once_why_text_is_not_hlo(tmp_path: Path):
+    """Empty or StableHLO text: one error line naming the file, no pre-optimisation warning before it."""
+    import jax
+    import jax.numpy as jnp
+
+    empty, mlir = tmp_path / "empty.txt", tmp_path / "stablehlo.mlir"
+    empty.write_text("")
+    mlir.write_text(jax.jit(jnp.sin).lower(jnp.ones(4)).as_text())
+    for path, why in ((empty, "empty HLO text"), (mlir, "must start with 'HloModule <name>'")):
+        r = _cli("predict-kernels", "--hlo", str(path), "--device", "cpu", "--cost-model", "analytic")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"disco predict-kernels: error: --hlo {str(path)!r}: ") and why in r.stderr
+
+
+def test_compiled_backend_reads_the_backend_config_fields(record_json: dict):
+    from disco.ir.hlo_parse import compiled_backend
+
+    assert compiled_backend(record_json["compiled_hlo"]) == "gpu"
+    assert compiled_backend(_cpu_module()) == "cpu"
+    assert compiled_backend(LOOP_HLO) is None  # neither backend's fields: not told apart
+
+
 def test_predict_kernels_rejects_a_missing_file():
     r = _cli("predict-kernels", "--hlo", "/nonexistent.txt", "--device", "h100", "--cost-model", "analytic")
     assert r.returncode == 2 and "no such file" in r.stderr

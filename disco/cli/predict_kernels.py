@@ -5,6 +5,8 @@ instruction that launches device work (:func:`gnn.kernel_features.module_kernels
 each with the cost model named by ``--cost-model`` for ``--device`` (:mod:`disco.sim.registry`).
 A kernel inside a while body counts once per execution (its seconds are per launch times the
 loop's known trip count). Keys are instruction names, as the profiler reports them in ``hlo_op``.
+A module that the other backend's compiler wrote (XLA:GPU's with ``--device cpu``, XLA:CPU's with
+``--device h100``; :func:`disco.ir.hlo_parse.compiled_backend`) is refused before any model loads.
 
     disco predict-kernels --hlo module.txt --device h100 --json
     {"device": "h100", "cost_model": "gnn", "kernels": {"fusion.3": 1.2e-05, ...}, "total_s": 0.0113}
@@ -41,35 +43,61 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def predict(hlo_text: str, costs: Any) -> dict[str, float]:
+def predict(hlo: Any, costs: Any) -> dict[str, float]:
     """Instruction name -> predicted seconds per module execution, in program order.
+
+    Args:
+      hlo: the optimised module's text, or the module parsed (:func:`disco.ir.hlo_parse.parse_module`).
+      costs: the cost model (:mod:`disco.sim.registry`).
 
     Raises:
       ValueError: for text that is not HLO.
     """
     from gnn.kernel_features import module_kernels
 
-    return {k.name: costs.kernel_time(k.kernel) * k.executions for k in module_kernels(hlo_text)
+    return {k.name: costs.kernel_time(k.kernel) * k.executions for k in module_kernels(hlo)
             if not k.kernel.is_empty}
 
 
-def run(args: argparse.Namespace) -> int:
-    """Prints each kernel's predicted seconds (``--json``: one object) for ``--hlo`` on ``--device``."""
-    from disco.cli.common import load_cost_model, read_text_input
+def read_module(path: str, device: str) -> Any:
+    """The module in file ``path``, parsed, checked against ``device`` before any cost model loads.
 
-    from disco.cli.common import CliError
+    Raises:
+      CliError: for a file that cannot be read, text that is not HLO, or a module that another
+        backend's compiler wrote (an XLA:GPU module with ``--device cpu``, or the other way round).
+    """
+    from disco.cli.common import CliError, read_text_input
+    from disco.ir.hlo_parse import compiled_backend, is_scheduled, parse_module
+    from disco.sim.cluster_spec import GPU_DEVICES
 
-    if args.top < 0:
-        raise CliError(f"--top must be >= 0 kernels, got {args.top}")
-    text = read_text_input(args.hlo, "--hlo", "optimised HLO module text (Compiled.as_text())")
-    from disco.ir.hlo_parse import is_scheduled
-
+    text = read_text_input(path, "--hlo", "optimised HLO module text (Compiled.as_text())")
+    try:
+        module = parse_module(text)
+    except ValueError as e:
+        raise CliError(f"--hlo {path!r}: {e}") from None
+    expected = "gpu" if device in GPU_DEVICES else "cpu"
+    backend = compiled_backend(text)
+    if backend is not None and backend != expected:
+        fits = "cpu" if backend == "cpu" else "/".join(d for d in DEVICES if d in GPU_DEVICES)
+        raise CliError(f"--hlo {path!r} is a module compiled by XLA:{backend.upper()} (its backend_config "
+                       f"fields say so), but --device {device} prices XLA:{expected.upper()} kernels; expected "
+                       f"a module compiled for {device}, or --device {fits}")
     if not is_scheduled(text):
         print("disco predict-kernels: warning: the module's header has no is_scheduled=true: this looks like "
               "HLO before optimisation, whose instructions are not the kernels a device runs; expected "
               "Compiled.as_text() (or XLA's *after_optimizations* dump)", file=sys.stderr)
+    return module
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prints each kernel's predicted seconds (``--json``: one object) for ``--hlo`` on ``--device``."""
+    from disco.cli.common import CliError, load_cost_model
+
+    if args.top < 0:
+        raise CliError(f"--top must be >= 0 kernels, got {args.top}")
+    module = read_module(args.hlo, args.device)
     costs, _ = load_cost_model(args.cost_model, device=args.device)
-    kernels = predict(text, costs)
+    kernels = predict(module, costs)
     total = sum(kernels.values())
     if args.json:
         print(json.dumps({"device": args.device, "cost_model": args.cost_model, "kernels": kernels,
