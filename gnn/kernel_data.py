@@ -79,17 +79,39 @@ class Record(NamedTuple):
         return sorted(op for op, lab in self.labels.items() if lab.per_launch > 0)
 
 
-def _iter_lines(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+def _iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every non-blank line.
+
+    Raises:
+      ValueError: for a line that is not a JSON object, or a damaged gzip file (naming the file).
+    """
     p = Path(path)
     opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p.name}:{lineno}: not a JSON object ({e})") from None
+    lineno = 0
+    try:
+        with opener(p, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{p.name}:{lineno}: not a JSON object ({e})") from None
+                if not isinstance(obj, dict):
+                    raise ValueError(f"{p.name}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+                yield lineno, obj
+    except (gzip.BadGzipFile, EOFError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p.name}:{lineno + 1}: not a complete gzip file of UTF-8 JSON lines "
+                         f"({type(e).__name__}: {e})") from None
+
+
+def profiled_on(rec: dict[str, Any]) -> str | None:
+    """The device kind (``cpu``, ``h100``) a record was profiled on, read from jax's ``device_kind``
+    (``cpu``, ``NVIDIA H100 80GB HBM3``); None for a record that does not say or a kind not known here."""
+    kind = str(rec.get("device_kind", "")).lower()
+    if kind == "cpu":
+        return "cpu"
+    return "h100" if "h100" in kind else None
 
 
 def labels_of(rec: dict[str, Any]) -> tuple[dict[str, Label], float]:
@@ -166,42 +188,64 @@ def _load(path: Path) -> Record:
 
 
 def load_records(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
-                 models: Sequence[str] | None = None, log: Any = None) -> list[Record]:
+                 models: Sequence[str] | None = None, device: str | None = None, log: Any = None) -> list[Record]:
     """Every record of a per-kernel dataset file (``.jsonl`` or ``.jsonl.gz``), in file order.
 
     Args:
       path: the dataset file.
       cache_dir: where to keep computed features (None: no cache).
       models: keep only these models.
+      device: the device kind every record must have been profiled on (:func:`profiled_on`;
+        a record that does not say passes); None: any.
       log: called with a progress line per record (None: silent).
 
     Raises:
-      ValueError: for a malformed line.
-      FileNotFoundError: if ``path`` does not exist.
+      ValueError: for a malformed line or record, or one profiled on another device (naming the
+        file and line).
+      FileNotFoundError: if ``path`` is not a file.
     """
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no per-kernel dataset at {path}")
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no per-kernel dataset at {path}" + (" (a directory; expected a .jsonl or "
+                                                                       ".jsonl.gz file)" if p.is_dir() else ""))
     cache = Path(cache_dir) if cache_dir is not None else None
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
     out = []
-    for rec in _iter_lines(path):
+    for lineno, rec in _iter_lines(p):
         if models is not None and rec.get("model") not in models:
             continue
-        hlo = rec.get("compiled_hlo", "")
-        h = hashlib.sha256(f"{KF.FEATURE_VERSION}\n{hlo}".encode()).hexdigest()[:20]
-        f = cache / f"{h}.npz" if cache is not None else None
-        if f is not None and f.is_file():
-            r = _load(f)
-            # labels and names are cheap and not part of the features: two records can share a module
-            labels, step = labels_of(rec)
-            known = set(r.names)
-            r = r._replace(**_which(rec), labels={k: v for k, v in labels.items() if k in known}, step_s=step)
-        else:
-            r = record_from_json(rec)
-            if f is not None:
-                _save(f, r)
+        try:
+            r = _record(rec, cache, device)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{p.name}:{lineno}: record {'/'.join(_which(rec).values())}: damaged fields "
+                             f"({type(e).__name__}: {e})") from None
+        except ValueError as e:
+            raise ValueError(f"{p.name}:{lineno}: {e}") from None
         if log:
             log(f"{r.key}: {len(r.names)} kernels, {len(r.labels)} profiled ops, step {r.step_s * 1e3:.2f} ms")
         out.append(r)
     return out
+
+
+def _record(rec: dict[str, Any], cache: Path | None, device: str | None) -> Record:
+    """One line's record, its features from ``cache`` where they are there (and put there if not)."""
+    on = profiled_on(rec)
+    if device is not None and on is not None and on != device:
+        raise ValueError(f"record {'/'.join(_which(rec).values())} was profiled on {rec['device_kind']!r} "
+                         f"({on}), not {device!r}; expected records of {device!r} kernels")
+    hlo = rec.get("compiled_hlo", "")
+    if not isinstance(hlo, str):
+        raise ValueError(f"record {'/'.join(_which(rec).values())}: expected 'compiled_hlo' text")
+    h = hashlib.sha256(f"{KF.FEATURE_VERSION}\n{hlo}".encode()).hexdigest()[:20]
+    f = cache / f"{h}.npz" if cache is not None else None
+    if f is not None and f.is_file():
+        r = _load(f)
+        # labels and names are cheap and not part of the features: two records can share a module
+        labels, step = labels_of(rec)
+        known = set(r.names)
+        return r._replace(**_which(rec), labels={k: v for k, v in labels.items() if k in known}, step_s=step)
+    r = record_from_json(rec)
+    if f is not None:
+        _save(f, r)
+    return r

@@ -54,6 +54,18 @@ class TrainConfig:
     rank_weight: float = 0.0
     members: int = 3
 
+    def __post_init__(self) -> None:
+        for field in ("hidden", "layers", "opcode_dim", "steps", "max_graphs", "node_budget", "members"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TrainConfig.{field}: expected an integer >= 1, got {v!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"TrainConfig.lr: expected a finite number > 0, got {self.lr!r}")
+        for field in ("weight_decay", "rank_weight"):
+            v = getattr(self, field)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"TrainConfig.{field}: expected a finite number >= 0, got {v!r}")
+
 
 def train_config(**overrides: Any) -> TrainConfig:
     """:class:`TrainConfig` with the ``overrides`` that are not None (a script's unset options keep

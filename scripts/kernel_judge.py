@@ -19,12 +19,20 @@ import numpy as np
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Prints the table and the pooled figures; returns the exit status (2 for bad input, one line on stderr)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="a per-kernel checkpoint (.msgpack)")
     p.add_argument("--kernels", required=True, action="append", help="per_instruction.jsonl(.gz); repeatable")
     p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
     args = p.parse_args(argv)
+    try:
+        return _judge(args)
+    except (ValueError, OSError, EOFError) as e:
+        print(f"kernel_judge: error: {e}", file=sys.stderr)
+        return 2
 
+
+def _judge(args: argparse.Namespace) -> int:
     from gnn import kernel_corrections as KC
     from gnn import kernel_data as KD
     from gnn import kernel_eval as KE
@@ -32,9 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     from gnn import kernel_train as KT
     from gnn.kernel_costs import KernelCosts
 
-    costs = KernelCosts.load(args.checkpoint)
+    try:
+        costs = KernelCosts.load(args.checkpoint)
+    except FileNotFoundError:
+        raise ValueError(f"--checkpoint {args.checkpoint!r}: no such file; expected a per-kernel checkpoint "
+                         "(.msgpack)") from None
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--checkpoint {args.checkpoint!r}: {e}") from None
     w = KM.weights(costs.model)
-    records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache)]
+    # records profiled on another device than the checkpoint's are refused, not judged
+    records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache, device=costs.device)]
+    if not records:
+        raise ValueError(f"--kernels {', '.join(args.kernels)}: no records; expected per-kernel profiles")
     fixed, alone = [], []
     print("| record | kernels | tau | median err | p90 err | step meas ms | step gnn ms |")
     print("|---|---|---|---|---|---|---|")

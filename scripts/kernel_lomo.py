@@ -21,11 +21,14 @@ import time
 
 import numpy as np
 
+from disco.cli.common import CliError
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", required=True, action="append", help="per_instruction.jsonl(.gz); repeat for several files")
-    p.add_argument("--device", default="h100")
+    p.add_argument("--device", default="h100", choices=("cpu", "h100"),
+                   help="device kind of the profiles (every record must have been profiled on it; default h100)")
     p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
     p.add_argument("--steps", type=int, default=None, help="training steps per fold (default: TrainConfig)")
     p.add_argument("--members", type=int, default=None, help="ensemble members (default: TrainConfig)")
@@ -33,7 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", help="comma-separated models to hold out (default: all)")
     p.add_argument("--json", help="also write the metrics here")
     args = p.parse_args(argv)
+    try:
+        return _lomo(p, args)
+    except (CliError, ValueError, OSError, EOFError) as e:
+        print(f"kernel_lomo: error: {e}", file=sys.stderr)
+        return 2
 
+
+def _lomo(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from disco.cli.common import check_output_file
     from disco.sim.device_costs import roofline_config
     from gnn import kernel_corrections as KC
     from gnn import kernel_data as KD
@@ -41,13 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     from gnn import kernel_model as KM
     from gnn import kernel_train as KT
 
-    records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache)]
+    check_output_file(args.json, "--json")  # before the folds' training
     cfg = KT.train_config(steps=args.steps, members=args.members, rank_weight=args.rank_weight)
+    records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache, device=args.device)]
     base = roofline_config(args.device)
     models = sorted({r.model for r in records})
     if len(models) < 2:
         p.error(f"leave-one-model-out needs the records of at least two models; {args.kernels} hold {models}")
-    held_out = args.models.split(",") if args.models else models
+    held_out = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else models
+    unknown = sorted(set(held_out) - set(models))
+    if unknown or not held_out:
+        raise CliError(f"--models {args.models!r}: {unknown or 'none'} not in the records; expected some of "
+                       f"{', '.join(models)}")
     out = {"config": dataclasses.asdict(cfg), "folds": {}}
     all_gnn, all_net, all_ana = [], [], []
     covered = [0, 0]  # held-out kernels whose fingerprint the fold's corrections hold, of all

@@ -21,12 +21,18 @@ import sys
 import time
 from pathlib import Path
 
+from disco.cli.common import CliError
+
 
 def train_kernels(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description="train the per-kernel GNN on kernel profiles")
+    """``--kernels``: trains the per-kernel GNN; returns the exit status (2 for bad input, one line on stderr)."""
+    from disco.sim.device_costs import DEVICES
+
+    p = argparse.ArgumentParser(prog="train_gnn --kernels", description="train the per-kernel GNN on kernel profiles")
     p.add_argument("--kernels", required=True, action="append",
                    help="per_instruction.jsonl(.gz) (../shared/data/h100_kernels); repeat to train on several files")
-    p.add_argument("--device", required=True, help="device kind of the profiles (h100, cpu)")
+    p.add_argument("--device", required=True, choices=DEVICES,
+                   help="device kind of the profiles (every record must have been profiled on it)")
     p.add_argument("--out", required=True, help="checkpoint to write (.msgpack)")
     p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: TrainConfig)")
@@ -34,7 +40,15 @@ def train_kernels(argv: list[str]) -> int:
     p.add_argument("--rank-weight", type=float, default=None, help="pairwise ranking loss weight (default: TrainConfig)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    try:
+        return _train_kernels(args)
+    except (CliError, ValueError, OSError, EOFError) as e:
+        print(f"train_gnn: error: {e}", file=sys.stderr)
+        return 2
 
+
+def _train_kernels(args: argparse.Namespace) -> int:
+    from disco.cli.common import check_output_file
     from disco.sim.device_costs import roofline_config
     from gnn import kernel_data as KD
     from gnn import kernel_model as KM
@@ -42,8 +56,12 @@ def train_kernels(argv: list[str]) -> int:
     from gnn.kernel_costs import KernelCosts
 
     t0 = time.perf_counter()
-    records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache)]
+    check_output_file(args.out, "--out")  # before hours of training
     cfg = KT.train_config(seed=args.seed, steps=args.steps, members=args.members, rank_weight=args.rank_weight)
+    records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache, device=args.device)]
+    if not records:
+        raise CliError(f"--kernels {', '.join(args.kernels)}: no records; expected per-kernel profiles "
+                       "(disco collect --kernels)")
     base = roofline_config(args.device)
     examples = KT.make_examples(records)
     model, hist = KT.fit(examples, cfg, (base.peak_flops, base.mem_bandwidth, base.launch_overhead),

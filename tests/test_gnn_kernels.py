@@ -486,3 +486,62 @@ def test_leave_one_model_out_reports_the_corrections(tmp_path: Path, record_json
     assert {"gnn", "gnn_network_alone", "analytic"} <= set(out)
     # a held-out kernel measured in the other 'model' is predicted at that measurement
     assert out["gnn"]["median_rel_err"] < 1e-4 < out["gnn_network_alone"]["median_rel_err"]
+
+
+def _script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _one_error_line(r: subprocess.CompletedProcess, prog: str, *parts: str) -> None:
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.startswith(f"{prog}: error: ") and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    for part in parts:
+        assert part in r.stderr, r.stderr
+
+
+def test_kernel_scripts_refuse_bad_input_in_one_line_before_training(tmp_path: Path, record_json: dict,
+                                                                      small_model):
+    """train_gnn.py --kernels, kernel_judge.py and kernel_lomo.py: exit status 2 and one line naming
+    what was wrong (they printed tracebacks, exit status 1); nothing written."""
+    from gnn.kernel_costs import KernelCosts
+
+    out, cache = tmp_path / "k.msgpack", str(tmp_path / "cache")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(record_json) + "\n" + '{"model": "vgg19", broken\n')
+    train = ("train_gnn.py", "--steps", "1", "--members", "1", "--cache", cache, "--out", str(out))
+    _one_error_line(_script(*train, "--kernels", str(bad), "--device", "h100"), "train_gnn", "bad.jsonl:2: not a JSON")
+    _one_error_line(_script(*train, "--kernels", str(RECORD), "--device", "cpu"), "train_gnn",
+                    f"{RECORD.name}:1: record vgg19/small/default was profiled on 'NVIDIA H100 80GB HBM3' (h100), "
+                    "not 'cpu'")
+    _one_error_line(_script(*train, "--kernels", str(RECORD), "--device", "h100", "--steps", "0"), "train_gnn",
+                    "steps: expected an integer >= 1, got 0")
+    _one_error_line(_script(*train[:-1], str(tmp_path / "no" / "k.msgpack"), "--kernels", str(RECORD),
+                            "--device", "h100"), "train_gnn", "does not exist; create it first")
+    assert not out.exists()
+    cpu_ckpt, cut = tmp_path / "cpu.msgpack", tmp_path / "cut.msgpack"
+    KernelCosts(small_model, device="cpu").save(cpu_ckpt)
+    cut.write_bytes(cpu_ckpt.read_bytes()[:1000])
+    judge = ("kernel_judge.py", "--cache", cache, "--kernels", str(RECORD), "--checkpoint")
+    _one_error_line(_script(*judge, str(cpu_ckpt)), "kernel_judge", "(h100), not 'cpu'")
+    _one_error_line(_script(*judge, str(cut)), "kernel_judge", "--checkpoint", "not a msgpack checkpoint")
+    _one_error_line(_script(*judge, str(tmp_path / "none.msgpack")), "kernel_judge", "no such file")
+    _one_error_line(_script("kernel_lomo.py", "--cache", cache, "--kernels", str(RECORD), "--device", "cpu"),
+                    "kernel_lomo", "(h100), not 'cpu'")
+
+
+def test_load_records_names_the_line_of_a_bad_record(tmp_path: Path, record_json: dict):
+    lines = tmp_path / "k.jsonl"
+    lines.write_text(json.dumps(record_json) + "\n[1, 2]\n")
+    with pytest.raises(ValueError, match=r"k\.jsonl:2: expected a JSON object, got list"):
+        KD.load_records(lines)
+    lines.write_text(json.dumps({k: v for k, v in record_json.items() if not k.startswith("kernels_trace")}) + "\n")
+    with pytest.raises(ValueError, match=r"k\.jsonl:1: record vgg19/default: expected 'kernels_trace_a'"):
+        KD.load_records(lines)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(RECORD.read_bytes()[:4000])
+    with pytest.raises(ValueError, match=r"cut\.jsonl\.gz:1: not a complete gzip file"):
+        KD.load_records(cut)
+    assert [r.key for r in KD.load_records(RECORD, device="h100")] == ["vgg19/small/default"]
+    with pytest.raises(ValueError, match=r"profiled on 'NVIDIA H100 80GB HBM3' \(h100\), not 'cpu'"):
+        KD.load_records(RECORD, device="cpu")
