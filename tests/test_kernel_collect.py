@@ -56,3 +56,27 @@ def test_cli_flag(tmp_path, capsys):
                "--out", str(tmp_path), "--rounds", "1", "--no-progress"])
     assert rc == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["written"] == 1
+
+
+def test_cli_takes_devices_as_given(tmp_path, capsys):
+    """--kernels with an explicit --devices 4 compiles for 4 devices (it was taken as 1), and a count
+    above 1 gets its virtual CPU devices in a fresh process (it stopped with 'only 1 are available')."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from disco.cli import main
+
+    rc = main(["collect", "--kernels", "--models", "mlp", "--presets", "tiny", "--variants", "default",
+               "--devices", "4", "--steps", "1", "--out", str(tmp_path / "four"), "--rounds", "1", "--no-progress"])
+    assert rc == 0
+    recs, _ = kernel_collect.read_records(str(tmp_path / "four" / kernel_collect.RECORDS))
+    assert [r["devices"] for r in recs] == [4]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "disco", "collect", "--kernels", "--models", "mlp", "--presets",
+                           "tiny", "--variants", "default", "--devices", "2", "--steps", "1", "--rounds", "1",
+                           "--out", str(tmp_path / "two"), "--no-progress"], capture_output=True, text=True,
+                          cwd=root, timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs, _ = kernel_collect.read_records(str(tmp_path / "two" / kernel_collect.RECORDS))
+    assert [r["devices"] for r in recs] == [2]

@@ -25,11 +25,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments (read by :func:`config_from_args`)."""
     p.add_argument("--models", required=True, help="comma list of zoo models, e.g. mlp,transformer_lm")
     p.add_argument("--preset", default="tiny", help="tiny | small | paper (default tiny)")
-    p.add_argument("--devices", type=int, default=4, help="data-parallel CPU devices (default 4)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="data-parallel CPU devices (default 4); with --kernels, default 1 (no all-reduce, as in the shared data)")
     p.add_argument("--random", type=int, default=10, help="random plans per model (default 10)")
     p.add_argument("--out", required=True, metavar="DIR", help="dataset directory (samples.jsonl, graphs/)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per chunk (default 3)")
-    p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds per chunk (default 3; with --kernels: timed rounds for wall_step_ms)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps per round (default 3; with --kernels: steps per trace, default 5)")
     p.add_argument("--profile", action="store_true", help="add per-kernel/per-collective times (traced)")
     p.add_argument("--baselines", default=None, help="comma list of baselines (default: all)")
     p.add_argument("--interleave", type=int, default=3, help="plans measured per chunk with the reference (default 3)")
@@ -58,7 +61,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     return CollectConfig(
         models=tuple(m.strip() for m in args.models.split(",") if m.strip()), out=args.out,
-        preset=args.preset, devices=args.devices, random=args.random, rounds=args.rounds, steps=args.steps,
+        preset=args.preset, devices=4 if args.devices is None else args.devices, random=args.random,
+        rounds=args.rounds, steps=3 if args.steps is None else args.steps,
         profile=args.profile,
         baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()) if args.baselines else None,
         interleave=args.interleave, optimizer=args.optimizer)
@@ -82,14 +86,17 @@ def run(args: argparse.Namespace) -> int:
 def _run_kernels(args: argparse.Namespace) -> int:
     """``disco collect --kernels``: per-kernel device times (:mod:`disco.kernel_collect`)."""
     from disco import kernel_collect
+    from disco.cli.common import setup_devices
 
     def split(v: str | None) -> tuple[str, ...]:
         return tuple(x.strip() for x in (v or "").split(",") if x.strip())
 
+    # --devices and --steps as given (an explicit --devices 4 was taken as 1, --steps below 5 as 5)
     cfg = kernel_collect.KernelCollectConfig(
         models=split(args.models), presets=split(args.presets) or (args.preset,), out=args.out,
-        variants=split(args.variants) or None, devices=1 if args.devices == 4 else args.devices,
-        steps=max(args.steps, 5), optimizer=args.optimizer)
+        variants=split(args.variants) or None, devices=1 if args.devices is None else args.devices,
+        steps=5 if args.steps is None else args.steps, rounds=args.rounds, optimizer=args.optimizer)
+    setup_devices(cfg.devices)  # virtual CPU devices for --devices above 1, before jax's backend starts
     show = None if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
     summary = kernel_collect.collect_kernels(cfg, progress=show)
     print(json.dumps(dataclasses.asdict(summary), sort_keys=True))
