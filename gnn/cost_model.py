@@ -49,6 +49,9 @@ class GnnCosts(CostModel):
 
     name = "gnn"
     version = "1"
+    # What it was trained on: `disco collect` measures steps on virtual CPU devices only, so a
+    # checkpoint of this kind prices CPU kernels; the registry refuses it for another device kind.
+    device = "cpu"
 
     def __init__(self, model: Any, *, digest: str = "", source: str = "", meta: Mapping[str, Any] | None = None):
         from gnn import features as F

@@ -356,6 +356,22 @@ def test_registry_resolves_names_devices_and_files(tmp_path: Path, small_model):
         registry.make(str(p), device="cpu")  # an H100 checkpoint does not price CPU kernels
 
 
+def test_a_step_level_checkpoint_prices_cpu_kernels_only(tmp_path: Path, record_json: dict):
+    """The step-level GNN is trained on CPU measurements: --device h100 refuses it (it priced H100 kernels)."""
+    from disco.sim import registry
+    from gnn.cost_model import DEFAULT_CHECKPOINT
+    from gnn.registration import ENTRY
+
+    registry.register(ENTRY)
+    assert registry.make(str(DEFAULT_CHECKPOINT), device="cpu").device == "cpu"
+    with pytest.raises(ValueError, match=r"default_checkpoint\.msgpack' was trained for device 'cpu', not 'h100'"):
+        registry.make(str(DEFAULT_CHECKPOINT), device="h100")
+    hlo = tmp_path / "module.hlo.txt"
+    hlo.write_text(record_json["compiled_hlo"])
+    r = _cli("predict-kernels", "--hlo", str(hlo), "--device", "h100", "--cost-model", str(DEFAULT_CHECKPOINT))
+    assert r.returncode == 2 and r.stdout == "" and "trained for device 'cpu', not 'h100'" in r.stderr, r.stderr
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "disco", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=600)

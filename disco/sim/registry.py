@@ -99,7 +99,7 @@ def make(spec: str | os.PathLike[str], device: str | None = None) -> CostModel:
         ``claims`` first, then read as a JSON cost model (:func:`disco.sim.costs.load_costs`).
       device: the device kind the model prices (``cpu``, ``h100``). A name needs one (None:
         ``cpu``); a file whose model records the device it was trained for (a per-kernel GNN
-        checkpoint) must be for this one (None: any).
+        checkpoint; a step-level GNN's, ``cpu``) must be for this one (None: any).
 
     Raises:
       ValueError: for an unknown name, a device the model does not cover, a file trained for
