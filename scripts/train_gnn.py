@@ -3,7 +3,10 @@
 Per-kernel GNN from kernel profiles (writes the shipped checkpoint ``gnn/kernel_h100.msgpack``):
 
     PYTHONPATH=. python scripts/train_gnn.py --kernels ../shared/data/h100_kernels/per_instruction.jsonl.gz \\
-        --device h100 --out gnn/kernel_h100.msgpack
+        --device h100 --out gnn/kernel_h100.msgpack --overwrite-shipped
+
+A file shipped in the ``gnn`` package (``--cost-model gnn`` loads it) is written over only with
+``--overwrite-shipped``, as in ``disco train-gnn``.
 
 ``--kernels`` may be repeated (e.g. adding ``gnn/data/h100_kernels_2026-11-24.jsonl.gz``, the four
 newer zoo models collected by ``disco collect --kernels``).
@@ -34,6 +37,9 @@ def train_kernels(argv: list[str]) -> int:
     p.add_argument("--device", required=True, choices=DEVICES,
                    help="device kind of the profiles (every record must have been profiled on it)")
     p.add_argument("--out", required=True, help="checkpoint to write (.msgpack)")
+    p.add_argument("--overwrite-shipped", action="store_true",
+                   help="allow --out to write over a checkpoint shipped in the gnn package (gnn/kernel_h100.msgpack, "
+                        "which --cost-model gnn loads)")
     p.add_argument("--cache", default="/tmp/disco_kernel_cache", help="feature cache directory")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: TrainConfig)")
     p.add_argument("--members", type=int, default=None, help="ensemble members (default: TrainConfig)")
@@ -49,6 +55,7 @@ def train_kernels(argv: list[str]) -> int:
 
 def _train_kernels(args: argparse.Namespace) -> int:
     from disco.cli.common import check_output_file
+    from disco.cli.train_gnn import check_not_shipped
     from disco.sim.device_costs import roofline_config
     from gnn import kernel_data as KD
     from gnn import kernel_model as KM
@@ -57,6 +64,7 @@ def _train_kernels(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     check_output_file(args.out, "--out")  # before hours of training
+    check_not_shipped(Path(args.out), "--out", args.overwrite_shipped)
     cfg = KT.train_config(seed=args.seed, steps=args.steps, members=args.members, rank_weight=args.rank_weight)
     records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache, device=args.device)]
     if not records:

@@ -561,3 +561,23 @@ def test_load_records_names_the_line_of_a_bad_record(tmp_path: Path, record_json
     assert [r.key for r in KD.load_records(RECORD, device="h100")] == ["vgg19/small/default"]
     with pytest.raises(ValueError, match=r"profiled on 'NVIDIA H100 80GB HBM3' \(h100\), not 'cpu'"):
         KD.load_records(RECORD, device="cpu")
+
+
+def test_train_script_keeps_the_shipped_checkpoint_without_the_flag(tmp_path: Path):
+    """train_gnn.py --kernels --out gnn/kernel_h100.msgpack is refused before training unless
+    --overwrite-shipped (it wrote over what --cost-model gnn loads without a word)."""
+    from gnn.kernel_costs import CHECKPOINTS
+
+    shipped = CHECKPOINTS["h100"]
+    if not shipped.is_file():
+        pytest.skip("no shipped h100 checkpoint")
+    before = shipped.read_bytes()
+    try:
+        r = _script("train_gnn.py", "--kernels", str(RECORD), "--device", "h100", "--out", str(shipped),
+                    "--steps", "1", "--members", "1", "--cache", str(tmp_path / "cache"))
+    finally:
+        after = shipped.read_bytes()
+        if after != before:
+            shipped.write_bytes(before)  # a failing run must not leave the shipped file replaced
+    assert after == before
+    _one_error_line(r, "train_gnn", "is a file shipped in the gnn package", "--overwrite-shipped")

@@ -86,8 +86,6 @@ def check_args(args: argparse.Namespace) -> tuple[Path, Path]:
       CliError: naming the flag, the value received and what was expected; for an output path
         that cannot be written; for a file shipped in the gnn package without ``--overwrite-shipped``.
     """
-    from gnn import cost_model
-
     for flag, attr in _AT_LEAST_ONE.items():
         v = getattr(args, attr)
         if v is not None and v < 1:
@@ -100,12 +98,20 @@ def check_args(args: argparse.Namespace) -> tuple[Path, Path]:
     check_output_file(str(mp), "--metrics")
     if out.resolve() == mp.resolve():
         raise CliError(f"--metrics {str(mp)!r} is the checkpoint --out; expected another file")
-    shipped = cost_model.DEFAULT_CHECKPOINT.parent.resolve()
     for flag, path in (("--out", out), ("--metrics", mp)):
-        if not args.overwrite_shipped and path.is_file() and path.resolve().is_relative_to(shipped):
-            raise CliError(f"{flag} {str(path)!r} is a file shipped in the gnn package (what --cost-model gnn "
-                           "loads, or its metrics); write elsewhere, or pass --overwrite-shipped to replace it")
+        check_not_shipped(path, flag, args.overwrite_shipped)
     return out, mp
+
+
+def check_not_shipped(path: Path, flag: str, overwrite_shipped: bool) -> None:
+    """Raises CliError for an existing file of the gnn package (a shipped checkpoint, which
+    ``--cost-model gnn`` loads, or its metrics) unless ``overwrite_shipped``."""
+    from gnn import cost_model
+
+    shipped = cost_model.DEFAULT_CHECKPOINT.parent.resolve()
+    if not overwrite_shipped and path.is_file() and path.resolve().is_relative_to(shipped):
+        raise CliError(f"{flag} {str(path)!r} is a file shipped in the gnn package (what --cost-model gnn "
+                       "loads, or its metrics); write elsewhere, or pass --overwrite-shipped to replace it")
 
 
 def _stderr_line(message: str) -> None:
