@@ -20,7 +20,8 @@ resume key), ``model``, ``preset``, ``variant``, ``compile_options``, ``command_
 
 ``DIR/kernels.jsonl`` gets one line per record, written with flush + fsync (``gzip`` it to
 get the shared file's form; both read the same). A rerun skips every ``record_id`` already
-there; a truncated last line (a crash mid-write) is cut off before appending. A progress line
+there; a truncated last line (a crash mid-write) is cut off before appending, and a whole last
+record without its newline gets one. A progress line
 per record goes to ``progress``.
 
 Example::
@@ -119,7 +120,8 @@ def read_records(path: str, *, repair: bool = False) -> tuple[list[dict[str, Any
 
     Args:
       path: the file (missing means empty).
-      repair: cut a truncated last line off a plain file, so the next append starts fresh.
+      repair: cut a truncated last line off a plain file, and end a whole last record's line
+        where its newline is missing, so the next append starts a line of its own.
 
     Returns:
       (the records, the number of lines skipped).
@@ -138,6 +140,7 @@ def read_records(path: str, *, repair: bool = False) -> tuple[list[dict[str, Any
     bad = 0
     pos = 0
     lines = data.split(b"\n")
+    unended = False
     for i, raw in enumerate(lines):
         start, pos = pos, pos + len(raw) + 1
         if not raw.strip():
@@ -154,6 +157,13 @@ def read_records(path: str, *, repair: bool = False) -> tuple[list[dict[str, Any
                     os.fsync(f.fileno())
             continue
         out.append(obj)
+        unended = i == len(lines) - 1  # a record on the last line: no newline after it
+    if repair and unended and not path.endswith(".gz"):
+        # a whole record without its newline (cut off just before it, or a file written by another
+        # tool): end its line, or the next append would join the two into one unreadable line
+        with open(path, "ab") as f:
+            f.write(b"\n")
+            os.fsync(f.fileno())
     return out, bad
 
 

@@ -80,3 +80,20 @@ def test_cli_takes_devices_as_given(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr[-2000:]
     recs, _ = kernel_collect.read_records(str(tmp_path / "two" / kernel_collect.RECORDS))
     assert [r["devices"] for r in recs] == [2]
+
+
+def test_a_last_record_without_its_newline_is_kept_when_appending(tmp_path):
+    """A whole last record whose newline is missing (cut off just before it, or a file another tool
+    wrote) gets one before the next append (the two records were joined into one unreadable line)."""
+    path = os.path.join(tmp_path, kernel_collect.RECORDS)
+    first = kernel_collect.KernelCollectConfig(models=("mlp",), presets=("tiny",), out=str(tmp_path),
+                                               variants=("default",), steps=1, rounds=1, round_steps=1)
+    kernel_collect.collect_kernels(first, progress=None)
+    with open(path, "rb+") as f:
+        f.truncate(os.path.getsize(path) - 1)  # the newline
+    both = kernel_collect.KernelCollectConfig(models=("mlp",), presets=("tiny",), out=str(tmp_path),
+                                              variants=("default", "no_fusion"), steps=1, rounds=1, round_steps=1)
+    s = kernel_collect.collect_kernels(both, progress=None)
+    assert (s.written, s.skipped, s.dropped_lines) == (1, 1, 0)
+    recs, bad = kernel_collect.read_records(path)
+    assert bad == 0 and [r["record_id"] for r in recs] == ["mlp/tiny/default", "mlp/tiny/no_fusion"]
