@@ -443,6 +443,19 @@ def test_predict_kernels_says_once_why_text_is_not_hlo(tmp_path: Path):
         assert r.stderr.startswith(f"disco predict-kernels: error: --hlo {str(path)!r}: ") and why in r.stderr
 
 
+def test_predict_kernels_reads_one_module_of_several(tmp_path: Path):
+    """A file of two modules: --module picks one (the error's advice named only `disco graph --module`)."""
+    two = tmp_path / "two.hlo.txt"
+    text = _cpu_module()
+    two.write_text(text + "\n" + text)
+    r = _cli("predict-kernels", "--hlo", str(two), "--device", "cpu", "--cost-model", "analytic")
+    assert r.returncode == 2 and "holds 2 HLO modules" in r.stderr and "`disco predict-kernels`" in r.stderr
+    r = _cli("predict-kernels", "--hlo", str(two), "--device", "cpu", "--cost-model", "analytic", "--module", "#2",
+             "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert set(json.loads(r.stdout)["kernels"]) == {k.name for k in KF.module_kernels(text) if not k.kernel.is_empty}
+
+
 def test_compiled_backend_reads_the_backend_config_fields(record_json: dict):
     from disco.ir.hlo_parse import compiled_backend
 

@@ -27,6 +27,8 @@ DEVICES = ("h100", "cpu")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments."""
     p.add_argument("--hlo", required=True, metavar="FILE", help="optimised module text (Compiled.as_text(); .gz ok)")
+    p.add_argument("--module", metavar="NAME",
+                   help="the module to read from a file holding several ('#N': the N-th)")
     p.add_argument("--device", required=True, choices=DEVICES, help="the device kind the module was compiled for")
     p.add_argument("--cost-model", default="gnn", metavar="gnn|analytic|PATH",
                    help="gnn (the checkpoint shipped for the device), analytic (its roofline) or a saved model "
@@ -59,8 +61,9 @@ def predict(hlo: Any, costs: Any) -> dict[str, float]:
             if not k.kernel.is_empty}
 
 
-def read_module(path: str, device: str) -> Any:
-    """The module in file ``path``, parsed, checked against ``device`` before any cost model loads.
+def read_module(path: str, device: str, module: str | None = None) -> Any:
+    """The module in file ``path`` (the one named ``module`` of several), parsed, checked against
+    ``device`` before any cost model loads.
 
     Raises:
       CliError: for a file that cannot be read, text that is not HLO, or a module that another
@@ -72,7 +75,7 @@ def read_module(path: str, device: str) -> Any:
 
     text = read_text_input(path, "--hlo", "optimised HLO module text (Compiled.as_text())")
     try:
-        module = parse_module(text)
+        parsed = parse_module(text, module)
     except ValueError as e:
         raise CliError(f"--hlo {path!r}: {e}") from None
     expected = "gpu" if device in GPU_DEVICES else "cpu"
@@ -86,7 +89,7 @@ def read_module(path: str, device: str) -> Any:
         print("disco predict-kernels: warning: the module's header has no is_scheduled=true: this looks like "
               "HLO before optimisation, whose instructions are not the kernels a device runs; expected "
               "Compiled.as_text() (or XLA's *after_optimizations* dump)", file=sys.stderr)
-    return module
+    return parsed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 0:
         raise CliError(f"--top must be >= 0 kernels, got {args.top}")
-    module = read_module(args.hlo, args.device)
+    module = read_module(args.hlo, args.device, args.module)
     costs, _ = load_cost_model(args.cost_model, device=args.device)
     kernels = predict(module, costs)
     total = sum(kernels.values())

@@ -449,7 +449,7 @@ def parse_module(text: str, module: str | None = None) -> Module:
         if len(chunks) > 1:
             raise HloParseError(
                 f"the text holds {len(chunks)} HLO modules ({listing}); name one "
-                "(module=NAME, or '#N' for the N-th; `disco graph --module NAME`)")
+                "(module=NAME, or '#N' for the N-th; --module NAME of `disco graph` and `disco predict-kernels`)")
         return _parse_chunk(chunks[0])
     pos = re.fullmatch(r"#(\d+)", module)
     if pos:
