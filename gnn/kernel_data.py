@@ -26,6 +26,7 @@ import gzip
 import hashlib
 import json
 import os
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -164,19 +165,24 @@ def _which(rec: dict[str, Any]) -> dict[str, str]:
 
 # -- cache ------------------------------------------------------------------------------------
 def _save(path: Path, r: Record) -> None:
+    """Writes the cache file whole or not at all (a run killed mid-write leaves no half file)."""
     gs = r.graphs
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
     np.savez_compressed(
-        path, meta=np.array(json.dumps({"model": r.model, "preset": r.preset, "variant": r.variant,
+        tmp, meta=np.array(json.dumps({"model": r.model, "preset": r.preset, "variant": r.variant,
                                         "names": list(r.names), "step_s": r.step_s,
                                         "labels": {k: list(v) for k, v in r.labels.items()}})),
         executions=r.executions, n_node=np.array([len(g.opcodes) for g in gs]),
         n_edge=np.array([len(g.senders) for g in gs]), opcodes=np.concatenate([g.opcodes for g in gs]),
         nodes=np.concatenate([g.nodes for g in gs]), senders=np.concatenate([g.senders for g in gs]),
         receivers=np.concatenate([g.receivers for g in gs]), totals=np.stack([g.totals for g in gs]))
+    os.replace(tmp, path)
 
 
 def _load(path: Path) -> Record:
-    with np.load(path) as npz:  # an NpzFile reads (and decompresses) an array on every access: once each
+    # the file opened here, so that a damaged one is closed too (np.load leaves its own handle open
+    # when the zip cannot be read); an NpzFile reads (and decompresses) an array on every access: once each
+    with open(path, "rb") as fh, np.load(fh) as npz:
         z = {k: npz[k] for k in npz.files}
     meta = json.loads(str(z["meta"]))
     no, eo = np.concatenate([[0], np.cumsum(z["n_node"])]), np.concatenate([[0], np.cumsum(z["n_edge"])])
@@ -185,6 +191,17 @@ def _load(path: Path) -> Record:
                    for i in range(len(z["n_node"])))
     return Record(meta["model"], meta["preset"], meta["variant"], tuple(meta["names"]), z["executions"], graphs,
                   {k: Label(*v) for k, v in meta["labels"].items()}, float(meta["step_s"]))
+
+
+def _cached(path: Path | None) -> Record | None:
+    """The cached features at ``path``; None when there are none or the file cannot be read (one
+    written by an older version of this code, or cut short): they are computed again and replace it."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        return _load(path)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # a damaged or foreign file
+        return None
 
 
 def load_records(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
@@ -239,8 +256,8 @@ def _record(rec: dict[str, Any], cache: Path | None, device: str | None) -> Reco
         raise ValueError(f"record {'/'.join(_which(rec).values())}: expected 'compiled_hlo' text")
     h = hashlib.sha256(f"{KF.FEATURE_VERSION}\n{hlo}".encode()).hexdigest()[:20]
     f = cache / f"{h}.npz" if cache is not None else None
-    if f is not None and f.is_file():
-        r = _load(f)
+    r = _cached(f)
+    if r is not None:
         # labels and names are cheap and not part of the features: two records can share a module
         labels, step = labels_of(rec)
         known = set(r.names)

@@ -594,3 +594,16 @@ def test_train_script_keeps_the_shipped_checkpoint_without_the_flag(tmp_path: Pa
             shipped.write_bytes(before)  # a failing run must not leave the shipped file replaced
     assert after == before
     _one_error_line(r, "train_gnn", "is a file shipped in the gnn package", "--overwrite-shipped")
+
+
+def test_a_damaged_feature_cache_file_is_computed_again(tmp_path: Path, record: KD.Record):
+    """A cache file cut short (a run killed while writing it) is a miss, computed again and replaced
+    (every later run stopped with zipfile.BadZipFile); files are written whole (no half file left)."""
+    KD.load_records(RECORD, cache_dir=tmp_path)
+    (f,) = tmp_path.iterdir()
+    f.write_bytes(f.read_bytes()[:1000])
+    (again,) = KD.load_records(RECORD, cache_dir=tmp_path)
+    assert again.names == record.names and again.labels == record.labels
+    assert [p.name for p in tmp_path.iterdir()] == [f.name]  # replaced in place, no temporary left
+    (warm,) = KD.load_records(RECORD, cache_dir=tmp_path)
+    assert all(np.array_equal(a.nodes, b.nodes) for a, b in zip(warm.graphs, record.graphs))
