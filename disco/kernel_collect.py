@@ -20,7 +20,7 @@ resume key), ``model``, ``preset``, ``variant``, ``compile_options``, ``command_
 
 ``DIR/kernels.jsonl`` gets one line per record, written with flush + fsync (``gzip`` it to
 get the shared file's form; both read the same). A rerun skips every ``record_id`` already
-there; a truncated last line (a crash mid-write) is cut off before appending, and a whole last
+there (a file holding another device kind's records is refused: their ids would pass for this one's); a truncated last line (a crash mid-write) is cut off before appending, and a whole last
 record without its newline gets one. A progress line
 per record goes to ``progress``.
 
@@ -243,7 +243,8 @@ def collect_kernels(config: KernelCollectConfig, *, progress: Callable[[str], No
       The summary.
 
     Raises:
-      ValueError: for an unknown model, preset or variant.
+      ValueError: for an unknown model, preset or variant, or a file of records from another device
+        kind (a resumed record id would be taken as this device's).
     """
     import jax
 
@@ -262,6 +263,11 @@ def collect_kernels(config: KernelCollectConfig, *, progress: Callable[[str], No
     os.makedirs(config.out, exist_ok=True)
     path = os.path.join(config.out, RECORDS)
     existing, dropped = read_records(path, repair=True)
+    here = jax.devices()[0].device_kind
+    other = sorted({str(r.get("device_kind")) for r in existing if r.get("device_kind", here) != here})
+    if other:
+        raise ValueError(f"{path} holds records profiled on {', '.join(other)}, but this process runs on {here!r}; "
+                         "expected a directory of this device's records (give another --out)")
     done = {record_id(r) for r in existing}
     todo = [(m, p, v) for m in config.models for p in config.presets for v in variants]
     written = skipped = 0

@@ -97,3 +97,22 @@ def test_a_last_record_without_its_newline_is_kept_when_appending(tmp_path):
     assert (s.written, s.skipped, s.dropped_lines) == (1, 1, 0)
     recs, bad = kernel_collect.read_records(path)
     assert bad == 0 and [r["record_id"] for r in recs] == ["mlp/tiny/default", "mlp/tiny/no_fusion"]
+
+
+def test_refuses_to_resume_a_file_of_another_device(tmp_path):
+    """An H100 record in DIR/kernels.jsonl: collecting on CPU is refused (mlp/tiny/default there would
+    have been skipped as done, and the CPU records appended beside the H100 one)."""
+    import gzip
+    from pathlib import Path
+
+    record = Path(__file__).resolve().parent / "data" / "h100_vgg19_small_default.jsonl.gz"
+    path = os.path.join(tmp_path, kernel_collect.RECORDS)
+    with gzip.open(record, "rt") as f, open(path, "w") as out:
+        out.write(f.read())
+    before = Path(path).read_text()
+    cfg = kernel_collect.KernelCollectConfig(models=("vgg19", "mlp"), presets=("tiny",), out=str(tmp_path),
+                                             variants=("default",), steps=1, rounds=1, round_steps=1)
+    with pytest.raises(ValueError, match=r"holds records profiled on NVIDIA H100 80GB HBM3, but this process runs "
+                                         r"on 'cpu'; expected a directory of this device's records"):
+        kernel_collect.collect_kernels(cfg, progress=None)
+    assert Path(path).read_text() == before
