@@ -144,7 +144,10 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
                 text = dataset.read_graph_json(root, fp)
             except ValueError as e:
                 raise ValueError(f"{fn}:{ln}: {e}") from None
-            graphs[fp] = HloGraph.from_json(text)
+            try:
+                graphs[fp] = HloGraph.from_json(text)
+            except ValueError as e:  # the file is there but damaged: say which one
+                raise ValueError(f"{fn}:{ln}: {dataset.graph_path(root, fp)}: {e}") from None
         g = dataset.group_key(d)
         ref = d.get("reference_xla_default_median_ms")
         if not isinstance(ref, (int, float)) or not ref > 0:

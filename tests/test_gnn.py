@@ -403,3 +403,16 @@ def test_train_gnn_says_why_tau_is_undefined_on_too_few_samples(
     assert re.search(r"gnn graph head: +tau undefined \(no group has 2 or more of these samples\), MAPE \d+\.\d%", out)
     assert re.search(r"noise ceiling of tau: +undefined", out), out
     assert "val tau undefined (no validation group of 2 or more samples)" in err, err
+
+
+def test_a_damaged_graph_file_is_named(tmp_path: Path) -> None:
+    """A graph file cut short: the error names the file and the sample's line (it said only
+    'graph JSON is not valid JSON')."""
+    import shutil
+
+    data = tmp_path / "profiles"
+    shutil.copytree(SMALL, data)
+    damaged = sorted((data / "graphs").iterdir())[0]
+    damaged.write_text(damaged.read_text()[:100])
+    with pytest.raises(ValueError, match=rf"samples\.jsonl:\d+: .*{damaged.name}: graph JSON is not valid JSON"):
+        train.load_dataset(data)
