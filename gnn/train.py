@@ -167,7 +167,7 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
         group_refs.setdefault(smp.group, []).append(smp.ref_ms)
     samples = [dataclasses.replace(smp, group_ref_ms=float(np.median(group_refs[smp.group]))) for smp in samples]
     if not samples:
-        raise ValueError(f"{fn}: no usable samples ({skipped} lines skipped)")
+        raise ValueError(f"{fn}: no usable samples ({skipped} line{'' if skipped == 1 else 's'} skipped)")
     return Dataset(samples=samples, graphs=graphs, source=str(root), skipped=skipped)
 
 

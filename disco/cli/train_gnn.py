@@ -169,7 +169,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     t0 = time.time()
     ds = train.load_dataset(args.data, limit=args.limit)
     log(f"data: {len(ds.samples)} samples, {len(ds.groups())} groups, models {', '.join(ds.models())}, "
-        f"{ds.skipped} lines skipped, digest {ds.digest()}")
+        f"{counted(ds.skipped, 'line')} skipped, digest {ds.digest()}")
     cfg = train.TrainConfig(hidden=args.hidden, edge_hidden=args.edge_hidden, layers=args.layers,
                             epochs=args.epochs, batch=args.batch, node_budget=args.node_budget, lr=args.lr,
                             loss=args.loss, seed=args.seed)
