@@ -421,8 +421,12 @@ def test_predict_kernels_refuses_a_module_of_the_other_backend(tmp_path: Path, r
     cpu, gpu = tmp_path / "cpu.hlo.txt", tmp_path / "gpu.hlo.txt"
     cpu.write_text(_cpu_module())
     gpu.write_text(record_json["compiled_hlo"])
-    r = _cli("predict-kernels", "--hlo", str(cpu), "--device", "cpu", "--cost-model", "analytic", "--json")
+    r = _cli("predict-kernels", "--hlo", str(cpu), "--device", "cpu", "--json")  # the default on cpu: analytic
     assert r.returncode == 0 and json.loads(r.stdout)["kernels"], r.stderr[-2000:]
+    assert json.loads(r.stdout)["cost_model"] == "analytic" and r.stderr == ""
+    r = _cli("predict-kernels", "--hlo", str(cpu), "--device", "cpu", "--cost-model", "gnn", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["cost_model"] == "gnn", r.stderr[-2000:]
+    assert "no per-kernel CPU checkpoint is shipped; gnn on cpu is the step-level GNN's kernel part" in r.stderr
     for path, device, other in ((cpu, "h100", "XLA:CPU"), (gpu, "cpu", "XLA:GPU")):
         r = _cli("predict-kernels", "--hlo", str(path), "--device", device, "--cost-model", "analytic")
         assert r.returncode == 2 and r.stdout == "", r.stderr[-2000:]

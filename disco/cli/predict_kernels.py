@@ -22,6 +22,10 @@ import sys
 from typing import Any
 
 DEVICES = ("h100", "cpu")
+# The default per device: the per-kernel GNN where one was trained on kernel times (H100); on CPU the
+# roofline, since no per-kernel CPU checkpoint is shipped (CPU kernel times did not repeat on this
+# project's machine, docs/benchmarks.md) and ``gnn`` there is the step-level GNN's kernel part.
+DEFAULT_MODEL = {"h100": "gnn", "cpu": "analytic"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,9 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--module", metavar="NAME",
                    help="the module to read from a file holding several ('#N': the N-th)")
     p.add_argument("--device", required=True, choices=DEVICES, help="the device kind the module was compiled for")
-    p.add_argument("--cost-model", default="gnn", metavar="gnn|analytic|PATH",
+    p.add_argument("--cost-model", default=None, metavar="gnn|analytic|PATH",
                    help="gnn (the checkpoint shipped for the device), analytic (its roofline) or a saved model "
-                        "(default gnn)")
+                        f"(default: {', '.join(f'{m} on {d}' for d, m in DEFAULT_MODEL.items())})")
     p.add_argument("--top", type=int, default=20, help="kernels listed in the text output (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -99,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise CliError(f"--top must be >= 0 kernels, got {args.top}")
     module = read_module(args.hlo, args.device, args.module)
+    args.cost_model = args.cost_model or DEFAULT_MODEL[args.device]
+    if args.cost_model == "gnn" and args.device == "cpu":
+        print("disco predict-kernels: note: no per-kernel CPU checkpoint is shipped; gnn on cpu is the step-level "
+              "GNN's kernel part, trained on step times, not kernel times (the default on cpu: analytic)",
+              file=sys.stderr)
     costs, _ = load_cost_model(args.cost_model, device=args.device)
     kernels = predict(module, costs)
     total = sum(kernels.values())
@@ -106,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"device": args.device, "cost_model": args.cost_model, "kernels": kernels,
                           "total_s": total}))
         return 0
-    print(f"{len(kernels)} kernels, predicted {total * 1e3:.3f} ms per execution "
+    print(f"{len(kernels)} kernel{'' if len(kernels) == 1 else 's'}, predicted {total * 1e3:.3f} ms per execution "
           f"({args.cost_model} on {args.device})")
     for name, s in sorted(kernels.items(), key=lambda kv: -kv[1])[:args.top]:
         print(f"  {s * 1e6:12.2f} us  {name}")
