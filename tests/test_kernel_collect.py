@@ -116,3 +116,20 @@ def test_refuses_to_resume_a_file_of_another_device(tmp_path):
                                          r"on 'cpu'; expected a directory of this device's records"):
         kernel_collect.collect_kernels(cfg, progress=None)
     assert Path(path).read_text() == before
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kernels", "--random", "3", "--profile"], r"--random, --profile: for the plan dataset \(disco collect without "
+                                                  r"--kernels\); --kernels takes --models, --presets"),
+    (["--kernels", "--interleave", "2"], r"--interleave: for the plan dataset"),
+    (["--variants", "default", "--presets", "tiny"], r"--presets, --variants: for --kernels \(what it compiles\); "
+                                                     r"expected --kernels with them, or --preset for the plan dataset"),
+])
+def test_one_mode_s_options_are_refused_in_the_other(tmp_path, capsys, argv, message):
+    """They did nothing there, without a word; refused before anything is created."""
+    from disco import cli
+
+    out = tmp_path / "out"
+    assert cli.main(["collect", "--models", "mlp", "--out", str(out), *argv]) == 2
+    assert re.search(r"^disco collect: error: " + message, capsys.readouterr().err)
+    assert not out.exists()

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="tiny | small | paper (default tiny)")
     p.add_argument("--devices", type=int, default=None,
                    help="data-parallel CPU devices (default 4); with --kernels, default 1 (no all-reduce, as in the shared data)")
-    p.add_argument("--random", type=int, default=10, help="random plans per model (default 10)")
+    p.add_argument("--random", type=int, default=None, help="random plans per model (default 10)")
     p.add_argument("--out", required=True, metavar="DIR", help="dataset directory (samples.jsonl, graphs/)")
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds per chunk (default 3; with --kernels: timed rounds for wall_step_ms)")
@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="steps per round (default 3; with --kernels: steps per trace, default 5)")
     p.add_argument("--profile", action="store_true", help="add per-kernel/per-collective times (traced)")
     p.add_argument("--baselines", default=None, help="comma list of baselines (default: all)")
-    p.add_argument("--interleave", type=int, default=3, help="plans measured per chunk with the reference (default 3)")
+    p.add_argument("--interleave", type=int, default=None,
+                   help="plans measured per chunk with the reference (default 3)")
     p.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd (default adamw)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (default: a bar on a terminal, plain lines otherwise)")
@@ -61,16 +62,18 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     return CollectConfig(
         models=tuple(m.strip() for m in args.models.split(",") if m.strip()), out=args.out,
-        preset=args.preset, devices=4 if args.devices is None else args.devices, random=args.random,
+        preset=args.preset, devices=4 if args.devices is None else args.devices,
+        random=10 if args.random is None else args.random,
         rounds=args.rounds, steps=3 if args.steps is None else args.steps,
         profile=args.profile,
         baselines=tuple(b.strip() for b in args.baselines.split(",") if b.strip()) if args.baselines else None,
-        interleave=args.interleave, optimizer=args.optimizer)
+        interleave=3 if args.interleave is None else args.interleave, optimizer=args.optimizer)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco collect``; prints the summary as one JSON line; returns the exit status."""
     check_output_dir(args.out, "--out")
+    _check_mode(args)
     if getattr(args, "kernels", False):
         return _run_kernels(args)
     from disco.collect import collect
@@ -81,6 +84,23 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     print(json.dumps(dataclasses.asdict(summary), sort_keys=True))
     return 0
+
+
+def _check_mode(args: argparse.Namespace) -> None:
+    """Refuses the options of one mode given to the other (they did nothing there, without a word)."""
+    plans = {"--random": args.random, "--profile": args.profile or None, "--baselines": args.baselines,
+             "--interleave": args.interleave}
+    kernels = {"--presets": getattr(args, "presets", None), "--variants": getattr(args, "variants", None)}
+    if getattr(args, "kernels", False):
+        given = [flag for flag, v in plans.items() if v is not None]
+        if given:
+            raise CliError(f"{', '.join(given)}: for the plan dataset (disco collect without --kernels); "
+                           "--kernels takes --models, --presets, --variants, --devices, --steps and --rounds")
+    else:
+        given = [flag for flag, v in kernels.items() if v is not None]
+        if given:
+            raise CliError(f"{', '.join(given)}: for --kernels (what it compiles); expected --kernels with "
+                           "them, or --preset for the plan dataset")
 
 
 def _run_kernels(args: argparse.Namespace) -> int:
