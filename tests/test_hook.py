@@ -152,7 +152,7 @@ _PLAN_FOR_ANOTHER_GRAPH = {"schema_version": 1, "name": "x", "groups": [["add.1"
     (200, b"<html>not json</html>", "not JSON"),
     (200, b"[1, 2, 3]", "not an object"),
     (200, b'{"key": "k"}', "holds no plan"),
-    (200, json.dumps({"key": "k", "plan": {"groups": "nope"}}).encode(), "does not fit"),
+    (200, json.dumps({"key": "k", "plan": {"groups": "nope"}}).encode(), "is not a valid plan"),
     (200, json.dumps({"key": "k", "plan": _PLAN_FOR_ANOTHER_GRAPH}).encode(), "does not fit"),
     (500, b'{"code": "internal", "message": "boom", "field": null}', "500"),
     (202, b'{"job_id": 5}', "without a job id"),

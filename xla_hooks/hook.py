@@ -221,7 +221,11 @@ class PlannedStep:
         if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
             raise _NoPlan(f"the service's answer holds no plan: {str(data)[:200]}")
         try:
-            plan = FusionPlan.from_dict(data["plan"]).validate(graph)
+            plan = FusionPlan.from_dict(data["plan"])
+        except (ValueError, TypeError) as e:
+            raise _NoPlan(f"the service's answer is not a valid plan: {e}") from None
+        try:
+            plan.validate(graph)
         except (ValueError, TypeError) as e:
             raise _NoPlan(f"the service's plan does not fit this step: {e}") from None
         report = data.get("report") if isinstance(data.get("report"), dict) else {}
