@@ -306,3 +306,33 @@ def test_validate_refuses_what_is_not_a_graph():
 def test_json_too_long_or_too_deep_is_named_as_the_plan(text, match):
     with pytest.raises(ValueError, match=match):
         FusionPlan.from_json(text)
+
+
+# -- JSON round trip over random plans -------------------------------------------------------------
+_NAMES = st.text(min_size=1, max_size=12)  # any unicode: instruction names are opaque strings here
+
+
+@st.composite
+def any_plan(draw):
+    """A random FusionPlan built directly (not through make_plan), as library code may build one."""
+    groups = tuple(tuple(g) for g in draw(st.lists(st.lists(_NAMES, min_size=1, max_size=4), max_size=4)))
+    buckets = draw(st.none() | st.lists(st.builds(
+        Bucket, st.lists(_NAMES, min_size=1, max_size=4).map(tuple), st.sampled_from(("tuple", "concat", "rs_ag"))),
+        max_size=4).map(tuple))
+    options = draw(st.dictionaries(_NAMES, st.text(max_size=8), max_size=3))
+    return FusionPlan(
+        groups=groups, xla_fusion=draw(st.sampled_from(("off", "extend"))), buckets=buckets,
+        compile_options=tuple(sorted(options.items())), name=draw(st.text(max_size=12)),
+        graph_fingerprint=draw(st.none() | st.text(alphabet="0123456789abcdef", min_size=1, max_size=32)),
+        cuts=tuple(draw(st.lists(st.tuples(_NAMES, _NAMES), max_size=3))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_plan())
+def test_json_round_trip_of_random_plans_keeps_the_plan_and_its_digest(plan):
+    text = plan.to_json()
+    back = FusionPlan.from_json(text)
+    assert back == plan and back.digest() == plan.digest()
+    assert back.to_json() == text and FusionPlan.from_json(plan.to_json(indent=2)) == plan
+    assert FusionPlan.from_json(text.encode()) == plan  # bytes, as read from a file
+    assert plan.replace(name="other", graph_fingerprint=None).digest() == plan.digest()
