@@ -336,3 +336,16 @@ def test_json_round_trip_of_random_plans_keeps_the_plan_and_its_digest(plan):
     assert back.to_json() == text and FusionPlan.from_json(plan.to_json(indent=2)) == plan
     assert FusionPlan.from_json(text.encode()) == plan  # bytes, as read from a file
     assert plan.replace(name="other", graph_fingerprint=None).digest() == plan.digest()
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"name": "big", "groups": [[f"x{i}" for i in range(100_000)]]},
+     r"^plan field 'schema_version': Field required \(got \{'name': 'big', 'groups': .{40,60}\.\.\.\)$"),
+    ([{"schema_version": 1, "name": "x" * 100_000}], r"^plan field '<root>': Input should be .* \(got \[\{'schema.{50,70}\.\.\.\)$"),
+    ({"schema_version": "9" * 100_000}, r"^plan field 'schema_version': expected 1, got '9{76}\.\.\.$"),
+])
+def test_a_schema_error_is_one_short_line_however_big_the_plan(data, match):
+    """The whole plan object was echoed back: a 22 MB plan file missing schema_version printed 22 MB to stderr."""
+    with pytest.raises(ValueError, match=match) as err:
+        FusionPlan.from_json(json.dumps(data))
+    assert len(str(err.value)) < 250

@@ -52,10 +52,17 @@ def _plan_model() -> Any:
     return PlanModel
 
 
+def _got(value: Any) -> str:
+    """``value``'s repr cut to 80 characters: an error stays one line (a missing key's "input" is the
+    whole plan object, which can be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _first_error(e: Any) -> str:
     err = e.errors()[0]
     field = ".".join(str(p) for p in err["loc"]) or "<root>"
-    return f"plan field {field!r}: {err['msg']} (got {err.get('input')!r})"
+    return f"plan field {field!r}: {err['msg']} (got {_got(err.get('input'))})"
 
 
 def parse(data: Any) -> PlanFields:
@@ -68,7 +75,7 @@ def parse(data: Any) -> PlanFields:
 
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ValueError(f"plan field 'schema_version': expected {SCHEMA_VERSION}, "
-                         f"got {data.get('schema_version')!r}")
+                         f"got {_got(data.get('schema_version'))}")
     try:
         m = _plan_model().model_validate(data)
     except pydantic.ValidationError as e:
