@@ -494,3 +494,37 @@ def test_a_fallback_warning_is_one_line_without_disco_source(tmp_path):
                 "--steps", "1", "--json")
     assert r.returncode == 0, r.stderr
     assert "warning (PlanFallbackWarning): " in r.stderr and ".py:" not in r.stderr, r.stderr
+
+
+def test_every_plan_item_keeps_a_row_of_its_own_and_xla_default_is_xla_default(tmp_path):
+    """A plan file's name taken by a baseline, by another file or by xla_default replaced that row
+    silently: `--plans ddp,plan.json` (disco optimize names its answer after the baseline it kept)
+    measured one row, and a file named xla_default became the reference of every speedup."""
+    from disco.plans import baselines
+    from disco.plans.plan import FusionPlan
+
+    graph = _mlp_graph()
+    one = baselines.make("one_bucket", graph).replace(name="ddp", graph_fingerprint=graph.fingerprint)
+    tensor = baselines.make("per_tensor", graph).replace(graph_fingerprint=graph.fingerprint)
+    files = {}
+    for stem, plan in [("a", one), ("b", one), ("c", tensor.replace(name="xla_default")), ("d", tensor.replace(name=""))]:
+        files[stem] = tmp_path / f"{stem}.json"
+        files[stem].write_text(plan.to_json())
+    items = ["ddp", str(files["a"]), str(files["b"]), str(files["c"]), str(files["d"]), "ddp", str(files["a"])]
+    r = run_cli("bench", "--model", "mlp", "--devices", "2", "--plans", ",".join(items), "--rounds", "1",
+                "--steps", "1", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    rows = {row["plan"]: row["plan_digest"] for row in json.loads(r.stdout)["results"]}
+    assert list(rows) == ["xla_default", "ddp", str(files["a"]), str(files["b"]), str(files["c"]), str(files["d"])]
+    assert rows["xla_default"] == FusionPlan().digest() and rows["ddp"] == baselines.make("ddp", graph).digest()
+    assert rows[str(files["a"])] == rows[str(files["b"])] == one.digest()
+    assert rows[str(files["c"])] == rows[str(files["d"])] == tensor.digest()
+
+
+def _mlp_graph():
+    import trax_models
+    from disco.ir import extractor
+    from disco.ir.graph import HloGraph
+
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=2)
+    return HloGraph.from_hlo_text(extractor.hlo_text(step, *args))

@@ -332,11 +332,16 @@ def add_strict_arg(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: bool = False) -> dict[str, Any]:
-    """The plans a ``--plans`` comma list names, by name: baselines (``horovod:128`` sets a value)
+    """The plans a ``--plans`` comma list names, by row name: baselines (``horovod:128`` sets a value)
     or plan .json files (validated against ``graph``). A plan file made for another graph (its
     ``graph_fingerprint`` differs) is named in a warning on stderr, or refused when ``strict``;
     kept as it is for a compile (which falls back to XLA's default), or, when ``simulated``,
     replaced by xla_default's plan: what that compile would run.
+
+    A baseline's row is the item as written; a plan file's row is the plan's name, or the file's
+    path where the plan has none or its name is another item's row or ``xla_default`` (the
+    reference row the commands add): every item keeps a row of its own, and ``xla_default`` is
+    always XLA's default. An item written twice is one row.
 
     Raises:
       CliError: for an unknown baseline, a bad value, an unreadable file, an empty list, or
@@ -346,13 +351,17 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: boo
     from disco.plans.plan import FusionPlan
 
     plans: dict[str, Any] = {}
-    for item in [p.strip() for p in spec.split(",") if p.strip()]:
+    items = list(dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()))
+    taken = {"xla_default", *(i for i in items if not i.endswith(".json"))}  # rows a plan file's name may not take
+    for item in items:
         if item.endswith(".json"):
             text = read_text_input(item, "plan file", "a plan's JSON (FusionPlan.to_json)")
             try:
                 plan = FusionPlan.from_json(text)
             except ValueError as e:
                 raise CliError(f"plan file {item!r}: {e}") from None
+            row = plan.name if plan.name and plan.name not in taken else item
+            taken.add(row)
             if plan.graph_fingerprint is not None and plan.graph_fingerprint != graph.fingerprint:
                 what = (f"plan file {item!r} was made for graph {plan.graph_fingerprint}, but this step's graph is "
                         f"{graph.fingerprint}")
@@ -361,13 +370,13 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: boo
                 if simulated:
                     print(f"warning: {what}; simulated as XLA's default compile, which applying it would fall "
                           "back to (--strict to refuse it)", file=sys.stderr)
-                    plans[plan.name or item] = baselines.make("xla_default", graph)
+                    plans[row] = baselines.make("xla_default", graph)
                     continue
                 print(f"warning: {what}; it will fall back to XLA's default compile (--strict to refuse it)",
                       file=sys.stderr)
-                plans[plan.name or item] = plan
+                plans[row] = plan
                 continue
-            plans[plan.name or item] = plan.validate(graph)
+            plans[row] = plan.validate(graph)
             continue
         name, _, arg = item.partition(":")
         kw = {}
