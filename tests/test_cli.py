@@ -521,6 +521,21 @@ def test_every_plan_item_keeps_a_row_of_its_own_and_xla_default_is_xla_default(t
     assert rows[str(files["c"])] == rows[str(files["d"])] == tensor.digest()
 
 
+def test_a_plan_file_that_does_not_fit_the_graph_is_named_in_the_error(tmp_path):
+    from disco.cli.common import CliError, resolve_plans
+    from disco.plans.plan import make_plan
+
+    graph = _mlp_graph()
+    names = [n.name for n in graph.all_reduces()]
+    for stem, plan, why in [("ghost", make_plan([["nope.1"]]), r"group 0: instruction 'nope\.1' is not in the graph"),
+                            ("short", make_plan(buckets=[names[1:]]), r"buckets leave out all-reduces"),
+                            ("twice", make_plan(buckets=[names, names[:1]]), r"bucket 1: all-reduce .* already in")]:
+        path = tmp_path / f"{stem}.json"
+        path.write_text(plan.replace(name=stem).to_json())
+        with pytest.raises(CliError, match=rf"^plan file '{path}': {why}"):
+            resolve_plans(f"xla_default,{path}", graph)
+
+
 def _mlp_graph():
     import trax_models
     from disco.ir import extractor

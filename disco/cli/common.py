@@ -344,8 +344,8 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: boo
     always XLA's default. An item written twice is one row.
 
     Raises:
-      CliError: for an unknown baseline, a bad value, an unreadable file, an empty list, or
-        (``strict``) a plan file made for another graph.
+      CliError: for an unknown baseline, a bad value, an unreadable file, a plan file that does not
+        fit ``graph`` (naming the file), an empty list, or (``strict``) a plan file made for another graph.
     """
     from disco.plans import baselines
     from disco.plans.plan import FusionPlan
@@ -376,7 +376,10 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: boo
                       file=sys.stderr)
                 plans[row] = plan
                 continue
-            plans[row] = plan.validate(graph)
+            try:
+                plans[row] = plan.validate(graph)
+            except ValueError as e:
+                raise CliError(f"plan file {item!r}: {e}") from None
             continue
         name, _, arg = item.partition(":")
         kw = {}
