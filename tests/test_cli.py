@@ -543,3 +543,23 @@ def _mlp_graph():
 
     step, args = trax_models.make_train_step("mlp", "tiny", devices=2)
     return HloGraph.from_hlo_text(extractor.hlo_text(step, *args))
+
+
+@pytest.mark.parametrize("plans, message", [
+    ("xla_default,bogus", "unknown plan 'bogus'; expected a baseline (xla_default, no_fusion"),
+    ("horovod:128", "plan 'horovod:128': with --processes only even:K (K >= 1) takes a value"),
+    ("even:0", "plan 'even:0': with --processes only even:K (K >= 1) takes a value"),
+    (" , ", "--plans is empty"),
+    ("empty.json", "plan file 'empty.json': plan is not valid JSON"),
+    ("missing.json", "plan file 'missing.json': no such file"),
+])
+def test_plans_across_processes_are_checked_before_the_workers_start(plans, message, tmp_path):
+    """They were handed to the workers unchecked: an unknown baseline, or horovod:128 (which --plans'
+    help offers), ended in both workers' tracebacks and status 1."""
+    (tmp_path / "empty.json").write_text("")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "disco", "bench", "--model", "mlp", "--processes", "2", "--plans",
+                        plans], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(f"disco bench: error: {message}"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+

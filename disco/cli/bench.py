@@ -21,6 +21,7 @@ from disco.cli.common import (
     parse_link_arg,
     print_json,
     progress_reporter,
+    read_text_input,
     resolve_plans,
     table_console,
 )
@@ -119,7 +120,7 @@ def _run_processes(args: argparse.Namespace) -> int:
     if args.trax_model:
         raise CliError("--processes runs zoo models only (each worker rebuilds the step by name); "
                        "drop --trax-model or --processes")
-    names = tuple(p.strip() for p in args.plans.split(",") if p.strip())
+    names = _process_plans(args.plans)
     if "xla_default" not in names:
         names = ("xla_default",) + names
     spec = multiprocess.WorkerSpec(model=args.model, preset=args.preset, plans=names,
@@ -146,6 +147,41 @@ def _run_processes(args: argparse.Namespace) -> int:
                   _speedup(r), _paired(r), str(r["all_reduces"]), "yes" if r["applied"] else "no")
     table_console(120).print(t)
     return 0
+
+
+def _process_plans(spec: str) -> tuple[str, ...]:
+    """The ``--plans`` items for the workers, checked before they start: baselines by name, ``even:K``,
+    and readable plan files (passed on by absolute path). The workers build each baseline by name, so
+    only ``even`` takes a value there.
+
+    Raises:
+      CliError: for an unknown baseline, a value other than even's, or a plan file that is not a plan.
+    """
+    import os
+
+    from disco.plans import baselines
+    from disco.plans.plan import FusionPlan
+
+    names: list[str] = []
+    for item in dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()):
+        if item.endswith(".json"):
+            try:
+                FusionPlan.from_json(read_text_input(item, "plan file", "a plan's JSON (FusionPlan.to_json)"))
+            except ValueError as e:
+                raise CliError(f"plan file {item!r}: {e}") from None
+            names.append(os.path.abspath(item))
+            continue
+        name, colon, arg = item.partition(":")
+        if name not in baselines.NAMES:
+            raise CliError(f"unknown plan {name!r}; expected a baseline ({', '.join(baselines.NAMES)}) "
+                           "or a plan .json file")
+        if colon and (name != "even" or not arg.isdigit() or int(arg) < 1):
+            raise CliError(f"plan {item!r}: with --processes only even:K (K >= 1) takes a value; "
+                           "give the baseline without one, or use --processes 1")
+        names.append(item)
+    if not names:
+        raise CliError("--plans is empty; expected e.g. xla_default,per_tensor,horovod")
+    return tuple(names)
 
 
 def _speedup(row: dict[str, Any]) -> str:
