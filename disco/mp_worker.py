@@ -38,16 +38,26 @@ def _local_leaves(state):
     return [np.asarray(leaf.addressable_data(0)).tolist() for leaf in jax.tree.leaves(state)]
 
 
+def _row(name: str) -> str:
+    """A baseline item's row name (``even:K``: ``even_K``)."""
+    return f"even_{name[5:]}" if name.startswith("even:") else name
+
+
 def _plans(names: list[str], graph: Any) -> dict[str, Any]:
+    """The plans by row name. A plan file's row is its plan's name, or its path where the plan has
+    none or another item's row or ``xla_default`` has it (as ``disco.cli.common.resolve_plans``)."""
     from disco.plans import baselines
     from disco.plans.plan import FusionPlan
 
     plans = {}
+    taken = {"xla_default", *(_row(n) for n in names if not n.endswith(".json"))}
     for name in names:
         if name.endswith(".json"):
             with open(name, encoding="utf-8") as f:
                 plan = FusionPlan.from_json(f.read())
-            plans[plan.name or name] = plan.validate(graph)
+            row = plan.name if plan.name and plan.name not in taken else name
+            taken.add(row)
+            plans[row] = plan.validate(graph)
         elif name.startswith("even:"):
             plans[f"even_{name[5:]}"] = baselines.make("even", graph, k=int(name[5:]))
         else:

@@ -563,3 +563,16 @@ def test_plans_across_processes_are_checked_before_the_workers_start(plans, mess
     assert r.returncode == 2 and r.stderr.startswith(f"disco bench: error: {message}"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
+
+def test_a_workers_plan_file_keeps_a_row_of_its_own(tmp_path):
+    from disco import mp_worker
+    from disco.plans import baselines
+
+    graph = _mlp_graph()
+    files = []
+    for stem, name in [("a", "ddp"), ("b", "ddp"), ("c", "xla_default"), ("d", "even_2"), ("e", "mine")]:
+        files.append(str(tmp_path / f"{stem}.json"))
+        Path(files[-1]).write_text(baselines.make("one_bucket", graph).replace(name=name).to_json())
+    rows = mp_worker._plans(["xla_default", "ddp", "even:2", *files], graph)
+    assert list(rows) == ["xla_default", "ddp", "even_2", *files[:4], "mine"]
+    assert rows["xla_default"].is_default and rows["ddp"] == baselines.make("ddp", graph)
