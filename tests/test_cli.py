@@ -576,3 +576,18 @@ def test_a_workers_plan_file_keeps_a_row_of_its_own(tmp_path):
     rows = mp_worker._plans(["xla_default", "ddp", "even:2", *files], graph)
     assert list(rows) == ["xla_default", "ddp", "even_2", *files[:4], "mine"]
     assert rows["xla_default"].is_default and rows["ddp"] == baselines.make("ddp", graph)
+
+
+def test_a_plan_file_named_comm_free_bound_keeps_its_row_next_to_the_bound(tmp_path):
+    """disco bench --bound's row replaced a plan file of that name (run_bench keys rows by name)."""
+    from disco.plans import baselines
+
+    graph = _mlp_graph()
+    path = tmp_path / "b.json"
+    path.write_text(baselines.make("ddp", graph).replace(name="comm_free_bound").to_json())
+    r = run_cli("bench", "--model", "mlp", "--devices", "2", "--plans", str(path), "--bound", "--rounds", "1",
+                "--steps", "1", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    rows = {row["plan"]: row["plan_digest"] for row in json.loads(r.stdout)["results"]}
+    assert rows == {"xla_default": rows["xla_default"], str(path): baselines.make("ddp", graph).digest(),
+                    "comm_free_bound": None}

@@ -339,20 +339,22 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: boo
     replaced by xla_default's plan: what that compile would run.
 
     A baseline's row is the item as written; a plan file's row is the plan's name, or the file's
-    path where the plan has none or its name is another item's row or ``xla_default`` (the
-    reference row the commands add): every item keeps a row of its own, and ``xla_default`` is
+    path where the plan has none or its name is another item's row, ``xla_default`` (the
+    reference row the commands add) or ``comm_free_bound`` (``disco bench --bound``'s row): every item keeps a row of its own, and ``xla_default`` is
     always XLA's default. An item written twice is one row.
 
     Raises:
       CliError: for an unknown baseline, a bad value, an unreadable file, a plan file that does not
         fit ``graph`` (naming the file), an empty list, or (``strict``) a plan file made for another graph.
     """
+    from disco.bench import COMM_FREE_BOUND
     from disco.plans import baselines
     from disco.plans.plan import FusionPlan
 
     plans: dict[str, Any] = {}
     items = list(dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()))
-    taken = {"xla_default", *(i for i in items if not i.endswith(".json"))}  # rows a plan file's name may not take
+    # rows a plan file's name may not take: the baselines', the reference and disco bench --bound's
+    taken = {"xla_default", COMM_FREE_BOUND, *(i for i in items if not i.endswith(".json"))}
     for item in items:
         if item.endswith(".json"):
             text = read_text_input(item, "plan file", "a plan's JSON (FusionPlan.to_json)")
