@@ -198,6 +198,12 @@ def test_simulate_json():
     by = {row["plan"]: row for row in out["results"]}
     assert by["per_tensor"]["comm_time_ms"] > by["xla_default"]["comm_time_ms"] > 0
     assert all(row["step_time_ms"] >= out["lower_bound_ms"] for row in out["results"])
+    # without xla_default in --plans it is added first, as disco bench does: the speedups' reference
+    r = run_cli("simulate", "--model", "mlp", "--devices", "4", "--plans", "per_tensor", "--json")
+    rows = json.loads(r.stdout)["results"]
+    assert [row["plan"] for row in rows] == ["xla_default", "per_tensor"]
+    assert rows[1]["speedup_vs_xla_default"] == pytest.approx(rows[0]["step_time_ms"] / rows[1]["step_time_ms"],
+                                                              rel=1e-3)
 
 
 def test_calibrate_writes_a_loadable_spec(tmp_path):

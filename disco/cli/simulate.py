@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     step, example = make_step(args)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = resolve_plans(args.plans, graph, strict=args.strict, simulated=True)
+    if "xla_default" not in plans:  # the reference of the speedup column, as disco bench adds it
+        plans = {"xla_default": resolve_plans("xla_default", graph)["xla_default"], **plans}
     cm, cm_info = load_cost_model(args.cost_model, device=spec.device)  # priced for the cluster's device kind
     cm_info = {**cm_info, "device": spec.device}
     sim = simulator.Simulator(graph, cm, spec)
