@@ -175,6 +175,8 @@ def test_superscaler_switch_links_and_one_server(tmp_path):
      r"resource_pool.yaml: no link between servers"),
     ("Server:\n  a: {CPU: {0: {links: []}}}\n", r"resource_pool.yaml: Server.a.GPU: expected a mapping of GPU index"),
     ("Server:\n  a: {GPU: {0: {links: []}}}\nRouter: {}\n", r"unknown top-level keys \['Router'\]"),
+    ("Server:\n  a: {GPU: {0: {links: []}}}\n",
+     r"resource_pool.yaml: Server: one server with one GPU and no links, so no link costs to read; expected"),
 ])
 def test_superscaler_errors_name_the_field(tmp_path, text, message):
     with pytest.raises(ValueError, match=message):

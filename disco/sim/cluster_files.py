@@ -183,6 +183,9 @@ def _from_superscaler(data: Mapping[str, Any], fname: str, *, name: str | None,
     if nodes > 1 and not inter:
         raise ValueError(f"{fname}: no link between servers; expected a Switch entry or a link whose dest "
                          "is on another server")
+    if not intra and not inter:  # one server with one GPU: nothing to read a link from
+        raise ValueError(f"{fname}: Server: one server with one GPU and no links, so no link costs to read; "
+                         "expected at least one link (any link of the GPU), or the cluster in disco's format")
     intra_link = _bottleneck(intra) if intra else _bottleneck(inter)
     inter_link = _bottleneck(inter) if nodes > 1 else intra_link
     return ClusterSpec(name=name or f"{nodes}x{dpn}", nodes=nodes, devices_per_node=dpn,
