@@ -63,12 +63,24 @@ def test_units():
     assert parse_bandwidth(25, "x", bare_unit=1e9 / 8) == 25e9 / 8
     assert parse_latency("5us", "x") == 5e-6
     assert parse_latency("2ms", "x") == 2e-3
-    assert parse_latency("15 µs", "x") == 15e-6
+    assert parse_latency("15 \u00b5s", "x") == 15e-6  # MICRO SIGN
+    assert parse_latency("15 \u03bcs", "x") == 15e-6  # GREEK SMALL LETTER MU, what most keyboards type
     assert parse_latency(1e-6, "x") == 1e-6
     with pytest.raises(ValueError, match=r"f: unknown unit 'furlongs' in '3 furlongs'; expected a bandwidth"):
         parse_bandwidth("3 furlongs", "f")
     with pytest.raises(ValueError, match=r"f: expected a positive bandwidth, got 0"):
         parse_bandwidth(0, "f")
+
+
+def test_the_case_of_b_tells_bytes_from_bits_before_ps_as_before_per_second():
+    """"GBps" is gigabytes per second (as "GB/s"), not gigabits: it was read as "Gbps", 8x too slow."""
+    assert parse_bandwidth("10GBps", "x") == parse_bandwidth("10 GB/s", "x") == 10e9
+    assert parse_bandwidth("10 GiBps", "x") == 10 * 2**30
+    assert parse_bandwidth("10 KBps", "x") == 10e3 and parse_bandwidth("10 Bps", "x") == 10
+    assert parse_bandwidth("10 GB/S", "x") == 10e9  # the case of "/s" does not matter
+    assert parse_bandwidth("10Gbps", "x") == parse_bandwidth("10gbps", "x") == parse_bandwidth("10 Gb/s", "x") == 1.25e9
+    spec = ClusterSpec.from_yaml(_ONE + "intra: {bandwidth: 40GBps, latency: 1us}\n")
+    assert spec.intra.bandwidth == 40e9
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -23,8 +23,9 @@ Our own YAML format (``ClusterSpec.to_yaml`` / ``ClusterSpec.from_yaml``)::
 
 Bandwidths are numbers in bytes/s or strings with a unit (``B/s``, ``KB/s``,
 ``MB/s``, ``GB/s``, ``GiB/s``, ``bps``, ``Kbps``, ``Mbps``, ``Gbps``, ``Tbps``;
-``Gb/s`` is ``Gbps``). Latencies are numbers in seconds or strings with a unit
-(``s``, ``ms``, ``us``, ``ns``). ``to_yaml`` writes plain numbers.
+``Gb/s`` is ``Gbps``, bits; ``GBps`` is ``GB/s``, bytes: only the case of that b/B
+matters). Latencies are numbers in seconds or strings with a unit (``s``, ``ms``,
+``us`` or ``µs``, ``ns``). ``to_yaml`` writes plain numbers.
 
 Files of other systems are read by :mod:`disco.sim.cluster_files`; the named clusters
 are in :mod:`disco.sim.cluster_presets`.
@@ -50,14 +51,16 @@ GPU_DEVICES: frozenset[str] = frozenset({"h100"})
 
 _RATE_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
                   "ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
-_RATE_UNITS = {  # case matters only for b (bits) vs B (bytes) before "/s"
+_RATE_UNITS = {  # case matters only for b (bits) vs B (bytes) before "/s" or "ps"
     **{f"{p}b/s": v / 8 for p, v in _RATE_PREFIXES.items()},
     **{f"{p}B/s": v for p, v in _RATE_PREFIXES.items()},
     **{f"{p}bps": v / 8 for p, v in _RATE_PREFIXES.items()},
+    **{f"{p}Bps": v for p, v in _RATE_PREFIXES.items()},
 }
 # Sub-second units as divisors, so that "5us" reads as exactly 5e-6 (5 / 1e6, not 5 * 1e-6).
-_TIME_UNITS = {"s": 1.0, "ms": -1e3, "us": -1e6, "µs": -1e6, "ns": -1e9}
-_QUANTITY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Zµ/]+)\s*$")
+# Both micro signs: U+00B5 (MICRO SIGN) and U+03BC (GREEK SMALL LETTER MU), which keyboards also type.
+_TIME_UNITS = {"s": 1.0, "ms": -1e3, "us": -1e6, "\u00b5s": -1e6, "\u03bcs": -1e6, "ns": -1e9}
+_QUANTITY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z\u00b5\u03bc/]+)\s*$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,9 +122,10 @@ def _parse_quantity(value: Any, where: str, units: Mapping[str, float], bare: fl
 
 
 def _normalise_unit(unit: str) -> str:
-    """Lower-cases a unit except the b/B that tells bits from bytes in "<prefix>b/s"."""
-    if unit.endswith("/s") and len(unit) >= 3:
-        return unit[:-3].lower() + unit[-3:]
+    """Lower-cases a unit except the b/B that tells bits from bytes in "<prefix>b/s" and
+    "<prefix>bps" ("GBps" is gigabytes per second, "Gbps" gigabits)."""
+    if unit[-2:].lower() in ("/s", "ps") and len(unit) >= 3 and unit[-3] in "bB":
+        return unit[:-3].lower() + unit[-3] + unit[-2:].lower()
     return unit.lower()
 
 
