@@ -145,6 +145,33 @@ def test_our_yaml_errors(text, message):
         ClusterSpec.from_yaml(text)
 
 
+def test_a_key_given_twice_is_refused_not_overruled_silently(tmp_path):
+    text = _ONE + _LINK + "algorithm: tree\nalgorithm: ring\n"
+    with pytest.raises(ValueError, match=r"^cluster: not valid YAML \(JSON is YAML too\) at line 5, column 1: "
+                                         r"found duplicate key 'algorithm'$"):
+        ClusterSpec.from_yaml(text)
+    with pytest.raises(ValueError, match=r"^c.yaml: not valid YAML .* at line 3, column 35: found duplicate key 'latency'"):
+        load_cluster(_write(tmp_path, "c.yaml", _ONE + "intra: {bandwidth: 1, latency: 0, latency: 1}\n"))
+    with pytest.raises(ValueError, match=r"resource_pool.yaml: not valid YAML .* found duplicate key 'host1'"):
+        load_cluster(_write(tmp_path, "resource_pool.yaml", SUPERSCALER + "  host1: {GPU: {0: {links: []}}}\n"))
+    # a merge key ("<<") may be overruled: that is not a duplicate
+    merged = ClusterSpec.from_yaml(_ONE + "intra: &b {bandwidth: 1GB/s, latency: 5us}\ninter: {<<: *b, latency: 9us}\n")
+    assert merged.inter == LinkSpec(1e9, 9e-6)
+
+
+def test_numbers_with_an_exponent_and_no_dot_are_numbers_as_in_json():
+    """YAML 1.1 (PyYAML) reads ``5e-1`` as a string: compute_speed refused it, JSON files too."""
+    text = _ONE + "intra: {bandwidth: 1e9, latency: 5e-6}\ncompute_speed: 5e-1\noperand_latency: 2E-5\n"
+    spec = ClusterSpec.from_yaml(text)
+    assert (spec.compute_speed, spec.intra, spec.operand_latency) == (0.5, LinkSpec(1e9, 5e-6), 2e-5)
+    as_json = ClusterSpec.from_yaml('{"nodes": 1, "devices_per_node": 1, "compute_speed": 2e0, '
+                                    '"intra": {"bandwidth": 1e9, "latency": 5e-6}}')
+    assert as_json.compute_speed == 2.0
+    odd = spec.replace(name="1e3", description="-5E-1")  # strings that look like such numbers stay strings
+    again = ClusterSpec.from_yaml(odd.to_yaml())
+    assert (again, again.name, again.description) == (odd, "1e3", "-5E-1")
+
+
 def test_superscaler_and_autodist_files_load_into_equal_specs(tmp_path):
     ss = load_cluster(_write(tmp_path, "resource_pool.yaml", SUPERSCALER), algorithm="hierarchical")
     ad = load_cluster(_write(tmp_path, "resource_spec.yml", AUTODIST), algorithm="hierarchical",

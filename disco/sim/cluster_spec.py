@@ -34,6 +34,7 @@ are in :mod:`disco.sim.cluster_presets`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -249,7 +250,7 @@ class ClusterSpec:
         """The cluster in our YAML format (see the module docstring)."""
         import yaml
 
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return yaml.dump(self.to_dict(), Dumper=_yaml_classes()[1], sort_keys=False)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "cluster") -> ClusterSpec:
@@ -370,14 +371,60 @@ def _read_text(path_or_text: str | os.PathLike[str], default_where: str) -> tupl
 
 
 def parse_yaml(text: str, where: str) -> Any:
-    """Parses YAML text; ValueError naming ``where`` when it does not parse."""
+    """Parses YAML text; ValueError naming ``where`` when it does not parse.
+
+    Stricter than ``yaml.safe_load`` in one way and closer to JSON in another: a key given
+    twice in one mapping is an error (PyYAML keeps the last one silently, so a second ``inter:``
+    would overrule the first unseen), and ``5e-1`` is a number as in JSON and YAML 1.2 (PyYAML
+    follows YAML 1.1, where a float needs a dot, and reads it as the string "5e-1").
+    """
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_yaml_classes()[0])  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"{where}: not valid YAML (JSON is YAML too){at}: {problem}") from None
 
+
+
+
+# JSON's and YAML 1.2's floats without a dot ("1e3", "5e-1"), which YAML 1.1 reads as strings.
+_EXPONENT_FLOAT = r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"
+
+
+@functools.cache
+def _yaml_classes() -> tuple[Any, Any]:
+    """(loader, dumper) of cluster files: ``yaml.SafeLoader`` refusing duplicate keys and reading
+    ``_EXPONENT_FLOAT`` as floats, and ``yaml.SafeDumper`` that quotes strings of that form, so
+    that what ``to_yaml`` writes reads back the same. Built on first use (yaml is imported lazily)."""
+    import yaml
+
+    class ClusterLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: set[Any] = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base" may be overruled
+                        continue
+                    key = self.construct_object(key_node, deep=deep)
+                    try:
+                        duplicate = key in seen
+                        seen.add(key)
+                    except TypeError:  # unhashable: SafeConstructor names it
+                        continue
+                    if duplicate:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"found duplicate key {key!r}", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    class ClusterDumper(yaml.SafeDumper):
+        pass
+
+    for cls, base in ((ClusterLoader, yaml.SafeLoader), (ClusterDumper, yaml.SafeDumper)):
+        # A copy of every list, so that adding a resolver leaves yaml's own classes alone.
+        cls.yaml_implicit_resolvers = {ch: list(rs) for ch, rs in base.yaml_implicit_resolvers.items()}
+        cls.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+0123456789."))
+    return ClusterLoader, ClusterDumper
