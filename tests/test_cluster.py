@@ -159,6 +159,14 @@ def test_a_key_given_twice_is_refused_not_overruled_silently(tmp_path):
     assert merged.inter == LinkSpec(1e9, 9e-6)
 
 
+def test_yaml_nested_thousands_deep_is_refused_in_one_line(tmp_path):
+    path = _write(tmp_path, "deep.yaml", "nodes: " + "[" * 20000 + "]" * 20000 + "\n")
+    with pytest.raises(ValueError, match=r"^deep.yaml: YAML nested too deeply to read; expected a cluster file"):
+        load_cluster(path)
+    with pytest.raises(ValueError, match=r"^cluster: YAML nested too deeply"):
+        ClusterSpec.from_yaml("{a: " * 20000 + "}" * 20000)
+
+
 def test_numbers_with_an_exponent_and_no_dot_are_numbers_as_in_json():
     """YAML 1.1 (PyYAML) reads ``5e-1`` as a string: compute_speed refused it, JSON files too."""
     text = _ONE + "intra: {bandwidth: 1e9, latency: 5e-6}\ncompute_speed: 5e-1\noperand_latency: 2E-5\n"

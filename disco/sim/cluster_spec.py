@@ -387,8 +387,9 @@ def parse_yaml(text: str, where: str) -> Any:
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"{where}: not valid YAML (JSON is YAML too){at}: {problem}") from None
-
-
+    except RecursionError:  # "[[[[...]]]]" thousands deep: no cluster file nests like that
+        raise ValueError(f"{where}: YAML nested too deeply to read; expected a cluster file "
+                         "(mappings and lists a few levels deep)") from None
 
 
 # JSON's and YAML 1.2's floats without a dot ("1e3", "5e-1"), which YAML 1.1 reads as strings.
