@@ -167,6 +167,28 @@ def test_yaml_nested_thousands_deep_is_refused_in_one_line(tmp_path):
         ClusterSpec.from_yaml("{a: " * 20000 + "}" * 20000)
 
 
+# 10**7 "x" through aliases: a few hundred bytes of YAML, gigabytes if printed whole.
+_LAUGHS = "[" + ", ".join(f"&{k} [{', '.join([f'*{p}' if p else 'x'] * 10)}]"
+                          for p, k in zip(["", "a", "b", "c", "d", "e", "f"], "abcdefg")) + "]"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("c.yaml", _ONE + _LINK + "".join(f"k{i}: 1\n" for i in range(10**4)),
+     r"^c.yaml: unknown fields \['k0', 'k1', 'k10', 'k100', 'k1000', 'k1001', \.\.\.\]; expected"),
+    ("c.yaml", _ONE + _LINK + "name: " + _LAUGHS + "\n", r"^c.yaml.name: expected a string, got \[\['x', 'x', .*\.\.\.$"),
+    ("c.yaml", _ONE + _LINK + "name: [" + "x" * 10**6 + " 1]\n", r"^c.yaml.name: expected a string, got \['x+\.\.\.x+ 1'\]"),
+    ("c.yaml", _ONE.replace("1", "1" + "0" * 4000, 1) + _LINK, r"^c.yaml: missing field 'inter' .* got nodes=1000+\.\.\.0+\)"),
+    ("c.yaml", _ONE.replace("1", "1" + "0" * 5000, 1) + _LINK,
+     r"^c.yaml: a value that cannot be read \(Exceeds the limit \(4300 digits\) for integer string conversion"),
+    ("resource_spec.yml", "nodes: [" + _LAUGHS + "]\n", r"^resource_spec.yml: nodes\[0\]: expected a mapping with address"),
+])
+def test_a_huge_value_is_cut_short_in_the_message(tmp_path, name, text, message):
+    """A value a few MB long, or 10^7 list items through aliases, was printed whole: a 52 MB line."""
+    with pytest.raises(ValueError, match=message) as e:
+        load_cluster(_write(tmp_path, name, text))
+    assert len(str(e.value)) < 400, len(str(e.value))
+
+
 def test_numbers_with_an_exponent_and_no_dot_are_numbers_as_in_json():
     """YAML 1.1 (PyYAML) reads ``5e-1`` as a string: compute_speed refused it, JSON files too."""
     text = _ONE + "intra: {bandwidth: 1e9, latency: 5e-6}\ncompute_speed: 5e-1\noperand_latency: 2E-5\n"

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from disco.sim.cluster_spec import (Algorithm, ClusterSpec, LinkSpec, parse_bandwidth, parse_latency, parse_yaml,
-                                    read_cluster_file)
+                                    read_cluster_file, shown)
 
 
 def load_cluster(
@@ -113,23 +113,23 @@ def _bottleneck(links: list[tuple[float, float]]) -> LinkSpec:
 def _read_links(entry: Any, where: str) -> list[tuple[str, float, float]]:
     """(dest, rate bytes/s, latency s) of an entry's ``links`` list."""
     if not isinstance(entry, Mapping):
-        raise ValueError(f"{where}: expected a mapping with 'links', got {entry!r}")
+        raise ValueError(f"{where}: expected a mapping with 'links', got {shown(entry)}")
     links = entry.get("links", [])
     if links is None:
         links = []
     if not isinstance(links, list):
-        raise ValueError(f"{where}.links: expected a list of links, got {links!r}")
+        raise ValueError(f"{where}.links: expected a list of links, got {shown(links)}")
     out = []
     for i, link in enumerate(links):
         lw = f"{where}.links[{i}]"
         if not isinstance(link, Mapping):
-            raise ValueError(f"{lw}: expected a mapping with dest, rate and propagation_latency, got {link!r}")
+            raise ValueError(f"{lw}: expected a mapping with dest, rate and propagation_latency, got {shown(link)}")
         for key in ("dest", "rate", "propagation_latency"):
             if key not in link:
-                raise ValueError(f"{lw}: missing field {key!r}")
+                raise ValueError(f"{lw}: missing field {shown(key)}")
         dest = link["dest"]
         if not isinstance(dest, str) or _DEST_RE.match(dest) is None:
-            raise ValueError(f"{lw}.dest: expected a path like '/server/<host>/GPU/<i>/', got {dest!r}")
+            raise ValueError(f"{lw}.dest: expected a path like '/server/<host>/GPU/<i>/', got {shown(dest)}")
         out.append((dest, parse_bandwidth(link["rate"], f"{lw}.rate", bare_unit=1e9 / 8),
                     parse_latency(link["propagation_latency"], f"{lw}.propagation_latency")))
     return out
@@ -139,42 +139,42 @@ def _from_superscaler(data: Mapping[str, Any], fname: str, *, name: str | None,
                       algorithm: Algorithm) -> ClusterSpec:
     servers = data["Server"]
     if not isinstance(servers, Mapping) or not servers:
-        raise ValueError(f"{fname}: Server: expected a mapping of host name -> devices, got {servers!r}")
+        raise ValueError(f"{fname}: Server: expected a mapping of host name -> devices, got {shown(servers)}")
     unknown = sorted(set(data) - {"Server", "Switch"})
     if unknown:
-        raise ValueError(f"{fname}: unknown top-level keys {unknown}; expected Server and optionally Switch")
+        raise ValueError(f"{fname}: unknown top-level keys {shown(unknown)}; expected Server and optionally Switch")
     counts: dict[str, int] = {}
     intra: list[tuple[float, float]] = []
     inter: list[tuple[float, float]] = []
     for host, devices in servers.items():
         hw = f"{fname}: Server.{host}"
         if not isinstance(devices, Mapping):
-            raise ValueError(f"{hw}: expected a mapping of device kinds (GPU, CPU, NIC), got {devices!r}")
+            raise ValueError(f"{hw}: expected a mapping of device kinds (GPU, CPU, NIC), got {shown(devices)}")
         gpus = devices.get("GPU")
         if not isinstance(gpus, Mapping) or not gpus:
-            raise ValueError(f"{hw}.GPU: expected a mapping of GPU index -> links, got {gpus!r}")
+            raise ValueError(f"{hw}.GPU: expected a mapping of GPU index -> links, got {shown(gpus)}")
         counts[str(host)] = len(gpus)
         for kind, entries in devices.items():
             if not isinstance(entries, Mapping):
-                raise ValueError(f"{hw}.{kind}: expected a mapping of device index -> links, got {entries!r}")
+                raise ValueError(f"{hw}.{kind}: expected a mapping of device index -> links, got {shown(entries)}")
             for idx, entry in entries.items():
                 for dest, rate, lat in _read_links(entry or {}, f"{hw}.{kind}.{idx}"):
                     dest_host = _DEST_RE.match(dest).group(1)
                     if dest_host not in servers and dest_host not in {str(h) for h in servers}:
-                        raise ValueError(f"{hw}.{kind}.{idx}: link dest {dest!r} names an unknown server "
-                                         f"{dest_host!r}; servers: {sorted(map(str, servers))}")
+                        raise ValueError(f"{hw}.{kind}.{idx}: link dest {shown(dest)} names an unknown server "
+                                         f"{shown(dest_host)}; servers: {shown(sorted(map(str, servers)))}")
                     if dest_host != str(host):
                         inter.append((rate, lat))
                     elif kind == "GPU" and "/GPU/" in dest:
                         intra.append((rate, lat))
     switches = data.get("Switch") or {}
     if not isinstance(switches, Mapping):
-        raise ValueError(f"{fname}: Switch: expected a mapping of switch name -> links, got {switches!r}")
+        raise ValueError(f"{fname}: Switch: expected a mapping of switch name -> links, got {shown(switches)}")
     for sw, entry in switches.items():
         for _, rate, lat in _read_links(entry or {}, f"{fname}: Switch.{sw}"):
             inter.append((rate, lat))
     if len(set(counts.values())) != 1:
-        raise ValueError(f"{fname}: Server.*.GPU: every server must have the same number of GPUs, got {counts}")
+        raise ValueError(f"{fname}: Server.*.GPU: every server must have the same number of GPUs, got {shown(counts)}")
     dpn = next(iter(counts.values()))
     nodes = len(counts)
     if dpn > 1 and not intra:
@@ -198,32 +198,32 @@ def _from_autodist(data: Mapping[str, Any], fname: str, *, name: str | None, alg
                    inter_bandwidth: float | None) -> ClusterSpec:
     nodes = data["nodes"]
     if not nodes:
-        raise ValueError(f"{fname}: nodes: expected a non-empty list of nodes, got {nodes!r}")
+        raise ValueError(f"{fname}: nodes: expected a non-empty list of nodes, got {shown(nodes)}")
     counts: list[int] = []
     bws: list[float] = []
     chiefs = 0
     for i, nd in enumerate(nodes):
         nw = f"{fname}: nodes[{i}]"
         if not isinstance(nd, Mapping):
-            raise ValueError(f"{nw}: expected a mapping with address and gpus, got {nd!r}")
+            raise ValueError(f"{nw}: expected a mapping with address and gpus, got {shown(nd)}")
         if "address" not in nd:
             raise ValueError(f"{nw}: missing field 'address'")
         gpus = nd.get("gpus")
         if (not isinstance(gpus, list) or not gpus
                 or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
                 or len(set(gpus)) != len(gpus)):
-            raise ValueError(f"{nw}.gpus: expected a list of GPU indices, got {gpus!r}")
+            raise ValueError(f"{nw}.gpus: expected a list of GPU indices, got {shown(gpus)}")
         counts.append(len(gpus))
         if nd.get("chief", False) is True:
             chiefs += 1
         elif "chief" in nd and not isinstance(nd["chief"], bool):
-            raise ValueError(f"{nw}.chief: expected true or false, got {nd['chief']!r}")
+            raise ValueError(f"{nw}.chief: expected true or false, got {shown(nd['chief'])}")
         if "network_bandwidth" in nd:
             bws.append(parse_bandwidth(nd["network_bandwidth"], f"{nw}.network_bandwidth", bare_unit=1e9 / 8))
     if chiefs > 1:
         raise ValueError(f"{fname}: nodes: expected at most one node with chief: true, got {chiefs}")
     if len(set(counts)) != 1:
-        raise ValueError(f"{fname}: nodes[*].gpus: every node must have the same number of GPUs, got {counts}")
+        raise ValueError(f"{fname}: nodes[*].gpus: every node must have the same number of GPUs, got {shown(counts)}")
     n, dpn = len(nodes), counts[0]
     if intra is None:
         raise ValueError(f"{fname}: the format does not describe links inside a node; "

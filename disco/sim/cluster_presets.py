@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 
 from disco.sim.cluster_files import load_cluster
-from disco.sim.cluster_spec import ClusterSpec, LinkSpec
+from disco.sim.cluster_spec import ClusterSpec, LinkSpec, shown
 
 PUBLIC_LABEL = "public GPU cluster shape, not measured"
 LOCAL_LABEL = "this machine's virtual CPU devices; placeholder link costs until `disco calibrate`"
@@ -74,11 +74,11 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
     if name == "local":
         n = LOCAL_DEVICES if devices is None else devices
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"preset 'local': devices: expected an integer >= 1, got {devices!r}")
+            raise ValueError(f"preset 'local': devices: expected an integer >= 1, got {shown(devices)}")
         cal = dict(calibration or {})
         unknown = sorted(set(cal) - _CALIBRATION_KEYS)
         if unknown:
-            raise ValueError(f"preset 'local': calibration: unknown keys {unknown}; "
+            raise ValueError(f"preset 'local': calibration: unknown keys {shown(unknown)}; "
                              f"expected some of {sorted(_CALIBRATION_KEYS)}")
         link = LinkSpec(float(cal.get("bandwidth", LOCAL_BANDWIDTH)), float(cal.get("latency", LOCAL_LATENCY)))
         measured = bool(cal)
@@ -89,7 +89,7 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
                            description=f"{n} virtual CPU devices of this machine",
                            label="calibrated on this machine" if measured else LOCAL_LABEL)
     if calibration is not None:
-        raise ValueError(f"preset {name!r}: calibration applies only to 'local', got {dict(calibration)}")
+        raise ValueError(f"preset {shown(name)}: calibration applies only to 'local', got {shown(dict(calibration))}")
     if name == "dgx-a100-8":
         spec = ClusterSpec(name=name, nodes=1, devices_per_node=8, intra=nvlink, inter=nvlink,
                            algorithm="ring", description="one DGX A100: 8 GPUs on NVLink/NVSwitch",
@@ -107,9 +107,9 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
     elif name in ("h100-1", "h100-sxm-8", "h100-2x8-ib"):
         spec = _h100_preset(name)
     else:
-        raise ValueError(f"unknown cluster preset {name!r}; expected one of {', '.join(PRESETS)}")
+        raise ValueError(f"unknown cluster preset {shown(name)}; expected one of {', '.join(PRESETS)}")
     if devices is not None and devices != spec.num_devices:
-        raise ValueError(f"preset {name!r} has {spec.num_devices} devices, got devices={devices!r}")
+        raise ValueError(f"preset {shown(name)} has {spec.num_devices} devices, got devices={shown(devices)}")
     return spec
 
 
@@ -136,7 +136,7 @@ def resolve(value: str | None, devices: int | None = None) -> ClusterSpec:
         return load_cluster(value)
     if value in PRESETS:
         return preset(value, devices=devices if value == "local" else None)
-    raise ValueError(f"--cluster {value!r} is neither a file nor a preset; expected a path or one of: "
+    raise ValueError(f"--cluster {shown(value)} is neither a file nor a preset; expected a path or one of: "
                      f"{', '.join(PRESETS)}")
 
 

@@ -38,6 +38,7 @@ import functools
 import math
 import os
 import re
+import reprlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -64,6 +65,18 @@ _TIME_UNITS = {"s": 1.0, "ms": -1e3, "us": -1e6, "\u00b5s": -1e6, "\u03bcs": -1e
 _QUANTITY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z\u00b5\u03bc/]+)\s*$")
 
 
+_SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
+(_SHOWN.maxlevel, _SHOWN.maxdict, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxset, _SHOWN.maxstring, _SHOWN.maxlong,
+ _SHOWN.maxother) = (3, 6, 6, 6, 6, 60, 40, 60)
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut short (at most a few dozen characters and levels) for an error message:
+    a value read from a file may be megabytes long, or expand to gigabytes through YAML aliases."""
+    out = _SHOWN.repr(value)
+    return out if len(out) <= 120 else out[:117] + "..."
+
+
 # ---------------------------------------------------------------------------------------------
 def parse_bandwidth(value: Any, where: str, *, bare_unit: float = 1.0) -> float:
     """Reads a bandwidth as bytes/s.
@@ -81,7 +94,7 @@ def parse_bandwidth(value: Any, where: str, *, bare_unit: float = 1.0) -> float:
     """
     out = _parse_quantity(value, where, _RATE_UNITS, bare_unit, "a bandwidth such as 100Gbps or 3e11 (bytes/s)")
     if not out > 0:
-        raise ValueError(f"{where}: expected a positive bandwidth, got {value!r}")
+        raise ValueError(f"{where}: expected a positive bandwidth, got {shown(value)}")
     return out
 
 
@@ -93,13 +106,13 @@ def parse_latency(value: Any, where: str) -> float:
     """
     out = _parse_quantity(value, where, _TIME_UNITS, 1.0, "a latency such as 5us or 5e-6 (seconds)")
     if out < 0:
-        raise ValueError(f"{where}: expected a non-negative latency, got {value!r}")
+        raise ValueError(f"{where}: expected a non-negative latency, got {shown(value)}")
     return out
 
 
 def _parse_quantity(value: Any, where: str, units: Mapping[str, float], bare: float, expected: str) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"{where}: expected {expected}, got {value!r}")
+        raise ValueError(f"{where}: expected {expected}, got {shown(value)}")
     if isinstance(value, (int, float)):
         out = float(value) * bare
     elif isinstance(value, str):
@@ -108,17 +121,17 @@ def _parse_quantity(value: Any, where: str, units: Mapping[str, float], bare: fl
             try:
                 out = float(value) * bare
             except ValueError:
-                raise ValueError(f"{where}: expected {expected}, got {value!r}") from None
+                raise ValueError(f"{where}: expected {expected}, got {shown(value)}") from None
         else:
             unit = _normalise_unit(m.group(2))
             if unit not in units:
-                raise ValueError(f"{where}: unknown unit {m.group(2)!r} in {value!r}; expected {expected}")
+                raise ValueError(f"{where}: unknown unit {shown(m.group(2))} in {shown(value)}; expected {expected}")
             scale = units[unit]
             out = float(m.group(1)) * scale if scale > 0 else float(m.group(1)) / -scale
     else:
-        raise ValueError(f"{where}: expected {expected}, got {value!r}")
+        raise ValueError(f"{where}: expected {expected}, got {shown(value)}")
     if not math.isfinite(out):
-        raise ValueError(f"{where}: expected a finite value, got {value!r}")
+        raise ValueError(f"{where}: expected a finite value, got {shown(value)}")
     return out
 
 
@@ -145,9 +158,9 @@ class LinkSpec:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.bandwidth, (int, float)) and math.isfinite(self.bandwidth) and self.bandwidth > 0):
-            raise ValueError(f"LinkSpec.bandwidth: expected a positive number of bytes/s, got {self.bandwidth!r}")
+            raise ValueError(f"LinkSpec.bandwidth: expected a positive number of bytes/s, got {shown(self.bandwidth)}")
         if not (isinstance(self.latency, (int, float)) and math.isfinite(self.latency) and self.latency >= 0):
-            raise ValueError(f"LinkSpec.latency: expected a non-negative number of seconds, got {self.latency!r}")
+            raise ValueError(f"LinkSpec.latency: expected a non-negative number of seconds, got {shown(self.latency)}")
 
     def to_dict(self) -> dict[str, float]:
         return {"bandwidth": float(self.bandwidth), "latency": float(self.latency)}
@@ -196,23 +209,23 @@ class ClusterSpec:
         for field in ("nodes", "devices_per_node"):
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"ClusterSpec.{field}: expected an integer >= 1, got {v!r}")
+                raise ValueError(f"ClusterSpec.{field}: expected an integer >= 1, got {shown(v)}")
         for field in ("intra", "inter"):
             if not isinstance(getattr(self, field), LinkSpec):
-                raise ValueError(f"ClusterSpec.{field}: expected a LinkSpec, got {getattr(self, field)!r}")
+                raise ValueError(f"ClusterSpec.{field}: expected a LinkSpec, got {shown(getattr(self, field))}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"ClusterSpec.algorithm: expected one of {', '.join(ALGORITHMS)}, "
-                             f"got {self.algorithm!r}")
+                             f"got {shown(self.algorithm)}")
         cs = self.compute_speed
         if isinstance(cs, bool) or not isinstance(cs, (int, float)) or not (math.isfinite(cs) and cs > 0):
-            raise ValueError(f"ClusterSpec.compute_speed: expected a positive number, got {cs!r}")
+            raise ValueError(f"ClusterSpec.compute_speed: expected a positive number, got {shown(cs)}")
         if not isinstance(self.overlap, bool):
-            raise ValueError(f"ClusterSpec.overlap: expected true or false, got {self.overlap!r}")
+            raise ValueError(f"ClusterSpec.overlap: expected true or false, got {shown(self.overlap)}")
         if self.device not in DEVICES:
-            raise ValueError(f"ClusterSpec.device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise ValueError(f"ClusterSpec.device: expected one of {', '.join(DEVICES)}, got {shown(self.device)}")
         ol = self.operand_latency
         if isinstance(ol, bool) or not isinstance(ol, (int, float)) or not (math.isfinite(ol) and ol >= 0):
-            raise ValueError(f"ClusterSpec.operand_latency: expected a non-negative number of seconds, got {ol!r}")
+            raise ValueError(f"ClusterSpec.operand_latency: expected a non-negative number of seconds, got {shown(ol)}")
 
     @property
     def is_gpu(self) -> bool:
@@ -265,10 +278,10 @@ class ClusterSpec:
                  "operand_latency", "overlap", "description", "label", "device"}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"{where}: unknown fields {unknown}; expected some of {sorted(known)}")
+            raise ValueError(f"{where}: unknown fields {shown(unknown)}; expected some of {sorted(known)}")
         for key in ("nodes", "devices_per_node", "intra"):
             if key not in data:
-                raise ValueError(f"{where}: missing field {key!r}")
+                raise ValueError(f"{where}: missing field {shown(key)}")
         nodes = _int_field(data["nodes"], f"{where}.nodes")
         dpn = _int_field(data["devices_per_node"], f"{where}.devices_per_node")
         intra = _link_field(data["intra"], f"{where}.intra")
@@ -277,23 +290,23 @@ class ClusterSpec:
         elif nodes == 1:
             inter = intra
         else:
-            raise ValueError(f"{where}: missing field 'inter' (needed when nodes > 1, got nodes={nodes})")
+            raise ValueError(f"{where}: missing field 'inter' (needed when nodes > 1, got nodes={shown(nodes)})")
         algorithm = data.get("algorithm", "ring")
         if algorithm not in ALGORITHMS:
-            raise ValueError(f"{where}.algorithm: expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+            raise ValueError(f"{where}.algorithm: expected one of {', '.join(ALGORITHMS)}, got {shown(algorithm)}")
         speed = data.get("compute_speed", 1.0)
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
-            raise ValueError(f"{where}.compute_speed: expected a positive number, got {speed!r}")
+            raise ValueError(f"{where}.compute_speed: expected a positive number, got {shown(speed)}")
         operand_latency = parse_latency(data.get("operand_latency", 0.0), f"{where}.operand_latency")
         overlap = data.get("overlap", True)
         if not isinstance(overlap, bool):
-            raise ValueError(f"{where}.overlap: expected true or false, got {overlap!r}")
+            raise ValueError(f"{where}.overlap: expected true or false, got {shown(overlap)}")
         for key in ("name", "description", "label"):
             if key in data and not isinstance(data[key], str):
-                raise ValueError(f"{where}.{key}: expected a string, got {data[key]!r}")
+                raise ValueError(f"{where}.{key}: expected a string, got {shown(data[key])}")
         device = data.get("device", "cpu")
         if device not in DEVICES:
-            raise ValueError(f"{where}.device: expected one of {', '.join(DEVICES)}, got {device!r}")
+            raise ValueError(f"{where}.device: expected one of {', '.join(DEVICES)}, got {shown(device)}")
         return cls(name=data.get("name", f"{nodes}x{dpn}"), nodes=nodes, devices_per_node=dpn,
                    intra=intra, inter=inter, algorithm=algorithm, compute_speed=float(speed),
                    operand_latency=operand_latency, overlap=overlap, device=device,
@@ -332,13 +345,13 @@ def require_cluster(value: Any, where: str = "cluster", *, or_none: bool = False
 
 def _int_field(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{where}: expected an integer >= 1, got {v!r}")
+        raise ValueError(f"{where}: expected an integer >= 1, got {shown(v)}")
     return v
 
 
 def _link_field(v: Any, where: str) -> LinkSpec:
     if not isinstance(v, Mapping) or set(v) != {"bandwidth", "latency"}:
-        raise ValueError(f"{where}: expected a mapping with keys bandwidth and latency, got {v!r}")
+        raise ValueError(f"{where}: expected a mapping with keys bandwidth and latency, got {shown(v)}")
     return LinkSpec(parse_bandwidth(v["bandwidth"], f"{where}.bandwidth"),
                     parse_latency(v["latency"], f"{where}.latency"))
 
@@ -387,6 +400,8 @@ def parse_yaml(text: str, where: str) -> Any:
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"{where}: not valid YAML (JSON is YAML too){at}: {problem}") from None
+    except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise ValueError(f"{where}: a value that cannot be read ({e}); expected a cluster file") from None
     except RecursionError:  # "[[[[...]]]]" thousands deep: no cluster file nests like that
         raise ValueError(f"{where}: YAML nested too deeply to read; expected a cluster file "
                          "(mappings and lists a few levels deep)") from None
@@ -418,7 +433,7 @@ def _yaml_classes() -> tuple[Any, Any]:
                         continue
                     if duplicate:
                         raise yaml.constructor.ConstructorError(
-                            None, None, f"found duplicate key {key!r}", key_node.start_mark)
+                            None, None, f"found duplicate key {shown(key)}", key_node.start_mark)
             return super().construct_mapping(node, deep=deep)
 
     class ClusterDumper(yaml.SafeDumper):
