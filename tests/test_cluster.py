@@ -177,7 +177,7 @@ _LAUGHS = "[" + ", ".join(f"&{k} [{', '.join([f'*{p}' if p else 'x'] * 10)}]"
      r"^c.yaml: unknown fields \['k0', 'k1', 'k10', 'k100', 'k1000', 'k1001', \.\.\.\]; expected"),
     ("c.yaml", _ONE + _LINK + "name: " + _LAUGHS + "\n", r"^c.yaml.name: expected a string, got \[\['x', 'x', .*\.\.\.$"),
     ("c.yaml", _ONE + _LINK + "name: [" + "x" * 10**6 + " 1]\n", r"^c.yaml.name: expected a string, got \['x+\.\.\.x+ 1'\]"),
-    ("c.yaml", _ONE.replace("1", "1" + "0" * 4000, 1) + _LINK, r"^c.yaml: missing field 'inter' .* got nodes=1000+\.\.\.0+\)"),
+    ("c.yaml", _ONE.replace("1", "1" + "0" * 4000, 1) + _LINK, r"^c.yaml: expected at most 2,147,483,648 devices, got nodes x devices_per_node = 1000+\.\.\.0+ x 1$"),
     ("c.yaml", _ONE.replace("1", "1" + "0" * 5000, 1) + _LINK,
      r"^c.yaml: a value that cannot be read \(Exceeds the limit \(4300 digits\) for integer string conversion"),
     ("resource_spec.yml", "nodes: [" + _LAUGHS + "]\n", r"^resource_spec.yml: nodes\[0\]: expected a mapping with address"),
@@ -289,6 +289,31 @@ def test_spec_validation():
         LinkSpec(1.0, -1)
     with pytest.raises(ValueError, match=r"ClusterSpec.compute_speed: expected a positive number, got 0"):
         ClusterSpec("x", 1, 1, NVLINK, NVLINK, compute_speed=0)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("intra: {bandwidth: 1e-320, latency: 0}", r"c.yaml.intra.bandwidth: expected a bandwidth of at least 1 byte/s"),
+    ("intra: {bandwidth: 0.5 B/s, latency: 0}", r"c.yaml.intra.bandwidth: expected a bandwidth of at least 1 byte/s"),
+    ("intra: {bandwidth: 1, latency: 1e300}", r"c.yaml.intra.latency: expected a latency of at most 3600 s, got 1e\+300"),
+    (_LINK + "operand_latency: 2h", r"c.yaml.operand_latency: unknown unit 'h'"),
+    (_LINK + "operand_latency: 1e4", r"c.yaml.operand_latency: expected a latency of at most 3600 s"),
+    (_LINK + "compute_speed: 1e-320", r"c.yaml.compute_speed: expected a finite number >= 1e-06, got 1e-320"),
+    (_LINK + "compute_speed: 1e400", r"c.yaml.compute_speed: expected a finite number >= 1e-06, got inf"),
+    (_LINK.replace("intra", "inter") + _LINK + "nodes: 65536\ndevices_per_node: 65536",
+     r"c.yaml: expected at most 2,147,483,648 devices, got nodes x devices_per_node = 65536 x 65536"),
+])
+def test_values_that_would_make_the_simulator_fail_are_refused(tmp_path, line, message):
+    """A bandwidth of 1e-320 B/s made the simulator raise "deadlocked ... a bug", 10**400 nodes an
+    OverflowError: both tracebacks from `disco simulate`."""
+    text = line + "\n" if "nodes:" in line else "nodes: 1\ndevices_per_node: 4\n" + line + "\n"
+    with pytest.raises(ValueError, match=message):
+        load_cluster(_write(tmp_path, "c.yaml", text))
+    with pytest.raises(ValueError, match=r"LinkSpec.bandwidth: expected at least 1 byte/s, got 0.5"):
+        LinkSpec(0.5, 0.0)
+    with pytest.raises(ValueError, match=r"ClusterSpec: expected at most 2,147,483,648 devices"):
+        ClusterSpec("x", 10**400, 1, NVLINK, NVLINK)
+    with pytest.raises(ValueError, match=r"ClusterSpec.compute_speed: expected at least 1e-06, got 1e-07"):
+        ClusterSpec("x", 1, 1, NVLINK, NVLINK, compute_speed=1e-7)
 
 
 def test_from_yaml_never_opens_a_path_given_as_text(tmp_path):

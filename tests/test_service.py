@@ -437,11 +437,12 @@ def test_limits_are_checked_before_a_job_exists(server):
          "graph", "not the name of an earlier node"),
         ({"graph": {**graph, "edges": [[1, 0]]}}, "graph", "topological"),
         ({"graph": {**graph, "nodes": []}}, "graph.nodes", "at least 1"),
-        # clusters: 10^12 x 10^12 devices, a million local devices, a link of 1e-300 B/s
-        ({"cluster": {"yaml": dgx.format(n=10**12, d=10**12, bw="25 GB/s")}, "devices": None}, "cluster.yaml",
+        # clusters: 10^6 devices, a million local devices, a link of 10 B/s: inside what a ClusterSpec
+        # may hold (disco.sim.cluster_spec.MAX_DEVICES, MIN_BANDWIDTH), outside the service's limits
+        ({"cluster": {"yaml": dgx.format(n=1000, d=1000, bw="25 GB/s")}, "devices": None}, "cluster.yaml",
          "at most 65536"),
         ({"devices": 10**6}, "devices", "less than or equal to 65536"),
-        ({"cluster": {"yaml": dgx.format(n=2, d=8, bw="1e-300")}, "devices": None}, "cluster.yaml",
+        ({"cluster": {"yaml": dgx.format(n=2, d=8, bw="10")}, "devices": None}, "cluster.yaml",
          "bytes/s"),
     ]
     for change, field, words in cases:

@@ -25,7 +25,9 @@ Bandwidths are numbers in bytes/s or strings with a unit (``B/s``, ``KB/s``,
 ``MB/s``, ``GB/s``, ``GiB/s``, ``bps``, ``Kbps``, ``Mbps``, ``Gbps``, ``Tbps``;
 ``Gb/s`` is ``Gbps``, bits; ``GBps`` is ``GB/s``, bytes: only the case of that b/B
 matters). Latencies are numbers in seconds or strings with a unit (``s``, ``ms``,
-``us`` or ``µs``, ``ns``). ``to_yaml`` writes plain numbers.
+``us`` or ``µs``, ``ns``). ``to_yaml`` writes plain numbers. A spec holds at least 1 byte/s
+per link, at most an hour of latency, a ``compute_speed`` of at least 1e-6 and at most 2**31
+devices (``MIN_BANDWIDTH``, ``MAX_LATENCY``, ``MIN_COMPUTE_SPEED``, ``MAX_DEVICES``).
 
 Files of other systems are read by :mod:`disco.sim.cluster_files`; the named clusters
 are in :mod:`disco.sim.cluster_presets`.
@@ -50,6 +52,13 @@ ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical")
 # an NVIDIA H100 SXM (disco.sim.gpu_fusion, and the H100 cost model).
 DEVICES: tuple[str, ...] = ("cpu", "h100")
 GPU_DEVICES: frozenset[str] = frozenset({"h100"})
+# What a spec may hold, wide enough for any real cluster and narrow enough that the simulator's
+# times stay finite (a bandwidth of 1e-320 B/s made every collective infinite and the scheduler
+# fail; 10**400 devices overflowed a float). The service's limits (service/limits.py) are narrower.
+MIN_BANDWIDTH = 1.0  # bytes/s of a link
+MAX_LATENCY = 3600.0  # seconds per message of a link, and operand_latency
+MIN_COMPUTE_SPEED = 1e-6  # relative to the profiled device
+MAX_DEVICES = 2**31  # nodes * devices_per_node
 
 _RATE_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
                   "ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
@@ -95,6 +104,8 @@ def parse_bandwidth(value: Any, where: str, *, bare_unit: float = 1.0) -> float:
     out = _parse_quantity(value, where, _RATE_UNITS, bare_unit, "a bandwidth such as 100Gbps or 3e11 (bytes/s)")
     if not out > 0:
         raise ValueError(f"{where}: expected a positive bandwidth, got {shown(value)}")
+    if out < MIN_BANDWIDTH:
+        raise ValueError(f"{where}: expected a bandwidth of at least {MIN_BANDWIDTH:g} byte/s, got {shown(value)}")
     return out
 
 
@@ -107,6 +118,8 @@ def parse_latency(value: Any, where: str) -> float:
     out = _parse_quantity(value, where, _TIME_UNITS, 1.0, "a latency such as 5us or 5e-6 (seconds)")
     if out < 0:
         raise ValueError(f"{where}: expected a non-negative latency, got {shown(value)}")
+    if out > MAX_LATENCY:
+        raise ValueError(f"{where}: expected a latency of at most {MAX_LATENCY:g} s, got {shown(value)}")
     return out
 
 
@@ -157,10 +170,15 @@ class LinkSpec:
     latency: float
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.bandwidth, (int, float)) and math.isfinite(self.bandwidth) and self.bandwidth > 0):
-            raise ValueError(f"LinkSpec.bandwidth: expected a positive number of bytes/s, got {shown(self.bandwidth)}")
-        if not (isinstance(self.latency, (int, float)) and math.isfinite(self.latency) and self.latency >= 0):
-            raise ValueError(f"LinkSpec.latency: expected a non-negative number of seconds, got {shown(self.latency)}")
+        bw, lat = self.bandwidth, self.latency
+        if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+            raise ValueError(f"LinkSpec.bandwidth: expected a positive number of bytes/s, got {shown(bw)}")
+        if bw < MIN_BANDWIDTH:
+            raise ValueError(f"LinkSpec.bandwidth: expected at least {MIN_BANDWIDTH:g} byte/s, got {shown(bw)}")
+        if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
+            raise ValueError(f"LinkSpec.latency: expected a non-negative number of seconds, got {shown(lat)}")
+        if lat > MAX_LATENCY:
+            raise ValueError(f"LinkSpec.latency: expected at most {MAX_LATENCY:g} s, got {shown(lat)}")
 
     def to_dict(self) -> dict[str, float]:
         return {"bandwidth": float(self.bandwidth), "latency": float(self.latency)}
@@ -210,6 +228,9 @@ class ClusterSpec:
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"ClusterSpec.{field}: expected an integer >= 1, got {shown(v)}")
+        if self.nodes * self.devices_per_node > MAX_DEVICES:
+            raise ValueError(f"ClusterSpec: expected at most {MAX_DEVICES:,d} devices, got nodes x devices_per_node "
+                             f"= {shown(self.nodes)} x {shown(self.devices_per_node)}")
         for field in ("intra", "inter"):
             if not isinstance(getattr(self, field), LinkSpec):
                 raise ValueError(f"ClusterSpec.{field}: expected a LinkSpec, got {shown(getattr(self, field))}")
@@ -219,6 +240,8 @@ class ClusterSpec:
         cs = self.compute_speed
         if isinstance(cs, bool) or not isinstance(cs, (int, float)) or not (math.isfinite(cs) and cs > 0):
             raise ValueError(f"ClusterSpec.compute_speed: expected a positive number, got {shown(cs)}")
+        if cs < MIN_COMPUTE_SPEED:
+            raise ValueError(f"ClusterSpec.compute_speed: expected at least {MIN_COMPUTE_SPEED:g}, got {shown(cs)}")
         if not isinstance(self.overlap, bool):
             raise ValueError(f"ClusterSpec.overlap: expected true or false, got {shown(self.overlap)}")
         if self.device not in DEVICES:
@@ -226,6 +249,8 @@ class ClusterSpec:
         ol = self.operand_latency
         if isinstance(ol, bool) or not isinstance(ol, (int, float)) or not (math.isfinite(ol) and ol >= 0):
             raise ValueError(f"ClusterSpec.operand_latency: expected a non-negative number of seconds, got {shown(ol)}")
+        if ol > MAX_LATENCY:
+            raise ValueError(f"ClusterSpec.operand_latency: expected at most {MAX_LATENCY:g} s, got {shown(ol)}")
 
     @property
     def is_gpu(self) -> bool:
@@ -284,6 +309,9 @@ class ClusterSpec:
                 raise ValueError(f"{where}: missing field {shown(key)}")
         nodes = _int_field(data["nodes"], f"{where}.nodes")
         dpn = _int_field(data["devices_per_node"], f"{where}.devices_per_node")
+        if nodes * dpn > MAX_DEVICES:
+            raise ValueError(f"{where}: expected at most {MAX_DEVICES:,d} devices, got nodes x devices_per_node = "
+                             f"{shown(nodes)} x {shown(dpn)}")
         intra = _link_field(data["intra"], f"{where}.intra")
         if "inter" in data:
             inter = _link_field(data["inter"], f"{where}.inter")
@@ -297,6 +325,9 @@ class ClusterSpec:
         speed = data.get("compute_speed", 1.0)
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
             raise ValueError(f"{where}.compute_speed: expected a positive number, got {shown(speed)}")
+        if not MIN_COMPUTE_SPEED <= speed < math.inf:
+            raise ValueError(f"{where}.compute_speed: expected a finite number >= {MIN_COMPUTE_SPEED:g}, "
+                             f"got {shown(speed)}")
         operand_latency = parse_latency(data.get("operand_latency", 0.0), f"{where}.operand_latency")
         overlap = data.get("overlap", True)
         if not isinstance(overlap, bool):
