@@ -273,6 +273,20 @@ def test_autodist_errors_name_the_field(tmp_path, text, kwargs, message):
         load_cluster(_write(tmp_path, "resource_spec.yml", text), **kwargs)
 
 
+def test_an_autodist_file_given_to_the_cli_says_what_to_do_there(tmp_path):
+    """From --cluster no intra= can be passed: the message named only that Python argument."""
+    from tests.test_cli import run_cli
+
+    path = _write(tmp_path, "resource_spec.yml", AUTODIST)
+    r = run_cli("simulate", "--model", "mlp", "--preset", "tiny", "--cluster", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        "disco simulate: error: resource_spec.yml: the format does not describe links inside a node; pass "
+        "intra=LinkSpec(bandwidth, latency) to load_cluster, or, where no argument can be passed (--cluster), give "
+        "the cluster in disco's format: nodes, devices_per_node, intra and inter links (as `disco calibrate --out` "
+        "writes)"]
+
+
 def test_autodist_overrides_and_one_node(tmp_path):
     one = load_cluster(_write(tmp_path, "resource_spec.yml", "nodes:\n  - {address: a, gpus: [0, 1, 2]}\n"),
                        intra=NVLINK, name="box")

@@ -227,7 +227,9 @@ def _from_autodist(data: Mapping[str, Any], fname: str, *, name: str | None, alg
     n, dpn = len(nodes), counts[0]
     if intra is None:
         raise ValueError(f"{fname}: the format does not describe links inside a node; "
-                         "pass intra=LinkSpec(bandwidth, latency)")
+                         "pass intra=LinkSpec(bandwidth, latency) to load_cluster, or, where no argument can be "
+                         "passed (--cluster), give the cluster in disco's format: nodes, devices_per_node, "
+                         "intra and inter links (as `disco calibrate --out` writes)")
     if n == 1:
         inter_link = intra
     else:
