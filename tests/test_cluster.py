@@ -5,9 +5,12 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from disco.sim.cluster import (PRESETS, ClusterSpec, LinkSpec, load_cluster, parse_bandwidth, parse_latency,
-                           preset, resolve)
+from disco.sim.cluster import (ALGORITHMS, DEVICES, PRESETS, ClusterSpec, LinkSpec, load_cluster, parse_bandwidth,
+                               parse_latency, preset, resolve)
+from disco.sim.cluster_spec import MAX_DEVICES, MAX_LATENCY, MIN_BANDWIDTH, MIN_COMPUTE_SPEED
 
 SUPERSCALER = """\
 Server:
@@ -92,6 +95,25 @@ def test_presets_round_trip_through_yaml(name, tmp_path):
     again = ClusterSpec.from_yaml(path)
     assert again == spec and again.label == spec.label and again.description == spec.description
     assert load_cluster(path) == spec
+
+
+_LATENCIES = st.floats(min_value=0, max_value=MAX_LATENCY)
+_LINKS = st.builds(LinkSpec, st.floats(min_value=MIN_BANDWIDTH, max_value=1e300), _LATENCIES)
+_SPECS = st.builds(
+    ClusterSpec, name=st.text(max_size=20), nodes=st.integers(1, 2**16), devices_per_node=st.integers(1, 2**15),
+    intra=_LINKS, inter=_LINKS, algorithm=st.sampled_from(ALGORITHMS),
+    compute_speed=st.floats(min_value=MIN_COMPUTE_SPEED, max_value=1e300), operand_latency=_LATENCIES,
+    overlap=st.booleans(), description=st.text(max_size=30), label=st.text(max_size=30),
+    device=st.sampled_from(DEVICES))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_SPECS)
+def test_every_spec_round_trips_through_yaml(spec):
+    assert spec.num_devices <= MAX_DEVICES
+    again = ClusterSpec.from_yaml(spec.to_yaml())
+    assert again == spec
+    assert (again.description, again.label) == (spec.description, spec.label)  # not compared, kept all the same
 
 
 def test_preset_shapes():
