@@ -2,8 +2,8 @@
 
 Nothing from a request is unpickled or evaluated: HLO text goes through disco's
 parser (in a child process, see :mod:`service.intake`), graph JSON through its schema
-and ``disco.ir.graph.Node``, cluster YAML through ``yaml.safe_load`` and
-``ClusterSpec.from_dict`` (never a file path). Every limit of :mod:`service.limits` is
+and ``disco.ir.graph.Node``, cluster YAML through ``disco.sim.cluster_spec.parse_yaml`` (a
+``yaml.SafeLoader``) and ``ClusterSpec.from_dict`` (never a file path). Every limit of :mod:`service.limits` is
 checked here or in the schemas, before a job exists.
 """
 
@@ -69,12 +69,12 @@ def parse_cluster(cluster: Any, devices: int | None) -> ClusterSpec:
             return check_cluster(dc.preset(cluster, devices=devices), "cluster")
         except ValueError as e:
             raise ApiError(400, "invalid_cluster", str(e), "devices") from None
-    import yaml
+    from disco.sim.cluster_spec import parse_yaml
 
-    try:
-        data = yaml.safe_load(cluster.yaml)
+    try:  # the reader of every cluster file (duplicate keys refused, 5e-1 a number), never a path
+        data = parse_yaml(cluster.yaml, "cluster.yaml")
         spec = dc.ClusterSpec.from_dict(data, "cluster.yaml")
-    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as e:
+    except (ValueError, TypeError, RecursionError) as e:
         msg = str(e).strip()
         msg = msg if msg.startswith("cluster.yaml") else f"cluster.yaml: {msg}"
         raise ApiError(400, "invalid_cluster", msg, "cluster.yaml") from None

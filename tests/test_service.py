@@ -183,6 +183,13 @@ def test_malformed_inputs_get_json_4xx_and_the_server_stays_up(server):
     status, body, _ = server.request("POST", "/v1/plans", {**ok, "cluster": "moon-base"})
     assert_error(status, body, 400, "cluster")
     assert "dgx-a100-8" in body["message"] and "16x8-ib" in body["message"]
+    # cluster YAML is read as every cluster file is (disco.sim.cluster_spec.parse_yaml): a key twice is refused
+    from disco.sim.cluster import preset
+
+    twice = preset("dgx-a100-8").to_yaml() + "nodes: 2\n"
+    status, body, _ = server.request("POST", "/v1/plans", {**ok, "cluster": {"yaml": twice}})
+    assert_error(status, body, 400, "cluster.yaml")
+    assert "found duplicate key 'nodes'" in body["message"]
     # wrong content type, missing and wrong token
     status, body, _ = server.request("POST", "/v1/plans", raw=b"x", headers={"Content-Type": "text/plain"})
     assert_error(status, body, 415)
