@@ -77,13 +77,14 @@ def write_dataset(out: str | os.PathLike[str], graphs: Mapping[str, HloGraph], *
 def zoo_graphs(models: tuple[str, ...] = ("mlp", "transformer_lm", "bert", "rnnlm"), preset: str = "tiny",
                devices: int = 4) -> dict[str, HloGraph]:
     """Extracts the pre-optimisation graphs of zoo models (needs jax with ``devices`` CPU devices)."""
-    import disco
     import trax_models
+
+    from disco.ir.extractor import extract
 
     out = {}
     for m in models:
         step, args = trax_models.make_train_step(m, preset, devices=devices)
-        out[m] = disco.extract(step, *args)
+        out[m] = extract(step, *args)
     return out
 
 

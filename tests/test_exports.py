@@ -51,3 +51,27 @@ def test_import_does_not_import_jax(package):
     code = f"import sys, {package}; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_no_module_imports_through_the_disco_facade():
+    """docs/architecture.md: nothing below ``disco/__init__.py`` imports through its lazy exports (a bare
+    ``import disco`` used as ``disco.extract``, or ``from disco import optimize``); submodules are imported
+    by their own names."""
+    import pathlib
+
+    import disco
+
+    root = pathlib.Path(disco.__file__).parent.parent
+    lazy = set(disco._EXPORTS) | {k for k, v in disco._SUBMODULES.items() if v != f"disco.{k}"}
+    found = []
+    for package in ("disco", "gnn", "xla_hooks", "service", "trax_models"):
+        for path in sorted((root / package).rglob("*.py")):
+            if path == root / "disco" / "__init__.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import) and any(a.name == "disco" for a in node.names):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: import disco")
+                elif isinstance(node, ast.ImportFrom) and node.module == "disco" and node.level == 0:
+                    found += [f"{path.relative_to(root)}:{node.lineno}: from disco import {a.name}"
+                              for a in node.names if a.name in lazy]
+    assert not found, found
