@@ -47,3 +47,19 @@ def test_profile_rejects_zero_steps(mlp):
     step, args, _ = mlp
     with pytest.raises(ValueError, match=r"steps and rounds must be >= 1, got steps=0"):
         profile(step, args, steps=0)
+
+
+def test_only_all_reduces_are_a_buckets_all_reduce(mlp):
+    """XLA names the unpacking after a bucket's all-reduce (a bitcast fused into the next kLoop
+    fusion) after the all-reduce itself: that fusion is the bucket's pack work, not its all-reduce,
+    or by_bucket() counts it as communication and kernel_records() drops its compute."""
+    from disco.ir.opcodes import ALL_REDUCE_OPCODES
+    from xla_hooks.profiling import profile
+
+    step, args, graph = mlp
+    plan = random_plans.random_plan(graph, 0)
+    assert any(len(b.members) == 1 for b in plan.buckets)  # the case that showed it
+    res = profile(step, args, steps=1, plan=plan, graph=graph, rounds=1)
+    labelled = [(o.name, o.opcode) for o in res.ops if o.bucket_part == "all-reduce"]
+    assert all(op in ALL_REDUCE_OPCODES for _, op in labelled), labelled
+    assert sorted(o.bucket for o in res.ops if o.bucket_part == "all-reduce") == list(range(len(plan.buckets)))

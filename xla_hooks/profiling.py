@@ -11,8 +11,10 @@ Each compiled op is mapped back to the plan and the pre-optimisation graph
 through its ``metadata={op_name=...}``:
 
 * ``.../disco.fusion.K``: the rewriter's fusion K, i.e. a planned group;
-* ``.../disco_bucket_K``: the rewriter's bucket all-reduce K; ``.../disco.bucket.K.*``
-  the flatten/concatenate/slice work around it (``bucket_part="pack"``);
+* ``.../disco_bucket_K``: the rewriter's bucket all-reduce K (``bucket_part="all-reduce"``,
+  all-reduce ops only: XLA also gives that name to a bitcast of its result fused into a
+  consumer); ``.../disco.bucket.K.*`` and those other ops are the flatten/concatenate/slice
+  work around it (``bucket_part="pack"``);
 * otherwise ``<call>/<instruction name>`` (what the HLO -> StableHLO round trip
   leaves) names the pre-optimisation instruction; a fusion covers every
   instruction named inside its fused computation. A step compiled by XLA's
@@ -249,7 +251,13 @@ def _op_map(compiled_text: str, plan: FusionPlan | None, rewritten: str | None,
                     continue
                 m = _BUCKET_AR_RE.search(on)
                 if m and int(m.group(1)) in b_map:
-                    rec["bucket"], rec["bucket_part"] = b_map[int(m.group(1))], "all-reduce"
+                    # XLA names what it folds the unpacking into (a bitcast of the all-reduce's
+                    # result, fused into a consumer) after the all-reduce: only the all-reduce
+                    # itself is the bucket's communication, the rest is its pack work.
+                    if ins.opcode in ALL_REDUCE_OPCODES:
+                        rec["bucket"], rec["bucket_part"] = b_map[int(m.group(1))], "all-reduce"
+                    elif rec["bucket"] is None:
+                        rec["bucket"], rec["bucket_part"] = b_map[int(m.group(1))], "pack"
                     continue
                 m = _BUCKET_PACK_RE.search(on)
                 if m and int(m.group(1)) in b_map:
