@@ -171,3 +171,27 @@ def test_indivisible_global_batch():
 def test_import_does_not_import_jax():
     code = "import sys, trax_models; trax_models.names(); assert 'jax' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"name": ["mlp"]}, ValueError, r"unknown model \['mlp'\]; expected one of: bert, "),
+    ({"name": "mlp", "preset": {"tiny": 1}}, ValueError, r"unknown preset \{'tiny': 1\}; expected one of: tiny, "),
+    ({"name": "mlp", "optimizer": ["sgd"]}, ValueError, r"unknown optimizer \['sgd'\]; expected one of: adam, "),
+    ({"name": "mlp", "devices": 2.0}, TypeError, r"devices: expected an int >= 1 \(or None: all\), got float 2\.0"),
+    ({"name": "mlp", "devices": "2"}, TypeError, r"devices: expected an int >= 1 \(or None: all\), got str '2'"),
+    ({"name": "mlp", "devices": True}, TypeError, r"devices: expected an int >= 1 \(or None: all\), got bool True"),
+])
+def test_bad_arguments_are_refused_with_one_line(kwargs, error, message):
+    """Each refused before anything is built, in one line naming the argument and what it takes
+    (a list as the name raised `unhashable type: 'list'`, a float as devices `slice indices must
+    be integers`, True was taken as 1 device)."""
+    kwargs = dict(kwargs)
+    with pytest.raises(error, match=message) as info:
+        trax_models.make_train_step(kwargs.pop("name"), kwargs.pop("preset", "tiny"), **kwargs)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("devices, error", [(2.5, TypeError), (0, ValueError)])
+def test_model_info_checks_devices(devices, error):
+    with pytest.raises(error, match=r"devices: expected an int >= 1"):
+        trax_models.model_info("mlp", "tiny", devices=devices)

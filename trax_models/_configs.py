@@ -8,6 +8,22 @@ can be imported without importing jax.
 from __future__ import annotations
 
 import dataclasses
+import numbers
+
+
+def check_device_count(devices: object) -> int:
+    """Returns ``devices`` when it is an int >= 1 (a bool is not a count).
+
+    Raises:
+      TypeError: for anything but an int.
+      ValueError: for an int below 1.
+    """
+    expected = "devices: expected an int >= 1 (or None: all)"
+    if isinstance(devices, bool) or not isinstance(devices, numbers.Integral):
+        raise TypeError(f"{expected}, got {type(devices).__name__} {devices!r}")
+    if devices < 1:
+        raise ValueError(f"{expected}, got {devices}")
+    return int(devices)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -27,10 +43,10 @@ class BatchConfig:
         """Returns the global batch for ``devices`` data-parallel devices.
 
         Raises:
-          ValueError: if the global batch is not divisible by ``devices``.
+          TypeError: if ``devices`` is not an int.
+          ValueError: if ``devices`` is below 1 or does not divide the global batch.
         """
-        if devices < 1:
-            raise ValueError(f"devices must be >= 1, got {devices}")
+        devices = check_device_count(devices)
         if self.global_batch is None:
             return self.per_device_batch * devices
         if self.global_batch % devices:

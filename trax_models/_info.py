@@ -41,7 +41,8 @@ def model_info(name: str, preset: str = "tiny", *, devices: int = 1) -> ModelInf
       devices: Devices count used to size the global batch.
 
     Raises:
-      ValueError: for an unknown model or preset, or an indivisible batch.
+      TypeError: for ``devices`` that is not an int.
+      ValueError: for an unknown model or preset, ``devices`` below 1, or an indivisible batch.
     """
     import jax
 

@@ -186,7 +186,7 @@ def presets() -> tuple[str, ...]:
 
 def check_name(name: str) -> None:
     """Raises ``ValueError`` unless ``name`` is a zoo model."""
-    if name not in _MODULES:
+    if not isinstance(name, str) or name not in _MODULES:
         raise ValueError(
             f"unknown model {name!r}; expected one of: {', '.join(names())}"
         )
@@ -194,7 +194,7 @@ def check_name(name: str) -> None:
 
 def check_preset(preset: str) -> None:
     """Raises ``ValueError`` unless ``preset`` is a known preset."""
-    if preset not in PRESETS:
+    if not isinstance(preset, str) or preset not in PRESETS:
         raise ValueError(
             f"unknown preset {preset!r}; expected one of: {', '.join(PRESETS)}"
         )
@@ -202,7 +202,7 @@ def check_preset(preset: str) -> None:
 
 def check_optimizer(optimizer: str) -> None:
     """Raises ``ValueError`` unless ``optimizer`` is supported."""
-    if optimizer not in OPTIMIZERS:
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
         raise ValueError(
             f"unknown optimizer {optimizer!r}; expected one of: {', '.join(OPTIMIZERS)}"
         )

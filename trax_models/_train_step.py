@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from trax_models import _registry
+from trax_models._configs import check_device_count
 from trax_models._jax_compat import data_parallel_mesh
 from trax_models._optimizers import make_optimizer
 from trax_models._task import Task
@@ -31,13 +32,13 @@ def check_devices(devices: int | None) -> int:
     """Returns the devices count to use (all available when ``None``).
 
     Raises:
+      TypeError: when ``devices`` is neither None nor an int.
       ValueError: when ``devices`` is below 1 or above the available devices.
     """
-    available = len(jax.devices())
     if devices is None:
-        return available
-    if devices < 1:
-        raise ValueError(f"devices must be >= 1, got {devices}")
+        return len(jax.devices())
+    devices = check_device_count(devices)
+    available = len(jax.devices())
     if devices > available:
         raise ValueError(
             f"requested {devices} devices but only {available} are available; "
@@ -89,8 +90,9 @@ def make_train_step(
       replicated ``TrainState`` and ``batch`` a dict sharded on its batch axis.
 
     Raises:
-      ValueError: for an unknown model, preset or optimizer, too many
-        devices, or a global batch not divisible by ``devices``.
+      TypeError: for ``devices`` that is not an int.
+      ValueError: for an unknown model, preset or optimizer, ``devices`` below 1
+        or above those available, or a global batch not divisible by ``devices``.
     """
     config = _registry.config(name, preset)
     _registry.check_optimizer(optimizer)
@@ -124,8 +126,9 @@ def build_train_step(
       name: The step function's ``__name__`` (it names the HLO module).
 
     Raises:
-      ValueError: for an unknown optimizer, too many devices, or a global batch
-        not divisible by ``devices``.
+      TypeError: for ``devices`` that is not an int.
+      ValueError: for an unknown optimizer, ``devices`` below 1 or above those
+        available, or a global batch not divisible by ``devices``.
     """
     _registry.check_optimizer(optimizer)
     devices = check_devices(devices)
