@@ -195,3 +195,26 @@ def test_bad_arguments_are_refused_with_one_line(kwargs, error, message):
 def test_model_info_checks_devices(devices, error):
     with pytest.raises(error, match=r"devices: expected an int >= 1"):
         trax_models.model_info("mlp", "tiny", devices=devices)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"seed": "x"}, TypeError, r"seed: expected an int in \[0, 2\*\*63\), got str 'x'"),
+    ({"seed": -1}, ValueError, r"seed: expected an int in \[0, 2\*\*63\), got -1"),
+    ({"seed": 2**63}, ValueError, r"seed: expected an int in \[0, 2\*\*63\), got 9223372036854775808"),
+    ({"learning_rate": "x"}, TypeError, r"learning_rate: expected a finite number >= 0 \(or None: "
+                                       r"the optimizer's default\), got str 'x'"),
+    ({"learning_rate": -0.1}, ValueError, r"learning_rate: expected a finite number >= 0 .*got -0\.1"),
+    ({"learning_rate": float("nan")}, ValueError, r"learning_rate: expected a finite number >= 0 .*got nan"),
+])
+def test_bad_seed_or_learning_rate_is_refused(kwargs, error, message):
+    """A str seed raised jax's 'not a valid JAX array type', -1 numpy's 'expected non-negative integer'
+    (naming no argument), 2**63 an OverflowError; a str, NaN or negative learning rate built a step."""
+    with pytest.raises(error, match=message) as info:
+        trax_models.make_train_step("mlp", "tiny", devices=1, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_zero_learning_rate_is_a_learning_rate():
+    step, (state, batch) = trax_models.make_train_step("mlp", devices=1, optimizer="sgd", learning_rate=0)
+    new_state, _ = jax.jit(step)(state, batch)
+    np.testing.assert_array_equal(jax.tree.leaves(new_state.params)[0], jax.tree.leaves(state.params)[0])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import optax
 
 from trax_models._registry import check_optimizer
@@ -19,12 +22,28 @@ def make_optimizer(
       learning_rate: Step size; ``None`` picks ``DEFAULT_LEARNING_RATES[optimizer]``.
 
     Raises:
-      ValueError: for an unknown optimizer.
+      TypeError: for a ``learning_rate`` that is not a real number.
+      ValueError: for an unknown optimizer, or a negative or non-finite ``learning_rate``.
     """
     check_optimizer(optimizer)
-    lr = DEFAULT_LEARNING_RATES[optimizer] if learning_rate is None else learning_rate
+    lr = DEFAULT_LEARNING_RATES[optimizer] if learning_rate is None else check_learning_rate(learning_rate)
     if optimizer == "adam":
         return optax.adam(lr)
     if optimizer == "adamw":
         return optax.adamw(lr, weight_decay=1e-4)
     return optax.sgd(lr, momentum=0.9)
+
+
+def check_learning_rate(learning_rate: object) -> float:
+    """Returns ``learning_rate`` as a float when it is a finite real number >= 0.
+
+    Raises:
+      TypeError: for anything but a real number (a bool is not one).
+      ValueError: for a negative or non-finite number (they train towards NaN or away from the minimum).
+    """
+    expected = "learning_rate: expected a finite number >= 0 (or None: the optimizer's default)"
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, numbers.Real):
+        raise TypeError(f"{expected}, got {type(learning_rate).__name__} {learning_rate!r}")
+    if not math.isfinite(learning_rate) or learning_rate < 0:
+        raise ValueError(f"{expected}, got {learning_rate!r}")
+    return float(learning_rate)

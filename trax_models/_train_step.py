@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,21 @@ def check_devices(devices: int | None) -> int:
     return devices
 
 
+def check_seed(seed: object) -> int:
+    """Returns ``seed`` when it is an int in ``[0, 2**63)`` (what ``jax.random.key`` and numpy take).
+
+    Raises:
+      TypeError: for anything but an int (a bool is not one).
+      ValueError: for an int outside that range.
+    """
+    expected = "seed: expected an int in [0, 2**63)"
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{expected}, got {type(seed).__name__} {seed!r}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"{expected}, got {seed}")
+    return int(seed)
+
+
 def make_train_step(
     name: str,
     preset: str = "tiny",
@@ -90,9 +106,11 @@ def make_train_step(
       replicated ``TrainState`` and ``batch`` a dict sharded on its batch axis.
 
     Raises:
-      TypeError: for ``devices`` that is not an int.
+      TypeError: for ``devices`` or ``seed`` that is not an int, or a
+        ``learning_rate`` that is not a number.
       ValueError: for an unknown model, preset or optimizer, ``devices`` below 1
-        or above those available, or a global batch not divisible by ``devices``.
+        or above those available, a global batch not divisible by ``devices``,
+        ``seed`` outside ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
     """
     config = _registry.config(name, preset)
     _registry.check_optimizer(optimizer)
@@ -126,12 +144,15 @@ def build_train_step(
       name: The step function's ``__name__`` (it names the HLO module).
 
     Raises:
-      TypeError: for ``devices`` that is not an int.
+      TypeError: for ``devices`` or ``seed`` that is not an int, or a
+        ``learning_rate`` that is not a number.
       ValueError: for an unknown optimizer, ``devices`` below 1 or above those
-        available, or a global batch not divisible by ``devices``.
+        available, a global batch not divisible by ``devices``, ``seed`` outside
+        ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
     """
     _registry.check_optimizer(optimizer)
     devices = check_devices(devices)
+    seed = check_seed(seed)
     if global_batch < devices or global_batch % devices:
         raise ValueError(
             f"global batch {global_batch} must be a positive multiple of devices ({devices})"
