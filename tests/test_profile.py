@@ -79,3 +79,13 @@ def test_total_op_s_counts_loop_bodies():
     assert any(o.opcode == "while" for o in res.ops) and any(not o.top_level for o in res.ops)
     leaves = sum(o.seconds for o in res.ops if o.opcode not in control)
     assert res.total_op_s == pytest.approx(leaves)
+
+
+@pytest.mark.parametrize("kwargs", [{"steps": 1.5}, {"steps": "2"}, {"rounds": True}])
+def test_profile_refuses_counts_that_are_not_ints(mlp, kwargs):
+    """steps=1.5 raised "'float' object cannot be interpreted as an integer", steps='2' a comparison error."""
+    from xla_hooks.profiling import profile
+
+    step, args, _ = mlp
+    with pytest.raises(TypeError, match=r"steps and rounds: expected ints >= 1, got steps=.*, rounds="):
+        profile(step, args, **kwargs)

@@ -45,6 +45,7 @@ import collections
 import contextlib
 import dataclasses
 import glob
+import numbers
 import os
 import re
 import statistics
@@ -366,9 +367,12 @@ def profile(
       A :class:`ProfileResult`.
 
     Raises:
+      TypeError: for ``steps`` or ``rounds`` that is not an int.
       ValueError: for ``steps`` or ``rounds`` below 1.
       RuntimeError: if the trace wrote no ``*.xplane.pb`` file.
     """
+    if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in (steps, rounds)):
+        raise TypeError(f"steps and rounds: expected ints >= 1, got steps={steps!r}, rounds={rounds!r}")
     if steps < 1 or rounds < 1:
         raise ValueError(f"steps and rounds must be >= 1, got steps={steps}, rounds={rounds}")
     from xla_hooks.apply_plan import AppliedStep, apply
@@ -427,9 +431,12 @@ def trace_kernels(fn: Callable[..., Any], args: Sequence[Any], steps: int = 5,
     graph report ``hlo_op=command_buffer_N``.
 
     Raises:
+      TypeError: for ``steps`` that is not an int.
       ValueError: for ``steps`` below 1.
       RuntimeError: if the trace wrote no ``*.xplane.pb`` file.
     """
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
+        raise TypeError(f"steps: expected an int >= 1, got {steps!r}")
     if steps < 1:
         raise ValueError(f"steps: expected >= 1, got {steps}")
     acc: dict[tuple[str, str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
