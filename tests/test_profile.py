@@ -81,6 +81,25 @@ def test_total_op_s_counts_loop_bodies():
     assert res.total_op_s == pytest.approx(leaves)
 
 
+def test_profile_refuses_a_plan_other_than_the_applied_steps(mlp):
+    """Ops of a step compiled with one plan were mapped to another, silently (no group, no bucket);
+    a plan's dict raised an AttributeError."""
+    import xla_hooks
+    from disco.plans import baselines
+    from xla_hooks.profiling import profile
+
+    step, args, graph = mlp
+    applied = xla_hooks.apply(baselines.make("ddp", graph), step, *args)
+    other = random_plans.random_plan(graph, 0)
+    with pytest.raises(ValueError, match=r"plan 'random_0' is not the plan 'ddp' the AppliedStep was compiled "
+                                         r"with; expected plan=None \(or that plan\)"):
+        profile(applied, args, plan=other, graph=graph)
+    with pytest.raises(TypeError, match=r"plan: expected a disco FusionPlan or None, got dict"):
+        profile(applied, args, plan=other.to_dict(), graph=graph)  # was an AttributeError
+    res = profile(applied, args, plan=baselines.make("ddp", graph), graph=graph, steps=1, rounds=1)
+    assert set(res.by_bucket()) == {0}
+
+
 @pytest.mark.parametrize("kwargs", [{"steps": 1.5}, {"steps": "2"}, {"rounds": True}])
 def test_profile_refuses_counts_that_are_not_ints(mlp, kwargs):
     """steps=1.5 raised "'float' object cannot be interpreted as an integer", steps='2' a comparison error."""

@@ -367,18 +367,26 @@ def profile(
       A :class:`ProfileResult`.
 
     Raises:
-      TypeError: for ``steps`` or ``rounds`` that is not an int.
-      ValueError: for ``steps`` or ``rounds`` below 1.
+      TypeError: for ``steps`` or ``rounds`` that is not an int, or a ``plan`` that is not a FusionPlan.
+      ValueError: for ``steps`` or ``rounds`` below 1, or a ``plan`` other than the one an
+        AppliedStep ``fn`` was compiled with.
       RuntimeError: if the trace wrote no ``*.xplane.pb`` file.
     """
     if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in (steps, rounds)):
         raise TypeError(f"steps and rounds: expected ints >= 1, got steps={steps!r}, rounds={rounds!r}")
     if steps < 1 or rounds < 1:
         raise ValueError(f"steps and rounds must be >= 1, got steps={steps}, rounds={rounds}")
+    if plan is not None and not isinstance(plan, FusionPlan):
+        raise TypeError(f"plan: expected a disco FusionPlan or None, got {type(plan).__name__}")
     from xla_hooks.apply_plan import AppliedStep, apply
     from xla_hooks.measure import measure
 
-    if not isinstance(fn, AppliedStep):
+    if isinstance(fn, AppliedStep):
+        if plan is not None and plan.digest() != fn.requested.digest():
+            raise ValueError(f"plan {plan.name or plan.digest()!r} is not the plan "
+                             f"{fn.requested.name or fn.requested.digest()!r} the AppliedStep was compiled with; "
+                             "expected plan=None (or that plan), or the plain step to apply the plan to")
+    else:
         if graph is None:
             from disco.ir import extractor
 
