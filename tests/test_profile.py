@@ -108,3 +108,20 @@ def test_profile_refuses_counts_that_are_not_ints(mlp, kwargs):
     step, args, _ = mlp
     with pytest.raises(TypeError, match=r"steps and rounds: expected ints >= 1, got steps=.*, rounds="):
         profile(step, args, **kwargs)
+
+
+def test_profile_says_when_the_plan_fell_back(mlp):
+    """The result of a plan that fell back looked like the plan's, only empty (no group, no bucket)."""
+    import trax_models
+    from disco.plans import baselines
+    from xla_hooks import PlanFallbackWarning
+    from xla_hooks.profiling import profile
+
+    step, args, graph = mlp
+    other_step, other_args = trax_models.make_train_step("rnnlm", "tiny", devices=2)
+    other = baselines.make("ddp", HloGraph.from_hlo_text(extractor.hlo_text(other_step, *other_args)))
+    with pytest.warns(PlanFallbackWarning, match=r"plan 'ddp' could not be applied"):
+        res = profile(step, args, plan=other, graph=graph, steps=1, rounds=1)
+    assert res.fallback_reason and "is not in the graph" in res.fallback_reason
+    assert res.to_dict()["fallback_reason"] == res.fallback_reason and not res.by_bucket()
+    assert profile(step, args, plan=baselines.make("ddp", graph), graph=graph, steps=1, rounds=1).fallback_reason is None

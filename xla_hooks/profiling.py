@@ -111,6 +111,8 @@ class ProfileResult:
       devices: device ordinals seen in the trace.
       module: the compiled HLO module's name.
       ops: per compiled op, slowest first.
+      fallback_reason: why the requested plan was not applied (then the ops are XLA's default
+        compile's, mapped to no group or bucket), or None.
     """
 
     step_s: float
@@ -120,6 +122,7 @@ class ProfileResult:
     devices: int
     module: str
     ops: tuple[OpProfile, ...]
+    fallback_reason: str | None = None
 
     @property
     def total_op_s(self) -> float:
@@ -163,6 +166,7 @@ class ProfileResult:
             "step_ms": self.step_s * 1e3, "traced_step_ms": self.traced_step_s * 1e3,
             "step_samples_ms": [s * 1e3 for s in self.step_samples_s], "steps": self.steps,
             "devices": self.devices, "module": self.module, "total_op_ms": self.total_op_s * 1e3,
+            "fallback_reason": self.fallback_reason,
             "ops": [{**dataclasses.asdict(o), "nodes": list(o.nodes)} for o in self.ops],
         }
 
@@ -364,7 +368,8 @@ def profile(
       rounds: untraced single steps timed for ``step_s``.
 
     Returns:
-      A :class:`ProfileResult`.
+      A :class:`ProfileResult`; its ``fallback_reason`` says when the plan could not be applied
+      (XLA's default compile was profiled instead, after a :class:`xla_hooks.PlanFallbackWarning`).
 
     Raises:
       TypeError: for ``steps`` or ``rounds`` that is not an int, or a ``plan`` that is not a FusionPlan.
@@ -407,7 +412,7 @@ def profile(
     ops.sort(key=lambda o: -o.seconds)
     return ProfileResult(step_s=statistics.median(untraced.samples), step_samples_s=untraced.samples,
                          traced_step_s=traced, steps=steps, devices=len(devices), module=module,
-                         ops=tuple(ops))
+                         ops=tuple(ops), fallback_reason=fn.fallback_reason)
 
 
 # -- per-kernel device times (the H100 kernel dataset's format) ---------------------------------
