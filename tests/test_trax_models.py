@@ -191,9 +191,9 @@ def test_bad_arguments_are_refused_with_one_line(kwargs, error, message):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("devices, error", [(2.5, TypeError), (0, ValueError)])
+@pytest.mark.parametrize("devices, error", [(2.5, TypeError), (0, ValueError), (None, TypeError)])
 def test_model_info_checks_devices(devices, error):
-    with pytest.raises(error, match=r"devices: expected an int >= 1"):
+    with pytest.raises(error, match=r"devices: expected an int >= 1, got"):
         trax_models.model_info("mlp", "tiny", devices=devices)
 
 
@@ -201,8 +201,8 @@ def test_model_info_checks_devices(devices, error):
     ({"seed": "x"}, TypeError, r"seed: expected an int in \[0, 2\*\*63\), got str 'x'"),
     ({"seed": -1}, ValueError, r"seed: expected an int in \[0, 2\*\*63\), got -1"),
     ({"seed": 2**63}, ValueError, r"seed: expected an int in \[0, 2\*\*63\), got 9223372036854775808"),
-    ({"learning_rate": "x"}, TypeError, r"learning_rate: expected a finite number >= 0 \(or None: "
-                                       r"the optimizer's default\), got str 'x'"),
+    ({"learning_rate": "x"}, TypeError, r"learning_rate: expected a finite number >= 0 or an optax schedule "
+                                       r"\(or None: the optimizer's default\), got str 'x'"),
     ({"learning_rate": -0.1}, ValueError, r"learning_rate: expected a finite number >= 0 .*got -0\.1"),
     ({"learning_rate": float("nan")}, ValueError, r"learning_rate: expected a finite number >= 0 .*got nan"),
 ])
@@ -214,7 +214,9 @@ def test_bad_seed_or_learning_rate_is_refused(kwargs, error, message):
     assert "\n" not in str(info.value)
 
 
-def test_zero_learning_rate_is_a_learning_rate():
-    step, (state, batch) = trax_models.make_train_step("mlp", devices=1, optimizer="sgd", learning_rate=0)
+@pytest.mark.parametrize("learning_rate", [0, lambda count: 0.0])
+def test_zero_learning_rate_and_schedules_are_learning_rates(learning_rate):
+    step, (state, batch) = trax_models.make_train_step("mlp", devices=1, optimizer="sgd",
+                                                       learning_rate=learning_rate)
     new_state, _ = jax.jit(step)(state, batch)
     np.testing.assert_array_equal(jax.tree.leaves(new_state.params)[0], jax.tree.leaves(state.params)[0])

@@ -11,14 +11,18 @@ import dataclasses
 import numbers
 
 
-def check_device_count(devices: object) -> int:
+def check_device_count(devices: object, *, expected: str = "an int >= 1") -> int:
     """Returns ``devices`` when it is an int >= 1 (a bool is not a count).
+
+    Args:
+      devices: the value to check.
+      expected: what the caller takes, for the message.
 
     Raises:
       TypeError: for anything but an int.
       ValueError: for an int below 1.
     """
-    expected = "devices: expected an int >= 1 (or None: all)"
+    expected = f"devices: expected {expected}"
     if isinstance(devices, bool) or not isinstance(devices, numbers.Integral):
         raise TypeError(f"{expected}, got {type(devices).__name__} {devices!r}")
     if devices < 1:

@@ -38,7 +38,7 @@ def check_devices(devices: int | None) -> int:
     """
     if devices is None:
         return len(jax.devices())
-    devices = check_device_count(devices)
+    devices = check_device_count(devices, expected="an int >= 1 (or None: all)")
     available = len(jax.devices())
     if devices > available:
         raise ValueError(
@@ -73,7 +73,7 @@ def make_train_step(
     devices: int | None = None,
     optimizer: str = "adamw",
     seed: int = 0,
-    learning_rate: float | None = None,
+    learning_rate: float | optax.Schedule | None = None,
     abstract: bool = False,
 ) -> tuple[StepFn, tuple[TrainState, dict[str, jax.Array]]]:
     """Builds a data-parallel training step of a zoo model and example arguments.
@@ -95,7 +95,8 @@ def make_train_step(
       devices: Data-parallel devices; ``None`` uses all of ``jax.devices()``.
       optimizer: ``"adamw"``, ``"adam"`` or ``"sgd"``.
       seed: Seeds the parameters and the synthetic batch.
-      learning_rate: Overrides the optimizer's default step size.
+      learning_rate: Overrides the optimizer's default step size (a number, or an
+        optax schedule).
       abstract: Return ``jax.ShapeDtypeStruct`` example arguments (with
         shardings) instead of arrays: enough to ``lower`` the paper presets
         without allocating a replica of the parameters on every device.
@@ -107,7 +108,7 @@ def make_train_step(
 
     Raises:
       TypeError: for ``devices`` or ``seed`` that is not an int, or a
-        ``learning_rate`` that is not a number.
+        ``learning_rate`` that is neither a number nor a schedule.
       ValueError: for an unknown model, preset or optimizer, ``devices`` below 1
         or above those available, a global batch not divisible by ``devices``,
         ``seed`` outside ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
@@ -130,7 +131,7 @@ def build_train_step(
     devices: int,
     optimizer: str = "adamw",
     seed: int = 0,
-    learning_rate: float | None = None,
+    learning_rate: float | optax.Schedule | None = None,
     abstract: bool = False,
     name: str = "train_step",
 ) -> tuple[StepFn, tuple[TrainState, dict[str, jax.Array]]]:
@@ -145,7 +146,7 @@ def build_train_step(
 
     Raises:
       TypeError: for ``devices`` or ``seed`` that is not an int, or a
-        ``learning_rate`` that is not a number.
+        ``learning_rate`` that is neither a number nor a schedule.
       ValueError: for an unknown optimizer, ``devices`` below 1 or above those
         available, a global batch not divisible by ``devices``, ``seed`` outside
         ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
