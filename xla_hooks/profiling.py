@@ -14,7 +14,8 @@ through its ``metadata={op_name=...}``:
 * ``.../disco_bucket_K``: the rewriter's bucket all-reduce K (``bucket_part="all-reduce"``,
   all-reduce ops only: XLA also gives that name to a bitcast of its result fused into a
   consumer); ``.../disco.bucket.K.*`` and those other ops are the flatten/concatenate/slice
-  work around it (``bucket_part="pack"``);
+  work around it (``bucket_part="pack"``) when that is all they do: an op that fuses it into
+  other work (a slice into the optimizer's update) is that work's, not the bucket's;
 * otherwise ``<call>/<instruction name>`` (what the HLO -> StableHLO round trip
   leaves) names the pre-optimisation instruction; a fusion covers every
   instruction named inside its fused computation. A step compiled by XLA's
@@ -250,6 +251,7 @@ def _op_map(compiled_text: str, plan: FusionPlan | None, rewritten: str | None,
             rec: dict[str, Any] = {"opcode": ins.opcode, "top_level": top, "op_name": ins.op_name,
                                    "group": None, "bucket": None, "bucket_part": None}
             nodes: set[str] = set()
+            compute = False  # names something other than a bucket's own work
             for on in inner_op_names(ins, set()):
                 if not on:
                     continue
@@ -257,6 +259,7 @@ def _op_map(compiled_text: str, plan: FusionPlan | None, rewritten: str | None,
                 if m and rec["group"] is None and int(m.group(1)) in g_map:
                     rec["group"] = g_map[int(m.group(1))]
                     nodes.update(plan.groups[rec["group"]])
+                    compute = True
                     continue
                 m = _BUCKET_AR_RE.search(on)
                 if m and int(m.group(1)) in b_map:
@@ -273,11 +276,16 @@ def _op_map(compiled_text: str, plan: FusionPlan | None, rewritten: str | None,
                     if rec["bucket"] is None:
                         rec["bucket"], rec["bucket_part"] = b_map[int(m.group(1))], "pack"
                     continue
+                compute = True
                 node = _resolve(on, index)
                 if node is not None:
                     nodes.add(node)
                     if node in single_ar and ins.opcode in ALL_REDUCE_OPCODES:
                         rec["bucket"], rec["bucket_part"] = single_ar[node], "all-reduce"
+            if rec["bucket_part"] == "pack" and compute:
+                # a bucket's slices fused into the optimizer's update (or its concatenate into a
+                # gradient's producer): compute, with the pack work free inside it, not the bucket's
+                rec["bucket"] = rec["bucket_part"] = None
             order = sorted(nodes, key=lambda n: index[n]) if index else sorted(nodes)
             rec["nodes"] = tuple(order)
             rec["kernel_key"] = kernel_key(graph.nodes[index[n]] for n in order) if index and order else ""
