@@ -139,3 +139,20 @@ def test_a_fusion_of_pack_work_and_compute_is_compute(mlp):
     both = [o.name for o in res.ops if o.bucket is not None and o.kernel_key]
     assert not both
     assert set(res.by_bucket(None)) == {0} and any(o.bucket_part == "pack" for o in res.ops)
+
+
+def test_profile_while_jax_profiler_runs_elsewhere(mlp, tmp_path):
+    """One jax trace at a time per process: profile raises jax's RuntimeError, and works again
+    once the other trace stops."""
+    import jax
+
+    from xla_hooks.profiling import profile
+
+    step, args, _ = mlp
+    jax.profiler.start_trace(str(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match=r"already been started"):
+            profile(step, args, steps=1, rounds=1)
+    finally:
+        jax.profiler.stop_trace()
+    assert profile(step, args, steps=1, rounds=1).ops

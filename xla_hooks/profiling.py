@@ -151,8 +151,9 @@ class ProfileResult:
         """(kernel key, seconds) for :meth:`disco.sim.costs.TableCosts.from_records`.
 
         Compiled ops covering the same pre-optimisation nodes are summed into one
-        record (XLA can split one instruction into several kernels); collectives and
-        ops that map to no node are left out.
+        record (XLA can split one instruction into several kernels); collectives,
+        ops that map to no node and ops in loop bodies (``top_level=False``: their time
+        per step is the trip count's multiple of a kernel's) are left out.
         """
         acc: dict[tuple[str, ...], list] = {}
         for o in self.ops:
@@ -383,7 +384,8 @@ def profile(
       TypeError: for ``steps`` or ``rounds`` that is not an int, or a ``plan`` that is not a FusionPlan.
       ValueError: for ``steps`` or ``rounds`` below 1, or a ``plan`` other than the one an
         AppliedStep ``fn`` was compiled with.
-      RuntimeError: if the trace wrote no ``*.xplane.pb`` file.
+      RuntimeError: if the trace wrote no ``*.xplane.pb`` file, or jax's profiler is already
+        running (``jax.profiler.start_trace`` elsewhere: one trace at a time per process).
     """
     if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in (steps, rounds)):
         raise TypeError(f"steps and rounds: expected ints >= 1, got steps={steps!r}, rounds={rounds!r}")
