@@ -462,7 +462,11 @@ def fingerprint(module: hlo_module.Module) -> str:
     Comments and line breaks between tokens do not count either, with one exception kept
     for compatibility with fingerprints already stored: XLA's ``/*index=N*/`` markers
     inside attribute values and literals count, and an attribute list holding ``<=`` is
-    split as the first parser split it (see ``_fingerprint_attrs``).
+    split as the first parser split it (see ``_fingerprint_attrs``), which puts the metadata
+    after such an attribute inside that attribute's value: there metadata does count, so the
+    same step's text with and without ``debug_info`` can differ in fingerprint (a shard_map
+    step's sharding custom-calls; measured on mlp tiny). Compare texts printed the same way,
+    as ``disco.extract`` and ``xla_hooks.apply`` (both with ``debug_info``) do.
     """
     return _fingerprint_of(_canonical_computation_hashes(module), step_computations(module))
 
