@@ -570,6 +570,15 @@ def test_plans_across_processes_are_checked_before_the_workers_start(plans, mess
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+def test_strict_across_processes_is_refused(capsys):
+    """Only the workers build the step there, so --strict compared nothing (silently)."""
+    from disco import cli
+
+    assert cli.main(["bench", "--model", "mlp", "--processes", "2", "--plans", "xla_default", "--strict"]) == 2
+    assert capsys.readouterr().err.startswith("disco bench: error: --strict compares plan files with the step "
+                                              "built in this process; with --processes only the workers build it")
+
+
 def test_a_workers_plan_file_keeps_a_row_of_its_own(tmp_path):
     from disco import mp_worker
     from disco.plans import baselines

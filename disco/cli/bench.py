@@ -120,6 +120,10 @@ def _run_processes(args: argparse.Namespace) -> int:
     if args.trax_model:
         raise CliError("--processes runs zoo models only (each worker rebuilds the step by name); "
                        "drop --trax-model or --processes")
+    if args.strict:  # it did nothing there, without a word
+        raise CliError("--strict compares plan files with the step built in this process; with --processes "
+                       "only the workers build it (a plan for another graph falls back there, and the table "
+                       "says so): drop --strict or --processes")
     names = _process_plans(args.plans)
     if "xla_default" not in names:
         names = ("xla_default",) + names
