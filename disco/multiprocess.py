@@ -172,19 +172,19 @@ def _launch(processes: int, devices_per_process: int, spec: WorkerSpec, tb: Test
         if on_started is not None:
             on_started(tuple(p.pid for p in procs))
         failures = _wait(procs, outdir, timeout_s, grace_s, tb)
-    finally:
+        results = []
+        for i in range(processes):
+            path = os.path.join(outdir, f"result_{i}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    results.append(json.load(f))
+    finally:  # also on Ctrl-C or an error here: no worker and no directory of its logs left behind
         for p in procs:
             if p.poll() is None:
                 _kill_group(p)
         for log in logs:
             log.close()
-    results = []
-    for i in range(processes):
-        path = os.path.join(outdir, f"result_{i}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                results.append(json.load(f))
-    shutil.rmtree(outdir, ignore_errors=True)
+        shutil.rmtree(outdir, ignore_errors=True)
     return LaunchResult(processes, devices_per_process, tuple(results), tuple(failures),
                         tuple(p.pid for p in procs))
 

@@ -87,3 +87,22 @@ def test_calibration_across_two_processes_fits_a_cluster_spec():
     assert spec.inter.bandwidth == c.bandwidth and spec.operand_latency == c.operand_latency
     assert "127.0.0.1" in spec.label
     assert cal.to_dict()["link"] == "loopback"
+
+
+def test_an_interrupted_launch_leaves_no_worker_and_no_directory(tmp_path, monkeypatch):
+    """A Ctrl-C (here: an error while the workers run) killed the workers but left the launch's
+    directory of worker logs in the temp dir, one per interrupted run."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    started = []
+
+    def interrupt(pids):
+        started.extend(pids)
+        raise KeyboardInterrupt
+
+    spec = multiprocess.WorkerSpec(model="mlp", preset="tiny", plans=("xla_default",), rounds=1, steps=1)
+    with pytest.raises(KeyboardInterrupt):
+        multiprocess.launch(2, 1, spec, timeout_s=120, on_started=interrupt)
+    assert len(started) == 2 and not multiprocess.stray_processes(started)
+    assert not list(tmp_path.glob("disco-mp-*"))
