@@ -43,8 +43,8 @@ from disco.ir import flops as _flops
 from disco.ir import loops as _loops
 from disco.ir import hlo_module, hlo_parse
 from disco.ir.graph import Node
-from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, DATA_MOVEMENT_OPCODES, OPCODES, XLA_GPU_MATRIX_OPCODES,
-                               ZERO_COST_OPCODES, opcode_id)
+from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, CONTROL_FLOW_OPCODES, DATA_MOVEMENT_OPCODES, OPCODES,
+                               XLA_GPU_MATRIX_OPCODES, ZERO_COST_OPCODES, opcode_id)
 from disco.sim.costs import Kernel, is_kernel_node
 
 FEATURE_VERSION = 5
@@ -61,8 +61,8 @@ N_OPCODES = len(OPCODES) + 1  # + the unknown opcode
 MATRIX_OPCODES = XLA_GPU_MATRIX_OPCODES
 
 # Control flow launches nothing itself; its called computations are walked instead.
-# (Control flow and async -done halves are not sets of disco.ir.opcodes; only this module needs them.)
-_CONTROL = frozenset({"while", "conditional", "call"})
+# (Async -done halves are not a set of disco.ir.opcodes; only this module needs them.)
+_CONTROL = CONTROL_FLOW_OPCODES
 _CUDNN_CONV = re.compile(r"__cudnn\$conv(Forward|BackwardInput|BackwardFilter|BiasActivationForward)")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
 _SLICING = frozenset({"dynamic-slice", "dynamic-update-slice"})

@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from disco.ir.graph import HloGraph
-from disco.ir.opcodes import ALL_REDUCE_OPCODES
+from disco.ir.opcodes import ALL_REDUCE_OPCODES, CONTROL_FLOW_OPCODES
 from disco.plans.plan import FusionPlan
 
 _TRACE_LOCK = threading.Lock()  # jax's profiler is process-wide: one trace at a time
@@ -68,7 +68,6 @@ _TRACE_LOCK = threading.Lock()  # jax's profiler is process-wide: one trace at a
 _GROUP_RE = re.compile(r"(?:^|/)disco\.fusion\.(\d+)$")
 _BUCKET_AR_RE = re.compile(r"disco_bucket_(\d+)")
 _BUCKET_PACK_RE = re.compile(r"disco\.bucket\.(\d+)\.")
-_CONTROL_OPCODES = frozenset({"while", "conditional", "call"})  # their bodies' ops are traced too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +130,7 @@ class ProfileResult:
     def total_op_s(self) -> float:
         """Sum of the leaf ops' times per step (devices averaged): every op, nested in a loop
         body or not, but the control-flow ops whose bodies' ops are counted themselves."""
-        return sum(o.seconds for o in self.ops if o.opcode not in _CONTROL_OPCODES)
+        return sum(o.seconds for o in self.ops if o.opcode not in CONTROL_FLOW_OPCODES)
 
     def by_group(self) -> dict[int, float]:
         """Plan group index -> seconds per step of the compiled fusion(s) implementing it."""

@@ -59,6 +59,8 @@ COLLECTIVES: frozenset[str] = frozenset({
     "collective-permute-start", "collective-permute-done", "collective-broadcast",
 })
 ALL_REDUCE_OPCODES: frozenset[str] = frozenset({"all-reduce", "all-reduce-start"})
+# Ops that run other computations as control flow: not kernels themselves (their bodies' ops are).
+CONTROL_FLOW_OPCODES: frozenset[str] = frozenset({"while", "conditional", "call"})
 
 # Collective opcode -> the collective kind that prices it (disco.sim.collectives.COLLECTIVE_KINDS).
 COLLECTIVE_KIND: Mapping[str, str] = {
