@@ -343,6 +343,10 @@ def test_the_gpu_preset_follows_the_device_kind_and_count():
     assert gpu_preset_for("NVIDIA H100 80GB HBM3", 8) == "h100-sxm-8"
     assert gpu_preset_for("NVIDIA H200", 1) is None  # another device kind: the H100 model would misprice it
     assert gpu_preset_for("NVIDIA H100 PCIe", 4) is None  # no preset of 4
+    from disco.sim.cluster import machine_preset
+
+    assert machine_preset("cpu", "cpu", 4) == "local" and machine_preset("gpu", "NVIDIA H100 80GB HBM3", 8) == "h100-sxm-8"
+    assert machine_preset("gpu", "NVIDIA H200", 1) is None
 
 
 def test_cli_rejects_an_unknown_cluster(capsys):

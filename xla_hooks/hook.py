@@ -133,17 +133,15 @@ class PlannedStep:
 
     def _cluster(self, args: tuple[Any, ...]) -> Any:
         """``cluster`` as given, or for "auto" the preset of the devices the step runs on: "local"
-        on CPU, the H100 preset of this many GPUs (:func:`disco.sim.cluster.gpu_preset_for`)."""
+        on CPU, the H100 preset of this many GPUs (:func:`disco.sim.cluster.machine_preset`)."""
         if self.cluster != "auto":
             return self.cluster
         import jax
 
-        from disco.sim.cluster import gpu_preset_for
+        from disco.sim.cluster import machine_preset
 
         first = jax.devices()[0]
-        if first.platform == "cpu":
-            return "local"
-        name = gpu_preset_for(first.device_kind, _devices(args))
+        name = machine_preset(first.platform, first.device_kind, _devices(args))
         if name is None:
             raise _NoPlan(f"no cluster preset describes {_devices(args)} x {first.device_kind!r}, whose kernels "
                           "the cost models were not trained for; pass cluster= a preset name or a ClusterSpec")

@@ -167,7 +167,7 @@ def this_machine(devices: int, command: str) -> tuple[Any, Any]:
     """The cluster plans are priced on when no ``--cluster`` is given (call it after jax's backend
     has started): on CPU, this machine's ``devices`` devices with their all-reduces calibrated
     first (:func:`disco.calibrate.machine_cluster`, a few seconds); on GPUs, the preset of this
-    many of jax's device kind (:func:`disco.sim.cluster.gpu_preset_for`).
+    many of jax's device kind (:func:`disco.sim.cluster.machine_preset`).
 
     Returns:
       (the ClusterSpec, the Calibration on CPU or None).
@@ -177,10 +177,11 @@ def this_machine(devices: int, command: str) -> tuple[Any, Any]:
     """
     import jax
 
-    from disco.sim.cluster import PRESETS, gpu_preset_for, preset
+    from disco.sim.cluster import PRESETS, machine_preset, preset
 
     first = jax.devices()[0]
-    if first.platform == "cpu":
+    name = machine_preset(first.platform, first.device_kind, devices)
+    if name == "local":
         from disco.calibrate import machine_cluster
 
         print(f"{command}: calibrating the all-reduces of this machine's {devices} CPU devices first (a few "
@@ -189,7 +190,6 @@ def this_machine(devices: int, command: str) -> tuple[Any, Any]:
         spec, cal = machine_cluster(devices)
         note_floors(cal.floored, prefix=f"{command}: ")
         return spec, cal
-    name = gpu_preset_for(first.device_kind, devices)
     if name is None:
         raise CliError(f"no cluster preset describes {devices} x {first.device_kind!r} ({first.platform}): give "
                        f"--cluster FILE (a cluster spec, the format `disco calibrate --out` writes) or one of: "

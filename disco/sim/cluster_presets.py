@@ -122,6 +122,12 @@ def gpu_preset_for(device_kind: str, devices: int) -> str | None:
     return {1: "h100-1", 8: "h100-sxm-8"}.get(devices)
 
 
+def machine_preset(platform: str, device_kind: str, devices: int) -> str | None:
+    """The preset of ``devices`` local devices of jax's ``platform`` and ``device_kind``: "local"
+    on CPU, else :func:`gpu_preset_for` (None where no preset fits)."""
+    return "local" if platform == "cpu" else gpu_preset_for(device_kind, devices)
+
+
 def resolve(value: str | None, devices: int | None = None) -> ClusterSpec:
     """The cluster a ``--cluster`` argument names: a cluster file when the path exists (read
     by :func:`load_cluster`), else a preset; ``None`` is ``local``. ``devices`` is passed to
