@@ -9,11 +9,14 @@ and gathers every process's results. The workers talk over 127.0.0.1, or, given 
 of that rate and delay (:mod:`disco.testbed`). When a worker fails the others are given
 ``grace_s`` to finish and then killed; workers still running at the timeout are killed
 (their whole process group, and with a link everything in their namespaces) and reported;
-nothing is left running.
+nothing is left running, also when the launch is interrupted (Ctrl-C, or SIGTERM/SIGHUP,
+which a launch turns into SystemExit while it runs: the workers are in sessions of their own,
+so nothing else would stop them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,8 +26,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -139,13 +143,37 @@ def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeou
     if processes < 1 or devices_per_process < 1:
         raise ValueError(f"--processes and --devices-per-process must be >= 1, got {processes} and "
                          f"{devices_per_process}")
-    if link is None:
-        return _launch(processes, devices_per_process, spec, None, timeout_s, env, grace_s, on_started)
-    from disco.testbed import Testbed
+    with _terminate_as_exit():
+        if link is None:
+            return _launch(processes, devices_per_process, spec, None, timeout_s, env, grace_s, on_started)
+        from disco.testbed import Testbed
 
-    with Testbed(processes, link) as tb:
-        res = _launch(processes, devices_per_process, spec, tb, timeout_s, env, grace_s, on_started)
+        with Testbed(processes, link) as tb:
+            res = _launch(processes, devices_per_process, spec, tb, timeout_s, env, grace_s, on_started)
     return dataclasses.replace(res, link=link, switch_stats=tb.stats, testbed_prefix=tb.prefix)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:  # noqa: ARG001
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise SystemExit inside the block (where their handler is the default
+    one and this is the main thread), so that the launch's ``finally`` kills the workers: they run
+    in sessions of their own, and a launcher that a signal ended outright left them running (and
+    their directory of logs)."""
+    old: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                old[sig] = signal.signal(sig, _exit_on_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            if signal.getsignal(sig) is _exit_on_signal:
+                signal.signal(sig, handler)
 
 
 def _launch(processes: int, devices_per_process: int, spec: WorkerSpec, tb: Testbed | None, timeout_s: float,

@@ -106,3 +106,37 @@ def test_an_interrupted_launch_leaves_no_worker_and_no_directory(tmp_path, monke
         multiprocess.launch(2, 1, spec, timeout_s=120, on_started=interrupt)
     assert len(started) == 2 and not multiprocess.stray_processes(started)
     assert not list(tmp_path.glob("disco-mp-*"))
+
+
+def test_a_terminated_launch_leaves_no_worker_and_no_directory(tmp_path):
+    """SIGTERM (or SIGHUP) to the launcher over 127.0.0.1: the workers run in sessions of their own,
+    and the launcher died at once, leaving them running (and their directory of logs)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent("""
+        import os, signal
+        from disco import multiprocess
+
+        def terminate(pids):
+            print(*pids, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        spec = multiprocess.WorkerSpec(model="mlp", preset="tiny", plans=("xla_default",), rounds=100, steps=3)
+        multiprocess.launch(2, 1, spec, timeout_s=300, on_started=terminate)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120,
+                       env={**os.environ, "PYTHONPATH": root, "TMPDIR": str(tmp_path)})
+    pids = [int(p) for p in r.stdout.split()]
+    try:
+        assert len(pids) == 2, r.stderr
+        assert r.returncode == 128 + signal.SIGTERM, r.stderr
+        assert multiprocess.stray_processes(pids) == []
+        assert not list(tmp_path.glob("disco-mp-*"))
+    finally:
+        for pid in multiprocess.stray_processes(pids):
+            os.killpg(pid, signal.SIGKILL)
