@@ -153,6 +153,38 @@ def test_a_clear_error_where_namespaces_are_not_permitted():
     assert "needs root" in r.stdout and "uid 65534" in r.stdout and "--link loopback" in r.stdout
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another user")
+def test_a_refused_testbed_leaves_no_directory():
+    """The switch's directory was made when the Testbed was constructed, and a testbed refused by
+    check_permitted (or never opened) left it in the temp dir: one per `launch(..., link=...)` as
+    a user."""
+    import pathlib
+    import shutil
+    import tempfile
+
+    tmp = pathlib.Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path is in a directory only root may enter
+    tmp.chmod(0o777)
+    code = textwrap.dedent("""
+        import os, tempfile
+        from disco import testbed
+        os.setgid(65534); os.setuid(65534)
+        testbed.Testbed(2, testbed.parse_link("rate=1gbit"))  # never opened
+        try:
+            with testbed.Testbed(2, testbed.parse_link("rate=1gbit")):
+                pass
+        except PermissionError:
+            pass
+    """)
+    try:
+        r = subprocess.run([sys.executable, "-c", code + "print(tempfile.gettempdir())"], capture_output=True,
+                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(tmp)}, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == str(tmp)  # the user's temp dir is the one looked at
+        assert list(tmp.iterdir()) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_cli_says_why_a_bad_link_is_refused():
     r = subprocess.run([sys.executable, "-m", "disco", "bench", "--processes", "2", "--link", "rate=fast"],
                        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)

@@ -120,7 +120,7 @@ class Testbed:
         self.prefix = f"{PREFIX}{secrets.token_hex(3)[:5]}"
         self.stats: dict[str, float] | None = None
         self._switch: subprocess.Popen | None = None
-        self._tmp = tempfile.mkdtemp(prefix=f"{self.prefix}-")
+        self._tmp: str | None = None  # the switch's log and statistics; made by open()
         self._created: list[str] = []  # namespaces
         self._closed = False
         self._old_handlers: dict[int, object] = {}
@@ -166,6 +166,7 @@ class Testbed:
         self._trap_signals()
         fds: list[int] = []
         try:
+            self._tmp = tempfile.mkdtemp(prefix=f"{self.prefix}-")
             for i in range(self.processes):
                 ns = self.namespace(i)
                 self._ip("netns", "add", ns)
@@ -219,7 +220,8 @@ class Testbed:
             for ns in self._created:
                 _run(["ip", "netns", "del", ns], check=False)
                 shutil.rmtree(os.path.join(_NETNS_ETC, ns), ignore_errors=True)
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
         finally:
             self._restore_signals()
             with _LOCK:
