@@ -606,3 +606,32 @@ def test_a_plan_file_named_comm_free_bound_keeps_its_row_next_to_the_bound(tmp_p
     rows = {row["plan"]: row["plan_digest"] for row in json.loads(r.stdout)["results"]}
     assert rows == {"xla_default": rows["xla_default"], str(path): baselines.make("ddp", graph).digest(),
                     "comm_free_bound": None}
+
+
+@pytest.mark.parametrize("link, across", [(None, False), ("loopback", False), ("LOOPBACK", False), (" Loopback ", False),
+                                          ("", False), ("rate=1gbit", True)])
+def test_loopback_in_any_spelling_is_no_link(link, across):
+    """parse_link reads '', 'LOOPBACK' and ' Loopback ' as loopback; the commands took any --link but
+    None (and check_process_counts any but 'loopback') for an emulated one."""
+    from disco.cli.common import CliError, across_processes, check_process_counts
+
+    args = argparse.Namespace(processes=1, devices_per_process=1, timeout=60.0, link=link)
+    assert across_processes(args) is across
+    if across:
+        with pytest.raises(CliError, match="give --processes 2 or more"):
+            check_process_counts(args)
+    else:
+        check_process_counts(args)
+
+
+def test_link_loopback_with_one_process_runs_in_process():
+    """--link loopback means 127.0.0.1, as no --link does: with --processes 1 calibrate refused ('needs at least
+    2 devices in all, got 1 processes x 1 devices') instead of calibrating --devices in this process, and bench
+    refused --bound telling the user to 'use --processes 1'."""
+    r = run_cli("calibrate", "--link", "loopback", "--devices", "2", "--reps", "1", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["devices"] == 2
+    r = run_cli("bench", "--model", "mlp", "--preset", "tiny", "--processes", "1", "--link", "LOOPBACK", "--plans",
+                "xla_default", "--rounds", "1", "--steps", "1", "--bound", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [row["plan"] for row in json.loads(r.stdout)["results"]] == ["xla_default", "comm_free_bound"]

@@ -7,6 +7,7 @@ from typing import Any
 
 from disco.cli.common import (
     CliError,
+    across_processes,
     add_link_arg,
     add_model_args,
     add_plans_arg,
@@ -64,7 +65,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco bench``; returns the exit status."""
     _check(args)
-    if args.processes > 1 or args.link:
+    if across_processes(args):
         if args.bound:
             raise CliError("--bound is measured in-process only; drop --bound or use --processes 1")
         return _run_processes(args)

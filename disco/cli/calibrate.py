@@ -7,6 +7,7 @@ from typing import Any
 
 from disco.cli.common import (
     CliError,
+    across_processes,
     add_process_args,
     check_output_file,
     check_process_counts,
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model and args.processes < 2:
         raise CliError(f"--model {args.model!r} compares the simulator with measurements across processes: give "
                        "--processes 2 or more (in one process, `disco simulate` and `disco bench` do that)")
-    if args.processes > 1 or args.link:  # across processes, maybe over an emulated link
+    if across_processes(args):  # across processes, maybe over an emulated link
         return run_across(args)
     from disco import calibrate as cal
 

@@ -426,6 +426,20 @@ def add_process_args(p: argparse.ArgumentParser, *, default_dpp: int = 1) -> Non
     add_link_arg(p)
 
 
+def emulated_link(args: argparse.Namespace) -> bool:
+    """Whether ``--link`` names an emulated link: given, and not empty or ``loopback`` (in any case,
+    as :func:`disco.testbed.parse_link` reads it), which mean 127.0.0.1 as no --link does."""
+    from disco.testbed import LOOPBACK
+
+    text = getattr(args, "link", None)
+    return text is not None and text.strip().lower() not in ("", LOOPBACK)
+
+
+def across_processes(args: argparse.Namespace) -> bool:
+    """Whether the command runs on worker processes: ``--processes`` above 1 or an emulated ``--link``."""
+    return args.processes > 1 or emulated_link(args)
+
+
 def parse_link_arg(args: argparse.Namespace) -> Any:
     """``args.link`` as a :class:`disco.testbed.LinkSpec`, or None for loopback.
 
@@ -454,7 +468,7 @@ def check_process_counts(args: argparse.Namespace) -> None:
                        f"{args.devices_per_process}")
     if not 0 < args.timeout < float("inf"):
         raise CliError(f"--timeout must be positive seconds, got {args.timeout}")
-    if getattr(args, "link", None) not in (None, "loopback") and args.processes < 2:
+    if emulated_link(args) and args.processes < 2:
         raise CliError(f"--link {args.link!r} emulates the link between worker processes; with --processes "
                        f"{args.processes} nothing crosses it: give --processes 2 or more")
 

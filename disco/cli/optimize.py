@@ -13,6 +13,7 @@ from typing import Any
 
 from disco.cli.common import (
     CliError,
+    across_processes,
     add_cost_model_arg,
     add_model_args,
     add_process_args,
@@ -133,7 +134,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit status."""
     _check(args)
-    if args.processes > 1 or args.link:  # across processes, maybe over an emulated link
+    if across_processes(args):  # across processes, maybe over an emulated link
         return run_across(args, bucket_sweep=_bucket_counts(args.bucket_sweep))
     from disco.sim.cluster import resolve
 
