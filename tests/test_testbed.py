@@ -296,6 +296,40 @@ def _prefix_of(pid: int) -> str:
 
 
 @needs_netns
+def test_cleanup_removes_what_a_killed_testbed_left():
+    """SIGKILL to the process that holds a testbed: --leftovers lists, and --cleanup removes, its
+    namespaces, /etc/netns entries and the switch's directory in the temp dir (which they did not
+    know of), and the orphaned switch ends."""
+    code = textwrap.dedent("""
+        import sys, time
+        from disco import testbed
+        tb = testbed.Testbed(2, testbed.parse_link("rate=1gbit"))
+        tb.open()
+        print(tb.prefix, tb._switch.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        prefix, switch = proc.stdout.readline().split()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    left = _left(prefix)
+    assert len(left["namespaces"]) == 2 and len(left["etc_netns"]) == 2, left
+    assert [os.path.basename(d).split("-")[0] for d in left.get("tmp_dirs", [])] == [prefix], left
+    assert os.path.exists(f"/proc/{switch}")
+    gone = testbed.cleanup(prefix)
+    assert gone["tmp_dirs"] == left["tmp_dirs"]
+    deadline = time.monotonic() + 10  # its devices went with the namespaces: it stops
+    while os.path.exists(f"/proc/{switch}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{switch}") and not os.path.exists(left["tmp_dirs"][0])
+    assert _left(prefix) == {}
+
+
+@needs_netns
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_teardown_when_the_cli_is_interrupted(sig):
     """Ctrl-C (SIGINT) or SIGTERM to `disco bench --link`: it exits and leaves nothing behind."""

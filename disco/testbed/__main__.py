@@ -12,7 +12,7 @@ from disco.testbed._netns import cleanup, leftovers
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m disco.testbed")
     g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--leftovers", action="store_true", help="list namespaces, devices, files and processes left")
+    g.add_argument("--leftovers", action="store_true", help="list namespaces, devices, files (/etc/netns, the temp dir) and processes left")
     g.add_argument("--cleanup", action="store_true", help="remove them")
     args = ap.parse_args(argv)
     print(json.dumps(leftovers() if args.leftovers else cleanup(), indent=2))

@@ -8,7 +8,8 @@ namespace its own ``/etc/hosts`` from ``/etc/netns/<ns>/hosts``, so the host nam
 the worker's own address and gloo binds there).
 
 Everything a testbed creates is named with one unique prefix (``dtb`` + 5 hex digits:
-namespaces ``<prefix>-w<i>``, devices ``<prefix>t<i>``, ``/etc/netns/<prefix>-w<i>/``) and
+namespaces ``<prefix>-w<i>``, devices ``<prefix>t<i>``, ``/etc/netns/<prefix>-w<i>/``, the
+switch's log and statistics in the temp dir's ``<prefix>-<random>/``) and
 registered, under a lock, in a process-wide table; :meth:`Testbed.close` (the context
 manager's exit, also on an exception, Ctrl-C, SIGTERM, or at interpreter exit) kills every
 process left in the namespaces and the switch, and deletes the namespaces and files. The TUN
@@ -23,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -43,6 +45,7 @@ _TUNSETIFF = 0x400454CA
 _IFF_TUN = 0x0001
 _IFF_NO_PI = 0x1000
 _NETNS_ETC = "/etc/netns"
+_TMP_DIR = re.compile(rf"{PREFIX}[0-9a-f]{{5}}-[A-Za-z0-9_]+")  # a Testbed's (tempfile.mkdtemp's names)
 
 _LOCK = threading.Lock()
 _ACTIVE: dict[str, Testbed] = {}  # prefix -> open testbed (under _LOCK)
@@ -278,8 +281,9 @@ def _kill_namespace_pids(ns: str) -> None:
 
 
 def leftovers(prefix: str = PREFIX) -> dict[str, list[str]]:
-    """What testbeds left behind: namespaces, network devices, ``/etc/netns`` entries and
-    processes in those namespaces whose names start with ``prefix``."""
+    """What testbeds left behind: namespaces, network devices, ``/etc/netns`` entries, processes
+    in those namespaces and the switches' directories in the temp dir, whose names start with
+    ``prefix``."""
     ns = [ln.split()[0] for ln in _run(["ip", "netns", "list"], check=False).stdout.splitlines()
           if ln.strip().startswith(prefix)]
     links = []
@@ -289,7 +293,14 @@ def leftovers(prefix: str = PREFIX) -> dict[str, list[str]]:
             links.append(parts[1].strip().split("@")[0])
     etc = sorted(e for e in os.listdir(_NETNS_ETC) if e.startswith(prefix)) if os.path.isdir(_NETNS_ETC) else []
     pids = [f"{n}:{p}" for n in ns for p in _namespace_pids(n)]
-    return {"namespaces": ns, "links": links, "etc_netns": etc, "processes": pids}
+    return {"namespaces": ns, "links": links, "etc_netns": etc, "processes": pids, "tmp_dirs": _tmp_dirs(prefix)}
+
+
+def _tmp_dirs(prefix: str) -> list[str]:
+    """The switches' directories (``<testbed prefix>-<random>``, :meth:`Testbed.open`) in the temp dir."""
+    tmp = tempfile.gettempdir()
+    return sorted(os.path.join(tmp, e) for e in os.listdir(tmp)
+                  if e.startswith(prefix) and _TMP_DIR.fullmatch(e) and os.path.isdir(os.path.join(tmp, e)))
 
 
 def cleanup(prefix: str = PREFIX) -> dict[str, list[str]]:
@@ -313,6 +324,9 @@ def cleanup(prefix: str = PREFIX) -> dict[str, list[str]]:
     for link in (x for x in found["links"] if not keep(x)):
         _run(["ip", "link", "del", link], check=False)
         gone["links"].append(link)
+    for d in (d for d in found["tmp_dirs"] if not keep(os.path.basename(d))):
+        shutil.rmtree(d, ignore_errors=True)
+        gone["tmp_dirs"].append(d)
     return gone
 
 
