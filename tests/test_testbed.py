@@ -296,6 +296,39 @@ def _prefix_of(pid: int) -> str:
 
 
 @needs_netns
+def test_a_teardown_interrupted_by_a_second_ctrl_c_is_finished_at_exit(monkeypatch):
+    """A second Ctrl-C while the testbed tears down: close() had already unregistered it, so neither
+    the exit handler nor another close() removed the namespaces, /etc/netns entries and directory left."""
+    from disco.testbed import _netns
+
+    real_stop = _netns._stop
+    calls = []
+
+    def interrupted_stop(proc, grace_s=2.0):
+        calls.append(proc.pid)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real_stop(proc, grace_s)
+
+    monkeypatch.setattr(_netns, "_stop", interrupted_stop)
+    tb = testbed.Testbed(2, parse_link("rate=1gbit"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with tb:
+                pass
+        assert len(_left(tb.prefix)["namespaces"]) == 2
+        _netns._close_all()  # the exit handler (atexit)
+        assert len(calls) == 2
+        assert _left(tb.prefix) == {}
+        with pytest.raises(RuntimeError, match="is not running"):
+            tb.wrap(0, ["true"])
+    finally:
+        monkeypatch.undo()
+        tb.close()
+        testbed.cleanup(tb.prefix)
+
+
+@needs_netns
 def test_cleanup_removes_what_a_killed_testbed_left():
     """SIGKILL to the process that holds a testbed: --leftovers lists, and --cleanup removes, its
     namespaces, /etc/netns entries and the switch's directory in the temp dir (which they did not

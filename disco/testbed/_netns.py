@@ -125,7 +125,8 @@ class Testbed:
         self._switch: subprocess.Popen | None = None
         self._tmp: str | None = None  # the switch's log and statistics; made by open()
         self._created: list[str] = []  # namespaces
-        self._closed = False
+        self._closed = False  # close() began
+        self._done = False  # close() finished
         self._old_handlers: dict[int, object] = {}
 
     # -- names -------------------------------------------------------------------------------
@@ -207,10 +208,12 @@ class Testbed:
 
     def close(self) -> None:
         """Kills every process in the namespaces and the switch; deletes namespaces and files.
-        Idempotent; never raises for what is already gone."""
-        if self._closed:
+        Idempotent; never raises for what is already gone. Interrupted itself (a second Ctrl-C, a
+        SIGTERM), the testbed stays registered, and the exit handler or another close() finishes."""
+        if self._done:
             return
-        self._closed = True
+        self._closed = True  # wrap() refuses from here on
+        interrupted = False
         try:
             for ns in self._created:
                 _kill_namespace_pids(ns)
@@ -225,10 +228,15 @@ class Testbed:
                 shutil.rmtree(os.path.join(_NETNS_ETC, ns), ignore_errors=True)
             if self._tmp is not None:
                 shutil.rmtree(self._tmp, ignore_errors=True)
+        except (KeyboardInterrupt, SystemExit):
+            interrupted = True
+            raise
         finally:
-            self._restore_signals()
-            with _LOCK:
-                _ACTIVE.pop(self.prefix, None)
+            if not interrupted:
+                self._done = True
+                self._restore_signals()
+                with _LOCK:
+                    _ACTIVE.pop(self.prefix, None)
 
     # -- signals: SIGTERM/SIGHUP become SystemExit so that `finally` and `with` tear down -----
     def _trap_signals(self) -> None:
