@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from typing import Any
@@ -153,7 +154,7 @@ class JobRunner:
                 now = time.monotonic()
                 if now - last[0] >= 0.25 or frac >= 1.0:
                     last[0] = now
-                    store.set_progress(job_id, frac, msg)
+                    _report_progress(store, job_id, frac, msg)
 
             options = dict(request["options"])
             options["budget_s"] = min(float(options["budget_s"]), 0.8 * self.job_timeout_s)
@@ -169,6 +170,18 @@ class JobRunner:
         except Exception as e:  # noqa: BLE001 - the job fails, the server stays up
             log.exception("job %s failed", job_id)
             store.fail_job(job_id, "internal", f"{type(e).__name__}: {e}")
+
+
+def _report_progress(store: Store, job_id: str, frac: float, msg: str) -> None:
+    """Stores a job's progress; a write that fails (database locked, disk full) is logged, not raised.
+
+    Progress is advisory (the sweeper keeps the heartbeat): an error raised into the planner
+    would cut its search short and store the best baseline as the job's plan.
+    """
+    try:
+        store.set_progress(job_id, frac, msg)
+    except sqlite3.Error as e:
+        log.warning("job %s: progress not stored: %s", job_id, e)
 
 
 _RUNNER = "disco_jobs"

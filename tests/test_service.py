@@ -331,6 +331,31 @@ def test_full_queue_answers_503_with_retry_after(client):
     assert client.get("/healthz").status_code == 200
 
 
+def test_a_failed_progress_write_does_not_cut_the_search_short(client, monkeypatch):
+    """The database is locked for a moment during the search: the job still searches its whole budget."""
+    import service.store
+
+    monkeypatch.setattr(service.store, "BUSY_TIMEOUT_S", 1.0)  # a write waits 1 s for the lock, then fails
+    posted = client.post("/v1/plans", json=plan_body(seed=61, strategy="auto", budget_s=4.0))
+    assert posted.status_code == 202, posted.json
+    job_url = f"/v1/jobs/{posted.json['job_id']}"
+    deadline = time.monotonic() + 30
+    while "plans evaluated" not in client.get(job_url).json["message"]:
+        assert time.monotonic() < deadline, client.get(job_url).json
+        time.sleep(0.02)
+    with sqlite3.connect(client.application.config["DATABASE"], isolation_level=None) as conn:
+        conn.execute("BEGIN IMMEDIATE")  # another writer holds the lock: a progress report fails
+        time.sleep(1.5)
+        conn.execute("ROLLBACK")
+    while client.get(job_url).json["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline, client.get(job_url).json
+        time.sleep(0.05)
+    job = client.get(job_url).json
+    assert job["state"] == "done", job
+    report = job["result"]["report"]
+    assert report["method"].startswith("search") and "error" not in report["search"], report
+
+
 def test_graph_json_fingerprint_is_the_servers(client):
     from disco.ir.graph import HloGraph
 
