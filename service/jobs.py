@@ -8,9 +8,10 @@ lose, and each worker process starts its own runner.
 ``Store.submit`` commits a new queued job; the API then puts its id on the bounded
 queue (``queue.Full``: the job is failed and the caller answers 503). Worker threads
 take ids off the queue, run :func:`disco.planner.plan_for_graph` on the job's stored
-inputs and store the plan and report. A sweeper thread refreshes this process's
-heartbeats and takes over jobs of dead servers (see :mod:`service.store`), so a job
-outlives the server that accepted it.
+inputs and store the plan and report. A sweeper thread refreshes the heartbeats of the
+jobs this process holds (on its queue or running) and takes over jobs of dead servers
+(see :mod:`service.store`), so a job outlives the server that accepted it; a job this
+process lost (its worker could not write the job's end) goes stale and is taken over too.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class JobRunner:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._started = False
+        self._held: set[str] = set()  # ids on the queue or running here: the ones whose heartbeat is kept
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -95,13 +97,25 @@ class JobRunner:
         """Puts ``job_id`` on the queue; raises ``queue.Full``. With no workers, jobs stay queued."""
         if self.workers <= 0:
             return
-        self.queue.put_nowait(job_id)
+        with self._lock:
+            self._held.add(job_id)
+        try:
+            self.queue.put_nowait(job_id)
+        except queue.Full:
+            self._drop(job_id)
+            raise
+
+    def _drop(self, job_id: str) -> None:
+        with self._lock:
+            self._held.discard(job_id)
 
     def sweep(self) -> None:
-        """Refreshes heartbeats and takes over (resumes or fails) jobs of dead servers."""
+        """Refreshes heartbeats and takes over (resumes or fails) jobs of dead servers and jobs lost here."""
         with Store(self.db_path) as store:
-            store.heartbeat()
-            for job_id in store.recover(STALE_S):
+            with self._lock:
+                held = set(self._held)
+            store.heartbeat(held)
+            for job_id in store.recover(STALE_S, held):
                 try:
                     self.enqueue(job_id)
                     log.info("resumed job %s", job_id)
@@ -128,6 +142,7 @@ class JobRunner:
                 except Exception:  # noqa: BLE001 - a worker never dies
                     log.exception("job %s crashed the worker loop", job_id)
                 finally:
+                    self._drop(job_id)  # ended, or lost (its end not written): its heartbeat stops
                     self.queue.task_done()
         finally:
             store.close()

@@ -6,11 +6,13 @@ commits; writers that collide wait up to ``BUSY_TIMEOUT_S``.
 
 Jobs carry their inputs (``request``: the validated graph input, the resolved
 cluster and the options, as JSON), an ``owner`` (``host:pid:boot``) and a
-``heartbeat_at`` the owner refreshes. A job whose owner died (its pid is gone on
-this host, or its heartbeat is stale) is taken over by the next server that
-starts or sweeps: re-queued when its inputs are stored and it has not already
-been interrupted ``MAX_ATTEMPTS`` times, otherwise marked failed with the reason
-"server restarted during the job". A job is never lost.
+``heartbeat_at`` the owner refreshes for the jobs it holds (queued for or run by a
+worker). A job whose owner died (its pid is gone on this host, or its heartbeat is
+stale) is taken over by the next server that starts or sweeps: re-queued when its
+inputs are stored and it has not already been interrupted ``MAX_ATTEMPTS`` times,
+otherwise marked failed with the reason "server restarted during the job". A job its
+own live server no longer holds (its worker could not write its end: disk full,
+database locked) goes stale the same way and is taken over too. A job is never lost.
 
 A unique partial index allows one active (queued or running) job per plan key,
 so identical requests join one job even across gunicorn worker processes.
@@ -32,6 +34,7 @@ MAX_ATTEMPTS = 3
 STATES = ("queued", "running", "done", "failed")
 ACTIVE = ("queued", "running")
 RESTART_REASON = "server restarted during the job"
+LOST_REASON = "the job's worker stopped without recording its end"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (
@@ -239,44 +242,61 @@ class Store:
                 "UPDATE jobs SET state = 'failed', error = ?, message = 'failed', finished_at = ? "
                 "WHERE id = ? AND state IN ('queued', 'running')", (err, now, job_id))
 
-    def heartbeat(self) -> None:
-        """Refreshes the heartbeat of this process's active jobs."""
-        with self._tx():
-            self.conn.execute("UPDATE jobs SET heartbeat_at = ? WHERE owner = ? AND state IN ('queued', 'running')",
-                              (time.time(), process_owner()))
+    def heartbeat(self, job_ids: Iterable[str]) -> None:
+        """Refreshes the heartbeat of those of ``job_ids`` that are this process's active jobs.
 
-    def recover(self, stale_s: float) -> list[str]:
-        """Takes over the active jobs of dead owners; returns the ids to enqueue here.
+        Args:
+          job_ids: the jobs this process holds (queued for or run by its workers); any other
+            job of this process goes stale and :meth:`recover` takes it over.
+        """
+        with self._tx():
+            self.conn.execute("UPDATE jobs SET heartbeat_at = ? WHERE owner = ? AND state IN ('queued', 'running') "
+                              "AND id IN (SELECT value FROM json_each(?))",
+                              (time.time(), process_owner(), json.dumps(sorted(job_ids))))
+
+    def recover(self, stale_s: float, held: Iterable[str] = ()) -> list[str]:
+        """Takes over the active jobs of dead owners, and this process's stale ones; returns the ids to enqueue here.
 
         A job whose owner is gone (dead pid on this host, or no heartbeat for
-        ``stale_s``) is re-queued under this process if its inputs are stored and it
+        ``stale_s``: this process's own jobs too, whose heartbeat it refreshes only while
+        it holds them) is re-queued under this process if its inputs are stored and it
         has been interrupted fewer than ``MAX_ATTEMPTS`` times; otherwise it is
-        marked failed with :data:`RESTART_REASON`.
+        marked failed with :data:`RESTART_REASON` (:data:`LOST_REASON` for its own).
+
+        Args:
+          stale_s: seconds without a heartbeat after which a job's owner is taken for gone.
+          held: the jobs this process holds (queued for or run by its workers), never taken over.
         """
         me = process_owner()
+        held_here = set(held)
         now = time.time()
         resumed: list[str] = []
         with self._tx():
             rows = self.conn.execute(
                 "SELECT id, state, owner, heartbeat_at, attempts, request IS NOT NULL AS has_request "
-                "FROM jobs WHERE state IN ('queued', 'running') AND (owner IS NULL OR owner != ?)",
-                (me,)).fetchall()
+                "FROM jobs WHERE state IN ('queued', 'running')").fetchall()
             for r in rows:
+                mine = r["owner"] == me
+                if mine and r["id"] in held_here:
+                    continue
                 stale = (r["heartbeat_at"] or 0.0) < now - stale_s
                 if _owner_alive(r["owner"]) and not stale:
                     continue
                 attempts = r["attempts"] + (1 if r["state"] == "running" else 0)
                 if not r["has_request"] or attempts >= MAX_ATTEMPTS:
-                    why = RESTART_REASON + ("" if r["has_request"] else "; its inputs were not stored")
+                    why = (LOST_REASON if mine else RESTART_REASON) + (
+                        "" if r["has_request"] else "; its inputs were not stored")
                     if attempts >= MAX_ATTEMPTS:
                         why += f" ({attempts} times; not resumed again)"
-                    err = json.dumps({"code": "server_restarted", "message": why, "field": None})
+                    code = "job_lost" if mine else "server_restarted"
+                    err = json.dumps({"code": code, "message": why, "field": None})
                     self.conn.execute(
                         "UPDATE jobs SET state = 'failed', error = ?, message = 'failed', attempts = ?, "
                         "finished_at = ? WHERE id = ?", (err, attempts, now, r["id"]))
                     continue
-                note = (f"resumed after a server restart (attempt {attempts + 1})"
-                        if r["state"] == "running" else "re-queued after a server restart")
+                cause = "its worker stopped without recording its end" if mine else "a server restart"
+                note = (f"resumed after {cause} (attempt {attempts + 1})"
+                        if r["state"] == "running" else f"re-queued after {cause}")
                 self.conn.execute(
                     "UPDATE jobs SET state = 'queued', owner = ?, heartbeat_at = ?, attempts = ?, "
                     "progress = 0, message = ?, started_at = NULL WHERE id = ?",

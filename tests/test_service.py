@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import sqlite3
 import socket
 import subprocess
@@ -292,6 +293,40 @@ def test_jobs_survive_a_killed_server(tmp_path):
         status, lost, _ = second.request("GET", "/v1/jobs/00000000deadbeef")
         assert status == 200 and lost["state"] == "failed"
         assert "server restarted during the job" in lost["error"]["message"]
+
+
+class _DiskFull:
+    """No file write of the server's process succeeds while inside (RLIMIT_FSIZE 0: SQLite's 'disk I/O error')."""
+
+    def __init__(self, server):
+        self.pid = server.proc.pid
+
+    def __enter__(self):
+        self.before = resource.prlimit(self.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(self.pid, resource.RLIMIT_FSIZE, (0, self.before[1]))
+
+    def __exit__(self, *exc):
+        resource.prlimit(self.pid, resource.RLIMIT_FSIZE, self.before)
+
+
+needs_prlimit = pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs resource.prlimit")
+
+
+@needs_prlimit
+def test_a_job_whose_end_cannot_be_written_is_run_again(tmp_path):
+    """The disk is full when the job ends (its plan and its failure both unwritable): it is not left running."""
+    with ServerProcess(tmp_path / "lost.sqlite", workers=1) as srv:
+        status, body, _ = srv.request("POST", "/v1/plans", plan_body(seed=62, strategy="random", budget_s=2.0))
+        assert status == 202, body
+        job = srv.wait_job(body["job_id"], timeout=30, states=("running", "done", "failed"))
+        assert job["state"] == "running", job
+        with _DiskFull(srv):
+            time.sleep(5.0)  # the job ends meanwhile
+        job = srv.wait_job(body["job_id"], timeout=40)
+        assert job["state"] == "done" and job["attempts"] == 1 and job["result"]["plan"], job
+        # the same key asked again is answered from the plan, not joined to a job nobody runs
+        status, cached, _ = srv.request("POST", "/v1/plans", plan_body(seed=62, strategy="random", budget_s=2.0))
+        assert status == 200 and cached["key"] == body["key"], cached
 
 
 # -- the Flask test client ---------------------------------------------------------------------------
