@@ -343,7 +343,11 @@ class Store:
 
 
 class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception)."""
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception).
+
+    After some errors (disk full, I/O error) SQLite has rolled the transaction back itself;
+    then no ROLLBACK is sent, whose "no transaction is active" would hide the error's reason.
+    """
 
     def __init__(self, conn: sqlite3.Connection):
         self.conn = conn
@@ -352,4 +356,7 @@ class _Transaction:
         self.conn.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        elif self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")

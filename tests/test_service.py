@@ -329,6 +329,22 @@ def test_a_job_whose_end_cannot_be_written_is_run_again(tmp_path):
         assert status == 200 and cached["key"] == body["key"], cached
 
 
+@needs_prlimit
+def test_a_full_disk_is_answered_with_sqlites_reason(tmp_path):
+    plan = {"schema_version": 1, "name": "p", "groups": [], "xla_fusion": "extend", "buckets": None,
+            "compile_options": {}}
+    samples = [{"fingerprint": "abc", "plan": plan, "step_time_ms": 3.5, "extra": {"note": "x" * 4000}}] * 1000
+    with ServerProcess(tmp_path / "full.sqlite", workers=1) as srv:
+        for body in (samples[:1], samples):  # a small write fails as it commits, a large one while it is written
+            with _DiskFull(srv):
+                status, answer, headers = srv.request("POST", "/v1/profiles", body)
+            assert_error(status, answer, 503)
+            assert answer["code"] == "database_unavailable" and "disk I/O error" in answer["message"], answer
+            assert headers.get("Retry-After", "").isdigit()
+        status, answer, _ = srv.request("POST", "/v1/profiles", samples)  # room again
+        assert status == 201 and answer["stored"] == len(samples), answer
+
+
 # -- the Flask test client ---------------------------------------------------------------------------
 @pytest.fixture
 def app(tmp_path):
