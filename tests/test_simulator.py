@@ -161,6 +161,8 @@ def test_without_overlap_collectives_hold_the_one_stream():
                         "bucket.1": ("comm", 5, 7), "k3": ("compute", 7, 8), "u1": ("compute", 8, 9),
                         "u2": ("compute", 9, 10)}
     assert (r.step_time, r.compute_time, r.comm_time, r.exposed_comm) == (10, 6, 4, 4)
+    # k2 waited for bucket.0 on the one stream: the collectives are on the path (their times sum to 10)
+    assert r.critical_path == ("k1", "bucket.0", "k2", "bucket.1", "k3", "u1", "u2")
 
 
 def test_bucket_waits_for_its_last_gradient():
@@ -441,6 +443,11 @@ def test_step_time_bounds_hold_on_random_dags(case, order, overlap):
         assert all(a.end <= b.start + 1e-12 for a, b in zip(evs, evs[1:]))
     if order == "program":  # the compute stream is in program (first compute member) order
         assert not r.critical_path or r.critical_path[-1] in {e.name for e in r.timeline}
+    if r.timeline:  # the critical path runs from 0 to the step time without gaps
+        by_name = {e.name: e for e in r.timeline}
+        path = [by_name[name] for name in r.critical_path]
+        assert path[0].start == 0 and path[-1].end == r.step_time
+        assert all(math.isclose(a.end, b.start, abs_tol=1e-12) for a, b in zip(path, path[1:]))
 
 
 def test_simulate_refuses_arguments_of_the_wrong_type():

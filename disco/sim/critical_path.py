@@ -2,7 +2,9 @@
 
 Each event is *bound* by the event that let it start: the input whose end set its ready time
 when it started no earlier than that (the first placed among inputs that end together), else
-the previous event on its own stream (nothing, if its stream was free from the start). The
+the previous event on its own stream (nothing, if its stream was free from the start). Where
+collectives hold the compute stream (``blocking``: one stream), that is the previous event of
+either kind: a kernel that waited for a collective is bound by it. The
 path runs from the event that ends last (the later placed of those that end together) back
 along these bindings.
 """
@@ -15,7 +17,8 @@ from disco.sim.timeline import Event
 
 
 def critical_path(events: Sequence[Event], placed: Sequence[tuple[int, float]], unit_of: Sequence[int],
-                  succ: Sequence[tuple[tuple[int, int], ...]], coll: Sequence[bool]) -> tuple[str, ...]:
+                  succ: Sequence[tuple[tuple[int, int], ...]], coll: Sequence[bool],
+                  blocking: bool = False) -> tuple[str, ...]:
     """Labels of the events on the critical path, first to last.
 
     Args:
@@ -24,6 +27,7 @@ def critical_path(events: Sequence[Event], placed: Sequence[tuple[int, float]], 
       unit_of: node index -> unit id (the patched plan's).
       succ: per unit, (reading node, count) pairs.
       coll: per unit, whether it is a collective (runs on the comm stream).
+      blocking: collectives and kernels share one stream (:func:`disco.sim.scheduler.schedule`).
     """
     n_units = len(coll)
     rt = [0.0] * n_units  # each unit's ready time: when its last input ends
@@ -32,7 +36,7 @@ def critical_path(events: Sequence[Event], placed: Sequence[tuple[int, float]], 
     last = [-1, -1]  # the latest event per stream (compute, comm)
     comm_free = 0.0
     for ei, (u, start) in enumerate(placed):
-        k = 1 if coll[u] else 0
+        k = 1 if coll[u] and not blocking else 0
         fin = events[ei].end
         free = comm_free if k else start  # when the event's stream became free for it
         if arg[u] >= 0 and rt[u] >= free:

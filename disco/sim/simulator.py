@@ -219,7 +219,7 @@ class Simulator:
                           self.graph.nodes)
         return SimResult(step_time=step, compute_time=patch.compute, comm_time=patch.comm,
                          exposed_comm=max(0.0, step - patch.compute),
-                         critical_path=critical_path(events, placed, unit_of, succ, coll),
+                         critical_path=critical_path(events, placed, unit_of, succ, coll, patch.blocking),
                          timeline=tuple(events))
 
     def _simulate(self, plan: FusionPlan, order: str, record: bool) -> SimResult:
