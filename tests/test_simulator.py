@@ -198,6 +198,16 @@ def test_variadic_all_reduces_pay_the_operand_latency_and_concat_buckets_do_not(
     assert single.comm_time == 4  # one operand each: nothing added
 
 
+def test_one_device_all_reduces_are_free_without_operand_latency():
+    """With one device every collective is free (disco.sim.collectives), a variadic one too."""
+    g = graph_of(GRADS)
+    one = preset("local", devices=1, calibration={"operand_latency": 1e-3})
+    sim = Simulator(g, AnalyticCosts(), one)
+    for plan in (FusionPlan(), FusionPlan(buckets=(Bucket(("ar1", "ar2"), "tuple"),))):
+        r = sim.run(plan)
+        assert r.comm_time == 0.0 and r.step_time == r.compute_time
+
+
 def test_rs_ag_buckets_are_a_reduce_scatter_then_an_all_gather():
     """An "rs_ag" bucket costs reduce-scatter + all-gather of its bytes (each 1 + 2 here), also
     when it holds one gradient: the rewrite replaces that all-reduce too."""

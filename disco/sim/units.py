@@ -165,7 +165,7 @@ class UnitBuilder:
     def coll_unit(self, mode: Mode, members: tuple[int, ...], kind: str, variadic: bool = False,
                    unit: int | None = None) -> Unit:
         """One collective over ``members``; ``variadic`` (XLA's combined or a "tuple" bucket) adds the
-        cluster's ``operand_latency`` for each operand after the first; ``unit=UNIT_RS_AG`` (an
+        cluster's ``operand_latency`` for each operand after the first (on more than one device); ``unit=UNIT_RS_AG`` (an
         "rs_ag" bucket) prices it as a reduce-scatter followed by an all-gather of the same bytes."""
         unit = unit if unit is not None else (UNIT_VARIADIC if variadic else UNIT_COLL)
         key = (mode.fusion, unit, members)
@@ -177,7 +177,7 @@ class UnitBuilder:
                        + self.costs.collective_time("all-gather", nbytes, self.cluster))
             else:
                 dur = self.costs.collective_time(kind, nbytes, self.cluster)
-            if unit == UNIT_VARIADIC:
+            if unit == UNIT_VARIADIC and self.cluster.num_devices > 1:  # one device: every collective is free
                 dur += self.cluster.operand_latency * (len(members) - 1)
             succ, indeg = self.links(mode, members)
             u = Unit(True, members, dur, succ, indeg, self.graph.nodes[members[0]].name)
