@@ -208,6 +208,20 @@ def test_one_device_all_reduces_are_free_without_operand_latency():
         assert r.comm_time == 0.0 and r.step_time == r.compute_time
 
 
+def test_lower_bound_holds_for_rs_ag_buckets_on_a_tree():
+    """A tree's reduce-scatter plus all-gather moves fewer bytes than its all-reduce: the bound
+    takes the cheaper of the two, so an "rs_ag" plan never beats it."""
+    from disco.sim.cluster import LinkSpec
+
+    g = graph_of([("p", "parameter", []), ("a", "dot", ["p"]), ("ar1", "all-reduce", ["a"], 40_000_000),
+                  ("u", "add", ["ar1"])])
+    slow = LinkSpec(1e8, 5e-6)
+    sim = Simulator(g, AnalyticCosts(), preset("dgx-a100-8").replace(algorithm="tree", intra=slow, inter=slow))
+    rs_ag = sim.step_time(make_plan(buckets=[["ar1"]], build="rs_ag"))
+    assert rs_ag < sim.step_time(FusionPlan())
+    assert rs_ag >= sim.lower_bound()
+
+
 def test_rs_ag_buckets_are_a_reduce_scatter_then_an_all_gather():
     """An "rs_ag" bucket costs reduce-scatter + all-gather of its bytes (each 1 + 2 here), also
     when it holds one gradient: the rewrite replaces that all-reduce too."""

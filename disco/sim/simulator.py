@@ -311,7 +311,11 @@ class Simulator:
         else:
             compute = sum(loops[i] if i in loops else self.costs.kernel_time(gk.kernel((i,))) / speed for i in fixed)
         ar_bytes = sum(self._cbytes[a] for a in self._ars)
-        comm = (self.costs.collective_time("all-reduce", ar_bytes, self.cluster) if self._ars else 0.0)
+        comm = 0.0
+        if self._ars:  # one all-reduce, or one "rs_ag" bucket (cheaper with a tree), of all the bytes
+            comm = min(self.costs.collective_time("all-reduce", ar_bytes, self.cluster),
+                       self.costs.collective_time("reduce-scatter", ar_bytes, self.cluster)
+                       + self.costs.collective_time("all-gather", ar_bytes, self.cluster))
         mode = self._patcher.mode("extend")
         comm += sum(mode.dur[ui] for ui, u in enumerate(mode.units)
                     if u.is_coll and u.members[0] not in self._ar_set)
@@ -359,9 +363,10 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
       bounds every plan for a cost model under which a kernel costs no less when it gains nodes
       or bytes and two kernels no less than one holding both (the analytic models; a learned
       model need not be either).
-    - ``comm`` is one all-reduce of all all-reduce bytes together (any bucketing costs at least
-      this, as the alpha-beta cost is affine in bytes with a non-negative intercept) plus the
-      time of every other collective.
+    - ``comm`` is one all-reduce of all all-reduce bytes together, or one reduce-scatter plus one
+      all-gather of them (an "rs_ag" bucket; cheaper than the all-reduce with the tree algorithm),
+      whichever is less (any bucketing costs at least this, as the alpha-beta cost is affine in
+      bytes with a non-negative intercept) plus the time of every other collective.
 
     Both streams are serial, so a simulated step is never shorter than either term.
     """
