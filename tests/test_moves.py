@@ -167,3 +167,21 @@ def test_random_moves_on_random_dags_stay_valid(g, seeds):
             child.validate(g)
             plan = child
     event(f"{len(plan.groups)} groups, {len(plan.buckets or ())} buckets")
+
+
+def test_bucket_moves_leave_a_tuple_bucket_of_several_dtypes_as_it_is():
+    # A "tuple" bucket may mix dtypes; merging, splitting or shifting rebuilt it "concat", which
+    # needs one dtype: from this valid start the search returned plans validate refuses.
+    g = graph([node("p", "parameter"), ar("a"),
+               Node(name="b", opcode="all-reduce", computation="c", shape="bf16[4]", dtype="bf16", out_bytes=8,
+                    out_elements=4, flops=4.0, grad_bytes=8, replica_groups="{{0,1}}", reduction="add"),
+               ar("c"), ar("d")], [(0, 1), (0, 2), (0, 3), (0, 4)])
+    ctx = moves.context(g)
+    start = FusionPlan(buckets=(Bucket(("a", "b", "c"), "tuple"), Bucket(("d",))))
+    start.validate(g)
+    for name in ("merge_buckets", "split_bucket", "shift_gradient"):
+        for seed in range(30):
+            child = moves.MOVES[name](start, ctx, random.Random(seed))
+            assert child is None or child.buckets[0] == start.buckets[0], name
+            if child is not None:
+                child.validate(g)

@@ -23,7 +23,8 @@ changed.
 - Buckets: only buckets of the same class (computation, reduction, replica
   groups, dtype) merge, so every all-reduce stays in exactly one bucket; a bucket
   made by a merge or a split is built "concat", and ``switch_build`` turns one
-  into "rs_ag" (reduce-scatter + all-gather) or back.
+  into "rs_ag" (reduce-scatter + all-gather) or back. A "tuple" bucket of several
+  dtypes (a start plan may hold one) is left as it is: "concat" needs one dtype.
 - Cuts: ``add_cut`` cuts an operand edge between two fusible ops (an array-shaped
   producer, a computation plans may touch) that no group holds both ends of;
   ``remove_cut`` drops one. Group moves never join the two ends of a cut.
@@ -333,12 +334,22 @@ def toggle_xla_fusion(plan: FusionPlan, ctx: MoveContext, rng: random.Random) ->
 
 
 # -- bucket moves ------------------------------------------------------------------------------
+def _one_class(ctx: MoveContext, members: Sequence[int]) -> bool:
+    """Whether ``members`` are all of one bucket class. A start plan may hold a "tuple" bucket of
+    several dtypes (valid); a merge or a split rebuilds buckets "concat", which needs one dtype, so
+    bucket moves leave such a bucket as it is."""
+    cls = ctx.ar_class
+    return all(cls[m] == cls[members[0]] for m in members)
+
+
 def _bucket_neighbours(view: _View, ctx: MoveContext) -> list[tuple[int, int]]:
-    """(bucket cluster, next bucket cluster of the same class in production order) pairs."""
+    """(bucket cluster, next bucket cluster of the same class in production order) pairs
+    (buckets of several classes left out: see :func:`_one_class`)."""
     by_class: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
     for k in range(view.n_groups, len(view.clusters)):
         m = view.clusters[k]
-        by_class[ctx.ar_class[m[0]]].append((m[0], k))
+        if _one_class(ctx, m):
+            by_class[ctx.ar_class[m[0]]].append((m[0], k))
     pairs = []
     for items in by_class.values():
         items.sort()
@@ -377,7 +388,8 @@ def split_bucket(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusi
     if plan.buckets is None:
         return None
     view = _view(plan, ctx)
-    many = [k for k in range(view.n_groups, len(view.clusters)) if len(view.clusters[k]) > 1]
+    many = [k for k in range(view.n_groups, len(view.clusters))
+            if len(view.clusters[k]) > 1 and _one_class(ctx, view.clusters[k])]
     if not many:
         return None
     for _ in range(_TRIES):
