@@ -208,7 +208,7 @@ def plan_for_graph(
         method = "search"  # the search's own strategy name is in report["search"]["strategy"]
         try:
             plan, info = _call_search(search, graph, sim, opts, lambda frac, msg: progress(0.1 + 0.85 * frac, msg))
-            plan.validate(graph)
+            plan.validate(graph, sim.backend)
         except Cancelled:
             raise
         except Exception as e:  # noqa: BLE001 - a failing search still leaves the best baseline
@@ -249,7 +249,8 @@ def plan_for_graph(
 
 def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, opts: Mapping[str, Any],
                    progress: ProgressFn) -> tuple[FusionPlan, dict[str, Any]]:
-    """Random valid plans until the budget runs out; the fastest by simulated time wins."""
+    """Random valid plans (on a GPU cluster without fusion groups) until the budget runs out; the
+    fastest by simulated time wins."""
     from disco import search
     from disco.plans.random_plans import random_plan
 
@@ -259,7 +260,7 @@ def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, o
     tried = 0
     seed = int(opts["seed"])
     while time.perf_counter() - t0 < budget and (max_evals is None or tried < max_evals):
-        plan = random_plan(graph, seed + tried)
+        plan = random_plan(graph, seed + tried, groups=sim.backend != "gpu")  # XLA:GPU takes no groups
         tried += 1
         t = sim.step_time(plan)
         if t < best_s:

@@ -58,6 +58,19 @@ def test_max_evals_caps_the_random_strategy():
     plan.validate(graph)
 
 
+@pytest.mark.parametrize("strategy", ["random", "auto"])
+def test_a_gpu_cluster_gets_a_plan_xla_gpu_can_take(strategy):
+    # the random strategy drew plans with fusion groups on a GPU cluster too, and handed out one
+    # (random_32, simulated faster than every baseline) that validate(graph, "gpu") refuses
+    from disco.sim.cluster_presets import resolve
+
+    graph, _ = setup()
+    plan, report = planner.plan_for_graph(graph, resolve("h100-sxm-8"), {"strategy": strategy, "budget_s": 600.0,
+                                                                        "max_evals": 200})
+    plan.validate(graph, "gpu")
+    assert not report["search"].get("error"), report["search"]
+
+
 def test_plan_keys_leave_out_options_not_given():
     from disco.sim.costs import AnalyticCosts
 
