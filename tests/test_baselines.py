@@ -65,3 +65,49 @@ def test_make_refuses_what_is_not_a_graph():
     assert baselines.make("ddp", graph).buckets
     with pytest.raises(TypeError, match=r"^baseline 'ddp': graph: expected a disco HloGraph .*got str"):
         baselines.make("ddp", graph.to_json())
+
+
+# A variadic (tuple-shaped) all-reduce, as HLO from other frameworks holds: it has no flat buffer,
+# so it can only be a bucket of its own.
+TUPLE_AR_HLO = """HloModule m, entry_computation_layout={(f32[4]{0}, f32[8]{0}, f32[2]{0})->(f32[4]{0}, f32[8]{0}, f32[2]{0})}
+
+add {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+
+ENTRY main {
+  a = f32[4]{0} parameter(0)
+  b = f32[8]{0} parameter(1)
+  c = f32[2]{0} parameter(2)
+  ma = f32[4]{0} multiply(a, a)
+  mb = f32[8]{0} multiply(b, b)
+  mc = f32[2]{0} multiply(c, c)
+  ar = (f32[4]{0}, f32[8]{0}) all-reduce(ma, mb), replica_groups={{0,1}}, to_apply=add
+  ar2 = f32[2]{0} all-reduce(mc), replica_groups={{0,1}}, to_apply=add
+  g0 = f32[4]{0} get-tuple-element(ar), index=0
+  g1 = f32[8]{0} get-tuple-element(ar), index=1
+  ROOT t = (f32[4]{0}, f32[8]{0}, f32[2]{0}) tuple(g0, g1, ar2)
+}
+"""
+
+
+def test_a_tuple_all_reduce_is_a_bucket_of_its_own_and_every_baseline_applies():
+    # one_bucket/horovod/ddp/even put it in one bucket with ar2, which validate accepted with the
+    # tuple all-reduce first and the rewrite then failed on (AttributeError: its shape has no flat
+    # buffer); per_tensor's one-member 'concat' bucket of it failed there too.
+    from disco.plans.plan import make_plan
+    from disco.plans.random_plans import random_plan
+    from xla_hooks.rewrite import apply_plan_to_text
+
+    g = HloGraph.from_hlo_text(TUPLE_AR_HLO)
+    for name in baselines.NAMES:
+        plan = baselines.make(name, g)
+        assert all(len(b.members) == 1 for b in plan.buckets or ()), name
+        HloGraph.from_hlo_text(apply_plan_to_text(TUPLE_AR_HLO, plan))
+    for seed in range(10):
+        random_plan(g, seed)
+    for members in (["ar", "ar2"], ["ar2", "ar"]):
+        with pytest.raises(ValueError, match="'ar' is already a tuple all-reduce; it can only be a bucket of its own"):
+            make_plan(buckets=[members]).validate(g)

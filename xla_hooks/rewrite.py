@@ -133,9 +133,9 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
     by_name = {ln.name: ln for ln in lines}
     out = [ln for ln in lines]
     for k, (members, build) in enumerate(zip(buckets, builds), start=start_id):
-        if len(members) == 1 and build == "tuple":
-            continue  # a bucket of one is the all-reduce itself
         ars = [by_name[m] for m in members]
+        if len(members) == 1 and (build == "tuple" or ars[0].shape.startswith("(")):
+            continue  # a bucket of one is the all-reduce itself (a tuple-shaped one has no flat buffer)
         first = ars[0]
         attrs = [(key, v) for key, v in first.attrs if key != "metadata"]
         attrs.append(("metadata", f'{{op_name="{PREFIX}_bucket_{k}"}}'))

@@ -40,11 +40,18 @@ TUNED_MIN_THRESHOLD = 16 * MB
 
 
 def _classes(nodes: Sequence[Node]) -> dict[tuple, list[Node]]:
-    """All-reduces grouped by what may share a bucket, keeping order within a class."""
+    """All-reduces grouped by what may share a bucket, keeping order within a class; a tuple-shaped
+    all-reduce is a class of its own (it can only be a bucket of its own)."""
     out: dict[tuple, list[Node]] = collections.OrderedDict()
     for n in nodes:
-        out.setdefault((n.computation, n.reduction, n.replica_groups, n.dtype), []).append(n)
+        out.setdefault(bucket_class(n), []).append(n)
     return out
+
+
+def bucket_class(n: Node) -> tuple:
+    """What all-reduces must share to share a bucket: computation, reduction, replica groups and dtype;
+    a tuple-shaped all-reduce shares it with no other."""
+    return ("tuple", n.name) if n.shape.startswith("(") else (n.computation, n.reduction, n.replica_groups, n.dtype)
 
 
 def _greedy(nodes: Sequence[Node], caps: Callable[[int], int], max_members: int = 1 << 30,

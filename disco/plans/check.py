@@ -265,6 +265,9 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
                 if name in owner:
                     raise ValueError(f"bucket {bi}: {name!r} is also in {owner[name]}")
                 seen[name] = bi
+                if node.shape.startswith("(") and len(bucket.members) > 1:
+                    raise ValueError(f"bucket {bi}: {name!r} is already a tuple all-reduce; it can only be "
+                                     "a bucket of its own")
                 if first is None:
                     first = node
                     continue
@@ -283,8 +286,6 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
                         f"bucket {bi}: build 'tuple' is not supported inside a shard_map body "
                         f"({node.computation!r}): jaxlib 0.10.2 fails to export a variadic all-reduce "
                         "there; use build 'concat'")
-                if node.shape.startswith("("):
-                    raise ValueError(f"bucket {bi}: {name!r} is already a tuple all-reduce")
             if bucket.build == "rs_ag" and first.shape.startswith("("):
                 raise ValueError(f"bucket {bi}: {first.name!r} is a tuple all-reduce; build 'rs_ag' "
                                  "splits one flat buffer")

@@ -6,6 +6,7 @@ import collections
 import random
 
 from disco.ir.graph import HloGraph
+from disco.plans.baselines import bucket_class
 from disco.plans.plan import Bucket, FusionPlan
 from disco.plans.check import _check_layouts, _group_outputs, contraction_cycle, groupable, preds_of, users_of
 
@@ -69,7 +70,7 @@ def random_buckets(graph: HloGraph, rng: random.Random, *, max_buckets: int | No
     """Cuts the all-reduces (program order, per compatible class) into random contiguous buckets."""
     classes: dict[tuple, list[str]] = collections.OrderedDict()
     for n in graph.all_reduces():
-        classes.setdefault((n.computation, n.reduction, n.replica_groups, n.dtype), []).append(n.name)
+        classes.setdefault(bucket_class(n), []).append(n.name)
     buckets: list[Bucket] = []
     for names in classes.values():
         k = rng.randint(1, min(len(names), max_buckets or len(names)))
