@@ -30,6 +30,7 @@ from typing import Any
 
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.plans import options as plan_options
+from disco.plans.check import bucket_class
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
@@ -46,12 +47,6 @@ def _classes(nodes: Sequence[Node]) -> dict[tuple, list[Node]]:
     for n in nodes:
         out.setdefault(bucket_class(n), []).append(n)
     return out
-
-
-def bucket_class(n: Node) -> tuple:
-    """What all-reduces must share to share a bucket: computation, reduction, replica groups and dtype;
-    a tuple-shaped all-reduce shares it with no other."""
-    return ("tuple", n.name) if n.shape.startswith("(") else (n.computation, n.reduction, n.replica_groups, n.dtype)
 
 
 def _greedy(nodes: Sequence[Node], caps: Callable[[int], int], max_members: int = 1 << 30,

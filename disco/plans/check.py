@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from disco.ir.graph import HloGraph, require_graph
+from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS
 from disco.ir.step_checks import README_POINTER, double_reductions
@@ -195,6 +195,13 @@ def check_cuts(plan: FusionPlan, graph: HloGraph, index: dict[str, int], owner: 
         if prod in owner and owner.get(cons) == owner[prod]:
             raise ValueError(f"cut {ci}: {prod!r} and {cons!r} are both in {owner[prod]}; a cut cannot split a "
                              "planned group")
+
+
+def bucket_class(n: Node) -> tuple:
+    """What all-reduces must share to share a bucket in the plans disco makes: computation,
+    reduction, replica groups and dtype (a "tuple" bucket may mix dtypes; baselines and moves build
+    "concat"); a tuple-shaped all-reduce shares it with no other (it can only be a bucket of its own)."""
+    return ("tuple", n.name) if n.shape.startswith("(") else (n.computation, n.reduction, n.replica_groups, n.dtype)
 
 
 def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:

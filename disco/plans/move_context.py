@@ -115,10 +115,7 @@ def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
     ar_class: dict[int, int] = {}
     for i, nd in enumerate(nodes):
         if nd.is_all_reduce:
-            key = (nd.computation, nd.reduction, nd.replica_groups, nd.dtype)
-            if nd.shape.startswith("("):
-                key = ("tuple", i)
-            ar_class[i] = classes.setdefault(key, len(classes))
+            ar_class[i] = classes.setdefault(plan_check.bucket_class(nd), len(classes))
     # all-reduces above each node: along edges in topological (program) order
     above = [0] * n
     for i in range(n):

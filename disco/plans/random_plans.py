@@ -6,9 +6,16 @@ import collections
 import random
 
 from disco.ir.graph import HloGraph
-from disco.plans.baselines import bucket_class
 from disco.plans.plan import Bucket, FusionPlan
-from disco.plans.check import _check_layouts, _group_outputs, contraction_cycle, groupable, preds_of, users_of
+from disco.plans.check import (
+    _check_layouts,
+    _group_outputs,
+    bucket_class,
+    contraction_cycle,
+    groupable,
+    preds_of,
+    users_of,
+)
 
 
 def _adjacency(graph: HloGraph) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
