@@ -108,7 +108,7 @@ from disco.sim.critical_path import critical_path
 from disco.sim.cpu_fusion import CpuFusion
 from disco.sim.patch import Patch, Patcher
 from disco.sim.timeline import Event, SimResult, timeline
-from disco.sim.units import COLL, KERNEL, FusionEmulation, UnitBuilder, node_kinds
+from disco.sim.units import COLL, KERNEL, FusionEmulation, UnitBuilder, node_kinds, rs_ag_time
 
 
 __all__ = ["ORDERS", "Event", "Order", "SimResult", "Simulator", "lower_bound", "simulate"]
@@ -314,8 +314,7 @@ class Simulator:
         comm = 0.0
         if self._ars:  # one all-reduce, or one "rs_ag" bucket (cheaper with a tree), of all the bytes
             comm = min(self.costs.collective_time("all-reduce", ar_bytes, self.cluster),
-                       self.costs.collective_time("reduce-scatter", ar_bytes, self.cluster)
-                       + self.costs.collective_time("all-gather", ar_bytes, self.cluster))
+                       rs_ag_time(self.costs, ar_bytes, self.cluster))
         mode = self._patcher.mode("extend")
         comm += sum(mode.dur[ui] for ui, u in enumerate(mode.units)
                     if u.is_coll and u.members[0] not in self._ar_set)

@@ -95,6 +95,12 @@ class Mode:
                  "ar_unit")
 
 
+def rs_ag_time(costs: CostModel, nbytes: float, cluster: ClusterSpec) -> float:
+    """An "rs_ag" bucket's time: a reduce-scatter followed by an all-gather of the same bytes."""
+    return (costs.collective_time("reduce-scatter", nbytes, cluster)
+            + costs.collective_time("all-gather", nbytes, cluster))
+
+
 class UnitBuilder:
     """Makes the units of one graph, cached by (mode, unit kind, members) across plans.
 
@@ -173,8 +179,7 @@ class UnitBuilder:
         if u is None:
             nbytes = sum(self._cbytes[m] for m in members)
             if unit == UNIT_RS_AG:
-                dur = (self.costs.collective_time("reduce-scatter", nbytes, self.cluster)
-                       + self.costs.collective_time("all-gather", nbytes, self.cluster))
+                dur = rs_ag_time(self.costs, nbytes, self.cluster)
             else:
                 dur = self.costs.collective_time(kind, nbytes, self.cluster)
             if unit == UNIT_VARIADIC and self.cluster.num_devices > 1:  # one device: every collective is free
