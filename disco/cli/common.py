@@ -429,10 +429,9 @@ def add_process_args(p: argparse.ArgumentParser, *, default_dpp: int = 1) -> Non
 def emulated_link(args: argparse.Namespace) -> bool:
     """Whether ``--link`` names an emulated link: given, and not empty or ``loopback`` (in any case,
     as :func:`disco.testbed.parse_link` reads it), which mean 127.0.0.1 as no --link does."""
-    from disco.testbed import LOOPBACK
+    from disco.testbed import is_loopback
 
-    text = getattr(args, "link", None)
-    return text is not None and text.strip().lower() not in ("", LOOPBACK)
+    return not is_loopback(getattr(args, "link", None))
 
 
 def across_processes(args: argparse.Namespace) -> bool:

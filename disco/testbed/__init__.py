@@ -8,8 +8,8 @@
 ``python -m disco.testbed --leftovers`` lists what testbeds left behind, ``--cleanup`` removes it.
 """
 
-from disco.testbed._link import LOOPBACK, LinkSpec, parse_link
+from disco.testbed._link import LOOPBACK, LinkSpec, is_loopback, parse_link
 from disco.testbed._netns import PREFIX, Testbed, check_permitted, cleanup, leftovers, testbed
 
-__all__ = ["LOOPBACK", "PREFIX", "LinkSpec", "Testbed", "check_permitted", "cleanup", "leftovers",
+__all__ = ["LOOPBACK", "PREFIX", "LinkSpec", "Testbed", "check_permitted", "cleanup", "is_loopback", "leftovers",
            "parse_link", "testbed"]

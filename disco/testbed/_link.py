@@ -92,6 +92,11 @@ class LinkSpec:
                 "jitter_s": self.jitter_s, "loss": self.loss}
 
 
+def is_loopback(text: str | None) -> bool:
+    """Whether a ``--link`` value means plain 127.0.0.1: None, empty, or ``loopback`` in any case."""
+    return text is None or text.strip().lower() in ("", LOOPBACK)
+
+
 def parse_link(text: str | None) -> LinkSpec | None:
     """Reads ``rate=...,delay=...[,jitter=...,loss=...]``; ``None``, ``""`` or ``loopback`` give None.
 
@@ -99,7 +104,7 @@ def parse_link(text: str | None) -> LinkSpec | None:
       ValueError: naming the spec, the key and what was expected (unknown or repeated key, a
         missing rate, a value that is not a rate/duration/probability, jitter above delay).
     """
-    if text is None or not text.strip() or text.strip().lower() == LOOPBACK:
+    if is_loopback(text):
         return None
     fields: dict[str, str] = {}
     for item in text.split(","):
