@@ -108,6 +108,21 @@ def test_bucket_count_matches(name="mlp"):
         assert disco.bench.compiled_counts(applied.compiled_text())[1] == len(plan.buckets)
 
 
+def test_a_step_called_with_keyword_arguments_takes_a_plan():
+    """A jitted step may be called as ``step(state, batch=batch)``: apply compiles for keyword
+    arguments (passed as a mapping) and the applied step takes them by name, as jax.jit's does."""
+    step, (state, batch), graph = setup("mlp")
+    plan = baselines.make("ddp", graph)
+    applied = xla_hooks.apply(plan, step, state, kwargs={"batch": batch}, strict=True)
+    assert applied.applied and disco.bench.compiled_counts(applied.compiled_text())[1] == len(plan.buckets)
+    reference = jax.jit(step)(state, batch=batch)
+    assert_bitwise(applied(state, batch=batch), xla_hooks.apply(None, step, state, kwargs={"batch": batch})(
+        state, batch=batch))
+    assert_close(jax.tree.map(np.asarray, applied(state, batch=batch)), jax.tree.map(np.asarray, reference))
+    with pytest.raises(TypeError):  # the compiled step's arguments are the example's: batch by name
+        applied(state, batch)
+
+
 def test_compiling_a_rewritten_module_writes_nothing_to_stderr(capfd):
     """XLA in jaxlib 0.11.2 and 0.12.0.1 warned on stderr at every compile of a rewritten module
     (its shard_map shardings arrive as ``xla.sdy`` frontend attributes, so XLA switched

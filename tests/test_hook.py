@@ -325,6 +325,24 @@ def test_a_python_scalar_argument_is_traced_so_a_new_value_is_not_a_new_plan():
     assert len(step.applied) == 2
 
 
+def test_keyword_arguments_are_traced_like_positional_ones():
+    """``step(state, batch=batch)`` works as with jax.jit; a keyword's new value is not a new plan, a
+    new name or shape is."""
+    import jax.numpy as jnp
+
+    def scaled(x, *, lr, bias=0.0):
+        return x * lr + bias
+
+    x = jnp.ones(3)
+    step = xla_hooks.jit(scaled)
+    for lr in (0.1, 0.2):
+        np.testing.assert_array_equal(np.asarray(step(x, lr=lr)), np.asarray(jax.jit(scaled)(x, lr=lr)))
+    assert len(step.applied) == 1
+    np.testing.assert_array_equal(np.asarray(step(x, lr=0.5, bias=jnp.ones(3))),
+                                  np.asarray(jax.jit(scaled)(x, lr=0.5, bias=jnp.ones(3))))
+    assert len(step.applied) == 2
+
+
 def test_a_jitted_step_with_static_arguments_is_a_usage_error():
     import jax.numpy as jnp
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from disco.plans.plan import FusionPlan
@@ -48,8 +48,8 @@ class AppliedStep:
     def applied(self) -> bool:
         return self.fallback_reason is None
 
-    def __call__(self, *args: Any) -> Any:
-        return self.compiled(*args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
 
     def compiled_text(self) -> str:
         """The post-optimisation HLO XLA produced."""
@@ -63,10 +63,12 @@ def _backend() -> str:
 
 
 def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
-                 roundtrip: bool = False, probe: bool | None = None) -> AppliedStep:
+                 roundtrip: bool = False, probe: bool | None = None,
+                 kwargs: Mapping[str, Any] | None = None) -> AppliedStep:
     """Compiles ``step_fn`` with ``plan``; raises on any failure (no fallback).
 
     Args:
+      kwargs: the step's example keyword arguments, as :func:`apply` takes them.
       probe: compile the rewritten module in a child process first (see
         :mod:`xla_hooks.probe`), so that an XLA abort raises ProbeFailure here instead
         of killing this process. None (the default) probes plans with fusion groups,
@@ -90,7 +92,7 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
 
     from disco.plans import options as plan_options
 
-    lowered = lower(step_fn, *args)
+    lowered = lower(step_fn, *args, kwargs=kwargs)
     text = lowered.as_text(dialect="hlo")
     backend = _backend()
     plan_options.check(plan.compile_options, backend)  # also for a plan of options alone (validate skipped)
@@ -127,7 +129,8 @@ def check_fingerprint(plan: FusionPlan, graph: Any) -> None:
                          "device count?)")
 
 
-def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, strict: bool = False) -> AppliedStep:
+def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, strict: bool = False,
+          kwargs: Mapping[str, Any] | None = None) -> AppliedStep:
     """Compiles ``step_fn`` for ``args`` with ``plan``, falling back to XLA's default.
 
     Args:
@@ -135,6 +138,9 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
       step_fn: the training step, plain or jitted.
       *args: example arguments; the returned callable takes arguments of the
         same shapes, dtypes and shardings and returns the same pytrees.
+      kwargs: example keyword arguments, if the step is called with some (a mapping, so that
+        their names cannot clash with ``strict``); the returned callable takes keyword arguments
+        of the same names, shapes and dtypes.
       strict: raise instead of falling back (for a plan made for another graph, one that
         does not fit, or a compile that fails).
 
@@ -159,9 +165,9 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
     check_step(step_fn)  # a usage error too: the fallback could not compile it either
     plan = plan or DEFAULT_PLAN
     if strict:
-        return compile_plan(plan, step_fn, *args)
+        return compile_plan(plan, step_fn, *args, kwargs=kwargs)
     try:
-        return compile_plan(plan, step_fn, *args)
+        return compile_plan(plan, step_fn, *args, kwargs=kwargs)
     except StaticArgumentsError:
         raise  # a usage error: XLA's default compile could not take the step's arguments either
     except Exception as e:  # noqa: BLE001 - any failure must fall back, with its reason
@@ -171,6 +177,6 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
             "using XLA's default compile", PlanFallbackWarning, stacklevel=2)
         from disco.ir.extractor import lower
 
-        lowered = lower(step_fn, *args)
+        lowered = lower(step_fn, *args, kwargs=kwargs)
         return AppliedStep(lowered.compile(), DEFAULT_PLAN, plan, reason,
                            lowered.as_text(dialect="hlo"))

@@ -46,10 +46,12 @@ class _NoPlan(Exception):
     """Why no plan was obtained (turned into a PlanServiceWarning)."""
 
 
-def _signature(args: tuple[Any, ...]) -> Any:
+def _signature(inputs: Any) -> Any:
+    """What one compiled step serves: the inputs' (positional and keyword arguments') tree
+    structure and each leaf's shape, dtype and sharding."""
     import jax
 
-    leaves, treedef = jax.tree.flatten(args)
+    leaves, treedef = jax.tree.flatten(inputs)
     sig = []
     for x in leaves:
         shape = getattr(x, "shape", None)
@@ -65,11 +67,11 @@ def _signature(args: tuple[Any, ...]) -> Any:
     return treedef, tuple(sig)
 
 
-def _devices(args: tuple[Any, ...]) -> int:
+def _devices(inputs: Any) -> int:
     import jax
 
     n = 1
-    for x in jax.tree.leaves(args):
+    for x in jax.tree.leaves(inputs):
         sharding = getattr(x, "sharding", None)
         if sharding is not None:
             n = max(n, len(sharding.device_set))
@@ -96,29 +98,30 @@ class PlannedStep:
         self.reports: dict[Any, dict[str, Any] | None] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, *args: Any) -> Any:
-        sig = _signature(args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        sig = _signature((args, kwargs))
         step = self.applied.get(sig)
         if step is None:
             with self._lock:
                 step = self.applied.get(sig)
                 if step is None:
-                    step = self._compile(sig, args)
-        return step(*args)
+                    step = self._compile(sig, args, kwargs)
+        return step(*args, **kwargs)
 
     # -- planning ----------------------------------------------------------------------------------
-    def _compile(self, sig: Any, args: tuple[Any, ...]) -> Any:
+    def _compile(self, sig: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         import xla_hooks
         from disco.ir.extractor import hlo_text
         from disco.ir.graph import HloGraph
 
-        text = hlo_text(self.step_fn, *args)
+        text = hlo_text(self.step_fn, *args, kwargs=kwargs)
+        inputs = (args, kwargs)  # what the cluster's device count is read from
         graph = HloGraph.from_hlo_text(text)
         try:
             if self.service is None:
-                plan, report = self._local_plan(graph, args)
+                plan, report = self._local_plan(graph, inputs)
             else:
-                plan, report = self._service_plan(text, graph, args)
+                plan, report = self._service_plan(text, graph, inputs)
         except _NoPlan as e:
             where = self.service or "the local planner"
             reason = " ".join(str(e).split())  # one line, whatever the service or http.client wrote
@@ -126,12 +129,12 @@ class PlannedStep:
                           PlanServiceWarning, stacklevel=3)
             plan, report = None, None
         plan, report = _for_this_backend(plan, report)
-        applied = xla_hooks.apply(plan, self.step_fn, *args)
+        applied = xla_hooks.apply(plan, self.step_fn, *args, kwargs=kwargs)
         self.applied[sig] = applied
         self.reports[sig] = report
         return applied
 
-    def _cluster(self, args: tuple[Any, ...]) -> Any:
+    def _cluster(self, inputs: Any) -> Any:
         """``cluster`` as given, or for "auto" the preset of the devices the step runs on: "local"
         on CPU, the H100 preset of this many GPUs (:func:`disco.sim.cluster.machine_preset`)."""
         if self.cluster != "auto":
@@ -141,23 +144,23 @@ class PlannedStep:
         from disco.sim.cluster import machine_preset
 
         first = jax.devices()[0]
-        name = machine_preset(first.platform, first.device_kind, _devices(args))
+        name = machine_preset(first.platform, first.device_kind, _devices(inputs))
         if name is None:
-            raise _NoPlan(f"no cluster preset describes {_devices(args)} x {first.device_kind!r}, whose kernels "
+            raise _NoPlan(f"no cluster preset describes {_devices(inputs)} x {first.device_kind!r}, whose kernels "
                           "the cost models were not trained for; pass cluster= a preset name or a ClusterSpec")
         return name
 
-    def _cluster_spec(self, args: tuple[Any, ...]) -> Any:
+    def _cluster_spec(self, inputs: Any) -> Any:
         from disco.sim.cluster import ClusterSpec, preset
 
-        cluster = self._cluster(args)
+        cluster = self._cluster(inputs)
         if isinstance(cluster, ClusterSpec):
             return cluster
         if cluster == "local":
-            return preset("local", devices=_devices(args))
+            return preset("local", devices=_devices(inputs))
         return preset(cluster)
 
-    def _local_plan(self, graph: Any, args: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
+    def _local_plan(self, graph: Any, inputs: Any) -> tuple[Any, dict[str, Any]]:
         try:
             from disco.planner import Cancelled, plan_for_graph
 
@@ -168,26 +171,26 @@ class PlannedStep:
                     raise Cancelled(f"the local planner ran past timeout_s={self.timeout_s:g}")
 
             options = {"budget_s": max(0.1, min(10.0, self.timeout_s * 0.5)), **self.options}
-            plan, report = plan_for_graph(graph, self._cluster_spec(args), options, progress)
+            plan, report = plan_for_graph(graph, self._cluster_spec(inputs), options, progress)
             return plan.validate(graph), report
         except _NoPlan:
             raise
         except Exception as e:  # noqa: BLE001 - any planner failure falls back
             raise _NoPlan(f"{type(e).__name__}: {e}") from None
 
-    def _service_plan(self, text: str, graph: Any, args: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
+    def _service_plan(self, text: str, graph: Any, inputs: Any) -> tuple[Any, dict[str, Any]]:
         from disco.sim.cluster import ClusterSpec
         from disco.plans.plan import FusionPlan
 
         deadline = time.monotonic() + self.timeout_s
         body: dict[str, Any] = {"hlo_text": text}
-        cluster = self._cluster(args)
+        cluster = self._cluster(inputs)
         if isinstance(cluster, ClusterSpec):
             body["cluster"] = {"yaml": cluster.to_yaml()}
         else:
             body["cluster"] = cluster
             if cluster == "local":
-                body["devices"] = _devices(args)
+                body["devices"] = _devices(inputs)
         if self.options:
             body["options"] = self.options
         status, data = self._request("POST", "/v1/plans", body, deadline)

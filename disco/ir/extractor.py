@@ -19,8 +19,11 @@ class StaticArgumentsError(TypeError):
     """The step is a ``jax.jit`` with static arguments, which disco's compiled steps cannot take."""
 
 
-def lower(step_fn: Callable[..., Any], *args: Any) -> Any:
-    """``jax.jit(step_fn).lower(*args)``; accepts an already jitted function too.
+def lower(step_fn: Callable[..., Any], *args: Any, kwargs: Mapping[str, Any] | None = None) -> Any:
+    """``jax.jit(step_fn).lower(*args, **kwargs)``; accepts an already jitted function too.
+
+    ``kwargs`` are the step's keyword arguments (traced like the positional ones, as ``jax.jit``
+    traces them), passed as a mapping so that no name of theirs can clash with this function's.
 
     Raises:
       TypeError: ``step_fn`` is not callable.
@@ -31,8 +34,9 @@ def lower(step_fn: Callable[..., Any], *args: Any) -> Any:
 
     check_step(step_fn)
     jitted = step_fn if hasattr(step_fn, "lower") else jax.jit(step_fn)
-    lowered = jitted.lower(*args)
-    if lowered.in_tree != jax.tree.structure((args, {})):
+    kwargs = dict(kwargs or {})
+    lowered = jitted.lower(*args, **kwargs)
+    if lowered.in_tree != jax.tree.structure((args, kwargs)):
         raise StaticArgumentsError(
             "step_fn: a jax.jit with static arguments (static_argnums/static_argnames), which a compiled step "
             "cannot take; expected the plain step or a jax.jit without them: bind the static values with "
@@ -45,9 +49,10 @@ def hlo_text(
     *args: Any,
     optimized: bool = False,
     compiler_options: Mapping[str, Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The step's HLO text: pre-optimisation (with metadata) or as compiled by XLA."""
-    lowered = lower(step_fn, *args)
+    lowered = lower(step_fn, *args, kwargs=kwargs)
     if optimized:
         return lowered.compile(compiler_options=dict(compiler_options or {})).as_text()
     return lowered.as_text(dialect="hlo", debug_info=True)
