@@ -21,7 +21,7 @@ import time
 
 from flask import Flask, current_app, g
 
-from service.store import Store
+from service.store import SchemaMismatch, Store
 
 _HEALTH = "disco_health"
 
@@ -55,8 +55,9 @@ def initialise(path: str, setting: str) -> None:
       setting: what named the path (``--db``, ``DISCO_SERVICE_DB``), for the error.
 
     Raises:
-      ValueError: ``path`` is a directory, its directory does not exist, or SQLite cannot
-        open it or finds no database in it.
+      ValueError: ``path`` is a directory, its directory does not exist, SQLite cannot
+        open it or finds no database in it, or the database has another schema (a newer disco's
+        version, or tables of disco's names with other columns).
     """
     if os.path.isdir(path):
         raise ValueError(f"{setting}: expected an SQLite database file, got the directory {path!r}")
@@ -66,6 +67,8 @@ def initialise(path: str, setting: str) -> None:
                          f"(no directory {parent!r}; create it first)")
     try:
         Store.initialise(path)
+    except SchemaMismatch as e:
+        raise ValueError(f"{setting}: {e}") from None
     except sqlite3.DatabaseError as e:
         expected = "an SQLite database" if os.path.exists(path) else "a new file in a writable directory"
         raise ValueError(f"{setting}: expected {expected}, got {path!r} ({e})") from None

@@ -14,6 +14,10 @@ otherwise marked failed with the reason "server restarted during the job". A job
 own live server no longer holds (its worker could not write its end: disk full,
 database locked) goes stale the same way and is taken over too. A job is never lost.
 
+The file records its layout's version (``SCHEMA_VERSION``, in ``PRAGMA user_version``); a file
+of a newer version, or with tables of these names and other columns, is refused at start and left
+as it was. A change to the tables bumps the version and brings its migration.
+
 A unique partial index allows one active (queued or running) job per plan key,
 so identical requests join one job even across gunicorn worker processes.
 """
@@ -33,6 +37,9 @@ BUSY_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 3
 STATES = ("queued", "running", "done", "failed")
 ACTIVE = ("queued", "running")
+# The layout of the tables below, kept in the file's ``PRAGMA user_version``: a database of another
+# layout is refused at start with what it holds and what was expected, never altered or half used.
+SCHEMA_VERSION = 1
 RESTART_REASON = "server restarted during the job"
 LOST_REASON = "the job's worker stopped without recording its end"
 
@@ -81,6 +88,33 @@ CREATE TABLE IF NOT EXISTS health (
 """
 
 
+def _schema_columns() -> dict[str, tuple[str, ...]]:
+    """Each table of ``_SCHEMA`` and its columns, read from the schema itself (one place)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(_SCHEMA)
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                             "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        return {t: tuple(r[1] for r in conn.execute(f"PRAGMA table_info({t})")) for t in tables}
+    finally:
+        conn.close()
+
+
+class SchemaMismatch(ValueError):
+    """The database holds tables of another layout than this disco's (another version, or another program)."""
+
+
+def _check_tables(conn: sqlite3.Connection, path: str) -> None:
+    """Raises SchemaMismatch when a table of disco's name in ``conn`` lacks a column disco's layout has."""
+    for table, columns in _schema_columns().items():
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        missing = [c for c in columns if c not in have]
+        if have and missing:
+            raise SchemaMismatch(f"the database {path!r} has a table {table!r} without the column(s) "
+                                 f"{', '.join(missing)}; expected disco's plan store (schema version "
+                                 f"{SCHEMA_VERSION}) or a new file (another program's database? give another database file)")
+
+
 def process_owner() -> str:
     """This process's owner id: ``host:pid:boot`` (boot is random per process start)."""
     return f"{socket.gethostname()}:{os.getpid()}:{_BOOT}"
@@ -127,8 +161,16 @@ class Store:
         """Creates the file (not its directory), switches it to WAL mode and creates the tables (idempotent)."""
         s = cls(path)
         try:
+            version = s.conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise SchemaMismatch(f"the database {path!r} has schema version {version}, written by a newer disco; "
+                                     f"expected version {SCHEMA_VERSION} or a new file (upgrade disco, or give another "
+                                     "database file)")
+            _check_tables(s.conn, path)  # before anything is written: a foreign file stays as it was
             s.conn.execute("PRAGMA journal_mode = WAL")
             s.conn.executescript(_SCHEMA)
+            if version != SCHEMA_VERSION:  # a new file, or one this version wrote before it recorded a version
+                s.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         finally:
             s.close()
 

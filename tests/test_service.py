@@ -724,6 +724,62 @@ def test_create_app_refuses_a_database_it_cannot_use(tmp_path, monkeypatch):
     assert not (tmp_path / "missing").exists()
 
 
+def test_a_database_of_another_layout_is_refused_and_left_as_it_was(tmp_path):
+    """A newer disco's database (a higher schema version) and another program's file with a table of
+    disco's name are refused at start, naming what was found and what was expected; neither is written."""
+    import sqlite3
+
+    from service import store as store_mod
+
+    newer = tmp_path / "newer.sqlite"
+    create_app({"DATABASE": str(newer)})  # this version's file
+    conn = sqlite3.connect(newer)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store_mod.SCHEMA_VERSION
+    conn.execute(f"PRAGMA user_version = {store_mod.SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(ValueError, match=rf"^config DATABASE: the database .* has schema version "
+                                         rf"{store_mod.SCHEMA_VERSION + 1}, written by a newer disco; expected version "
+                                         rf"{store_mod.SCHEMA_VERSION} or a new file"):
+        create_app({"DATABASE": str(newer)})
+
+    foreign = tmp_path / "foreign.sqlite"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE plans (key TEXT PRIMARY KEY, body TEXT)")
+    conn.execute("INSERT INTO plans VALUES ('k', 'theirs')")
+    conn.commit()
+    conn.close()
+    before = foreign.read_bytes()
+    with pytest.raises(ValueError, match=r"^config DATABASE: the database .* has a table 'plans' without the "
+                                         r"column\(s\) fingerprint, plan, report, timeline, created_at; expected "
+                                         r"disco's plan store"):
+        create_app({"DATABASE": str(foreign)})
+    assert foreign.read_bytes() == before
+    conn = sqlite3.connect(foreign)
+    assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("plans",), ("sqlite_autoindex_plans_1",)]
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+    conn.close()
+
+
+def test_a_database_written_before_the_schema_version_is_used_and_stamped(tmp_path):
+    """A file of this layout without a recorded version (written before disco recorded one) keeps its
+    plans and gets the version."""
+    import sqlite3
+
+    from service import store as store_mod
+
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(store_mod._SCHEMA)
+    conn.execute("INSERT INTO plans VALUES ('k', 'f', '{}', '{}', NULL, 1.0)")
+    conn.commit()
+    conn.close()
+    create_app({"DATABASE": str(path)})
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store_mod.SCHEMA_VERSION
+    assert conn.execute("SELECT key FROM plans").fetchall() == [("k",)]
+    conn.close()
+
+
 def test_disco_serve_takes_the_token_from_the_environment(tmp_path):
     with ServerProcess(tmp_path / "t.sqlite", env={"DISCO_SERVICE_TOKEN": TOKEN}) as srv:
         status, body, _ = srv.request("POST", "/v1/profiles", [])  # no token sent
