@@ -454,6 +454,7 @@ def test_a_plan_file_that_is_not_a_plan_is_an_error_naming_the_file(tmp_path):
      "--trace is written by the optimizer in one process only; with --processes or --link the answer is written "
      "by --out"),
     (["calibrate", "--processes", "2", "--timeout", "0"], "--timeout must be positive seconds, got 0.0"),
+    (["calibrate", "--processes", "0"], "--processes and --devices-per-process must be >= 1, got 0 and 1"),
     (["simulate", "--model", "mlp", "--cluster", "/"], "cluster file '/': Is a directory; expected a readable "
                                                        "cluster YAML file"),
 ])

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise CliError(f"--reps must be >= 1, got {args.reps}")
     check_output_file(args.out, "--out")
+    check_process_counts(args)
     if args.model and args.processes < 2:
         raise CliError(f"--model {args.model!r} compares the simulator with measurements across processes: give "
                        "--processes 2 or more (in one process, `disco simulate` and `disco bench` do that)")
