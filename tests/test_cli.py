@@ -455,11 +455,17 @@ def test_a_plan_file_that_is_not_a_plan_is_an_error_naming_the_file(tmp_path):
      "by --out"),
     (["calibrate", "--processes", "2", "--timeout", "0"], "--timeout must be positive seconds, got 0.0"),
     (["calibrate", "--processes", "0"], "--processes and --devices-per-process must be >= 1, got 0 and 1"),
+    (["calibrate", "--processes", "2", "--timeout", "5", "--model", "nosuch"], "unknown model 'nosuch'; expected one of"),
+    (["calibrate", "--processes", "2", "--timeout", "5", "--model", "mlp", "--preset", "huge"],
+     "unknown preset 'huge'; expected one of: tiny, small, paper"),
+    (["calibrate", "--processes", "2", "--timeout", "5", "--model", "mlp", "--rounds", "0"],
+     "--rounds must be >= 1, got 0"),
     (["simulate", "--model", "mlp", "--cluster", "/"], "cluster file '/': Is a directory; expected a readable "
                                                        "cluster YAML file"),
 ])
 def test_bad_counts_and_flags_are_refused_before_any_work(argv, message, tmp_path):
-    """One line, status 2, before a compile or a launch (--devices 100000 aborted inside XLA)."""
+    """One line, status 2, before a compile or a launch (--devices 100000 aborted inside XLA; calibrate's --model,
+    --preset and --rounds before the calibration across processes, whose workers --timeout 5 would end)."""
     r = run_cli(*[str(tmp_path / a) if a == "t.json" else a for a in argv], timeout=120)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" not in r.stderr

@@ -45,6 +45,15 @@ def run(args: argparse.Namespace) -> int:
     if args.model and args.processes < 2:
         raise CliError(f"--model {args.model!r} compares the simulator with measurements across processes: give "
                        "--processes 2 or more (in one process, `disco simulate` and `disco bench` do that)")
+    if args.model:  # the comparison runs after the calibration: its arguments are checked before it
+        import trax_models
+
+        if args.model not in trax_models.names():
+            raise CliError(f"unknown model {args.model!r}; expected one of: {', '.join(trax_models.names())}")
+        if args.preset not in trax_models.presets():
+            raise CliError(f"unknown preset {args.preset!r}; expected one of: {', '.join(trax_models.presets())}")
+        if args.rounds < 1:
+            raise CliError(f"--rounds must be >= 1, got {args.rounds}")
     if across_processes(args):  # across processes, maybe over an emulated link
         return run_across(args)
     from disco import calibrate as cal
