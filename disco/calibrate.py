@@ -60,13 +60,23 @@ def fit(devices: int, sizes: Sequence[int], times: Sequence[float]) -> Calibrati
     Relative, not absolute, error: an absolute fit is ruled by the largest sizes and prices
     small all-reduces far below their measured time, so one all-reduce per gradient would look
     cheap where it is the slowest plan (docs/benchmarks.md, "Calibration").
+
+    Raises:
+      ValueError: fewer than 2 devices, fewer than 2 distinct sizes, a time per size that
+        is missing or extra, or a time that is not positive.
     """
     import numpy as np
 
     if devices < 2:
         raise ValueError(f"calibration needs at least 2 devices, got {devices}")
+    if len(set(sizes)) < 2:
+        raise ValueError(f"a fit needs at least 2 distinct sizes, got sizes {tuple(sizes)!r}")
+    if len(times) != len(sizes):
+        raise ValueError(f"times: expected one per size ({len(sizes)}), got {len(times)}")
     x = np.asarray(sizes, dtype=np.float64)
     y = np.asarray(times, dtype=np.float64)
+    if not np.all(y > 0):
+        raise ValueError(f"times: expected positive seconds, got {tuple(times)!r}")
     b, a = np.polyfit(x, y, 1, w=1.0 / y)
     a, b, floored = floor_fit(float(a), float(b))
     p = devices

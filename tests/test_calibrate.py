@@ -32,6 +32,19 @@ def test_fit_needs_two_devices():
         calibrate.fit(1, [1, 2], [1.0, 2.0])
 
 
+@pytest.mark.parametrize("sizes, times, match", [
+    ([1024], [1e-3], r"at least 2 distinct sizes, got sizes \(1024,\)"),
+    ([1024, 1024], [1e-3, 2e-3], r"at least 2 distinct sizes, got sizes \(1024, 1024\)"),
+    ([1024, 2048, 4096], [1e-3, 2e-3], r"times: expected one per size \(3\), got 2"),
+    ([1024, 2048], [0.0, 1e-3], r"times: expected positive seconds, got \(0.0, 0.001\)"),
+])
+def test_fit_refuses_what_it_cannot_fit(sizes, times, match):
+    """One size has no slope to fit: the fit was a poorly conditioned guess reported as a measurement
+    (nothing floored); a zero time divided by zero in the weights; a missing time was numpy's TypeError."""
+    with pytest.raises(ValueError, match=match):
+        calibrate.fit(2, sizes, times)
+
+
 def test_variadic_all_reduce_is_measured_next_to_its_concatenation():
     variadic_s, concat_s = calibrate.measure_variadic(4, operands=4, nbytes=1 << 12, reps=3)
     assert variadic_s > 0 and concat_s > 0
