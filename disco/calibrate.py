@@ -197,6 +197,19 @@ def measure_variadic(devices: int, operands: int = OPERANDS, nbytes: int = OPERA
 
 
 def calibrate(devices: int, sizes: Sequence[int] = SIZES, reps: int = 20) -> Calibration:
+    """Measures the all-reduces of ``sizes`` bytes per device over ``devices`` devices, ``reps``
+    times each, fits them (:func:`fit`) and measures the per-operand cost.
+
+    Raises:
+      ValueError: fewer than 2 devices, fewer than 2 distinct sizes or ``reps`` below 1 (before
+        anything is measured), or fewer devices available.
+    """
+    if devices < 2:
+        raise ValueError(f"calibration needs at least 2 devices, got {devices}")
+    if len(set(sizes)) < 2:
+        raise ValueError(f"a fit needs at least 2 distinct sizes, got sizes {tuple(sizes)!r}")
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps: expected an integer >= 1, got {reps!r}")
     c = fit(devices, sizes, [measure_allreduce(devices, s, reps) for s in sizes])
     variadic_s, concat_s = measure_variadic(devices, reps=reps)
     return dataclasses.replace(c, operand_latency=max(0.0, (variadic_s - concat_s) / (OPERANDS - 1)),

@@ -164,7 +164,8 @@ def calibrate(processes: int, devices_per_process: int, link: LinkSpec | None, *
       reps: repetitions per executable.
 
     Raises:
-      ValueError: fewer than 2 devices in all, bad sizes or chain lengths.
+      ValueError: fewer than 2 devices in all, bad sizes (fewer than 2 distinct) or chain lengths,
+        ``reps`` below 1 (before any worker starts).
       RuntimeError: when the workers fail (their messages).
       PermissionError: a link where network namespaces are not permitted.
     """
@@ -173,6 +174,10 @@ def calibrate(processes: int, devices_per_process: int, link: LinkSpec | None, *
                          f"{devices_per_process} devices")
     if not sizes or any(not isinstance(s, int) or s < 4 for s in sizes):
         raise ValueError(f"sizes: expected byte counts >= 4, got {tuple(sizes)!r}")
+    if len(set(sizes)) < 2:
+        raise ValueError(f"sizes: expected at least 2 distinct byte counts to fit, got {tuple(sizes)!r}")
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps: expected an integer >= 1, got {reps!r}")
     if chain and len(set(chain)) < 2:
         raise ValueError(f"chain: expected at least 2 distinct chain lengths (or none), got {tuple(chain)!r}")
     spec = multiprocess.WorkerSpec(task="calibrate", sizes=tuple(sizes), reps=reps, chain=tuple(chain))

@@ -55,3 +55,19 @@ def test_calibration_feeds_the_operand_latency_into_the_local_preset():
     c = c.__class__(**{**c.to_dict(), "operand_latency": 2e-4})
     spec = cluster.preset("local", devices=8, calibration=c.as_preset_calibration())
     assert spec.operand_latency == 2e-4 and spec.label == "calibrated on this machine"
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"devices": 1}, r"at least 2 devices, got 1"),
+    ({"sizes": (1024,)}, r"at least 2 distinct sizes, got sizes \(1024,\)"),
+    ({"reps": 0}, r"reps: expected an integer >= 1, got 0"),
+])
+def test_calibrate_refuses_bad_arguments_before_measuring(kw, match, monkeypatch):
+    """Before any all-reduce is timed (reps=0 ended in statistics' "no median for empty data"; one
+    device or one size was refused by the fit, after every size was measured)."""
+    def measured(*a, **k):
+        raise AssertionError("measured before the arguments were checked")
+
+    monkeypatch.setattr(calibrate, "measure_allreduce", measured)
+    with pytest.raises(ValueError, match=match):
+        calibrate.calibrate(**{"devices": 2, "sizes": (1 << 10, 1 << 12), "reps": 1, **kw})
