@@ -299,6 +299,9 @@ def test_bad_arguments_are_named():
         opt.optimize(lambda x: x, 1.0, finalists=0)
     with pytest.raises(ValueError, match=r"bucket_sweep: expected bucket counts \(integers >= 1\), got \(2, 0\)"):
         opt.optimize(lambda x: x, 1.0, bucket_sweep=(2, 0))
+    for bad in (4, None):  # not a sequence: was TypeError "'int' object is not iterable", naming no option
+        with pytest.raises(ValueError, match=rf"^bucket_sweep: expected bucket counts \(integers >= 1\), got {bad}$"):
+            opt.optimize(lambda x: x, 1.0, bucket_sweep=bad)
 
 
 def test_cli_optimize_json_in_a_subprocess(tmp_path):

@@ -81,7 +81,10 @@ class OptimizeConfig:
     confirm_rounds: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "bucket_sweep", tuple(self.bucket_sweep))
+        try:
+            object.__setattr__(self, "bucket_sweep", tuple(self.bucket_sweep))
+        except TypeError:  # not iterable: bucket_sweep=4 for (4,)
+            raise ValueError(f"bucket_sweep: expected bucket counts (integers >= 1), got {self.bucket_sweep!r}") from None
         if self.strategy not in search.STRATEGIES:
             raise ValueError(f"unknown search strategy {self.strategy!r}; expected one of: "
                              f"{', '.join(search.STRATEGIES)}")
