@@ -143,6 +143,12 @@ def test_a_pmap_step_with_the_scope_is_accepted():
     target = opt.prepare(step, (w, x))
     grads = [n for n in target.graph.all_reduces() if n.is_gradient]
     assert len(grads) == 1 and grads[0].param_path == "w"
+    # priced over the N devices its all-reduces span, though its host arrays are sharded over none
+    # (on one device the simulator priced every all-reduce at 0: per_tensor as cheap as one bucket)
+    assert target.cluster.num_devices == N
+    sim = target.simulator
+    assert sim.step_time(baselines.make("per_tensor", target.graph)) > sim.step_time(
+        baselines.make("one_bucket", target.graph))
 
 
 # -- plans record the graph they were made for -------------------------------------------------------

@@ -109,7 +109,8 @@ def optimize(
       step_fn: the training step (plain or jitted).
       *args: its example arguments (real arrays: the plans are measured).
       cluster: the cluster the simulator prices collectives with (default:
-        ``cluster.preset("local", devices=<devices args are sharded over>)``, whose link costs are
+        ``cluster.preset("local", devices=<devices args are sharded over>)``, or over the devices
+        the all-reduces' replica groups span when more (a pmap step's host arrays), whose link costs are
         placeholders; ``disco.calibrate.machine_cluster(devices)[0]`` measures this machine's, as
         ``disco optimize`` does without ``--cluster``).
       costs: the cost model (default: the cluster's device kind's, ``disco.sim.device_costs.analytic(cluster.device)``:

@@ -18,6 +18,7 @@ import jax
 from disco import bench, planner, search
 from disco.ir.extractor import extract
 from disco.ir.graph import HloGraph
+from disco.ir.replica_groups import replica_group_size
 from disco.ir.step_checks import check_data_parallel
 from disco.optimizer._choice import (
     PlanRow,
@@ -82,7 +83,8 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
       step_fn: the training step (plain or jitted).
       args: its example arguments (real arrays: the plans are measured).
       cluster: the cluster the simulator prices collectives with (default:
-        ``preset("local", devices=<devices args are sharded over>)``).
+        ``preset("local", devices=<devices args are sharded over>)``, or over the devices the
+        all-reduces' replica groups span when more: a pmap step's host arrays are on none).
       costs: the cost model (default: the analytic model of the cluster's device kind,
         :func:`disco.sim.device_costs.analytic`).
       progress: reports phase "extract".
@@ -100,7 +102,9 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
     progress("extract", 0.0, "extracting the HLO graph")
     graph = extract(step_fn, *args)
     check_data_parallel(graph)
-    cluster = cluster or preset("local", devices=devices_of(args))
+    if cluster is None:  # a pmap step takes host arrays: its all-reduces' groups say how many devices
+        spans = [replica_group_size(n.replica_groups) or 1 for n in graph.all_reduces()]
+        cluster = preset("local", devices=max([devices_of(args), *spans]))
     sim = Simulator(graph, costs or device_costs.analytic(cluster.device), cluster)
     progress("extract", 1.0, f"{len(graph.nodes)} nodes, {len(graph.all_reduces())} all-reduces")
     return Target(step_fn, tuple(args), graph, sim)
