@@ -250,6 +250,18 @@ def test_optimize_with_the_gnn_cost_model_on_virtual_devices():
     assert out["cost_model"] == "gnn" and out["cost_model_info"]["digest"]
 
 
+def test_optimize_on_one_device_needs_no_calibration():
+    """Without --cluster, one CPU device has no all-reduce to calibrate: the search runs (it failed with
+    "calibration needs at least 2 devices, got 1")."""
+    r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--devices", "1", "--budget", "1",
+                "--measure-top-k", "0", "--rounds", "1", "--steps", "1", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    spec = out["cluster_spec"]
+    assert out["calibration"] is None and spec["nodes"] * spec["devices_per_node"] == 1, spec
+    assert "one CPU device: no communication to price" in r.stderr
+
+
 # -- issue 20: help, early checks, progress without a terminal, the service hint ----------------------
 def _subparsers():
     import argparse

@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
 def this_machine(devices: int, command: str) -> tuple[Any, Any]:
     """The cluster plans are priced on when no ``--cluster`` is given (call it after jax's backend
     has started): on CPU, this machine's ``devices`` devices with their all-reduces calibrated
-    first (:func:`disco.calibrate.machine_cluster`, a few seconds); on GPUs, the preset of this
+    first (:func:`disco.calibrate.machine_cluster`, a few seconds; one device has none to
+    calibrate); on GPUs, the preset of this
     many of jax's device kind (:func:`disco.sim.cluster.machine_preset`).
 
     Returns:
@@ -182,6 +183,9 @@ def this_machine(devices: int, command: str) -> tuple[Any, Any]:
 
     first = jax.devices()[0]
     name = machine_preset(first.platform, first.device_kind, devices)
+    if name == "local" and devices < 2:  # no all-reduce crosses devices: nothing to calibrate
+        print(f"{command}: one CPU device: no communication to price, so no calibration", file=sys.stderr)
+        return preset("local", devices=1), None
     if name == "local":
         from disco.calibrate import machine_cluster
 
