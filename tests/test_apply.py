@@ -198,9 +198,22 @@ def test_broken_private_api_falls_back(monkeypatch):
 def test_untested_jax_version_falls_back(monkeypatch):
     step, args, graph = setup("mlp")
     monkeypatch.setattr(_jax_private, "TESTED_JAX_VERSIONS", ("0.0.1",))
-    with pytest.warns(PlanFallbackWarning, match="not a version disco's XLA hooks were tested with"):
+    with pytest.warns(PlanFallbackWarning, match=r"not of a release disco's XLA hooks were tested with "
+                                                 r"\(releases 0\.0; tested: 0\.0\.1\)"):
         applied = xla_hooks.apply(baselines.make("per_tensor", graph), step, *args)
     assert not applied.applied
+
+
+@pytest.mark.parametrize("version, admitted", [("0.10.0", True), ("0.11.1", True), ("0.12.0", True),
+                                               ("0.13.0", False), ("0.7.2", False), ("1.10.2", False)])
+def test_every_patch_version_of_a_tested_release_is_admitted(monkeypatch, version, admitted):
+    """jax 0.11.1 is the tested 0.11.2's release: its plans apply; a release none was tested on is refused."""
+    monkeypatch.setattr(jax, "__version__", version)
+    if admitted:
+        assert _jax_private.check_version() == version
+    else:
+        with pytest.raises(_jax_private.PrivateApiError, match=rf"^jax {re.escape(version)} is not of a release"):
+            _jax_private.check_version()
 
 
 def test_default_plan_is_the_default_compile():
