@@ -3,8 +3,8 @@
     python -m disco.mp_worker --process-id I --num-processes P --coordinator HOST:PORT \
         --devices-per-process D --out result.json --spec '{"task": "bench", "model": "mlp", ...}'
 
-Tasks (:class:`disco.multiprocess.WorkerSpec`): ``bench`` measures plans (baselines by name,
-``even:K``, or plan .json files) in interleaved rounds and reports every round's time (with
+Tasks (:class:`disco.multiprocess.WorkerSpec`): ``bench`` measures plans (baseline items such as
+``ddp`` or ``horovod:128``, or plan .json files) in interleaved rounds and reports every round's time (with
 ``comm_free_bound``, also the step with its all-reduces replaced by copies: the compute floor);
 ``calibrate`` times all-reduces of ``sizes`` bytes per device (with ``chain``: executables of
 k chained all-reduces per size) and a variadic all-reduce against one concatenated buffer
@@ -38,19 +38,17 @@ def _local_leaves(state):
     return [np.asarray(leaf.addressable_data(0)).tolist() for leaf in jax.tree.leaves(state)]
 
 
-def _row(name: str) -> str:
-    """A baseline item's row name (``even:K``: ``even_K``)."""
-    return f"even_{name[5:]}" if name.startswith("even:") else name
-
-
 def _plans(names: list[str], graph: Any) -> dict[str, Any]:
-    """The plans by row name. A plan file's row is its plan's name, or its path where the plan has
-    none or another item's row or ``xla_default`` has it (as ``disco.cli.common.resolve_plans``)."""
+    """The plans by row name. A baseline item's row and plan are
+    :func:`disco.plans.baselines.parse_item`'s; a plan file's row is its plan's name, or its path where
+    the plan has none or another item's row or ``xla_default`` has it (as
+    ``disco.cli.common.resolve_plans``)."""
     from disco.plans import baselines
     from disco.plans.plan import FusionPlan
 
     plans = {}
-    taken = {"xla_default", *(_row(n) for n in names if not n.endswith(".json"))}
+    items = {n: baselines.parse_item(n) for n in names if not n.endswith(".json")}
+    taken = {"xla_default", *(b.row for b in items.values())}
     for name in names:
         if name.endswith(".json"):
             with open(name, encoding="utf-8") as f:
@@ -58,10 +56,8 @@ def _plans(names: list[str], graph: Any) -> dict[str, Any]:
             row = plan.name if plan.name and plan.name not in taken else name
             taken.add(row)
             plans[row] = plan.validate(graph)
-        elif name.startswith("even:"):
-            plans[f"even_{name[5:]}"] = baselines.make("even", graph, k=int(name[5:]))
         else:
-            plans[name] = baselines.make(name, graph)
+            plans[items[name].row] = items[name].make(graph)
     return plans
 
 

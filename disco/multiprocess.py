@@ -52,7 +52,7 @@ class WorkerSpec:
     task: str = "bench"  # "bench": measure plans; "calibrate": time all-reduces of sizes
     model: str = "mlp"
     preset: str = "tiny"
-    plans: tuple[str, ...] = ("xla_default", "per_tensor", "horovod", "ddp")  # names, even:K, or .json files
+    plans: tuple[str, ...] = ("xla_default", "per_tensor", "horovod", "ddp")  # baseline items or .json files
     rounds: int = 5
     steps: int = 3
     optimizer: str = "adamw"

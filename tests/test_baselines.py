@@ -111,3 +111,39 @@ def test_a_tuple_all_reduce_is_a_bucket_of_its_own_and_every_baseline_applies():
     for members in (["ar", "ar2"], ["ar2", "ar"]):
         with pytest.raises(ValueError, match="'ar' is already a tuple all-reduce; it can only be a bucket of its own"):
             make_plan(buckets=[members]).validate(g)
+
+
+@pytest.mark.parametrize("item, name, options, row", [
+    ("ddp", "ddp", (), "ddp"),
+    ("even", "even", (), "even"),
+    ("horovod:128", "horovod", (("threshold_mb", 128.0),), "horovod:128"),
+    ("ddp:0.5", "ddp", (("cap_mb", 0.5),), "ddp:0.5"),
+    ("xla_threshold:4096", "xla_threshold", (("threshold_bytes", 4096),), "xla_threshold:4096"),
+    ("even:4", "even", (("k", 4),), "even_4"),
+    ("even:04", "even", (("k", 4),), "even_4"),
+])
+def test_a_plans_item_is_read_once_with_its_row(item, name, options, row):
+    """--plans items were read twice (disco.cli.common.resolve_plans, disco.mp_worker), and the two named
+    even:4's row even:4 and even_4."""
+    parsed = baselines.parse_item(item)
+    assert (parsed.name, parsed.options, parsed.row) == (name, options, row)
+    assert parsed.make(graph([40, 40, 40, 40])) == baselines.make(name, graph([40, 40, 40, 40]), **dict(options))
+
+
+@pytest.mark.parametrize("item, message", [
+    ("bogus", r"unknown plan 'bogus'; expected a baseline \(xla_default, no_fusion, per_tensor, one_bucket, "
+              r"horovod, ddp, xla_threshold, even\) or a plan .json file"),
+    ("xla_tuned:16", r"unknown plan 'xla_tuned'; expected a baseline \("),
+    ("per_tensor:3", r"plan 'per_tensor:3': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
+    ("horovod:big", r"plan 'horovod:big': expected a number after ':', got 'big'"),
+    ("horovod:", r"plan 'horovod:': expected a number after ':', got ''"),
+    ("even:2.5", r"plan 'even:2.5': expected a number after ':', got '2.5'"),
+    ("horovod:-5", r"plan 'horovod:-5': baseline 'horovod': threshold_mb expected a positive number of MB, got -5.0"),
+    ("ddp:nan", r"plan 'ddp:nan': baseline 'ddp': cap_mb expected a positive number of MB, got nan"),
+    ("xla_threshold:0", r"plan 'xla_threshold:0': baseline 'xla_threshold': threshold_bytes expected a positive "
+                        r"integer, got 0"),
+    ("even:0", r"plan 'even:0': baseline 'even': k is the bucket count, expected an integer >= 1, got 0"),
+])
+def test_a_bad_plans_item_is_refused_naming_it(item, message):
+    with pytest.raises(ValueError, match=f"^{message}"):
+        baselines.parse_item(item)

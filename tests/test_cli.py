@@ -572,15 +572,17 @@ def _mlp_graph():
 
 @pytest.mark.parametrize("plans, message", [
     ("xla_default,bogus", "unknown plan 'bogus'; expected a baseline (xla_default, no_fusion"),
-    ("horovod:128", "plan 'horovod:128': with --processes only even:K (K >= 1) takes a value"),
-    ("even:0", "plan 'even:0': with --processes only even:K (K >= 1) takes a value"),
+    ("horovod:-5", "plan 'horovod:-5': baseline 'horovod': threshold_mb expected a positive number of MB, got -5.0"),
+    ("even:0", "plan 'even:0': baseline 'even': k is the bucket count, expected an integer >= 1, got 0"),
+    ("per_tensor:3", "plan 'per_tensor:3': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
+    ("ddp:big", "plan 'ddp:big': expected a number after ':', got 'big'"),
     (" , ", "--plans is empty"),
     ("empty.json", "plan file 'empty.json': plan is not valid JSON"),
     ("missing.json", "plan file 'missing.json': no such file"),
 ])
 def test_plans_across_processes_are_checked_before_the_workers_start(plans, message, tmp_path):
-    """They were handed to the workers unchecked: an unknown baseline, or horovod:128 (which --plans'
-    help offers), ended in both workers' tracebacks and status 1."""
+    """They were handed to the workers unchecked: an unknown baseline ended in both workers' tracebacks
+    and status 1. A bad value is refused as one process refuses it."""
     (tmp_path / "empty.json").write_text("")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     r = subprocess.run([sys.executable, "-m", "disco", "bench", "--model", "mlp", "--processes", "2", "--plans",
@@ -654,3 +656,28 @@ def test_link_loopback_with_one_process_runs_in_process():
                 "xla_default", "--rounds", "1", "--steps", "1", "--bound", "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     assert [row["plan"] for row in json.loads(r.stdout)["results"]] == ["xla_default", "comm_free_bound"]
+
+
+def test_valued_baselines_run_across_processes_with_the_rows_of_one_process():
+    """--processes refused every valued item but even:K ("with --processes only even:K (K >= 1) takes a
+    value"), and named even:K's row even_K where one process named it even:K."""
+    from disco.cli.common import resolve_plans
+    from disco.plans import baselines
+
+    graph = _mlp_graph()  # 9,384 gradient bytes: a threshold of 0.002 MB or 2,048 bytes cuts them
+    items = "horovod:0.002,ddp:1,xla_threshold:2048,even:3"
+    expected = {"horovod:0.002": baselines.make("horovod", graph, threshold_mb=0.002),
+                "ddp:1": baselines.make("ddp", graph, cap_mb=1.0),
+                "xla_threshold:2048": baselines.make("xla_threshold", graph, threshold_bytes=2048),
+                "even_3": baselines.make("even", graph, k=3)}
+    assert expected["horovod:0.002"].digest() != baselines.make("horovod", graph).digest()
+    assert resolve_plans(items, graph) == expected
+    r = run_cli("bench", "--model", "mlp", "--preset", "tiny", "--processes", "2", "--devices-per-process", "1",
+                "--plans", items, "--rounds", "1", "--steps", "1", "--json", timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["fingerprints"] == [graph.fingerprint]
+    rows = {row["plan"]: row for row in out["results"]}
+    assert list(rows) == ["xla_default", *expected]
+    for name, plan in expected.items():
+        assert rows[name]["applied"] and rows[name]["plan_digests"] == [plan.digest()], rows[name]

@@ -19,6 +19,7 @@ from disco.cli.common import (
     make_step,
     model_label,
     over_label,
+    parse_item,
     parse_link_arg,
     print_json,
     progress_reporter,
@@ -155,19 +156,20 @@ def _run_processes(args: argparse.Namespace) -> int:
 
 
 def _process_plans(spec: str) -> tuple[str, ...]:
-    """The ``--plans`` items for the workers, checked before they start: baselines by name, ``even:K``,
-    and readable plan files (passed on by absolute path). The workers build each baseline by name, so
-    only ``even`` takes a value there.
+    """The ``--plans`` items for the workers, checked before they start: baselines (``horovod:128``
+    sets a value) and readable plan files (passed on by absolute path). The workers build each
+    baseline item with :func:`disco.plans.baselines.parse_item`, as one process does; an item whose
+    row an earlier one has (``even:02`` after ``even:2``) is left out.
 
     Raises:
-      CliError: for an unknown baseline, a value other than even's, or a plan file that is not a plan.
+      CliError: for an unknown baseline, a bad value, or a plan file that is not a plan.
     """
     import os
 
-    from disco.plans import baselines
     from disco.plans.plan import FusionPlan
 
     names: list[str] = []
+    rows: set[str] = set()
     for item in dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()):
         if item.endswith(".json"):
             try:
@@ -176,14 +178,10 @@ def _process_plans(spec: str) -> tuple[str, ...]:
                 raise CliError(f"plan file {item!r}: {e}") from None
             names.append(os.path.abspath(item))
             continue
-        name, colon, arg = item.partition(":")
-        if name not in baselines.NAMES:
-            raise CliError(f"unknown plan {name!r}; expected a baseline ({', '.join(baselines.NAMES)}) "
-                           "or a plan .json file")
-        if colon and (name != "even" or not arg.isdigit() or int(arg) < 1):
-            raise CliError(f"plan {item!r}: with --processes only even:K (K >= 1) takes a value; "
-                           "give the baseline without one, or use --processes 1")
-        names.append(item)
+        row = parse_item(item).row
+        if row not in rows:
+            rows.add(row)
+            names.append(item)
     if not names:
         raise CliError("--plans is empty; expected e.g. xla_default,per_tensor,horovod")
     return tuple(names)

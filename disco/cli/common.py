@@ -338,7 +338,8 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: boo
     kept as it is for a compile (which falls back to XLA's default), or, when ``simulated``,
     replaced by xla_default's plan: what that compile would run.
 
-    A baseline's row is the item as written; a plan file's row is the plan's name, or the file's
+    A baseline's row is the item as written, but ``even_<k>`` for ``even:K``
+    (:func:`disco.plans.baselines.parse_item`); a plan file's row is the plan's name, or the file's
     path where the plan has none or its name is another item's row, ``xla_default`` (the
     reference row the commands add) or ``comm_free_bound`` (``disco bench --bound``'s row): every item keeps a row of its own, and ``xla_default`` is
     always XLA's default. An item written twice is one row.
@@ -353,8 +354,9 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: boo
 
     plans: dict[str, Any] = {}
     items = list(dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()))
+    parsed = {i: parse_item(i) for i in items if not i.endswith(".json")}
     # rows a plan file's name may not take: the baselines', the reference and disco bench --bound's
-    taken = {"xla_default", COMM_FREE_BOUND, *(i for i in items if not i.endswith(".json"))}
+    taken = {"xla_default", COMM_FREE_BOUND, *(b.row for b in parsed.values())}
     for item in items:
         if item.endswith(".json"):
             text = read_text_input(item, "plan file", "a plan's JSON (FusionPlan.to_json)")
@@ -383,28 +385,24 @@ def resolve_plans(spec: str, graph: Any, *, strict: bool = False, simulated: boo
             except ValueError as e:
                 raise CliError(f"plan file {item!r}: {e}") from None
             continue
-        name, _, arg = item.partition(":")
-        kw = {}
-        if arg:
-            key = {"horovod": "threshold_mb", "ddp": "cap_mb", "xla_threshold": "threshold_bytes",
-                   "even": "k"}.get(name)
-            if key is None:
-                raise CliError(f"plan {item!r}: only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K "
-                               "take a value")
-            try:
-                kw[key] = int(arg) if key in ("threshold_bytes", "k") else float(arg)
-            except ValueError:
-                raise CliError(f"plan {item!r}: expected a number after ':', got {arg!r}") from None
-        if name not in baselines.NAMES:
-            raise CliError(f"unknown plan {name!r}; expected a baseline ({', '.join(baselines.NAMES)}) "
-                           "or a plan .json file")
         try:
-            plans[item] = baselines.make(name, graph, **kw)
+            plans[parsed[item].row] = parsed[item].make(graph)
         except ValueError as e:
             raise CliError(f"plan {item!r}: {e}") from None
     if not plans:
         raise CliError("--plans is empty; expected e.g. xla_default,per_tensor,horovod")
     return plans
+
+
+def parse_item(item: str) -> Any:
+    """A ``--plans`` baseline item read by :func:`disco.plans.baselines.parse_item` (its row name and
+    the keywords it sets), its ValueError as a CliError."""
+    from disco.plans import baselines
+
+    try:
+        return baselines.parse_item(item)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 # -- --processes and --link: workers across processes, maybe behind emulated links -------------

@@ -19,14 +19,18 @@
   (``threshold_bytes``, default 16 MiB); :func:`xla_tuned_sweep` gives the recipe's sweep,
   powers of two from 16 MiB up to the gradients' size (JAX-Toolbox issue 674). On CPU these
   options do nothing (the plan compiles as ``xla_default``).
+
+:func:`parse_item` reads one ``--plans`` item (``horovod``, ``horovod:128``, ``even:4``): which
+baseline, the keyword of :func:`make` its value sets, and its row name in tables and JSON.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.plans import options as plan_options
@@ -115,22 +119,16 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
                                           lambda i: int((first if i == 0 else cap) * MB), build=build),
                           name=name)
     elif name == "xla_threshold":
-        thr = kw.pop("threshold_bytes", 30 * MB)
-        if not isinstance(thr, int) or isinstance(thr, bool) or thr < 1:
-            raise ValueError(f"baseline 'xla_threshold': threshold_bytes expected a positive integer, got {thr!r}")
+        thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", 30 * MB))
         plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: thr, max_members=256, build=build),
                           name=f"xla_threshold_{thr}")
     elif name == "even":
-        k = kw.pop("k", 2)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"baseline 'even': k is the bucket count, expected an integer >= 1, got {k!r}")
+        k = _bucket_count(name, "k", kw.pop("k", 2))
         per_class = [sum(n.grad_bytes for n in cls) for cls in _classes(ars).values()]
         cap = -(-max(per_class, default=0) // k) or 1  # the largest class cut into k
         plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: cap, build=build), name=f"even_{k}")
     elif name == "xla_tuned":
-        thr = kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD)
-        if not isinstance(thr, int) or isinstance(thr, bool) or thr < 1:
-            raise ValueError(f"baseline 'xla_tuned': threshold_bytes expected a positive integer, got {thr!r}")
+        thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD))
         opts = {plan_options.SCHEDULER: "True", plan_options.THRESHOLD: str(thr)}
         plan = FusionPlan(compile_options=tuple(sorted(opts.items())),
                           name=f"xla_tuned_{thr // MB}mb" if thr % MB == 0 else f"xla_tuned_{thr}")
@@ -150,6 +148,90 @@ def _positive_size(name: str, key: str, value: Any) -> float:
     if isinstance(value, bool) or not 0 < mb < math.inf:
         raise ValueError(f"baseline {name!r}: {key} expected a positive number of MB, got {value!r}")
     return mb
+
+
+def _positive_bytes(name: str, key: str, value: Any) -> int:
+    """``value`` as a positive integer number of bytes, or ValueError naming the baseline and the key."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"baseline {name!r}: {key} expected a positive integer, got {value!r}")
+    return value
+
+
+def _bucket_count(name: str, key: str, value: Any) -> int:
+    """``value`` as a bucket count (an integer >= 1), or ValueError naming the baseline and the key."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"baseline {name!r}: {key} is the bucket count, expected an integer >= 1, got {value!r}")
+    return value
+
+
+# -- --plans items ---------------------------------------------------------------------------------
+class _Value(NamedTuple):
+    """What the value of an item ``name:VALUE`` is: the keyword of :func:`make` it sets, its
+    placeholder in messages, how it is read and how it is checked (as :func:`make` checks it)."""
+
+    key: str
+    placeholder: str
+    read: Callable[[str], Any]
+    check: Callable[[str, str, Any], Any]
+
+
+_VALUES = {"horovod": _Value("threshold_mb", "MB", float, _positive_size),
+           "ddp": _Value("cap_mb", "MB", float, _positive_size),
+           "xla_threshold": _Value("threshold_bytes", "BYTES", int, _positive_bytes),
+           "even": _Value("k", "K", int, _bucket_count)}
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineItem:
+    """One baseline item of a ``--plans`` list, read by :func:`parse_item`.
+
+    Attributes:
+      name: the baseline (one of :data:`NAMES`).
+      options: the keywords of :func:`make` the item sets, as ``(key, value)`` pairs.
+      row: its row name in tables and JSON: the item as written, but ``even_<k>`` for ``even:K``.
+    """
+
+    name: str
+    options: tuple[tuple[str, Any], ...]
+    row: str
+
+    def make(self, graph: HloGraph) -> FusionPlan:
+        """The item's plan for ``graph`` (:func:`make` with its options)."""
+        return make(self.name, graph, **dict(self.options))
+
+
+def parse_item(item: str) -> BaselineItem:
+    """Reads a ``--plans`` baseline item: a name of :data:`NAMES`, or ``horovod:MB``, ``ddp:MB``,
+    ``xla_threshold:BYTES`` or ``even:K``. The value is checked as :func:`make` checks it, before any
+    graph is at hand (a launcher checks the items its workers will build).
+
+    Example::
+
+        >>> parse_item("even:4")
+        BaselineItem(name='even', options=(('k', 4),), row='even_4')
+
+    Raises:
+      ValueError: for an unknown baseline (naming the valid ones), a value on a baseline that takes
+        none, a value that is not a number, or one :func:`make` refuses; the message names the item.
+    """
+    name, colon, arg = item.partition(":")
+    if name not in NAMES:
+        raise ValueError(f"unknown plan {name!r}; expected a baseline ({', '.join(NAMES)}) or a plan .json file")
+    if not colon:
+        return BaselineItem(name, (), item)
+    spec = _VALUES.get(name)
+    if spec is None:
+        *most, last = (f"{n}:{v.placeholder}" for n, v in _VALUES.items())
+        raise ValueError(f"plan {item!r}: only {', '.join(most)} and {last} take a value")
+    try:
+        value = spec.read(arg)
+    except ValueError:
+        raise ValueError(f"plan {item!r}: expected a number after ':', got {arg!r}") from None
+    try:
+        value = spec.check(name, spec.key, value)
+    except ValueError as e:
+        raise ValueError(f"plan {item!r}: {e}") from None
+    return BaselineItem(name, ((spec.key, value),), f"even_{value}" if name == "even" else item)
 
 
 def make_all(graph: HloGraph, names: Sequence[str] = NAMES) -> dict[str, FusionPlan]:
