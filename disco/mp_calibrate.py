@@ -387,5 +387,4 @@ def _baseline_plan(name: str, graph: Any) -> Any:
     """The baseline of row ``name`` (``even_<k>``: the even split into k buckets)."""
     from disco.plans import baselines
 
-    kind, _, k = name.partition("_")
-    return baselines.make("even", graph, k=int(k)) if kind == "even" and k.isdigit() else baselines.make(name, graph)
+    return baselines.parse_item(baselines.item_of_row(name)).make(graph)

@@ -438,14 +438,15 @@ def validate(res: CrossOptimizeResult, model: str, preset: str, processes: int, 
       ValueError: ``rounds`` or ``steps`` below 1.
       RuntimeError: when the workers fail (their messages).
     """
+    from disco.plans import baselines
+
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps >= 1 expected, got {rounds}, {steps}")
     tmp = tempfile.mkdtemp(prefix="disco-mpval-")
     try:
         args = {"xla_default": "xla_default"}
         if res.best_baseline not in args:
-            k = _even_k(res.best_baseline)
-            args[res.best_baseline] = res.best_baseline if k is None else f"even:{k}"
+            args[res.best_baseline] = baselines.item_of_row(res.best_baseline)
         if res.chosen not in args:  # plan_json is named as the row (optimize names it so)
             path = os.path.join(tmp, "answer.json")
             with open(path, "w", encoding="utf-8") as f:
@@ -480,15 +481,7 @@ def _baseline_plan(name: str, graph: Any) -> FusionPlan:
     """The baseline (or ``even_<k>``) plan of row ``name``, named so."""
     from disco.plans import baselines
 
-    k = _even_k(name)
-    plan = baselines.make(name, graph) if k is None else baselines.make("even", graph, k=k)
-    return plan.replace(name=name)
-
-
-def _even_k(name: str) -> int | None:
-    """The bucket count of an ``even_<k>`` row name; None for any other name."""
-    kind, _, k = name.partition("_")
-    return int(k) if kind == "even" and k.isdigit() else None
+    return baselines.parse_item(baselines.item_of_row(name)).make(graph).replace(name=name)
 
 
 def _launch(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None,

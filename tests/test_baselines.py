@@ -127,6 +127,7 @@ def test_a_plans_item_is_read_once_with_its_row(item, name, options, row):
     even:4's row even:4 and even_4."""
     parsed = baselines.parse_item(item)
     assert (parsed.name, parsed.options, parsed.row) == (name, options, row)
+    assert baselines.parse_item(baselines.item_of_row(row)) == parsed  # a worker's row read back
     assert parsed.make(graph([40, 40, 40, 40])) == baselines.make(name, graph([40, 40, 40, 40]), **dict(options))
 
 
@@ -147,3 +148,9 @@ def test_a_plans_item_is_read_once_with_its_row(item, name, options, row):
 def test_a_bad_plans_item_is_refused_naming_it(item, message):
     with pytest.raises(ValueError, match=f"^{message}"):
         baselines.parse_item(item)
+
+
+@pytest.mark.parametrize("row", ["even:4", "even_x", "disco_1", "reduce_fusion", "even_0"])
+def test_a_row_of_no_baseline_item_is_refused(row):
+    with pytest.raises(ValueError):
+        baselines.item_of_row(row)

@@ -234,6 +234,20 @@ def parse_item(item: str) -> BaselineItem:
     return BaselineItem(name, ((spec.key, value),), f"even_{value}" if name == "even" else item)
 
 
+def item_of_row(row: str) -> str:
+    """The ``--plans`` item whose row (:func:`parse_item`) is ``row``: ``even_4`` -> ``even:4``, any
+    other baseline row is its item (a launcher's workers report rows; this reads them back).
+
+    Raises:
+      ValueError: ``row`` is no baseline item's row.
+    """
+    kind, _, k = row.partition("_")
+    item = f"even:{k}" if kind == "even" and k.isdigit() else row
+    if parse_item(item).row != row:
+        raise ValueError(f"{row!r} is not the row of a baseline item (expected e.g. ddp, horovod:64 or even_4)")
+    return item
+
+
 def make_all(graph: HloGraph, names: Sequence[str] = NAMES) -> dict[str, FusionPlan]:
     return {n: make(n, graph) for n in names}
 
