@@ -100,6 +100,30 @@ def test_profile_refuses_a_plan_other_than_the_applied_steps(mlp):
     assert set(res.by_bucket()) == {0}
 
 
+def test_profile_refuses_the_graph_of_another_step(mlp):
+    """A graph of another step mapped this step's ops to the wrong nodes (or none), silently."""
+    import dataclasses
+
+    import trax_models
+    import xla_hooks
+    from disco.plans import baselines
+    from xla_hooks.profiling import profile
+
+    step, args, graph = mlp
+    other_step, other_args = trax_models.make_train_step("mlp", "tiny", devices=2)
+    other = HloGraph.from_hlo_text(extractor.hlo_text(other_step, *other_args))
+    assert other.fingerprint != graph.fingerprint
+    with pytest.raises(ValueError, match=rf"^graph: {other.fingerprint} is not the graph of this step and these "
+                                         rf"arguments \({graph.fingerprint}: another model"):
+        profile(step, args, graph=other)
+    plan = dataclasses.replace(baselines.make("ddp", graph), graph_fingerprint=graph.fingerprint)
+    applied = xla_hooks.apply(plan, step, *args)
+    assert applied.applied
+    with pytest.raises(ValueError, match=rf"^graph: {other.fingerprint} is not the graph of the AppliedStep's step"):
+        profile(applied, args, graph=other)
+    assert profile(step, args, graph=graph, steps=1, rounds=1).ops  # its own graph is taken
+
+
 @pytest.mark.parametrize("kwargs", [{"steps": 1.5}, {"steps": "2"}, {"rounds": True}])
 def test_profile_refuses_counts_that_are_not_ints(mlp, kwargs):
     """steps=1.5 raised "'float' object cannot be interpreted as an integer", steps='2' a comparison error."""

@@ -374,7 +374,7 @@ def profile(
       steps: steps run under the tracer.
       plan: the plan; defaults to ``fn.plan`` for an AppliedStep.
       graph: the step's pre-optimisation graph, needed to map ops to nodes and kernel
-        keys; extracted from ``fn`` when it is a plain step.
+        keys; extracted from ``fn`` when it is a plain step (a graph given must be that one).
       rounds: untraced single steps timed for ``step_s``.
 
     Returns:
@@ -383,8 +383,9 @@ def profile(
 
     Raises:
       TypeError: for ``steps`` or ``rounds`` that is not an int, or a ``plan`` that is not a FusionPlan.
-      ValueError: for ``steps`` or ``rounds`` below 1, or a ``plan`` other than the one an
-        AppliedStep ``fn`` was compiled with.
+      ValueError: for ``steps`` or ``rounds`` below 1, a ``plan`` other than the one an
+        AppliedStep ``fn`` was compiled with, or a ``graph`` of another step (its fingerprint
+        differs from the plain step's, or from the one the AppliedStep's plan was made for).
       RuntimeError: if the trace wrote no ``*.xplane.pb`` file, or jax's profiler is already
         running (``jax.profiler.start_trace`` elsewhere: one trace at a time per process).
     """
@@ -402,11 +403,19 @@ def profile(
             raise ValueError(f"plan {plan.name or plan.digest()!r} is not the plan "
                              f"{fn.requested.name or fn.requested.digest()!r} the AppliedStep was compiled with; "
                              "expected plan=None (or that plan), or the plain step to apply the plan to")
+        made_for = fn.requested.graph_fingerprint  # checked against the step when it was applied
+        if graph is not None and made_for is not None and graph.fingerprint != made_for:
+            raise ValueError(f"graph: {graph.fingerprint} is not the graph of the AppliedStep's step ({made_for}); "
+                             "expected that step's graph (disco.extract(step, *args)) or None")
     else:
-        if graph is None:
-            from disco.ir import extractor
+        from disco.ir import extractor
 
-            graph = HloGraph.from_hlo_text(extractor.hlo_text(fn, *args))
+        own = HloGraph.from_hlo_text(extractor.hlo_text(fn, *args))
+        if graph is not None and graph.fingerprint != own.fingerprint:
+            raise ValueError(f"graph: {graph.fingerprint} is not the graph of this step and these arguments "
+                             f"({own.fingerprint}: another model, preset, batch or device count?); expected "
+                             "disco.extract(fn, *args) or None")
+        graph = own
         fn = apply(plan, fn, *args)
     plan = plan if plan is not None and fn.applied else fn.plan
     module, info = _op_map(fn.compiled_text(), plan, fn.hlo if fn.applied else None, graph)
