@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import networkx as nx
 import numpy as np
 import pytest
@@ -132,6 +133,22 @@ def test_json_round_trip():
     again = disco.HloGraph.from_json(graph.to_json())
     assert again == graph
     assert again.to_json() == graph.to_json()
+
+
+def test_inlined_call_flops_count_once():
+    """A call inlined into the graph (shard_map's body; the call XLA:CPU wraps a while in) adds no
+    flops of its own: its body's nodes carry them."""
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("x",))
+    body = jax.shard_map(lambda x: jax.lax.psum(jnp.sin(x) * 2.0, "x"), mesh=mesh,
+                         in_specs=P("x"), out_specs=P())
+    graph = disco.extract(body, jnp.ones(16))  # 4 elements a device: sin 4, multiply 4, psum 4
+    assert graph.summary()["flops"] == 12.0
+    loop = jax.jit(lambda a: jax.lax.fori_loop(0, 7, lambda i, m: m @ m, a))
+    compiled = disco.extract(loop, jnp.ones((4, 4)), optimized=True)
+    assert "call" in compiled.opcode_histogram()  # XLA:CPU wraps the while in a call
+    assert compiled.summary()["flops"] == 7 * (2 * 4 * 4 * 4 + 1 + 1)  # dot, i + 1, i < 7
 
 
 def test_fingerprints():

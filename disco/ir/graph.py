@@ -556,11 +556,14 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
         arrays = ins.arrays
         operands = tuple(names.get((ins.computation, op), op) for op in ins.operands)
         index[key] = len(nodes)
+        # A call whose body is inlined here has its body's nodes in the graph, which carry the
+        # flops; counting them on the call node too would count them twice.
+        inlined = ins.opcode == "call" and ins.called and all(c in by_comp for c in ins.called)
         nodes.append(Node(
             name=names[key], opcode=ins.opcode, computation=ins.computation,
             shape=_strip_layout(ins.shape), dtype=arrays[0].dtype if arrays else "token",
             out_bytes=ins.out_bytes, out_elements=sum(a.elements for a in arrays),
-            flops=float(per_ins_flops.get(key, 0.0)), operands=operands,
+            flops=0.0 if inlined else float(per_ins_flops.get(key, 0.0)), operands=operands,
             grad_bytes=_reduced_bytes(ins, scopes) if is_ar else 0,
             param_path=_grad_path(ins) if is_ar else None,
             replica_groups=ins.attrs.get("replica_groups") if is_ar else None,
