@@ -261,3 +261,13 @@ def test_cli_graph_module_flag(capsys):
     assert '"name": "second_module"' in capsys.readouterr().out
     assert main(["graph", "--hlo", path]) == 2
     assert "holds 2 HLO modules (#1 first_module, #2 second_module)" in capsys.readouterr().err
+
+
+def test_cli_graph_parse_error_names_the_file(tmp_path, capsys):
+    from disco.cli import main
+
+    path = tmp_path / "step.hlo"
+    path.write_text("HloModule m\n\nENTRY %main {\n  %p = f32[8] parameter(0)\n"
+                    "  ROOT %x = f32[8] negate(%p,\n}\n")
+    assert main(["graph", "--hlo", str(path)]) == 2
+    assert f"--hlo {str(path)!r}: line 5: cannot parse instruction" in capsys.readouterr().err

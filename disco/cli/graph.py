@@ -70,8 +70,13 @@ def run(args: argparse.Namespace) -> int:
         text = lowered.as_text(dialect="hlo", debug_info=True)
         optimized_text = lowered.compile().as_text() if args.optimized else None
         source = model_label(args)
-    graph = HloGraph.from_hlo_text(optimized_text if optimized_text is not None else text,
-                                   module=args.module if args.hlo else None)
+    try:
+        graph = HloGraph.from_hlo_text(optimized_text if optimized_text is not None else text,
+                                       module=args.module if args.hlo else None)
+    except ValueError as e:
+        if not args.hlo:
+            raise
+        raise CliError(f"--hlo {args.hlo!r}: {e}") from None
     elapsed = time.perf_counter() - t0
     from disco.ir.hlo_parse import is_scheduled
 
