@@ -187,6 +187,13 @@ def test_arrays_form():
     ('{"schema": "other"}', "field 'schema'"),
     ('{"schema": "disco.graph/1", "name": "x", "fingerprint": "f", "nodes": [], "edges": [[0, 1]]}', r"edges\[0\]"),
     ("{not json", "not valid JSON"),
+    ('{"schema": "disco.graph/1", "name": "x", "fingerprint": "f", "edges": [],'
+     ' "nodes": [{"name": "a", "opcode": "add", "shape": "f32[2]"}]}',
+     r"field 'nodes\[0\]': missing keys \['computation', 'dtype', 'out_bytes', 'out_elements', 'flops'\]"),
+    ('{"schema": "disco.graph/1", "name": "x", "fingerprint": "f", "nodes": [], "edges": 3}',
+     "field 'edges': expected a list, got int"),
+    ('{"schema": "disco.graph/1", "name": "x", "fingerprint": "f", "nodes": {"a": {}}, "edges": []}',
+     "field 'nodes': expected a list, got dict"),
 ])
 def test_graph_json_errors(bad, match):
     with pytest.raises(ValueError, match=match):

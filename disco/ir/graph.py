@@ -255,7 +255,11 @@ class HloGraph:
         for key in ("name", "fingerprint", "nodes", "edges"):
             if key not in data:
                 raise ValueError(f"graph JSON is missing field {key!r}")
+        for key in ("nodes", "edges"):
+            if not isinstance(data[key], list):
+                raise ValueError(f"graph JSON field {key!r}: expected a list, got {type(data[key]).__name__}")
         fields = {f.name for f in dataclasses.fields(Node)}
+        required = [f.name for f in dataclasses.fields(Node) if f.default is dataclasses.MISSING]
         nodes = []
         for i, nd in enumerate(data["nodes"]):
             if not isinstance(nd, dict) or not {"name", "opcode"} <= nd.keys():
@@ -263,6 +267,10 @@ class HloGraph:
             unknown = set(nd) - fields
             if unknown:
                 raise ValueError(f"graph JSON field 'nodes[{i}]': unknown keys {sorted(unknown)}")
+            missing = [k for k in required if k not in nd]
+            if missing:
+                raise ValueError(f"graph JSON field 'nodes[{i}]': missing keys {missing}; expected "
+                                 f"{', '.join(required)}")
             nd = dict(nd)
             nd["operands"] = tuple(nd.get("operands", ()))
             nodes.append(Node(**nd))
