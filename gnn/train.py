@@ -111,8 +111,9 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
     too, since the plan's features would not describe what ran.
 
     Raises:
-      ValueError: if the directory has no samples.jsonl, a sample names a graph file that
-        is missing, or no usable sample is left.
+      ValueError: if the directory has no samples.jsonl, a sample with a time has a missing or
+        malformed field (naming the file and line), a sample names a graph file that is
+        missing, or no usable sample is left.
     """
     root = Path(path)
     fn = Path(dataset.samples_path(root))
@@ -128,9 +129,21 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
             med = float(d["measured"]["median_ms"])
             if d.get("applied") is False or not (math.isfinite(med) and med > 0):
                 raise ValueError("not applied or no time")
-            raw.append((ln, d))
         except (ValueError, KeyError, TypeError):
             skipped += 1
+            continue
+        try:  # a sample with a time but a field missing or malformed is damaged: say where
+            FusionPlan.from_dict(d["plan"])
+            dataset.group_key(d)
+            int(d.get("devices", 1))
+            float(d["measured"].get("min_ms", med)), float(d["measured"].get("max_ms", med))
+            if not isinstance(d["model"], str) or not isinstance(d["graph_fingerprint"], str):
+                raise TypeError("expected 'model' and 'graph_fingerprint' strings, got "
+                                f"{d['model']!r} and {d['graph_fingerprint']!r}")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{fn}:{ln}: sample {d.get('sample_id')!r}: damaged fields "
+                             f"({type(e).__name__}: {e})") from None
+        raw.append((ln, d))
     # References: the round's measured xla_default, else the group's median xla_default sample.
     default_ms: dict[str, list[float]] = {}
     for _, d in raw:

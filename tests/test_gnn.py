@@ -416,3 +416,23 @@ def test_a_damaged_graph_file_is_named(tmp_path: Path) -> None:
     damaged.write_text(damaged.read_text()[:100])
     with pytest.raises(ValueError, match=rf"samples\.jsonl:\d+: .*{damaged.name}: graph JSON is not valid JSON"):
         train.load_dataset(data)
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda s: s.pop("plan"), r"KeyError: 'plan'"),
+    (lambda s: s.pop("model"), r"KeyError: 'model'"),
+    (lambda s: s.__setitem__("devices", "four"), r"invalid literal for int"),
+    (lambda s: s.__setitem__("plan", {"groups": 5}), r"plan field"),
+])
+def test_a_damaged_sample_is_named_by_file_and_line(tmp_path: Path, damage, match: str) -> None:
+    """A sample with a time but a missing or malformed field: a ValueError naming the file and line
+    (a missing field was a KeyError traceback, a malformed one a ValueError naming neither)."""
+    data = tmp_path / "profiles"
+    shutil.copytree(SMALL, data)
+    lines = (data / "samples.jsonl").read_text().splitlines()
+    sample = json.loads(lines[3])
+    damage(sample)
+    lines[3] = json.dumps(sample)
+    (data / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"samples\.jsonl:4: sample '.*': damaged fields \(.*{match}"):
+        train.load_dataset(data)
