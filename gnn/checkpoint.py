@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gnn.params import fill, flat
+from gnn.params import fill, flat, write_atomic
 
 FORMAT = "disco.gnn/1"
 
@@ -33,9 +33,9 @@ def to_bytes(model: Any, meta: dict[str, Any] | None = None) -> bytes:
 
 
 def save(path: str | os.PathLike[str], model: Any, meta: dict[str, Any] | None = None) -> str:
-    """Writes the checkpoint; returns its digest (sha256 of the bytes, 16 hex digits)."""
+    """Writes the checkpoint (whole or not at all); returns its digest (sha256 of the bytes, 16 hex digits)."""
     data = to_bytes(model, meta)
-    Path(path).write_bytes(data)
+    write_atomic(path, data)
     return hashlib.sha256(data).hexdigest()[:16]
 
 

@@ -30,7 +30,7 @@ from disco.sim.costs import CostModel, Kernel
 from gnn import kernel_corrections as KC
 from gnn import kernel_features as KF
 from gnn import kernel_model as KM
-from gnn.params import fill, flat, load_checked
+from gnn.params import fill, flat, load_checked, write_atomic
 
 FORMAT = "disco.gnn.kernel/1"
 CHECKPOINTS = {"h100": Path(__file__).with_name("kernel_h100.msgpack")}
@@ -93,9 +93,9 @@ class KernelCosts(CostModel):
         return load_checked(cls.load, params, "gnn kernel cost params")
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the msgpack checkpoint."""
+        """Writes the msgpack checkpoint (whole or not at all: a failed write leaves the file that was there)."""
         data = to_bytes(self.model, device=self.device, meta=self.meta, corrections=self.corrections)
-        Path(path).write_bytes(data)
+        write_atomic(path, data)
         self.checkpoint_digest, self.source = hashlib.sha256(data).hexdigest()[:16], str(path)
 
     @classmethod

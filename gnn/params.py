@@ -3,12 +3,14 @@
 Both checkpoint formats (the step GNN's :mod:`gnn.checkpoint`, the per-kernel GNN's
 :mod:`gnn.kernel_costs`) write :func:`flat` and read back with :func:`fill`, which checks every
 name and shape against the model the checkpoint's config builds; both cost models rebuild from
-their ``params()`` with :func:`load_checked`.
+their ``params()`` with :func:`load_checked`; both write their bytes with :func:`write_atomic`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -72,3 +74,15 @@ def load_checked(load: Callable[[str], T], params: Any, what: str) -> T:
     if want and want != have:
         raise ValueError(f"{what}: checkpoint {params['source']} has digest {have}, expected {want}")
     return costs
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Writes ``data`` to ``path`` whole or not at all: a temporary file beside it, then a rename, so a
+    write that fails (a full disk, a killed run) leaves the file that was there (a shipped checkpoint)."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -611,3 +611,46 @@ def test_a_damaged_feature_cache_file_is_computed_again(tmp_path: Path, record: 
     assert [p.name for p in tmp_path.iterdir()] == [f.name]  # replaced in place, no temporary left
     (warm,) = KD.load_records(RECORD, cache_dir=tmp_path)
     assert all(np.array_equal(a.nodes, b.nodes) for a, b in zip(warm.graphs, record.graphs))
+
+
+_FAILING_SAVE = """
+import resource, signal, sys
+from flax import nnx
+from gnn import checkpoint
+from gnn import kernel_model as KM
+from gnn.kernel_costs import KernelCosts
+from gnn.model import CostGNN
+
+kind, path = sys.argv[1:]
+model = (KM.KernelGNN(hidden=8, layers=1, rngs=nnx.Rngs(0)) if kind == "kernel"
+         else CostGNN(hidden=8, edge_hidden=4, layers=1, opcode_dim=4, rngs=nnx.Rngs(0)))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # as a full disk: a write stops after 1000 bytes
+try:
+    KernelCosts(model, device="h100").save(path) if kind == "kernel" else checkpoint.save(path, model)
+except OSError:
+    sys.exit(0)
+sys.exit("the save did not fail")
+"""
+
+
+@pytest.mark.parametrize("kind", ["kernel", "step"])
+def test_a_failed_checkpoint_write_keeps_the_file_that_was_there(tmp_path: Path, small_model, kind: str):
+    """A save that fails part way (here a file-size limit, as a full disk) leaves the old checkpoint
+    whole and no temporary file; it cut the old one to the bytes written."""
+    from gnn.cost_model import DEFAULT_CHECKPOINT, GnnCosts
+    from gnn.kernel_costs import KernelCosts
+
+    p = tmp_path / "ck.msgpack"
+    if kind == "kernel":
+        KernelCosts(small_model, device="h100").save(p)
+    else:
+        p.write_bytes(DEFAULT_CHECKPOINT.read_bytes())
+    before = p.read_bytes()
+    assert len(before) > 1000
+    r = subprocess.run([sys.executable, "-c", _FAILING_SAVE, kind, str(p)], capture_output=True, text=True,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert p.read_bytes() == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["ck.msgpack"]
+    (KernelCosts if kind == "kernel" else GnnCosts).load(p)

@@ -164,6 +164,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
 
     from gnn import checkpoint, evaluate, train
     from gnn.cost_model import GnnCosts
+    from gnn.params import write_atomic
 
     out, mp = check_args(args)
     t0 = time.time()
@@ -203,7 +204,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     metrics = {"checkpoint": str(out), "checkpoint_digest": digest, "model": {"name": "gnn", "version": "1",
                "config": model.config.to_dict()}, **meta, "heldout_plans": held, "leave_one_model_out": lomo,
                "seconds": round(time.time() - t0, 1)}
-    mp.write_text(json.dumps(metrics, indent=1, sort_keys=True, default=float))
+    write_atomic(mp, json.dumps(metrics, indent=1, sort_keys=True, default=float).encode())
     log(f"wrote {out} (digest {digest}) and {mp} in {metrics['seconds']} s")
     return metrics
 
