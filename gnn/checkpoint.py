@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gnn.params import fill, flat, write_atomic
+from gnn.params import check_fields, fill, flat, write_atomic
 
 FORMAT = "disco.gnn/1"
 
@@ -59,10 +59,10 @@ def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[Any, dict[str, A
         got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise ValueError(f"{where}: expected format {FORMAT!r}, got {got!r}")
     try:
-        config = GnnConfig.from_dict(json.loads(raw["config"]))
-        meta = json.loads(raw.get("meta", "{}"))
-        params = raw["params"]
-    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        cfg, meta, params = json.loads(raw["config"]), json.loads(raw.get("meta", "{}")), raw["params"]
+        check_fields(cfg, meta)
+        config = GnnConfig.from_dict(cfg)
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: damaged checkpoint fields ({type(e).__name__}: {e})") from None
     if config.feature_version != features.FEATURE_VERSION:
         raise ValueError(f"{where}: built for feature version {config.feature_version}, this code computes "

@@ -30,7 +30,7 @@ from disco.sim.costs import CostModel, Kernel
 from gnn import kernel_corrections as KC
 from gnn import kernel_features as KF
 from gnn import kernel_model as KM
-from gnn.params import fill, flat, load_checked, write_atomic
+from gnn.params import check_fields, fill, flat, load_checked, write_atomic
 
 FORMAT = "disco.gnn.kernel/1"
 CHECKPOINTS = {"h100": Path(__file__).with_name("kernel_h100.msgpack")}
@@ -155,11 +155,14 @@ def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[KM.KernelGNN, st
     if got != FORMAT:
         raise ValueError(f"{where}: expected format {FORMAT!r}, got {got!r}")
     try:
-        config = KM.KernelModelConfig.from_dict(json.loads(raw["config"]))
-        meta, device, params = json.loads(raw.get("meta", "{}")), str(raw["device"]), raw["params"]
-        corrections = KC.check_table(json.loads(raw.get("corrections", "{}")), where)
-    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        cfg, meta, device, params = json.loads(raw["config"]), json.loads(raw.get("meta", "{}")), str(raw["device"]), \
+            raw["params"]
+        table = json.loads(raw.get("corrections", "{}"))
+        check_fields(cfg, meta)
+        config = KM.KernelModelConfig.from_dict(cfg)
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: damaged checkpoint fields ({type(e).__name__}: {e})") from None
+    corrections = KC.check_table(table, where)
     try:
         model = KM.KernelGNN.from_config(config, rngs=nnx.Rngs(0))
     except ValueError as e:

@@ -55,6 +55,19 @@ def fill(model: Any, params: Any, where: str, config: Any) -> None:
     nnx.update(model, state)
 
 
+def check_fields(config: Any, meta: Any) -> None:
+    """Checks a checkpoint's decoded ``config`` and ``meta`` fields before the config is built.
+
+    Raises:
+      TypeError: for a config that is not an object naming its feature version (one without would
+        load as this code's version) or meta that is not an object.
+    """
+    if not isinstance(config, dict) or "feature_version" not in config:
+        raise TypeError(f"config: expected an object with a feature_version, got {config!r}")
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta: expected an object, got {type(meta).__name__}")
+
+
 T = TypeVar("T")
 
 

@@ -654,3 +654,30 @@ def test_a_failed_checkpoint_write_keeps_the_file_that_was_there(tmp_path: Path,
     assert p.read_bytes() == before
     assert sorted(x.name for x in tmp_path.iterdir()) == ["ck.msgpack"]
     (KernelCosts if kind == "kernel" else GnnCosts).load(p)
+
+
+@pytest.mark.parametrize("kind", ["kernel", "step"])
+@pytest.mark.parametrize("edit, match", [
+    (lambda raw: {**raw, "config": json.dumps({**json.loads(raw["config"]), "hidden": "8"})}, r"hidden: expected an integer"),
+    (lambda raw: {**raw, "config": json.dumps({**json.loads(raw["config"]), "depth": 2})}, r"unknown keys \['depth'\]"),
+    (lambda raw: {**raw, "config": json.dumps({k: v for k, v in json.loads(raw["config"]).items()
+                                               if k != "feature_version"})}, r"expected an object with a feature_version"),
+    (lambda raw: {**raw, "meta": "[1, 2]"}, r"meta: expected an object, got list"),
+])
+def test_a_hand_edited_checkpoint_config_names_the_file(tmp_path: Path, small_model, kind: str, edit, match: str):
+    """A config or meta field edited by hand: a ValueError naming the file (a bad config value said only
+    'KernelModelConfig.hidden: ...', a config without its feature version loaded as this code's
+    version, a meta list loaded and broke describe())."""
+    from flax import nnx, serialization
+
+    from gnn import checkpoint
+    from gnn.cost_model import GnnCosts
+    from gnn.kernel_costs import KernelCosts, to_bytes
+    from gnn.model import CostGNN
+
+    data = (to_bytes(small_model, device="h100") if kind == "kernel"
+            else checkpoint.to_bytes(CostGNN(hidden=8, edge_hidden=4, layers=1, opcode_dim=4, rngs=nnx.Rngs(0))))
+    p = tmp_path / "edited.msgpack"
+    p.write_bytes(serialization.msgpack_serialize(edit(serialization.msgpack_restore(data))))
+    with pytest.raises(ValueError, match=rf"^edited\.msgpack: damaged checkpoint fields \(.*{match}"):
+        (KernelCosts if kind == "kernel" else GnnCosts).load(p)
