@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -119,7 +120,8 @@ def labels_of(rec: dict[str, Any]) -> tuple[dict[str, Label], float]:
     """(hlo_op -> Label, measured step seconds) from a record's two traces (their mean).
 
     Raises:
-      ValueError: for a record without ``kernels_trace_a``.
+      ValueError: for a record without ``kernels_trace_a``, or a kernel whose time or launches are
+        not a finite number >= 0.
     """
     traces = [rec[k] for k in ("kernels_trace_a", "kernels_trace_b") if isinstance(rec.get(k), list)]
     if not traces:
@@ -130,9 +132,14 @@ def labels_of(rec: dict[str, Any]) -> tuple[dict[str, Label], float]:
     memset_only: dict[str, float] = {}
     for tr in traces:
         for k in tr:
-            op = k["hlo_op"]
-            secs[op] = secs.get(op, 0.0) + k["ns_per_step"] * 1e-9 / len(traces)
-            n = float(k["launches_per_step"])
+            op, ns, n = k["hlo_op"], k["ns_per_step"], k["launches_per_step"]
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                       for v in (ns, n)):  # one NaN or infinity made the step time or the training loss one
+                raise ValueError(f"record {rec.get('model')}/{rec.get('variant')}: kernel {k.get('kernel')!r} of "
+                                 f"{op!r}: expected ns_per_step and launches_per_step finite numbers >= 0, got "
+                                 f"{ns!r} and {n!r}")
+            secs[op] = secs.get(op, 0.0) + ns * 1e-9 / len(traces)
+            n = float(n)
             if str(k.get("kernel", "")).startswith("Memset"):
                 memset_only[op] = max(memset_only.get(op, 0.0), n)
             else:

@@ -681,3 +681,20 @@ def test_a_hand_edited_checkpoint_config_names_the_file(tmp_path: Path, small_mo
     p.write_bytes(serialization.msgpack_serialize(edit(serialization.msgpack_restore(data))))
     with pytest.raises(ValueError, match=rf"^edited\.msgpack: damaged checkpoint fields \(.*{match}"):
         (KernelCosts if kind == "kernel" else GnnCosts).load(p)
+
+
+@pytest.mark.parametrize("field, value", [("ns_per_step", float("nan")), ("ns_per_step", float("inf")),
+                                          ("ns_per_step", -5.0), ("launches_per_step", float("nan"))])
+def test_a_kernel_time_that_is_not_a_finite_number_names_the_line(tmp_path: Path, record_json: dict, field: str,
+                                                                  value: float):
+    """A NaN, infinite or negative time in a trace: a ValueError naming the file, line and kernel. A NaN or
+    negative time dropped the kernel silently (and made the step time NaN), an infinite one became a
+    training target of infinite log seconds (a NaN model)."""
+    rec = json.loads(json.dumps(record_json))
+    for t in ("kernels_trace_a", "kernels_trace_b"):
+        rec[t][3][field] = value
+    lines = tmp_path / "k.jsonl"
+    lines.write_text(json.dumps(record_json) + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(ValueError, match=rf"k\.jsonl:2: record vgg19/default: kernel '.*' of '.*': expected "
+                                         rf"ns_per_step and launches_per_step finite numbers >= 0, got .*{value}"):
+        KD.load_records(lines)
