@@ -163,7 +163,7 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
                 raise ValueError(f"{fn}:{ln}: {dataset.graph_path(root, fp)}: {e}") from None
         g = dataset.group_key(d)
         ref = d.get("reference_xla_default_median_ms")
-        if not isinstance(ref, (int, float)) or not ref > 0:
+        if not isinstance(ref, (int, float)) or not (math.isfinite(ref) and ref > 0):
             ref = float(np.median(default_ms[g])) if g in default_ms else None
         if ref is None:
             skipped += 1

@@ -436,3 +436,20 @@ def test_a_damaged_sample_is_named_by_file_and_line(tmp_path: Path, damage, matc
     (data / "samples.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=rf"samples\.jsonl:4: sample '.*': damaged fields \(.*{match}"):
         train.load_dataset(data)
+
+
+def test_an_infinite_reference_time_falls_back_to_the_group_default(tmp_path: Path) -> None:
+    """A sample whose reference_xla_default_median_ms is Infinity takes its group's measured xla_default,
+    as a missing one does; it was taken as is (a target of log(0), its group's norm_ms infinite)."""
+    data = tmp_path / "profiles"
+    shutil.copytree(SMALL, data)
+    lines = (data / "samples.jsonl").read_text().splitlines()
+    sample = json.loads(lines[3])
+    sample["reference_xla_default_median_ms"] = float("inf")
+    lines[3] = json.dumps(sample)
+    (data / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    ds = train.load_dataset(data)
+    assert len(ds.samples) == 30
+    assert all(math.isfinite(s.ref_ms) and math.isfinite(s.norm_ms) for s in ds.samples)
+    abs_t, rel_t = train._targets(ds, range(len(ds.samples)), len(ds.samples))
+    assert np.isfinite(abs_t).all() and np.isfinite(rel_t).all()
