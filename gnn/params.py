@@ -33,7 +33,8 @@ def fill(model: Any, params: Any, where: str, config: Any) -> None:
 
     Raises:
       ValueError: ``params`` is not a map with exactly the model's parameter names, or one has
-        another shape; the message names ``where`` (the checkpoint) and ``config``.
+        another shape or a value that is not a finite number; the message names ``where`` (the
+        checkpoint) and ``config``.
     """
     from flax import nnx
 
@@ -46,6 +47,10 @@ def fill(model: Any, params: Any, where: str, config: Any) -> None:
     for k, v in want.items():
         if np.shape(params[k]) != v.shape:
             raise ValueError(f"{where}: parameter {k!r} has shape {np.shape(params[k])}, expected {v.shape}")
+        a = np.asarray(params[k])
+        if a.dtype.kind not in "fiu" or not np.isfinite(a).all():  # a NaN model predicts NaN seconds everywhere
+            raise ValueError(f"{where}: parameter {k!r}: expected finite numbers, got "
+                             f"{'non-finite values' if a.dtype.kind == 'f' else f'dtype {a.dtype}'}")
 
     def filled(tree: Mapping[Any, Any], prefix: str = "") -> dict[Any, Any]:
         return {k: filled(v, f"{prefix}{k}/") if isinstance(v, Mapping) else np.asarray(params[f"{prefix}{k}"])

@@ -698,3 +698,27 @@ def test_a_kernel_time_that_is_not_a_finite_number_names_the_line(tmp_path: Path
     with pytest.raises(ValueError, match=rf"k\.jsonl:2: record vgg19/default: kernel '.*' of '.*': expected "
                                          rf"ns_per_step and launches_per_step finite numbers >= 0, got .*{value}"):
         KD.load_records(lines)
+
+
+@pytest.mark.parametrize("kind", ["kernel", "step"])
+@pytest.mark.parametrize("value, match", [(np.nan, "non-finite values"), (np.inf, "non-finite values")])
+def test_a_checkpoint_parameter_that_is_not_finite_names_the_file(tmp_path: Path, small_model, kind: str, value,
+                                                                  match: str):
+    """A parameter holding NaN or infinity (a diverged run, a hand edit): a ValueError naming the file and
+    parameter; it loaded and priced kernels at NaN seconds."""
+    from flax import nnx, serialization
+
+    from gnn import checkpoint
+    from gnn.cost_model import GnnCosts
+    from gnn.kernel_costs import KernelCosts, to_bytes
+    from gnn.model import CostGNN
+
+    data = (to_bytes(small_model, device="h100") if kind == "kernel"
+            else checkpoint.to_bytes(CostGNN(hidden=8, edge_hidden=4, layers=1, opcode_dim=4, rngs=nnx.Rngs(0))))
+    raw = serialization.msgpack_restore(data)
+    name = sorted(k for k in raw["params"] if k.endswith("kernel"))[0]
+    raw["params"][name] = np.full(np.shape(raw["params"][name]), value)
+    p = tmp_path / "edited.msgpack"
+    p.write_bytes(serialization.msgpack_serialize(raw))
+    with pytest.raises(ValueError, match=rf"^edited\.msgpack: parameter '{name}': expected finite numbers, got {match}"):
+        (KernelCosts if kind == "kernel" else GnnCosts).load(p)
