@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gnn.params import check_fields, fill, flat, write_atomic
+from gnn.params import check_fields, check_finite, fill, flat, write_atomic
 
 FORMAT = "disco.gnn/1"
 
@@ -27,6 +27,7 @@ def to_bytes(model: Any, meta: dict[str, Any] | None = None) -> bytes:
     from flax import nnx, serialization
 
     params = flat(nnx.to_pure_dict(nnx.state(model)))
+    check_finite(params, "the model to save (a diverged training run?); nothing written")
     return serialization.msgpack_serialize({
         "format": FORMAT, "config": json.dumps(model.config.to_dict(), sort_keys=True),
         "meta": json.dumps(meta or {}, sort_keys=True), "params": params})

@@ -30,7 +30,7 @@ from disco.sim.costs import CostModel, Kernel
 from gnn import kernel_corrections as KC
 from gnn import kernel_features as KF
 from gnn import kernel_model as KM
-from gnn.params import check_fields, fill, flat, load_checked, write_atomic
+from gnn.params import check_fields, check_finite, fill, flat, load_checked, write_atomic
 
 FORMAT = "disco.gnn.kernel/1"
 CHECKPOINTS = {"h100": Path(__file__).with_name("kernel_h100.msgpack")}
@@ -132,10 +132,12 @@ def to_bytes(model: KM.KernelGNN, *, device: str, meta: Mapping[str, Any] | None
 
     from flax import serialization
 
+    params = flat(KM.weights(model))
+    check_finite(params, "the model to save (a diverged training run?); nothing written")
     return serialization.msgpack_serialize({
         "format": FORMAT, "device": device, "config": json.dumps(dataclasses.asdict(model.config), sort_keys=True),
         "meta": json.dumps(dict(meta or {}), sort_keys=True, default=float),
-        "corrections": json.dumps(dict(corrections or {}), sort_keys=True), "params": flat(KM.weights(model))})
+        "corrections": json.dumps(dict(corrections or {}), sort_keys=True), "params": params})
 
 
 def from_bytes(data: bytes, where: str = "checkpoint") -> tuple[KM.KernelGNN, str, dict[str, Any], dict[str, float]]:

@@ -47,10 +47,7 @@ def fill(model: Any, params: Any, where: str, config: Any) -> None:
     for k, v in want.items():
         if np.shape(params[k]) != v.shape:
             raise ValueError(f"{where}: parameter {k!r} has shape {np.shape(params[k])}, expected {v.shape}")
-        a = np.asarray(params[k])
-        if a.dtype.kind not in "fiu" or not np.isfinite(a).all():  # a NaN model predicts NaN seconds everywhere
-            raise ValueError(f"{where}: parameter {k!r}: expected finite numbers, got "
-                             f"{'non-finite values' if a.dtype.kind == 'f' else f'dtype {a.dtype}'}")
+    check_finite(params, where)
 
     def filled(tree: Mapping[Any, Any], prefix: str = "") -> dict[Any, Any]:
         return {k: filled(v, f"{prefix}{k}/") if isinstance(v, Mapping) else np.asarray(params[f"{prefix}{k}"])
@@ -58,6 +55,17 @@ def fill(model: Any, params: Any, where: str, config: Any) -> None:
 
     nnx.replace_by_pure_dict(state, filled(nnx.to_pure_dict(state)))
     nnx.update(model, state)
+
+
+def check_finite(params: Mapping[str, Any], where: str) -> None:
+    """Raises ValueError naming ``where`` and the first parameter of ``params`` (a :func:`flat` map)
+    that is not all finite numbers: a NaN model (a diverged run, a hand edit) predicts NaN seconds
+    everywhere, so it is neither loaded nor written."""
+    for k, v in params.items():
+        a = np.asarray(v)
+        if a.dtype.kind not in "fiu" or not np.isfinite(a).all():
+            raise ValueError(f"{where}: parameter {k!r}: expected finite numbers, got "
+                             f"{'non-finite values' if a.dtype.kind == 'f' else f'dtype {a.dtype}'}")
 
 
 def check_fields(config: Any, meta: Any) -> None:

@@ -722,3 +722,30 @@ def test_a_checkpoint_parameter_that_is_not_finite_names_the_file(tmp_path: Path
     p.write_bytes(serialization.msgpack_serialize(raw))
     with pytest.raises(ValueError, match=rf"^edited\.msgpack: parameter '{name}': expected finite numbers, got {match}"):
         (KernelCosts if kind == "kernel" else GnnCosts).load(p)
+
+
+@pytest.mark.parametrize("kind", ["kernel", "step"])
+def test_a_diverged_model_is_not_written(tmp_path: Path, small_model, kind: str):
+    """Training that diverged saved a NaN checkpoint (refused only when loaded); now the save refuses it
+    and the file that was there stays as it was."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from gnn import checkpoint
+    from gnn.kernel_costs import KernelCosts
+    from gnn.model import CostGNN
+
+    model = small_model if kind == "kernel" else CostGNN(hidden=8, edge_hidden=4, layers=1, opcode_dim=4,
+                                                          rngs=nnx.Rngs(0))
+    model = nnx.clone(model)
+    param = next(v for _, v in nnx.iter_graph(model) if isinstance(v, nnx.Param))
+    param[...] = jnp.full_like(param[...], jnp.nan)
+    p = tmp_path / "model.msgpack"
+    p.write_bytes(b"the previous checkpoint")
+    with pytest.raises(ValueError, match=r"^the model to save \(a diverged training run\?\); nothing written: "
+                                         r"parameter '.*': expected finite numbers, got non-finite values"):
+        if kind == "kernel":
+            KernelCosts(model, device="h100").save(p)
+        else:
+            checkpoint.save(p, model)
+    assert p.read_bytes() == b"the previous checkpoint"
