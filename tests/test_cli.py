@@ -467,6 +467,7 @@ def test_a_plan_file_that_is_not_a_plan_is_an_error_naming_the_file(tmp_path):
      "by --out"),
     (["calibrate", "--processes", "2", "--timeout", "0"], "--timeout must be positive seconds, got 0.0"),
     (["calibrate", "--processes", "0"], "--processes and --devices-per-process must be >= 1, got 0 and 1"),
+    (["calibrate", "--devices", "1"], "--devices must be >= 2 to calibrate all-reduces across devices, got 1"),
     (["calibrate", "--processes", "2", "--timeout", "5", "--model", "nosuch"], "unknown model 'nosuch'; expected one of"),
     (["calibrate", "--processes", "2", "--timeout", "5", "--model", "mlp", "--preset", "huge"],
      "unknown preset 'huge'; expected one of: tiny, small, paper"),

@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         return run_across(args)
     from disco import calibrate as cal
 
+    if args.devices < 2:  # an all-reduce over one device moves nothing: there is no link to measure
+        raise CliError(f"--devices must be >= 2 to calibrate all-reduces across devices, got {args.devices}")
     setup_devices(args.devices)
     spec, c = cal.machine_cluster(args.devices, reps=args.reps)
     if args.out:
