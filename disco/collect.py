@@ -12,7 +12,8 @@ With ``profile`` every sample also gets per-kernel and per-collective times from
 ``DIR/samples.jsonl`` gets one JSON object per sample (the format, and the rule for
 lines that are not samples: :mod:`disco.dataset`), written with flush + fsync.
 A rerun skips every ``sample_id`` already there, so an interrupted run loses at most
-the chunk in flight; a truncated last line (a crash mid-write) is reported and cut
+the chunk in flight (a sample id leaves the optimizer and the graph out, so a directory holding
+samples of one of this run's steps measured with another optimizer or on another graph is refused); a truncated last line (a crash mid-write) is reported and cut
 off before appending. One collector per directory at a time (``DIR/.lock``).
 The command line is ``disco collect`` (:mod:`disco.cli.collect`).
 
@@ -183,6 +184,14 @@ def collect(config: CollectConfig, *, log: Callable[[str], None] | None = None,
     path = dataset.samples_path(config.out)
     with _DirLock(config.out):
         existing, _, dropped = dataset.read(path, repair=True, report=log)
+        seen = _steps_seen(existing)
+        steps = {dataset.step_id(m, config.preset, config.devices) for m in config.models}
+        other = sorted({f"{step} with optimizer {opt}" for step, opts in seen.items() if step in steps
+                        for opt, _ in opts if opt is not None and opt != config.optimizer})
+        if other:  # their sample ids are this run's: the plans would be skipped as measured
+            raise ValueError(f"{path} holds samples of {', '.join(other)}, but this run measures --optimizer "
+                             f"{config.optimizer} (sample ids leave the optimizer out); expected a directory "
+                             "of this optimizer's samples (give another --out)")
         done = {s["sample_id"] for s in existing}
         summary = CollectSummary(dropped_lines=dropped)
         if existing:
@@ -196,13 +205,24 @@ def collect(config: CollectConfig, *, log: Callable[[str], None] | None = None,
         total = len(config.models) * (n_base + config.random)
         with _Progress(total, show_progress, log) as prog:
             for model in config.models:
-                _collect_model(model, config, path, done, versions, device, prog, summary, log)
+                _collect_model(model, config, path, done, seen, versions, device, prog, summary, log)
     log(f"collect: wrote {summary.written}, skipped {summary.skipped} already present and "
         f"{summary.duplicates} duplicate plans, {summary.invalid_plans} random seeds gave no valid plan; {path}")
     return summary
 
 
-def _collect_model(model: str, config: CollectConfig, path: str, done: set[str], versions: dict,
+def _steps_seen(samples: Sequence[dict[str, Any]]) -> dict[str, set[tuple[str | None, str | None]]]:
+    """Per step id (a sample id less its plan digest): the (optimizer, graph fingerprint) pairs its
+    samples were measured on."""
+    seen: dict[str, set[tuple[str | None, str | None]]] = {}
+    for s in samples:
+        step = str(s["sample_id"]).rpartition("/")[0]
+        seen.setdefault(step, set()).add((s.get("optimizer"), s.get("graph_fingerprint")))
+    return seen
+
+
+def _collect_model(model: str, config: CollectConfig, path: str, done: set[str],
+                   seen: dict[str, set[tuple[str | None, str | None]]], versions: dict,
                    device: dict, prog: _Progress, summary: CollectSummary, log: Callable[[str], None]) -> None:
     import trax_models
 
@@ -215,6 +235,12 @@ def _collect_model(model: str, config: CollectConfig, path: str, done: set[str],
     step, args = trax_models.make_train_step(model, preset=config.preset, devices=config.devices,
                                              optimizer=config.optimizer)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *args))
+    step_key = dataset.step_id(model, config.preset, config.devices)
+    other = sorted({fp for _, fp in seen.get(step_key, ()) if fp is not None and fp != graph.fingerprint})
+    if other:  # another jax, optimizer or model code: the same sample ids, another step
+        raise ValueError(f"{path} holds samples of {step_key} measured on graph {', '.join(other)}, but this "
+                         f"step's graph is {graph.fingerprint} (sample ids leave the graph out); expected a "
+                         "directory of this step's samples (give another --out)")
     dataset.write_graph(config.out, graph.fingerprint, graph.to_json())
     plans, invalid = plan_list(graph, config.random, config.baselines)
     summary.invalid_plans += invalid

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,34 @@ def test_bad_counts_and_names_are_refused_before_anything_is_written(tmp_path):
         collect(CollectConfig(models=("mlp",), out=str(out), baselines=("nosuch",)),
                 show_progress=False)
     assert not out.exists()
+
+
+def _foreign_sample(out, **fields):
+    """A sample of mlp/tiny/d4's xla_default plan, as another run wrote it."""
+    os.makedirs(out, exist_ok=True)
+    rec = {"sample_id": dataset.sample_id("mlp", "tiny", 4, FusionPlan().digest()), "model": "mlp",
+           "preset": "tiny", "devices": 4, "optimizer": "adamw", **fields}
+    dataset.append(dataset.samples_path(out), rec)
+    return dataset.samples_path(out)
+
+
+def test_samples_of_another_optimizer_are_refused_before_anything_is_built(tmp_path):
+    """Sample ids leave the optimizer out: collecting --optimizer sgd into a directory of adamw samples
+    skipped every plan as already measured (measured: 9 of 10 mlp plans) and wrote almost nothing."""
+    path = _foreign_sample(tmp_path / "d", graph_fingerprint="f" * 32)
+    before = Path(path).read_bytes()
+    with pytest.raises(ValueError, match=r"samples\.jsonl holds samples of mlp/tiny/d4 with optimizer adamw, but "
+                                         r"this run measures --optimizer sgd .*give another --out"):
+        collect(_config(tmp_path / "d", random=0, optimizer="sgd"), show_progress=False, log=lambda m: None)
+    assert Path(path).read_bytes() == before
+
+
+def test_samples_of_another_graph_of_the_same_step_are_refused(tmp_path):
+    """The same model, preset, devices and optimizer traced to another graph (another jax, changed model
+    code): its plans were skipped as measured, though measured on another program."""
+    path = _foreign_sample(tmp_path / "d", graph_fingerprint="f" * 32)
+    before = Path(path).read_bytes()
+    with pytest.raises(ValueError, match=r"holds samples of mlp/tiny/d4 measured on graph f{32}, but this step's "
+                                         r"graph is [0-9a-f]{32} .*give another --out"):
+        collect(_config(tmp_path / "d", random=0), show_progress=False, log=lambda m: None)
+    assert Path(path).read_bytes() == before
