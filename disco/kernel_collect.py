@@ -13,14 +13,15 @@ launched it. Variants (``VARIANTS``): on GPU ``default``, ``no_priority_fusion``
 
 Fields per record: ``record_id`` (``model/preset/variant``; added to the shared format, the
 resume key), ``model``, ``preset``, ``variant``, ``compile_options``, ``command_buffers``,
-``jax``, ``device_kind``, ``devices``, ``compile_s``, ``wall_step_ms``, ``wall_samples_ms``,
+``jax``, ``device_kind``, ``devices``, ``optimizer`` (added to the shared format), ``compile_s``, ``wall_step_ms``, ``wall_samples_ms``,
 ``kernels_trace_a``, ``kernels_trace_b`` (per kernel ``stream``, ``kernel``, ``hlo_op``,
 ``ns_per_step``, ``launches_per_step``), ``compiled_hlo``, and ``pre_optimization_hlo`` on
 ``default`` records.
 
 ``DIR/kernels.jsonl`` gets one line per record, written with flush + fsync (``gzip`` it to
 get the shared file's form; both read the same). A rerun skips every ``record_id`` already
-there (a file holding another device kind's records is refused: their ids would pass for this one's); a truncated last line (a crash mid-write) is cut off before appending, and a whole last
+there (a file holding another device kind's records, or records of another device count or optimizer,
+is refused: their ids would pass for this one's); a truncated last line (a crash mid-write) is cut off before appending, and a whole last
 record without its newline gets one. A progress line
 per record goes to ``progress``.
 
@@ -219,7 +220,7 @@ def measure_record(model: str, preset: str, variant: str, config: KernelCollectC
     rec: dict[str, Any] = {
         "record_id": f"{model}/{preset}/{variant}", "model": model, "preset": preset, "variant": variant,
         "compile_options": options, "command_buffers": kind != "gpu", "jax": jax.__version__,
-        "device_kind": jax.devices()[0].device_kind, "devices": config.devices,
+        "device_kind": jax.devices()[0].device_kind, "devices": config.devices, "optimizer": config.optimizer,
         "compile_s": round(compile_s, 3), "wall_step_ms": statistics.median(samples),
         "wall_samples_ms": samples, "kernels_trace_a": traces[0], "kernels_trace_b": traces[1],
         "compiled_hlo": text,
@@ -268,6 +269,15 @@ def collect_kernels(config: KernelCollectConfig, *, progress: Callable[[str], No
     if other:
         raise ValueError(f"{path} holds records profiled on {', '.join(other)}, but this process runs on {here!r}; "
                          "expected a directory of this device's records (give another --out)")
+    # nor devices nor optimizer is in a record id: another step's records would pass for this one's
+    # (shared records have neither field: one device, the optimizer not recorded)
+    other = sorted({f"devices {r.get('devices', 1)}" for r in existing if r.get("devices", 1) != config.devices}
+                   | {f"optimizer {r['optimizer']}" for r in existing
+                      if r.get("optimizer", config.optimizer) != config.optimizer})
+    if other:
+        raise ValueError(f"{path} holds records of steps with {', '.join(other)}, but this run compiles devices "
+                         f"{config.devices} with optimizer {config.optimizer}; expected a directory of this step's "
+                         "records (give another --out)")
     done = {record_id(r) for r in existing}
     todo = [(m, p, v) for m in config.models for p in config.presets for v in variants]
     written = skipped = 0

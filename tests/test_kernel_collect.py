@@ -133,3 +133,25 @@ def test_one_mode_s_options_are_refused_in_the_other(tmp_path, capsys, argv, mes
     assert cli.main(["collect", "--models", "mlp", "--out", str(out), *argv]) == 2
     assert re.search(r"^disco collect: error: " + message, capsys.readouterr().err)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("devices", 2, r"holds records of steps with devices 2, but this run compiles devices 1 with optimizer adamw"),
+    ("optimizer", "sgd", r"holds records of steps with optimizer sgd, but this run compiles devices 1 with "
+                         r"optimizer adamw"),
+])
+def test_refuses_to_resume_records_of_another_step(tmp_path, field, value, message):
+    """Record ids leave devices and optimizer out: collecting --devices 1 into a directory of
+    --devices 2 records skipped mlp/tiny/default as done and wrote nothing."""
+    from pathlib import Path
+
+    path = os.path.join(tmp_path, kernel_collect.RECORDS)
+    with open(path, "w") as f:
+        f.write(json.dumps({"record_id": "mlp/tiny/default", "model": "mlp", "preset": "tiny", "variant": "default",
+                            "device_kind": "cpu", "devices": 1, "optimizer": "adamw", field: value}) + "\n")
+    before = Path(path).read_text()
+    cfg = kernel_collect.KernelCollectConfig(models=("mlp",), presets=("tiny",), out=str(tmp_path),
+                                             variants=("default",), steps=1, rounds=1, round_steps=1)
+    with pytest.raises(ValueError, match=message + r"; expected a directory of this step's records"):
+        kernel_collect.collect_kernels(cfg, progress=None)
+    assert Path(path).read_text() == before
