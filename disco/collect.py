@@ -167,7 +167,7 @@ def collect(config: CollectConfig, *, log: Callable[[str], None] | None = None,
 
     bad = [f"{name} {value} (expected >= {lo})" for name, value, lo in
            (("rounds", config.rounds, 1), ("steps", config.steps, 1), ("devices", config.devices, 1),
-            ("random", config.random, 0)) if value < lo]
+            ("random", config.random, 0), ("interleave", config.interleave, 1)) if value < lo]
     if bad:
         raise ValueError("collect: " + ", ".join(bad))
     unknown_baselines = [b for b in config.baselines or () if b not in bl.NAMES]

@@ -125,6 +125,9 @@ def test_bad_counts_and_names_are_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "d"
     with pytest.raises(ValueError, match=r"^collect: devices 0 \(expected >= 1\), random -1 \(expected >= 0\)$"):
         collect(CollectConfig(models=("mlp",), out=str(out), devices=0, random=-1), show_progress=False)
+    # --interleave 0 was measured as 1 plan per chunk, without a word
+    with pytest.raises(ValueError, match=r"^collect: interleave 0 \(expected >= 1\)$"):
+        collect(CollectConfig(models=("mlp",), out=str(out), interleave=0), show_progress=False)
     with pytest.raises(ValueError, match=r"^unknown baselines \['nosuch'\]; expected some of: xla_default"):
         collect(CollectConfig(models=("mlp",), out=str(out), baselines=("nosuch",)),
                 show_progress=False)
