@@ -201,7 +201,7 @@ def collect(config: CollectConfig, *, log: Callable[[str], None] | None = None,
         device["count"] = config.devices
         from disco.plans import baselines
 
-        n_base = len(config.baselines or baselines.NAMES)
+        n_base = len(set(config.baselines or baselines.NAMES))  # a name given twice is one plan (make_all)
         total = len(config.models) * (n_base + config.random)
         with _Progress(total, show_progress, log) as prog:
             for model in config.models:

@@ -163,3 +163,13 @@ def test_samples_of_another_graph_of_the_same_step_are_refused(tmp_path):
                                          r"graph is [0-9a-f]{32} .*give another --out"):
         collect(_config(tmp_path / "d", random=0), show_progress=False, log=lambda m: None)
     assert Path(path).read_bytes() == before
+
+
+def test_progress_counts_a_baseline_given_twice_once(tmp_path):
+    """--baselines xla_default,xla_default builds one plan; the progress total counted two, so the
+    last line said [1/2] with time left."""
+    msgs = []
+    collect(CollectConfig(models=("mlp",), out=str(tmp_path / "d"), devices=4, random=0, rounds=1, steps=1,
+                          baselines=("xla_default", "xla_default")), log=msgs.append)
+    lines = [m for m in msgs if m.startswith("[")]
+    assert lines and lines[-1].startswith("[1/1] mlp: measuring 1 elapsed") and lines[-1].endswith("ETA 0:00:00")
