@@ -22,7 +22,8 @@ resume key), ``model``, ``preset``, ``variant``, ``compile_options``, ``command_
 get the shared file's form; both read the same). A rerun skips every ``record_id`` already
 there (a file holding another device kind's records, or records of another device count or optimizer,
 is refused: their ids would pass for this one's); a truncated last line (a crash mid-write) is cut off before appending, and a whole last
-record without its newline gets one. A progress line
+record without its newline gets one. One collector per directory at a time (``DIR/.lock``, as
+:mod:`disco.collect` holds it). A progress line
 per record goes to ``progress``.
 
 Example::
@@ -246,6 +247,7 @@ def collect_kernels(config: KernelCollectConfig, *, progress: Callable[[str], No
     Raises:
       ValueError: for an unknown model, preset or variant, or a file of records from another device
         kind (a resumed record id would be taken as this device's).
+      RuntimeError: another collector holds the directory (``DIR/.lock``).
     """
     import jax
 
@@ -263,39 +265,42 @@ def collect_kernels(config: KernelCollectConfig, *, progress: Callable[[str], No
         variant_options(kind, v)  # raises for an unknown variant
     os.makedirs(config.out, exist_ok=True)
     path = os.path.join(config.out, RECORDS)
-    existing, dropped = read_records(path, repair=True)
-    here = jax.devices()[0].device_kind
-    other = sorted({str(r.get("device_kind")) for r in existing if r.get("device_kind", here) != here})
-    if other:
-        raise ValueError(f"{path} holds records profiled on {', '.join(other)}, but this process runs on {here!r}; "
-                         "expected a directory of this device's records (give another --out)")
-    # nor devices nor optimizer is in a record id: another step's records would pass for this one's
-    # (shared records have neither field: one device, the optimizer not recorded)
-    other = sorted({f"devices {r.get('devices', 1)}" for r in existing if r.get("devices", 1) != config.devices}
-                   | {f"optimizer {r['optimizer']}" for r in existing
-                      if r.get("optimizer", config.optimizer) != config.optimizer})
-    if other:
-        raise ValueError(f"{path} holds records of steps with {', '.join(other)}, but this run compiles devices "
-                         f"{config.devices} with optimizer {config.optimizer}; expected a directory of this step's "
-                         "records (give another --out)")
-    done = {record_id(r) for r in existing}
-    todo = [(m, p, v) for m in config.models for p in config.presets for v in variants]
-    written = skipped = 0
-    for i, (m, p, v) in enumerate(todo, 1):
-        rid = f"{m}/{p}/{v}"
-        if rid in done:
-            skipped += 1
+    from disco.collect import _DirLock
+
+    with _DirLock(config.out):  # one collector per directory: two would measure and append every record
+        existing, dropped = read_records(path, repair=True)
+        here = jax.devices()[0].device_kind
+        other = sorted({str(r.get("device_kind")) for r in existing if r.get("device_kind", here) != here})
+        if other:
+            raise ValueError(f"{path} holds records profiled on {', '.join(other)}, but this process runs on {here!r}; "
+                             "expected a directory of this device's records (give another --out)")
+        # nor devices nor optimizer is in a record id: another step's records would pass for this one's
+        # (shared records have neither field: one device, the optimizer not recorded)
+        other = sorted({f"devices {r.get('devices', 1)}" for r in existing if r.get("devices", 1) != config.devices}
+                       | {f"optimizer {r['optimizer']}" for r in existing
+                          if r.get("optimizer", config.optimizer) != config.optimizer})
+        if other:
+            raise ValueError(f"{path} holds records of steps with {', '.join(other)}, but this run compiles devices "
+                             f"{config.devices} with optimizer {config.optimizer}; expected a directory of this step's "
+                             "records (give another --out)")
+        done = {record_id(r) for r in existing}
+        todo = [(m, p, v) for m in config.models for p in config.presets for v in variants]
+        written = skipped = 0
+        for i, (m, p, v) in enumerate(todo, 1):
+            rid = f"{m}/{p}/{v}"
+            if rid in done:
+                skipped += 1
+                if progress:
+                    progress(f"[{i}/{len(todo)}] {rid}: already there, skipped")
+                continue
+            t0 = time.perf_counter()
+            rec = measure(m, p, v, config)
+            _append(path, rec)
+            written += 1
+            done.add(rid)
             if progress:
-                progress(f"[{i}/{len(todo)}] {rid}: already there, skipped")
-            continue
-        t0 = time.perf_counter()
-        rec = measure(m, p, v, config)
-        _append(path, rec)
-        written += 1
-        done.add(rid)
-        if progress:
-            device_ms = sum(k["ns_per_step"] for k in rec["kernels_trace_a"]) / 1e6
-            progress(f"[{i}/{len(todo)}] {rid}: {len(rec['kernels_trace_a'])} kernels, "
-                     f"{device_ms:.3f} ms device, {rec['wall_step_ms']:.3f} ms wall, "
-                     f"compile {rec['compile_s']:.1f} s, {time.perf_counter() - t0:.1f} s in all")
+                device_ms = sum(k["ns_per_step"] for k in rec["kernels_trace_a"]) / 1e6
+                progress(f"[{i}/{len(todo)}] {rid}: {len(rec['kernels_trace_a'])} kernels, "
+                         f"{device_ms:.3f} ms device, {rec['wall_step_ms']:.3f} ms wall, "
+                         f"compile {rec['compile_s']:.1f} s, {time.perf_counter() - t0:.1f} s in all")
     return KernelCollectSummary(written=written, skipped=skipped, dropped_lines=dropped)

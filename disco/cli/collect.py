@@ -118,7 +118,10 @@ def _run_kernels(args: argparse.Namespace) -> int:
         steps=5 if args.steps is None else args.steps, rounds=args.rounds, optimizer=args.optimizer)
     setup_devices(cfg.devices)  # virtual CPU devices for --devices above 1, before jax's backend starts
     show = None if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
-    summary = kernel_collect.collect_kernels(cfg, progress=show)
+    try:
+        summary = kernel_collect.collect_kernels(cfg, progress=show)
+    except RuntimeError as e:  # another collector holds the directory
+        raise CliError(str(e)) from None
     print(json.dumps(dataclasses.asdict(summary), sort_keys=True))
     return 0
 
