@@ -78,31 +78,6 @@ class CollectSummary:
     per_model: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-# -- the dataset directory -----------------------------------------------------------------
-class _DirLock:
-    """An exclusive flock on ``DIR/.lock`` (released by the OS if the process dies)."""
-
-    def __init__(self, directory: str):
-        self.path = os.path.join(directory, ".lock")
-        self.fd: int | None = None
-
-    def __enter__(self) -> _DirLock:
-        import fcntl
-
-        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self.fd)
-            raise RuntimeError(f"another collector is writing to {os.path.dirname(self.path)!r} "
-                               f"(it holds {self.path}); expected one collector per directory") from None
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-
-
 # -- environment -------------------------------------------------------------------------------
 def _environment() -> tuple[dict[str, str], dict[str, Any]]:
     import jax
@@ -182,7 +157,7 @@ def collect(config: CollectConfig, *, log: Callable[[str], None] | None = None,
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     os.makedirs(os.path.join(config.out, dataset.GRAPHS), exist_ok=True)
     path = dataset.samples_path(config.out)
-    with _DirLock(config.out):
+    with dataset.DirLock(config.out):
         existing, _, dropped = dataset.read(path, repair=True, report=log)
         seen = _steps_seen(existing)
         steps = {dataset.step_id(m, config.preset, config.devices) for m in config.models}

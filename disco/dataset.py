@@ -4,7 +4,7 @@ A dataset is a directory::
 
     DIR/samples.jsonl              one measured plan per line (a JSON object), appended
     DIR/graphs/<fingerprint>.json  each step's graph (:meth:`disco.ir.graph.HloGraph.to_json`), once
-    DIR/.lock                      held by the one collector writing to DIR (disco.collect)
+    DIR/.lock                      held by the one collector writing to DIR (:class:`DirLock`)
 
 A line of ``samples.jsonl`` (schema ``disco.samples/1``, written by :mod:`disco.collect`)::
 
@@ -202,3 +202,32 @@ def append(path: str | os.PathLike[str], sample: Mapping[str, Any]) -> None:
         f.write(line)
         f.flush()
         os.fsync(f.fileno())
+
+
+class DirLock:
+    """An exclusive flock on ``DIR/.lock`` (released by the OS if the process dies): one collector
+    per dataset directory (:mod:`disco.collect`, :mod:`disco.kernel_collect`).
+
+    Raises:
+      RuntimeError: on entry, when another process holds it.
+    """
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, ".lock")
+        self.fd: int | None = None
+
+    def __enter__(self) -> DirLock:
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            raise RuntimeError(f"another collector is writing to {os.path.dirname(self.path)!r} "
+                               f"(it holds {self.path}); expected one collector per directory") from None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)

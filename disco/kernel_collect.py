@@ -265,9 +265,9 @@ def collect_kernels(config: KernelCollectConfig, *, progress: Callable[[str], No
         variant_options(kind, v)  # raises for an unknown variant
     os.makedirs(config.out, exist_ok=True)
     path = os.path.join(config.out, RECORDS)
-    from disco.collect import _DirLock
+    from disco.dataset import DirLock
 
-    with _DirLock(config.out):  # one collector per directory: two would measure and append every record
+    with DirLock(config.out):  # one collector per directory: two would measure and append every record
         existing, dropped = read_records(path, repair=True)
         here = jax.devices()[0].device_kind
         other = sorted({str(r.get("device_kind")) for r in existing if r.get("device_kind", here) != here})

@@ -160,12 +160,12 @@ def test_refuses_to_resume_records_of_another_step(tmp_path, field, value, messa
 def test_a_second_collector_on_the_directory_is_refused(tmp_path):
     """Only the plan collector took DIR/.lock: two --kernels collectors on one directory each measured
     every record and appended it, so every record was there twice."""
-    from disco.collect import _DirLock
+    from disco.dataset import DirLock
 
     cfg = kernel_collect.KernelCollectConfig(models=("mlp",), presets=("tiny",), out=str(tmp_path),
                                              variants=("default",), steps=1, rounds=1, round_steps=1)
     measured = []
-    with _DirLock(str(tmp_path)), pytest.raises(RuntimeError, match=r"another collector is writing to .*expected "
+    with DirLock(str(tmp_path)), pytest.raises(RuntimeError, match=r"another collector is writing to .*expected "
                                                                      r"one collector per directory"):
         kernel_collect.collect_kernels(cfg, progress=None, measure=lambda *a: measured.append(a) or {})
     assert measured == [] and not os.path.exists(os.path.join(tmp_path, kernel_collect.RECORDS))
