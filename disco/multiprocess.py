@@ -260,7 +260,8 @@ def combine(result: LaunchResult) -> list[dict[str, Any]]:
     """Per plan, over the processes: the median, min and max of the per-round step time of the
     slowest process (a data-parallel step is as slow as its slowest worker), and the paired
     speedup over xla_default (:func:`xla_hooks.measure.paired_speedup` on those per-round times)
-    with its 90% bootstrap interval (``paired_interval``)."""
+    with its 90% bootstrap interval (``paired_interval``); ``applied`` where every process applied the
+    plan, else the first process's ``fallback_reason``."""
     from xla_hooks.measure import Measurement, paired_interval, paired_speedup
 
     if not result.results:
@@ -277,6 +278,7 @@ def combine(result: LaunchResult) -> list[dict[str, Any]]:
             "median_ms": m.median, "min_ms": m.min, "max_ms": m.max, "samples_ms": rounds,
             "all_reduces": per[0]["all_reduces"],
             "applied": all(p["applied"] for p in per),
+            "fallback_reason": next((p["fallback_reason"] for p in per if not p["applied"]), None),
             "plan_digests": sorted({p["plan_digest"] for p in per}),
         })
     base = per_round.get("xla_default")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -659,9 +660,12 @@ def test_link_loopback_with_one_process_runs_in_process():
     assert [row["plan"] for row in json.loads(r.stdout)["results"]] == ["xla_default", "comm_free_bound"]
 
 
-def test_valued_baselines_run_across_processes_with_the_rows_of_one_process():
+def test_valued_baselines_run_across_processes_with_the_rows_of_one_process(tmp_path):
     """--processes refused every valued item but even:K ("with --processes only even:K (K >= 1) takes a
-    value"), and named even:K's row even_K where one process named it even:K."""
+    value"), and named even:K's row even_K where one process named it even:K. A plan that falls back
+    there says why, as in one process (the rows said only applied: false)."""
+    import dataclasses
+
     from disco.cli.common import resolve_plans
     from disco.plans import baselines
 
@@ -673,12 +677,18 @@ def test_valued_baselines_run_across_processes_with_the_rows_of_one_process():
                 "even_3": baselines.make("even", graph, k=3)}
     assert expected["horovod:0.002"].digest() != baselines.make("horovod", graph).digest()
     assert resolve_plans(items, graph) == expected
+    stale = tmp_path / "stale.json"  # a plan made for another graph: it falls back in the workers
+    stale.write_text(dataclasses.replace(baselines.make("per_tensor", graph), name="stale",
+                                         graph_fingerprint="0" * 32).to_json())
     r = run_cli("bench", "--model", "mlp", "--preset", "tiny", "--processes", "2", "--devices-per-process", "1",
-                "--plans", items, "--rounds", "1", "--steps", "1", "--json", timeout=600)
+                "--plans", f"{items},{stale}", "--rounds", "1", "--steps", "1", "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["fingerprints"] == [graph.fingerprint]
     rows = {row["plan"]: row for row in out["results"]}
-    assert list(rows) == ["xla_default", *expected]
+    assert list(rows) == ["xla_default", *expected, "stale"]
     for name, plan in expected.items():
-        assert rows[name]["applied"] and rows[name]["plan_digests"] == [plan.digest()], rows[name]
+        assert rows[name]["applied"] and rows[name]["fallback_reason"] is None, rows[name]
+        assert rows[name]["plan_digests"] == [plan.digest()], rows[name]
+    assert not rows["stale"]["applied"], rows["stale"]
+    assert re.search(r"was made for graph 0{32}, but this step's graph is", rows["stale"]["fallback_reason"])

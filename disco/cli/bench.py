@@ -150,7 +150,8 @@ def _run_processes(args: argparse.Namespace) -> int:
         t.add_column(col)
     for r in rows:
         t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
-                  _speedup(r), _paired(r), str(r["all_reduces"]), "yes" if r["applied"] else "no")
+                  _speedup(r), _paired(r), str(r["all_reduces"]),
+                  "yes" if r["applied"] else f"no: {r['fallback_reason']}")
     table_console(120).print(t)
     return 0
 
