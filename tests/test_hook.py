@@ -369,3 +369,26 @@ def test_the_default_cluster_is_the_devices_the_step_runs_on():
     planned(*args)
     (report,) = planned.reports.values()
     assert report["cluster"]["name"] == "local" and report["cluster"]["devices"] == 2
+
+
+def test_shardings_that_place_shards_on_other_devices_get_their_own_compiled_step():
+    """P("a", "b") and P("b", "a") on a 2x2 mesh cut a 4x4 array into equal 2x2 shards on the same four
+    devices, but put them on different devices: the step compiled for one refused the other
+    ("Computation was compiled for input shardings that disagree ..."), stopping training, because the
+    cache keyed a sharding by its device set and shard shape. Equivalent shardings still share one."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def scaled(x):
+        return x * 2.0
+
+    mesh = Mesh(np.array(jax.devices()[:DEVICES]).reshape(2, 2), ("a", "b"))
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    step = xla_hooks.jit(scaled)
+    for spec in (P("a", "b"), P("b", "a")):
+        out = step(jax.device_put(x, NamedSharding(mesh, spec)))
+        np.testing.assert_array_equal(np.asarray(out), x * 2.0)
+    assert len(step.applied) == 2
+    for spec in (P(), P(None,)):
+        step(jax.device_put(x, NamedSharding(mesh, spec)))
+    assert len(step.applied) == 3

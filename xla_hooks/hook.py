@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import socket
@@ -62,9 +63,25 @@ def _signature(inputs: Any) -> Any:
         elif sharding is None:
             sig.append((tuple(shape), str(dtype), None))
         else:  # equivalent shardings (e.g. P() and P(None,)) must share one compiled step
-            sig.append((tuple(shape), str(dtype), tuple(sorted(d.id for d in sharding.device_set)),
-                        tuple(sharding.shard_shape(tuple(shape)))))
+            sig.append((tuple(shape), str(dtype), _placement(sharding, tuple(shape))))
     return treedef, tuple(sig)
+
+
+def _placement(sharding: Any, shape: tuple[int, ...]) -> Any:
+    """Which slice of an array of ``shape`` each device holds under ``sharding``, and its memory kind:
+    equal for equivalent shardings (P() and P(None,)), different wherever a compiled step's input
+    sharding would not match (P("a", "b") and P("b", "a") place equal shard shapes on other devices)."""
+    try:
+        return _placement_cached(sharding, shape)
+    except TypeError:  # a sharding that does not hash
+        return _placement_cached.__wrapped__(sharding, shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _placement_cached(sharding: Any, shape: tuple[int, ...]) -> Any:
+    placed = sorted((d.id, tuple((s.start, s.stop, s.step) if isinstance(s, slice) else s for s in index))
+                    for d, index in sharding.devices_indices_map(shape).items())
+    return tuple(placed), getattr(sharding, "memory_kind", None)
 
 
 def _devices(inputs: Any) -> int:
