@@ -253,3 +253,40 @@ def test_cuts_hold_with_the_barrier_expander_off_on_cpu():
     stripped_count = compiled_counts(stripped.as_text())[0]
     strips = _jax_private.major_minor(jax.__version__) <= (0, 10)
     assert stripped_count == (base if strips else base + 2)
+
+
+def test_a_cut_on_a_shard_map_boundary_is_refused():
+    """An optimization barrier between shardy's GlobalToLocalShape and the shard_map body's call validated,
+    and XLA:CPU then aborted the whole process (SIGABRT, 'Check failed: op.use_empty()'; a cuts-only plan is
+    not probed in a child first); cuts on the other custom-calls around a shard_map failed to compile.
+    Validation now refuses them; applying such a plan falls back, and the process lives on (the apply runs
+    in a child here, so that a regression fails the test instead of killing pytest)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    graph = setup("mlp")[2]
+    call = next(n for n in graph.nodes if n.opcode == "call" and n.computation == graph.nodes[0].computation
+                and len(n.operands) > 1)
+    with pytest.raises(ValueError, match=rf"cut 0: producer '{call.operands[0]}' is a get-tuple-element of the "
+                                         "custom-call .*; cuts cannot go on"):
+        make_plan(cuts=[(call.operands[0], call.name)]).validate(graph)
+    result = next(n for n in graph.nodes if n.opcode == "get-tuple-element" and n.operands == (call.name,))
+    for cut in ((result.name, next(d.name for d in graph.nodes if result.name in d.operands)),):
+        with pytest.raises(ValueError, match=r"cut 0: producer .* is a get-tuple-element of the call of a "
+                                             "shard_map body"):
+            make_plan(cuts=[cut]).validate(graph)
+    child = textwrap.dedent(f"""
+        import jax, warnings
+        jax.config.update("jax_num_cpu_devices", {DEVICES})
+        import trax_models, xla_hooks
+        from disco.plans.plan import make_plan
+        step, args = trax_models.make_train_step("mlp", "tiny", devices={DEVICES}, optimizer="sgd")
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            applied = xla_hooks.apply(make_plan(cuts=[{(call.operands[0], call.name)!r}]), step, *args)
+        print("fell back:", applied.fallback_reason.split(";")[0])
+        """)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "fell back: ValueError: cut 0: producer" in r.stdout

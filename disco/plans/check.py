@@ -165,7 +165,8 @@ GPU_GROUPS_REASON = (
 
 def check_cuts(plan: FusionPlan, graph: HloGraph, index: dict[str, int], owner: dict[str, str]) -> None:
     """Cuts: names in the graph, the producer an operand of the consumer, an array-shaped
-    producer in a computation plans may touch, no cut inside a planned group, no duplicates.
+    producer in a computation plans may touch, no cut inside a planned group, no duplicates, no end
+    on a custom-call or a shard_map call (or a get-tuple-element of one).
 
     ``owner`` maps instruction names to the group that holds them ("group <i>").
 
@@ -173,6 +174,7 @@ def check_cuts(plan: FusionPlan, graph: HloGraph, index: dict[str, int], owner: 
       ValueError: naming the cut and what is wrong with it.
     """
     seen: set[tuple[str, str]] = set()
+    boundary: dict[str, str] | None = None
     for ci, cut in enumerate(plan.cuts):
         if not (isinstance(cut, tuple) and len(cut) == 2 and all(isinstance(x, str) for x in cut)):
             raise ValueError(f"cut {ci}: expected a (producer, consumer) pair of instruction names, got {cut!r}")
@@ -195,6 +197,28 @@ def check_cuts(plan: FusionPlan, graph: HloGraph, index: dict[str, int], owner: 
         if prod in owner and owner.get(cons) == owner[prod]:
             raise ValueError(f"cut {ci}: {prod!r} and {cons!r} are both in {owner[prod]}; a cut cannot split a "
                              "planned group")
+        if boundary is None:
+            boundary = _shard_map_boundary(graph)
+        for role, name in (("producer", prod), ("consumer", cons)):
+            if name in boundary:
+                raise ValueError(
+                    f"cut {ci}: {role} {name!r} is a {boundary[name]}; cuts cannot go on a custom-call's or a "
+                    "shard_map call's operands or results (a barrier there breaks the shard_map XLA reads back: "
+                    "XLA:CPU aborted the process on a cut into a shard_map call, 'Check failed: op.use_empty()')")
+
+
+def _shard_map_boundary(graph: HloGraph) -> dict[str, str]:
+    """Nodes no cut may touch, each with what it is: custom-calls (shardy's ``xla.sdy.*`` markers around
+    every shard_map among them), calls of a shard_map body, and get-tuple-elements of either."""
+    body_calls = {graph.nodes[d].name for s, d in graph.edges
+                  if graph.nodes[d].opcode == "call" and graph.nodes[s].computation.startswith(MANUAL_BODY_PREFIX)
+                  and not graph.nodes[d].computation.startswith(MANUAL_BODY_PREFIX)}
+    out = {n.name: "custom-call" for n in graph.nodes if n.opcode == "custom-call"}
+    out.update((name, "call of a shard_map body") for name in body_calls)
+    for n in graph.nodes:
+        if n.opcode == "get-tuple-element" and n.operands and n.operands[0] in out:
+            out[n.name] = f"get-tuple-element of the {out[n.operands[0]]} {n.operands[0]!r}"
+    return out
 
 
 def bucket_class(n: Node) -> tuple:
