@@ -392,3 +392,24 @@ def test_shardings_that_place_shards_on_other_devices_get_their_own_compiled_ste
     for spec in (P(), P(None,)):
         step(jax.device_put(x, NamedSharding(mesh, spec)))
     assert len(step.applied) == 3
+
+
+def test_a_weak_typed_argument_is_its_own_signature():
+    """A weak-typed f32 scalar (what a jitted function returns for a Python number) times a bf16 array is
+    bf16 under jax.jit, a strong f32 one makes it f32: the two shared one compiled step, so whichever came
+    second was computed in the first one's dtype."""
+    import jax.numpy as jnp
+
+    def scaled(x, c):
+        return x * c
+
+    x = jnp.full(3, 1.1, jnp.bfloat16)
+    weak, strong = jax.jit(lambda: 1.001)(), jnp.asarray(1.001, jnp.float32)
+    assert weak.weak_type and not strong.weak_type
+    for order in ((weak, strong), (strong, weak)):
+        step = xla_hooks.jit(scaled)
+        for c in order:
+            out, expected = step(x, c), jax.jit(scaled)(x, c)
+            assert out.dtype == expected.dtype
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
+        assert len(step.applied) == 2

@@ -49,7 +49,7 @@ class _NoPlan(Exception):
 
 def _signature(inputs: Any) -> Any:
     """What one compiled step serves: the inputs' (positional and keyword arguments') tree
-    structure and each leaf's shape, dtype and sharding."""
+    structure and each leaf's shape, dtype, weak type and sharding."""
     import jax
 
     leaves, treedef = jax.tree.flatten(inputs)
@@ -63,7 +63,10 @@ def _signature(inputs: Any) -> Any:
         elif sharding is None:
             sig.append((tuple(shape), str(dtype), None))
         else:  # equivalent shardings (e.g. P() and P(None,)) must share one compiled step
-            sig.append((tuple(shape), str(dtype), _placement(sharding, tuple(shape))))
+            # jax traces a weak-typed array (a jitted function's Python-number result) as it does a
+            # Python scalar: its dtype yields to the other operand's, so it is its own signature
+            sig.append((tuple(shape), str(dtype), bool(getattr(x, "weak_type", False)),
+                        _placement(sharding, tuple(shape))))
     return treedef, tuple(sig)
 
 
