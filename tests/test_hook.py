@@ -343,6 +343,25 @@ def test_keyword_arguments_are_traced_like_positional_ones():
     assert len(step.applied) == 2
 
 
+def test_a_step_whose_hlo_disco_cannot_read_trains_as_xla_compiles_it(monkeypatch):
+    """The graph was parsed outside the fallback: an HLO disco's parser refuses stopped training."""
+    from disco.ir.graph import HloGraph
+
+    step, args, reference = setup()
+
+    def refuse(text, *a, **kw):
+        raise ValueError("line 3: cannot parse instruction (an HLO construct disco does not know)")
+
+    monkeypatch.setattr(HloGraph, "from_hlo_text", staticmethod(refuse))
+    fast = xla_hooks.jit(step, service=None, timeout_s=30)
+    with pytest.warns(PlanServiceWarning, match=r"no plan from the local planner \(disco could not read the step's "
+                                                r"HLO \(ValueError: line 3: cannot parse"):
+        result = three_steps(fast, args)
+    assert_close(result, reference)
+    (applied,) = fast.applied.values()
+    assert applied.plan.name == "xla_default"
+
+
 def test_a_jitted_step_with_static_arguments_is_a_usage_error():
     import jax.numpy as jnp
 

@@ -136,8 +136,11 @@ class PlannedStep:
 
         text = hlo_text(self.step_fn, *args, kwargs=kwargs)
         inputs = (args, kwargs)  # what the cluster's device count is read from
-        graph = HloGraph.from_hlo_text(text)
         try:
+            try:
+                graph = HloGraph.from_hlo_text(text)
+            except Exception as e:  # noqa: BLE001 - a step disco cannot read still trains, as XLA compiles it
+                raise _NoPlan(f"disco could not read the step's HLO ({type(e).__name__}: {e})") from None
             if self.service is None:
                 plan, report = self._local_plan(graph, inputs)
             else:
