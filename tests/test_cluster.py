@@ -390,3 +390,25 @@ def test_resolve_reads_a_file_or_names_a_preset(tmp_path):
     binary.write_bytes(b"nodes: 1\n\xd0\xff")
     with pytest.raises(ValueError, match=r"c\.bin: not UTF-8 text \(byte 0xd0 at offset 9\); expected cluster YAML"):
         resolve(str(binary), 8)
+
+
+_HUGE = "1" + "0" * 400  # an integer past the largest float (about 1.8e308)
+
+
+@pytest.mark.parametrize("line, message", [
+    (f"intra: {{bandwidth: {_HUGE}, latency: 0}}", r"^c.yaml.intra.bandwidth: expected a finite value, got 10+\.\.\.0+$"),
+    (f"intra: {{bandwidth: 1, latency: {_HUGE}}}", r"^c.yaml.intra.latency: expected a finite value, got 10+\.\.\.0+$"),
+    (_LINK + f"compute_speed: {_HUGE}", r"^c.yaml.compute_speed: expected a finite number >= 1e-06, got 10+\.\.\.0+$"),
+    (_LINK + f"operand_latency: {_HUGE}", r"^c.yaml.operand_latency: expected a finite value, got 10+\.\.\.0+$"),
+])
+def test_an_integer_too_large_for_a_float_is_refused_with_a_message(tmp_path, line, message):
+    """An integer of 400 digits (YAML reads it as an int, not as inf) raised OverflowError ("int too
+    large to convert to float"): a traceback from `disco simulate --cluster`."""
+    with pytest.raises(ValueError, match=message):
+        load_cluster(_write(tmp_path, "c.yaml", "nodes: 1\ndevices_per_node: 4\n" + line + "\n"))
+    with pytest.raises(ValueError, match=r"^LinkSpec.bandwidth: expected a positive number of bytes/s"):
+        LinkSpec(10**400, 0.0)
+    with pytest.raises(ValueError, match=r"^ClusterSpec.compute_speed: expected a positive number"):
+        ClusterSpec("x", 1, 1, NVLINK, NVLINK, compute_speed=10**400)
+    with pytest.raises(ValueError, match=r"^ClusterSpec.operand_latency: expected a non-negative number"):
+        ClusterSpec("x", 1, 1, NVLINK, NVLINK, operand_latency=10**400)

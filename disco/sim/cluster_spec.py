@@ -127,7 +127,7 @@ def _parse_quantity(value: Any, where: str, units: Mapping[str, float], bare: fl
     if isinstance(value, bool):
         raise ValueError(f"{where}: expected {expected}, got {shown(value)}")
     if isinstance(value, (int, float)):
-        out = float(value) * bare
+        out = _as_float(value) * bare
     elif isinstance(value, str):
         m = _QUANTITY_RE.match(value)
         if m is None:
@@ -146,6 +146,15 @@ def _parse_quantity(value: Any, where: str, units: Mapping[str, float], bare: fl
     if not math.isfinite(out):
         raise ValueError(f"{where}: expected a finite value, got {shown(value)}")
     return out
+
+
+def _as_float(value: int | float) -> float:
+    """``float(value)``, or inf for an integer too large for a float (``float(10**400)`` raises
+    OverflowError), so that the callers' finiteness checks refuse it with a message."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _normalise_unit(unit: str) -> str:
@@ -171,11 +180,11 @@ class LinkSpec:
 
     def __post_init__(self) -> None:
         bw, lat = self.bandwidth, self.latency
-        if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+        if not (isinstance(bw, (int, float)) and math.isfinite(_as_float(bw)) and bw > 0):
             raise ValueError(f"LinkSpec.bandwidth: expected a positive number of bytes/s, got {shown(bw)}")
         if bw < MIN_BANDWIDTH:
             raise ValueError(f"LinkSpec.bandwidth: expected at least {MIN_BANDWIDTH:g} byte/s, got {shown(bw)}")
-        if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
+        if not (isinstance(lat, (int, float)) and math.isfinite(_as_float(lat)) and lat >= 0):
             raise ValueError(f"LinkSpec.latency: expected a non-negative number of seconds, got {shown(lat)}")
         if lat > MAX_LATENCY:
             raise ValueError(f"LinkSpec.latency: expected at most {MAX_LATENCY:g} s, got {shown(lat)}")
@@ -238,7 +247,7 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec.algorithm: expected one of {', '.join(ALGORITHMS)}, "
                              f"got {shown(self.algorithm)}")
         cs = self.compute_speed
-        if isinstance(cs, bool) or not isinstance(cs, (int, float)) or not (math.isfinite(cs) and cs > 0):
+        if isinstance(cs, bool) or not isinstance(cs, (int, float)) or not (math.isfinite(_as_float(cs)) and cs > 0):
             raise ValueError(f"ClusterSpec.compute_speed: expected a positive number, got {shown(cs)}")
         if cs < MIN_COMPUTE_SPEED:
             raise ValueError(f"ClusterSpec.compute_speed: expected at least {MIN_COMPUTE_SPEED:g}, got {shown(cs)}")
@@ -247,7 +256,7 @@ class ClusterSpec:
         if self.device not in DEVICES:
             raise ValueError(f"ClusterSpec.device: expected one of {', '.join(DEVICES)}, got {shown(self.device)}")
         ol = self.operand_latency
-        if isinstance(ol, bool) or not isinstance(ol, (int, float)) or not (math.isfinite(ol) and ol >= 0):
+        if isinstance(ol, bool) or not isinstance(ol, (int, float)) or not (math.isfinite(_as_float(ol)) and ol >= 0):
             raise ValueError(f"ClusterSpec.operand_latency: expected a non-negative number of seconds, got {shown(ol)}")
         if ol > MAX_LATENCY:
             raise ValueError(f"ClusterSpec.operand_latency: expected at most {MAX_LATENCY:g} s, got {shown(ol)}")
@@ -325,7 +334,7 @@ class ClusterSpec:
         speed = data.get("compute_speed", 1.0)
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
             raise ValueError(f"{where}.compute_speed: expected a positive number, got {shown(speed)}")
-        if not MIN_COMPUTE_SPEED <= speed < math.inf:
+        if not MIN_COMPUTE_SPEED <= _as_float(speed) < math.inf:
             raise ValueError(f"{where}.compute_speed: expected a finite number >= {MIN_COMPUTE_SPEED:g}, "
                              f"got {shown(speed)}")
         operand_latency = parse_latency(data.get("operand_latency", 0.0), f"{where}.operand_latency")
