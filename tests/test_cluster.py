@@ -412,3 +412,18 @@ def test_an_integer_too_large_for_a_float_is_refused_with_a_message(tmp_path, li
         ClusterSpec("x", 1, 1, NVLINK, NVLINK, compute_speed=10**400)
     with pytest.raises(ValueError, match=r"^ClusterSpec.operand_latency: expected a non-negative number"):
         ClusterSpec("x", 1, 1, NVLINK, NVLINK, operand_latency=10**400)
+
+
+def test_a_directory_named_like_a_preset_does_not_hide_the_preset(tmp_path, monkeypatch):
+    """`--cluster local` run where a directory ./local exists was read as a cluster file and refused
+    ("cluster file 'local': Is a directory"): no preset could be named from such a directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local").mkdir()
+    (tmp_path / "h100-sxm-8").mkdir()
+    assert resolve("local", 4) == preset("local", devices=4)
+    assert resolve("h100-sxm-8") == preset("h100-sxm-8")
+    (tmp_path / "mine").mkdir()  # a directory that names no preset is still refused as a file
+    with pytest.raises(ValueError, match=r"^cluster file 'mine': .*; expected a readable cluster YAML file$"):
+        resolve("mine", 4)
+    (tmp_path / "2x8-100gbe").write_text(preset("dgx-a100-8").to_yaml())  # a file of a preset's name is read
+    assert resolve("2x8-100gbe") == preset("dgx-a100-8")

@@ -130,15 +130,16 @@ def machine_preset(platform: str, device_kind: str, devices: int) -> str | None:
 
 def resolve(value: str | None, devices: int | None = None) -> ClusterSpec:
     """The cluster a ``--cluster`` argument names: a cluster file when the path exists (read
-    by :func:`load_cluster`), else a preset; ``None`` is ``local``. ``devices`` is passed to
-    ``local`` only (the other presets fix their own device count).
+    by :func:`load_cluster`), else a preset; ``None`` is ``local``. A directory is never a
+    cluster file, so one named like a preset (``./local``) leaves the preset its name. ``devices``
+    is passed to ``local`` only (the other presets fix their own device count).
 
     Raises:
       ValueError: when ``value`` is neither an existing file nor a preset (listing the presets).
     """
     if value is None:
         return preset("local", devices=devices)
-    if os.path.exists(value):
+    if os.path.exists(value) and not (value in PRESETS and os.path.isdir(value)):
         return load_cluster(value)
     if value in PRESETS:
         return preset(value, devices=devices if value == "local" else None)
