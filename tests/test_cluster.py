@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
@@ -427,3 +428,25 @@ def test_a_directory_named_like_a_preset_does_not_hide_the_preset(tmp_path, monk
         resolve("mine", 4)
     (tmp_path / "2x8-100gbe").write_text(preset("dgx-a100-8").to_yaml())  # a file of a preset's name is read
     assert resolve("2x8-100gbe") == preset("dgx-a100-8")
+
+
+def test_a_file_too_large_for_a_cluster_is_refused_without_reading_it_whole(tmp_path):
+    """A cluster file was read whole: /dev/zero never ended, a multi-GB file filled the memory, and a
+    large JSON file (JSON is YAML) took PyYAML minutes before 'unknown fields'."""
+    from disco.sim.cluster_spec import MAX_FILE_BYTES
+
+    big = tmp_path / "data.json"
+    with open(big, "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse: no disk space taken
+    with pytest.raises(ValueError, match=r"^data.json: more than 16,777,216 bytes; expected a cluster YAML file"):
+        load_cluster(big)
+    with pytest.raises(ValueError, match=r"^data.json: more than"):
+        resolve(str(big))
+    if os.path.exists("/dev/zero"):
+        (tmp_path / "zero").symlink_to("/dev/zero")
+        with pytest.raises(ValueError, match=r"^zero: more than"):
+            load_cluster(tmp_path / "zero")
+    # a file of CRLF lines reads as before (read_text's universal newlines)
+    crlf = tmp_path / "c.yaml"
+    crlf.write_bytes(preset("2x8-100gbe").to_yaml().replace("\n", "\r\n").encode())
+    assert load_cluster(crlf) == preset("2x8-100gbe")

@@ -59,6 +59,9 @@ MIN_BANDWIDTH = 1.0  # bytes/s of a link
 MAX_LATENCY = 3600.0  # seconds per message of a link, and operand_latency
 MIN_COMPUTE_SPEED = 1e-6  # relative to the profiled device
 MAX_DEVICES = 2**31  # nodes * devices_per_node
+# Bytes of a cluster file: a SuperScaler-style file of a thousand servers is a few MB; more is the
+# wrong file (a checkpoint, /dev/zero, a JSON data set: JSON is YAML, which PyYAML reads at about 150 kB/s).
+MAX_FILE_BYTES = 16 * 2**20
 
 _RATE_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
                   "ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
@@ -397,14 +400,22 @@ def _link_field(v: Any, where: str) -> LinkSpec:
 
 
 def read_cluster_file(p: Path) -> str:
-    """The UTF-8 text of a cluster file; ValueError naming it when it is not a readable text file."""
+    """The UTF-8 text of a cluster file (newlines as ``Path.read_text`` gives them); ValueError naming
+    it when it is not a readable text file of at most ``MAX_FILE_BYTES``."""
     try:
-        return p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:  # a directory, a file without read permission, ...
+        raise ValueError(f"cluster file {str(p)!r}: {e.strerror}; expected a readable cluster YAML file") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"{p.name}: more than {MAX_FILE_BYTES:,d} bytes; expected a cluster YAML file "
+                         "(a few kB)")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{p.name}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
                          f"expected cluster YAML") from None
-    except OSError as e:  # a directory, a file without read permission, ...
-        raise ValueError(f"cluster file {str(p)!r}: {e.strerror}; expected a readable cluster YAML file") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text
 
 
 def _read_text(path_or_text: str | os.PathLike[str], default_where: str) -> tuple[str, str]:
