@@ -450,3 +450,17 @@ def test_a_file_too_large_for_a_cluster_is_refused_without_reading_it_whole(tmp_
     crlf = tmp_path / "c.yaml"
     crlf.write_bytes(preset("2x8-100gbe").to_yaml().replace("\n", "\r\n").encode())
     assert load_cluster(crlf) == preset("2x8-100gbe")
+
+
+@pytest.mark.parametrize("value", ["1" * 20_000 + "!", "." + "1" * 20_000 + "!", "1" * 10_000 + "." + "1" * 10_000 + "!"])
+def test_a_long_run_of_digits_is_refused_in_linear_time(value):
+    """The unit pattern let the regex try every split of a run of digits: a 60,000-digit bandwidth
+    ending in "!" (a cluster YAML within the service's 64 KiB) took about two minutes to refuse."""
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^x: expected a bandwidth such as 100Gbps"):
+        parse_bandwidth(value, "x")
+    with pytest.raises(ValueError, match=r"^x: expected a latency such as 5us"):
+        parse_latency(value, "x")
+    assert time.perf_counter() - t0 < 1.0

@@ -74,7 +74,9 @@ _RATE_UNITS = {  # case matters only for b (bits) vs B (bytes) before "/s" or "p
 # Sub-second units as divisors, so that "5us" reads as exactly 5e-6 (5 / 1e6, not 5 * 1e-6).
 # Both micro signs: U+00B5 (MICRO SIGN) and U+03BC (GREEK SMALL LETTER MU), which keyboards also type.
 _TIME_UNITS = {"s": 1.0, "ms": -1e3, "us": -1e6, "\u00b5s": -1e6, "\u03bcs": -1e6, "ns": -1e9}
-_QUANTITY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z\u00b5\u03bc/]+)\s*$")
+# The number "5", "5.5" or ".5" spelled so that one reading fits a string ("[0-9]*\.?[0-9]+" let the
+# regex try every split of a run of digits: 60,000 digits and a "!" took minutes).
+_QUANTITY_RE = re.compile(r"^\s*((?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z\u00b5\u03bc/]+)\s*$")
 
 
 _SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
