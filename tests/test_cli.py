@@ -263,6 +263,16 @@ def test_optimize_on_one_device_needs_no_calibration():
     assert "one CPU device: no communication to price" in r.stderr
 
 
+def test_optimize_across_processes_on_the_local_preset_prices_their_devices():
+    """--cluster local across 2 processes x 1 device priced plans on local's default 8 devices."""
+    r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--processes", "2", "--cluster", "local",
+                "--budget", "0.5", "--measure-top-k", "0", "--bucket-sweep", "2", "--rounds", "1", "--steps", "1",
+                "--no-confirm", "--no-progress", "--json", timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    spec = json.loads(r.stdout)["cluster_spec"]
+    assert spec["name"] == "local" and spec["nodes"] * spec["devices_per_node"] == 2, spec
+
+
 # -- issue 20: help, early checks, progress without a terminal, the service hint ----------------------
 def _subparsers():
     import argparse

@@ -396,8 +396,8 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
                            "the answer is written by --out and the measurements by --json")
     link = parse_link_arg(args)
     cal = None
-    if args.cluster:
-        cluster = resolve(args.cluster)
+    if args.cluster:  # "local": the devices of all the processes, as in one process
+        cluster = resolve(args.cluster, args.processes * args.devices_per_process)
     else:
         cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link, timeout_s=args.timeout)
         cluster = mp_calibrate.cluster_spec(cal)
@@ -415,7 +415,7 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
             f.write(res.plan_json + "\n")
     info = {"model": args.model, "preset": args.preset, "processes": args.processes,
             "devices_per_process": args.devices_per_process, "cost_model_info": cost_info,
-            "calibration": cal.to_dict() if cal else None}
+            "cluster_spec": cluster.to_dict(), "calibration": cal.to_dict() if cal else None}
     if args.json:
         print_json({**info, **res.to_dict()})
         return 0
