@@ -220,3 +220,15 @@ def test_zero_learning_rate_and_schedules_are_learning_rates(learning_rate):
                                                        learning_rate=learning_rate)
     new_state, _ = jax.jit(step)(state, batch)
     np.testing.assert_array_equal(jax.tree.leaves(new_state.params)[0], jax.tree.leaves(state.params)[0])
+
+
+@pytest.mark.parametrize("global_batch", [4.0, "4", None, True])
+def test_build_train_step_refuses_a_global_batch_that_is_not_an_int(global_batch):
+    """4.0 raised numpy's "'float' object cannot be interpreted as an integer", "4" and None a bare
+    "'<' not supported", naming no argument; True was taken as a batch of 1."""
+    from trax_models import _registry
+
+    task = _registry.model_module("mlp").task(_registry.config("mlp", "tiny"))
+    with pytest.raises(TypeError, match=r"global_batch: expected an int that is a positive multiple of "
+                                        r"devices \(1\), got \w+ "):
+        trax_models.build_train_step(task, global_batch, devices=1)

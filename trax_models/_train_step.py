@@ -145,7 +145,7 @@ def build_train_step(
       name: The step function's ``__name__`` (it names the HLO module).
 
     Raises:
-      TypeError: for ``devices`` or ``seed`` that is not an int, or a
+      TypeError: for ``global_batch``, ``devices`` or ``seed`` that is not an int, or a
         ``learning_rate`` that is neither a number nor a schedule.
       ValueError: for an unknown optimizer, ``devices`` below 1 or above those
         available, a global batch not divisible by ``devices``, ``seed`` outside
@@ -154,6 +154,12 @@ def build_train_step(
     _registry.check_optimizer(optimizer)
     devices = check_devices(devices)
     seed = check_seed(seed)
+    if isinstance(global_batch, bool) or not isinstance(global_batch, numbers.Integral):
+        raise TypeError(
+            f"global_batch: expected an int that is a positive multiple of devices ({devices}), "
+            f"got {type(global_batch).__name__} {global_batch!r}"
+        )
+    global_batch = int(global_batch)
     if global_batch < devices or global_batch % devices:
         raise ValueError(
             f"global batch {global_batch} must be a positive multiple of devices ({devices})"
