@@ -89,15 +89,35 @@ def check_hlo(text: str) -> dict[str, Any]:
             "nodes": len(graph.nodes), "edges": len(graph.edges)}
 
 
+def _graphs(graph: HloGraph) -> list[HloGraph]:
+    """``graph`` and the body and condition graphs of its while loops, nested ones too."""
+    out, todo = [], [graph]
+    while todo:
+        g = todo.pop()
+        out.append(g)
+        for lp in g.loops:
+            todo += (lp.body, lp.condition)
+    return out
+
+
 def check_graph_limits(graph: HloGraph) -> None:
-    """Raises ValueError if ``graph`` is past a limit of :mod:`service.limits`."""
-    if len(graph.nodes) > limits.MAX_GRAPH_NODES:
-        raise ValueError(f"the step graph has {len(graph.nodes)} instructions; "
+    """Raises ValueError if ``graph`` is past a limit of :mod:`service.limits`.
+
+    The nodes and edges of its while loops' bodies and conditions count too: the simulator
+    prices each loop's graphs, so a few while loops over one large body would otherwise hold
+    many times the node limit in a text far below the line limit.
+    """
+    graphs = _graphs(graph)
+    nodes = sum(len(g.nodes) for g in graphs)
+    edges = sum(len(g.edges) for g in graphs)
+    looped = f" ({nodes - len(graph.nodes)} of them in while loops)" if len(graphs) > 1 else ""
+    if nodes > limits.MAX_GRAPH_NODES:
+        raise ValueError(f"the step graph has {nodes} instructions{looped}; "
                          f"the service accepts at most {limits.MAX_GRAPH_NODES}")
-    if len(graph.edges) > limits.MAX_GRAPH_EDGES:
-        raise ValueError(f"the step graph has {len(graph.edges)} edges; "
+    if edges > limits.MAX_GRAPH_EDGES:
+        raise ValueError(f"the step graph has {edges} edges; "
                          f"the service accepts at most {limits.MAX_GRAPH_EDGES}")
-    for n in graph.nodes:
+    for n in (n for g in graphs for n in g.nodes):
         if n.out_bytes > limits.MAX_BYTES or n.grad_bytes > limits.MAX_BYTES:
             raise ValueError(f"instruction {n.name!r} has {_big(max(n.out_bytes, n.grad_bytes))} output bytes; "
                              f"at most {limits.MAX_BYTES} (2^50) is accepted")

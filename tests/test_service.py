@@ -543,6 +543,34 @@ def test_limits_are_checked_before_a_job_exists(server):
     assert server.request("GET", "/healthz")[0] == 200
 
 
+def hlo_loops(loops: int, body: int) -> str:
+    """``loops`` while loops in a row, all running one body of ``body`` adds: a text of about
+    ``loops + body`` lines whose graph holds ``loops * body`` loop-body nodes."""
+    lines = ["HloModule loops", "", "body {", "  prev = (s32[], f32[64,64]) parameter(0)",
+             "  i = s32[] get-tuple-element(prev), index=0", "  v0 = f32[64,64] get-tuple-element(prev), index=1",
+             "  one = s32[] constant(1)", "  next = s32[] add(i, one)"]
+    lines += [f"  v{j + 1} = f32[64,64] add(v{j}, v{j})" for j in range(body)]
+    lines += [f"  ROOT t = (s32[], f32[64,64]) tuple(next, v{body})", "}", "",
+              "cond {", "  p = (s32[], f32[64,64]) parameter(0)", "  c = s32[] get-tuple-element(p), index=0",
+              "  lim = s32[] constant(5)", "  ROOT lt = pred[] compare(c, lim), direction=LT", "}", "",
+              "ENTRY main {", "  x = f32[64,64] parameter(0)", "  zero = s32[] constant(0)",
+              "  w0 = (s32[], f32[64,64]) tuple(zero, x)"]
+    lines += [f"  w{k + 1} = (s32[], f32[64,64]) while(w{k}), condition=cond, body=body" for k in range(loops)]
+    lines += [f"  ROOT r = f32[64,64] get-tuple-element(w{loops}), index=1", "}"]
+    return "\n".join(lines)
+
+
+def test_the_node_limit_counts_the_nodes_of_loop_bodies(client):
+    """60 loops over one body of 1,000 adds: 1,100 lines, 60,000 nodes to simulate; the limit is 50,000."""
+    answer = client.post("/v1/plans", json={**plan_body(), "hlo_text": hlo_loops(60, 1_000)})
+    assert_error(answer.status_code, answer.json, 400, "hlo_text")
+    assert re.search(r"has 6\d{4} instructions \(6\d{4} of them in while loops\); the service accepts at most "
+                     r"50000", answer.json["message"]), answer.json
+    assert jobs_in(client.application.config["DATABASE"]) == 0
+    small = client.post("/v1/plans", json={**plan_body(), "hlo_text": hlo_loops(2, 1_000)})
+    assert small.status_code == 202, small.json  # loops within the limit are still planned
+
+
 def test_a_check_past_the_parse_timeout_is_killed_and_refused():
     """The timeout path on its own: 10 ms is less than starting the checking process takes."""
     from service.errors import ApiError
