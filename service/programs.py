@@ -84,6 +84,8 @@ def check_hlo(text: str) -> dict[str, Any]:
         graph = graph_mod.from_module(module)
     except OverflowError as e:
         raise ValueError(f"a size or flop count does not fit a float: {e}") from None
+    except RecursionError:  # calls or while loops nested too deeply for the graph builder (flop counts)
+        raise ValueError("calls or while loops are nested too deeply to build its graph") from None
     check_graph_limits(graph)
     return {"fingerprint": graph.fingerprint, "identity": program_identity("hlo", graph),
             "nodes": len(graph.nodes), "edges": len(graph.edges)}

@@ -571,6 +571,20 @@ def test_the_node_limit_counts_the_nodes_of_loop_bodies(client):
     assert small.status_code == 202, small.json  # loops within the limit are still planned
 
 
+def test_calls_nested_too_deeply_are_refused_not_a_server_error(client):
+    """1,500 computations, each calling the next: the parse is flat, building the graph recursed past
+    Python's limit in the checking process, and the request was answered 500."""
+    comps = [f"c{i} {{\n  p = f32[4] parameter(0)\n  ROOT r = f32[4] call(p), to_apply=c{i + 1}\n}}\n"
+             for i in range(1_499)]
+    comps.append("c1499 {\n  p = f32[4] parameter(0)\n  ROOT r = f32[4] negate(p)\n}\n")
+    text = "HloModule calls\n\n" + "\n".join(comps) + \
+        "\nENTRY main {\n  x = f32[4] parameter(0)\n  ROOT y = f32[4] call(x), to_apply=c0\n}"
+    answer = client.post("/v1/plans", json={**plan_body(), "hlo_text": text})
+    assert_error(answer.status_code, answer.json, 400, "hlo_text")
+    assert "nested too deeply" in answer.json["message"], answer.json
+    assert jobs_in(client.application.config["DATABASE"]) == 0
+
+
 def test_a_check_past_the_parse_timeout_is_killed_and_refused():
     """The timeout path on its own: 10 ms is less than starting the checking process takes."""
     from service.errors import ApiError
