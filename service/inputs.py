@@ -78,6 +78,13 @@ def parse_cluster(cluster: Any, devices: int | None) -> ClusterSpec:
         msg = str(e).strip()
         msg = msg if msg.startswith("cluster.yaml") else f"cluster.yaml: {msg}"
         raise ApiError(400, "invalid_cluster", msg, "cluster.yaml") from None
+    for key in ("name", "description", "label"):  # YAML's "\ud800" escape gives a lone surrogate
+        text = getattr(spec, key)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ApiError(400, "invalid_cluster", f"cluster.yaml.{key}: expected Unicode text, got a lone surrogate "
+                           f"{text[e.start]!r} at character {e.start} (no UTF-8 text holds one)", "cluster.yaml") from None
     check_cluster(spec, "cluster.yaml")
     if devices is not None and devices != spec.num_devices:
         raise ApiError(400, "invalid_cluster",

@@ -585,6 +585,21 @@ def test_calls_nested_too_deeply_are_refused_not_a_server_error(client):
     assert jobs_in(client.application.config["DATABASE"]) == 0
 
 
+def test_a_cluster_name_that_is_not_unicode_text_is_refused(client):
+    """YAML's "\\ud800" escape makes a lone surrogate, which no UTF-8 text holds: such a cluster was
+    planned, and its plan's report page (which shows the name) answered 500."""
+    yaml = "nodes: 1\ndevices_per_node: 4\nintra: {bandwidth: 1e9, latency: 1e-6}\n"
+    for key in ("name", "description", "label"):
+        answer = client.post("/v1/plans", json={**plan_body(), "devices": None,
+                                                "cluster": {"yaml": yaml + f'{key}: "a\\ud800b"\n'}})
+        assert_error(answer.status_code, answer.json, 400, "cluster.yaml")
+        assert f"cluster.yaml.{key}: " in answer.json["message"] and "surrogate" in answer.json["message"], answer.json
+    assert jobs_in(client.application.config["DATABASE"]) == 0
+    answer = client.post("/v1/plans", json={**plan_body(), "devices": None,
+                                            "cluster": {"yaml": yaml + 'name: "caf\\u00e9 \\U0001F600"\n'}})
+    assert answer.status_code == 202, answer.json  # escapes of characters are fine
+
+
 def test_a_check_past_the_parse_timeout_is_killed_and_refused():
     """The timeout path on its own: 10 ms is less than starting the checking process takes."""
     from service.errors import ApiError
