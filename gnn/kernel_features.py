@@ -61,13 +61,16 @@ N_OPCODES = len(OPCODES) + 1  # + the unknown opcode
 MATRIX_OPCODES = XLA_GPU_MATRIX_OPCODES
 
 # Control flow launches nothing itself; its called computations are walked instead.
-# (Async -done halves are not a set of disco.ir.opcodes; only this module needs them.)
 _CONTROL = CONTROL_FLOW_OPCODES
 _CUDNN_CONV = re.compile(r"__cudnn\$conv(Forward|BackwardInput|BackwardFilter|BiasActivationForward)")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
 _SLICING = frozenset({"dynamic-slice", "dynamic-update-slice"})
 _SLICE_USERS = _SLICING | {"slice"}
-_ASYNC_DONE = frozenset({"fusion-done", "async-done", "copy-done", "send-done", "recv-done"})
+# XLA prints an async op as ``<op>-start``, ``<op>-update``, ``<op>-done`` (``copy-done``, ``fusion-done``,
+# ``reduce-scatter-done``, ...): the -update and -done halves only wait for the start and launch nothing,
+# and a collective's start runs on the network, not as a compute kernel.
+_ASYNC_WAITS = ("-update", "-done")
+_ASYNC_COLLECTIVES = frozenset(f"{c}-start" for c in (*COLLECTIVES, "ragged-all-to-all"))
 
 
 class KernelSpec(NamedTuple):
@@ -286,7 +289,7 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
                 continue
             if op in ZERO_COST_OPCODES or op in COLLECTIVE_KIND or op in COLLECTIVES:
                 continue
-            if op in _ASYNC_DONE:
+            if op.endswith(_ASYNC_WAITS) or op in _ASYNC_COLLECTIVES:
                 continue
             if op in ("fusion", "fusion-start"):  # an async fusion (XLA:GPU's copies on extra streams)
                 kernel, kind = fused(ins), ins.attrs.get("kind", "fusion")

@@ -133,6 +133,40 @@ def test_sliced_operands_count_the_slices_read():
     assert ks["sl"].in_bytes == ks["sl"].out_bytes == 16 * 2048 * 4  # an unfused slice reads its slice
 
 
+ASYNC_COLLECTIVES_HLO = """HloModule async_collectives, is_scheduled=true
+
+%add.2 (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_mul (p0: f32[1024]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0)
+  ROOT %m = f32[1024]{0} multiply(%p0, %p0)
+}
+
+ENTRY %main (x: f32[1024]) -> (f32[128], f32[1024], f32[8192]) {
+  %x = f32[1024]{0} parameter(0)
+  %reduce-scatter-start = ((f32[1024]{0}), f32[128]{0}) reduce-scatter-start(%x), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, to_apply=%add.2
+  %f = f32[1024]{0} fusion(%x), kind=kLoop, calls=%fused_mul
+  %reduce-scatter-done = f32[128]{0} reduce-scatter-done(%reduce-scatter-start)
+  %all-to-all-start = ((f32[1024]{0}), f32[1024]{0}) all-to-all-start(%f), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %all-to-all-update = ((f32[1024]{0}), f32[1024]{0}) all-to-all-update(%all-to-all-start)
+  %all-to-all-done = f32[1024]{0} all-to-all-done(%all-to-all-update)
+  %all-gather-start = (f32[1024]{0}, f32[8192]{0}) all-gather-start(%x), channel_id=3, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %all-gather-done = f32[8192]{0} all-gather-done(%all-gather-start)
+  ROOT %t = (f32[128]{0}, f32[1024]{0}, f32[8192]{0}) tuple(%reduce-scatter-done, %all-to-all-done, %all-gather-done)
+}
+"""
+
+
+def test_async_collectives_and_their_done_halves_are_no_compute_kernels():
+    """XLA:GPU prints an async reduce-scatter or all-to-all as ``<op>-start``/``-update``/``-done``: a
+    collective (on the network, as all-gather-start is) and waits, none of them a compute kernel."""
+    assert [k.name for k in KF.module_kernels(ASYNC_COLLECTIVES_HLO)] == ["f"]
+
+
 def test_features_tell_row_from_column_reductions_and_read_matrix_dims():
     ks = {k.name: k.kernel for k in KF.module_kernels(SLICE_HLO)}
     tot = {n: dict(zip(KF.TOTAL_FEATURES, KF.kernel_graph(k).totals.tolist(), strict=True)) for n, k in ks.items()}
