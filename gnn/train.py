@@ -123,7 +123,7 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
     graphs: dict[str, HloGraph] = {}
     found = dataset.read(fn)
     skipped = found.skipped
-    raw: list[tuple[int, dict[str, Any]]] = []
+    raw: list[tuple[int, dict[str, Any], FusionPlan, str]] = []  # line, sample, its plan and group
     for ln, d in zip(found.lines, found.samples):
         try:
             med = float(d["measured"]["median_ms"])
@@ -133,8 +133,7 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
             skipped += 1
             continue
         try:  # a sample with a time but a field missing or malformed is damaged: say where
-            FusionPlan.from_dict(d["plan"])
-            dataset.group_key(d)
+            plan, g = FusionPlan.from_dict(d["plan"]), dataset.group_key(d)
             int(d.get("devices", 1))
             float(d["measured"].get("min_ms", med)), float(d["measured"].get("max_ms", med))
             if not isinstance(d["model"], str) or not isinstance(d["graph_fingerprint"], str):
@@ -143,14 +142,13 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{fn}:{ln}: sample {d.get('sample_id')!r}: damaged fields "
                              f"({type(e).__name__}: {e})") from None
-        raw.append((ln, d))
+        raw.append((ln, d, plan, g))
     # References: the round's measured xla_default, else the group's median xla_default sample.
     default_ms: dict[str, list[float]] = {}
-    for _, d in raw:
-        g = dataset.group_key(d)
-        if FusionPlan.from_dict(d["plan"]).is_default:
+    for _, d, plan, g in raw:
+        if plan.is_default:
             default_ms.setdefault(g, []).append(float(d["measured"]["median_ms"]))
-    for ln, d in raw:
+    for ln, d, plan, g in raw:
         fp = d["graph_fingerprint"]
         if fp not in graphs:
             try:
@@ -161,7 +159,6 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
                 graphs[fp] = HloGraph.from_json(text)
             except ValueError as e:  # the file is there but damaged: say which one
                 raise ValueError(f"{fn}:{ln}: {dataset.graph_path(root, fp)}: {e}") from None
-        g = dataset.group_key(d)
         ref = d.get("reference_xla_default_median_ms")
         if not isinstance(ref, (int, float)) or not (math.isfinite(ref) and ref > 0):
             ref = float(np.median(default_ms[g])) if g in default_ms else None
@@ -170,7 +167,7 @@ def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> D
             continue
         m = d["measured"]
         samples.append(Sample(model=d["model"], group=g, devices=int(d.get("devices", 1)), fingerprint=fp,
-                              plan=FusionPlan.from_dict(d["plan"]), median_ms=float(m["median_ms"]),
+                              plan=plan, median_ms=float(m["median_ms"]),
                               ref_ms=float(ref), line=ln, min_ms=float(m.get("min_ms", m["median_ms"])),
                               max_ms=float(m.get("max_ms", m["median_ms"]))))
         if limit is not None and len(samples) >= limit:
