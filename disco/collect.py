@@ -191,7 +191,7 @@ def _steps_seen(samples: Sequence[dict[str, Any]]) -> dict[str, set[tuple[str | 
     samples were measured on."""
     seen: dict[str, set[tuple[str | None, str | None]]] = {}
     for s in samples:
-        step = str(s["sample_id"]).rpartition("/")[0]
+        step = dataset.step_of(s["sample_id"])
         seen.setdefault(step, set()).add((s.get("optimizer"), s.get("graph_fingerprint")))
     return seen
 

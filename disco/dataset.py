@@ -73,6 +73,11 @@ def sample_id(model: str, preset: str, devices: int, digest: str) -> str:
     return f"{step_id(model, preset, devices)}/{digest}"
 
 
+def step_of(sid: str) -> str:
+    """The step part (:func:`step_id`) of a sample id (:func:`sample_id`): all but its plan digest."""
+    return str(sid).rpartition("/")[0]
+
+
 def group_key(sample: Mapping[str, Any]) -> str:
     """The step a sample measured: ``"<model>/<preset>/d<devices>/<fingerprint[:8]>"``.
 
