@@ -290,3 +290,42 @@ def test_a_cut_on_a_shard_map_boundary_is_refused():
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "fell back: ValueError: cut 0: producer" in r.stdout
+
+
+def test_a_cut_that_aborts_xla_falls_back_through_the_probe():
+    """The safety net behind validation: with validation bypassed, the shard_map-boundary cut that made
+    XLA:CPU abort the process (jax 0.10.2, measured) is compiled in the probe child first, so the step
+    falls back with the child's abort as the reason and the process lives on (run in a child here, so
+    that a regression fails the test instead of killing pytest)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    graph = setup("mlp")[2]
+    call = next(n for n in graph.nodes if n.opcode == "call" and n.computation == graph.nodes[0].computation
+                and len(n.operands) > 1)
+    child = textwrap.dedent(f"""
+        import jax, warnings
+        jax.config.update("jax_num_cpu_devices", {DEVICES})
+        import trax_models, xla_hooks
+        from disco.plans import check
+        from disco.plans.plan import make_plan
+        from xla_hooks import probe
+        check.validate = lambda plan, graph, backend="cpu": None  # let the aborting cut through
+        probed = []
+        real = probe.probe
+        probe.probe = lambda *a, **k: (probed.append(1), real(*a, **k))[1]
+        step, args = trax_models.make_train_step("mlp", "tiny", devices={DEVICES}, optimizer="sgd")
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            applied = xla_hooks.apply(make_plan(cuts=[{(call.operands[0], call.name)!r}]), step, *args)
+        print("probed:", len(probed))
+        print("applied:", applied.applied, "|", (applied.fallback_reason or "").splitlines()[0][:300])
+        """)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "probed: 1" in r.stdout, r.stdout
+    from xla_hooks import _jax_private
+
+    if _jax_private.major_minor(jax.__version__) <= (0, 10):  # where the abort was measured
+        assert "applied: False | ProbeFailure: XLA aborted the probe compile" in r.stdout, r.stdout

@@ -71,8 +71,11 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
       kwargs: the step's example keyword arguments, as :func:`apply` takes them.
       probe: compile the rewritten module in a child process first (see
         :mod:`xla_hooks.probe`), so that an XLA abort raises ProbeFailure here instead
-        of killing this process. None (the default) probes plans with fusion groups,
-        the only kind measured to abort.
+        of killing this process. None (the default) probes the plans of the kinds measured
+        to abort XLA: fusion groups, and on CPU cuts (an optimization barrier on a
+        shard_map boundary aborted XLA:CPU; validation refuses that cut, the probe guards
+        against the ones not yet found). Cuts on a GPU are not probed: the child would
+        open a second client on the GPU, which was not measured.
       roundtrip: send even a plan without groups or buckets through disco's
         HLO-text path. XLA's fusion heuristics see a slightly different module on
         that path (measured: transformer_lm tiny gets 279 instead of 281 fusions),
@@ -109,7 +112,7 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
         # nothing to rewrite (buckets=() fits only a step without all-reduces): XLA's compile as is
         return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
     new_text = apply_plan_to_text(text, plan)
-    if probe or (probe is None and plan.groups):
+    if probe or (probe is None and (plan.groups or (plan.cuts and backend == "cpu"))):
         from xla_hooks import probe as _probe
 
         _probe.probe(new_text, _jax_private.device_count(lowered), options, platform=backend)
