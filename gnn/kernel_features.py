@@ -8,8 +8,9 @@ plumbing (parameters, tuples, bitcasts, control flow) or a collective. Each beco
 :class:`disco.sim.costs.Kernel` (its nodes, bytes in and out), the same type the simulator
 builds for a planned fusion group, so one model prices both. Instructions inside while
 bodies count once per execution (``executions``: the product of the enclosing loops'
-``known_trip_count``). Bytes are what a kernel moves: a buffer it only dynamic-slices counts the
-slices read (static or dynamic), and a dynamic-update-slice (in place on XLA) writes only its update.
+``known_trip_count``). Bytes are what a kernel moves: a buffer it only slices or gathers from counts
+the slices read (static, dynamic or gathered), and a dynamic-update-slice or scatter (in place on XLA:
+``disco.ir.opcodes.IN_PLACE_UPDATE_OPERAND``) reads none of its buffer and writes only its update.
 
 :func:`kernel_graph` turns a Kernel into arrays: per node the opcode id (the one vocabulary,
 ``disco.ir.opcodes.opcode_id``) and :data:`NODE_FEATURES`; edges between working nodes (folded
@@ -44,10 +45,11 @@ from disco.ir import loops as _loops
 from disco.ir import hlo_module, hlo_parse
 from disco.ir.graph import Node
 from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, CONTROL_FLOW_OPCODES, DATA_MOVEMENT_OPCODES, OPCODES,
-                               XLA_GPU_MATRIX_OPCODES, ZERO_COST_OPCODES, opcode_id)
+                               IN_PLACE_UPDATE_OPERAND, SLICE_READ_OPCODES, XLA_GPU_MATRIX_OPCODES, ZERO_COST_OPCODES, in_place_update,
+                               opcode_id)
 from disco.sim.costs import Kernel, is_kernel_node
 
-FEATURE_VERSION = 5
+FEATURE_VERSION = 6  # 6: gather reads its rows, scatter writes its update (was the whole buffer)
 NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtype_bytes", "is_root",
                  "layout_permuted", "log_minor_dim", "log_in_ratio", "reduces_minor")
 KINDS = ("gemm", "conv", "reduce", "transpose", "copy", "loop")
@@ -64,13 +66,46 @@ MATRIX_OPCODES = XLA_GPU_MATRIX_OPCODES
 _CONTROL = CONTROL_FLOW_OPCODES
 _CUDNN_CONV = re.compile(r"__cudnn\$conv(Forward|BackwardInput|BackwardFilter|BiasActivationForward)")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
-_SLICING = frozenset({"dynamic-slice", "dynamic-update-slice"})
-_SLICE_USERS = _SLICING | {"slice"}
+# Ops that touch part of operand 0: slice reads and in-place updates (disco.ir.opcodes).
+_SLICE_USERS = SLICE_READ_OPCODES | {"slice", "dynamic-update-slice", "scatter"}
 # XLA prints an async op as ``<op>-start``, ``<op>-update``, ``<op>-done`` (``copy-done``, ``fusion-done``,
 # ``reduce-scatter-done``, ...): the -update and -done halves only wait for the start and launch nothing,
 # and a collective's start runs on the network, not as a compute kernel.
 _ASYNC_WAITS = ("-update", "-done")
 _ASYNC_COLLECTIVES = frozenset(f"{c}-start" for c in (*COLLECTIVES, "ragged-all-to-all"))
+
+
+def _updated_in_place(ins: hlo_module.Instruction) -> bool:
+    """Whether ``ins`` updates its operand 0 in place (a dynamic-update-slice, a one-buffer scatter)."""
+    return in_place_update(ins.opcode, len(ins.operands)) is not None
+
+
+def _slice_reads(buffer: str, users: dict[str, list[hlo_module.Instruction]], depth: int = 0) -> int | None:
+    """Bytes of ``buffer`` a fused computation reads when every use of it touches only part of it
+    (:func:`_partial_use`), directly or through a chain of bitcasts (how XLA:GPU feeds a gather a
+    reshaped table); None when some use reads it whole, or nothing uses it."""
+    us = users.get(buffer, [])
+    if not us or depth > 16:
+        return None
+    total = 0
+    for u in us:
+        if u.opcode == "bitcast" and u.operands == (buffer,):
+            inner = _slice_reads(u.name, users, depth + 1)
+            if inner is None:
+                return None
+            total += inner
+        elif _partial_use(u, buffer):
+            total += 0 if _updated_in_place(u) else u.out_bytes
+        else:
+            return None
+    return total
+
+
+def _partial_use(user: hlo_module.Instruction, buffer: str) -> bool:
+    """Whether ``user`` touches only part of ``buffer``: slices or gathers from it, or updates it in place."""
+    if user.opcode not in _SLICE_USERS or not user.operands or user.operands[0] != buffer:
+        return False
+    return user.opcode not in IN_PLACE_UPDATE_OPERAND or _updated_in_place(user)
 
 
 class KernelSpec(NamedTuple):
@@ -200,11 +235,18 @@ def _custom_call_node(ins: hlo_module.Instruction, names: dict[str, hlo_module.I
     return _node(ins, 0.0, None, out)
 
 
-def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
+def module_kernels(hlo: str | hlo_module.Module, *, backend: str | None = None) -> list[KernelSpec]:
     """Every kernel-launching instruction of an optimised module, in program order.
+
+    On XLA:GPU a ``while`` whose trip count XLA knows (``known_trip_count``) runs its body that
+    many times and never its condition (its ``WhileThunk`` loops on the count; no condition kernel
+    appears in any H100 profile of ``../shared/data/h100_kernels``), so that condition's kernels are
+    left out; elsewhere, and for a loop of unknown count, the condition's kernels count once per trip.
 
     Args:
       hlo: the module text (``Compiled.as_text()``) or a parsed module.
+      backend: ``"gpu"`` or ``"cpu"``, the compiler that wrote the module; None reads it from the
+        text (:func:`disco.ir.hlo_parse.compiled_backend`; a parsed module without it counts as CPU).
 
     Returns:
       One KernelSpec per instruction, entry computation first, then loop bodies as reached.
@@ -212,6 +254,10 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
     Raises:
       ValueError: if the text is not HLO (:class:`disco.ir.hlo_parse.HloParseError`).
     """
+    if backend is None and isinstance(hlo, str):
+        backend = hlo_parse.compiled_backend(hlo)
+    if backend not in (None, "gpu", "cpu"):
+        raise ValueError(f"module_kernels: backend {backend!r}; expected 'gpu', 'cpu' or None")
     module = hlo if isinstance(hlo, hlo_module.Module) else hlo_parse.parse_module(hlo)
     comps = {c.name: c for c in module.computations}
     scoped = {c.name: c.by_name() for c in module.computations}  # names are scoped per computation
@@ -234,9 +280,10 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
         return Kernel(nodes=nodes, in_bytes=_fused_in_bytes(ins, body), out_bytes=_fused_out_bytes(ins, body))
 
     def _in_bytes(ins: hlo_module.Instruction) -> int:
-        ops = ins.operands[1:] if ins.opcode in _SLICING else ins.operands
+        partial = ins.opcode in SLICE_READ_OPCODES or _updated_in_place(ins)
+        ops = ins.operands[1:] if partial else ins.operands
         total = sum(o.out_bytes for o in (operand(ins, n) for n in dict.fromkeys(ops)) if o is not None)
-        if ins.opcode in ("dynamic-slice", "slice"):  # reads only the slice (a dynamic-update-slice writes in place)
+        if ins.opcode in SLICE_READ_OPCODES or ins.opcode == "slice":  # reads only the slice (an update writes in place)
             total = ins.out_bytes if ins.opcode == "slice" else total + ins.out_bytes
         return total
 
@@ -249,11 +296,12 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
         for p in body.instructions:
             if p.opcode != "parameter":
                 continue
-            us = users.get(p.name, [])
-            if us and all(u.opcode in _SLICE_USERS and u.operands and u.operands[0] == p.name for u in us):
-                # a buffer only sliced from (slice, dynamic-slice) or updated in place (dynamic-update-slice):
-                # the kernel reads the slices (at most the buffer once)
-                total += min(p.out_bytes, sum(u.out_bytes for u in us if u.opcode != "dynamic-update-slice"))
+            sliced = _slice_reads(p.name, users)
+            if sliced is not None:
+                # a buffer only sliced from (slice, dynamic-slice, gather) or updated in place
+                # (dynamic-update-slice, scatter), directly or through bitcasts: the kernel reads the
+                # slices (at most the buffer once)
+                total += min(p.out_bytes, sliced)
                 continue
             idx = int(p.raw_operands) if p.raw_operands.strip().isdigit() else -1
             operand = ins.operands[idx] if 0 <= idx < len(ins.operands) else p.name
@@ -268,8 +316,9 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
         outs = [by[o] for o in root.operands if o in by] if root.opcode == "tuple" else [root]
         total = 0
         for o in outs:
-            if o.opcode == "dynamic-update-slice" and len(o.operands) > 1 and o.operands[1] in by:
-                total += by[o.operands[1]].out_bytes  # in place: only the update is written
+            update = in_place_update(o.opcode, len(o.operands))
+            if update is not None and o.operands[update] in by:
+                total += by[o.operands[update]].out_bytes  # in place: only the update is written
             else:
                 total += o.out_bytes
         return total
@@ -283,8 +332,9 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
             if op in _CONTROL:
                 known = _loops.known_trip_count(ins) if op == "while" else None
                 n = 1 if known is None else known
+                skipped = ins.attrs.get("condition", "").strip().lstrip("%") if backend == "gpu" and known is not None else None
                 for c in ins.called:
-                    if c in comps:
+                    if c in comps and c != skipped:
                         visit(comps[c], times * n)
                 continue
             if op in ZERO_COST_OPCODES or op in COLLECTIVE_KIND or op in COLLECTIVES:
@@ -299,7 +349,8 @@ def module_kernels(hlo: str | hlo_module.Module) -> list[KernelSpec]:
                 kind = ins.attrs.get("custom_call_target", "custom-call").strip('"')
             else:
                 out_bytes = ins.out_bytes
-                update = operand(ins, ins.operands[1]) if op == "dynamic-update-slice" and len(ins.operands) > 1 else None
+                at = in_place_update(op, len(ins.operands))
+                update = operand(ins, ins.operands[at]) if at is not None else None
                 if update is not None:
                     out_bytes = update.out_bytes
                 kernel = Kernel(nodes=(_node(ins, flops_of(ins)),), in_bytes=_in_bytes(ins),

@@ -325,6 +325,120 @@ def test_dynamic_slice_reads_its_slice_and_update_writes_in_place():
     assert fused.in_bytes == 256 * 4 + 8 and fused.out_bytes == 256 * 4
 
 
+_GATHER_SCATTER = """HloModule g
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  table = f32[1000,64] parameter(0)
+  ids = s32[8,1] parameter(1)
+  rows = f32[8,64] gather(table, ids), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+  twice = f32[8,64] add(rows, rows)
+  zeros = f32[1000,64] parameter(2)
+  ROOT grad = f32[1000,64] scatter(zeros, ids, twice), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add_f32
+}
+"""
+
+
+def test_gather_reads_its_rows_and_scatter_writes_its_update_in_place():
+    """An embedding lookup and its gradient: neither kernel moves the 1000-row table."""
+    graph = HloGraph.from_hlo_text(_GATHER_SCATTER)
+    idx = graph.index()
+    gk = GraphKernels(graph)
+    rows = gk.kernel([idx["rows"]])
+    assert rows.in_bytes == 8 * 64 * 4 + 8 * 4 and rows.out_bytes == 8 * 64 * 4  # the rows and the ids
+    grad = gk.kernel([idx["grad"]])
+    assert grad.in_bytes == 8 * 4 + 8 * 64 * 4 and grad.out_bytes == 8 * 64 * 4  # ids and update; in place
+    fused = gk.kernel([idx["rows"], idx["twice"], idx["grad"]])
+    assert fused.in_bytes == 8 * 64 * 4 + 8 * 4 and fused.out_bytes == 8 * 64 * 4
+
+
+def test_compiled_gather_and_scatter_count_rows_not_the_table():
+    """The per-kernel features read the same traffic from an optimised module (fused and unfused)."""
+    from gnn import kernel_features as KF
+
+    fused = _GATHER_SCATTER.replace("ENTRY main {", """fused_rows {
+  t = f32[1000,64] parameter(0)
+  i = s32[8,1] parameter(1)
+  g = f32[8,64] gather(t, i), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+  ROOT d = f32[8,64] add(g, g)
+}
+
+fused_grad {
+  z = f32[1000,64] parameter(0)
+  i = s32[8,1] parameter(1)
+  u = f32[8,64] parameter(2)
+  ROOT sc = f32[1000,64] scatter(z, i, u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add_f32
+}
+
+ENTRY main {""").replace(
+        "  rows = f32[8,64] gather(table, ids), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, "
+        "index_vector_dim=1, slice_sizes={1,64}\n  twice = f32[8,64] add(rows, rows)",
+        "  twice = f32[8,64] fusion(table, ids), kind=kLoop, calls=fused_rows").replace(
+        "  ROOT grad = f32[1000,64] scatter(zeros, ids, twice), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add_f32",
+        "  ROOT grad = f32[1000,64] fusion(zeros, ids, twice), kind=kInput, calls=fused_grad")
+    assert "calls=fused_rows" in fused and "calls=fused_grad" in fused
+    for text, names in ((_GATHER_SCATTER, ("rows", "grad")), (fused, ("twice", "grad"))):
+        kernels = {k.name: k.kernel for k in KF.module_kernels(text)}
+        gather, scatter = kernels[names[0]], kernels[names[1]]
+        assert gather.in_bytes == 8 * 64 * 4 + 8 * 4, text
+        assert scatter.out_bytes == 8 * 64 * 4 and scatter.in_bytes == 8 * 4 + 8 * 64 * 4, text
+
+
+def test_a_variadic_scatter_is_not_taken_as_in_place():
+    from disco.ir.opcodes import in_place_update
+
+    assert in_place_update("scatter", 3) == 2 and in_place_update("dynamic-update-slice", 4) == 1
+    assert in_place_update("scatter", 5) is None and in_place_update("gather", 2) is None
+
+
+_GPU_LOOP = """HloModule w, is_scheduled=true
+
+cond {
+  p = (s32[], f32[64]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(6)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], f32[64]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  x = f32[64] get-tuple-element(p), index=1
+  y = f32[64] exponential(x)
+  ROOT t = (s32[], f32[64]) tuple(next, y)
+}
+
+ENTRY main {
+  x0 = f32[64] parameter(0)
+  zero = s32[] constant(0)
+  init = (s32[], f32[64]) tuple(zero, x0)
+  ROOT w = (s32[], f32[64]) while(init), condition=cond, body=body, backend_config={"known_trip_count":{"n":"6"}}
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["gpu", "cpu"])
+def test_compiled_while_runs_its_condition_only_off_the_gpu(backend):
+    """XLA:GPU's WhileThunk loops on known_trip_count: the condition's compare is no kernel there."""
+    from gnn import kernel_features as KF
+
+    kernels = {k.name: k.executions for k in KF.module_kernels(_GPU_LOOP, backend=backend)}
+    assert kernels["y"] == 6 and kernels["next"] == 6
+    assert ("lt" in kernels) == (backend == "cpu")
+    unknown = _GPU_LOOP.replace(', backend_config={"known_trip_count":{"n":"6"}}', "")
+    assert "lt" in {k.name for k in KF.module_kernels(unknown, backend=backend)}  # an unknown count runs it
+    with pytest.raises(ValueError, match="backend 'tpu'"):
+        KF.module_kernels(_GPU_LOOP, backend="tpu")
+
+
 # -- the simulator prices a loop by its trip count -----------------------------------------------------
 _CLUSTERS = {"cpu": (AnalyticCosts(), dcluster.preset("local", devices=2)),
              "h100": (analytic("h100"), dcluster.preset("h100-1"))}
@@ -339,9 +453,11 @@ def test_simulated_loop_is_trips_times_one_iteration(model, cluster):
     plan = baselines.make("xla_default", graph)
     timeline = {e.name: e.end - e.start for e in sim.run(plan).timeline}
     for loop in graph.loops:
-        one = (Simulator(loop.body, costs, spec).serial_time()
-               + Simulator(loop.condition, costs, spec).serial_time())
-        assert one > 0
+        body = Simulator(loop.body, costs, spec).serial_time()
+        condition = Simulator(loop.condition, costs, spec).serial_time()
+        assert body > 0 and condition > 0 and loop.trip_count is not None
+        # XLA:GPU loops on a known trip count and never runs the condition; XLA:CPU evaluates it every trip.
+        one = body if cluster == "h100" else body + condition
         assert timeline[loop.node] == pytest.approx(loop.trip_count * one, rel=1e-12)
     # More work than the same graph with each loop priced as one node (the old price).
     flat = Simulator(dataclasses.replace(graph, loops=()), costs, spec)

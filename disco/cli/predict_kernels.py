@@ -49,19 +49,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def predict(hlo: Any, costs: Any) -> dict[str, float]:
+def predict(hlo: Any, costs: Any, backend: str | None = None) -> dict[str, float]:
     """Instruction name -> predicted seconds per module execution, in program order.
 
     Args:
       hlo: the optimised module's text, or the module parsed (:func:`disco.ir.hlo_parse.parse_module`).
       costs: the cost model (:mod:`disco.sim.registry`).
+      backend: "gpu" or "cpu", the compiler of the module (None: read from the text; see
+        :func:`gnn.kernel_features.module_kernels`, which leaves out what XLA:GPU never runs).
 
     Raises:
       ValueError: for text that is not HLO.
     """
     from gnn.kernel_features import module_kernels
 
-    return {k.name: costs.kernel_time(k.kernel) * k.executions for k in module_kernels(hlo)
+    return {k.name: costs.kernel_time(k.kernel) * k.executions for k in module_kernels(hlo, backend=backend)
             if not k.kernel.is_empty}
 
 
@@ -102,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 0:
         raise CliError(f"--top must be >= 0 kernels, got {args.top}")
+    from disco.sim.cluster_spec import GPU_DEVICES
+
     module = read_module(args.hlo, args.device, args.module)
     args.cost_model = args.cost_model or DEFAULT_MODEL[args.device]
     if args.cost_model == "gnn" and args.device == "cpu":
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
               "GNN's kernel part, trained on step times, not kernel times (the default on cpu: analytic)",
               file=sys.stderr)
     costs, _ = load_cost_model(args.cost_model, device=args.device)
-    kernels = predict(module, costs)
+    kernels = predict(module, costs, "gpu" if args.device in GPU_DEVICES else "cpu")
     total = sum(kernels.values())
     if args.json:
         print(json.dumps({"device": args.device, "cost_model": args.cost_model, "kernels": kernels,

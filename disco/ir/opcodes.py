@@ -29,6 +29,8 @@ The sets, by what they mean:
   fuses and duplicates (used by :mod:`disco.sim.cpu_fusion`).
 * ``XLA_GPU_*``: the opcode classes of XLA:GPU's fusion (used by :mod:`disco.sim.gpu_fusion`, whose
   docstring says what each rule does).
+* :data:`SLICE_READ_OPCODES`, :data:`IN_PLACE_UPDATE_OPERAND`: ops that touch only part of their
+  operand 0 (what a kernel's bytes count: :mod:`disco.sim.costs`, :mod:`gnn.kernel_features`).
 * :data:`OPCODES`, :func:`opcode_id`: the fixed opcode vocabulary of array features.
 """
 
@@ -144,6 +146,30 @@ XLA_GPU_MATRIX_PROLOGUE: frozenset[str] = frozenset({"transpose", "convert", "co
 # launch, disco.sim.device_costs; the GNN's ``copy`` kernel class, gnn.kernel_features).
 DATA_MOVEMENT_OPCODES: frozenset[str] = frozenset({
     "copy", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad", "reshape"})
+
+# Ops that read only part of their operand 0 (the buffer): as many bytes of it as they output.
+# ``slice`` (static) reads its output's bytes too; it is left out because a static slice is
+# usually a bitcast or fused away, and kernel_features counts it on its own.
+SLICE_READ_OPCODES: frozenset[str] = frozenset({"dynamic-slice", "gather"})
+# Ops that update their operand 0 in place (XLA aliases the result with that buffer): they read
+# nothing of it and write only their update, the operand at this index. A scatter's combiner also
+# reads the elements it updates (at most the update's bytes again); that read is left out.
+IN_PLACE_UPDATE_OPERAND: Mapping[str, int] = {"dynamic-update-slice": 1, "scatter": 2}
+
+
+def in_place_update(opcode: str, operands: int) -> int | None:
+    """The index of the update operand of an in-place update with ``operands`` operands, else None.
+
+    A variadic scatter (several buffers, ``2 * n + 1`` operands) is not treated as in place.
+
+    Example:
+      >>> in_place_update("scatter", 3), in_place_update("scatter", 5), in_place_update("add", 2)
+      (2, None, None)
+    """
+    i = IN_PLACE_UPDATE_OPERAND.get(opcode)
+    if i is None or operands <= i or (opcode == "scatter" and operands != 3):
+        return None
+    return i
 
 # A fixed vocabulary so array features mean the same thing for every graph. An opcode's id is
 # its position in this sorted tuple, so saved feature models depend on it: a new name shifts the

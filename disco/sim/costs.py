@@ -11,11 +11,12 @@ a set of node indices into a Kernel (``GraphKernels(graph).kernel(indices)``);
 ``kernel_of(graph, indices)`` is the one-off convenience. A single unfused node
 is a kernel of one.
 
-A ``dynamic-slice`` reads only its slice of its first operand, and a
-``dynamic-update-slice`` whose buffer comes from outside the kernel updates it in
-place (reads none of it, writes only the update): how a scan's body reads the
-step's slice of a stacked array and writes its slice of a stacked result, so a
-loop's traffic per iteration is not the whole stack.
+A ``dynamic-slice`` or ``gather`` reads only its slice of its first operand, and a
+``dynamic-update-slice`` or ``scatter`` whose buffer comes from outside the kernel updates it in
+place (reads none of it, writes only the update; ``disco.ir.opcodes.SLICE_READ_OPCODES`` and
+``IN_PLACE_UPDATE_OPERAND``): how a scan's body reads the step's slice of a stacked array and
+writes its slice of a stacked result, so a loop's traffic per iteration is not the whole stack,
+and how an embedding lookup reads its rows of the table and its gradient adds rows into a buffer.
 
 A ``while`` node is priced by the simulator (``disco.sim.simulator``: its trip
 count times one iteration of its body's and condition's kernels, from
@@ -54,7 +55,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from disco.ir.opcodes import COLLECTIVE_KIND, ZERO_COST_OPCODES
+from disco.ir.opcodes import COLLECTIVE_KIND, SLICE_READ_OPCODES, ZERO_COST_OPCODES, in_place_update
 from disco.sim import collectives
 
 if TYPE_CHECKING:
@@ -130,17 +131,18 @@ class GraphKernels:
         # Slice reads and in-place updates: node -> the producer of its operand 0 (the stack it
         # slices or updates), when that producer is no other operand of the node.
         self._slice_of: dict[int, int] = {}
-        self._update_bytes: dict[int, int] = {}  # dynamic-update-slice -> bytes of its update
+        self._update_bytes: dict[int, int] = {}  # in-place update -> bytes of its update
         index = None
         for i, node in enumerate(graph.nodes):
-            if node.opcode in ("dynamic-slice", "dynamic-update-slice") and node.operands:
+            update = in_place_update(node.opcode, len(node.operands))
+            if node.operands and (update is not None or node.opcode in SLICE_READ_OPCODES):
                 index = graph.index() if index is None else index
                 src = index.get(node.operands[0])
                 if src is None or node.operands[0] in node.operands[1:]:
                     continue
                 self._slice_of[i] = src
-                if node.opcode == "dynamic-update-slice" and len(node.operands) > 1:
-                    upd = index.get(node.operands[1])
+                if update is not None:
+                    upd = index.get(node.operands[update])
                     self._update_bytes[i] = self._bytes[upd] if upd is not None else node.out_bytes
 
     def kernel(self, indices: Iterable[int], inlined: Iterable[int] = ()) -> Kernel:
@@ -203,7 +205,7 @@ class GraphKernels:
                 if p not in inputs:
                     continue
                 if p == src:
-                    if i not in self._update_bytes:  # a dynamic-slice reads its output's bytes
+                    if i not in self._update_bytes:  # a slice read reads its output's bytes
                         sliced[p] = sliced.get(p, 0) + self._bytes[i]
                     else:
                         sliced.setdefault(p, 0)  # updated in place: nothing of it is read

@@ -31,7 +31,8 @@ compiled with ``plan``:
    read outside (``disco.sim.costs.GraphKernels.kernel``). A ``while`` node is one
    unit whose time is its trip count (1 when unknown) times one iteration: the
    kernels (and collectives, serially) of its body and condition graphs
-   (``HloGraph.loops``), contracted by the same fusion emulation in the plan's
+   (``HloGraph.loops``; on a GPU cluster the body alone when the trip count is known,
+   as XLA:GPU runs it), contracted by the same fusion emulation in the plan's
    ``xla_fusion`` mode and priced by the same cost model; a while without a body
    graph is a kernel of one.
 2. **Collectives.** Each of ``plan.buckets`` becomes one all-reduce of the members'
@@ -164,7 +165,7 @@ class Simulator:
         self._ar_set = frozenset(self._ars)
         index = graph.index()
         self._loops = {index[lp.node]: lp for lp in graph.loops if lp.node in index}
-        self._loop_sims: dict[int, tuple[Simulator, Simulator]] = {}
+        self._loop_sims: dict[int, tuple[Simulator, ...]] = {}
         builder = UnitBuilder(graph, costs, cluster, self.kernels, self._cbytes,
                               self._loop_time if self._loops else None)
         if getattr(cluster, "is_gpu", False):  # a GPU cluster: XLA:GPU's fusion instead of XLA:CPU's
@@ -182,15 +183,23 @@ class Simulator:
         return "gpu" if self._gpu else "cpu"
 
     def _loop_time(self, i: int, fusion: str) -> float | None:
-        """Seconds of while node ``i``: trip count (1 if unknown) x one iteration in ``fusion`` mode."""
+        """Seconds of while node ``i``: trip count (1 if unknown) x one iteration in ``fusion`` mode.
+
+        An iteration is the body and the condition, except on a GPU cluster for a loop of known trip
+        count: XLA:GPU loops on the count and never runs the condition (``gnn.kernel_features.module_kernels``).
+        """
         loop = self._loops.get(i)
         if loop is None:
             return None
         sims = self._loop_sims.get(i)
         if sims is None:
             step = self.kernels.step_bytes  # a loop's kernels belong to this step
-            sims = self._loop_sims[i] = (Simulator(loop.body, self.costs, self.cluster, step_bytes=step),
-                                         Simulator(loop.condition, self.costs, self.cluster, step_bytes=step))
+            body = Simulator(loop.body, self.costs, self.cluster, step_bytes=step)
+            if self._gpu and loop.trip_count is not None:
+                sims = (body,)
+            else:
+                sims = (body, Simulator(loop.condition, self.costs, self.cluster, step_bytes=step))
+            self._loop_sims[i] = sims
         trips = 1 if loop.trip_count is None else loop.trip_count
         return trips * sum(sim.serial_time(fusion) for sim in sims)
 
