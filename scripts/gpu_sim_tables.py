@@ -181,14 +181,15 @@ class _Recorder:
 
 
 def record_terms(graph: HloGraph, times: int = 1) -> list[tuple[int, device_costs.KernelTerms]]:
-    """(executions per step, terms) of every emulated kernel of xla_default; a while loop's body and
-    condition kernels execute once per iteration (once if the count is unknown)."""
+    """(executions per step, terms) of every emulated kernel of xla_default; a while loop's body
+    kernels execute once per iteration (once if the count is unknown), its condition's only when the
+    count is unknown (XLA:GPU loops on a known count: ``Simulator._loop_time``)."""
     rec = _Recorder(graph)
     Simulator(graph, rec, dcluster.preset("h100-1")).result(baselines.make("xla_default", graph))
     out = [(times, t) for t in rec.kernels]
     for loop in graph.loops:
         trips = 1 if loop.trip_count is None else loop.trip_count
-        for part in (loop.body, loop.condition):
+        for part in (loop.body,) if loop.trip_count is not None else (loop.body, loop.condition):
             out += record_terms(part, times * trips)
     return out
 
