@@ -44,12 +44,12 @@ from disco.ir import flops as _flops
 from disco.ir import loops as _loops
 from disco.ir import hlo_module, hlo_parse
 from disco.ir.graph import Node
-from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, CONTROL_FLOW_OPCODES, DATA_MOVEMENT_OPCODES, OPCODES,
-                               IN_PLACE_UPDATE_OPERAND, SLICE_READ_OPCODES, XLA_GPU_MATRIX_OPCODES, ZERO_COST_OPCODES, in_place_update,
-                               opcode_id)
+from disco.ir.opcodes import (COLLECTIVE_KIND, COLLECTIVES, CONTROL_FLOW_OPCODES, DATA_MOVEMENT_OPCODES,
+                               IN_PLACE_UPDATE_OPERAND, OPCODES, SLICE_READ_OPCODES, XLA_GPU_MATRIX_OPCODES,
+                               ZERO_COST_OPCODES, in_place_update, opcode_id)
 from disco.sim.costs import Kernel, is_kernel_node
 
-FEATURE_VERSION = 6  # 6: gather reads its rows, scatter writes its update (was the whole buffer)
+FEATURE_VERSION = 6  # 6: a gather reads its rows, a scatter writes its update (were the whole buffer)
 NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtype_bytes", "is_root",
                  "layout_permuted", "log_minor_dim", "log_in_ratio", "reduces_minor")
 KINDS = ("gemm", "conv", "reduce", "transpose", "copy", "loop")
@@ -332,7 +332,9 @@ def module_kernels(hlo: str | hlo_module.Module, *, backend: str | None = None) 
             if op in _CONTROL:
                 known = _loops.known_trip_count(ins) if op == "while" else None
                 n = 1 if known is None else known
-                skipped = ins.attrs.get("condition", "").strip().lstrip("%") if backend == "gpu" and known is not None else None
+                skipped = None  # XLA:GPU never runs the condition of a loop of known count
+                if backend == "gpu" and known is not None:
+                    skipped = ins.attrs.get("condition", "").strip().lstrip("%")
                 for c in ins.called:
                     if c in comps and c != skipped:
                         visit(comps[c], times * n)

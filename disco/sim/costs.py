@@ -19,8 +19,8 @@ writes its slice of a stacked result, so a loop's traffic per iteration is not t
 and how an embedding lookup reads its rows of the table and its gradient adds rows into a buffer.
 
 A ``while`` node is priced by the simulator (``disco.sim.simulator``: its trip
-count times one iteration of its body's and condition's kernels, from
-``HloGraph.loops``); as a kernel of one here (a graph without loop bodies, or
+count times one iteration of its body's and condition's kernels, the body's alone on a
+GPU cluster when the count is known, from ``HloGraph.loops``); as a kernel of one here (a graph without loop bodies, or
 ``node_kernel_times``) its flops are already its trip count times its body's
 (``disco.ir.flops``) and its traffic is the loop state it reads and writes once.
 
