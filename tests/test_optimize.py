@@ -392,6 +392,27 @@ def built_result():
 INFO = {"model": "mlp", "preset": "tiny", "devices": 4, "device_kind": "cpu", "cost_model_info": {"name": "analytic"}}
 
 
+def test_the_verdict_prints_one_stage_per_line(capsys):
+    """The first run, the run-off and the confirmation each on a line of their own (issue 20: one
+    400-character sentence was the densest output a newcomer met); --json keeps the sentence whole."""
+    from disco.cli import optimize as optimize_cli
+    from disco.cli.common import table_console
+
+    verdict = ("reduce_fusion measured 1.527x faster than xla_default (44.151 vs 64.144 ms median) (in this run "
+               "the min-max ranges overlap, so this run alone cannot tell the gain from noise); but disco_3 was the "
+               "best in a run-off of 4 (disco_3 1.846x, reduce_fusion 1.790x); confirmed in a second run: 1.655x "
+               "paired over 27 rounds; 48.375 vs 76.506 ms median; the best baseline, ddp, 1.627x")
+    stages = optimize_cli.verdict_stages(verdict)
+    assert [s.split()[0] for s in stages] == ["reduce_fusion", "but", "confirmed"]
+    assert "; ".join(stages) == verdict  # nothing lost, nothing added
+    assert optimize_cli.verdict_stages("ddp measured 1.300x faster") == ["ddp measured 1.300x faster"]
+    optimize_cli._print_verdict(table_console(300), verdict)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("verdict: reduce_fusion measured 1.527x")
+    assert out[1].startswith("  but disco_3 was the best in a run-off of 4")
+    assert out[2] == "  confirmed in a second run: 1.655x paired over 27 rounds; 48.375 vs 76.506 ms median; the best baseline, ddp, 1.627x"
+
+
 def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
     from disco.cli import optimize as optimize_cli
 

@@ -286,7 +286,7 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     note = result.bound_note()
     if note:
         console.print(escape(note))
-    console.print(f"[bold]verdict:[/bold] {escape(result.verdict)}")
+    _print_verdict(console, result.verdict)
     for r in [result.row(result.chosen)] + [r for r in result.rows if r.name == "disco_1" and r.name != result.chosen]:
         p = r.plan
         opts = ", ".join(f"{k}={v}" for k, v in p.compile_options) or "XLA's defaults"
@@ -432,5 +432,46 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
                   f"{r['paired_speedup']:.3f}x")
     console = table_console(140)
     console.print(t)
-    console.print(f"[bold]verdict:[/bold] {res.verdict}")
+    _print_verdict(console, res.verdict)
     return 0
+
+
+# How the stages of a verdict begin after the first (disco.optimizer._choice, disco.mp_optimize):
+# the run-off, the confirmation, and what was kept.
+_VERDICT_STAGES = ("but ", "confirmed ", "the best again ", "keeping ", "the answer is ")
+
+
+def verdict_stages(verdict: str) -> list[str]:
+    """The verdict sentence cut into its stages (first run, run-off, confirmation), one per line.
+
+    Cuts at a ``"; "`` outside parentheses that starts a stage (:data:`_VERDICT_STAGES`); the
+    sentence is kept whole in ``--json`` and ``OptimizeResult.verdict``.
+
+    Example:
+      >>> for stage in verdict_stages("a measured 1.2x (x; but y); but b was the best in a run-off (b 1.3x); "
+      ...                             "confirmed in a second run: 1.1x; the best baseline, c, 1.0x"):
+      ...     print(stage)
+      a measured 1.2x (x; but y)
+      but b was the best in a run-off (b 1.3x)
+      confirmed in a second run: 1.1x; the best baseline, c, 1.0x
+    """
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(verdict):
+        c = verdict[i]
+        depth += (c == "(") - (c == ")")
+        if depth == 0 and verdict.startswith("; ", i) and verdict.startswith(_VERDICT_STAGES, i + 2):
+            parts.append(verdict[start:i])
+            start = i + 2
+        i += 1
+    parts.append(verdict[start:])
+    return parts
+
+
+def _print_verdict(console: Any, verdict: str) -> None:
+    """``verdict:`` and the verdict's first stage, then each later stage on its own indented line."""
+    from rich.markup import escape
+
+    first, *rest = verdict_stages(verdict)
+    console.print(f"[bold]verdict:[/bold] {escape(first)}")
+    for stage in rest:
+        console.print(f"  {escape(stage)}")
