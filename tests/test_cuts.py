@@ -320,7 +320,7 @@ def test_a_cut_that_aborts_xla_falls_back_through_the_probe():
             warnings.simplefilter("always")
             applied = xla_hooks.apply(make_plan(cuts=[{(call.operands[0], call.name)!r}]), step, *args)
         print("probed:", len(probed))
-        print("applied:", applied.applied, "|", (applied.fallback_reason or "").splitlines()[0][:300])
+        print("applied:", applied.applied, "|", (applied.fallback_reason or "-").splitlines()[0][:300])
         """)
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
