@@ -67,7 +67,7 @@ _CONTROL = CONTROL_FLOW_OPCODES
 _CUDNN_CONV = re.compile(r"__cudnn\$conv(Forward|BackwardInput|BackwardFilter|BiasActivationForward)")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
 # Ops that touch part of operand 0: slice reads and in-place updates (disco.ir.opcodes).
-_SLICE_USERS = SLICE_READ_OPCODES | {"slice", "dynamic-update-slice", "scatter"}
+_SLICE_USERS = SLICE_READ_OPCODES | {"slice"} | IN_PLACE_UPDATE_OPERAND.keys()
 # XLA prints an async op as ``<op>-start``, ``<op>-update``, ``<op>-done`` (``copy-done``, ``fusion-done``,
 # ``reduce-scatter-done``, ...): the -update and -done halves only wait for the start and launch nothing,
 # and a collective's start runs on the network, not as a compute kernel.

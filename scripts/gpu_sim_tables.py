@@ -46,7 +46,7 @@ from disco.ir.hlo_parse import parse_module  # noqa: E402
 from disco.plans import baselines  # noqa: E402
 from disco.sim import cluster as dcluster  # noqa: E402
 from disco.sim import device_costs, registry  # noqa: E402
-from disco.sim.simulator import Simulator  # noqa: E402
+from disco.sim.simulator import Simulator, iteration_graphs  # noqa: E402
 
 # ../shared beside the checkout (/work/main), or beside the worktrees' folder (/work/wt/NAME).
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -181,15 +181,15 @@ class _Recorder:
 
 
 def record_terms(graph: HloGraph, times: int = 1) -> list[tuple[int, device_costs.KernelTerms]]:
-    """(executions per step, terms) of every emulated kernel of xla_default; a while loop's body
-    kernels execute once per iteration (once if the count is unknown), its condition's only when the
-    count is unknown (XLA:GPU loops on a known count: ``Simulator._loop_time``)."""
+    """(executions per step, terms) of every emulated kernel of xla_default; a while loop's kernels
+    execute once per iteration (once if the count is unknown), those of the graphs the simulator
+    prices a GPU iteration with (``disco.sim.simulator.iteration_graphs``)."""
     rec = _Recorder(graph)
     Simulator(graph, rec, dcluster.preset("h100-1")).result(baselines.make("xla_default", graph))
     out = [(times, t) for t in rec.kernels]
     for loop in graph.loops:
         trips = 1 if loop.trip_count is None else loop.trip_count
-        for part in (loop.body,) if loop.trip_count is not None else (loop.body, loop.condition):
+        for part in iteration_graphs(loop, gpu=True):
             out += record_terms(part, times * trips)
     return out
 

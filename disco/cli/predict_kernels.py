@@ -67,6 +67,13 @@ def predict(hlo: Any, costs: Any, backend: str | None = None) -> dict[str, float
             if not k.kernel.is_empty}
 
 
+def _backend(device: str) -> str:
+    """The compiler whose modules ``--device`` prices: "gpu" for a GPU kind, else "cpu"."""
+    from disco.sim.cluster_spec import GPU_DEVICES
+
+    return "gpu" if device in GPU_DEVICES else "cpu"
+
+
 def read_module(path: str, device: str, module: str | None = None) -> Any:
     """The module in file ``path`` (the one named ``module`` of several), parsed, checked against
     ``device`` before any cost model loads.
@@ -84,7 +91,7 @@ def read_module(path: str, device: str, module: str | None = None) -> Any:
         parsed = parse_module(text, module)
     except ValueError as e:
         raise CliError(f"--hlo {path!r}: {e}") from None
-    expected = "gpu" if device in GPU_DEVICES else "cpu"
+    expected = _backend(device)
     backend = compiled_backend(text)
     if backend is not None and backend != expected:
         fits = "cpu" if backend == "cpu" else "/".join(d for d in DEVICES if d in GPU_DEVICES)
@@ -104,8 +111,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 0:
         raise CliError(f"--top must be >= 0 kernels, got {args.top}")
-    from disco.sim.cluster_spec import GPU_DEVICES
-
     module = read_module(args.hlo, args.device, args.module)
     args.cost_model = args.cost_model or DEFAULT_MODEL[args.device]
     if args.cost_model == "gnn" and args.device == "cpu":
@@ -113,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
               "GNN's kernel part, trained on step times, not kernel times (the default on cpu: analytic)",
               file=sys.stderr)
     costs, _ = load_cost_model(args.cost_model, device=args.device)
-    kernels = predict(module, costs, "gpu" if args.device in GPU_DEVICES else "cpu")
+    kernels = predict(module, costs, _backend(args.device))
     total = sum(kernels.values())
     if args.json:
         print(json.dumps({"device": args.device, "cost_model": args.cost_model, "kernels": kernels,

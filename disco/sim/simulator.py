@@ -99,7 +99,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from disco.ir.graph import HloGraph, require_graph
+from disco.ir.graph import HloGraph, Loop, require_graph
 from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_LOOP_OPCODES
 from disco.plans.plan import FusionPlan
 from disco.sim import gpu_fusion, scheduler
@@ -117,6 +117,13 @@ __all__ = ["ORDERS", "Event", "Order", "SimResult", "Simulator", "lower_bound", 
 Order = Literal["program", "topological"]
 ORDERS: tuple[str, ...] = ("program", "topological")
 
+
+
+def iteration_graphs(loop: Loop, *, gpu: bool) -> tuple[HloGraph, ...]:
+    """The graphs one trip of ``loop`` (an ``HloGraph.loops`` entry) runs: its body and its condition,
+    except on a GPU for a loop of known trip count, where XLA:GPU loops on the count and never runs
+    the condition (no condition kernel in any H100 profile; ``gnn.kernel_features.module_kernels``)."""
+    return (loop.body,) if gpu and loop.trip_count is not None else (loop.body, loop.condition)
 
 class Simulator:
     """Plan-independent precomputation for fast repeated simulation of one graph.
@@ -185,8 +192,7 @@ class Simulator:
     def _loop_time(self, i: int, fusion: str) -> float | None:
         """Seconds of while node ``i``: trip count (1 if unknown) x one iteration in ``fusion`` mode.
 
-        An iteration is the body and the condition, except on a GPU cluster for a loop of known trip
-        count: XLA:GPU loops on the count and never runs the condition (``gnn.kernel_features.module_kernels``).
+        An iteration is :func:`iteration_graphs`.
         """
         loop = self._loops.get(i)
         if loop is None:
@@ -194,12 +200,8 @@ class Simulator:
         sims = self._loop_sims.get(i)
         if sims is None:
             step = self.kernels.step_bytes  # a loop's kernels belong to this step
-            body = Simulator(loop.body, self.costs, self.cluster, step_bytes=step)
-            if self._gpu and loop.trip_count is not None:
-                sims = (body,)
-            else:
-                sims = (body, Simulator(loop.condition, self.costs, self.cluster, step_bytes=step))
-            self._loop_sims[i] = sims
+            sims = self._loop_sims[i] = tuple(Simulator(g, self.costs, self.cluster, step_bytes=step)
+                                              for g in iteration_graphs(loop, gpu=self._gpu))
         trips = 1 if loop.trip_count is None else loop.trip_count
         return trips * sum(sim.serial_time(fusion) for sim in sims)
 
