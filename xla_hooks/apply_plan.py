@@ -88,7 +88,7 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
       PrivateApiError: a private jax API changed.
       Exception: whatever XLA raises when the rewritten module does not compile.
     """
-    from disco.ir.extractor import lower
+    from disco.ir.extractor import lower, plan_text
     from disco.ir.graph import HloGraph
     from xla_hooks import _jax_private
     from xla_hooks.rewrite import apply_plan_to_text
@@ -96,13 +96,13 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
     from disco.plans import options as plan_options
 
     lowered = lower(step_fn, *args, kwargs=kwargs)
-    text = lowered.as_text(dialect="hlo")
+    text = plan_text(lowered, debug_info=False)  # a GSPMD step: its partitioned program
     backend = _backend()
     plan_options.check(plan.compile_options, backend)  # also for a plan of options alone (validate skipped)
     options = plan.compiler_options(backend)
     graph = None
     if plan.graph_fingerprint is not None:  # the text disco.extract reads (its fingerprint counts metadata)
-        graph = HloGraph.from_hlo_text(lowered.as_text(dialect="hlo", debug_info=True))
+        graph = HloGraph.from_hlo_text(plan_text(lowered, debug_info=True))
         check_fingerprint(plan, graph)
     if not plan.groups and plan.buckets is None and not plan.cuts and not roundtrip:
         return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)

@@ -72,10 +72,10 @@ def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: boo
       ValueError: as :func:`strip_all_reduces`.
       PrivateApiError: the private jax API used to compile rewritten HLO changed.
     """
-    from disco.ir.extractor import lower
+    from disco.ir.extractor import lower, plan_text
     from xla_hooks import _jax_private
 
     _jax_private.check_version()
     lowered = lower(step_fn, *args)
-    text = strip_all_reduces(lowered.as_text(dialect="hlo"), keep_scalars=keep_scalars)
+    text = strip_all_reduces(plan_text(lowered, debug_info=False), keep_scalars=keep_scalars)
     return _jax_private.compile_rewritten(lowered, text)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from disco.ir import gspmd
 from disco.ir.graph import HloGraph
+from disco.ir.hlo_parse import parse_module
 
 
 def check_step(step_fn: Any) -> None:
@@ -51,11 +56,118 @@ def hlo_text(
     compiler_options: Mapping[str, Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
 ) -> str:
-    """The step's HLO text: pre-optimisation (with metadata) or as compiled by XLA."""
+    """The step's HLO text: the text plans are written against (:func:`plan_text`, with metadata)
+    or the module as compiled by XLA."""
     lowered = lower(step_fn, *args, kwargs=kwargs)
     if optimized:
         return lowered.compile(compiler_options=dict(compiler_options or {})).as_text()
-    return lowered.as_text(dialect="hlo", debug_info=True)
+    return plan_text(lowered, debug_info=True)
+
+
+_PARTITIONED_CACHE: dict[tuple[str, str], str] = {}
+_PARTITIONED_LOCK = threading.Lock()
+_PARTITIONED_CACHE_SIZE = 16
+
+
+def plan_text(lowered: Any, *, debug_info: bool = True) -> str:
+    """The pre-optimisation HLO text of a lowered step that plans are written against.
+
+    For a ``shard_map`` or ``pmap`` step, ``lowered.as_text(dialect="hlo")``: its collectives are
+    in it. For a ``jax.jit`` step with shardings (GSPMD), whose all-reduces XLA's SPMD partitioner
+    adds later, the partitioned program as a manual computation (:mod:`disco.ir.gspmd`): one
+    compile of the step with XLA's dump of the ``spmd-partitioning`` pass, memoised per module
+    and devices. Falls back to the plain text (which has no all-reduce, so the step checks then
+    say why) when the step cannot be wrapped, with a :class:`GspmdWarning` naming the reason.
+    """
+    text = lowered.as_text(dialect="hlo", debug_info=debug_info)
+    if "all-reduce" in text or "xla.sdy.meshes" not in text:
+        return text  # written collectives (shard_map, pmap), or no mesh: nothing to partition
+    try:
+        if not gspmd.is_unpartitioned(text):
+            return text
+        plain = text if not debug_info else lowered.as_text(dialect="hlo")
+        key = (hashlib.sha256(plain.encode()).hexdigest(), _device_key())
+        with _PARTITIONED_LOCK:
+            cached = _PARTITIONED_CACHE.get(key)
+        if cached is None:
+            cached = _manual_text(lowered, text)
+            with _PARTITIONED_LOCK:
+                if len(_PARTITIONED_CACHE) >= _PARTITIONED_CACHE_SIZE:
+                    _PARTITIONED_CACHE.pop(next(iter(_PARTITIONED_CACHE)))
+                _PARTITIONED_CACHE[key] = cached
+        return cached
+    except Exception as e:  # noqa: BLE001 - any failure leaves the step as jax lowered it, with the reason
+        warnings.warn(f"disco: could not read the partitioned program of this jax.jit step with shardings "
+                      f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
+                      "its all-reduces stay out of disco's reach", GspmdWarning, stacklevel=2)
+        return text
+
+
+class GspmdWarning(UserWarning):
+    """A ``jax.jit`` step with shardings could not be rewritten as its partitioned program."""
+
+
+def _device_key() -> str:
+    import jax
+
+    return f"{jax.default_backend()}:{','.join(str(d.id) for d in jax.devices())}"
+
+
+def partitioned_module_text(lowered: Any) -> tuple[str, Any]:
+    """XLA's module after SPMD partitioning (per-device shapes, one all-reduce per gradient), and
+    the compiled step (its output shardings are what the partitioner chose).
+
+    Raises:
+      RuntimeError: XLA wrote no module after ``spmd-partitioning`` (a single-device compile).
+    """
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="disco-spmd-") as tmp:
+        compiled = lowered.compile(compiler_options={
+            "xla_dump_to": tmp, "xla_dump_hlo_pass_re": "spmd-partitioning", "xla_dump_hlo_as_text": True})
+        names = sorted(n for n in os.listdir(tmp) if "after_spmd-partitioning" in n and n.endswith(".txt"))
+        if not names:
+            raise RuntimeError("XLA wrote no module after its spmd-partitioning pass")
+        with open(os.path.join(tmp, names[-1]), encoding="utf-8") as f:
+            return f.read(), compiled
+
+
+def _manual_text(lowered: Any, text: str) -> str:
+    """The GSPMD step ``lowered`` (pre-partitioning ``text``) as a manual computation module."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    partitioned, compiled = partitioned_module_text(lowered)
+    outs = jax.tree.leaves(compiled.output_shardings)
+    if not all(isinstance(s, NamedSharding) for s in outs):
+        raise gspmd.GspmdError("the step's outputs are not all NamedShardings")
+    mesh = outs[0].mesh if outs else None
+    params = gspmd.entry_parameters(text)
+    if mesh is None or len(params) == 0:
+        raise gspmd.GspmdError("the step has no outputs or no parameters to wrap")
+    if dict(mesh.shape) != gspmd.mesh_axes(text):
+        raise gspmd.GspmdError(f"the outputs' mesh {dict(mesh.shape)} is not the step's {gspmd.mesh_axes(text)}")
+    spec = lambda dims: PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in dims))  # noqa: E731
+    in_specs = tuple(spec(p.spec) for p in params)
+    out_specs = tuple(s.spec for s in outs)
+    out_info = jax.tree.leaves(lowered.out_info)
+    if any(0 in p.dims for p in params):
+        raise gspmd.GspmdError("the step has an empty parameter")
+
+    def body(*shards: Any) -> Any:  # a placeholder of the right shapes that reads every argument
+        dep = sum(a.reshape(-1)[0].astype(jnp.float32) for a in shards) * 0
+        return tuple(dep.astype(o.dtype) + jnp.zeros(NamedSharding(mesh, s).shard_shape(o.shape), o.dtype)
+                     for o, s in zip(out_info, out_specs))
+
+    def wrapper(*flat: Any) -> Any:
+        return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*flat)
+
+    structs = [jax.ShapeDtypeStruct(p.dims, jnp.dtype(p.dtype), sharding=NamedSharding(mesh, s))
+               for p, s in zip(params, in_specs)]
+    wrapper_text = jax.jit(wrapper, keep_unused=True).lower(*structs).as_text(dialect="hlo")
+    return gspmd.manual_module(wrapper_text, partitioned, name=parse_module(text).name)
 
 
 def extract(

@@ -72,3 +72,55 @@ def _mesh_group_size(axes_text: str, group_text: str) -> int | None:
         else:
             return None
     return total
+
+
+_MESH_FORM_RE = re.compile(
+    r"mesh\[([^\]]*)\](?:\s*,\s*device_ids=\[([\d,\s]*)\])?\s*\{([^{}]*)\}", re.S)
+
+
+def explicit_replica_groups(replica_groups: str) -> str | None:
+    """A mesh-form ``replica_groups`` (``mesh['a'=2,'b'=4] {'b'}``) as the explicit list it means.
+
+    The devices (``device_ids``, else 0..n-1) are laid out row-major over the mesh axes; each
+    group holds the devices that differ only along the named axes (in the order named), one group
+    per position on the other axes. None for a form this does not expand (sub-axes, unknown axes).
+
+    >>> explicit_replica_groups("mesh['x'=2,'y'=2] {'y'}")
+    '{{0,1},{2,3}}'
+    >>> explicit_replica_groups("mesh['x'=2,'y'=2] {'x'}")
+    '{{0,2},{1,3}}'
+    """
+    import itertools
+
+    m = _MESH_FORM_RE.fullmatch(replica_groups.strip())
+    if not m:
+        return None
+    axes: list[tuple[str, int]] = []
+    for part in m.group(1).split(","):
+        name, eq, size = part.partition("=")
+        if not eq or not size.strip().isdigit():
+            return None
+        axes.append((name.strip().strip("'\""), int(size)))
+    names = [a for a, _ in axes]
+    group_axes = [ref.strip().strip("'\"") for ref in m.group(3).split(",") if ref.strip()]
+    if any(a not in names for a in group_axes) or len(set(group_axes)) != len(group_axes):
+        return None
+    sizes = dict(axes)
+    total = 1
+    for _, size in axes:
+        total *= size
+    ids = [int(d) for d in m.group(2).split(",") if d.strip()] if m.group(2) is not None else list(range(total))
+    if len(ids) != total:
+        return None
+    strides, stride = {}, 1
+    for name, size in reversed(axes):
+        strides[name] = stride
+        stride *= size
+    others = [a for a in names if a not in group_axes]
+    groups = []
+    for outer in itertools.product(*(range(sizes[a]) for a in others)):
+        base = sum(i * strides[a] for a, i in zip(others, outer))
+        members = [ids[base + sum(i * strides[a] for a, i in zip(group_axes, inner))]
+                   for inner in itertools.product(*(range(sizes[a]) for a in group_axes))]
+        groups.append("{" + ",".join(map(str, members)) + "}")
+    return "{" + ",".join(groups) + "}"

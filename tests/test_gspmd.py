@@ -1,0 +1,232 @@
+"""Steps as JAX users write them: ``jax.jit`` over NamedShardings (GSPMD), flax linen + optax and
+flax NNX, with no explicit collective and no named scope. disco plans their partitioned program
+(``disco.ir.gspmd``), finds their gradients by dataflow, and the plan reaches XLA."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import disco
+import trax_models
+import xla_hooks
+from disco.ir import gspmd
+from disco.ir.graph import HloGraph
+from disco.ir.replica_groups import explicit_replica_groups
+from disco.plans import baselines
+from tests.equivalence import assert_close, three_steps
+
+DEVICES = 4
+
+
+def _mesh():
+    return jax.make_mesh((DEVICES,), ("dp",), devices=jax.devices()[:DEVICES])
+
+
+@functools.cache
+def linen_step():
+    """A data-parallel step as flax's examples write one: linen MLP, optax adam, jax.jit."""
+    import flax.linen as nn
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for width in (64, 64):
+                x = nn.relu(nn.Dense(width)(x))
+            return nn.Dense(10)(x)
+
+    model, tx, mesh = MLP(), optax.adam(1e-2), _mesh()
+    x = jax.random.normal(jax.random.key(1), (32, 16))
+    y = jax.random.randint(jax.random.key(2), (32,), 0, 10)
+    params = model.init(jax.random.key(0), x)
+
+    @jax.jit
+    def step(state, batch):
+        params, opt_state = state
+        inputs, labels = batch
+
+        def loss_fn(p):
+            return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, inputs), labels).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    state = jax.device_put((params, tx.init(params)), NamedSharding(mesh, P()))
+    batch = jax.device_put((x, y), NamedSharding(mesh, P("dp")))
+    return step, (state, batch)
+
+
+@functools.cache
+def nnx_step():
+    """The same with flax NNX: an nnx.Module, nnx.value_and_grad and an nnx.Optimizer, split
+    into a state pytree for jax.jit (flax's functional NNX pattern)."""
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, *, rngs):
+            self.hidden = nnx.Linear(16, 32, rngs=rngs)
+            self.out = nnx.Linear(32, 10, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(jax.nn.relu(self.hidden(x)))
+
+    model = MLP(rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)))
+    mesh = _mesh()
+
+    @jax.jit
+    def step(state, batch):
+        model, optimizer = nnx.merge(graphdef, state)
+        inputs, labels = batch
+
+        def loss_fn(m):
+            return optax.softmax_cross_entropy_with_integer_labels(m(inputs), labels).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    x = jax.random.normal(jax.random.key(1), (32, 16))
+    y = jax.random.randint(jax.random.key(2), (32,), 0, 10)
+    state = jax.device_put(state, NamedSharding(mesh, P()))
+    batch = jax.device_put((x, y), NamedSharding(mesh, P("dp")))
+    return step, (state, batch)
+
+
+STEPS = {"linen": (linen_step, 6), "nnx": (nnx_step, 4)}  # builder, parameter tensors
+
+
+def _compiled_all_reduces(applied) -> int:
+    text = applied.compiled_text()
+    return text.count(" all-reduce(") + text.count(" all-reduce-start(")
+
+
+@pytest.mark.parametrize("style", sorted(STEPS))
+def test_the_graph_holds_one_all_reduce_per_gradient_found_by_dataflow(style):
+    build, n_params = STEPS[style]
+    step, args = build()
+    assert "all-reduce" not in step.lower(*args).as_text(dialect="hlo")  # GSPMD: none before partitioning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph = disco.extract(step, *args)
+    grads = [n for n in graph.all_reduces() if n.is_gradient]
+    assert len(grads) == n_params and len(graph.all_reduces()) == n_params + 1  # + the loss's
+    # each gradient named after the parameter it updates (kernel and bias of every layer), the loss not
+    assert len({n.param_path for n in grads}) == n_params
+    assert all(("kernel" in n.param_path) or ("bias" in n.param_path) for n in grads)
+    (loss,) = [n for n in graph.all_reduces() if not n.is_gradient]
+    assert loss.shape == "f32[]"
+    assert graph.name == step.lower(*args).as_text(dialect="hlo").split()[1].rstrip(",")
+
+
+@pytest.mark.parametrize("style", sorted(STEPS))
+@pytest.mark.parametrize("plan_name", ["per_tensor", "one_bucket", "ddp"])
+def test_bucket_plans_reach_a_gspmd_step_and_train_as_xla_default(style, plan_name):
+    build, _ = STEPS[style]
+    step, args = build()
+    graph = disco.extract(step, *args)
+    plan = baselines.make(plan_name, graph)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        applied = xla_hooks.apply(plan, step, *args)
+    assert applied.applied, applied.fallback_reason
+    # the compiled collectives are the plan's buckets (XLA's combiner would have merged them into one)
+    assert _compiled_all_reduces(applied) == len(plan.buckets)
+    assert_close(three_steps(applied, args), three_steps(step, args))
+
+
+def test_xla_default_merges_the_gspmd_all_reduces_so_per_tensor_is_a_real_change():
+    step, args = linen_step()
+    default = xla_hooks.apply(None, step, *args)
+    assert _compiled_all_reduces(default) == 1
+
+
+def test_fusion_groups_and_cuts_reach_a_gspmd_step():
+    from disco.plans import random_plans
+
+    step, args = linen_step()
+    graph = disco.extract(step, *args)
+    plan = next(p for p in (random_plans.random_plan(graph, seed=s) for s in range(20)) if p.groups)
+    applied = xla_hooks.apply(plan, step, *args, strict=True)
+    assert applied.applied
+    assert_close(three_steps(applied, args), three_steps(step, args))
+
+
+def test_optimize_takes_a_gspmd_step_and_answers_a_plan_that_applies():
+    step, args = linen_step()
+    result = disco.optimize(step, *args, budget_s=1.0, rounds=2, steps=2, confirm=False, measure_top_k=1,
+                            bucket_sweep=(2,))
+    assert result.chosen
+    names = {row.name for row in result.rows}
+    assert "xla_default" in names and "per_tensor" in names
+
+
+def test_xla_hooks_jit_plans_a_gspmd_step_through_a_real_service(tmp_path):
+    pytest.importorskip("flask")
+    from service.testing import ServerProcess
+
+    step, args = linen_step()
+    srv = ServerProcess(tmp_path / "plans.sqlite", workers=1, token="tok")
+    srv.start()
+    try:
+        fast = xla_hooks.jit(step, service=srv.url, cluster="local", timeout_s=60, token="tok",
+                             options={"strategy": "baselines", "seed": 0})
+        out = three_steps(fast, args)
+    finally:
+        srv.stop()
+    (applied,) = fast.applied.values()
+    assert applied.applied, applied.fallback_reason
+    (report,) = fast.reports.values()
+    assert report["graph"]["all_reduces"] == 7
+    assert_close(out, three_steps(step, args))
+
+
+def test_gradients_by_dataflow_match_the_named_scopes_on_a_shard_map_step():
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=DEVICES, optimizer="adam")
+    text = disco.hlo_text(step, *args)
+    scoped = HloGraph.from_hlo_text(text)
+    unscoped = HloGraph.from_hlo_text(text.replace("disco_grad[", "plain["))
+    by_scope = {n.name for n in scoped.all_reduces() if n.is_gradient}
+    by_dataflow = {n.name for n in unscoped.all_reduces() if n.is_gradient}
+    assert by_scope and by_dataflow == by_scope
+
+
+def test_mesh_replica_groups_expand_as_xla_lays_out_the_mesh():
+    assert explicit_replica_groups("mesh['axis_0'=4,'axis_1'=1] {'axis_0'}") == "{{0,1,2,3}}"
+    assert explicit_replica_groups("mesh['x'=2,'y'=2] {'y'}") == "{{0,1},{2,3}}"
+    assert explicit_replica_groups("mesh['x'=2,'y'=2] {'x'}") == "{{0,2},{1,3}}"
+    assert explicit_replica_groups("mesh['a'=2,'b'=2], device_ids=[3,2,1,0] {'a'}") == "{{3,1},{2,0}}"
+    assert explicit_replica_groups("mesh['x'=2] {'z'}") is None
+    assert explicit_replica_groups("{{0,1}}") is None
+
+
+def test_a_shard_map_step_is_left_as_jax_lowered_it():
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=DEVICES)
+    text = step.lower(*args).as_text(dialect="hlo") if hasattr(step, "lower") else jax.jit(step).lower(*args).as_text(dialect="hlo")
+    assert not gspmd.is_unpartitioned(text)
+
+
+def test_a_wrapper_whose_body_does_not_match_the_partitioned_program_is_refused():
+    wrapper = (
+        "HloModule w, entry_computation_layout={(f32[4]{0})->f32[4]{0}}\n\n"
+        "xla.sdy.manual_computation_body.1 {\n  p = f32[2]{0} parameter(0)\n  ROOT c = f32[2]{0} copy(p)\n}\n\n"
+        "ENTRY main {\n  a = f32[4]{0} parameter(0)\n"
+        "  b = f32[4]{0} call(a), to_apply=xla.sdy.manual_computation_body.1\n  ROOT r = f32[4]{0} copy(b)\n}\n")
+    partitioned = "HloModule s\n\nENTRY %m (q: f32[3]) -> f32[3] {\n  %q = f32[3]{0} parameter(0)\n  ROOT %r = f32[3]{0} copy(%q)\n}\n"
+    with pytest.raises(gspmd.GspmdError, match="parameters do not match"):
+        gspmd.manual_module(wrapper, partitioned)
+    with pytest.raises(gspmd.GspmdError, match="no manual computation"):
+        gspmd.manual_module("HloModule w\n\nENTRY main {\n  ROOT a = f32[] parameter(0)\n}\n", partitioned)
+    ok = partitioned.replace("f32[3]", "f32[2]")
+    text = gspmd.manual_module(wrapper, ok, name="jit_step")
+    assert text.startswith("HloModule jit_step") and "%xla.sdy.manual_computation_body.1 (q: f32[2])" in text
+    np.testing.assert_equal(len(HloGraph.from_hlo_text(text).nodes), 5)
