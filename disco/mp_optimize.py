@@ -139,7 +139,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
              cluster: ClusterSpec, costs: CostModel | None = None, budget_s: float = 30, strategy: str = "best_first",
              max_evals: int | None = None, measure_top_k: int = 3, seed: int = 0, rounds: int = 7, steps: int = 3,
              bucket_sweep: Sequence[int] = (2, 3, 4), confirm: bool = True, confirm_rounds: int | None = None,
-             optimizer: str = "adamw", timeout_s: float = 1800, scale_compute: bool = True,
+             optimizer: str = "adamw", style: str = "shard_map", timeout_s: float = 1800, scale_compute: bool = True,
              compute_floor_ms: float | None = None, measure_reduce_fusion: bool = True,
              measure_regrouped: bool = True, progress: Progress | None = None) -> CrossOptimizeResult:
     """Searches plans for a zoo model priced on ``cluster`` and measures them across processes.
@@ -181,7 +181,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
         measure_reduce_fusion=measure_reduce_fusion, measure_regrouped=measure_regrouped).confirmation_rounds
     say = progress or (lambda msg: None)
     n = processes * devices_per_process
-    step, example = trax_models.make_train_step(model, preset, devices=n, optimizer=optimizer)
+    step, example = trax_models.make_train_step(model, preset, devices=n, optimizer=optimizer, style=style)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     costs = costs if costs is not None else device_costs.analytic(cluster.device)
     floor = None
@@ -190,7 +190,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
             say(f"measuring the compute floor across {processes} processes")
             floor = mp_calibrate.measure_compute_floor(processes, devices_per_process, link, model=model,
                                                        preset=preset, rounds=rounds, steps=steps,
-                                                       optimizer=optimizer, timeout_s=timeout_s)
+                                                       optimizer=optimizer, style=style, timeout_s=timeout_s)
         else:
             floor = {"median_ms": compute_floor_ms}
         floor["predicted_ms"] = mp_calibrate.predicted_compute_s(graph, cluster, costs) * 1e3
@@ -254,7 +254,7 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
     say(f"measuring {len(cands)} plans across {processes} processes")
     try:
         res = _measure(model, preset, processes, devices_per_process, link, cands, plans_json, graph, found,
-                       cluster, rounds, steps, confirm, confirm_rounds, optimizer, timeout_s, say,
+                       cluster, rounds, steps, confirm, confirm_rounds, optimizer, style, timeout_s, say,
                        regroup if measure_regrouped else None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -264,11 +264,11 @@ def optimize(model: str, preset: str, processes: int, devices_per_process: int, 
 def _measure(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None,
              cands: dict[str, tuple[str, str, float]], plans_json: dict[str, str], graph: Any, found: Any,
              cluster: ClusterSpec, rounds: int, steps: int, confirm: bool, confirm_rounds: int, optimizer: str,
-             timeout_s: float, say: Progress,
+             style: str, timeout_s: float, say: Progress,
              regroup: Callable[[Sequence[dict[str, Any]]], str | None] | None = None) -> CrossOptimizeResult:
     """Steps 3 and 4 of the module doc; ``regroup`` adds the regrouped plan to ``cands``."""
     res = _launch(model, preset, processes, devices_per_process, link, [a for a, _, _ in cands.values()],
-                  rounds, steps, optimizer, timeout_s)
+                  rounds, steps, optimizer, style, timeout_s)
     by_plan = {r["plan"]: r for r in multiprocess.combine(res)}
     rows = [_row(name, kind, pred, by_plan[name]) for name, (_, kind, pred) in cands.items()]
     best_base = best_baseline(rows)
@@ -283,12 +283,12 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
         extra = regroup(rows) if confirm and regroup is not None else None
         if extra is not None:
             chosen, verdict, runoff = _run_off(model, preset, processes, devices_per_process, link, cands, rows,
-                                               chosen, extra, verdict, rounds, steps, optimizer, timeout_s, say)
+                                               chosen, extra, verdict, rounds, steps, optimizer, style, timeout_s, say)
         if confirm:
             against = [n for n in dict.fromkeys(("xla_default", best_base)) if n != chosen]
             say(f"confirming {chosen} against {' and '.join(against)} ({confirm_rounds} rounds, fresh processes)")
             again = _launch(model, preset, processes, devices_per_process, link,
-                            [cands[n][0] for n in (*against, chosen)], confirm_rounds, steps, optimizer, timeout_s)
+                            [cands[n][0] for n in (*against, chosen)], confirm_rounds, steps, optimizer, style, timeout_s)
             confirmation = tuple(multiprocess.combine(again))
             chosen, verdict, confirmed, vs_best, interval = confirmed_answer(confirmation, chosen, best_base,
                                                                              verdict, confirm_rounds)
@@ -308,7 +308,7 @@ def _measure(model: str, preset: str, processes: int, devices_per_process: int, 
 
 def _run_off(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None,
              cands: dict[str, tuple[str, str, float]], rows: list[dict[str, Any]], chosen: str, extra: str,
-             verdict: str, rounds: int, steps: int, optimizer: str, timeout_s: float, say: Progress
+             verdict: str, rounds: int, steps: int, optimizer: str, style: str, timeout_s: float, say: Progress
              ) -> tuple[str, str, tuple[dict[str, Any], ...]]:
     """The choice against the regrouped plan ``extra`` (and xla_default) in a launch of their own:
     (the faster, the verdict, that launch's rows). ``extra``'s row, with its times there, is
@@ -317,7 +317,7 @@ def _run_off(model: str, preset: str, processes: int, devices_per_process: int, 
 
     say(f"run-off: {chosen} against {extra} ({rounds} rounds, fresh processes)")
     launched = _launch(model, preset, processes, devices_per_process, link,
-                       [cands[n][0] for n in ("xla_default", chosen, extra)], rounds, steps, optimizer, timeout_s)
+                       [cands[n][0] for n in ("xla_default", chosen, extra)], rounds, steps, optimizer, style, timeout_s)
     again = {r["plan"]: r for r in multiprocess.combine(launched)}
     rows.append({**_row(extra, "search", cands[extra][2], again[extra]), "measured_in": "run-off"})
     times = {n: Measurement(tuple(again[n]["samples_ms"])) for n in ("xla_default", chosen, extra)
@@ -423,7 +423,7 @@ def confirmed_answer(confirmation: Sequence[dict[str, Any]], chosen: str, best_b
 
 def validate(res: CrossOptimizeResult, model: str, preset: str, processes: int, devices_per_process: int,
              link: LinkSpec | None, *, rounds: int = 21, steps: int = 3, optimizer: str = "adamw",
-             timeout_s: float = 1800) -> dict[str, Any]:
+             style: str = "shard_map", timeout_s: float = 1800) -> dict[str, Any]:
     """Measures a decided answer once more, in a launch of its own after the decision: xla_default,
     ``res.best_baseline`` and ``res.chosen`` in ``rounds`` interleaved rounds in fresh processes.
 
@@ -453,7 +453,7 @@ def validate(res: CrossOptimizeResult, model: str, preset: str, processes: int, 
                 f.write(res.plan_json)
             args[res.chosen] = path
         launched = _launch(model, preset, processes, devices_per_process, link, list(args.values()), rounds, steps,
-                           optimizer, timeout_s)
+                           optimizer, style, timeout_s)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rows = multiprocess.combine(launched)
@@ -485,9 +485,9 @@ def _baseline_plan(name: str, graph: Any) -> FusionPlan:
 
 
 def _launch(model: str, preset: str, processes: int, devices_per_process: int, link: LinkSpec | None,
-            plans: list[str], rounds: int, steps: int, optimizer: str, timeout_s: float) -> multiprocess.LaunchResult:
+            plans: list[str], rounds: int, steps: int, optimizer: str, style: str, timeout_s: float) -> multiprocess.LaunchResult:
     spec = multiprocess.WorkerSpec(model=model, preset=preset, plans=tuple(plans), rounds=rounds, steps=steps,
-                                   optimizer=optimizer)
+                                   optimizer=optimizer, style=style)
     res = multiprocess.launch(processes, devices_per_process, spec, link=link, timeout_s=timeout_s)
     res.raise_if_failed("measuring across processes")
     return res

@@ -68,7 +68,8 @@ def _bench(spec: dict[str, Any], n: int) -> dict[str, Any]:
     from disco.ir.graph import HloGraph
 
     step, example = trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
-                                                optimizer=spec.get("optimizer", "adamw"))
+                                                optimizer=spec.get("optimizer", "adamw"),
+                                                style=spec.get("style", "shard_map"))
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = _plans(spec["plans"], graph)
     results = bench.run_bench(step, example, plans, rounds=spec["rounds"], steps=spec["steps"],

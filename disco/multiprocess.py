@@ -56,6 +56,7 @@ class WorkerSpec:
     rounds: int = 5
     steps: int = 3
     optimizer: str = "adamw"
+    style: str = "shard_map"  # how the zoo step is written (trax_models.STYLES)
     check_steps: int = 0  # >0: also run this many steps per plan and report parameter digests
     comm_free_bound: bool = False  # bench: also measure the step with its all-reduces replaced by copies
     sizes: tuple[int, ...] = ()  # calibrate: all-reduce bytes per device (default disco.calibrate.SIZES)

@@ -1,7 +1,7 @@
 """Runs ``disco optimize`` on every zoo model and writes one markdown table (issue 6's benchmark).
 
     python scripts/optimize_zoo.py --preset small --devices 8 --budget 30 [--cluster FILE] \
-        [--models a,b] [--out results.json]
+        [--models a,b] [--style gspmd] [--extra '--processes 2 --link rate=10gbit,delay=50us'] [--out results.json]
     python scripts/optimize_zoo.py --from a.json --from b.json   # the table of saved runs, merged
 
 ``--from`` reads what ``--out`` wrote (model -> ``disco optimize --json``) or what
@@ -41,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=30)
     ap.add_argument("--cluster")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--style", default="shard_map", help="how the zoo steps are written: shard_map | gspmd")
+    ap.add_argument("--extra", default="", help="more `disco optimize` arguments, e.g. '--processes 2 --link ...'")
     ap.add_argument("--models", default="")
     ap.add_argument("--out")
     ap.add_argument("--from", dest="from_files", action="append", default=[], metavar="FILE",
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
     for m in models:
         cmd = [sys.executable, "-m", "disco", "optimize", "--model", m, "--preset", args.preset,
                "--devices", str(args.devices), "--budget", str(args.budget), "--rounds", str(args.rounds),
-               "--json"]
+               "--style", args.style, "--json", *args.extra.split()]
         if args.cluster:
             cmd += ["--cluster", args.cluster]
         t0 = time.perf_counter()

@@ -27,23 +27,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 4
 
 
-def readme_example() -> str:
-    """The python block of the README's section "Bring your own step"."""
+def readme_example(index: int = 0) -> str:
+    """The ``index``-th python block of the README's section "Bring your own step"."""
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         text = f.read()
     section = text.split("\n## Bring your own step\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return re.findall(r"```python\n(.*?)```", section, re.S)[index]
 
 
-def test_the_readme_example_runs_as_written():
-    code = readme_example()
-    assert "jax.named_scope(f\"disco_grad[" in code and "jax.lax.pcast" in code and "jax.shard_map" in code
+def _run(code: str) -> str:
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("XLA_FLAGS", None)  # the example sets its own device count
     p = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300,
                        env=env, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.strip() == "2 gradients, 3 all-reduces; ddp applied: True"
+    return p.stdout.strip()
+
+
+def test_the_readme_gspmd_example_runs_as_written():
+    code = readme_example(0)
+    assert "@jax.jit" in code and "NamedSharding" in code and "shard_map" not in code and "psum" not in code
+    assert _run(code) == "2 gradients, 3 all-reduces; per_tensor applied: True"
+
+
+def test_the_readme_shard_map_example_runs_as_written():
+    code = readme_example(1)
+    assert "jax.named_scope(f\"disco_grad[" in code and "jax.lax.pcast" in code and "jax.shard_map" in code
+    assert _run(code) == "2 gradients, 3 all-reduces; ddp applied: True"
 
 
 # -- steps written from scratch ------------------------------------------------------------------
@@ -99,22 +109,21 @@ def test_a_gradient_reduced_twice_is_named_not_a_cycle(clip):
             plan.validate(graph)
 
 
-def test_a_plain_jit_step_is_refused_before_any_search():
+def test_a_plain_jit_step_is_planned_through_its_partitioned_program():
     _, w, x = arrays()
 
     @jax.jit
-    def gspmd_step(w, x):  # shardings on the inputs; XLA's partitioner adds the all-reduce later
+    def gspmd_step(w, x):  # shardings on the inputs; XLA's partitioner adds the all-reduces
         loss, g = jax.value_and_grad(loss_fn)(w, x)
         return w - 0.1 * g, loss
 
-    phases = []
-    with pytest.raises(ValueError, match=r"^no all-reduce in the pre-optimisation HLO of .*: write the step "
-                                         r"with shard_map or pmap"):
-        disco.optimize(gspmd_step, w, x, budget_s=30, progress=lambda phase, *_: phases.append(phase))
-    assert set(phases) == {"extract"}  # refused before the search, let alone measuring
-    # an empty plan (ddp of a graph without all-reduces) is compiled as XLA's default, not rewritten
-    plan = baselines.make("ddp", disco.extract(gspmd_step, w, x))
-    assert plan.buckets == ()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph = disco.extract(gspmd_step, w, x)
+        check_data_parallel(graph)
+    (grad,) = [n for n in graph.all_reduces() if n.is_gradient]  # found by dataflow, no scope
+    assert grad.shape == "f32[8,8]" and len(graph.all_reduces()) == 2
+    plan = baselines.make("per_tensor", graph)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PlanFallbackWarning)
         applied = xla_hooks.apply(plan, gspmd_step, w, x)
@@ -124,10 +133,37 @@ def test_a_plain_jit_step_is_refused_before_any_search():
     assert jnp.allclose(new_w, ref_w, rtol=1e-6)
 
 
-def test_a_step_without_the_gradient_scope_warns():
+def test_a_single_device_jit_step_is_refused_before_any_search():
+    w, x = jnp.ones((8, 8)) / 8, jnp.ones((16, 8))
+
+    @jax.jit
+    def local_step(w, x):
+        loss, g = jax.value_and_grad(loss_fn)(w, x)
+        return w - 0.1 * g, loss
+
+    phases = []
+    with pytest.raises(ValueError, match=r"^no all-reduce in the program of .*: a data-parallel step "):
+        disco.optimize(local_step, w, x, budget_s=30, progress=lambda phase, *_: phases.append(phase))
+    assert set(phases) == {"extract"}  # refused before the search, let alone measuring
+
+
+def test_a_step_without_the_gradient_scope_finds_its_gradient_by_dataflow():
     mesh, w, x = arrays()
-    with pytest.warns(NoGradientWarning, match=r"2 all-reduces but no gradient recognised .*disco_grad"):
-        opt.prepare(shard_map_step(mesh, pcast=True, scope=False), (w, x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph = opt.prepare(shard_map_step(mesh, pcast=True, scope=False), (w, x)).graph
+    assert [n.shape for n in graph.all_reduces() if n.is_gradient] == ["f32[8,8]"]
+
+
+def test_a_step_whose_all_reduces_feed_no_update_warns():
+    mesh, w, x = arrays()
+
+    def local(w, x):  # reduces its loss only: nothing disco recognises as a gradient
+        return w * 1.0, jax.lax.pmean(loss_fn(w, x), "dp")
+
+    step = jax.shard_map(local, mesh=mesh, in_specs=(P(), P("dp")), out_specs=(P(), P()))
+    with pytest.warns(NoGradientWarning, match=r"1 all-reduces but no gradient recognised"):
+        opt.prepare(step, (w, x))
 
 
 def test_a_pmap_step_with_the_scope_is_accepted():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trax_models._registry import PRESETS, config, names, presets
+from trax_models._registry import PRESETS, STYLES, config, names, presets
 from trax_models._train_state import TrainState
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ _LAZY = {
 
 __all__ = [
     "PRESETS",
+    "STYLES",
     "ModelInfo",
     "TrainState",
     "build_train_step",

@@ -1,4 +1,6 @@
-"""Data-parallel training steps: ``shard_map`` with one all-reduce per gradient."""
+"""Data-parallel training steps, in the two styles users write: ``shard_map`` with one all-reduce
+per gradient (``style="shard_map"``), or ``jax.jit`` over sharded arguments with no explicit
+collective, which XLA's SPMD partitioner reduces (``style="gspmd"``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from trax_models import _registry
+from trax_models._registry import STYLES
 from trax_models._configs import check_device_count
 from trax_models._jax_compat import data_parallel_mesh
 from trax_models._optimizers import make_optimizer
@@ -22,6 +25,15 @@ from trax_models._train_state import TrainState
 AXIS = "dp"
 _FAST_COMPILE = {"xla_backend_optimization_level": 0}
 StepFn = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, jax.Array]]
+def check_style(style: object) -> str:
+    """Returns ``style`` when it is one of :data:`STYLES`.
+
+    Raises:
+      ValueError: naming the style received and those expected.
+    """
+    if style not in STYLES:
+        raise ValueError(f"style: expected one of {', '.join(STYLES)}, got {style!r}")
+    return str(style)
 
 
 def grad_scope(keypath: tuple[Any, ...]) -> str:
@@ -75,15 +87,19 @@ def make_train_step(
     seed: int = 0,
     learning_rate: float | optax.Schedule | None = None,
     abstract: bool = False,
+    style: str = "shard_map",
 ) -> tuple[StepFn, tuple[TrainState, dict[str, jax.Array]]]:
     """Builds a data-parallel training step of a zoo model and example arguments.
 
-    The step runs ``jax.shard_map`` over a 1-D mesh ``("dp",)``. Each device
-    computes the loss and gradients of its batch shard; every gradient leaf
-    is averaged by its own ``jax.lax.pmean`` inside
-    ``jax.named_scope(f"disco_grad[{keystr(path)}]")`` and the loss by one
-    more ``pmean`` in scope ``"disco_loss"``, so the lowered HLO has exactly
-    ``n_leaves + 1`` all-reduces whose ``op_name`` names the parameter.
+    With ``style="shard_map"`` (the default) the step runs ``jax.shard_map`` over a 1-D mesh
+    ``("dp",)``. Each device computes the loss and gradients of its batch shard; every gradient
+    leaf is averaged by its own ``jax.lax.pmean`` inside
+    ``jax.named_scope(f"disco_grad[{keystr(path)}]")`` and the loss by one more ``pmean`` in
+    scope ``"disco_loss"``, so the lowered HLO has exactly ``n_leaves + 1`` all-reduces whose
+    ``op_name`` names the parameter. With ``style="gspmd"`` the step is the plain global
+    computation (loss and gradients of the whole batch, the optimizer update) over the same
+    sharded arguments, as JAX's documentation writes one: XLA's SPMD partitioner adds the
+    all-reduces when it is compiled (the same number, one per gradient and the loss's).
 
     Example:
       >>> step, (state, batch) = make_train_step("mlp", devices=1)
@@ -100,6 +116,7 @@ def make_train_step(
       abstract: Return ``jax.ShapeDtypeStruct`` example arguments (with
         shardings) instead of arrays: enough to ``lower`` the paper presets
         without allocating a replica of the parameters on every device.
+      style: ``"shard_map"`` or ``"gspmd"`` (see above).
 
     Returns:
       ``(step_fn, (state, batch))``: ``step_fn(state, batch) -> (state, loss)``
@@ -109,10 +126,11 @@ def make_train_step(
     Raises:
       TypeError: for ``devices`` or ``seed`` that is not an int, or a
         ``learning_rate`` that is neither a number nor a schedule.
-      ValueError: for an unknown model, preset or optimizer, ``devices`` below 1
+      ValueError: for an unknown model, preset, optimizer or style, ``devices`` below 1
         or above those available, a global batch not divisible by ``devices``,
         ``seed`` outside ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
     """
+    style = check_style(style)
     config = _registry.config(name, preset)
     _registry.check_optimizer(optimizer)
     devices = check_devices(devices)
@@ -120,7 +138,7 @@ def make_train_step(
     return build_train_step(
         task, config.batch_for(devices), devices=devices, optimizer=optimizer,
         seed=seed, learning_rate=learning_rate, abstract=abstract,
-        name=f"{name}_{preset}_train_step",
+        name=f"{name}_{preset}_train_step", style=style,
     )
 
 
@@ -134,6 +152,7 @@ def build_train_step(
     learning_rate: float | optax.Schedule | None = None,
     abstract: bool = False,
     name: str = "train_step",
+    style: str = "shard_map",
 ) -> tuple[StepFn, tuple[TrainState, dict[str, jax.Array]]]:
     """The data-parallel training step of any :class:`Task` (what ``make_train_step`` builds).
 
@@ -141,7 +160,7 @@ def build_train_step(
       task: The model's init, loss and synthetic batches.
       global_batch: Examples per step over all devices (a multiple of ``devices``).
       devices: Data-parallel devices (checked by :func:`check_devices`).
-      optimizer, seed, learning_rate, abstract: As for :func:`make_train_step`.
+      optimizer, seed, learning_rate, abstract, style: As for :func:`make_train_step`.
       name: The step function's ``__name__`` (it names the HLO module).
 
     Raises:
@@ -152,6 +171,7 @@ def build_train_step(
         ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
     """
     _registry.check_optimizer(optimizer)
+    style = check_style(style)
     devices = check_devices(devices)
     seed = check_seed(seed)
     if isinstance(global_batch, bool) or not isinstance(global_batch, numbers.Integral):
@@ -186,8 +206,13 @@ def build_train_step(
         local_step, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P())
     )
 
+    def global_step(state: TrainState, batch: dict[str, jax.Array]):
+        loss, grads = jax.value_and_grad(task.loss)(state.params, batch)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        return TrainState(optax.apply_updates(state.params, updates), opt_state), loss
+
     def step_fn(state: TrainState, batch: dict[str, jax.Array]):
-        return sharded_step(state, batch)
+        return sharded_step(state, batch) if style == "shard_map" else global_step(state, batch)
 
     step_fn.__name__ = name
 

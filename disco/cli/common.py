@@ -49,7 +49,7 @@ def setup_devices(n: int) -> None:
         pass  # backend already initialised: make_train_step reports a shortage clearly
 
 
-_MODEL_DEFAULTS = {"model": DEFAULT_MODEL, "preset": "tiny", "devices": 4, "optimizer": "adamw",
+_MODEL_DEFAULTS = {"model": DEFAULT_MODEL, "preset": "tiny", "devices": 4, "optimizer": "adamw", "style": "shard_map",
                    "trax_model": None, "trax_kwargs": None, "trax_task": "lm", "trax_length": 16,
                    "trax_input_shape": None, "trax_batch": 2}
 
@@ -61,6 +61,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=d["preset"], help=f"tiny | small | paper (default {d['preset']})")
     p.add_argument("--devices", type=int, default=d["devices"], help=f"data-parallel devices (default {d['devices']})")
     p.add_argument("--optimizer", default=d["optimizer"], help=f"adamw | adam | sgd (default {d['optimizer']})")
+    p.add_argument("--style", default=d["style"],
+                   help="how the zoo step is written: shard_map (explicit all-reduces) | gspmd (jax.jit over "
+                        f"sharded arguments; XLA partitions it) (default {d['style']})")
     g = p.add_argument_group("real trax models (pip install -e '.[trax]'; instead of --model/--preset)")
     g.add_argument("--trax-model", metavar="PATH", default=d["trax_model"],
                    help="a trax layer constructor, e.g. trax.models.TransformerLM")
@@ -138,9 +141,12 @@ def make_step(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, 
         raise CliError(f"unknown model {args.model!r}; expected one of: {', '.join(trax_models.names())}")
     if args.preset not in trax_models.presets():
         raise CliError(f"unknown preset {args.preset!r}; expected one of: {', '.join(trax_models.presets())}")
+    style = getattr(args, "style", _MODEL_DEFAULTS["style"])
+    if style not in trax_models.STYLES:
+        raise CliError(f"unknown --style {style!r}; expected one of: {', '.join(trax_models.STYLES)}")
     setup_devices(args.devices)
     return trax_models.make_train_step(args.model, preset=args.preset, devices=args.devices,
-                                       optimizer=args.optimizer)
+                                       optimizer=args.optimizer, style=style)
 
 
 def device_kind() -> str:

@@ -408,7 +408,7 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
         args.model, args.preset, args.processes, args.devices_per_process, link, cluster=cluster, costs=costs,
         budget_s=args.budget, max_evals=args.max_evals, strategy=args.strategy, measure_top_k=args.measure_top_k,
         seed=args.seed, rounds=args.rounds, steps=args.steps, bucket_sweep=bucket_sweep, confirm=args.confirm,
-        confirm_rounds=args.confirm_rounds, optimizer=args.optimizer, timeout_s=args.timeout,
+        confirm_rounds=args.confirm_rounds, optimizer=args.optimizer, style=args.style, timeout_s=args.timeout,
         progress=None if args.no_progress else (lambda m: print(f"disco optimize: {m}", file=sys.stderr)))
     if args.out:
         with open(args.out, "w") as f:

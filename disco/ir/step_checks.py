@@ -2,13 +2,15 @@
 gradients disco recognises.
 
 A data-parallel step written with ``jax.shard_map`` (or ``jax.pmap``) reduces its gradients
-with explicit all-reduces in the pre-optimisation HLO; disco buckets those. A plain
-``jax.jit`` step (GSPMD) has none there (XLA's partitioner adds them later, out of reach),
-and a step that reduces a gradient twice (a ``pmean`` of a gradient jax already summed) has
-an all-reduce feeding another, which no bucketing can merge. Gradients are recognised by
-the ``jax.named_scope("disco_grad[...]")`` around their all-reduce; without it every
-all-reduce (the loss's too) is bucketed alike. README.md, section "Bring your own step",
-shows a step that passes these checks.
+with explicit all-reduces in the pre-optimisation HLO; a ``jax.jit`` step with shardings
+(GSPMD) gets them from XLA's SPMD partitioner, and disco reads its partitioned program
+(:mod:`disco.ir.gspmd`). A step on one device has none, and a step that reduces a gradient
+twice (a ``pmean`` of a gradient jax already summed) has an all-reduce feeding another, which
+no bucketing can merge. Gradients are found by dataflow (an all-reduce whose result feeds the
+parameter update, :func:`disco.ir.graph.dataflow_gradients`), or named by a
+``jax.named_scope("disco_grad[...]")`` around their all-reduce, which wins where present; when
+neither finds one every all-reduce (the loss's too) is bucketed alike. README.md, section
+"Bring your own step", shows steps that pass these checks.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ README_POINTER = "see README.md, section 'Bring your own step'"
 
 
 class NoGradientWarning(UserWarning):
-    """The step has all-reduces but none inside ``jax.named_scope("disco_grad[...]")``: disco
-    cannot tell gradients from the loss, so the loss's all-reduce is bucketed with them."""
+    """The step has all-reduces but none feeds a parameter update and none is inside
+    ``jax.named_scope("disco_grad[...]")``: disco cannot tell gradients from the loss, so the
+    loss's all-reduce is bucketed with them."""
 
 
 def double_reductions(graph: HloGraph) -> list[tuple[str, str]]:
@@ -49,17 +52,18 @@ def check_data_parallel(graph: HloGraph) -> None:
     """Checks that disco can plan ``graph``'s all-reduces; warns when no gradient is recognised.
 
     Raises:
-      ValueError: when the pre-optimisation HLO has no all-reduce (a plain ``jax.jit``/GSPMD
-        step), or an all-reduce feeds another (a gradient reduced twice), naming them.
+      ValueError: when the step's program has no all-reduce (a step on one device), or an
+        all-reduce feeds another (a gradient reduced twice), naming them.
 
     Warns:
-      NoGradientWarning: all-reduces but none in a ``disco_grad[...]`` scope.
+      NoGradientWarning: all-reduces but no gradient found (by dataflow or scope).
     """
     ars = graph.all_reduces()
     if not ars:
         raise ValueError(
-            f"no all-reduce in the pre-optimisation HLO of {graph.name!r}: write the step with shard_map "
-            f"or pmap (a plain jax.jit step is partitioned by XLA after disco sees it); {README_POINTER}")
+            f"no all-reduce in the program of {graph.name!r}: a data-parallel step is expected (jax.jit with "
+            f"the batch sharded over several devices, shard_map or pmap); this one runs on one device or "
+            f"reduces nothing; {README_POINTER}")
     pairs = double_reductions(graph)
     if pairs:
         shown = ", ".join(f"{a} -> {b}" for a, b in pairs[:3]) + (", ..." if len(pairs) > 3 else "")
@@ -69,6 +73,6 @@ def check_data_parallel(graph: HloGraph) -> None:
             f"after jax.lax.pcast(params, axis, to='varying')); {README_POINTER}")
     if not any(n.is_gradient for n in ars):
         warnings.warn(
-            f"{graph.name}: {len(ars)} all-reduces but no gradient recognised (none inside "
-            "jax.named_scope('disco_grad[<parameter path>]')); the loss's all-reduce is bucketed with the "
-            f"gradients; {README_POINTER}", NoGradientWarning, stacklevel=2)
+            f"{graph.name}: {len(ars)} all-reduces but no gradient recognised (none feeds a parameter "
+            "update, none inside jax.named_scope('disco_grad[<parameter path>]')); the loss's all-reduce is "
+            f"bucketed with the gradients; {README_POINTER}", NoGradientWarning, stacklevel=2)
