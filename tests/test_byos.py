@@ -231,3 +231,12 @@ def test_optimize_writes_the_fingerprint_into_the_answer():
     made = opt.make_result(target, config, cands, measured, None, None)
     assert made.plan.graph_fingerprint == target.graph.fingerprint
     assert made.to_dict()["plan"]["graph_fingerprint"] == target.graph.fingerprint
+
+
+def test_the_readme_first_example_runs_as_written():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        section = f.read().split("\n## Examples\n", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    assert 'style="gspmd"' in code
+    out = _run(code)
+    assert re.fullmatch(r"\d+ all-reduces; ddp applied: True", out), out

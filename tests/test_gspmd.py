@@ -229,3 +229,18 @@ def test_a_wrapper_whose_body_does_not_match_the_partitioned_program_is_refused(
     text = gspmd.manual_module(wrapper, ok, name="jit_step")
     assert text.startswith("HloModule jit_step") and "%xla.sdy.manual_computation_body.1 (q: f32[2])" in text
     np.testing.assert_equal(len(HloGraph.from_hlo_text(text).nodes), 5)
+
+
+def test_an_nnx_jit_step_is_refused_with_the_functional_form_to_use():
+    from flax import nnx
+
+    model = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+
+    @nnx.jit
+    def step(model, x):
+        return model(x).sum()
+
+    with pytest.raises(TypeError, match=r"an nnx.jit step .*expected its functional form: .*nnx.split"):
+        disco.extract(step, model, np.ones((2, 4), np.float32))
+    with pytest.raises(TypeError, match=r"an nnx.jit step"):
+        xla_hooks.apply(None, step, model, np.ones((2, 4), np.float32))

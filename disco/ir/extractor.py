@@ -14,10 +14,17 @@ from disco.ir.hlo_parse import parse_module
 
 
 def check_step(step_fn: Any) -> None:
-    """Raises TypeError unless ``step_fn`` is callable (a str has a ``.lower`` too)."""
+    """Raises TypeError unless ``step_fn`` is callable (a str has a ``.lower`` too) and not an
+    ``nnx.jit`` object (its compiled form takes flax's split state, not the objects it is called with)."""
     if not callable(step_fn):
         raise TypeError(f"step_fn: expected the training step (a function or a jax.jit result), "
                         f"got {type(step_fn).__name__}")
+    if type(step_fn).__module__.startswith("flax.nnx"):
+        raise TypeError(
+            f"step_fn: an nnx.jit step ({type(step_fn).__name__}), whose compiled form takes flax's split "
+            "state rather than the modules it is called with; expected its functional form: "
+            "graphdef, state = nnx.split((model, optimizer)); a jax.jit step(state, batch) that calls "
+            "nnx.merge(graphdef, state) and returns nnx.state((model, optimizer)) (README.md, 'Bring your own step')")
 
 
 class StaticArgumentsError(TypeError):
