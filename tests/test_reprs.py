@@ -18,8 +18,11 @@ from disco.ir.graph import HloGraph, Loop, Node
 from disco.mp_optimize import CrossOptimizeResult
 from disco.plans import baselines
 from disco.plans.plan import Bucket, FusionPlan
+from disco import search
 from disco.search import greedy_fusion
+from disco.sim import device_costs
 from disco.sim.cluster import preset
+from disco.sim.simulator import Simulator
 from tests.test_optimize import built_result, contradicting_result
 from xla_hooks.measure import Measurement
 from xla_hooks.profiling import KernelTime, OpProfile
@@ -41,8 +44,9 @@ def real():
         planned = xla_hooks.jit(step, cluster="local", options={"strategy": "baselines"})
         planned(*args)
     profiled = xla_hooks.profile(applied, args, steps=1, rounds=1)
+    sim = Simulator(graph, device_costs.analytic("cpu"), preset("local", devices=2))
     return types.SimpleNamespace(step=step, args=args, graph=graph, plan=plan, applied=applied, fell=fell,
-                                 planned=planned, profiled=profiled)
+                                 planned=planned, profiled=profiled, sim=sim)
 
 
 def _rows():
@@ -62,6 +66,10 @@ OBJECTS = {
         name=LONG, compile_options=(("xla_cpu_use_thunk_runtime", "true"),), cuts=(("a", "b"),), xla_fusion="off"),
     "Bucket": lambda r: r.plan.buckets[0],
     "Bucket (long names)": lambda r: Bucket((LONG,) * 50, "tuple"),
+    "SimResult": lambda r: r.sim.run(greedy_fusion(r.graph)),
+    "SearchResult": lambda r: dataclasses.replace(
+        search.run(search.make("best_first"), r.graph, r.sim.step_time, max_evals=30),
+        best_plan=r.plan.replace(name=LONG), strategy=LONG[:40]),
     "ClusterSpec (local)": lambda r: preset("local", devices=2),
     "ClusterSpec (h100)": lambda r: dataclasses.replace(preset("h100-sxm-8"), name=LONG, label=LONG, description=LONG,
                                                         compute_speed=1.5, operand_latency=1e-6),

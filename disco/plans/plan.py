@@ -155,7 +155,7 @@ class FusionPlan:
             parts.append(f"{len(self.compile_options)} compile options")
         if self.graph_fingerprint is not None:
             parts.append(f"for graph {self.graph_fingerprint[:8]}")
-        return f"FusionPlan({self.name[:60]!r}, {', '.join(parts)})"
+        return f"FusionPlan({self.name[:40]!r}, {', '.join(parts)})"
 
     # -- predicates ----------------------------------------------------------------------------
     @property
