@@ -28,6 +28,11 @@ class PlanResult:
     measurement: Any  # xla_hooks.measure.Measurement
     step: Any = dataclasses.field(default=None, repr=False, compare=False)  # the measured callable
 
+    def __repr__(self) -> str:
+        status = "applied" if self.applied else "fell back"
+        return (f"PlanResult({self.name[:40]!r}, {status}, {self.fusions} fusions, {self.all_reduces} all-reduces, "
+                f"compiled in {self.compile_s:.2f} s, {self.measurement!r})")
+
     def to_dict(self, base: Any | None) -> dict[str, Any]:
         """The row as JSON, next to ``base``, xla_default's Measurement in the same rounds (None:
         no speedups): ``speedup_vs_xla_default`` (the ratio of the two medians), ``paired_speedup``

@@ -123,6 +123,11 @@ class CrossOptimizeResult:
             return 1.0
         return self.confirmed_speedup if self.confirmed_speedup is not None else self.row(self.chosen)["paired_speedup"]
 
+    def __repr__(self) -> str:
+        odd = "" if self.fingerprints_match else ", the workers' graphs differ"
+        return (f"CrossOptimizeResult(chosen={self.chosen[:60]!r}, speedup={self.speedup:.3f}, {len(self.rows)} rows, "
+                f"cluster {self.cluster[:40]!r}{odd}; .verdict for why)")
+
     def row(self, name: str) -> dict[str, Any]:
         for r in self.rows:
             if r["plan"] == name:

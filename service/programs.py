@@ -15,6 +15,7 @@ Flask, no jax).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -40,10 +41,18 @@ def program_identity(kind: str, graph: HloGraph) -> str:
     h = hashlib.sha256()
     h.update(f"{kind}\n{graph.fingerprint if kind == 'hlo' else ''}\n{graph.name}\n".encode())
     for n in graph.nodes:
-        h.update(repr(n).encode("utf-8", "surrogatepass"))
+        h.update(node_text(n).encode("utf-8", "surrogatepass"))
         h.update(b"\n")
     h.update(repr(graph.edges).encode())
     return h.hexdigest()[:32]
+
+
+def node_text(node: Any) -> str:
+    """Every field of a :class:`disco.ir.graph.Node` as text: ``Node(name='add.1', opcode='add', ...)``,
+    the form the dataclass's generated repr had, which plan keys were first made of (``repr(node)``
+    is one short line now; the identity must not change)."""
+    fields = ", ".join(f"{f.name}={getattr(node, f.name)!r}" for f in dataclasses.fields(node))
+    return f"{type(node).__qualname__}({fields})"
 
 
 def _big(v: int) -> str:

@@ -44,6 +44,13 @@ class AppliedStep:
     fallback_reason: str | None = None
     hlo: str = ""
 
+    def __repr__(self) -> str:
+        """One line: the plan in effect and whether it applied (not the HLO text, often 100 kB)."""
+        asked = "" if self.requested == self.plan else f", requested {self.requested.name[:40]!r}"
+        why = "" if self.applied else f": {(self.fallback_reason or '').strip().splitlines()[0][:60]!r}"
+        return (f"AppliedStep(plan {self.plan.name[:40]!r}{asked}, {'applied' if self.applied else 'fell back'}{why}, "
+                f"hlo {len(self.hlo):,} chars)")
+
     @property
     def applied(self) -> bool:
         return self.fallback_reason is None

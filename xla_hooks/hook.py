@@ -98,6 +98,15 @@ def _devices(inputs: Any) -> int:
     return n
 
 
+class _BySignature(dict):
+    """A dict keyed by argument signatures (each the inputs' whole tree structure) that prints as
+    one short line: how many signatures, and the first value."""
+
+    def __repr__(self) -> str:
+        first = "" if not self else f": {next(iter(self.values()))!r}"[:150]
+        return f"{{{len(self)} signature{'' if len(self) == 1 else 's'}{first}{', ...' if len(self) > 1 else ''}}}"
+
+
 class PlannedStep:
     """The callable ``xla_hooks.jit`` returns; compiled steps are cached per argument signature.
 
@@ -114,9 +123,16 @@ class PlannedStep:
         self.timeout_s = float(timeout_s)
         self.token = token
         self.options = dict(options or {})
-        self.applied: dict[Any, Any] = {}
-        self.reports: dict[Any, dict[str, Any] | None] = {}
+        self.applied: dict[Any, Any] = _BySignature()
+        self.reports: dict[Any, dict[str, Any] | None] = _BySignature()
         self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        name = getattr(self.step_fn, "__name__", type(self.step_fn).__name__)
+        where = f"service {self.service[:60]!r}" if self.service else "planned in process"
+        plans = ", ".join(repr(a.plan.name[:30]) for a in list(self.applied.values())[:3])
+        return (f"PlannedStep({name[:40]}, {where}, {len(self.applied)} signatures compiled"
+                f"{': ' + plans if plans else ''}{', ...' if len(self.applied) > 3 else ''})")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         sig = _signature((args, kwargs))

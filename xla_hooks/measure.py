@@ -16,6 +16,12 @@ class Measurement:
 
     samples: tuple[float, ...]
 
+    def __repr__(self) -> str:
+        if not self.samples:
+            return "Measurement(no rounds)"
+        return (f"Measurement({len(self.samples)} rounds, median {self.median * 1e3:.3f} ms "
+                f"({self.min * 1e3:.3f}-{self.max * 1e3:.3f}))")
+
     @property
     def median(self) -> float:
         return statistics.median(self.samples)

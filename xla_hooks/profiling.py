@@ -100,6 +100,12 @@ class OpProfile:
     nodes: tuple[str, ...] = ()
     kernel_key: str = ""
 
+    def __repr__(self) -> str:
+        where = (f", group {self.group}" if self.group is not None else "") + (
+            f", bucket {self.bucket} {self.bucket_part}" if self.bucket is not None else "")
+        return (f"OpProfile({self.name[:60]!r}, {self.opcode or '?'}, {self.seconds * 1e6:.1f} us x {self.count:g}"
+                f"{where}, {len(self.nodes)} nodes)")
+
 
 @dataclasses.dataclass(frozen=True)
 class ProfileResult:
@@ -125,6 +131,11 @@ class ProfileResult:
     module: str
     ops: tuple[OpProfile, ...]
     fallback_reason: str | None = None
+
+    def __repr__(self) -> str:
+        fell = "" if self.fallback_reason is None else ", fell back"
+        return (f"ProfileResult({self.module[:60]!r}, {self.step_s * 1e3:.3f} ms/step, {self.devices} devices, "
+                f"{self.steps} steps traced, {len(self.ops)} ops{fell})")
 
     @property
     def total_op_s(self) -> float:
@@ -453,6 +464,10 @@ class KernelTime:
     hlo_op: str
     ns_per_step: float
     launches_per_step: float
+
+    def __repr__(self) -> str:
+        return (f"KernelTime({self.kernel[:60]!r}, {self.hlo_op[:40]!r}, {self.ns_per_step:.0f} ns x "
+                f"{self.launches_per_step:g}, {self.stream[:30]!r})")
 
 
 def trace_kernels(fn: Callable[..., Any], args: Sequence[Any], steps: int = 5,

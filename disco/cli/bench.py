@@ -7,6 +7,7 @@ from typing import Any
 
 from disco.cli.common import (
     CliError,
+    Footnotes,
     across_processes,
     add_link_arg,
     add_model_args,
@@ -97,24 +98,30 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**info, "results": rows})
         return 0
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title=f"disco bench {info['model']}/{info['preset']} on {args.devices} devices "
                     f"({info['device_kind']}, measured, {counted(args.rounds, 'round')} x {counted(args.steps, 'step')})")
-    for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "paired (90% interval)",
-                "compile s", "fusions", "all-reduce ops (a variadic one: 1)", "applied"):
-        t.add_column(col)
+    for col in ("plan", "median\nms", "min\nms", "max\nms", "speedup vs\nxla_default", "paired\n(90% interval)",
+                "compile\ns", "fusions", "all-reduce\nops (a\nvariadic\none: 1)", "applied"):
+        t.add_column(col, overflow="fold", no_wrap=col != "plan")
+    # the figures on one line each, the plan's name wrapped if need be; a cell still too wide folds, never cut
+    why = Footnotes()  # the fallback reasons, under the table
     for r in rows:
-        t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
+        t.add_row(escape(r["plan"]), f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
                   _speedup(r), _paired(r), f"{r['compile_s']:.2f}", str(r["fusions"]),
                   str(r["all_reduces"]), "bound, not a plan" if r["plan_digest"] is None
-                  else "yes" if r["applied"] else f"no: {r['fallback_reason']}")
-    table_console(120).print(t)
+                  else "yes" if r["applied"] else f"no {why.mark(r['fallback_reason'])}")
+    console = table_console(120)
+    console.print(t)
+    why.print(console)
     return 0
 
 
 def _run_processes(args: argparse.Namespace) -> int:
     """``disco bench --processes N``: every process rebuilds the zoo step; the slowest sets the time."""
+    from rich.markup import escape
     from rich.table import Table
 
     from disco import multiprocess
@@ -145,14 +152,17 @@ def _run_processes(args: argparse.Namespace) -> int:
     t = Table(title=f"disco bench {args.model}/{args.preset}: {args.processes} processes x "
                     f"{args.devices_per_process} CPU devices over {over_label(res.link)}, measured; "
                     "median = slowest process")
-    for col in ("plan", "median ms", "min ms", "max ms", "speedup vs xla_default", "paired (90% interval)",
-                "all-reduce ops (a variadic one: 1)", "applied"):
-        t.add_column(col)
+    for col in ("plan", "median\nms", "min\nms", "max\nms", "speedup vs\nxla_default", "paired\n(90% interval)",
+                "all-reduce\nops (a\nvariadic\none: 1)", "applied"):
+        t.add_column(col, overflow="fold", no_wrap=col != "plan")
+    why = Footnotes()  # the fallback reasons, under the table (cells as in the table above)
     for r in rows:
-        t.add_row(r["plan"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
+        t.add_row(escape(r["plan"]), f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
                   _speedup(r), _paired(r), str(r["all_reduces"]),
-                  "yes" if r["applied"] else f"no: {r['fallback_reason']}")
-    table_console(120).print(t)
+                  "yes" if r["applied"] else f"no {why.mark(r['fallback_reason'])}")
+    console = table_console(120)
+    console.print(t)
+    why.print(console)
     return 0
 
 

@@ -521,14 +521,54 @@ def note_measured_elsewhere(spec: Any, command: str) -> None:
               "options change nothing there", file=sys.stderr)
 
 
-def table_console(min_width: int) -> Any:
-    """A rich Console for a command's table: at least ``min_width`` columns on a terminal, and
-    wide (240) into a file or a pipe, whose lines nobody wraps, so no cell is cut short."""
+# The widest line a command's table and notes print: a terminal wider than this, or a file or a
+# pipe, still gets lines of at most this many columns (issue 39: the optimize table was 250 wide).
+MAX_WIDTH = 120
+
+
+def table_console(min_width: int = 80) -> Any:
+    """A rich Console for a command's table and notes: the terminal's width capped at
+    :data:`MAX_WIDTH`, but at least ``min_width`` (a narrower terminal wraps the lines itself), and
+    :data:`MAX_WIDTH` into a file or a pipe. Rich wraps text and table cells to fit."""
     from rich.console import Console
 
     if not sys.stdout.isatty():
-        return Console(width=240)
-    return Console(width=max(min_width, Console().width))
+        return Console(width=max(min_width, MAX_WIDTH))
+    return Console(width=max(min_width, min(MAX_WIDTH, Console().width)))
+
+
+def print_note(console: Any, text: str, *, indent: str = "", bold: str = "") -> None:
+    """Prints plain ``text`` (no markup) cut at spaces to the console's width, each line after the
+    first indented two more than ``indent``, so that a long note reads as one item; ``bold``: a
+    prefix of ``text`` printed in bold."""
+    import textwrap
+
+    from rich.markup import escape
+
+    lines = textwrap.wrap(text, width=console.width, initial_indent=indent, subsequent_indent=indent + "  ",
+                          break_on_hyphens=False) or [indent]
+    for i, line in enumerate(lines):
+        if i == 0 and bold and line.startswith(bold):
+            console.print(f"[bold]{escape(bold)}[/bold]{escape(line[len(bold):])}", soft_wrap=True)
+        else:
+            console.print(escape(line), soft_wrap=True)
+
+
+class Footnotes:
+    """Long cell texts moved under a table, so that the table fits :data:`MAX_WIDTH`: the cell
+    holds ``[n]``, and the same text gets the same number."""
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, int] = {}
+
+    def mark(self, text: str) -> str:
+        """The cell for ``text``: ``[n]``, ``n`` counting the texts from 1 in the order they came."""
+        return f"[{self._numbers.setdefault(text, len(self._numbers) + 1)}]"
+
+    def print(self, console: Any) -> None:
+        """Prints ``[n] text`` for each text, in order (:func:`print_note`)."""
+        for text, n in self._numbers.items():
+            print_note(console, f"[{n}] {text}")
 
 
 def counted(n: int, noun: str) -> str:

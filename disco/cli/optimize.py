@@ -13,6 +13,7 @@ from typing import Any
 
 from disco.cli.common import (
     CliError,
+    Footnotes,
     across_processes,
     add_cost_model_arg,
     add_model_args,
@@ -33,6 +34,7 @@ from disco.cli.common import (
     over_label,
     parse_link_arg,
     print_json,
+    print_note,
     progress_reporter,
     setup_devices,
     table_console,
@@ -247,28 +249,32 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
                      f"{result.setting.cluster!r}{_cluster_note(info)}; measured, "
                      f"{counted(result.config.rounds, 'round')} x "
                      f"{counted(result.config.steps, 'step')})"))
-    cols = ["plan", "from", "predicted ms", "measured ms median (min-max)", "speedup vs xla_default (paired)",
-            "vs best baseline"]
-    cols += ["run-off speedup"] if again else []
-    for col in (*cols, "predicted / lower bound"):
-        t.add_column(col)
+    # headers cut over lines by hand, so that the table fits 120 columns (the legend below explains them)
+    cols = ["plan", "from", "predicted\nms", "measured ms\nmedian (min-max)", "speedup vs\nxla_default\n(paired)",
+            "vs best\nbaseline"]
+    cols += ["run-off\nspeedup"] if again else []
+    for col in (*cols, "predicted /\nlower bound"):
+        # the figures on one line each, the plan's name wrapped if need be; a cell still too wide folds, never cut
+        t.add_column(col, overflow="fold", no_wrap=col != "plan")
+    notes = Footnotes()  # a searched row's origin, under the table
     for r in result.ordered_rows():
         mark = " *" if r.name == result.chosen else ""
         meas = (f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})"
                 if r.median_s is not None else "-")
         if not r.applied:
             meas += " fell back"
-        cells = [r.name + mark, r.origin if r.kind == "search" else "baseline", f"{r.predicted_s * 1e3:.3f}",
+        cells = [escape(r.name) + mark, "baseline" if r.kind != "search" else notes.mark(r.origin), f"{r.predicted_s * 1e3:.3f}",
                  meas, f"{r.gain(base_row):.3f}x" if r.median_s else "-",
                  f"{r.gain(base_row) / best_base:.3f}x" if r.median_s and best_base else "-"]
         cells += [f"{again[r.name]:.3f}x" if r.name in again else "-"] if again else []
         t.add_row(*cells, f"{r.predicted_s / lb:.2f}x" if lb > 0 else "-")
-    console = table_console(140)
+    console = table_console()
     console.print(t)
+    notes.print(console)
     for line in result.legend():
-        console.print(escape(line))
+        print_note(console, line)
     s = result.search
-    console.print(f"simulated lower bound {lb * 1e3:.3f} ms; search: {s.strategy}, {s.evals} plans "
+    print_note(console, f"simulated lower bound {lb * 1e3:.3f} ms; search: {s.strategy}, {s.evals} plans "
                   f"in {s.seconds:.1f} s ({s.evals_per_s:.0f} evaluations/s)")
     for label, times in (("run-off", result.runoff and result.runoff.times),
                          ("confirmation run", result.confirmation and result.confirmation.times)):
@@ -282,18 +288,18 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
                 if c.vs_baseline is not None and c.vs_baseline_interval is not None:
                     lo, hi = c.vs_baseline_interval
                     line += f"; {c.candidate} {c.vs_baseline:.3f}x of {c.baseline} (90% interval {lo:.3f}-{hi:.3f})"
-            console.print(escape(f"{label} (ms, median (min-max)): {line}"))
+            print_note(console, f"{label} (ms, median (min-max)): {line}")
     note = result.bound_note()
     if note:
-        console.print(escape(note))
+        print_note(console, note)
     _print_verdict(console, result.verdict)
     for r in [result.row(result.chosen)] + [r for r in result.rows if r.name == "disco_1" and r.name != result.chosen]:
         p = r.plan
         opts = ", ".join(f"{k}={v}" for k, v in p.compile_options) or "XLA's defaults"
-        console.print(escape(f"{'chosen' if r.name == result.chosen else 'search best'} {r.name}: "
-                             f"{counted(len(p.groups), 'fusion group')}, {counted(len(p.cuts), 'cut')}, "
-                             f"{'XLA combiner' if p.buckets is None else counted(len(p.buckets), 'bucket')}"
-                             f"; compile options: {opts}"))
+        print_note(console, f"{'chosen' if r.name == result.chosen else 'search best'} {r.name}: "
+                      f"{counted(len(p.groups), 'fusion group')}, {counted(len(p.cuts), 'cut')}, "
+                      f"{'XLA combiner' if p.buckets is None else counted(len(p.buckets), 'bucket')}"
+                      f"; compile options: {opts}")
 
 
 def measured_times(result: Any) -> tuple[str, dict[str, tuple[float, float, float]]]:
@@ -419,21 +425,26 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
     if args.json:
         print_json({**info, **res.to_dict()})
         return 0
+    _print_across_table(res, args, link, cluster.name)
+    return 0
+
+
+def _print_across_table(res: Any, args: argparse.Namespace, link: Any, cluster: str) -> None:
+    """The table and the verdict of ``res`` (a :class:`disco.mp_optimize.CrossOptimizeResult`)."""
     from rich.table import Table
 
     t = Table(title=f"disco optimize {args.model}/{args.preset}: {args.processes} processes x "
                     f"{args.devices_per_process} CPU devices over {over_label(link)}; predicted on cluster "
-                    f"{cluster.name}; measured, median = slowest process per round")
+                    f"{cluster}; measured, median = slowest process per round")
     for col in ("plan", "kind", "predicted ms", "measured ms median (min-max)", "speedup vs xla_default (paired)"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a cell too wide for 120 columns wraps or folds, never cut short
     for r in sorted(res.rows, key=lambda r: -r["paired_speedup"]):
         t.add_row(r["plan"] + (" *" if r["plan"] == res.chosen else ""), r["kind"], f"{r['predicted_ms']:.3f}",
                   f"{r['median_ms']:.3f} ({r['min_ms']:.3f}-{r['max_ms']:.3f})" + ("" if r["applied"] else " fell back"),
                   f"{r['paired_speedup']:.3f}x")
-    console = table_console(140)
+    console = table_console()
     console.print(t)
     _print_verdict(console, res.verdict)
-    return 0
 
 
 # How the stages of a verdict begin after the first (disco.optimizer._choice, disco.mp_optimize):
@@ -469,9 +480,8 @@ def verdict_stages(verdict: str) -> list[str]:
 
 def _print_verdict(console: Any, verdict: str) -> None:
     """``verdict:`` and the verdict's first stage, then each later stage on its own indented line."""
-    from rich.markup import escape
-
     first, *rest = verdict_stages(verdict)
-    console.print(f"[bold]verdict:[/bold] {escape(first)}")
+    print_note(console, f"verdict: {first}", bold="verdict:")
     for stage in rest:
-        console.print(f"  {escape(stage)}")
+        print_note(console, stage, indent="  ")
+

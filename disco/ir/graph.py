@@ -63,6 +63,13 @@ class Node:
     reduction: str | None = None  # all-reduce nodes: the reduction's binary opcode
     layout: str = ""  # the layout text when it is not the default (major-to-minor) one
 
+    def __repr__(self) -> str:
+        """One short line: name, opcode, shape and operand count (the service's program identity
+        hashes every field itself, :func:`service.programs.program_identity`)."""
+        grad = f", gradient of {self.param_path[:40]!r}" if self.param_path is not None else ""
+        return (f"Node({self.name[:60]!r}, {self.opcode}, {self.shape[:40]}, "
+                f"{len(self.operands)} operand{'' if len(self.operands) == 1 else 's'}{grad})")
+
     @property
     def is_all_reduce(self) -> bool:
         """An all-reduce: synchronous, or the start of an async pair (its ``-done`` is not one)."""
@@ -87,6 +94,10 @@ class GraphArrays(NamedTuple):
     receivers: np.ndarray  # int32 [n_edge]
     edge_bytes: np.ndarray  # float32 [n_edge]
 
+    def __repr__(self) -> str:
+        return (f"GraphArrays({len(self.opcode_ids)} nodes x {self.node_features.shape[-1]} features, "
+                f"{len(self.senders)} edges)")
+
 
 class Loop(NamedTuple):
     """A ``while`` node of a graph and what one of its iterations runs.
@@ -103,6 +114,11 @@ class Loop(NamedTuple):
     trip_count: int | None
     body: HloGraph
     condition: HloGraph
+
+    def __repr__(self) -> str:
+        trips = "unknown trips" if self.trip_count is None else f"{self.trip_count} trips"
+        return (f"Loop({self.node[:60]!r}, {trips}, body of {len(self.body.nodes)} nodes, condition of "
+                f"{len(self.condition.nodes)})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "trip_count": self.trip_count,
@@ -167,6 +183,12 @@ class HloGraph:
         return from_module(hlo_parse.parse_module(text, module=module))
 
     # -- views --------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        """One line of counts (the default printed every node: 185 kB for the zoo's mlp)."""
+        loops = f", {len(self.loops)} loops" if self.loops else ""
+        return (f"HloGraph({self.name[:60]!r}, {len(self.nodes)} nodes, {len(self.edges)} edges, "
+                f"{len(self.all_reduces())} all-reduces{loops}, fingerprint {self.fingerprint[:8]})")
+
     def __len__(self) -> int:
         return len(self.nodes)
 

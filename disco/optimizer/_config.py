@@ -106,6 +106,12 @@ class OptimizeConfig:
         if self.confirm_rounds is not None and (not _is_int(self.confirm_rounds) or self.confirm_rounds < 1):
             raise ValueError(f"confirm_rounds: expected an integer >= 1, got {self.confirm_rounds!r}")
 
+    def __repr__(self) -> str:
+        """The options that differ from the defaults, on one line (cut short past 180 characters)."""
+        changed = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                            if getattr(self, f.name) != f.default)
+        return f"OptimizeConfig({changed if len(changed) <= 160 else changed[:157] + '...'})"
+
     @property
     def confirmation_rounds(self) -> int:
         """The confirmation's rounds: ``confirm_rounds``, by default ``3 * rounds`` (two executables

@@ -28,6 +28,12 @@ class Setting(NamedTuple):
     cost_model: str
     lower_bound_s: float
 
+    def __repr__(self) -> str:
+        g = self.graph
+        return (f"Setting(graph {str(g.get('name', '?'))[:60]!r}, {g.get('nodes', '?')} nodes, "
+                f"{g.get('all_reduces', '?')} all-reduces; cluster {self.cluster[:40]!r}, {self.cost_model[:20]} "
+                f"costs, lower bound {self.lower_bound_s * 1e3:.3f} ms)")
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizeResult:

@@ -121,6 +121,10 @@ class SearchSummary(NamedTuple):
     seconds: float
     trace: tuple[tuple[int, float, float], ...]
 
+    def __repr__(self) -> str:
+        return (f"SearchSummary({self.strategy!r}, {self.evals} evals in {self.seconds:.1f} s, "
+                f"{self.evals_per_s:.0f}/s, trace of {len(self.trace)} points)")
+
 
 class Candidates(NamedTuple):
     """The plans to measure, predicted but not measured yet, in measuring order.
@@ -135,6 +139,9 @@ class Candidates(NamedTuple):
 
     rows: tuple[PlanRow, ...]
     search: SearchSummary
+
+    def __repr__(self) -> str:
+        return f"Candidates({len(self.rows)} rows, {self.search!r})"
 
 
 def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_progress) -> Candidates:
@@ -236,6 +243,11 @@ class Measured:
     executables: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict, repr=False,
                                                                       compare=False)
 
+    def __repr__(self) -> str:
+        bound = "" if self.bound is None else f", bound {self.bound.speedup:.3f}x"
+        gain = next((f" {r.speedup:.3f}x" for r in self.rows if r.name == self.chosen and r.speedup is not None), "")
+        return f"Measured({len(self.rows)} rows, chosen={self.chosen[:60]!r}{gain}{bound}; .verdict for why)"
+
 
 def measure(target: Target, cands: Candidates, config: OptimizeConfig,
             progress: Progress = no_progress) -> Measured:
@@ -292,6 +304,12 @@ class RunOff:
     rows: tuple[PlanRow, ...] = ()
     executables: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict, repr=False,
                                                                       compare=False)
+
+    def __repr__(self) -> str:
+        gain = self.speedups.get(self.chosen)
+        gain_text = "" if gain is None else f" {gain:.3f}x"
+        return (f"RunOff(chosen={self.chosen[:60]!r}{gain_text}, {len(self.speedups)} finalists, "
+                f"{len(self.rows)} rows of its own; .verdict for why)")
 
 
 def regrouped(fusing: FusionPlan, bucketing: FusionPlan, graph: HloGraph, name: str) -> FusionPlan | None:
@@ -407,6 +425,13 @@ class Confirmation(NamedTuple):
     baseline_speedup: float | None = None
     vs_baseline: float | None = None
     vs_baseline_interval: tuple[float, float] | None = None
+
+    def __repr__(self) -> str:
+        base = "" if self.baseline is None else f", baseline {self.baseline[:40]!r}"
+        if self.baseline is not None and self.baseline_speedup is not None:
+            base += f" {self.baseline_speedup:.3f}x"
+        return (f"Confirmation(candidate={self.candidate[:60]!r} {self.speedup:.3f}x{base}, "
+                f"chosen={self.chosen[:60]!r}; .verdict for why)")
 
 
 def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: RunOff | None = None,

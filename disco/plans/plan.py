@@ -86,6 +86,12 @@ class Bucket:
         if self.build not in BUILDS:
             raise ValueError(f"Bucket.build: expected one of {', '.join(BUILDS)}, got {self.build!r}")
 
+    def __repr__(self) -> str:
+        """One line: the member count, the first and last member, the build."""
+        n, m = len(self.members), self.members
+        span = "" if not m else f" {m[0][:40]!r}" if n == 1 else f" {m[0][:40]!r}..{m[-1][:40]!r}"
+        return f"Bucket({n} member{'' if n == 1 else 's'}{span}, {self.build})"
+
 
 @dataclasses.dataclass(frozen=True)
 class FusionPlan:
@@ -137,6 +143,19 @@ class FusionPlan:
         if not isinstance(self.name, str) or not isinstance(self.graph_fingerprint, (str, type(None))):
             raise TypeError(f"FusionPlan.name and graph_fingerprint: expected str (graph_fingerprint also None), "
                             f"got {type(self.name).__name__} and {type(self.graph_fingerprint).__name__}")
+
+    def __repr__(self) -> str:
+        """One line of counts (``to_json()`` and :meth:`summary` for the rest)."""
+        parts = [_count(len(self.groups), "group"),
+                 "XLA's combiner" if self.buckets is None else _count(len(self.buckets), "bucket"),
+                 _count(len(self.cuts), "cut")]
+        if self.xla_fusion != "extend":
+            parts.append(f"xla_fusion={self.xla_fusion!r}")
+        if self.compile_options:
+            parts.append(f"{len(self.compile_options)} compile options")
+        if self.graph_fingerprint is not None:
+            parts.append(f"for graph {self.graph_fingerprint[:8]}")
+        return f"FusionPlan({self.name[:40]!r}, {', '.join(parts)})"
 
     # -- predicates ----------------------------------------------------------------------------
     @property
@@ -252,20 +271,21 @@ class FusionPlan:
         }
 
 
+def _count(n: int, what: str) -> str:
+    """``n`` and ``what``, plural unless ``n`` is 1: "1 bucket", "3 buckets"."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 def decisions(plan: FusionPlan, relative_to: FusionPlan | None = None) -> tuple[str, ...]:
     """What ``plan`` decides apart from its buckets, as phrases ("1 fusion group", "2 fusion cuts",
     "XLA's fusion off", "compile options (k=v)"); with ``relative_to``, only where the two differ.
     Empty: XLA's defaults (or nothing beyond ``relative_to``)."""
     base = relative_to if relative_to is not None else FusionPlan()
-
-    def count(n: int, what: str) -> str:
-        return f"{n} {what}{'' if n == 1 else 's'}"
-
     parts = []
     if plan.groups != base.groups:
-        parts.append(count(len(plan.groups), "fusion group"))
+        parts.append(_count(len(plan.groups), "fusion group"))
     if plan.cuts != base.cuts:
-        parts.append(count(len(plan.cuts), "fusion cut"))
+        parts.append(_count(len(plan.cuts), "fusion cut"))
     if plan.xla_fusion != base.xla_fusion:
         parts.append(f"XLA's fusion {plan.xla_fusion}")
     if plan.compile_options != base.compile_options:

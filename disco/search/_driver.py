@@ -46,6 +46,10 @@ class SearchResult:
     start_costs: dict[str, float]
     strategy: str
 
+    def __repr__(self) -> str:
+        return (f"SearchResult({self.strategy[:20]!r}, best {self.best_cost * 1e3:.3f} ms: {self.best_plan!r}, "
+                f"{self.evals} evals in {self.elapsed_s:.1f} s, top {len(self.top)})")
+
     @property
     def evals_per_s(self) -> float:
         return self.evals / self.elapsed_s if self.elapsed_s > 0 else math.inf

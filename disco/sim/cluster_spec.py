@@ -237,6 +237,18 @@ class ClusterSpec:
     label: str = dataclasses.field(default="", compare=False)
     device: str = "cpu"
 
+    def __repr__(self) -> str:
+        """One line: name, shape, links and what differs from the defaults (not the description)."""
+        def link(spec: LinkSpec) -> str:
+            return f"{spec.bandwidth / 1e9:.4g} GB/s {spec.latency * 1e6:.4g} us"
+
+        extra = [f"{f}={getattr(self, f)!r}" for f, default in
+                 (("algorithm", "ring"), ("compute_speed", 1.0), ("operand_latency", 0.0), ("overlap", True))
+                 if getattr(self, f) != default]
+        links = f"link {link(self.intra)}" + ("" if self.inter == self.intra else f", inter {link(self.inter)}")
+        return (f"ClusterSpec({self.name[:40]!r}, {self.nodes} x {self.devices_per_node} {self.device}, {links}"
+                f"{''.join(', ' + e for e in extra)})")
+
     def __post_init__(self) -> None:
         for field in ("nodes", "devices_per_node"):
             v = getattr(self, field)

@@ -60,6 +60,12 @@ class SimResult:
     critical_path: tuple[str, ...] = ()
     timeline: tuple[Event, ...] = ()
 
+    def __repr__(self) -> str:
+        """One line of times in ms (the timeline is often thousands of events: ``to_chrome_trace()``)."""
+        return (f"SimResult(step {self.step_time * 1e3:.3f} ms, compute {self.compute_time * 1e3:.3f} ms, comm "
+                f"{self.comm_time * 1e3:.3f} ms, exposed {self.exposed_comm * 1e3:.3f} ms, "
+                f"{len(self.timeline)} events, critical path of {len(self.critical_path)})")
+
     def to_chrome_trace(self) -> dict[str, Any]:
         """The timeline in Chrome trace event format (loadable by Perfetto and chrome://tracing).
 
