@@ -8,7 +8,8 @@ step is cached per signature. With ``service=None`` the plan comes from
 :func:`disco.planner.plan_for_graph` in this process.
 
 Training never stops because of disco: if the service is unreachable, slower than
-``timeout_s``, answers an error or something that is not a plan for this step, a
+``timeout_s``, answers an error or something that is not a plan for this step (or for
+this job's jax, backend, topology and XLA flags: :mod:`xla_hooks.environment`), a
 :class:`PlanServiceWarning` (a :class:`PlanFallbackWarning`) says why and the step
 is compiled by XLA's defaults.
 
@@ -204,6 +205,7 @@ class PlannedStep:
     def _service_plan(self, text: str, graph: Any, inputs: Any) -> tuple[Any, dict[str, Any]]:
         from disco.sim.cluster import ClusterSpec
         from disco.plans.plan import FusionPlan
+        from xla_hooks.environment import current as current_environment
 
         deadline = time.monotonic() + self.timeout_s
         body: dict[str, Any] = {"hlo_text": text}
@@ -216,6 +218,8 @@ class PlannedStep:
                 body["devices"] = _devices(inputs)
         if self.options:
             body["options"] = self.options
+        environment = current_environment().to_dict()
+        body["environment"] = environment
         status, data = self._request("POST", "/v1/plans", body, deadline)
         if status == 202:
             job_id = data.get("job_id")
@@ -253,6 +257,9 @@ class PlannedStep:
         except (ValueError, TypeError) as e:
             raise _NoPlan(f"the service's plan does not fit this step: {e}") from None
         report = data.get("report") if isinstance(data.get("report"), dict) else {}
+        if report.get("environment") != environment:  # the key holds it: a plan for another key
+            raise _NoPlan(f"the service answered a plan made for another environment: "
+                          f"{str(report.get('environment'))[:300]}, this job's is {environment}")
         return plan, report
 
     def _request(self, method: str, path: str, body: Any, deadline: float) -> tuple[int, Any]:
