@@ -426,3 +426,20 @@ def test_xla_flags_that_only_dump_or_log_do_not_change_the_environment():
 
     assert xla_flags("--b=1 --xla_dump_to=/tmp/x --a=2 --xla_log_x=1") == ("--a=2", "--b=1")
     assert xla_flags(None) == xla_flags("") == ()
+
+
+def test_a_single_process_job_uses_no_key_value_store(monkeypatch):
+    from xla_hooks import agreement
+
+    def refuse(self):
+        raise AssertionError("a single-process job opened the coordination service's key-value store")
+
+    monkeypatch.setattr(agreement.JaxKeyValue, "__init__", refuse)
+    step, args, reference = setup()
+    fast = xla_hooks.jit(step, service=None, timeout_s=30, options={"strategy": "baselines"})
+    assert_close(three_steps(fast, args), reference)
+
+
+def test_jit_rejects_a_bad_agree_timeout():
+    with pytest.raises(ValueError, match=r"^agree_timeout_s: expected a positive number of seconds, got 0"):
+        xla_hooks.jit(lambda x: x, agree_timeout_s=0)
