@@ -6,7 +6,9 @@
 Tasks (:class:`disco.multiprocess.WorkerSpec`): ``bench`` measures plans (baseline items such as
 ``ddp`` or ``horovod:128``, or plan .json files) in interleaved rounds and reports every round's time (with
 ``comm_free_bound``, also the step with its all-reduces replaced by copies: the compute floor);
-``calibrate`` times all-reduces of ``sizes`` bytes per device (with ``chain``: executables of
+``jit`` trains the step under ``xla_hooks.jit`` once per scenario (each process asking the service
+its scenario names for it: only process 0's is asked) and reports what each process compiled,
+beside the losses of XLA's default; ``calibrate`` times all-reduces of ``sizes`` bytes per device (with ``chain``: executables of
 k chained all-reduces per size) and a variadic all-reduce against one concatenated buffer
 (:mod:`disco.calibrate`) over all processes' devices; ``bench`` with ``chain`` also runs the
 chained timings in the same launch, after its rounds.
@@ -109,6 +111,54 @@ def _chain(spec: dict[str, Any], n: int) -> dict[str, Any]:
             "chain_all_reduces": [c for _, c in per]}
 
 
+def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
+    """Per scenario: a fresh ``xla_hooks.jit`` of the step with this process's service URL ("" for
+    the local planner), ``check_steps`` steps (at least one), what it compiled and what it warned."""
+    import time
+    import warnings
+
+    import jax
+    import numpy as np
+
+    import trax_models
+    import xla_hooks
+    from disco.bench import compiled_counts
+
+    def loss_value(loss: Any) -> float:
+        return float(np.asarray(loss.addressable_data(0)))
+
+    step, (state0, batch) = trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
+                                                        optimizer=spec.get("optimizer", "adamw"))
+    steps = max(1, int(spec.get("check_steps") or 0))
+    default, state = jax.jit(step), state0
+    default_losses = []
+    for _ in range(steps):
+        state, loss = default(state, batch)
+        default_losses.append(loss_value(loss))
+    rows = []
+    for sc in spec["scenarios"]:
+        service = sc["services"][process_id] or None
+        planned = xla_hooks.jit(step, service=service, cluster="local", timeout_s=sc.get("timeout_s", 30.0),
+                                token=sc.get("token"), options=sc.get("options"),
+                                agree_timeout_s=sc.get("agree_timeout_s", 60.0))
+        t0 = time.monotonic()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state, losses = state0, []
+            for _ in range(steps):
+                state, loss = planned(state, batch)
+                losses.append(loss_value(loss))
+        (applied,) = planned.applied.values()
+        (report,) = planned.reports.values()
+        rows.append({"name": sc["name"], "applied": applied.applied, "plan": applied.plan.name,
+                     "plan_digest": applied.plan.digest(), "requested": applied.requested.name,
+                     "all_reduces": compiled_counts(applied.compiled_text())[1], "losses": losses,
+                     "report_environment": (report or {}).get("environment"),
+                     "seconds": time.monotonic() - t0,
+                     "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]})
+    return {"default_losses": default_losses, "scenarios": rows}
+
+
 def _calibrate(spec: dict[str, Any], n: int) -> dict[str, Any]:
     from disco import calibrate
 
@@ -149,7 +199,8 @@ def main(argv=None) -> int:
                                process_id=args.process_id, heartbeat_timeout_seconds=600)
     n = len(jax.devices())
     task = spec.get("task", "bench")
-    body = _calibrate(spec, n) if task == "calibrate" else _bench(spec, n)
+    body = (_calibrate(spec, n) if task == "calibrate" else _jit(spec, n, args.process_id) if task == "jit"
+            else _bench(spec, n))
     out = {"process_id": args.process_id, "num_processes": args.num_processes, "global_devices": n,
            "local_devices": len(jax.local_devices()), "task": task, **body}
     jax.distributed.shutdown()

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 COORDINATOR_PORT = 47613  # inside worker 0's own namespace: nothing else listens there
 
 
-TASKS = ("bench", "calibrate")
+TASKS = ("bench", "calibrate", "jit")
 
 
 class WorkersFailed(RuntimeError):
@@ -49,7 +49,7 @@ class WorkersFailed(RuntimeError):
 class WorkerSpec:
     """What every worker runs."""
 
-    task: str = "bench"  # "bench": measure plans; "calibrate": time all-reduces of sizes
+    task: str = "bench"  # "bench": measure plans; "calibrate": time all-reduces of sizes; "jit": xla_hooks.jit
     model: str = "mlp"
     preset: str = "tiny"
     plans: tuple[str, ...] = ("xla_default", "per_tensor", "horovod", "ddp")  # baseline items or .json files
@@ -65,6 +65,9 @@ class WorkerSpec:
     # (disco.calibrate.measure_chained); bench: when set, the workers also run that calibration in
     # the same launch, after the rounds (sizes: ``sizes``, repetitions: ``reps``)
     chain: tuple[int, ...] = ()
+    # jit: one fresh xla_hooks.jit per scenario, each a JSON object: name, services (one URL per
+    # process, "" for the local planner), and optionally timeout_s, agree_timeout_s, token, options
+    scenarios: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -123,7 +126,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeout_s: float = 600,
            env: dict[str, str] | None = None, link: LinkSpec | None = None, grace_s: float = 10.0,
-           on_started: Callable[[tuple[int, ...]], None] | None = None) -> LaunchResult:
+           on_started: Callable[[tuple[int, ...]], None] | None = None,
+           worker: str = "disco.mp_worker") -> LaunchResult:
     """Runs ``spec`` on ``processes`` local workers and gathers their JSON results.
 
     Args:
@@ -136,6 +140,8 @@ def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeou
       grace_s: after a worker fails, seconds the others get before they are killed (they are
         usually stuck in a collective with the one that died).
       on_started: called with the workers' pids once all are started (tests kill one).
+      worker: the module each worker runs with ``python -m`` (tests pass one that wraps
+        :mod:`disco.mp_worker` to inject a fault); it takes :mod:`disco.mp_worker`'s arguments.
 
     Raises:
       ValueError: processes or devices_per_process below 1.
@@ -146,11 +152,11 @@ def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeou
                          f"{devices_per_process}")
     with _terminate_as_exit():
         if link is None:
-            return _launch(processes, devices_per_process, spec, None, timeout_s, env, grace_s, on_started)
+            return _launch(processes, devices_per_process, spec, None, timeout_s, env, grace_s, on_started, worker)
         from disco.testbed import Testbed
 
         with Testbed(processes, link) as tb:
-            res = _launch(processes, devices_per_process, spec, tb, timeout_s, env, grace_s, on_started)
+            res = _launch(processes, devices_per_process, spec, tb, timeout_s, env, grace_s, on_started, worker)
     return dataclasses.replace(res, link=link, switch_stats=tb.stats, testbed_prefix=tb.prefix)
 
 
@@ -179,7 +185,7 @@ def _terminate_as_exit() -> Iterator[None]:
 
 def _launch(processes: int, devices_per_process: int, spec: WorkerSpec, tb: Testbed | None, timeout_s: float,
             env: dict[str, str] | None, grace_s: float,
-            on_started: Callable[[tuple[int, ...]], None] | None) -> LaunchResult:
+            on_started: Callable[[tuple[int, ...]], None] | None, worker: str = "disco.mp_worker") -> LaunchResult:
     coordinator = f"127.0.0.1:{free_port()}" if tb is None else f"{tb.address(0)}:{COORDINATOR_PORT}"
     outdir = tempfile.mkdtemp(prefix="disco-mp-")
     base_env = dict(os.environ if env is None else env)
@@ -192,7 +198,7 @@ def _launch(processes: int, devices_per_process: int, spec: WorkerSpec, tb: Test
             out = os.path.join(outdir, f"result_{i}.json")
             log = open(os.path.join(outdir, f"worker_{i}.log"), "w")
             logs.append(log)
-            cmd = [sys.executable, "-m", "disco.mp_worker", "--process-id", str(i),
+            cmd = [sys.executable, "-m", worker, "--process-id", str(i),
                    "--num-processes", str(processes), "--coordinator", coordinator,
                    "--devices-per-process", str(devices_per_process), "--out", out,
                    "--spec", json.dumps(dataclasses.asdict(spec))]

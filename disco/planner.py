@@ -85,15 +85,22 @@ def cluster_digest(cluster: ClusterSpec) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def plan_key(fingerprint: str, cluster: ClusterSpec, costs: CostModel, options: Mapping[str, Any]) -> str:
-    """The cache key of a plan request: sha256 of (graph, cluster, cost model, options).
+def plan_key(fingerprint: str, cluster: ClusterSpec, costs: CostModel, options: Mapping[str, Any],
+             environment: Mapping[str, Any] | None = None) -> str:
+    """The cache key of a plan request: sha256 of (graph, cluster, cost model, options, environment).
 
-    Options set to None (not given) are left out, so adding an optional option does not
-    change the keys of the plans already stored.
+    ``environment`` is the job's side of the key (``xla_hooks.environment.CompileEnvironment``:
+    jax and jaxlib versions, platform and device kind, processes and devices per process, XLA
+    flags), as jax's persistent compilation cache keys an executable. None (a request that names
+    none) leaves it out, and options set to None (not given) are left out, so the plans stored
+    before either existed keep their keys.
     """
     given = {k: v for k, v in options.items() if v is not None}
-    blob = json.dumps({"graph": fingerprint, "cluster": cluster_digest(cluster),
-                       "costs": cost_model_id(costs), "options": given}, sort_keys=True)
+    parts: dict[str, Any] = {"graph": fingerprint, "cluster": cluster_digest(cluster),
+                             "costs": cost_model_id(costs), "options": given}
+    if environment is not None:
+        parts["environment"] = dict(environment)
+    blob = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

@@ -2,7 +2,8 @@
 
 A plan's key is made of what the server computed, never of what the client claims:
 the program's identity (:mod:`service.programs`), the cluster, the cost model and the
-options. Every request is validated here, before a job exists (400 naming the field).
+options; and the environment the client names (jax, backend, topology, XLA flags), which
+the report of its plan echoes. Every request is validated here, before a job exists (400 naming the field).
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def create_plan():
                        f"{', '.join(planner.strategies())}, got {req.options.strategy!r}", "options.strategy")
     cluster = inputs.parse_cluster(req.cluster, req.devices)
     program = _program(req)
-    key = planner.plan_key(program.identity, cluster, planner.default_costs(cluster.device), req.options.model_dump())
+    environment = None if req.environment is None else req.environment.model_dump()
+    key = planner.plan_key(program.identity, cluster, planner.default_costs(cluster.device), req.options.model_dump(),
+                           environment)
     store = db.get_store()
     row, created = store.submit(key, inputs.stored_request(req, cluster, program.fingerprint))
     if created:

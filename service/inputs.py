@@ -101,6 +101,8 @@ def stored_request(req: PlanRequest, cluster: ClusterSpec, fingerprint: str) -> 
       fingerprint: the server's fingerprint of the program (stored into a graph JSON).
     """
     out: dict[str, Any] = {"cluster": cluster.to_dict(), "options": req.options.model_dump()}
+    if req.environment is not None:  # echoed in the plan's report (service.jobs)
+        out["environment"] = req.environment.model_dump()
     if req.hlo_text is not None:
         out["hlo_text"] = req.hlo_text
     else:

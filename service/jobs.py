@@ -174,6 +174,8 @@ class JobRunner:
             options = dict(request["options"])
             options["budget_s"] = min(float(options["budget_s"]), 0.8 * self.job_timeout_s)
             plan, report = planner.plan_for_graph(graph, cluster, options, progress)
+            if "environment" in request:  # part of the key: the client checks its plan was made for it
+                report = {**report, "environment": request["environment"]}
             if time.monotonic() > deadline:
                 raise JobTimeout(f"job ran past JOB_TIMEOUT_S={self.job_timeout_s:g} s")
             tl = planner.timeline(graph, cluster, plan)

@@ -17,6 +17,7 @@ from service import limits
 MAX_PROFILES = limits.MAX_PROFILES
 _NAME = r"^[A-Za-z0-9_.:\-]+$"
 _TEXT = limits.MAX_TEXT
+_VERSION = r"^[A-Za-z0-9_.+\-]+$"  # PEP 440 with a local part (0.10.2.dev1+cuda)
 
 
 class _Strict(BaseModel):
@@ -39,6 +40,20 @@ class PlanOptions(_Strict):
     max_evals: int | None = Field(None, ge=1, le=10_000_000,
                                   description="also stop after this many plan evaluations; with a budget_s the "
                                               "search does not reach, the same request always gives the same plan")
+
+
+class Environment(_Strict):
+    """The job's side of the plan key (``xla_hooks.environment.CompileEnvironment``): a plan is
+    answered only to a request naming the same environment."""
+
+    jax: str = Field(min_length=1, max_length=64, pattern=_VERSION, description="jax version")
+    jaxlib: str = Field(min_length=1, max_length=64, pattern=_VERSION, description="jaxlib version")
+    platform: str = Field(min_length=1, max_length=64, description="backend platform (cpu, gpu, tpu)")
+    device_kind: str = Field(min_length=1, max_length=256, description="jax.devices()[0].device_kind")
+    processes: int = Field(ge=1, le=limits.MAX_CLUSTER_DEVICES, description="jax.process_count()")
+    devices_per_process: int = Field(ge=1, le=limits.MAX_CLUSTER_DEVICES, description="jax.local_device_count()")
+    xla_flags: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list, max_length=256, description="XLA_FLAGS, sorted, without dump and log flags")
 
 
 class GraphNode(_Strict):
@@ -101,6 +116,8 @@ class PlanRequest(_Strict):
     cluster: str | ClusterYaml = Field("local", description="a preset name or {yaml: ...}")
     devices: int | None = Field(None, ge=1, le=limits.MAX_CLUSTER_DEVICES, description="devices for the 'local' preset")
     options: PlanOptions = Field(default_factory=PlanOptions)
+    environment: Environment | None = Field(None, description="the job's jax, backend, topology and XLA flags; "
+                                                              "part of the plan key, echoed in the report")
 
     @model_validator(mode="after")
     def _one_graph(self) -> PlanRequest:
@@ -183,7 +200,7 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 def openapi(version: str, auth: bool) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the service."""
-    models = [ClusterYaml, PlanOptions, GraphNode, GraphJson, PlanRequest, ProfileSample, Error, PlanResult, StoredPlan,
+    models = [ClusterYaml, PlanOptions, Environment, GraphNode, GraphJson, PlanRequest, ProfileSample, Error, PlanResult, StoredPlan,
               JobAccepted, Job, ProfilesStored, Health]
     schemas: dict[str, Any] = {}
     for m in models:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import http.server
 import json
 import socket
 import threading
@@ -25,6 +24,8 @@ pytest.importorskip("flask")
 from service.testing import ServerProcess, free_port  # noqa: E402
 from tests.equivalence import assert_allclose_leaves as assert_close  # noqa: E402
 from tests.equivalence import three_steps  # noqa: E402
+from tests.stubs import send as _send  # noqa: E402
+from tests.stubs import stub  # noqa: E402
 
 DEVICES = 4
 
@@ -90,43 +91,6 @@ def test_service_down_falls_back_to_xla():
     assert_close(out, reference)
     (applied,) = fast.applied.values()
     assert applied.plan.name == "xla_default"
-
-
-class _Stub(http.server.BaseHTTPRequestHandler):
-    """Answers every request with ``server.reply(handler)``."""
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.server.reply(self)
-
-    def do_GET(self):
-        self.server.reply(self)
-
-    def log_message(self, *args):
-        pass
-
-
-@contextlib.contextmanager
-def stub(reply):
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    srv.daemon_threads = True
-    srv.reply = reply
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join(5)
-
-
-def _send(handler, status, body: bytes, ctype="application/json"):
-    handler.send_response(status)
-    handler.send_header("Content-Type", ctype)
-    handler.send_header("Content-Length", str(len(body)))
-    handler.end_headers()
-    handler.wfile.write(body)
 
 
 def test_slow_service_times_out_and_falls_back():
@@ -432,3 +396,50 @@ def test_a_weak_typed_argument_is_its_own_signature():
             assert out.dtype == expected.dtype
             np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
         assert len(step.applied) == 2
+
+
+def test_a_plan_made_for_another_environment_is_refused():
+    """Issue 43: the plan key holds the job's jax, backend, topology and XLA flags; an answer whose
+    report names another environment (or none: a service that keyed it without) is not used."""
+    step, args, reference = setup()
+    for environment in ({"jax": "0.0.1"}, None):
+        def answer(handler, environment=environment):
+            body = json.loads(handler.body)
+            from disco.ir.graph import HloGraph
+            from disco.plans import baselines
+
+            plan = baselines.make_all(HloGraph.from_hlo_text(body["hlo_text"]), ("per_tensor",))["per_tensor"]
+            assert body["environment"]["processes"] == 1 and body["environment"]["platform"] == "cpu"
+            _send(handler, 200, json.dumps({"key": "k", "plan": plan.to_dict(),
+                                            "report": {"environment": environment}}).encode())
+
+        with stub(answer) as url:
+            fast = xla_hooks.jit(step, service=url, timeout_s=5)
+            with pytest.warns(PlanServiceWarning, match="the service answered a plan made for another environment"):
+                out = three_steps(fast, args)
+        assert_close(out, reference)
+        assert next(iter(fast.applied.values())).plan.name == "xla_default"
+
+
+def test_xla_flags_that_only_dump_or_log_do_not_change_the_environment():
+    from xla_hooks.environment import xla_flags
+
+    assert xla_flags("--b=1 --xla_dump_to=/tmp/x --a=2 --xla_log_x=1") == ("--a=2", "--b=1")
+    assert xla_flags(None) == xla_flags("") == ()
+
+
+def test_a_single_process_job_uses_no_key_value_store(monkeypatch):
+    from xla_hooks import agreement
+
+    def refuse(self):
+        raise AssertionError("a single-process job opened the coordination service's key-value store")
+
+    monkeypatch.setattr(agreement.JaxKeyValue, "__init__", refuse)
+    step, args, reference = setup()
+    fast = xla_hooks.jit(step, service=None, timeout_s=30, options={"strategy": "baselines"})
+    assert_close(three_steps(fast, args), reference)
+
+
+def test_jit_rejects_a_bad_agree_timeout():
+    with pytest.raises(ValueError, match=r"^agree_timeout_s: expected a positive number of seconds, got 0"):
+        xla_hooks.jit(lambda x: x, agree_timeout_s=0)

@@ -70,7 +70,7 @@ def test_combine_takes_the_slowest_process_per_round_and_pairs_by_round():
 def test_worker_spec_rejects_an_unknown_task():
     import pytest
 
-    with pytest.raises(ValueError, match=r"WorkerSpec.task: expected one of bench, calibrate, got 'train'"):
+    with pytest.raises(ValueError, match=r"WorkerSpec.task: expected one of bench, calibrate, jit, got 'train'"):
         multiprocess.WorkerSpec(task="train")
 
 

@@ -81,3 +81,21 @@ def test_plan_keys_leave_out_options_not_given():
     assert planner.plan_key("fp", cluster, costs, {**before, "max_evals": None}) == key
     assert planner.plan_key("fp", cluster, costs, {**before, "max_evals": 100}) != key
     assert planner.plan_key("fp", cluster, costs, {**before, "seed": 1}) != key
+
+
+def test_the_plan_key_holds_the_environment_and_keeps_old_keys():
+    """Issue 43: a plan is keyed like jax's compilation cache keys an executable. A request naming no
+    environment keeps the key it had before (the plans stored then are still found)."""
+    from disco.sim.cluster import preset
+
+    cluster, costs, options = preset("local", devices=2), planner.default_costs("cpu"), {"seed": 0}
+    env = {"jax": "0.10.2", "jaxlib": "0.10.2", "platform": "cpu", "device_kind": "cpu", "processes": 2,
+           "devices_per_process": 1, "xla_flags": []}
+    old = planner.plan_key("fp", cluster, costs, options)
+    assert old == "5dd2cc2d64db9520d0b475788b0ef589"  # computed before the environment was part of keys
+    assert planner.plan_key("fp", cluster, costs, options, None) == old
+    keys = {old, planner.plan_key("fp", cluster, costs, options, env)}
+    for field, value in [("jax", "0.12.0.1"), ("jaxlib", "0.8.3"), ("platform", "gpu"), ("device_kind", "H100"),
+                         ("processes", 1), ("devices_per_process", 2), ("xla_flags", ["--xla_cpu_use_thunk_runtime=false"])]:
+        keys.add(planner.plan_key("fp", cluster, costs, options, {**env, field: value}))
+    assert len(keys) == 9

@@ -360,6 +360,31 @@ def client(app):
     return app.test_client()
 
 
+ENVIRONMENT = {"jax": "0.10.2", "jaxlib": "0.10.2", "platform": "cpu", "device_kind": "cpu", "processes": 2,
+               "devices_per_process": 2, "xla_flags": []}
+
+
+def test_a_plan_is_answered_only_for_its_environment(client):
+    """Issue 43: the same program, cluster and options under two environments (jax versions here)
+    are two plans, and the report says which environment each was made for; a request naming
+    none keeps the key it had before environments were part of it."""
+    keys = {}
+    for name, body in [("none", plan_body()), ("env", {**plan_body(), "environment": ENVIRONMENT}),
+                       ("other", {**plan_body(), "environment": {**ENVIRONMENT, "jax": "0.12.0.1"}})]:
+        r = client.post("/v1/plans", json=body)
+        assert r.status_code == 202, r.json
+        keys[name] = r.json["key"]
+        job, deadline = r.json, time.monotonic() + 60
+        while job["state"] not in ("done", "failed") and time.monotonic() < deadline:
+            time.sleep(0.05)
+            job = client.get(f"/v1/jobs/{r.json['job_id']}").json
+        assert job["state"] == "done", job
+        assert job["result"]["report"].get("environment") == body.get("environment")
+    assert len(set(keys.values())) == 3
+    r = client.post("/v1/plans", json={**plan_body(), "environment": {**ENVIRONMENT, "processes": 0}})
+    assert_error(r.status_code, r.json, 400, "environment.processes")
+
+
 def test_full_queue_answers_503_with_retry_after(client):
     def post(seed):
         return client.post("/v1/plans", json=plan_body(seed=seed, strategy="random", budget_s=2.0))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports on first use
     from xla_hooks.apply_plan import AppliedStep, PlanFallbackWarning, apply, compile_plan
-    from xla_hooks.hook import PlannedStep, PlanServiceWarning, jit
+    from xla_hooks.hook import PlanAgreementWarning, PlannedStep, PlanServiceWarning, jit
     from xla_hooks.profiling import ProfileResult, profile
     from xla_hooks.rewrite import apply_plan_to_text
 
@@ -23,12 +23,13 @@ _EXPORTS = {
     "jit": "xla_hooks.hook",
     "PlannedStep": "xla_hooks.hook",
     "PlanServiceWarning": "xla_hooks.hook",
+    "PlanAgreementWarning": "xla_hooks.hook",
     "profile": "xla_hooks.profiling",
     "ProfileResult": "xla_hooks.profiling",
 }
 
 __all__ = [  # the lazy exports below, spelled out for tools (tests/test_exports.py checks they agree)
-    "AppliedStep", "PlanFallbackWarning", "PlanServiceWarning", "PlannedStep", "ProfileResult", "apply",
+    "AppliedStep", "PlanAgreementWarning", "PlanFallbackWarning", "PlanServiceWarning", "PlannedStep", "ProfileResult", "apply",
     "apply_plan_to_text", "compile_plan", "jit", "profile",
 ]
 

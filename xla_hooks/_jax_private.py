@@ -152,3 +152,29 @@ def compile_text_standalone(text: str, num_devices: int, compiler_options: dict[
         options.executable_build_options.use_shardy_partitioner = True
         compiler.backend_compile_and_load(xla_bridge.get_backend(), module, xc.DeviceList(tuple(devices)),
                                           options, [])
+
+
+def kv_client() -> Any:
+    """The coordination service's key-value client of a ``jax.distributed`` job.
+
+    jax shares profile-guided profiles between hosts through the same client
+    (``jax/_src/compiler.py``, ``_share_fdo_profiles``): ``key_value_set_bytes(key, value)``
+    and ``blocking_key_value_get_bytes(key, timeout_in_ms)``, unchanged from jax 0.8.3 to 0.12.
+
+    Raises:
+      PrivateApiError: jax's release is untested, or ``jax._src.distributed`` has no client with
+        those methods (also when ``jax.distributed.initialize`` was not called).
+    """
+    check_version()
+    try:
+        from jax._src import distributed
+    except ImportError as e:
+        raise PrivateApiError(f"jax._src.distributed moved: {e}") from None
+    client = getattr(getattr(distributed, "global_state", None), "client", None)
+    if client is None:
+        raise PrivateApiError("jax._src.distributed.global_state has no coordination client "
+                              "(was jax.distributed.initialize called?)")
+    missing = [m for m in ("key_value_set_bytes", "blocking_key_value_get_bytes") if not hasattr(client, m)]
+    if missing:
+        raise PrivateApiError(f"jax's coordination client has no {', '.join(missing)}")
+    return client

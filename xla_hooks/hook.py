@@ -8,9 +8,13 @@ step is cached per signature. With ``service=None`` the plan comes from
 :func:`disco.planner.plan_for_graph` in this process.
 
 Training never stops because of disco: if the service is unreachable, slower than
-``timeout_s``, answers an error or something that is not a plan for this step, a
+``timeout_s``, answers an error or something that is not a plan for this step (or for
+this job's jax, backend, topology and XLA flags: :mod:`xla_hooks.environment`), a
 :class:`PlanServiceWarning` (a :class:`PlanFallbackWarning`) says why and the step
 is compiled by XLA's defaults.
+
+In a multi-process job only process 0 asks; every process applies the plan it publishes, or all
+use XLA's default together (:mod:`xla_hooks.agreement`, :class:`PlanAgreementWarning`).
 
 Example::
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import http.client
 import json
 import socket
@@ -34,6 +39,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from xla_hooks.agreement import DEFAULT_AGREE_TIMEOUT_S
 from xla_hooks.apply_plan import PlanFallbackWarning
 
 _MAX_RESPONSE = 64 * 1024 * 1024
@@ -41,6 +47,11 @@ _MAX_RESPONSE = 64 * 1024 * 1024
 
 class PlanServiceWarning(PlanFallbackWarning):
     """No plan could be obtained from the plan service (or the local planner); XLA's default is used."""
+
+
+class PlanAgreementWarning(PlanFallbackWarning):
+    """In a multi-process job, the plan did not reach or did not apply on every process (or a wait for
+    another process timed out): every process uses XLA's default."""
 
 
 class _NoPlan(Exception):
@@ -107,20 +118,33 @@ class _BySignature(dict):
         return f"{{{len(self)} signature{'' if len(self) == 1 else 's'}{first}{', ...' if len(self) > 1 else ''}}}"
 
 
+def _spans_processes(inputs: Any) -> bool:
+    """Whether a step over ``inputs`` runs on devices of other processes too (an input sharded or
+    replicated over them): only such a step's compiles must agree across processes; one over this
+    process's devices alone may be compiled by this process only (an evaluation on process 0)."""
+    import jax
+
+    return any(not getattr(getattr(x, "sharding", None), "is_fully_addressable", True)
+               for x in jax.tree.leaves(inputs))
+
+
 class PlannedStep:
     """The callable ``xla_hooks.jit`` returns; compiled steps are cached per argument signature.
 
     Attributes:
-      applied: the :class:`xla_hooks.AppliedStep` of each signature compiled so far.
+      applied: the :class:`xla_hooks.AppliedStep` of each signature compiled so far (in a
+        multi-process job, the same plan on every process: :mod:`xla_hooks.agreement`).
       reports: the planner's report for each signature (None after a fallback).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, service: str | None, cluster: Any,
-                 timeout_s: float, token: str | None, options: Mapping[str, Any] | None):
+                 timeout_s: float, token: str | None, options: Mapping[str, Any] | None,
+                 agree_timeout_s: float = DEFAULT_AGREE_TIMEOUT_S):
         self.step_fn = step_fn
         self.service = service.rstrip("/") if service else None
         self.cluster = cluster
         self.timeout_s = float(timeout_s)
+        self.agree_timeout_s = float(agree_timeout_s)
         self.token = token
         self.options = dict(options or {})
         self.applied: dict[Any, Any] = _BySignature()
@@ -146,12 +170,27 @@ class PlannedStep:
 
     # -- planning ----------------------------------------------------------------------------------
     def _compile(self, sig: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        import jax
+
         import xla_hooks
         from disco.ir.extractor import hlo_text
-        from disco.ir.graph import HloGraph
 
         text = hlo_text(self.step_fn, *args, kwargs=kwargs)
-        inputs = (args, kwargs)  # what the cluster's device count is read from
+        if jax.process_count() > 1 and _spans_processes((args, kwargs)):
+            applied, report = self._compile_agreed(text, args, kwargs)
+        else:
+            plan, report, _ = self._obtain(text, (args, kwargs))
+            applied = xla_hooks.apply(plan, self.step_fn, *args, kwargs=kwargs)
+        self.applied[sig] = applied
+        self.reports[sig] = report
+        return applied
+
+    def _obtain(self, text: str, inputs: Any) -> tuple[Any, dict[str, Any] | None, str | None]:
+        """The plan for the step of HLO ``text`` (``inputs``: the example arguments, which the
+        cluster's device count is read from), its report and None; or (None, None, why not), with a
+        :class:`PlanServiceWarning` saying so."""
+        from disco.ir.graph import HloGraph
+
         try:
             try:
                 graph = HloGraph.from_hlo_text(text)
@@ -165,13 +204,66 @@ class PlannedStep:
             where = self.service or "the local planner"
             reason = " ".join(str(e).split())  # one line, whatever the service or http.client wrote
             warnings.warn(f"disco: no plan from {where} ({reason}); using XLA's default compile",
-                          PlanServiceWarning, stacklevel=3)
-            plan, report = None, None
+                          PlanServiceWarning, stacklevel=4)
+            return None, None, f"no plan from {where}: {reason}"
         plan, report = _for_this_backend(plan, report)
-        applied = xla_hooks.apply(plan, self.step_fn, *args, kwargs=kwargs)
-        self.applied[sig] = applied
-        self.reports[sig] = report
-        return applied
+        return plan, report, None
+
+    def _compile_agreed(self, text: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """A multi-process job's compile (:mod:`xla_hooks.agreement`): process 0 obtains the plan and
+        publishes it, every process applies those bytes, and every process keeps the plan only
+        where all applied it; otherwise all compile XLA's default."""
+        import jax
+
+        import xla_hooks
+        from disco.plans.plan import FusionPlan
+        from xla_hooks import agreement
+        from xla_hooks._jax_private import PrivateApiError
+
+        def default() -> Any:
+            return xla_hooks.apply(None, self.step_fn, *args, kwargs=kwargs)
+
+        try:
+            store = agreement.JaxKeyValue()
+        except PrivateApiError as e:  # the same jax on every process: every one falls back here
+            warnings.warn(f"disco: the processes cannot share a plan ({e}); every process uses XLA's default "
+                          "compile", PlanAgreementWarning, stacklevel=4)
+            return default(), None
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        rnd = agreement.new_round(store, digest, jax.process_index(), jax.process_count(), self.agree_timeout_s)
+        if rnd.leader:
+            try:
+                plan, report, reason = self._obtain(text, (args, kwargs))
+            except BaseException as e:  # the others need not wait for a plan that will never come
+                agreement.publish_plan(rnd, None, None, f"process {rnd.process} raised {type(e).__name__}: {e}")
+                raise
+            outcome = agreement.publish_plan(rnd, None if plan is None else plan.to_dict(), report, reason)
+        else:
+            plan_json, report, outcome = agreement.receive_plan(rnd, self.timeout_s + self.agree_timeout_s)
+            plan = None
+            if plan_json is not None:
+                try:
+                    plan = FusionPlan.from_dict(plan_json)
+                except (ValueError, TypeError) as e:
+                    outcome = agreement.Outcome(agreement.APPLY, f"process {rnd.process} read a plan that is not "
+                                                                 f"valid ({type(e).__name__}: {e})")
+        local = None
+        if plan is not None and outcome.ok:
+            local = xla_hooks.apply(plan, self.step_fn, *args, kwargs=kwargs)  # warns where it falls back
+            if not local.applied:
+                outcome = agreement.Outcome(agreement.APPLY, f"plan {plan.name or plan.digest()!r} did not apply "
+                                                             f"on process {rnd.process} ({local.fallback_reason})")
+        decision = agreement.decide(rnd, outcome)
+        if decision.ok and local is not None:
+            return local, report
+        if decision.kind == agreement.NO_PLAN:
+            if not rnd.leader:  # process 0 said why when it failed to obtain the plan
+                warnings.warn(f"disco: {decision.reason}; every process uses XLA's default compile",
+                              PlanServiceWarning, stacklevel=4)
+        else:
+            warnings.warn(f"disco: {decision.reason}; every process uses XLA's default compile",
+                          PlanAgreementWarning, stacklevel=4)
+        return default(), None
 
     def _cluster(self, inputs: Any) -> Any:
         """``cluster`` as given, or for "auto" the preset of the devices the step runs on: "local"
@@ -220,6 +312,7 @@ class PlannedStep:
     def _service_plan(self, text: str, graph: Any, inputs: Any) -> tuple[Any, dict[str, Any]]:
         from disco.sim.cluster import ClusterSpec
         from disco.plans.plan import FusionPlan
+        from xla_hooks.environment import current as current_environment
 
         deadline = time.monotonic() + self.timeout_s
         body: dict[str, Any] = {"hlo_text": text}
@@ -232,6 +325,8 @@ class PlannedStep:
                 body["devices"] = _devices(inputs)
         if self.options:
             body["options"] = self.options
+        environment = current_environment().to_dict()
+        body["environment"] = environment
         status, data = self._request("POST", "/v1/plans", body, deadline)
         if status == 202:
             job_id = data.get("job_id")
@@ -269,6 +364,9 @@ class PlannedStep:
         except (ValueError, TypeError) as e:
             raise _NoPlan(f"the service's plan does not fit this step: {e}") from None
         report = data.get("report") if isinstance(data.get("report"), dict) else {}
+        if report.get("environment") != environment:  # the key holds it: a plan for another key
+            raise _NoPlan(f"the service answered a plan made for another environment: "
+                          f"{str(report.get('environment'))[:300]}, this job's is {environment}")
         return plan, report
 
     def _request(self, method: str, path: str, body: Any, deadline: float) -> tuple[int, Any]:
@@ -390,7 +488,8 @@ def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
 
 def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = "auto",
         timeout_s: float = 30.0, token: str | None = None, *,
-        options: Mapping[str, Any] | None = None) -> PlannedStep:
+        options: Mapping[str, Any] | None = None,
+        agree_timeout_s: float = DEFAULT_AGREE_TIMEOUT_S) -> PlannedStep:
     """Wraps ``step_fn`` like ``jax.jit``, compiling it with a disco plan on first use.
 
     Args:
@@ -403,13 +502,19 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
       timeout_s: how long planning may take in all (requests, job, polling).
       token: bearer token for the service's write endpoints (surrounding whitespace is dropped).
       options: planner options (budget_s, strategy, seed, max_evals) sent with the request.
+      agree_timeout_s: in a multi-process job (``jax.process_count() > 1``), how long a process waits
+        for another's report that the plan applied, or for process 0's decision (twice this); the
+        others wait ``timeout_s + agree_timeout_s`` for process 0's plan. Process 0 alone obtains the
+        plan and publishes it through jax's coordination service; every process applies it, or, if
+        it failed anywhere or a wait timed out, every process uses XLA's default
+        (:mod:`xla_hooks.agreement`). A single-process job uses no key-value store.
 
     Returns:
       A callable with ``step_fn``'s signature; ``.applied``/``.reports`` show what was used.
 
     Raises:
       TypeError: for a ``step_fn`` that is not callable, or a ``token`` that is not a str.
-      ValueError: for a ``timeout_s`` that is not a positive number, a ``service`` that is not an
+      ValueError: for a ``timeout_s`` or ``agree_timeout_s`` that is not a positive number, a ``service`` that is not an
         http(s) URL with a host (and no query, fragment, user name, whitespace or non-ASCII), a
         ``token`` an HTTP header cannot carry, a ``cluster`` that is neither a ClusterSpec nor a preset name, or
         ``options`` the planner refuses (setup errors; everything that goes wrong later falls back).
@@ -417,20 +522,22 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
     Warns:
       PlanServiceWarning: no plan was obtained; XLA's default compile is used.
       PlanFallbackWarning: the plan could not be applied (from :func:`xla_hooks.apply`).
+      PlanAgreementWarning: in a multi-process job, the plan did not apply on every process.
     """
     from disco.ir.extractor import check_step
     from disco.planner import check_options
 
     check_step(step_fn)
-    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not timeout_s > 0:
-        raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    for name, value in (("timeout_s", timeout_s), ("agree_timeout_s", agree_timeout_s)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
     if service is not None:
         _check_service_url(service)
     token = _checked_token(token)
     _check_cluster(cluster)
     check_options(options)
     return PlannedStep(step_fn, service=service, cluster=cluster, timeout_s=timeout_s, token=token,
-                       options=options)
+                       options=options, agree_timeout_s=agree_timeout_s)
 
 
 def _check_cluster(cluster: Any) -> None:
