@@ -27,7 +27,7 @@ DEVICES = 4
 
 
 def _mesh():
-    return jax.make_mesh((DEVICES,), ("dp",), devices=jax.devices()[:DEVICES])
+    return jax.make_mesh((DEVICES,), ("dp",), devices=jax.devices()[:DEVICES], axis_types=(jax.sharding.AxisType.Auto,))
 
 
 @functools.cache

@@ -9,12 +9,15 @@ from __future__ import annotations
 import jax
 
 
-def data_parallel_mesh(devices: int, axis: str) -> jax.sharding.Mesh:
+def data_parallel_mesh(devices: int, axis: str, *, explicit: bool = True) -> jax.sharding.Mesh:
     """A 1-D mesh of the first ``devices`` devices with one axis named ``axis``.
 
     The axis type is given explicitly: jax 0.9 changed ``make_mesh``'s default from ``Auto`` to
     ``Explicit`` (0.8 warns about it), so asking for ``Explicit`` gives every release the
-    mesh that jax >= 0.9 builds by default.
+    mesh that jax >= 0.9 builds by default. ``explicit=False`` gives an ``Auto`` axis: the
+    classic GSPMD mode, where XLA's partitioner propagates the inputs' shardings (a ``jax.jit``
+    step written without sharding-in-types annotations needs it: with an ``Explicit`` axis jax
+    0.11 refuses the scatter of a cross-entropy's gradient over the sharded batch).
     """
-    return jax.make_mesh((devices,), (axis,), devices=jax.devices()[:devices],
-                         axis_types=(jax.sharding.AxisType.Explicit,))
+    kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
+    return jax.make_mesh((devices,), (axis,), devices=jax.devices()[:devices], axis_types=(kind,))

@@ -185,7 +185,7 @@ def build_train_step(
             f"global batch {global_batch} must be a positive multiple of devices ({devices})"
         )
     tx = make_optimizer(optimizer, learning_rate=learning_rate)
-    mesh = data_parallel_mesh(devices, AXIS)
+    mesh = data_parallel_mesh(devices, AXIS, explicit=style == "shard_map")
 
     def local_step(state: TrainState, batch: dict[str, jax.Array]):
         varying = jax.lax.pcast(state.params, AXIS, to="varying")
