@@ -20,6 +20,7 @@ import xla_hooks
 from disco.ir import gspmd
 from disco.ir.graph import HloGraph
 from disco.ir.replica_groups import explicit_replica_groups
+from disco.ir.step_checks import all_reduce_dependencies, check_data_parallel, double_reductions
 from disco.plans import baselines
 from tests.equivalence import assert_close, three_steps
 
@@ -244,3 +245,36 @@ def test_an_nnx_jit_step_is_refused_with_the_functional_form_to_use():
         disco.extract(step, model, np.ones((2, 4), np.float32))
     with pytest.raises(TypeError, match=r"an nnx.jit step"):
         xla_hooks.apply(None, step, model, np.ones((2, 4), np.float32))
+
+
+def _zoo_gspmd_plans_apply(model):
+    # sgd: adam would scale the rounding noise of zero gradients (attention key biases) to its step size
+    step, args = trax_models.make_train_step(model, "tiny", devices=DEVICES, style="gspmd", optimizer="sgd")
+    graph = disco.extract(step, *args)
+    check_data_parallel(graph)  # XLA's own all-reduces feeding others are no double reduction
+    reference = three_steps(jax.jit(step), args)
+    for name in ("per_tensor", "one_bucket"):
+        plan = baselines.make(name, graph)  # a bucket never holds an all-reduce and one it feeds
+        applied = xla_hooks.apply(plan, step, *args, strict=True)
+        assert _compiled_all_reduces(applied) == len(plan.buckets)
+        assert_close(three_steps(applied, args), reference, rtol=1e-4, floor=1e-6)
+    return graph
+
+
+def test_a_masked_mean_s_token_count_feeding_the_gradients_is_bucketed_apart():
+    graph = _zoo_gspmd_plans_apply("bert")  # its loss divides by the global token count
+    deps = all_reduce_dependencies(graph)
+    assert any(deps[n.name] for n in graph.all_reduces() if n.is_gradient)
+    assert len(baselines.make("one_bucket", graph).buckets) == 2
+
+
+def test_expert_dispatch_all_reduces_are_not_double_reductions():
+    graph = _zoo_gspmd_plans_apply("moe")
+    assert double_reductions(graph) == []
+    assert any(not n.is_gradient and n.shape != "f32[]" for n in graph.all_reduces())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(set(trax_models.names()) - {"bert", "moe"}))
+def test_every_zoo_model_in_gspmd_style_takes_bucket_plans(model):
+    _zoo_gspmd_plans_apply(model)

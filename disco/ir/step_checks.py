@@ -28,24 +28,54 @@ class NoGradientWarning(UserWarning):
     loss's all-reduce is bucketed with them."""
 
 
-def double_reductions(graph: HloGraph) -> list[tuple[str, str]]:
-    """(upstream, downstream) all-reduce pairs where the first one's result reaches the second.
+def all_reduce_dependencies(graph: HloGraph) -> dict[str, frozenset[str]]:
+    """Each all-reduce's name -> the all-reduces whose results it depends on (through any path).
 
-    One pair per downstream all-reduce (the first upstream one found). Linear in the graph's
-    size: one pass in program order, which is a topological order.
+    Linear passes in program order (a topological order), with the upstream sets as bitsets.
     """
     preds: list[list[int]] = [[] for _ in graph.nodes]
     for s, d in graph.edges:
         preds[d].append(s)
-    upstream: list[int | None] = [None] * len(graph.nodes)  # an all-reduce this node depends on
-    pairs = []
-    for i, node in enumerate(graph.nodes):
-        up = next((p if graph.nodes[p].is_all_reduce else upstream[p] for p in preds[i]
-                   if graph.nodes[p].is_all_reduce or upstream[p] is not None), None)
-        if node.is_all_reduce and up is not None:
-            pairs.append((graph.nodes[up].name, node.name))
+    ars = [i for i, n in enumerate(graph.nodes) if n.is_all_reduce]
+    bit = {i: 1 << k for k, i in enumerate(ars)}
+    upstream = [0] * len(graph.nodes)  # all-reduces strictly upstream of each node
+    for i in range(len(graph.nodes)):
+        up = 0
+        for p in preds[i]:
+            up |= upstream[p] | bit.get(p, 0)
         upstream[i] = up
-    return pairs
+    out = {}
+    for i in ars:
+        up = upstream[i]
+        out[graph.nodes[i].name] = frozenset(graph.nodes[j].name for j in ars if up & bit[j])
+    return out
+
+
+def double_reductions(graph: HloGraph) -> list[tuple[str, str]]:
+    """(upstream, downstream) all-reduce pairs where the first one's result reaches the second, both
+    reduce as many elements of one dtype, and the second reduces a gradient (any all-reduce, when
+    the graph has no gradient disco recognises): a gradient reduced twice.
+
+    One pair per downstream all-reduce (the first such upstream one, in program order). Other
+    all-reduces feeding one are no double reduction: the token count a GSPMD step's masked mean
+    divides by, which its gradients depend on, or the expert dispatch XLA's partitioner reduces in
+    a mixture-of-experts forward pass, feeding the next layer's. No bucket may hold both (plan
+    validation refuses the cycle), but nothing in the step is wrong.
+    """
+    deps = all_reduce_dependencies(graph)
+    nodes = {n.name: n for n in graph.all_reduces()}
+    order = {n.name: i for i, n in enumerate(graph.all_reduces())}
+    any_gradient = any(n.is_gradient for n in nodes.values())
+    pairs = []
+    for name, ups in deps.items():
+        node = nodes[name]
+        if any_gradient and not node.is_gradient:
+            continue
+        same = sorted((u for u in ups if (nodes[u].dtype, nodes[u].out_elements) == (node.dtype, node.out_elements)),
+                      key=order.__getitem__)
+        if same:
+            pairs.append((same[0], name))
+    return sorted(pairs, key=lambda p: order[p[1]])
 
 
 def check_data_parallel(graph: HloGraph) -> None:

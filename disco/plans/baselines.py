@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from disco.ir.graph import HloGraph, Node, require_graph
+from disco.ir.step_checks import all_reduce_dependencies
 from disco.plans import options as plan_options
 from disco.plans.check import bucket_class
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
@@ -54,13 +55,20 @@ def _classes(nodes: Sequence[Node]) -> dict[tuple, list[Node]]:
 
 
 def _greedy(nodes: Sequence[Node], caps: Callable[[int], int], max_members: int = 1 << 30,
-            build: BucketBuild = "concat") -> tuple[Bucket, ...]:
-    """Fills buckets in the given order; bucket ``i`` closes once it holds ``caps(i)`` bytes."""
+            build: BucketBuild = "concat", deps: dict[str, frozenset[str]] | None = None) -> tuple[Bucket, ...]:
+    """Fills buckets in the given order; bucket ``i`` closes once it holds ``caps(i)`` bytes, and
+    before an all-reduce that depends on a member or a member depends on (``deps``: each
+    all-reduce's upstream all-reduces; a GSPMD step's token count feeds its gradients)."""
     buckets: list[Bucket] = []
+    deps = deps or {}
     for cls in _classes(nodes).values():
         cur: list[str] = []
         size = 0
         for n in cls:
+            ups = deps.get(n.name, frozenset())
+            if cur and (ups.intersection(cur) or any(n.name in deps.get(m, ()) for m in cur)):
+                buckets.append(Bucket(tuple(cur), build))
+                cur, size = [], 0
             cur.append(n.name)
             size += n.grad_bytes
             if size >= caps(len(buckets)) or len(cur) >= max_members:
@@ -100,6 +108,7 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     require_graph(graph, f"baseline {name!r}: graph")
     build = kw.pop("build", "concat")
     ars = graph.all_reduces()
+    deps = all_reduce_dependencies(graph)
     if name == "xla_default":
         plan = FusionPlan(name=name)
     elif name == "no_fusion":
@@ -107,26 +116,28 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     elif name == "per_tensor":
         plan = FusionPlan(buckets=tuple(Bucket((n.name,), build) for n in ars), name=name)
     elif name == "one_bucket":
-        plan = FusionPlan(buckets=_greedy(ars, lambda i: 1 << 62, build=build), name=name)
+        plan = FusionPlan(buckets=_greedy(ars, lambda i: 1 << 62, build=build, deps=deps), name=name)
     elif name == "horovod":
         mb = _positive_size(name, "threshold_mb", kw.pop("threshold_mb", 64))
-        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: int(mb * MB), build=build),
+        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: int(mb * MB), build=build, deps=deps),
                           name="horovod" if mb == 64 else f"horovod_{mb:g}mb")
     elif name == "ddp":
         cap = _positive_size(name, "cap_mb", kw.pop("cap_mb", 25))
         first = _positive_size(name, "first_mb", kw.pop("first_mb", 1))
         plan = FusionPlan(buckets=_greedy(reverse_parameter_order(graph),
-                                          lambda i: int((first if i == 0 else cap) * MB), build=build),
+                                          lambda i: int((first if i == 0 else cap) * MB), build=build,
+                                          deps=deps),
                           name=name)
     elif name == "xla_threshold":
         thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", 30 * MB))
-        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: thr, max_members=256, build=build),
+        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: thr, max_members=256, build=build, deps=deps),
                           name=f"xla_threshold_{thr}")
     elif name == "even":
         k = _bucket_count(name, "k", kw.pop("k", 2))
         per_class = [sum(n.grad_bytes for n in cls) for cls in _classes(ars).values()]
         cap = -(-max(per_class, default=0) // k) or 1  # the largest class cut into k
-        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: cap, build=build), name=f"even_{k}")
+        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: cap, build=build, deps=deps),
+                          name=f"even_{k}")
     elif name == "xla_tuned":
         thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD))
         opts = {plan_options.SCHEDULER: "True", plan_options.THRESHOLD: str(thr)}
