@@ -289,9 +289,10 @@ class Store:
         now = time.time()
         resumed = 0
         with self._tx():
-            rows = self._x(
+            rows = self._x(  # the candidates only: a running job of another host, in its lease, is not locked
                 "SELECT id, state, owner, heartbeat_at, lease_until, attempts, request IS NOT NULL AS has_request "
-                f"FROM jobs WHERE state = 'running'{self.backend.LOCK_ROWS}").fetchall()
+                "FROM jobs WHERE state = 'running' AND (lease_until IS NULL OR lease_until < ? OR owner LIKE ?)"
+                f"{self.backend.LOCK_ROWS}", (now, f"{_host()}:%")).fetchall()
             for r in rows:
                 mine = r["owner"] == me
                 if mine and r["id"] in held_here:
