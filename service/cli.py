@@ -40,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--db", metavar="PATH|URL", help="SQLite database, a file in an existing directory, or a "
                    "postgresql:// URL (default: $DISCO_SERVICE_DB, else an SQLite file under the instance folder)")
     p.add_argument("--workers", type=int, help="background plan threads (default: $DISCO_SERVICE_WORKERS, else 2)")
-    p.add_argument("--queue-size", type=int, default=64, help="bounded job queue (default 64)")
+    p.add_argument("--queue-size", type=int, default=64,
+                   help="jobs queued in the database (all processes) at most; more are answered 503 (default 64)")
     p.add_argument("--job-timeout", type=float, default=600.0, help="seconds a job may run (default 600)")
     p.add_argument("--parse-timeout", type=float, default=30.0,
                    help="seconds the check of one posted HLO text may take (default 30)")
