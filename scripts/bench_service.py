@@ -10,13 +10,20 @@ done; its HLO is checked in the server's child process first). The 1-minute load
 average before and after is reported, since a busy machine moves every figure. The
 server is stopped (its process group killed) on exit.
 
+``--postgres`` stores in PostgreSQL instead of SQLite: a throwaway server
+(:class:`service.testing.PostgresServer`), or the database of ``--db URL``. ``--replicas N``
+starts N such gunicorn servers on the one database; client thread i sends to replica i mod N
+(no proxy in between), and the warm-up's plan is stored once and read by all.
+
 Usage:
   python scripts/bench_service.py [--requests 2000] [--clients 4] [--threads 1] [--budget 5] [--json]
+  python scripts/bench_service.py --postgres [--db postgresql://...] [--replicas 2] --requests 500 --clients 4
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -56,77 +63,95 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategy", default="auto", help="strategy of the cold request (default auto)")
     p.add_argument("--threads", type=int, default=1,
                    help="gunicorn --threads per worker (default 1: sync workers, as the documented command)")
+    p.add_argument("--postgres", action="store_true", help="store in PostgreSQL (a throwaway server unless --db)")
+    p.add_argument("--db", help="with --postgres: a postgresql:// URL of an existing database to use")
+    p.add_argument("--replicas", type=int, default=1, help="gunicorn servers on one database (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
+    if args.replicas < 1:
+        p.error(f"--replicas: expected an integer >= 1, got {args.replicas}")
+    if args.db and not args.postgres:
+        p.error("--db: expected together with --postgres (the SQLite run makes its own file)")
 
     load_before = os.getloadavg()[0]
     tiny = hlo("mlp", "tiny", 4)
     small = hlo("mlp", "small", 8)
-    with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(Path(tmp) / "bench.sqlite", gunicorn=True, gunicorn_workers=2,
-                               gunicorn_threads=args.threads, workers=1)
-        with server:
-            body = json.dumps({"hlo_text": tiny, "cluster": "local", "devices": 4,
-                               "options": {"strategy": "baselines"}}).encode()
-            status, first, _ = server.request("POST", "/v1/plans", raw=body)
-            if status == 202:
-                job = server.wait_job(first["job_id"], timeout=60)
-                if job["state"] != "done":
-                    raise SystemExit(f"warm-up job failed: {job}")
-            # both gunicorn workers parse the HLO once (fingerprint cache), outside the measurement
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        if args.postgres and not args.db:
+            from service.testing import PostgresServer
+
+            database = stack.enter_context(PostgresServer()).create_database("bench")
+        else:
+            database = args.db or str(Path(tmp) / "bench.sqlite")
+        servers = [ServerProcess(database, gunicorn=True, gunicorn_workers=2, gunicorn_threads=args.threads,
+                                 workers=1, log=Path(tmp) / f"server{i}.log") for i in range(args.replicas)]
+        for srv in servers:
+            stack.enter_context(srv)
+        server = servers[0]
+        body = json.dumps({"hlo_text": tiny, "cluster": "local", "devices": 4,
+                           "options": {"strategy": "baselines"}}).encode()
+        status, first, _ = server.request("POST", "/v1/plans", raw=body)
+        if status == 202:
+            job = server.wait_job(first["job_id"], timeout=60)
+            if job["state"] != "done":
+                raise SystemExit(f"warm-up job failed: {job}")
+        # both gunicorn workers of each replica parse the HLO once (fingerprint cache), outside the measurement
+        for srv in servers:
             for _ in range(8):
-                assert server.request("POST", "/v1/plans", raw=body)[0] == 200
+                assert srv.request("POST", "/v1/plans", raw=body)[0] == 200
 
-            latencies: list[float] = []
-            errors: list[str] = []
-            lock = threading.Lock()
-            counter = iter(range(args.requests))
-            stop_at = time.monotonic() + args.max_seconds
+        latencies: list[float] = []
+        errors: list[str] = []
+        lock = threading.Lock()
+        counter = iter(range(args.requests))
+        stop_at = time.monotonic() + args.max_seconds
 
-            def client() -> None:
-                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-                mine: list[float] = []
-                try:
-                    while time.monotonic() < stop_at:
-                        with lock:
-                            if next(counter, None) is None:
-                                break
-                        t0 = time.perf_counter()
-                        conn.request("POST", "/v1/plans", body=body, headers={"Content-Type": "application/json"})
-                        resp = conn.getresponse()
-                        resp.read()
-                        mine.append(time.perf_counter() - t0)
-                        if resp.status != 200:
-                            errors.append(str(resp.status))
-                        if resp.getheader("Connection", "").lower() == "close":
-                            conn.close()
-                            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-                finally:
-                    conn.close()
+        def client(i: int) -> None:
+            port = servers[i % len(servers)].port
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            mine: list[float] = []
+            try:
+                while time.monotonic() < stop_at:
                     with lock:
-                        latencies.extend(mine)
+                        if next(counter, None) is None:
+                            break
+                    t0 = time.perf_counter()
+                    conn.request("POST", "/v1/plans", body=body, headers={"Content-Type": "application/json"})
+                    resp = conn.getresponse()
+                    resp.read()
+                    mine.append(time.perf_counter() - t0)
+                    if resp.status != 200:
+                        errors.append(str(resp.status))
+                    if resp.getheader("Connection", "").lower() == "close":
+                        conn.close()
+                        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            finally:
+                conn.close()
+                with lock:
+                    latencies.extend(mine)
 
-            t0 = time.perf_counter()
-            threads = [threading.Thread(target=client) for _ in range(args.clients)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
 
-            cold_body = {"hlo_text": small, "cluster": "local", "devices": 8,
-                         "options": {"strategy": args.strategy, "budget_s": args.budget}}
-            t1 = time.perf_counter()
-            status, resp, _ = server.request("POST", "/v1/plans", cold_body, timeout=120)
-            post_s = time.perf_counter() - t1
-            job = server.wait_job(resp["job_id"], timeout=args.budget + 120) if status == 202 else {"state": "cached"}
-            cold_s = time.perf_counter() - t1
-            report = (job.get("result") or {}).get("report", {})
+        cold_body = {"hlo_text": small, "cluster": "local", "devices": 8,
+                     "options": {"strategy": args.strategy, "budget_s": args.budget}}
+        t1 = time.perf_counter()
+        status, resp, _ = server.request("POST", "/v1/plans", cold_body, timeout=120)
+        post_s = time.perf_counter() - t1
+        job = server.wait_job(resp["job_id"], timeout=args.budget + 120) if status == 202 else {"state": "cached"}
+        cold_s = time.perf_counter() - t1
+        report = (job.get("result") or {}).get("report", {})
 
     out = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
         "loadavg_1min": {"before": load_before, "after": os.getloadavg()[0]},
-        "server": f"gunicorn -w 2 --threads {args.threads}, 127.0.0.1",
+        "server": (f"{args.replicas} x " if args.replicas > 1 else "") + f"gunicorn -w 2 --threads {args.threads}, "
+                  f"127.0.0.1, {'PostgreSQL' if args.postgres else 'SQLite'}",
         "cached": {"requests": len(latencies), "clients": args.clients, "errors": len(errors),
                    "body_bytes": len(body), "seconds": wall, "requests_per_s": len(latencies) / wall,
                    "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import queue
 import re
 from typing import Any
 
@@ -144,14 +143,13 @@ def create_plan():
     store = db.get_store()
     row, created = store.submit(key, inputs.stored_request(req, cluster, program.fingerprint))
     if created:
-        runner = jobs.get_runner()
-        try:
-            runner.enqueue(row["job_id"])
-        except queue.Full:
+        limit = int(current_app.config["QUEUE_SIZE"])
+        if store.backlog() > limit:  # this job counted: more than QUEUE_SIZE wait for a worker
             retry = int(current_app.config["RETRY_AFTER_S"])
-            message = f"the plan job queue is full ({runner.queue.maxsize} jobs); retry after {retry} s"
+            message = f"the plan job queue is full ({limit} jobs); retry after {retry} s"
             store.fail_job(row["job_id"], "queue_full", message)
-            raise ApiError(503, "queue_full", message, None, {"Retry-After": str(retry)}) from None
+            raise ApiError(503, "queue_full", message, None, {"Retry-After": str(retry)})
+        jobs.get_runner().notify()
     if "plan_key" in row:
         stored = store.get_plan(key)
         return jsonify({"key": key, "plan": stored["plan"], "report": stored["report"]}), 200

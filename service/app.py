@@ -26,8 +26,9 @@ DEFAULTS: dict[str, Any] = {
     "TOKEN": None,               # bearer token for the write endpoints; None: no auth (a warning is logged)
     "MAX_CONTENT_LENGTH": limits.MAX_CONTENT_LENGTH,
     "WORKERS": 2,                # background plan threads per process
-    "QUEUE_SIZE": 64,            # bounded job queue; full -> 503 with Retry-After
+    "QUEUE_SIZE": 64,            # jobs queued in the database (all processes) at most; more -> 503 with Retry-After
     "JOB_TIMEOUT_S": 600.0,
+    "JOB_LEASE_S": 15.0,         # a running job's lease, renewed by its process; past it another process takes the job
     "RETRY_AFTER_S": 5,
     "PARSE_TIMEOUT_S": limits.PARSE_TIMEOUT_S,  # one HLO check (child process) at most this long
     "PARSE_PARALLEL": 2,         # HLO checks at once per process
@@ -42,8 +43,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     Args:
       config: overrides of :data:`DEFAULTS`. Without one, the environment variables
-        DISCO_SERVICE_DB, DISCO_SERVICE_TOKEN and DISCO_SERVICE_WORKERS are read (for
-        ``gunicorn 'service:create_app()'``).
+        DISCO_SERVICE_DB (an SQLite file or a ``postgresql://`` URL), DISCO_SERVICE_TOKEN and
+        DISCO_SERVICE_WORKERS are read (for ``gunicorn 'service:create_app()'``).
 
     Returns:
       The Flask app. Nothing runs yet: each process starts its job runner on its
@@ -52,7 +53,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     Raises:
       ValueError: for a bad setting, e.g. an empty token (which would turn
         authentication off without a word), WORKERS < 0, or a DATABASE that is a
-        directory, not an SQLite file, or in a directory that does not exist.
+        directory, not an SQLite file, or in a directory that does not exist, a PostgreSQL
+        URL whose server cannot be reached, or a database of a newer layout.
     """
     app = Flask("service", instance_relative_config=True)
     app.config.from_mapping(DEFAULTS)
@@ -102,7 +104,7 @@ def _check_config(config: Any) -> None:
         v = config[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"config {key}: expected an integer >= {low}, got {v!r}")
-    for key in ("JOB_TIMEOUT_S", "PARSE_TIMEOUT_S", "HEALTH_QUICK_CHECK_S"):
+    for key in ("JOB_TIMEOUT_S", "JOB_LEASE_S", "PARSE_TIMEOUT_S", "HEALTH_QUICK_CHECK_S"):
         v = config[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
             raise ValueError(f"config {key}: expected a positive, finite number of seconds, got {v!r}")

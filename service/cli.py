@@ -1,12 +1,16 @@
-"""``disco serve``: run the plan service on one machine (Werkzeug's threaded server).
+"""``disco serve``: run the plan service (Werkzeug's threaded server), or only its plan workers.
 
 For production use gunicorn instead::
 
     gunicorn -w 2 --threads 4 -b 127.0.0.1:8000 'service:create_app()'
 
 with ``DISCO_SERVICE_DB`` / ``DISCO_SERVICE_TOKEN`` in the environment for the
-database path and the write token. ``disco serve`` reads the same variables
-(and ``DISCO_SERVICE_WORKERS``) for the options it is not given.
+database (an SQLite file, or a ``postgresql://`` URL) and the write token. ``disco serve``
+reads the same variables (and ``DISCO_SERVICE_WORKERS``) for the options it is not given.
+
+``disco serve --plan-workers-only --db postgresql://...`` serves no HTTP: it runs
+``--workers`` plan threads that claim jobs from the database, on any host that reaches it
+(docs/deployment.md).
 
 The development server here answers its own errors (a request line over 64 KiB: 414)
 as JSON like the app does, and its ``Server`` header names no versions. Starting
@@ -22,6 +26,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 log = logging.getLogger("service")
@@ -32,13 +37,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the plan service (REST API and HTML reports)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--db", metavar="PATH", help="SQLite database, a file in an existing directory (default: "
-                   "$DISCO_SERVICE_DB, else under the instance folder)")
+    p.add_argument("--db", metavar="PATH|URL", help="SQLite database, a file in an existing directory, or a "
+                   "postgresql:// URL (default: $DISCO_SERVICE_DB, else an SQLite file under the instance folder)")
     p.add_argument("--workers", type=int, help="background plan threads (default: $DISCO_SERVICE_WORKERS, else 2)")
-    p.add_argument("--queue-size", type=int, default=64, help="bounded job queue (default 64)")
+    p.add_argument("--queue-size", type=int, default=64,
+                   help="jobs queued in the database (all processes) at most; more are answered 503 (default 64)")
     p.add_argument("--job-timeout", type=float, default=600.0, help="seconds a job may run (default 600)")
     p.add_argument("--parse-timeout", type=float, default=30.0,
                    help="seconds the check of one posted HLO text may take (default 30)")
+    p.add_argument("--job-lease", type=float, default=15.0,
+                   help="seconds a running job stays this process's without a renewal; then another process "
+                   "takes it over (default 15)")
+    p.add_argument("--plan-workers-only", action="store_true",
+                   help="serve no HTTP: run --workers plan threads that claim jobs from --db (a postgresql:// "
+                   "URL for workers on other hosts) until interrupted")
     p.add_argument("--token", help="bearer token required by the write endpoints (default: "
                    "$DISCO_SERVICE_TOKEN, else none; then anyone who can reach the server can write)")
     p.set_defaults(func=run)
@@ -128,17 +140,19 @@ def _config(args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"{where}: expected an integer >= 1 (the threads that run plan jobs), got {workers}")
     if args.queue_size < 1:
         raise ValueError(f"--queue-size: expected an integer >= 1, got {args.queue_size}")
-    for option, seconds in (("--job-timeout", args.job_timeout), ("--parse-timeout", args.parse_timeout)):
+    for option, seconds in (("--job-timeout", args.job_timeout), ("--parse-timeout", args.parse_timeout),
+                            ("--job-lease", args.job_lease)):
         if not 0 < seconds < math.inf:
             raise ValueError(f"{option}: expected a positive, finite number of seconds, got {seconds}")
     if args.db is not None and not args.db.strip():
-        raise ValueError("--db: expected a file path, got an empty one (leave --db out for the default)")
+        raise ValueError("--db: expected a file path or a postgresql:// URL, got an empty one (leave --db out for "
+                         "the default)")
     if args.token is not None and not args.token.strip():
         raise ValueError("--token: expected a non-empty token, got an empty one (leave --token out to run "
                          "without authentication)")
     return {"DATABASE": args.db if args.db is not None else env.get("DATABASE"), "WORKERS": workers,
             "TOKEN": token, "QUEUE_SIZE": args.queue_size, "JOB_TIMEOUT_S": args.job_timeout,
-            "PARSE_TIMEOUT_S": args.parse_timeout}
+            "JOB_LEASE_S": args.job_lease, "PARSE_TIMEOUT_S": args.parse_timeout}
 
 
 def _listen(host: str, port: int, app: Any) -> Any:
@@ -180,12 +194,15 @@ def run(args: argparse.Namespace) -> int:
     from service.app import env_config
     from service.db import initialise
     from service.jobs import stop_runner
+    from service.store import backend
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     given = {"DISCO_SERVICE_DB": args.db, "DISCO_SERVICE_TOKEN": args.token, "DISCO_SERVICE_WORKERS": args.workers}
     config = _config(args, env_config({k: v for k, v in os.environ.items() if given.get(k) is None}))
     if config["DATABASE"] is not None:
         initialise(config["DATABASE"], "--db" if args.db is not None else "DISCO_SERVICE_DB")
+    if args.plan_workers_only:
+        return _run_workers(config)
     app = create_app(config)
     try:
         server = _listen(args.host, args.port, app)
@@ -197,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning(warning)
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"disco serve: listening on http://{args.host}:{server.server_port} "
-          f"(database {app.config['DATABASE']})", file=sys.stderr, flush=True)
+          f"(database {backend(app.config['DATABASE']).describe(app.config['DATABASE'])})", file=sys.stderr,
+          flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -205,4 +223,28 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
         stop_runner(app, timeout=2.0)
+    return 0
+
+
+def _run_workers(config: dict[str, Any]) -> int:
+    """Runs plan worker threads against the database, without HTTP, until SIGINT/SIGTERM."""
+    from service.jobs import JobRunner
+    from service.store import backend
+
+    if config["DATABASE"] is None:
+        raise ValueError("--plan-workers-only: expected --db or DISCO_SERVICE_DB naming the service's database "
+                         "(a postgresql:// URL, or the SQLite file of a server on this host), got neither")
+    where = backend(config["DATABASE"]).describe(config["DATABASE"])
+    runner = JobRunner(config["DATABASE"], workers=config["WORKERS"], job_timeout_s=config["JOB_TIMEOUT_S"],
+                       lease_s=config["JOB_LEASE_S"])
+    signal.signal(signal.SIGTERM, _interrupt)
+    runner.start()
+    print(f"disco serve: plan workers on {where}: {config['WORKERS']} threads, lease {config['JOB_LEASE_S']:g} s, "
+          "no HTTP", file=sys.stderr, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        runner.stop(timeout=2.0)
     return 0

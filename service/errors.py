@@ -1,7 +1,7 @@
 """Every 4xx/5xx the service sends is JSON ``{code, message, field}``.
 
 A database that cannot be used (read-only, damaged, gone) is answered 503
-``database_unavailable`` with SQLite's reason; anything unexpected is 500 ``internal``
+``database_unavailable`` with the database's reason; anything unexpected is 500 ``internal``
 (the details go to the log, not to the client).
 """
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from typing import Any
+
+from service import store
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def json_body(code: str, message: str, field: str | None = None) -> bytes:
 
 def is_unavailable(e: BaseException) -> bool:
     """Whether a database error means the database cannot be used (not a bug in a query)."""
-    return isinstance(e, sqlite3.OperationalError) or type(e) is sqlite3.DatabaseError
+    return store.is_unavailable(e)
 
 
 def _snake(name: str) -> str:

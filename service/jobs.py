@@ -1,39 +1,38 @@
-"""Background plan jobs: a bounded queue, worker threads, and the sweeper that resumes jobs.
+"""Plan workers: threads that claim jobs from the database, run them, and keep their leases.
 
 One :class:`JobRunner` per app and process, made and started by :func:`get_runner` on
 the first request the process serves (``init_app`` registers that), never by
 ``create_app``: an app built before a fork (gunicorn ``--preload``) has no threads to
-lose, and each worker process starts its own runner.
+lose, and each worker process starts its own runner. ``disco serve --plan-workers-only``
+runs a runner without the HTTP server (:func:`run_workers`): plan workers on other hosts
+against the same PostgreSQL database.
 
-``Store.submit`` commits a new queued job; the API then puts its id on the bounded
-queue (``queue.Full``: the job is failed and the caller answers 503). Worker threads
-take ids off the queue, run :func:`disco.planner.plan_for_graph` on the job's stored
-inputs and store the plan and report. A sweeper thread refreshes the heartbeats of the
-jobs this process holds (on its queue or running) and takes over jobs of dead servers
-(see :mod:`service.store`), so a job outlives the server that accepted it; a job this
-process lost (its worker could not write the job's end) goes stale and is taken over too.
+``Store.submit`` commits a new queued job; the API refuses it (failed, 503) when more than
+``QUEUE_SIZE`` jobs are queued in the database, else wakes this process's workers. Worker
+threads claim the oldest queued job from the database (whichever process queued it), run
+:func:`disco.planner.plan_for_graph` on its stored inputs and store the plan and report; an
+idle worker looks again every ``POLL_S``. A sweeper thread renews the lease of the jobs this
+process runs (every ``lease_s / 5`` at most ``HEARTBEAT_S``) and takes over jobs whose lease
+expired or whose owner died (see :mod:`service.store`), so a job outlives the process that ran
+it; a job this process lost (its worker could not write the job's end) expires too.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import sqlite3
 import threading
 import time
-from typing import Any
 
 from flask import Flask, current_app
 
 from disco.planner import Cancelled
 from service import inputs
-from service.store import Store
+from service.store import DEFAULT_LEASE_S, Store, is_database_error
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
-STALE_S = 15.0
-_STOP = object()
+POLL_S = 0.5
 
 
 class JobTimeout(Cancelled):
@@ -41,29 +40,32 @@ class JobTimeout(Cancelled):
 
 
 class JobRunner:
-    """Worker threads over a bounded queue of job ids.
+    """Worker threads that claim jobs from the database.
 
     Args:
-      db_path: the SQLite file.
-      workers: number of worker threads (0: jobs stay queued, e.g. for a read-only replica).
-      queue_size: bound of the in-process queue.
+      database: the SQLite file or the PostgreSQL URL.
+      workers: number of worker threads (0: this process runs no job; others claim its jobs).
       job_timeout_s: a job running longer is failed (checked at each progress report).
+      lease_s: how long a claimed job stays this process's without a renewal; after it, another
+        process takes the job over (a process that dies is noticed this late, or at once on its own host).
     """
 
-    def __init__(self, db_path: str, *, workers: int = 1, queue_size: int = 64, job_timeout_s: float = 600.0):
-        self.db_path = db_path
+    def __init__(self, database: str, *, workers: int = 1, job_timeout_s: float = 600.0,
+                 lease_s: float = DEFAULT_LEASE_S):
+        self.database = database
         self.workers = workers
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self.job_timeout_s = job_timeout_s
+        self.lease_s = lease_s
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._lock = threading.Lock()
         self._started = False
-        self._held: set[str] = set()  # ids on the queue or running here: the ones whose heartbeat is kept
+        self._held: set[str] = set()  # ids running here: the ones whose lease is renewed
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        """Resumes orphaned jobs and starts the worker and sweeper threads (once)."""
+        """Takes over orphaned jobs and starts the worker and sweeper threads (once)."""
         with self._lock:
             if self._started:
                 return
@@ -84,46 +86,27 @@ class JobRunner:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        for _ in range(self.workers):
-            try:
-                self.queue.put_nowait(_STOP)
-            except queue.Full:
-                pass
+        self._wake.set()
         for t in self._threads:
             t.join(timeout)
 
     # -- submitting --------------------------------------------------------------------------------
-    def enqueue(self, job_id: str) -> None:
-        """Puts ``job_id`` on the queue; raises ``queue.Full``. With no workers, jobs stay queued."""
-        if self.workers <= 0:
-            return
-        with self._lock:
-            self._held.add(job_id)
-        try:
-            self.queue.put_nowait(job_id)
-        except queue.Full:
-            self._drop(job_id)
-            raise
-
-    def _drop(self, job_id: str) -> None:
-        with self._lock:
-            self._held.discard(job_id)
+    def notify(self) -> None:
+        """Wakes this process's idle workers (a job was queued here); others find it within ``POLL_S``."""
+        self._wake.set()
 
     def sweep(self) -> None:
-        """Refreshes heartbeats and takes over (resumes or fails) jobs of dead servers and jobs lost here."""
-        with Store(self.db_path) as store:
+        """Renews the leases of the jobs running here and takes over (re-queues or fails) expired ones."""
+        with Store(self.database) as store:
             with self._lock:
                 held = set(self._held)
-            store.heartbeat(held)
-            for job_id in store.recover(STALE_S, held):
-                try:
-                    self.enqueue(job_id)
-                    log.info("resumed job %s", job_id)
-                except queue.Full:
-                    store.release(job_id)  # the next sweep (here or in another process) retries
+            store.heartbeat(held, self.lease_s)
+            if store.recover(held):
+                self._wake.set()
 
     def _sweeper(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        every = min(HEARTBEAT_S, self.lease_s / 5)
+        while not self._stop.wait(every):
             try:
                 self.sweep()
             except Exception:  # noqa: BLE001 - keep sweeping; the database may be busy
@@ -131,25 +114,40 @@ class JobRunner:
 
     # -- working -----------------------------------------------------------------------------------
     def _work(self) -> None:
-        store = Store(self.db_path)  # one connection per thread
+        store: Store | None = None
         try:
             while not self._stop.is_set():
-                job_id = self.queue.get()
-                if job_id is _STOP:
-                    return
+                try:
+                    if store is None:
+                        store = Store(self.database)  # one connection per thread
+                    job_id = self._claim(store)
+                except Exception as e:  # noqa: BLE001 - the database may be busy or gone for a moment
+                    log.warning("claiming a job failed: %s: %s", type(e).__name__, e)
+                    store, job_id = _reopen(store), None
+                if job_id is None:
+                    self._wake.wait(POLL_S)
+                    self._wake.clear()
+                    continue
                 try:
                     self._run(store, job_id)
                 except Exception:  # noqa: BLE001 - a worker never dies
                     log.exception("job %s crashed the worker loop", job_id)
+                    store = _reopen(store)
                 finally:
-                    self._drop(job_id)  # ended, or lost (its end not written): its heartbeat stops
-                    self.queue.task_done()
+                    with self._lock:
+                        self._held.discard(job_id)  # ended, or lost (its end not written): its lease runs out
         finally:
-            store.close()
+            if store is not None:
+                store.close()
+
+    def _claim(self, store: Store) -> str | None:
+        job_id = store.claim(self.lease_s)  # leased from now: no sweep takes it over before it is held here
+        if job_id is not None:
+            with self._lock:
+                self._held.add(job_id)
+        return job_id
 
     def _run(self, store: Store, job_id: str) -> None:
-        if not store.start_job(job_id):
-            return  # not queued any more: done, failed or taken over elsewhere
         job = store.get_job(job_id)
         request = store.job_request(job_id)
         if job is None or request is None:
@@ -197,7 +195,9 @@ def _report_progress(store: Store, job_id: str, frac: float, msg: str) -> None:
     """
     try:
         store.set_progress(job_id, frac, msg)
-    except sqlite3.Error as e:
+    except Exception as e:
+        if not is_database_error(e):
+            raise
         log.warning("job %s: progress not stored: %s", job_id, e)
 
 
@@ -228,11 +228,22 @@ def get_runner(app: Flask | None = None) -> JobRunner:
             runner = app.extensions.get(_RUNNER)
             if runner is None:
                 runner = JobRunner(app.config["DATABASE"], workers=app.config["WORKERS"],
-                                   queue_size=app.config["QUEUE_SIZE"],
-                                   job_timeout_s=float(app.config["JOB_TIMEOUT_S"]))
+                                   job_timeout_s=float(app.config["JOB_TIMEOUT_S"]),
+                                   lease_s=float(app.config["JOB_LEASE_S"]))
                 runner.start()
                 app.extensions[_RUNNER] = runner
     return runner
+
+
+def _reopen(store: Store | None) -> Store | None:
+    """Closes a worker's connection after an error (a new one is opened on the next try)."""
+    if store is not None:
+        try:
+            store.close()
+        except Exception:  # noqa: BLE001 - it is being dropped
+            pass
+    time.sleep(POLL_S)
+    return None
 
 
 def stop_runner(app: Flask, timeout: float = 5.0) -> None:

@@ -1,25 +1,26 @@
-"""The service's store: one SQLite file in WAL mode with tables ``plans``, ``jobs``, ``profiles``.
+"""The service's store: tables ``plans``, ``jobs``, ``profiles``, one interface over two backends.
 
-Every request and every worker thread opens its own :class:`Store` (one connection
-each, never shared between threads). WAL mode lets readers run while one writer
-commits; writers that collide wait up to ``BUSY_TIMEOUT_S``.
+``DATABASE`` (``--db``, ``DISCO_SERVICE_DB``) names the backend: a file path is SQLite
+(:mod:`service.store_sqlite`, the default: nothing to install, one host), a
+``postgresql://`` URL is PostgreSQL (:mod:`service.store_postgres`: several replicas and
+plan workers on several hosts against one database). The queries below are written once,
+with ``?`` placeholders; each backend brings its connection, its transactions, its start-up
+(tables, migrations and the layout's version: :mod:`service.schema`) and its errors. Every
+request and every worker thread opens its own :class:`Store` (never shared between threads).
 
-Jobs carry their inputs (``request``: the validated graph input, the resolved
-cluster and the options, as JSON), an ``owner`` (``host:pid:boot``) and a
-``heartbeat_at`` the owner refreshes for the jobs it holds (queued for or run by a
-worker). A job whose owner died (its pid is gone on this host, or its heartbeat is
-stale) is taken over by the next server that starts or sweeps: re-queued when its
-inputs are stored and it has not already been interrupted ``MAX_ATTEMPTS`` times,
-otherwise marked failed with the reason "server restarted during the job". A job its
-own live server no longer holds (its worker could not write its end: disk full,
-database locked) goes stale the same way and is taken over too. A job is never lost.
+Jobs live in the database. A new job is ``queued`` with its inputs (``request``: the validated
+graph input, the resolved cluster and the options, as JSON); any worker, in any process on any
+host, claims the oldest queued job (:meth:`Store.claim`: under SQLite's write lock, or ``FOR
+UPDATE SKIP LOCKED`` on PostgreSQL) and holds it under a lease (``owner``: ``host:pid:boot``,
+``lease_until``) that its process renews while the job runs (:meth:`Store.heartbeat`). A running
+job whose lease has expired, or whose owner's pid is gone on this host, is taken over by the
+next sweep of any process (:meth:`Store.recover`): re-queued when its inputs are stored and it has
+not already been interrupted ``MAX_ATTEMPTS`` times, otherwise marked failed with the reason
+"server restarted during the job". A job its own live process no longer holds (its worker could
+not write its end: disk full, database locked) expires the same way. A job is never lost.
 
-The file records its layout's version (``SCHEMA_VERSION``, in ``PRAGMA user_version``); a file
-of a newer version, or with tables of these names and other columns, is refused at start and left
-as it was. A change to the tables bumps the version and brings its migration.
-
-A unique partial index allows one active (queued or running) job per plan key,
-so identical requests join one job even across gunicorn worker processes.
+A unique partial index allows one active (queued or running) job per plan key, so identical
+requests join one job across processes and replicas.
 """
 
 from __future__ import annotations
@@ -27,97 +28,55 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from types import ModuleType
 from typing import Any
+
+from service import store_postgres, store_sqlite
+from service.schema import SCHEMA_VERSION, SchemaMismatch
+
+__all__ = ["Store", "SchemaMismatch", "SCHEMA_VERSION", "backend", "is_database_error", "is_unavailable",
+           "process_owner"]
 
 BUSY_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 3
+DEFAULT_LEASE_S = 15.0  # a job row of schema version 1 has no lease: its heartbeat's age stands for one
 STATES = ("queued", "running", "done", "failed")
 ACTIVE = ("queued", "running")
-# The layout of the tables below, kept in the file's ``PRAGMA user_version``: a database of another
-# layout is refused at start with what it holds and what was expected, never altered or half used.
-SCHEMA_VERSION = 1
 RESTART_REASON = "server restarted during the job"
 LOST_REASON = "the job's worker stopped without recording its end"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS plans (
-    key TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    plan TEXT NOT NULL,
-    report TEXT NOT NULL,
-    timeline TEXT,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    key TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed')),
-    request TEXT,
-    progress REAL NOT NULL DEFAULT 0,
-    message TEXT NOT NULL DEFAULT '',
-    error TEXT,
-    owner TEXT,
-    heartbeat_at REAL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_one_active_per_key ON jobs (key) WHERE state IN ('queued', 'running');
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
-CREATE TABLE IF NOT EXISTS profiles (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    fingerprint TEXT NOT NULL,
-    plan_digest TEXT NOT NULL,
-    plan TEXT NOT NULL,
-    step_time_ms REAL NOT NULL,
-    cluster TEXT,
-    device_kind TEXT,
-    extra TEXT,
-    created_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS profiles_fingerprint ON profiles (fingerprint);
-CREATE TABLE IF NOT EXISTS health (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    checked_at REAL NOT NULL
-);
-"""
+_BACKENDS = (store_sqlite, store_postgres)
 
 
-def _schema_columns() -> dict[str, tuple[str, ...]]:
-    """Each table of ``_SCHEMA`` and its columns, read from the schema itself (one place)."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        conn.executescript(_SCHEMA)
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
-                                             "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-        return {t: tuple(r[1] for r in conn.execute(f"PRAGMA table_info({t})")) for t in tables}
-    finally:
-        conn.close()
+def backend(database: str) -> ModuleType:
+    """The backend module of ``database``: PostgreSQL for a ``postgresql://`` URL, else SQLite (a file path)."""
+    return store_postgres if database.startswith(store_postgres.PREFIXES) else store_sqlite
 
 
-class SchemaMismatch(ValueError):
-    """The database holds tables of another layout than this disco's (another version, or another program)."""
+def is_database_error(e: BaseException) -> bool:
+    """Whether ``e`` is an error of either backend's driver."""
+    return any(b.is_error(e) for b in _BACKENDS)
 
 
-def _check_tables(conn: sqlite3.Connection, path: str) -> None:
-    """Raises SchemaMismatch when a table of disco's name in ``conn`` lacks a column disco's layout has."""
-    for table, columns in _schema_columns().items():
-        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
-        missing = [c for c in columns if c not in have]
-        if have and missing:
-            raise SchemaMismatch(f"the database {path!r} has a table {table!r} without the column(s) "
-                                 f"{', '.join(missing)}; expected disco's plan store (schema version "
-                                 f"{SCHEMA_VERSION}) or a new file (another program's database? give another database file)")
+def is_unavailable(e: BaseException) -> bool:
+    """Whether ``e`` means the database cannot be used (gone, read-only, full), not a bug in a query."""
+    return any(b.is_unavailable(e) for b in _BACKENDS)
 
 
 def process_owner() -> str:
-    """This process's owner id: ``host:pid:boot`` (boot is random per process start)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_BOOT}"
+    """This process's owner id: ``host:pid:boot`` (boot is random per process start).
+
+    The host is ``DISCO_SERVICE_HOSTNAME`` when set, else the machine's name: set it where
+    machines share a name (containers on the host's network), since a job whose owner names this
+    host with a pid that is gone is taken over at once.
+    """
+    return f"{_host()}:{os.getpid()}:{_BOOT}"
+
+
+def _host() -> str:
+    return os.environ.get("DISCO_SERVICE_HOSTNAME") or socket.gethostname()
 
 
 _BOOT = uuid.uuid4().hex[:8]
@@ -129,8 +88,8 @@ def _owner_alive(owner: str | None) -> bool:
         return False
     host, _, rest = owner.partition(":")
     pid_s, _, _ = rest.partition(":")
-    if host != socket.gethostname() or not pid_s.isdigit():
-        return True  # another host: only the heartbeat can tell
+    if host != _host() or not pid_s.isdigit():
+        return True  # another host: only the lease can tell
     try:
         os.kill(int(pid_s), 0)
     except ProcessLookupError:
@@ -144,38 +103,36 @@ class Store:
     """One connection to the service database.
 
     Args:
-      path: the SQLite file (created with its tables if missing).
+      database: an SQLite file (created with its tables by :meth:`initialise`) or a ``postgresql://`` URL.
     """
 
-    def __init__(self, path: str):
-        self.path = path
-        self.conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                    check_same_thread=True)
-        self.conn.row_factory = sqlite3.Row
-        self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        self.conn.execute("PRAGMA synchronous = NORMAL")
+    def __init__(self, database: str):
+        self.path = database
+        self.backend = backend(database)
+        self.conn = self.backend.connect(database, BUSY_TIMEOUT_S)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @classmethod
-    def initialise(cls, path: str) -> None:
-        """Creates the file (not its directory), switches it to WAL mode and creates the tables (idempotent)."""
-        s = cls(path)
+    def initialise(cls, database: str) -> None:
+        """Creates the tables, or migrates an older layout, and records the version (idempotent).
+
+        Raises:
+          SchemaMismatch: the database records a newer version, or holds tables of disco's names with
+            other columns; it is left as it was.
+        """
+        s = cls(database)
         try:
-            version = s.conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise SchemaMismatch(f"the database {path!r} has schema version {version}, written by a newer disco; "
-                                     f"expected version {SCHEMA_VERSION} or a new file (upgrade disco, or give another "
-                                     "database file)")
-            _check_tables(s.conn, path)  # before anything is written: a foreign file stays as it was
-            s.conn.execute("PRAGMA journal_mode = WAL")
-            s.conn.executescript(_SCHEMA)
-            if version != SCHEMA_VERSION:  # a new file, or one this version wrote before it recorded a version
-                s.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            s.backend.initialise(s.conn, database)
         finally:
-            s.close()
+            s.conn.close()  # not kept for requests: start-up may run before a fork (gunicorn --preload)
+
+    @property
+    def where(self) -> str:
+        """The database, for messages (a URL without its password)."""
+        return self.backend.describe(self.path)
 
     def close(self) -> None:
-        self.conn.close()
+        self.backend.release(self.conn, self.path)
 
     def __enter__(self) -> Store:
         return self
@@ -183,13 +140,16 @@ class Store:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _tx(self) -> _Transaction:
-        return _Transaction(self.conn)
+    def _x(self, query: str, params: Any = ()) -> Any:
+        return self.conn.execute(self.backend.sql(query), params)
+
+    def _tx(self) -> Any:
+        return self.backend.Transaction(self.conn)
 
     # -- plans -------------------------------------------------------------------------------------
     def get_plan(self, key: str, *, timeline: bool = False) -> dict[str, Any] | None:
         cols = "key, fingerprint, plan, report, created_at" + (", timeline" if timeline else "")
-        row = self.conn.execute(f"SELECT {cols} FROM plans WHERE key = ?", (key,)).fetchone()
+        row = self._x(f"SELECT {cols} FROM plans WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
         out = {"key": row["key"], "fingerprint": row["fingerprint"], "plan": json.loads(row["plan"]),
@@ -202,8 +162,8 @@ class Store:
     def submit(self, key: str, request: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """Returns the cached plan, the active job for ``key``, or a new queued job (committed).
 
-        The caller hands a created job to a worker after this returns, so the worker
-        always finds the row; if it cannot (queue full), it fails the job.
+        Two identical submissions at once (two replicas on PostgreSQL) meet at the unique index
+        of active jobs: the later one's INSERT is refused and it tries again, finding the first's job.
 
         Args:
           key: the plan key.
@@ -213,118 +173,134 @@ class Store:
           ``(row, created)``: ``row`` is ``{"plan_key": key}`` for a cached plan or the job's
           row; ``created`` says whether this call created the job.
         """
-        owner = process_owner()
-        with self._tx():
-            plan = self.conn.execute("SELECT key FROM plans WHERE key = ?", (key,)).fetchone()
-            if plan is not None:
-                return {"plan_key": key}, False
-            row = self.conn.execute(
-                "SELECT * FROM jobs WHERE key = ? AND state IN ('queued', 'running')", (key,)).fetchone()
-            if row is not None:
-                return self._job_dict(row), False
-            job_id = uuid.uuid4().hex
-            now = time.time()
-            self.conn.execute(
-                "INSERT INTO jobs (id, key, state, request, owner, heartbeat_at, created_at, message) "
-                "VALUES (?, ?, 'queued', ?, ?, ?, ?, 'queued')",
-                (job_id, key, json.dumps(request, sort_keys=True), owner, now, now))
-        return self.get_job(job_id), True
+        for attempt in range(3):
+            try:
+                with self._tx():
+                    if self._x("SELECT key FROM plans WHERE key = ?", (key,)).fetchone() is not None:
+                        return {"plan_key": key}, False
+                    row = self._x("SELECT * FROM jobs WHERE key = ? AND state IN ('queued', 'running')",
+                                  (key,)).fetchone()
+                    if row is not None:
+                        return self._job_dict(row), False
+                    job_id = uuid.uuid4().hex
+                    now = time.time()
+                    self._x("INSERT INTO jobs (id, key, state, request, created_at, message) "
+                            "VALUES (?, ?, 'queued', ?, ?, 'queued')",
+                            (job_id, key, json.dumps(request, sort_keys=True), now))
+                break
+            except Exception as e:
+                if attempt == 2 or not self.backend.is_conflict(e):
+                    raise
+        job = self.get_job(job_id)
+        assert job is not None
+        return job, True
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
-        row = self.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = self._x("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else self._job_dict(row)
 
     def job_request(self, job_id: str) -> dict[str, Any] | None:
-        row = self.conn.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = self._x("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None or row["request"] is None else json.loads(row["request"])
 
     @staticmethod
-    def _job_dict(row: sqlite3.Row) -> dict[str, Any]:
+    def _job_dict(row: Any) -> dict[str, Any]:
         return {"job_id": row["id"], "key": row["key"], "state": row["state"],
                 "progress": row["progress"], "message": row["message"],
                 "error": json.loads(row["error"]) if row["error"] else None,
                 "attempts": row["attempts"], "created_at": row["created_at"],
                 "started_at": row["started_at"], "finished_at": row["finished_at"]}
 
-    def start_job(self, job_id: str) -> bool:
-        """Marks a queued job of this process running; False if it is not (any more) queued here."""
+    def backlog(self) -> int:
+        """The number of queued jobs (waiting for a worker, in any process)."""
+        return int(self._x("SELECT COUNT(*) AS n FROM jobs WHERE state = 'queued'").fetchone()["n"])
+
+    def claim(self, lease_s: float) -> str | None:
+        """Takes the oldest queued job for this process: running, owned here, leased for ``lease_s``.
+
+        Returns:
+          The job's id, or None when no job is queued (or every queued one was just taken by others).
+        """
+        if self._x("SELECT id FROM jobs WHERE state = 'queued' LIMIT 1").fetchone() is None:
+            return None  # a read: idle workers do not take the write lock to find nothing
         now = time.time()
         with self._tx():
-            cur = self.conn.execute(
-                "UPDATE jobs SET state = 'running', started_at = ?, heartbeat_at = ?, owner = ?, "
-                "message = 'running' WHERE id = ? AND state = 'queued'",
-                (now, now, process_owner(), job_id))
-        return cur.rowcount == 1
+            rows = self._x(
+                "UPDATE jobs SET state = 'running', started_at = ?, heartbeat_at = ?, lease_until = ?, owner = ?, "
+                "message = 'running' WHERE state = 'queued' AND id = (SELECT id FROM jobs WHERE state = 'queued' "
+                f"ORDER BY created_at LIMIT 1{self.backend.LOCK_ROWS}) RETURNING id",
+                (now, now, now + lease_s, process_owner())).fetchall()
+        return rows[0]["id"] if rows else None
 
     def set_progress(self, job_id: str, progress: float, message: str) -> None:
         with self._tx():
-            self.conn.execute(
-                "UPDATE jobs SET progress = ?, message = ?, heartbeat_at = ? WHERE id = ? AND state = 'running'",
-                (min(max(float(progress), 0.0), 1.0), message[:500], time.time(), job_id))
+            self._x("UPDATE jobs SET progress = ?, message = ?, heartbeat_at = ? WHERE id = ? AND state = 'running'",
+                    (min(max(float(progress), 0.0), 1.0), message[:500], time.time(), job_id))
 
     def finish_job(self, job_id: str, key: str, fingerprint: str, plan: Mapping[str, Any],
                    report: Mapping[str, Any], timeline: Iterable[Any] | None) -> None:
         """Stores the plan and marks the job done, in one transaction."""
         now = time.time()
         with self._tx():
-            self.conn.execute(
-                "INSERT OR REPLACE INTO plans (key, fingerprint, plan, report, timeline, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (key, fingerprint, json.dumps(plan, sort_keys=True), json.dumps(report, sort_keys=True),
-                 json.dumps(list(timeline)) if timeline is not None else None, now))
-            self.conn.execute(
-                "UPDATE jobs SET state = 'done', progress = 1.0, message = 'done', finished_at = ?, "
-                "heartbeat_at = ? WHERE id = ?", (now, now, job_id))
+            self._x("INSERT INTO plans (key, fingerprint, plan, report, timeline, created_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, "
+                    "plan = excluded.plan, report = excluded.report, timeline = excluded.timeline, "
+                    "created_at = excluded.created_at",
+                    (key, fingerprint, json.dumps(plan, sort_keys=True), json.dumps(report, sort_keys=True),
+                     json.dumps(list(timeline)) if timeline is not None else None, now))
+            self._x("UPDATE jobs SET state = 'done', progress = 1.0, message = 'done', finished_at = ?, "
+                    "heartbeat_at = ? WHERE id = ?", (now, now, job_id))
 
     def fail_job(self, job_id: str, code: str, message: str) -> None:
         now = time.time()
         err = json.dumps({"code": code, "message": message[:2000], "field": None})
         with self._tx():
-            self.conn.execute(
-                "UPDATE jobs SET state = 'failed', error = ?, message = 'failed', finished_at = ? "
-                "WHERE id = ? AND state IN ('queued', 'running')", (err, now, job_id))
+            self._x("UPDATE jobs SET state = 'failed', error = ?, message = 'failed', finished_at = ? "
+                    "WHERE id = ? AND state IN ('queued', 'running')", (err, now, job_id))
 
-    def heartbeat(self, job_ids: Iterable[str]) -> None:
-        """Refreshes the heartbeat of those of ``job_ids`` that are this process's active jobs.
+    def heartbeat(self, job_ids: Iterable[str], lease_s: float) -> None:
+        """Renews the lease of those of ``job_ids`` that this process runs, to ``lease_s`` from now.
 
         Args:
-          job_ids: the jobs this process holds (queued for or run by its workers); any other
-            job of this process goes stale and :meth:`recover` takes it over.
+          job_ids: the jobs this process's workers run; any other job of this process expires and
+            :meth:`recover` takes it over.
+          lease_s: the lease's length.
         """
+        now, me = time.time(), process_owner()
         with self._tx():
-            self.conn.execute("UPDATE jobs SET heartbeat_at = ? WHERE owner = ? AND state IN ('queued', 'running') "
-                              "AND id IN (SELECT value FROM json_each(?))",
-                              (time.time(), process_owner(), json.dumps(sorted(job_ids))))
+            for job_id in sorted(job_ids):
+                self._x("UPDATE jobs SET heartbeat_at = ?, lease_until = ? WHERE id = ? AND owner = ? "
+                        "AND state = 'running'", (now, now + lease_s, job_id, me))
 
-    def recover(self, stale_s: float, held: Iterable[str] = ()) -> list[str]:
-        """Takes over the active jobs of dead owners, and this process's stale ones; returns the ids to enqueue here.
+    def recover(self, held: Iterable[str] = ()) -> int:
+        """Takes over the running jobs whose lease expired or whose owner is gone; returns how many were re-queued.
 
-        A job whose owner is gone (dead pid on this host, or no heartbeat for
-        ``stale_s``: this process's own jobs too, whose heartbeat it refreshes only while
-        it holds them) is re-queued under this process if its inputs are stored and it
-        has been interrupted fewer than ``MAX_ATTEMPTS`` times; otherwise it is
-        marked failed with :data:`RESTART_REASON` (:data:`LOST_REASON` for its own).
+        A job whose owner is gone (a dead pid on this host, or a lease past its end: this
+        process's own jobs too, whose lease it renews only while it runs them) is re-queued for any
+        worker if its inputs are stored and it has been interrupted fewer than ``MAX_ATTEMPTS``
+        times; otherwise it is marked failed with :data:`RESTART_REASON` (:data:`LOST_REASON` for
+        its own). Rows another process's sweep holds at that moment are skipped (PostgreSQL).
 
         Args:
-          stale_s: seconds without a heartbeat after which a job's owner is taken for gone.
-          held: the jobs this process holds (queued for or run by its workers), never taken over.
+          held: the jobs this process's workers run, never taken over.
         """
         me = process_owner()
         held_here = set(held)
         now = time.time()
-        resumed: list[str] = []
+        resumed = 0
         with self._tx():
-            rows = self.conn.execute(
-                "SELECT id, state, owner, heartbeat_at, attempts, request IS NOT NULL AS has_request "
-                "FROM jobs WHERE state IN ('queued', 'running')").fetchall()
+            rows = self._x(  # the candidates only: a running job of another host, in its lease, is not locked
+                "SELECT id, state, owner, heartbeat_at, lease_until, attempts, request IS NOT NULL AS has_request "
+                "FROM jobs WHERE state = 'running' AND (lease_until IS NULL OR lease_until < ? OR owner LIKE ?)"
+                f"{self.backend.LOCK_ROWS}", (now, f"{_host()}:%")).fetchall()
             for r in rows:
                 mine = r["owner"] == me
                 if mine and r["id"] in held_here:
                     continue
-                stale = (r["heartbeat_at"] or 0.0) < now - stale_s
-                if _owner_alive(r["owner"]) and not stale:
+                until = r["lease_until"] if r["lease_until"] is not None else (r["heartbeat_at"] or 0.0) + DEFAULT_LEASE_S
+                if _owner_alive(r["owner"]) and until >= now:
                     continue
-                attempts = r["attempts"] + (1 if r["state"] == "running" else 0)
+                attempts = r["attempts"] + 1
                 if not r["has_request"] or attempts >= MAX_ATTEMPTS:
                     why = (LOST_REASON if mine else RESTART_REASON) + (
                         "" if r["has_request"] else "; its inputs were not stored")
@@ -332,25 +308,15 @@ class Store:
                         why += f" ({attempts} times; not resumed again)"
                     code = "job_lost" if mine else "server_restarted"
                     err = json.dumps({"code": code, "message": why, "field": None})
-                    self.conn.execute(
-                        "UPDATE jobs SET state = 'failed', error = ?, message = 'failed', attempts = ?, "
-                        "finished_at = ? WHERE id = ?", (err, attempts, now, r["id"]))
+                    self._x("UPDATE jobs SET state = 'failed', error = ?, message = 'failed', attempts = ?, "
+                            "finished_at = ? WHERE id = ?", (err, attempts, now, r["id"]))
                     continue
-                cause = "its worker stopped without recording its end" if mine else "a server restart"
-                note = (f"resumed after {cause} (attempt {attempts + 1})"
-                        if r["state"] == "running" else f"re-queued after {cause}")
-                self.conn.execute(
-                    "UPDATE jobs SET state = 'queued', owner = ?, heartbeat_at = ?, attempts = ?, "
-                    "progress = 0, message = ?, started_at = NULL WHERE id = ?",
-                    (me, now, attempts, note, r["id"]))
-                resumed.append(r["id"])
+                cause = "its worker stopped without recording its end" if mine else "its worker stopped"
+                self._x("UPDATE jobs SET state = 'queued', owner = NULL, heartbeat_at = ?, lease_until = NULL, "
+                        "attempts = ?, progress = 0, message = ?, started_at = NULL WHERE id = ?",
+                        (now, attempts, f"resumed after {cause} (attempt {attempts + 1})", r["id"]))
+                resumed += 1
         return resumed
-
-    def release(self, job_id: str) -> None:
-        """Gives a queued job back (no owner), for another sweep to pick up."""
-        with self._tx():
-            self.conn.execute("UPDATE jobs SET owner = NULL, heartbeat_at = 0 WHERE id = ? AND state = 'queued'",
-                              (job_id,))
 
     # -- profiles ----------------------------------------------------------------------------------
     def add_profiles(self, rows: Iterable[Mapping[str, Any]]) -> int:
@@ -359,46 +325,23 @@ class Store:
                    float(r["step_time_ms"]), r.get("cluster"), r.get("device_kind"),
                    json.dumps(r.get("extra") or {}, sort_keys=True), now) for r in rows]
         with self._tx():
-            self.conn.executemany(
+            self.conn.cursor().executemany(self.backend.sql(
                 "INSERT INTO profiles (fingerprint, plan_digest, plan, step_time_ms, cluster, device_kind, "
-                "extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values)
+                "extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"), values)
         return len(values)
 
     # -- health ------------------------------------------------------------------------------------
     def write_probe(self) -> None:
-        """Writes the health row; raises ``sqlite3.DatabaseError`` if the database takes no write."""
+        """Writes the health row; raises the driver's error if the database takes no write."""
         with self._tx():
-            self.conn.execute("INSERT INTO health (id, checked_at) VALUES (1, ?) "
-                              "ON CONFLICT (id) DO UPDATE SET checked_at = excluded.checked_at", (time.time(),))
+            self._x("INSERT INTO health (id, checked_at) VALUES (1, ?) "
+                    "ON CONFLICT (id) DO UPDATE SET checked_at = excluded.checked_at", (time.time(),))
 
     def quick_check(self) -> str | None:
-        """``PRAGMA quick_check``: None if it finds nothing, else its first finding."""
-        rows = [r[0] for r in self.conn.execute("PRAGMA quick_check").fetchall()]
-        if rows == ["ok"]:
-            return None
-        return str(rows[0]) + (f" (and {len(rows) - 1} more)" if len(rows) > 1 else "")
+        """The backend's integrity check (SQLite: ``PRAGMA quick_check``): None if it finds nothing, else its first finding."""
+        return self.backend.quick_check(self.conn)
 
     def count(self, table: str) -> int:
         if table not in ("plans", "jobs", "profiles"):
             raise ValueError(f"table: expected plans, jobs or profiles, got {table!r}")
-        return int(self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
-
-
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception).
-
-    After some errors (disk full, I/O error) SQLite has rolled the transaction back itself;
-    then no ROLLBACK is sent, whose "no transaction is active" would hide the error's reason.
-    """
-
-    def __init__(self, conn: sqlite3.Connection):
-        self.conn = conn
-
-    def __enter__(self) -> None:
-        self.conn.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is None:
-            self.conn.execute("COMMIT")
-        elif self.conn.in_transaction:
-            self.conn.execute("ROLLBACK")
+        return int(self._x(f"SELECT COUNT(*) AS n FROM {table}").fetchone()["n"])

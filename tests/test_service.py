@@ -1,4 +1,9 @@
-"""The plan service: a real server process on 127.0.0.1, plus the Flask test client for the rest."""
+"""The plan service: a real server process on 127.0.0.1, plus the Flask test client for the rest.
+
+The ``server`` and ``app`` fixtures run on both store backends: SQLite, and PostgreSQL on a
+throwaway server (``postgres``: initdb and pg_ctl from the machine's PostgreSQL; its tests skip,
+saying why, where there is none).
+"""
 
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 
 from service import create_app  # noqa: E402
 from service.jobs import stop_runner  # noqa: E402
-from service.testing import ServerProcess  # noqa: E402
+from service.store import Store  # noqa: E402
+from service.testing import PostgresServer, ServerProcess, postgres_missing  # noqa: E402
 
 TOKEN = "s3cret-token"
 
@@ -46,9 +52,40 @@ def plan_body(seed: int = 0, **options) -> dict:
             "options": {"budget_s": 1.0, "strategy": "baselines", "seed": seed, **options}}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("service") / "plans.sqlite", workers=2, token=TOKEN)
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for the session (each test makes its own database in it)."""
+    why = postgres_missing()
+    if why:
+        pytest.skip(f"the PostgreSQL backend is not tested: {why}")
+    pg = PostgresServer().start()
+    yield pg
+    pg.stop()
+
+
+def new_database(request, backend: str, directory, name: str) -> str:
+    """A new, empty database of ``backend``: an SQLite file in ``directory``, or a database on ``postgres``."""
+    if backend == "sqlite":
+        return str(directory / f"{name}.sqlite")
+    return request.getfixturevalue("postgres").create_database()
+
+
+def rows(db, query: str, params=()) -> list[tuple]:
+    """The rows of a query (``?`` placeholders) on either backend."""
+    with Store(str(db)) as store:
+        cur = store._x(query, params)
+        found = cur.fetchall() if cur.description else []
+        return [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in found]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("service")
+    srv = ServerProcess(new_database(request, request.param, tmp, "plans"), workers=2, token=TOKEN,
+                        log=tmp / "server.log")
     srv.start()
     yield srv
     srv.stop()
@@ -111,9 +148,7 @@ def test_identical_concurrent_requests_share_one_job(server):
     plans = {json.dumps(r[1]["plan"], sort_keys=True) for r in results if r[0] == 200}
     plans.add(json.dumps(job["result"]["plan"], sort_keys=True))
     assert len(plans) == 1
-    with sqlite3.connect(server.db) as conn:
-        (n,) = conn.execute("SELECT COUNT(*) FROM jobs WHERE key = ?", (keys.pop(),)).fetchone()
-    assert n == 1
+    assert rows(server.db, "SELECT COUNT(*) FROM jobs WHERE key = ?", (keys.pop(),)) == [(1,)]
 
 
 def test_max_evals_gives_the_same_plan_on_another_server(server, tmp_path):
@@ -346,10 +381,10 @@ def test_a_full_disk_is_answered_with_sqlites_reason(tmp_path):
 
 
 # -- the Flask test client ---------------------------------------------------------------------------
-@pytest.fixture
-def app(tmp_path):
-    app = create_app({"DATABASE": str(tmp_path / "app.sqlite"), "WORKERS": 1, "QUEUE_SIZE": 1,
-                      "TESTING": True})
+@pytest.fixture(params=BACKENDS)
+def app(request, tmp_path):
+    app = create_app({"DATABASE": new_database(request, request.param, tmp_path, "app"), "WORKERS": 1,
+                      "QUEUE_SIZE": 1, "TESTING": True})
     assert "disco_jobs" not in app.extensions  # create_app starts nothing
     yield app
     stop_runner(app)
@@ -400,13 +435,13 @@ def test_full_queue_answers_503_with_retry_after(client):
     assert full.status_code == 503 and full.headers["Retry-After"].isdigit()
     assert full.json["code"] == "queue_full"
     # the refused job was committed, then failed: nobody waits on a job no worker will run
-    with sqlite3.connect(client.application.config["DATABASE"]) as conn:
-        rows = conn.execute("SELECT state, error FROM jobs WHERE state = 'failed'").fetchall()
-    assert len(rows) == 1 and json.loads(rows[0][1])["code"] == "queue_full", rows
+    failed = rows(client.application.config["DATABASE"], "SELECT state, error FROM jobs WHERE state = 'failed'")
+    assert len(failed) == 1 and json.loads(failed[0][1])["code"] == "queue_full", failed
     assert post(102).status_code == 503  # asked again: a new job, refused again (not joined to the failed one)
     assert client.get("/healthz").status_code == 200
 
 
+@pytest.mark.parametrize("app", ["sqlite"], indirect=True)  # SQLite's database-wide write lock
 def test_a_failed_progress_write_does_not_cut_the_search_short(client, monkeypatch):
     """The database is locked for a moment during the search: the job still searches its whole budget."""
     import service.store
@@ -450,8 +485,6 @@ def test_graph_json_fingerprint_is_the_servers(client):
 def test_report_page_speedups_are_xla_default_over_plan(client):
     """"speedup vs xla_default" is xla_default's time over the plan's everywhere: a plan slower than
     xla_default shows a value below 1, a faster one above 1."""
-    from service.store import Store
-
     report = {"graph": {"name": "g", "nodes": 3, "all_reduces": 1, "fingerprint": "f"},
               "cluster": {"name": "local", "devices": 4}, "method": "baselines", "strategy": "baselines",
               "cost_model": {"name": "analytic", "version": 1}, "plan_summary": {}, "chosen": "ddp",
@@ -498,8 +531,7 @@ def hlo_chain(n: int, dim: str = "64,64") -> str:
 
 
 def jobs_in(db) -> int:
-    with sqlite3.connect(db) as conn:
-        return conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+    return rows(db, "SELECT COUNT(*) FROM jobs")[0][0]
 
 
 def test_a_client_fingerprint_cannot_poison_another_programs_plan(server):
@@ -744,7 +776,7 @@ def test_request_log_is_plain_text_in_a_file_and_coloured_on_a_terminal(tmp_path
     (["--job-timeout", "inf"], {}, r"--job-timeout: expected a positive, finite number of seconds, got inf"),
     (["--parse-timeout", "0"], {}, r"--parse-timeout: expected a positive, finite number of seconds, got 0"),
     (["--port", "70000"], {}, r"--port: expected a TCP port 0-65535 .*got 70000"),
-    (["--db", ""], {}, r"--db: expected a file path, got an empty one"),
+    (["--db", ""], {}, r"--db: expected a file path or a postgresql:// URL, got an empty one"),
     (["--db", "{tmp}"], {}, r"--db: expected an SQLite database file, got the directory '{tmp}'"),
     (["--db", "{tmp}/text.sqlite"], {}, r"--db: expected an SQLite database, got '{tmp}/text.sqlite' "
                                         r"\(file is not a database\)"),
@@ -754,9 +786,13 @@ def test_request_log_is_plain_text_in_a_file_and_coloured_on_a_terminal(tmp_path
     ([], {"DISCO_SERVICE_DB": "{tmp}/missing/p.sqlite"},
      r"DISCO_SERVICE_DB: expected a database file in an existing directory, got '{tmp}/missing/p.sqlite'"),
     ([], {"DISCO_SERVICE_TOKEN": ""}, r"DISCO_SERVICE_TOKEN is set but empty"),
+    (["--job-lease", "0"], {}, r"--job-lease: expected a positive, finite number of seconds, got 0"),
+    (["--db", "postgresql://disco:pw@127.0.0.1:1/x"], {},  # nothing listens on port 1; the password is not shown
+     r"--db: (expected a PostgreSQL database that takes connections, got 'postgresql://disco:\*\*\*@127\.0\.0\.1:1/x' "
+     r"\(.*|a postgresql:// database needs the driver psycopg)"),
 ], ids=["workers", "env-workers", "queue-size", "job-timeout-nan", "job-timeout-inf", "parse-timeout", "port",
         "db-empty", "db-directory", "db-not-a-database", "db-missing-directory", "env-db-missing-directory",
-        "env-token-empty"])
+        "env-token-empty", "job-lease", "db-postgres-unreachable"])
 def test_disco_serve_refuses_bad_settings_in_one_line(tmp_path, args, env, message):
     """Refused at start: one line naming the option, exit status 2, no traceback, no directory made."""
     (tmp_path / "text.sqlite").write_text("not a database\n" * 10)
@@ -849,17 +885,31 @@ def test_a_database_written_before_the_schema_version_is_used_and_stamped(tmp_pa
 
     from service import store as store_mod
 
+    from service import schema
+
     path = tmp_path / "old.sqlite"
     conn = sqlite3.connect(path)
-    conn.executescript(store_mod._SCHEMA)
+    for stmt in version_1_tables(schema.SQLITE_TYPES):
+        conn.execute(stmt)
     conn.execute("INSERT INTO plans VALUES ('k', 'f', '{}', '{}', NULL, 1.0)")
     conn.commit()
     conn.close()
     create_app({"DATABASE": str(path)})
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store_mod.SCHEMA_VERSION
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store_mod.SCHEMA_VERSION == 2
     assert conn.execute("SELECT key FROM plans").fetchall() == [("k",)]
+    assert "lease_until" in {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}  # migrated to version 2
     conn.close()
+
+
+def version_1_tables(types: dict[str, str]) -> list[str]:
+    """The tables as schema version 1 made them (no ``jobs.lease_until``)."""
+    from service import schema
+
+    real = types["real"]
+    out = [s.replace(f",\n    lease_until {real}", "") for s in schema.tables(types)]
+    assert sum("lease_until" in s for s in out) == 0
+    return out
 
 
 def test_disco_serve_takes_the_token_from_the_environment(tmp_path):
@@ -985,3 +1035,107 @@ def test_disco_serve_help_does_not_import_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("[]") and "--parse-timeout" in out.stdout
+
+
+# -- issue 45: PostgreSQL, plan workers of their own, replicas ------------------------------------------
+def test_postgres_schema_is_versioned_migrated_and_checked_at_start(postgres):
+    """A version-1 database is migrated (its plans kept); a newer one and a foreign table are refused,
+    naming the database without its password and what was expected."""
+    from service import schema
+
+    url = postgres.create_database()
+    with Store(url) as store:  # a database of schema version 1, as the first PostgreSQL store would have made it
+        for stmt in ["CREATE TABLE disco_schema (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)",
+                     "INSERT INTO disco_schema VALUES (1, 1)", *version_1_tables(schema.POSTGRES_TYPES),
+                     "INSERT INTO plans VALUES ('k', 'f', '{}', '{}', NULL, 1.0)"]:
+            store._x(stmt)
+    create_app({"DATABASE": url, "WORKERS": 0})
+    assert rows(url, "SELECT version FROM disco_schema") == [(schema.SCHEMA_VERSION,)]
+    assert rows(url, "SELECT key FROM plans") == [("k",)]
+    assert rows(url, "SELECT COUNT(*) FROM information_schema.columns WHERE table_name = 'jobs' "
+                     "AND column_name = 'lease_until'") == [(1,)]
+    rows(url, "UPDATE disco_schema SET version = ? RETURNING version", (schema.SCHEMA_VERSION + 1,))
+    with_password = url.replace("disco@", "disco:pw@")
+    with pytest.raises(ValueError, match=rf"^config DATABASE: the database 'postgresql://disco:\*\*\*@.*' has schema "
+                                         rf"version {schema.SCHEMA_VERSION + 1}, written by a newer disco; expected "
+                                         rf"version {schema.SCHEMA_VERSION} or a new database"):
+        create_app({"DATABASE": with_password})
+    foreign = postgres.create_database()
+    rows(foreign, "CREATE TABLE jobs (id TEXT PRIMARY KEY, body TEXT) ")
+    with pytest.raises(ValueError, match=r"has a table 'jobs' without the column\(s\) key, state, .*disco's plan store"):
+        create_app({"DATABASE": foreign})
+    assert rows(foreign, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'") == [("jobs",)]
+    with pytest.raises(ValueError, match=r"^config DATABASE: expected a PostgreSQL database that takes connections, "
+                                         r"got 'postgresql://disco@127\.0\.0\.1:\d+/nosuch' \(.*does not exist"):
+        create_app({"DATABASE": postgres.url("nosuch")})
+
+
+def _owner_and_lease(db, job_id):
+    return rows(db, "SELECT owner, lease_until FROM jobs WHERE id = ?", (job_id,))[0]
+
+
+def test_a_killed_plan_worker_s_job_is_finished_by_another_after_its_lease(postgres, tmp_path):
+    """A plan worker process (another host, as its owner id says) is SIGKILLed while it runs a job: nobody can
+    see it die, so the job waits out its lease (3 s), then a second plan worker takes it over and finishes it."""
+    url = postgres.create_database()
+    lease = ("--job-lease", "3")
+    # a replica that runs no plans (gunicorn, DISCO_SERVICE_WORKERS=0): the plan workers run them
+    with ServerProcess(url, gunicorn=True, gunicorn_workers=1, workers=0, log=tmp_path / "replica.log") as replica:
+        first = ServerProcess(url, plan_workers_only=True, workers=1, extra_args=lease, log=tmp_path / "w1.log",
+                              env={"DISCO_SERVICE_HOSTNAME": "plan-host-1"}).start()
+        try:
+            status, body, _ = replica.request("POST", "/v1/plans", plan_body(seed=45, strategy="random", budget_s=3.0))
+            assert status == 202, body
+            job = replica.wait_job(body["job_id"], timeout=60, states=("running", "done", "failed"))
+            assert job["state"] == "running", job
+            owner, _ = _owner_and_lease(url, body["job_id"])
+            assert owner.startswith("plan-host-1:"), owner
+            first.kill()  # SIGKILL mid-job
+            _, lease_until = _owner_and_lease(url, body["job_id"])
+        finally:
+            first.kill()
+        with ServerProcess(url, plan_workers_only=True, workers=1, extra_args=lease, log=tmp_path / "w2.log",
+                           env={"DISCO_SERVICE_HOSTNAME": "plan-host-2"}):
+            job = replica.wait_job(body["job_id"], timeout=90)
+            assert job["state"] == "done" and job["attempts"] == 1 and job["result"]["plan"], job
+            assert job["started_at"] >= lease_until, (job, lease_until)  # taken over only once the lease ran out
+            owner, _ = _owner_and_lease(url, body["job_id"])
+            assert owner.startswith("plan-host-2:"), owner
+        assert rows(url, "SELECT COUNT(*) FROM jobs") == [(1,)]
+
+
+def test_two_replicas_answer_one_plan_for_concurrent_identical_posts(postgres, tmp_path):
+    """Two ``disco serve`` replicas on one PostgreSQL database, 16 identical POSTs at once, half to each:
+    one job in the database, and every answer (202 with that job, or 200 with the plan) has the same plan."""
+    url = postgres.create_database()
+    body = plan_body(seed=46, strategy="random", budget_s=1.0)
+    with ServerProcess(url, workers=1, token=TOKEN, log=tmp_path / "a.log") as a, \
+            ServerProcess(url, workers=1, token=TOKEN, log=tmp_path / "b.log") as b:
+        replicas = (a, b)
+        results: list = [None] * 16
+        barrier = threading.Barrier(16)
+
+        def post(i):
+            barrier.wait()
+            results[i] = replicas[i % 2].request("POST", "/v1/plans", body)
+
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert {r[0] for r in results} <= {200, 202}, results
+        job_ids = {r[1]["job_id"] for r in results if r[0] == 202}
+        keys = {r[1]["key"] for r in results}
+        assert len(job_ids) == 1 and len(keys) == 1, (job_ids, keys)
+        job_id, key = job_ids.pop(), keys.pop()
+        plans = {json.dumps(r[1]["plan"], sort_keys=True) for r in results if r[0] == 200}
+        for srv in replicas:
+            job = srv.wait_job(job_id, timeout=60)
+            assert job["state"] == "done", job
+            plans.add(json.dumps(job["result"]["plan"], sort_keys=True))
+            status, stored, _ = srv.request("GET", f"/v1/plans/{key}")
+            assert status == 200
+            plans.add(json.dumps(stored["plan"], sort_keys=True))
+        assert len(plans) == 1
+    assert rows(url, "SELECT COUNT(*) FROM jobs WHERE key = ?", (key,)) == [(1,)]
