@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from disco.ir.hlo_parse import parse_module
+from disco.ir.hlo_parse import parse_module, split_top_level
 from disco.ir.opcodes import COLLECTIVES
 from disco.ir.replica_groups import explicit_replica_groups
 
@@ -31,6 +31,10 @@ _MESH_AXES_RE = re.compile(r'"([^"]+)"\s*=\s*(\d+)')
 _SDY_SHARDING_RE = re.compile(r'xla\.sdy\.sharding="#sdy\.sharding<@([\w.]+),\s*\[(.*)\]>"')
 _STACK_FRAME_RE = re.compile(r"\s*\bstack_frame_id=\d+")
 _MANUAL_BODY_RE = re.compile(r"to_apply=%?(xla\.sdy\.manual_computation_body[\w.\-]*)")
+# XLA 0.12's dumps read a tuple's element in place as ``%top_k.12#1``, which its own HLO parser
+# refuses: such a use becomes a get-tuple-element.
+_ELEMENT_USE_RE = re.compile(r"%([\w.\-]+)#(\d+)\b")
+_DEFINITION_RE = re.compile(r"\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(\(.*?\))\s+[\w\-]+\(")
 _REPLICA_GROUPS_RE = re.compile(r"replica_groups=(mesh\[[^\]]*\](?:,\s*device_ids=\[[\d,\s]*\])?\s*\{[^{}]*\})")
 
 
@@ -206,7 +210,7 @@ def manual_module(wrapper_text: str, partitioned_text: str, name: str | None = N
     body_params = _parameter_shapes(old_body)
     comps = []
     for block in partitioned:
-        lines = [_explicit_groups(_STACK_FRAME_RE.sub("", ln)) for ln in block]
+        lines = _element_uses_as_gtes([_explicit_groups(_STACK_FRAME_RE.sub("", ln)) for ln in block])
         if block[0].startswith("ENTRY"):
             lines[0] = re.sub(r"^ENTRY\s+%?[\w.\-]+", "%" + body_name, lines[0])
             lines = [lines[0]] + [_strip_attr(ln, "sharding") for ln in lines[1:]]
@@ -221,6 +225,26 @@ def manual_module(wrapper_text: str, partitioned_text: str, name: str | None = N
         header = re.sub(r"^HloModule\s+[\w.\-]+", f"HloModule {name}", header)
     rest = ["\n".join(b) for b in wrapper if b is not old_body]
     return "\n\n".join([header, *comps, *rest]) + "\n"
+
+
+def _element_uses_as_gtes(block: list[str]) -> list[str]:
+    """``block`` with each ``%name#i`` use read through a get-tuple-element defined after ``%name``."""
+    uses = {(m.group(1), int(m.group(2))) for ln in block for m in _ELEMENT_USE_RE.finditer(ln)}
+    if not uses:
+        return block
+    out = []
+    for ln in block:
+        out.append(_ELEMENT_USE_RE.sub(lambda m: f"%{m.group(1)}.disco_gte{m.group(2)}", ln))
+        d = _DEFINITION_RE.match(ln)
+        if d is None:
+            continue
+        name = d.group(1)
+        elements = [re.sub(r"/\*.*?\*/", "", e).strip() for e in split_top_level(d.group(2)[1:-1])]
+        for i in sorted(i for n, i in uses if n == name):
+            if i >= len(elements):
+                raise GspmdError(f"%{name}#{i}: {name} has {len(elements)} elements")
+            out.append(f"  %{name}.disco_gte{i} = {elements[i]} get-tuple-element(%{name}), index={i}")
+    return out
 
 
 def _parameter_shapes(block: list[str]) -> list[tuple[int, str]]:
