@@ -12,7 +12,7 @@ identical requests join one job across workers through the shared SQLite databas
 Endpoints: ``POST /v1/plans``, ``GET /v1/plans/<key>``, ``GET /v1/jobs/<id>``,
 ``POST /v1/profiles``, ``GET /plans/<key>`` (HTML report), ``GET /`` (index),
 ``GET /healthz``, ``GET /openapi.json``. What is enforced (auth, limits, health): the
-README's "The plan service" and :mod:`service.limits`.
+guide docs/guides/plan-service.md and :mod:`service.limits`.
 
 Modules, bottom up: ``limits``, ``store`` (SQLite), ``errors``, ``schemas`` (pydantic
 boundary models), ``programs`` (program identity; the HLO check's child process),
