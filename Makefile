@@ -11,7 +11,7 @@ PRESET ?= small
 DEVICES ?= 8
 BUDGET ?= 30
 
-.PHONY: run test test-trax test-hooks lint install install-test clean
+.PHONY: run test test-trax test-hooks lint docs install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -45,6 +45,15 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --config setup.cfg
 
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PIP) -e '.[docs]'
+	touch $@
+
+# The documentation site (mkdocs.yml; docs/ is its source) into site/; --strict fails on any warning
+# (a broken link, a page missing from the nav's targets).
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 $(VENV)/.installed-trax: $(VENV)/.installed-test
 	$(PIP) -e '.[trax]'
 	touch $@
@@ -77,4 +86,4 @@ test-hooks: $(HOOKS_VENV)/.installed
 	$(HOOKS_VENV)/bin/python -m pytest $(HOOK_TESTS)
 
 clean:
-	rm -rf $(VENV) .venv-jax* build *.egg-info
+	rm -rf $(VENV) .venv-jax* build site *.egg-info

@@ -15,7 +15,7 @@ combiner makes one variadic all-reduce, against one concatenated buffer:
     operand_latency = (t_variadic - t_concat) / (OPERANDS - 1)
 
 XLA:CPU's in-process devices run a variadic all-reduce operand by operand, so the term is
-large there (the measurement: docs/benchmarks.md, "Calibration").
+large there (the measurement: docs/archive/lab-notebook.md, "Calibration: all-reduce alpha/beta of this machine").
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def fit(devices: int, sizes: Sequence[int], times: Sequence[float]) -> Calibrati
 
     Relative, not absolute, error: an absolute fit is ruled by the largest sizes and prices
     small all-reduces far below their measured time, so one all-reduce per gradient would look
-    cheap where it is the slowest plan (docs/benchmarks.md, "Calibration").
+    cheap where it is the slowest plan (docs/archive/lab-notebook.md, "Calibration: all-reduce
+    alpha/beta of this machine").
 
     Raises:
       ValueError: fewer than 2 devices, fewer than 2 distinct sizes, a time per size that
@@ -158,7 +159,8 @@ def measure_chained(devices: int, nbytes: int, chain: Sequence[int], reps: int =
     for each ``k`` in ``chain``, interleaved rep by rep, and the all-reduces each compiled executable
     holds (a check that XLA kept the chain: ``k`` expected). Each all-reduce takes the previous one's
     output, so XLA's combiner cannot merge them: the per-all-reduce cost a step of several
-    all-reduces pays (a lone all-reduce per call measures less under load; docs/benchmarks.md)."""
+    all-reduces pays (a lone all-reduce per call measures less under load; docs/archive/lab-notebook.md,
+    "The emulated cluster: chained-latency calibration")."""
     import jax
 
     def chained(k):

@@ -10,7 +10,8 @@ is what each all-reduce of a multi-all-reduce executable (a training step) costs
 the call's own overhead, which a step pays once (its compute floor holds it). Under load an
 all-reduce inside such an executable costs several times a lone one per call, so the lone fit
 (:func:`disco.calibrate.fit` on the ``k = 1`` column, kept as ``CrossCalibration.lone``) prices a
-step's all-reduces too low (docs/benchmarks.md, issue 17). Ring latency ``a / (2 (p - 1))``,
+step's all-reduces too low (docs/archive/lab-notebook.md, "The emulated cluster:
+chained-latency calibration"). Ring latency ``a / (2 (p - 1))``,
 bandwidth ``2 (p - 1) / (p b)``, per-operand cost ``(t_variadic - t_concat) / (operands - 1)``;
 :func:`cluster_spec` writes them as a :class:`~disco.sim.cluster.ClusterSpec` (P nodes x D
 devices, the fitted link between them).

@@ -9,7 +9,7 @@ The network still supplies the context (the step's input bytes), so a kernel mea
 steps and priced in a large one keeps the network's context effect.
 
 Held out by model (``scripts/kernel_lomo.py``), 41% of a model's kernels have a fingerprint that
-another model's profiles hold (docs/benchmarks.md).
+another model's profiles hold (docs/archive/lab-notebook.md, "The per-kernel GNN with measured corrections").
 
 Example:
   >>> table = fit_corrections(measured_log_s, predicted_log_s, graphs)  # doctest: +SKIP

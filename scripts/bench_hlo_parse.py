@@ -1,4 +1,4 @@
-"""Parse speed of disco.ir.hlo_parse and HloGraph.from_hlo_text (issue 18), for docs/benchmarks.md.
+"""Parse speed of disco.ir.hlo_parse and HloGraph.from_hlo_text (issue 18), for docs/results.md.
 
 Times, for each HLO file given (``.gz`` is read too) and for a synthetic chain of N
 instructions: ``parse_module`` and the whole ``HloGraph.from_hlo_text`` (parse + graph +

@@ -14,7 +14,7 @@ hosts (docs/deployment.md).
 Endpoints: ``POST /v1/plans``, ``GET /v1/plans/<key>``, ``GET /v1/jobs/<id>``,
 ``POST /v1/profiles``, ``GET /plans/<key>`` (HTML report), ``GET /`` (index),
 ``GET /healthz``, ``GET /openapi.json``. What is enforced (auth, limits, health): the
-README's "The plan service" and :mod:`service.limits`.
+guide docs/guides/plan-service.md and :mod:`service.limits`.
 
 Modules, bottom up: ``limits``, ``schema`` (the tables, their version, migrations),
 ``store_sqlite`` and ``store_postgres`` (the backends), ``store`` (one interface), ``errors``, ``schemas`` (pydantic

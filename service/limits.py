@@ -1,8 +1,8 @@
 """What the plan service accepts: the documented limits on a request, in one place.
 
 The schemas (:mod:`service.schemas`), the HLO check (:mod:`service.hlo_check`) and the
-cluster check (:mod:`service.inputs`) read these; the README and the OpenAPI document
-quote them. A request past a limit is answered 400 naming the field (413 for a body
+cluster check (:mod:`service.inputs`) read these; docs/guides/plan-service.md and the OpenAPI
+document quote them. A request past a limit is answered 400 naming the field (413 for a body
 larger than ``MAX_CONTENT_LENGTH``), before any job is created.
 
 The graph limits are about 3x the largest graph disco plans today (transformer, paper

@@ -1,4 +1,4 @@
-"""Bring your own step: the README's example runs as written, and steps disco cannot plan are
+"""Bring your own step: the guide's and the README's examples run as written, and steps disco cannot plan are
 refused early with a message that says what to change (real jax steps, written from scratch)."""
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 4
 
 
-def readme_example(index: int = 0) -> str:
-    """The ``index``-th python block of the README's section "Bring your own step"."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    section = text.split("\n## Bring your own step\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, re.S)[index]
+GUIDE = os.path.join("docs", "guides", "your-own-step.md")
+
+
+def guide_example(index: int = 0) -> str:
+    """The ``index``-th python block of the guide "Bring your own step" (docs/guides/your-own-step.md)."""
+    with open(os.path.join(ROOT, GUIDE), encoding="utf-8") as f:
+        return re.findall(r"```python\n(.*?)```", f.read(), re.S)[index]
 
 
 def _run(code: str) -> str:
@@ -44,14 +45,14 @@ def _run(code: str) -> str:
     return p.stdout.strip()
 
 
-def test_the_readme_gspmd_example_runs_as_written():
-    code = readme_example(0)
+def test_the_guide_gspmd_example_runs_as_written():
+    code = guide_example(0)
     assert "@jax.jit" in code and "NamedSharding" in code and "shard_map" not in code and "psum" not in code
     assert _run(code) == "2 gradients, 3 all-reduces; per_tensor applied: True"
 
 
-def test_the_readme_shard_map_example_runs_as_written():
-    code = readme_example(1)
+def test_the_guide_shard_map_example_runs_as_written():
+    code = guide_example(1)
     assert "jax.named_scope(f\"disco_grad[" in code and "jax.lax.pcast" in code and "jax.shard_map" in code
     assert _run(code) == "2 gradients, 3 all-reduces; ddp applied: True"
 
@@ -100,7 +101,7 @@ def test_a_gradient_reduced_twice_is_named_not_a_cycle(clip):
     pairs = double_reductions(graph)
     assert len(pairs) == 1 and all(graph.nodes[graph.index()[n]].is_all_reduce for n in pairs[0])
     with pytest.raises(ValueError, match=r"^an all-reduce feeds another all-reduce \(.+ -> .+\): reduce each "
-                                         r"gradient once .*README.md, section 'Bring your own step'"):
+                                         r"gradient once .*docs/guides/your-own-step.md"):
         opt.prepare(step, (w, x))
     if clip:  # a plan bucketing both forms a cycle (clip between them): the message names the cause first
         plan = FusionPlan(buckets=(Bucket(tuple(n.name for n in graph.all_reduces())),))

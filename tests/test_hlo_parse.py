@@ -162,7 +162,7 @@ def test_names_are_scoped_per_computation():
     assert [c.by_name()["add"].computation for c in m.computations[1:]] == ["body", "main"]
 
 
-# -- one-line errors for what is not supported (README: "HLO the parser does not read") -------
+# -- one-line errors for what is not supported (docs/guides/hlo-parser.md) -------
 @pytest.mark.parametrize("text, match", [
     ("", "empty HLO text"),
     ("hello world", r"^line 1: HLO text must start with 'HloModule"),

@@ -131,7 +131,7 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert res.best_baseline == mp_optimize.best_baseline(res.rows)
     assert res.best_baseline == "xla_default" or rows[res.best_baseline]["kind"] == "baseline"
     # Across processes a concat bucket beats XLA's variadic all-reduce many times over
-    # (docs/benchmarks.md, issue 17), so an answer other than xla_default is chosen and confirmed.
+    # (docs/archive/lab-notebook.md, "An emulated cluster: workers in network namespaces behind shaped links"), so an answer other than xla_default is chosen and confirmed.
     assert res.chosen != "xla_default", res.verdict
     conf = {r["plan"]: r for r in res.confirmation}
     # xla_default, the best baseline and the plan that measured fastest (the answer, unless the

@@ -73,7 +73,7 @@ def measure_interleaved(
     B C A, C A B, ...), and every step is waited for before the next is dispatched. Both matter
     on CPU: with a fixed order and the steps of a round dispatched asynchronously, copies of one
     executable measured up to 20% apart in one run, the one right after xla_default slower
-    (docs/benchmarks.md, "Measurement method").
+    (docs/archive/lab-notebook.md, its opening note "Measurement method").
     """
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps must be >= 1, got rounds={rounds}, steps={steps}")
@@ -98,7 +98,8 @@ def paired_speedup(base: Measurement, other: Measurement) -> float:
     Both must come from one :func:`measure_interleaved` run, where a round measures every
     callable back to back. Pairing by round cancels the drift between rounds that a ratio of
     the two medians keeps (on shared CPU cores a median moves by tens of percent between runs;
-    docs/benchmarks.md, "disco optimize across the zoo").
+    docs/archive/lab-notebook.md,
+    "disco optimize across the zoo").
 
     Raises:
       ValueError: when the two have different numbers of rounds (not one run).

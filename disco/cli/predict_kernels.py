@@ -24,7 +24,7 @@ from typing import Any
 DEVICES = ("h100", "cpu")
 # The default per device: the per-kernel GNN where one was trained on kernel times (H100); on CPU the
 # roofline, since no per-kernel CPU checkpoint is shipped (CPU kernel times did not repeat on this
-# project's machine, docs/benchmarks.md) and ``gnn`` there is the step-level GNN's kernel part.
+# project's machine, docs/archive/lab-notebook.md, "Per-kernel times on CPU, re-measured on a quiet machine") and ``gnn`` there is the step-level GNN's kernel part.
 DEFAULT_MODEL = {"h100": "gnn", "cpu": "analytic"}
 
 

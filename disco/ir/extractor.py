@@ -24,7 +24,7 @@ def check_step(step_fn: Any) -> None:
             f"step_fn: an nnx.jit step ({type(step_fn).__name__}), whose compiled form takes flax's split "
             "state rather than the modules it is called with; expected its functional form: "
             "graphdef, state = nnx.split((model, optimizer)); a jax.jit step(state, batch) that calls "
-            "nnx.merge(graphdef, state) and returns nnx.state((model, optimizer)) (README.md, 'Bring your own step')")
+            "nnx.merge(graphdef, state) and returns nnx.state((model, optimizer)) (docs/guides/your-own-step.md)")
 
 
 class StaticArgumentsError(TypeError):

@@ -12,7 +12,7 @@ span several lines); ``//`` and ``/* */`` comments may appear anywhere outside
 strings; ``} // name`` may close a computation. Names are scoped per
 computation. A file may hold several modules (``// -----`` separated, or
 several ``HloModule`` headers): :func:`parse_module` takes the one named, and
-refuses to guess. What is not supported is listed in the README ("HLO the
+refuses to guess. What is not supported is listed in docs/guides/hlo-parser.md ("HLO the
 parser does not read") and each such form gives a one-line
 :class:`HloParseError` naming the line.
 

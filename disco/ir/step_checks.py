@@ -9,8 +9,8 @@ twice (a ``pmean`` of a gradient jax already summed) has an all-reduce feeding a
 no bucketing can merge. Gradients are found by dataflow (an all-reduce whose result feeds the
 parameter update, :func:`disco.ir.graph.dataflow_gradients`), or named by a
 ``jax.named_scope("disco_grad[...]")`` around their all-reduce, which wins where present; when
-neither finds one every all-reduce (the loss's too) is bucketed alike. README.md, section
-"Bring your own step", shows steps that pass these checks.
+neither finds one every all-reduce (the loss's too) is bucketed alike. The guide "Bring your own step"
+(docs/guides/your-own-step.md) shows steps that pass these checks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import warnings
 
 from disco.ir.graph import HloGraph
 
-README_POINTER = "see README.md, section 'Bring your own step'"
+GUIDE_POINTER = "see docs/guides/your-own-step.md (Bring your own step)"
 
 
 class NoGradientWarning(UserWarning):
@@ -93,16 +93,16 @@ def check_data_parallel(graph: HloGraph) -> None:
         raise ValueError(
             f"no all-reduce in the program of {graph.name!r}: a data-parallel step is expected (jax.jit with "
             f"the batch sharded over several devices, shard_map or pmap); this one runs on one device or "
-            f"reduces nothing; {README_POINTER}")
+            f"reduces nothing; {GUIDE_POINTER}")
     pairs = double_reductions(graph)
     if pairs:
         shown = ", ".join(f"{a} -> {b}" for a, b in pairs[:3]) + (", ..." if len(pairs) > 3 else "")
         raise ValueError(
             f"an all-reduce feeds another all-reduce ({shown}): reduce each gradient once (in shard_map, "
             f"jax already sums the gradient of a parameter that is not pcast to varying; pmean it only "
-            f"after jax.lax.pcast(params, axis, to='varying')); {README_POINTER}")
+            f"after jax.lax.pcast(params, axis, to='varying')); {GUIDE_POINTER}")
     if not any(n.is_gradient for n in ars):
         warnings.warn(
             f"{graph.name}: {len(ars)} all-reduces but no gradient recognised (none feeds a parameter "
             "update, none inside jax.named_scope('disco_grad[<parameter path>]')); the loss's all-reduce is "
-            f"bucketed with the gradients; {README_POINTER}", NoGradientWarning, stacklevel=2)
+            f"bucketed with the gradients; {GUIDE_POINTER}", NoGradientWarning, stacklevel=2)

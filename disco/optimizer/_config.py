@@ -35,7 +35,8 @@ class OptimizeConfig:
       measure_top_k: how many of the best searched plans (by estimate) to measure.
       seed: the search's seed.
       rounds: interleaved measurement rounds. Compiles dominate the measuring time, so
-        rounds are cheap and steady the medians the choice is made on (docs/benchmarks.md).
+        rounds are cheap and steady the medians the choice is made on (docs/archive/lab-notebook.md,
+        "disco optimize across the zoo").
       steps: steps per round.
       measure_buckets_only: also measure each measured searched plan with its fusion groups
         removed (``disco_<k>_buckets``: XLA fuses, the plan's buckets stay), so a plan whose
@@ -43,7 +44,8 @@ class OptimizeConfig:
       measure_reduce_fusion: on CPU devices, also measure :func:`disco.search.reduce_fusion`'s
         groups (each reduce fused with its elementwise producers) on the best predicted
         baseline's buckets (row ``reduce_fusion``): measured rather than simulated because the
-        simulator does not model the YNNPACK calls the groups replace (docs/benchmarks.md).
+        simulator does not model the YNNPACK calls the groups replace (docs/archive/lab-notebook.md,
+        "disco optimize with the reduce_fusion candidate and the confirmation against the best baseline").
       measure_bound: also measure the communication-free bound in the same rounds (the step
         with its all-reduces replaced by copies; not a plan).
       bucket_sweep: bucket counts ``k`` whose ``even_<k>`` plans (the gradients cut into

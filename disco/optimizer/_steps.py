@@ -149,7 +149,7 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
 
     The bucket sweep is measured rather than simulated because the bucket count that wins on
     in-process CPU devices differs by model and is not what the simulator predicts
-    (docs/benchmarks.md). Reports phase "search".
+    (docs/archive/lab-notebook.md, "disco optimize across the zoo"). Reports phase "search".
     """
     graph, sim = target.graph, target.simulator
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS
-from disco.ir.step_checks import README_POINTER, double_reductions
+from disco.ir.step_checks import GUIDE_POINTER, double_reductions
 from disco.plans import options as plan_options
 
 if TYPE_CHECKING:
@@ -349,5 +349,5 @@ def _raise_on_a_double_reduction(plan: FusionPlan, graph: HloGraph, cycle: list[
     for a, b in double_reductions(graph):
         if bucket_of.get(a) == bucket_of[cycle[0]] == bucket_of.get(b):
             raise ValueError(f"bucket {bucket_of[a]}: an all-reduce feeds another all-reduce ({a} -> {b}): "
-                             f"reduce each gradient once; {README_POINTER}; contracting the plan forms a "
+                             f"reduce each gradient once; {GUIDE_POINTER}; contracting the plan forms a "
                              f"cycle along {' -> '.join(cycle)}")

@@ -7,14 +7,14 @@ one table of the options a search may set, per backend:
 * ``gpu``: XLA:GPU's all-reduce combine threshold (XLA's default 30 MiB + 7 bytes; NVIDIA's
   JAX-Toolbox advises sweeping it by powers of two) and the latency-hiding scheduler (off by
   default; JAX-Toolbox turns it on); both accepted by jax 0.11.2's GPU compile (measured on an
-  H100, docs/benchmarks.md). Pipelined all-reduce is not in the table: that compile rejects
+  H100, docs/archive/lab-notebook.md, "Bucket, cut and compile-option plans on an H100"). Pipelined all-reduce is not in the table: that compile rejects
   ``xla_gpu_enable_pipelined_all_reduce`` ("No such compile option", measured there).
 * ``cpu``: which ops XLA:CPU hands to YNNPACK (``xla_cpu_experimental_ynn_fusion_type``, a
   comma-separated list of ``DebugOptions.LibraryFusionType`` names). jaxlib 0.10.2's default
   sends dots, convolutions and reductions there (the explicit list below compiles the same
   module as leaving it unset, measured on unet tiny); the search's one other value keeps the
   reductions in XLA's own loop fusions, which is what the fusion groups that won on CPU did
-  (docs/benchmarks.md, issue 21). Per compile the option takes the full enum names only:
+  (docs/archive/lab-notebook.md, "Reductions out of YNNPACK as a CPU compile option"). Per compile the option takes the full enum names only:
   XLA_FLAGS' short forms ("-reduce", "individual_dot") are rejected there (measured). The GPU
   options are accepted by the CPU compile but do nothing there, and XLA:CPU's all-reduce
   combiner has no threshold flag (it merges every all-reduce; the plan's buckets replace it).

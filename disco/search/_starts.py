@@ -72,8 +72,8 @@ def greedy_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_siz
 def reduce_fusion(graph: HloGraph, ctx: moves.MoveContext | None = None, max_size: int = 16) -> FusionPlan:
     """Groups each reduce with its elementwise producers (or, when it has none, its one consumer).
 
-    The pattern behind the fusion groups that measured faster on XLA:CPU (docs/benchmarks.md,
-    issue 21): jaxlib 0.10.2 hands small reductions (LayerNorm/GroupNorm statistics, softmax
+    The pattern behind the fusion groups that measured faster on XLA:CPU (docs/archive/lab-notebook.md,
+    "The zoo on CPU: op-fusion share and disco optimize vs the best baseline"): jaxlib 0.10.2 hands small reductions (LayerNorm/GroupNorm statistics, softmax
     sums) to YNNPACK one by one; in a planned group with their elementwise neighbours they go
     into XLA's loop fusions instead. Walking from the reduce, a producer joins when it may share
     a group with a member (``ctx.fusible_nbrs``), is elementwise or a reduce's operand (in

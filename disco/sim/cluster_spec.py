@@ -213,7 +213,8 @@ class ClusterSpec:
       operand_latency: seconds each operand after the first adds to a variadic (tuple) all-reduce,
         the form XLA's combiner produces. 0 for the public shapes (not measured there); measured
         by ``disco calibrate`` (XLA:CPU runs a variadic all-reduce operand by operand, while one
-        concatenated buffer of the same bytes costs about one operand; docs/benchmarks.md).
+        concatenated buffer of the same bytes costs about one operand; docs/archive/lab-notebook.md, "Calibration: all-reduce
+        alpha/beta of this machine").
       overlap: whether a collective runs beside compute (its own stream, as on GPUs with NCCL).
         False for devices whose collectives are run by the same threads that compute (in-process
         virtual CPU devices: measured, one all-reduce per gradient is the slowest plan there), so

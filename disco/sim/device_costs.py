@@ -8,7 +8,7 @@
   written) / bandwidth``, where the dot rate rises beyond a knee of dot flops per kernel and a
   data-movement kernel has its own launch term. The terms are added, not maxed: a cuBLAS or cuDNN
   kernel also moves its operands, and the sum predicts the simulator's step device times better
-  than the max-roofline of :data:`ROOFLINE` (docs/benchmarks.md, "The simulator's GPU cost model
+  than the max-roofline of :data:`ROOFLINE` (docs/archive/lab-notebook.md, "The simulator's GPU cost model
   through the registry" and "The H100 kernel model's form"). Its parameters are fitted
   (``python scripts/gpu_sim_tables.py --fit``), bounded by the TF32 peak, not datasheet figures.
 
@@ -105,7 +105,7 @@ class KernelTerms(NamedTuple):
 # errors over the 14 `default` records of ../shared/data/h100_kernels (7 zoo models x presets paper
 # and small; rnnlm's while loops priced as trip count x body), each record's measured kernel sum
 # against the simulator's h100-1 prediction on its pre-optimisation HLO; dot_knee from a grid,
-# every matrix rate bounded by H100_TF32_PEAK (dot_rate_large sits on the bound). docs/benchmarks.md,
+# every matrix rate bounded by H100_TF32_PEAK (dot_rate_large sits on the bound). docs/archive/lab-notebook.md,
 # "The H100 kernel model's form".
 SUMMED: Mapping[str, SummedConfig] = {
     "h100": SummedConfig(launch=1.84e-6, copy_launch=0.0, dot_rate=2.03e14, dot_knee=3e10,
