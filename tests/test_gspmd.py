@@ -278,3 +278,47 @@ def test_expert_dispatch_all_reduces_are_not_double_reductions():
 @pytest.mark.parametrize("model", sorted(set(trax_models.names()) - {"bert", "moe"}))
 def test_every_zoo_model_in_gspmd_style_takes_bucket_plans(model):
     _zoo_gspmd_plans_apply(model)
+
+
+_CACHE_RUN = """
+import json, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 4)
+import jax.monitoring, disco, trax_models, xla_hooks
+from disco.plans import baselines
+events = {}
+jax.monitoring.register_event_listener(lambda name, **kw: events.__setitem__(name, events.get(name, 0) + 1))
+step, args = trax_models.make_train_step("mlp", "tiny", devices=4, style=sys.argv[1], optimizer="sgd")
+plan = baselines.make("per_tensor", disco.extract(step, *args))
+applied = xla_hooks.apply(plan, step, *args, strict=True)
+state, loss = applied(*args)
+print(json.dumps({"plan": applied.plan.name, "digest": applied.plan.digest(), "loss": float(loss),
+                  "hits": events.get("/jax/compilation_cache/cache_hits", 0),
+                  "misses": events.get("/jax/compilation_cache/cache_misses", 0)}))
+"""
+
+
+@pytest.mark.parametrize("style", ["gspmd", "shard_map"])
+def test_a_second_run_with_jax_s_persistent_compilation_cache_compiles_nothing(tmp_path, style):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env.pop("XLA_FLAGS", None)
+    runs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", _CACHE_RUN, style],
+                           capture_output=True, text=True, timeout=300, env=env, cwd=root)
+        assert p.returncode == 0, p.stderr[-2000:]
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["plan"] != "xla_default" and first["misses"] > 0
+    # the same plan, from the cache: no compile missed it (the partitioned program is kept beside it)
+    assert second["digest"] == first["digest"] and second["loss"] == first["loss"]
+    assert second["misses"] == 0 and second["hits"] >= 1
+    kept = list((tmp_path / "cache" / "disco-partitioned").glob("*.hlo"))
+    assert len(kept) == (1 if style == "gspmd" else 0)  # only a GSPMD step needs its partitioned program

@@ -124,20 +124,66 @@ def partitioned_module_text(lowered: Any) -> tuple[str, Any]:
     """XLA's module after SPMD partitioning (per-device shapes, one all-reduce per gradient), and
     the compiled step (its output shardings are what the partitioner chose).
 
+    With jax's persistent compilation cache on, a compile it answers from the cache runs no XLA
+    pass, so nothing is dumped: the module is then read from the copy kept beside that cache the
+    first time (``<cache dir>/disco-partitioned/``, keyed by the module text, jax's version and the
+    devices), so a second run of a job compiles nothing.
+
     Raises:
-      RuntimeError: XLA wrote no module after ``spmd-partitioning`` (a single-device compile).
+      RuntimeError: XLA wrote no module after ``spmd-partitioning`` and no copy was kept (a
+        single-device compile, or a persistent cache filled before disco kept its copy).
     """
     import os
     import tempfile
 
+    import jax
+
+    keep = _kept_partitioned_path(lowered)
     with tempfile.TemporaryDirectory(prefix="disco-spmd-") as tmp:
         compiled = lowered.compile(compiler_options={
             "xla_dump_to": tmp, "xla_dump_hlo_pass_re": "spmd-partitioning", "xla_dump_hlo_as_text": True})
         names = sorted(n for n in os.listdir(tmp) if "after_spmd-partitioning" in n and n.endswith(".txt"))
-        if not names:
-            raise RuntimeError("XLA wrote no module after its spmd-partitioning pass")
-        with open(os.path.join(tmp, names[-1]), encoding="utf-8") as f:
+        if names:
+            with open(os.path.join(tmp, names[-1]), encoding="utf-8") as f:
+                text = f.read()
+            if keep is not None:
+                _write_atomically(keep, text)
+            return text, compiled
+    if keep is not None and os.path.exists(keep):
+        with open(keep, encoding="utf-8") as f:
             return f.read(), compiled
+    cache = jax.config.jax_compilation_cache_dir
+    raise RuntimeError("XLA wrote no module after its spmd-partitioning pass" + (
+        f" (jax's persistent compilation cache in {cache} answered the compile, and holds no copy disco kept; "
+        "clear that cache once)" if cache else ""))
+
+
+def _kept_partitioned_path(lowered: Any) -> str | None:
+    """Where the partitioned module of ``lowered`` is kept beside jax's persistent compilation
+    cache (None when that cache is off)."""
+    import os
+
+    import jax
+
+    cache = jax.config.jax_compilation_cache_dir
+    if not cache or not jax.config.jax_enable_compilation_cache or "://" in str(cache):
+        return None
+    key = hashlib.sha256("\n".join((jax.__version__, _device_key(), lowered.as_text(dialect="hlo"))).encode())
+    return os.path.join(cache, "disco-partitioned", key.hexdigest() + ".hlo")
+
+
+def _write_atomically(path: str, text: str) -> None:
+    import os
+    import tempfile
+
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only cache directory: the next run dumps again if it can
+        warnings.warn(f"disco: could not keep the partitioned module in {path} ({e})", GspmdWarning, stacklevel=3)
 
 
 def _manual_text(lowered: Any, text: str) -> str:
