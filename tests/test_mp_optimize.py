@@ -210,7 +210,7 @@ def test_the_run_off_measures_the_regrouped_plan_in_fresh_processes(mlp_graph, t
     rows = [_row("xla_default", 1.0), _row("even_2", 1.3)]
     chosen, verdict, launched = mp_optimize._run_off(
         "mlp", "tiny", 2, 1, None, cands, rows, "even_2", "reduce_fusion_on_even_2", "even_2 measured 1.3x",
-        rounds=2, steps=1, optimizer="sgd", timeout_s=600, say=lambda msg: None)
+        rounds=2, steps=1, optimizer="sgd", style="shard_map", timeout_s=600, say=lambda msg: None)
     assert {r["plan"] for r in launched} == {"xla_default", "even_2", "reduce_fusion_on_even_2"}
     assert all(len(r["samples_ms"]) == 2 and r["applied"] for r in launched)
     extra = rows[-1]
