@@ -71,6 +71,10 @@ def hlo_text(
     return plan_text(lowered, debug_info=True)
 
 
+class GspmdWarning(UserWarning):
+    """A ``jax.jit`` step with shardings could not be rewritten as its partitioned program."""
+
+
 _PARTITIONED_CACHE: dict[tuple[str, str], str] = {}
 _PARTITIONED_LOCK = threading.Lock()
 _PARTITIONED_CACHE_SIZE = 16
@@ -108,10 +112,6 @@ def plan_text(lowered: Any, *, debug_info: bool = True) -> str:
                       f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
                       "its all-reduces stay out of disco's reach", GspmdWarning, stacklevel=2)
         return text
-
-
-class GspmdWarning(UserWarning):
-    """A ``jax.jit`` step with shardings could not be rewritten as its partitioned program."""
 
 
 def _device_key() -> str:
@@ -202,7 +202,9 @@ def _manual_text(lowered: Any, text: str) -> str:
         raise gspmd.GspmdError("the step has no outputs or no parameters to wrap")
     if dict(mesh.shape) != gspmd.mesh_axes(text):
         raise gspmd.GspmdError(f"the outputs' mesh {dict(mesh.shape)} is not the step's {gspmd.mesh_axes(text)}")
-    spec = lambda dims: PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in dims))  # noqa: E731
+    def spec(dims: tuple[tuple[str, ...], ...]) -> PartitionSpec:
+        return PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in dims))
+
     in_specs = tuple(spec(p.spec) for p in params)
     out_specs = tuple(s.spec for s in outs)
     out_info = jax.tree.leaves(lowered.out_info)
