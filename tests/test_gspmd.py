@@ -161,20 +161,36 @@ def test_fusion_groups_and_cuts_reach_a_gspmd_step():
     assert_close(three_steps(applied, args), three_steps(step, args))
 
 
-def test_optimize_takes_a_gspmd_step_and_answers_a_plan_that_applies():
-    step, args = linen_step()
+@pytest.mark.parametrize("style", sorted(STEPS))
+def test_optimize_takes_a_gspmd_step_and_answers_a_plan_that_applies(style):
+    step, args = STEPS[style][0]()
     result = disco.optimize(step, *args, budget_s=1.0, rounds=2, steps=2, confirm=False, measure_top_k=1,
                             bucket_sweep=(2,))
-    assert result.chosen
-    names = {row.name for row in result.rows}
-    assert "xla_default" in names and "per_tensor" in names
+    rows = {row.name: row for row in result.rows}
+    assert "xla_default" in rows and "per_tensor" in rows and result.chosen in rows
+    assert all(row.applied for row in rows.values())  # every measured plan reached XLA, none fell back
 
 
-def test_xla_hooks_jit_plans_a_gspmd_step_through_a_real_service(tmp_path):
+@pytest.mark.parametrize("style", sorted(STEPS))
+def test_xla_hooks_jit_plans_a_gspmd_step_in_process(style):
+    step, args = STEPS[style][0]()
+    fast = xla_hooks.jit(step, service=None, timeout_s=60, options={"strategy": "baselines"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = three_steps(fast, args)
+    (applied,) = fast.applied.values()
+    assert applied.applied, applied.fallback_reason
+    assert _compiled_all_reduces(applied) >= 1
+    assert_close(out, three_steps(step, args))
+
+
+@pytest.mark.parametrize("style", sorted(STEPS))
+def test_xla_hooks_jit_plans_a_gspmd_step_through_a_real_service(tmp_path, style):
     pytest.importorskip("flask")
     from service.testing import ServerProcess
 
-    step, args = linen_step()
+    build, n_params = STEPS[style]
+    step, args = build()
     srv = ServerProcess(tmp_path / "plans.sqlite", workers=1, token="tok")
     srv.start()
     try:
@@ -186,7 +202,7 @@ def test_xla_hooks_jit_plans_a_gspmd_step_through_a_real_service(tmp_path):
     (applied,) = fast.applied.values()
     assert applied.applied, applied.fallback_reason
     (report,) = fast.reports.values()
-    assert report["graph"]["all_reduces"] == 7
+    assert report["graph"]["all_reduces"] == n_params + 1
     assert_close(out, three_steps(step, args))
 
 
