@@ -19,7 +19,7 @@ The analytic costs price a CPU step's compute well below what it takes across pr
 step with its all-reduces replaced by copies (:mod:`xla_hooks.bound`: the compute floor,
 :func:`measure_compute_floor`) gives the factor: :func:`with_compute_floor` sets the spec's
 ``compute_speed`` so that the simulator's compute of the step equals the floor. The search of
-:mod:`disco.mp_optimize` prices plans on that spec.
+:class:`disco.optimizer.ProcessRunner` prices plans on that spec.
 
 :func:`compare_baselines` prices the baselines of a zoo model and measures them across the same
 kind of cluster, in one launch that also measures the compute floor and the chained all-reduces
@@ -311,7 +311,7 @@ def compare_baselines(spec: ClusterSpec, processes: int, devices_per_process: in
     non-empty) the chained all-reduces. Three predictions per plan:
 
     - ``predicted_ms``: ``spec`` with the compute scaled to the measured floor
-      (:func:`with_compute_floor`): the spec :mod:`disco.mp_optimize`'s search prices plans on;
+      (:func:`with_compute_floor`): the spec the search on a :class:`disco.optimizer.ProcessRunner` prices plans on;
     - ``predicted_ms_unscaled``: ``spec`` as given (analytic compute);
     - ``predicted_ms_same_launch``: the floor-scaled spec with latency and bandwidth refitted
       from the chained all-reduces of this launch (:func:`fit_chained`): the load of the moment.
