@@ -104,11 +104,8 @@ def _chain(spec: dict[str, Any], n: int) -> dict[str, Any]:
     and the all-reduces XLA kept in each (``chain_all_reduces``, k expected)."""
     from disco import calibrate
 
-    sizes = tuple(spec.get("sizes") or calibrate.SIZES)
-    chain = tuple(spec["chain"])
-    per = [calibrate.measure_chained(n, s, chain, spec.get("reps", 20)) for s in sizes]
-    return {"sizes": list(sizes), "chain": list(chain), "chain_medians_s": [m for m, _ in per],
-            "chain_all_reduces": [c for _, c in per]}
+    return calibrate.time_chained(n, tuple(spec.get("sizes") or calibrate.SIZES), tuple(spec["chain"]),
+                                  spec.get("reps", 20))
 
 
 def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
@@ -162,19 +159,8 @@ def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
 def _calibrate(spec: dict[str, Any], n: int) -> dict[str, Any]:
     from disco import calibrate
 
-    sizes = tuple(spec.get("sizes") or calibrate.SIZES)
-    reps = spec.get("reps", 20)
-    out: dict[str, Any] = {}
-    chain = tuple(spec.get("chain") or ())
-    if chain:
-        out = _chain(spec, n)
-    if 1 in chain:  # the lone all-reduce per call is the chain of one
-        medians = [m[chain.index(1)] for m in out["chain_medians_s"]]
-    else:
-        medians = [calibrate.measure_allreduce(n, s, reps) for s in sizes]
-    variadic_s, concat_s = calibrate.measure_variadic(n, reps=reps)
-    return {**out, "sizes": list(sizes), "medians_s": medians, "variadic_s": variadic_s, "concat_s": concat_s,
-            "operands": calibrate.OPERANDS, "operand_bytes": calibrate.OPERAND_BYTES}
+    return calibrate.time_all_reduces(n, tuple(spec.get("sizes") or calibrate.SIZES), spec.get("reps", 20),
+                                      tuple(spec.get("chain") or ()))
 
 
 def main(argv=None) -> int:

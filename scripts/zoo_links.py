@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     import jax
 
     jax.config.update("jax_num_cpu_devices", args.processes * args.devices_per_process)
-    from disco import mp_calibrate
+    from disco import calibrate
     from disco.optimizer import OptimizeConfig, ProcessRunner, optimize, validate
     from disco.testbed import parse_link
 
@@ -125,8 +125,8 @@ def main(argv=None) -> int:
         link = parse_link(spec)
         label = link.label() if link else "loopback"
         t0 = time.time()
-        cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link)
-        cluster = mp_calibrate.cluster_spec(cal)
+        cal = calibrate.calibrate(calibrate.ProcessRunner(args.processes, args.devices_per_process, link))
+        cluster = calibrate.cluster_spec(cal)
         with open(args.out, "a") as f:
             f.write(json.dumps({"kind": "calibration", "link": spec, **cal.to_dict(),
                                 "seconds": time.time() - t0}) + "\n")

@@ -59,7 +59,7 @@ def test_calibration_feeds_the_operand_latency_into_the_local_preset():
 
 @pytest.mark.parametrize("kw, match", [
     ({"devices": 1}, r"at least 2 devices, got 1"),
-    ({"sizes": (1024,)}, r"at least 2 distinct sizes, got sizes \(1024,\)"),
+    ({"sizes": (1024,)}, r"sizes: expected at least 2 distinct byte counts to fit, got \(1024,\)"),
     ({"reps": 0}, r"reps: expected an integer >= 1, got 0"),
 ])
 def test_calibrate_refuses_bad_arguments_before_measuring(kw, match, monkeypatch):
@@ -68,6 +68,7 @@ def test_calibrate_refuses_bad_arguments_before_measuring(kw, match, monkeypatch
     def measured(*a, **k):
         raise AssertionError("measured before the arguments were checked")
 
-    monkeypatch.setattr(calibrate, "measure_allreduce", measured)
+    monkeypatch.setattr(calibrate.InProcessRunner, "time", measured)
+    kw = {"devices": 2, "sizes": (1 << 10, 1 << 12), "reps": 1, **kw}
     with pytest.raises(ValueError, match=match):
-        calibrate.calibrate(**{"devices": 2, "sizes": (1 << 10, 1 << 12), "reps": 1, **kw})
+        calibrate.calibrate(calibrate.InProcessRunner(kw.pop("devices")), **kw)

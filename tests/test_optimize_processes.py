@@ -178,7 +178,7 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     with pytest.raises(ValueError, match="rounds and steps >= 1 expected, got 0, 1"):
         opt.validate(res, runner, rounds=0, steps=1)
     # the search priced plans on the cluster with its compute scaled to the measured floor
-    from disco import mp_calibrate
+    from disco import calibrate
     from disco.plans import baselines
     from disco.sim.costs import AnalyticCosts
     from disco.sim.simulator import Simulator
@@ -187,7 +187,7 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert floor["median_ms"] > 0 and floor["min_ms"] <= floor["median_ms"] <= floor["max_ms"]
     assert res.runner["compute_speed"] == pytest.approx(floor["predicted_ms"] / floor["median_ms"])
     graph = _graph("sgd")
-    scaled = mp_calibrate.with_compute_floor(cluster, graph, floor["median_ms"] / 1e3, AnalyticCosts())
+    scaled = calibrate.with_compute_floor(cluster, graph, floor["median_ms"] / 1e3, AnalyticCosts())
     assert scaled.compute_speed == pytest.approx(res.runner["compute_speed"])
     sim = Simulator(graph, AnalyticCosts(), scaled)
     assert rows["horovod"].predicted_s == pytest.approx(sim.step_time(baselines.make("horovod", graph)))

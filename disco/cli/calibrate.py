@@ -87,13 +87,13 @@ def run(args: argparse.Namespace) -> int:
 def run_across(args: argparse.Namespace) -> int:
     """``disco calibrate`` across processes: fit, cluster spec, and (with ``--model``) the
     simulator's baselines against measurements."""
-    from disco import mp_calibrate
+    from disco import calibrate
 
     check_process_counts(args)
     link = parse_link_arg(args)
-    cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link, reps=args.reps,
-                                 timeout_s=args.timeout)
-    spec = mp_calibrate.cluster_spec(cal)
+    runner = calibrate.ProcessRunner(args.processes, args.devices_per_process, link, timeout_s=args.timeout)
+    cal = calibrate.calibrate(runner, reps=args.reps)
+    spec = calibrate.cluster_spec(cal)
     if args.out:
         with open(args.out, "w") as f:
             f.write(spec.to_yaml())
@@ -101,7 +101,7 @@ def run_across(args: argparse.Namespace) -> int:
     note_floors(cal.calibration.floored)
     if args.model:
         setup_devices(args.processes * args.devices_per_process)
-        out["baselines"] = mp_calibrate.compare_baselines(
+        out["baselines"] = calibrate.compare_baselines(
             spec, args.processes, args.devices_per_process, link, model=args.model, preset=args.preset,
             rounds=args.rounds, timeout_s=args.timeout)
     if args.json:

@@ -401,7 +401,7 @@ def draw_timelines(result: Any) -> Any:
 def run_across(args: argparse.Namespace) -> int:
     """``disco optimize`` across processes: calibrate on the link (unless --cluster), then the same
     pipeline as in one process, measured on the workers (:class:`disco.optimizer.ProcessRunner`)."""
-    from disco import mp_calibrate
+    from disco import calibrate
     from disco.optimizer import ProcessRunner, optimize
     from disco.sim.cluster import resolve
 
@@ -421,8 +421,9 @@ def run_across(args: argparse.Namespace) -> int:
     if args.cluster:  # "local": the devices of all the processes, as in one process
         cluster = resolve(args.cluster, runner.devices)
     else:
-        cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link, timeout_s=args.timeout)
-        cluster = mp_calibrate.cluster_spec(cal)
+        cal = calibrate.calibrate(calibrate.ProcessRunner(args.processes, args.devices_per_process, link,
+                                                          timeout_s=args.timeout))
+        cluster = calibrate.cluster_spec(cal)
         note_floors(cal.calibration.floored, prefix="disco optimize: ")
     setup_devices(runner.devices)  # before anything starts jax's backend
     costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)

@@ -10,7 +10,7 @@ keeps its run-off to the first choice and the regrouped plan with this runner
 (:attr:`ProcessRunner.reuses_compiles`).
 
 Before the search, :meth:`ProcessRunner.fit` scales the cluster's compute to the step's compute
-floor measured across the workers (:func:`disco.mp_calibrate.with_compute_floor`; in a launch of
+floor measured across the workers (:func:`disco.calibrate.with_compute_floor`; in a launch of
 its own unless ``compute_floor_ms`` is given): the analytic costs price a CPU step's compute
 several times too low.
 """
@@ -108,7 +108,7 @@ class ProcessRunner:
         """``target`` with its cluster's compute scaled to the step's compute floor across the
         workers (unless ``scale_compute`` is off); returns it and ``{"compute_floor": ...,
         "compute_speed": ...}``."""
-        from disco import mp_calibrate
+        from disco import calibrate
         from disco.sim.simulator import Simulator
 
         cluster, costs = target.cluster, target.costs
@@ -116,14 +116,14 @@ class ProcessRunner:
             return target, {"compute_floor": None, "compute_speed": cluster.compute_speed}
         if self.compute_floor_ms is None:
             progress("extract", 1.0, f"measuring the compute floor across {self.processes} processes")
-            floor = mp_calibrate.measure_compute_floor(
+            floor = calibrate.measure_compute_floor(
                 self.processes, self.devices_per_process, self.link, model=self.model, preset=self.preset,
                 rounds=config.rounds, steps=config.steps, optimizer=self.optimizer, style=self.style,
                 timeout_s=self.timeout_s)
         else:
             floor = {"median_ms": self.compute_floor_ms}
-        floor["predicted_ms"] = mp_calibrate.predicted_compute_s(target.graph, cluster, costs) * 1e3
-        cluster = mp_calibrate.with_compute_floor(cluster, target.graph, floor["median_ms"] / 1e3, costs,
+        floor["predicted_ms"] = calibrate.predicted_compute_s(target.graph, cluster, costs) * 1e3
+        cluster = calibrate.with_compute_floor(cluster, target.graph, floor["median_ms"] / 1e3, costs,
                                                   what=f"{self.model}/{self.preset}")
         fitted = dataclasses.replace(target, simulator=Simulator(target.graph, costs, cluster))
         return fitted, {"compute_floor": floor, "compute_speed": cluster.compute_speed}
