@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     jax.config.update("jax_num_cpu_devices", args.processes * args.devices_per_process)
     from disco import calibrate
     from disco.optimizer import OptimizeConfig, ProcessRunner, optimize, validate
-    from disco.testbed import parse_link
+    from disco.runtime.testbed import parse_link
 
     for spec in [s.strip() for s in args.links.split(";") if s.strip()]:
         link = parse_link(spec)

@@ -36,7 +36,7 @@ def mlp_graph():
 def test_calibrate_refuses_bad_arguments_before_launching(kw, match, monkeypatch):
     """Before any worker starts (both were found after the launch: reps=0 as the workers' failure,
     one size by the fit)."""
-    from disco import multiprocess
+    from disco.runtime import multiprocess
 
     def launched(*a, **k):
         raise AssertionError("launched before the arguments were checked")

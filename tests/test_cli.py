@@ -614,15 +614,15 @@ def test_strict_across_processes_is_refused(capsys):
 
 
 def test_a_workers_plan_file_keeps_a_row_of_its_own(tmp_path):
-    from disco import mp_worker
     from disco.plans import baselines
+    from disco.runtime import worker
 
     graph = _mlp_graph()
     files = []
     for stem, name in [("a", "ddp"), ("b", "ddp"), ("c", "xla_default"), ("d", "even_2"), ("e", "mine")]:
         files.append(str(tmp_path / f"{stem}.json"))
         Path(files[-1]).write_text(baselines.make("one_bucket", graph).replace(name=name).to_json())
-    rows = mp_worker._plans(["xla_default", "ddp", "even:2", *files], graph)
+    rows = worker._plans(["xla_default", "ddp", "even:2", *files], graph)
     assert list(rows) == ["xla_default", "ddp", "even_2", *files[:4], "mine"]
     assert rows["xla_default"].is_default and rows["ddp"] == baselines.make("ddp", graph)
 

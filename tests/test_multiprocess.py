@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from disco import multiprocess
+from disco.runtime import multiprocess
 
 
 def test_two_processes_apply_the_same_plan_and_match_xla_default():
@@ -121,7 +121,7 @@ def test_a_terminated_launch_leaves_no_worker_and_no_directory(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = textwrap.dedent("""
         import os, signal
-        from disco import multiprocess
+        from disco.runtime import multiprocess
 
         def terminate(pids):
             print(*pids, flush=True)

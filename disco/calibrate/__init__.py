@@ -2,7 +2,7 @@
 
 One calibrator, two runners. :func:`calibrate` times jitted all-reduces (``psum`` inside
 ``shard_map``) of several sizes on a runner's devices (:class:`InProcessRunner`: this process's;
-:class:`ProcessRunner`: worker processes on loopback or an emulated link, :mod:`disco.testbed`,
+:class:`ProcessRunner`: worker processes on loopback or an emulated link, :mod:`disco.runtime.testbed`,
 the slowest worker's time per cell), fits ``t(n) = a + b * n`` by least squares in relative error,
 and turns that into the per-link latency and bandwidth of a ring all-reduce over ``p`` devices
 (the model in :mod:`disco.sim.collectives`):
@@ -18,7 +18,8 @@ times a lone one per call, so the lone fit (kept as ``CrossCalibration.lone``) p
 all-reduces too low (docs/benchmarks.md, issue 17).
 
 It also measures what a *variadic* all-reduce (the form XLA's combiner produces) costs per
-operand: the same bytes as ``OPERANDS`` separate gradients, psum'd together so that the
+operand: the same bytes as ``OPERANDS`` separate gradients (the timings on the devices are
+:mod:`disco.runtime.allreduce_timing`'s), psum'd together so that the
 combiner makes one variadic all-reduce, against one concatenated buffer:
 
     operand_latency = (t_variadic - t_concat) / (OPERANDS - 1)
@@ -61,21 +62,10 @@ from disco.calibrate._runners import (
     chained_medians,
     timings,
 )
-from disco.calibrate._timing import (
-    OPERAND_BYTES,
-    OPERANDS,
-    SIZES,
-    measure_allreduce,
-    measure_chained,
-    measure_variadic,
-    time_all_reduces,
-    time_chained,
-)
 
 __all__ = [
-    "ACROSS_CHAIN", "ACROSS_SIZES", "BASELINES", "MIN_FIT_A", "MIN_FIT_B", "OPERANDS", "OPERAND_BYTES", "SIZES",
-    "Calibration", "ChainFit", "CrossCalibration", "InProcessRunner", "ProcessRunner", "Runner", "Timings",
-    "calibrate", "chained_medians", "cluster_spec", "compare_baselines", "fit", "fit_chained", "floor_fit",
-    "floored_note", "machine_cluster", "measure_allreduce", "measure_chained", "measure_compute_floor",
-    "measure_variadic", "predicted_compute_s", "time_all_reduces", "time_chained", "timings", "with_compute_floor",
+    "ACROSS_CHAIN", "ACROSS_SIZES", "BASELINES", "MIN_FIT_A", "MIN_FIT_B", "Calibration", "ChainFit",
+    "CrossCalibration", "InProcessRunner", "ProcessRunner", "Runner", "Timings", "calibrate", "chained_medians",
+    "cluster_spec", "compare_baselines", "fit", "fit_chained", "floor_fit", "floored_note", "machine_cluster",
+    "measure_compute_floor", "predicted_compute_s", "timings", "with_compute_floor",
 ]

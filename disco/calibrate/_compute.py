@@ -20,13 +20,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from disco import multiprocess
+from disco.runtime import multiprocess
 from disco.calibrate._fit import fit_chained
 from disco.calibrate._runners import ACROSS_CHAIN, ACROSS_SIZES, chained_medians
 
 if TYPE_CHECKING:
     from disco.sim.cluster import ClusterSpec
-    from disco.testbed import LinkSpec
+    from disco.runtime.testbed import LinkSpec
 
 BASELINES = ("xla_default", "per_tensor", "one_bucket", "horovod", "ddp", "even:2", "even:4")
 

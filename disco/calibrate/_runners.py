@@ -1,8 +1,8 @@
 """Runners of a calibration: where the all-reduces are timed.
 
 :class:`InProcessRunner` times them over this process's devices; :class:`ProcessRunner` over the
-devices of worker processes on loopback or an emulated link (:mod:`disco.multiprocess`; each
-worker runs :func:`~disco.calibrate.time_all_reduces` over all of them, and the slowest worker's
+devices of worker processes on loopback or an emulated link (:mod:`disco.runtime.multiprocess`; each
+worker runs :func:`~disco.runtime.allreduce_timing.time_all_reduces` over all of them, and the slowest worker's
 time is taken per cell). Both return :class:`Timings`, which :func:`disco.calibrate.calibrate`
 fits the same way, and each knows its own defaults: across processes the sizes stop at 4 MiB
 (a 16 MiB all-reduce over an emulated link takes seconds per repetition) and the all-reduces are
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from disco.calibrate._fit import Calibration, ChainFit
-from disco.calibrate._timing import SIZES, time_all_reduces
+from disco.runtime.allreduce_timing import SIZES, time_all_reduces
 
 if TYPE_CHECKING:
-    from disco.testbed import LinkSpec
+    from disco.runtime.testbed import LinkSpec
 
 ACROSS_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)
 ACROSS_CHAIN = (1, 2, 4, 8)  # chained all-reduces per executable
@@ -58,7 +58,7 @@ class Timings(NamedTuple):
 def chained_medians(results: Sequence[dict[str, Any]]) -> tuple[tuple[int, ...], tuple[int, ...],
                                                                     tuple[tuple[float, ...], ...]]:
     """(sizes, chain lengths, seconds per call) of the workers' chained timings
-    (:func:`~disco.calibrate.time_chained`), the slowest worker's per cell.
+    (:func:`~disco.runtime.allreduce_timing.time_chained`), the slowest worker's per cell.
 
     Raises:
       RuntimeError: when XLA did not keep k all-reduces in the executable of a chain of k.
@@ -75,7 +75,7 @@ def chained_medians(results: Sequence[dict[str, Any]]) -> tuple[tuple[int, ...],
 
 
 def timings(devices: int, results: Sequence[dict[str, Any]], switch: dict[str, Any] | None = None) -> Timings:
-    """The :class:`Timings` of one or more workers' :func:`~disco.calibrate.time_all_reduces`, the
+    """The :class:`Timings` of one or more workers' :func:`~disco.runtime.allreduce_timing.time_all_reduces`, the
     slowest per cell."""
     r0 = results[0]
     sizes = tuple(r0["sizes"])
@@ -163,7 +163,7 @@ class ProcessRunner:
                              f"{self.devices_per_process} devices")
 
     def time(self, sizes: tuple[int, ...], reps: int, chain: tuple[int, ...]) -> Timings:
-        from disco import multiprocess
+        from disco.runtime import multiprocess
 
         spec = multiprocess.WorkerSpec(task="calibrate", sizes=tuple(sizes), reps=reps, chain=tuple(chain))
         res = multiprocess.launch(self.processes, self.devices_per_process, spec, link=self.link,

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if across_processes(args):  # across processes, maybe over an emulated link
         return run_across(args)
     from disco import calibrate as cal
+    from disco.runtime import allreduce_timing as timing
 
     if args.devices < 2:  # an all-reduce over one device moves nothing: there is no link to measure
         raise CliError(f"--devices must be >= 2 to calibrate all-reduces across devices, got {args.devices}")
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {s:>10,d} bytes  {t * 1e6:10.1f} us")
         print(f"fit t = {c.fit_a * 1e6:.1f} us + n / {1 / c.fit_b / 1e9:.2f} GB/s; ring link latency "
               f"{c.latency * 1e6:.2f} us, bandwidth {c.bandwidth / 1e9:.2f} GB/s")
-        print(f"variadic all-reduce of {cal.OPERANDS} operands ({cal.OPERAND_BYTES:,d} bytes in all) "
+        print(f"variadic all-reduce of {timing.OPERANDS} operands ({timing.OPERAND_BYTES:,d} bytes in all) "
               f"{c.variadic_s * 1e6:.1f} us, the same bytes concatenated {c.concat_s * 1e6:.1f} us: "
               f"operand latency {c.operand_latency * 1e6:.1f} us")
         if args.out:

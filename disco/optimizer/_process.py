@@ -1,11 +1,11 @@
 """The process runner: ``optimize``'s plans measured on worker processes, maybe over an emulated link.
 
-Every run is one launch (:func:`disco.multiprocess.launch`) of ``processes`` workers with
+Every run is one launch (:func:`disco.runtime.multiprocess.launch`) of ``processes`` workers with
 ``devices_per_process`` CPU devices each, behind ``link`` when one is given
-(:mod:`disco.testbed`). Each worker rebuilds the zoo step by name (model, preset, optimizer,
+(:mod:`disco.runtime.testbed`). Each worker rebuilds the zoo step by name (model, preset, optimizer,
 style), reads the plans (baseline items, or plan files written here), compiles them and
 measures them in interleaved rounds; a round's time is the slowest worker's
-(:func:`disco.multiprocess.combine`). Every launch compiles every plan again, so the pipeline
+(:func:`disco.runtime.multiprocess.combine`). Every launch compiles every plan again, so the pipeline
 keeps its run-off to the first choice and the regrouped plan with this runner
 (:attr:`ProcessRunner.reuses_compiles`).
 
@@ -32,7 +32,7 @@ from xla_hooks.measure import Measurement
 if TYPE_CHECKING:
     from disco.optimizer._config import OptimizeConfig, Progress
     from disco.optimizer._steps import Target
-    from disco.testbed import LinkSpec
+    from disco.runtime.testbed import LinkSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +135,7 @@ class ProcessRunner:
         """One launch: every plan compiled by every worker and measured in ``rounds`` interleaved
         rounds (``bound``, ``measure_fallbacks`` and ``compiled`` do not apply: the bound is not
         measured here, and whether a plan falls back is known after the launch)."""
-        from disco import multiprocess
+        from disco.runtime import multiprocess
 
         tmp = tempfile.mkdtemp(prefix="disco-runner-")
         try:

@@ -7,7 +7,7 @@ interface so that one tuning loop serves both. Two runners:
 - :class:`InProcessRunner`: this process's devices (compiles each plan once and reuses the
   executable in later runs of the same optimisation);
 - :class:`disco.optimizer.ProcessRunner`: worker processes on loopback or an emulated link
-  (:mod:`disco.multiprocess`; every run is a fresh launch that compiles every plan again).
+  (:mod:`disco.runtime.multiprocess`; every run is a fresh launch that compiles every plan again).
 
 A runner's :meth:`~Runner.run` takes the plans by row name and returns one :class:`Trial` per
 plan, in the same order, with the per-round times; :class:`Trials` holds them.

@@ -1,16 +1,16 @@
-"""One worker of a multi-process run (started by :func:`disco.multiprocess.launch`).
+"""One worker of a multi-process run (started by :func:`disco.runtime.multiprocess.launch`).
 
-    python -m disco.mp_worker --process-id I --num-processes P --coordinator HOST:PORT \
+    python -m disco.runtime.worker --process-id I --num-processes P --coordinator HOST:PORT \
         --devices-per-process D --out result.json --spec '{"task": "bench", "model": "mlp", ...}'
 
-Tasks (:class:`disco.multiprocess.WorkerSpec`): ``bench`` measures plans (baseline items such as
+Tasks (:class:`disco.runtime.multiprocess.WorkerSpec`): ``bench`` measures plans (baseline items such as
 ``ddp`` or ``horovod:128``, or plan .json files) in interleaved rounds and reports every round's time (with
 ``comm_free_bound``, also the step with its all-reduces replaced by copies: the compute floor);
 ``jit`` trains the step under ``xla_hooks.jit`` once per scenario (each process asking the service
 its scenario names for it: only process 0's is asked) and reports what each process compiled,
 beside the losses of XLA's default; ``calibrate`` times all-reduces of ``sizes`` bytes per device (with ``chain``: executables of
 k chained all-reduces per size) and a variadic all-reduce against one concatenated buffer
-(:mod:`disco.calibrate`) over all processes' devices; ``bench`` with ``chain`` also runs the
+(:mod:`disco.runtime.allreduce_timing`) over all processes' devices; ``bench`` with ``chain`` also runs the
 chained timings in the same launch, after its rounds.
 """
 
@@ -102,9 +102,9 @@ def _bench(spec: dict[str, Any], n: int) -> dict[str, Any]:
 def _chain(spec: dict[str, Any], n: int) -> dict[str, Any]:
     """Executables of k chained all-reduces per size: ``chain_medians_s[size][k]`` (seconds per call)
     and the all-reduces XLA kept in each (``chain_all_reduces``, k expected)."""
-    from disco import calibrate
+    from disco.runtime import allreduce_timing as timing
 
-    return calibrate.time_chained(n, tuple(spec.get("sizes") or calibrate.SIZES), tuple(spec["chain"]),
+    return timing.time_chained(n, tuple(spec.get("sizes") or timing.SIZES), tuple(spec["chain"]),
                                   spec.get("reps", 20))
 
 
@@ -157,9 +157,9 @@ def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
 
 
 def _calibrate(spec: dict[str, Any], n: int) -> dict[str, Any]:
-    from disco import calibrate
+    from disco.runtime import allreduce_timing as timing
 
-    return calibrate.time_all_reduces(n, tuple(spec.get("sizes") or calibrate.SIZES), spec.get("reps", 20),
+    return timing.time_all_reduces(n, tuple(spec.get("sizes") or timing.SIZES), spec.get("reps", 20),
                                       tuple(spec.get("chain") or ()))
 
 
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # A long heartbeat timeout: on 2 loaded cores (load average 18) both workers of a run aborted in
     # CoordinationServiceAgent::StartSendingHeartbeats at the default 100 s; the launcher notices
-    # dead workers itself (disco.multiprocess.launch's grace_s).
+    # dead workers itself (disco.runtime.multiprocess.launch's grace_s).
     jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
                                process_id=args.process_id, heartbeat_timeout_seconds=600)
     n = len(jax.devices())

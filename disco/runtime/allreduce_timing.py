@@ -1,9 +1,11 @@
-"""What runs on the devices: jitted all-reduces timed over a data-parallel mesh.
+"""What a calibration runs on the devices: jitted all-reduces timed over a data-parallel mesh.
 
 :func:`time_all_reduces` is one calibration's measurement over ``devices`` devices (every size,
-the chains, the variadic/concatenated pair); the in-process runner calls it in this process and
-each worker process of the process runner calls it (:mod:`disco.mp_worker`'s ``calibrate`` task),
-the slowest worker's times then taken per cell.
+the chains, the variadic/concatenated pair); :class:`disco.calibrate.InProcessRunner` calls it in
+this process and each worker of :class:`disco.calibrate.ProcessRunner` calls it
+(:mod:`disco.runtime.worker`'s ``calibrate`` task), the slowest worker's times then taken per cell
+(:func:`disco.calibrate.timings`). It sits here, beside the worker, so that the worker needs nothing
+from :mod:`disco.calibrate`, which launches it.
 """
 
 from __future__ import annotations
