@@ -50,7 +50,7 @@ def default_costs(device: str = "cpu") -> CostModel:
     Raises:
       ValueError: for an unknown device kind.
     """
-    from disco.sim import device_costs
+    from disco.sim.costs import device_costs
 
     return device_costs.analytic(device)
 

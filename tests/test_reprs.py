@@ -19,7 +19,7 @@ from disco.plans import baselines
 from disco.plans.plan import Bucket, FusionPlan
 from disco import search
 from disco.search import greedy_fusion
-from disco.sim import device_costs
+from disco.sim.costs import device_costs
 from disco.sim.cluster import preset
 from disco.sim.simulator import Simulator
 from tests.test_optimize import built_result, contradicting_result

@@ -36,7 +36,7 @@ def predicted_compute_s(graph: Any, spec: ClusterSpec, costs: Any = None, plan: 
     free link and no operand latency: its compute (at ``spec.compute_speed``; ``costs`` default to
     the analytic costs of the spec's device)."""
     from disco.plans import baselines
-    from disco.sim import device_costs
+    from disco.sim.costs import device_costs
     from disco.sim.cluster import LinkSpec as SimLink
     from disco.sim.simulator import Simulator
 

@@ -300,13 +300,13 @@ def add_cost_model_arg(p: argparse.ArgumentParser) -> None:
 
 
 def load_cost_model(value: str, device: str = "cpu") -> tuple[Any, dict[str, Any]]:
-    """The cost model named by ``--cost-model`` for ``device`` (:mod:`disco.sim.registry`) and what
+    """The cost model named by ``--cost-model`` for ``device`` (:mod:`disco.sim.costs.registry`) and what
     to report about it (name, digest, source).
 
     Raises:
       CliError: for a name that is no registered model nor a model file, or a file that cannot be loaded.
     """
-    from disco.sim import registry
+    from disco.sim.costs import registry
     from gnn.registration import ENTRY
 
     registry.register(ENTRY)  # the CLI is the layer that may import gnn; disco resolves names only

@@ -34,7 +34,7 @@ def optimize(
         the all-reduces' replica groups span when more (a pmap step's host arrays), whose link costs are
         placeholders; ``disco.calibrate.machine_cluster(devices)[0]`` measures this machine's, as
         ``disco optimize`` does without ``--cluster``).
-      costs: the cost model (default: the cluster's device kind's, ``disco.sim.device_costs.analytic(cluster.device)``:
+      costs: the cost model (default: the cluster's device kind's, ``disco.sim.costs.device_costs.analytic(cluster.device)``:
         the CPU roofline, or ``SummedCosts`` on an H100 cluster).
       config: the options (default ``OptimizeConfig()``).
       progress: called as ``progress(phase, fraction, message)``; phases "extract", "search",

@@ -35,7 +35,7 @@ from disco.optimizer._runners import InProcessRunner, Runner, Trial, Trials
 from disco.plans import baselines
 from disco.plans.plan import FusionPlan, decisions
 from disco.sim.cluster import ClusterSpec, preset, require_cluster
-from disco.sim import device_costs
+from disco.sim.costs import device_costs
 from disco.sim.costs import CostModel, require_cost_model
 from disco.sim.simulator import Simulator
 from xla_hooks.measure import paired_interval, paired_speedup
@@ -83,7 +83,7 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
         ``preset("local", devices=<devices args are sharded over>)``, or over the devices the
         all-reduces' replica groups span when more: a pmap step's host arrays are on none).
       costs: the cost model (default: the analytic model of the cluster's device kind,
-        :func:`disco.sim.device_costs.analytic`).
+        :func:`disco.sim.costs.device_costs.analytic`).
       progress: reports phase "extract".
 
     Raises:
