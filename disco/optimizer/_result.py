@@ -7,9 +7,11 @@ from typing import Any, NamedTuple
 
 from disco.optimizer._choice import PlanRow, Span, best_baseline, relation_to_baselines
 from disco.optimizer._config import OptimizeConfig
+from disco.optimizer._runners import InProcessRunner
 from disco.optimizer._steps import Bound, Candidates, Confirmation, Measured, RunOff, SearchSummary, Target
 from disco.plans.plan import FusionPlan
 from disco.sim.simulator import Simulator
+from xla_hooks.measure import paired_speedup
 
 
 class Setting(NamedTuple):
@@ -280,12 +282,23 @@ class OptimizeResult:
 
 
 def _records(step: RunOff | Confirmation | None) -> list[dict[str, Any]] | None:
-    """A run-off's or confirmation's rows as the runner reported them (worker processes: each
-    plan's combined row, per-round samples included); None without it or without such rows."""
+    """A run-off's or confirmation's rows, one per plan measured there: the runner's own row where it
+    has one (worker processes: the launch's combined row), else the plan's times in ms (``samples_ms``
+    per round), whether it applied and its paired speedup over xla_default there; None without it."""
     trials = None if step is None else step.trials
-    if trials is None or any(t.record is None for t in trials.by_name.values()):
+    if trials is None:
         return None
-    return [dict(t.record) for t in trials.by_name.values()]
+    base = trials.by_name["xla_default"].times
+
+    def record(name: str, t: Any) -> dict[str, Any]:
+        if t.record is not None:
+            return dict(t.record)
+        ms = t.span().to_ms_dict()
+        return {"plan": name, "median_ms": ms["median"], "min_ms": ms["min"], "max_ms": ms["max"],
+                "samples_ms": [v * t.unit_s * 1e3 for v in t.times.samples], "applied": t.applied,
+                "fallback_reason": t.fallback_reason, "paired_speedup": paired_speedup(base, t.times)}
+
+    return [record(n, t) for n, t in trials.by_name.items()]
 
 
 def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measured: Measured,
@@ -293,7 +306,7 @@ def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measu
                 runner: dict[str, Any] | None = None) -> OptimizeResult:
     """The :class:`OptimizeResult` of the steps' results: the last decision made stands
     (confirmation, else run-off, else the first). ``runner``: what measured them
-    (:attr:`OptimizeResult.runner`)."""
+    (:attr:`OptimizeResult.runner`; default: the steps' default runner, this process's devices)."""
     last = confirmation or runoff or measured
     graph, sim = target.graph, target.simulator
     setting = Setting(
@@ -305,7 +318,8 @@ def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measu
     plan = next(r.plan for r in rows if r.name == last.chosen).replace(graph_fingerprint=graph.fingerprint)
     return OptimizeResult(plan=plan, chosen=last.chosen, verdict=last.verdict, rows=rows,
                           setting=setting, search=cands.search, config=config, bound=measured.bound,
-                          runoff=runoff, confirmation=confirmation, simulator=sim, runner=dict(runner or {}))
+                          runoff=runoff, confirmation=confirmation, simulator=sim,
+                          runner=dict(InProcessRunner().describe() if runner is None else runner))
 
 
 def chrome_trace(result: OptimizeResult, name: str | None = None) -> dict[str, Any]:
