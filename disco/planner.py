@@ -50,7 +50,7 @@ def default_costs(device: str = "cpu") -> CostModel:
     Raises:
       ValueError: for an unknown device kind.
     """
-    from disco.sim import device_costs
+    from disco.sim.costs import device_costs
 
     return device_costs.analytic(device)
 
@@ -111,15 +111,37 @@ def strategies() -> tuple[str, ...]:
     return BUILTIN_STRATEGIES + tuple(s for s in search.STRATEGIES if s not in BUILTIN_STRATEGIES)
 
 
+def simulate_baselines(graph: HloGraph, sim: Any, on_each: Callable[[int, int, str], None] | None = None
+                       ) -> tuple[dict[str, FusionPlan], dict[str, float]]:
+    """Every baseline of :mod:`disco.plans.baselines` for ``graph`` and its simulated step seconds
+    (``sim.step_time``): what both the planner and ``disco.optimize`` start from.
+    ``on_each(i, n, name)`` is called after each."""
+    from disco.plans import baselines
+
+    plans = baselines.make_all(graph)
+    simulated: dict[str, float] = {}
+    for i, (name, plan) in enumerate(plans.items()):
+        simulated[name] = sim.step_time(plan)
+        if on_each is not None:
+            on_each(i, len(plans), name)
+    return plans, simulated
+
+
+def search_plans(graph: HloGraph, sim: Any, strategy: str, *, budget_s: float, max_evals: int | None, seed: int,
+                 on_step: Callable[[int, float, float], None] | None = None) -> Any:
+    """:func:`disco.search.run` of ``strategy`` ("auto": the search's best-first strategy, the
+    Disco paper's) on ``sim.step_time``: the search both the planner and ``disco.optimize`` run.
+    ``on_step(evals, elapsed_s, best_s)`` reports its progress."""
+    from disco import search
+
+    name = "best_first" if strategy == "auto" else strategy
+    return search.run(search.make(name), graph, sim.step_time, budget_s=budget_s, max_evals=max_evals, seed=seed,
+                      progress=on_step)
+
+
 def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any],
                  progress: ProgressFn) -> tuple[FusionPlan, dict[str, Any]]:
-    """Runs ``disco.search.run(strategy, graph, sim.step_time, budget_s=..., seed=..., progress=...)``.
-
-    "auto" is the search's default strategy (best-first, the Disco paper's).
-    """
-    name = options["strategy"]
-    if name == "auto":
-        name = "best_first"
+    """:func:`search_plans` with the request's options; (the best plan, what the search did)."""
     budget = float(options["budget_s"])
     max_evals = options["max_evals"]
 
@@ -127,8 +149,8 @@ def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any]
         progress(mod.done_fraction(elapsed, budget, evals, max_evals),
                  f"{evals} plans evaluated, best {best * 1e3:.4f} ms (simulated)")
 
-    result = mod.run(mod.make(name), graph, sim.step_time, budget_s=budget, max_evals=max_evals,
-                     seed=int(options["seed"]), progress=on_step)
+    result = search_plans(graph, sim, options["strategy"], budget_s=budget, max_evals=max_evals,
+                          seed=int(options["seed"]), on_step=on_step)
     info = {"strategy": result.strategy, "evals": result.evals, "elapsed_s": result.elapsed_s,
             "evals_per_s": result.evals_per_s, "best_ms": result.best_cost * 1e3,
             "start_ms": {k: v * 1e3 for k, v in result.start_costs.items()}}
@@ -195,7 +217,6 @@ def plan_for_graph(
       Cancelled: from ``progress_cb``.
     """
     from disco import search
-    from disco.plans import baselines
     from disco.sim.simulator import Simulator
 
     opts = check_options(options)
@@ -204,11 +225,8 @@ def plan_for_graph(
     t0 = time.perf_counter()
     progress(0.0, "simulating baselines")
     sim = Simulator(graph, costs, cluster)
-    candidates = baselines.make_all(graph)
-    simulated: dict[str, float] = {}
-    for i, (name, plan) in enumerate(candidates.items()):
-        simulated[name] = sim.step_time(plan)
-        progress(0.1 * (i + 1) / len(candidates), f"simulated baseline {name}")
+    candidates, simulated = simulate_baselines(
+        graph, sim, lambda i, n, name: progress(0.1 * (i + 1) / n, f"simulated baseline {name}"))
     best_baseline = best_baseline_name(simulated)
     info: dict[str, Any] = {}
     if opts["strategy"] not in ("baselines", "random"):

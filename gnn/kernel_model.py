@@ -1,7 +1,7 @@
 """The per-kernel GNN (Flax NNX): a kernel's seconds from its fused computation's graph.
 
 The model predicts ``log(seconds per launch)`` as the device's roofline
-(:data:`disco.sim.device_costs.ROOFLINE`: ``max(flops / matrix rate, bytes / bandwidth) + launch``) plus a
+(:data:`disco.sim.costs.device_costs.ROOFLINE`: ``max(flops / matrix rate, bytes / bandwidth) + launch``) plus a
 learned correction: an opcode embedding and node features, ``layers`` rounds of message
 passing along and against the kernel's edges, mean and max pooling, and the kernel totals. With
 ``members`` > 1 the model is an ensemble: that many networks, trained independently from different
@@ -108,7 +108,7 @@ class KernelGNN(nnx.Module):
         nf, tf = len(KF.NODE_FEATURES), len(KF.TOTAL_FEATURES)
         self.node_mean, self.node_std = Stat(np.zeros(nf, np.float32)), Stat(np.ones(nf, np.float32))
         self.tot_mean, self.tot_std = Stat(np.zeros(tf, np.float32)), Stat(np.ones(tf, np.float32))
-        # matrix flops/s, bytes/s, launch seconds of the device (set from disco.sim.device_costs).
+        # matrix flops/s, bytes/s, launch seconds of the device (set from disco.sim.costs.device_costs).
         self.roofline = Stat(np.array([1e12, 1e11, 1e-6], np.float32))
         self.members = nnx.List([Member(hidden=hidden, layers=layers, opcode_dim=opcode_dim, rngs=rngs)
                                  for _ in range(members)])

@@ -1,4 +1,4 @@
-"""gnn's entry in disco's cost-model registry (:mod:`disco.sim.registry`), light to import.
+"""gnn's entry in disco's cost-model registry (:mod:`disco.sim.costs.registry`), light to import.
 
 ``gnn`` names, per device kind, the per-kernel GNN trained on that device's kernel profiles
 (``h100``: ``gnn/kernel_h100.msgpack``) and, on ``cpu``, the step-level GNN's kernel head shipped
@@ -7,7 +7,7 @@ file is read by its ``format`` field as either kind. Heavy imports (flax, jax) h
 model is built.
 
 Example:
-  >>> from disco.sim import registry
+  >>> from disco.sim.costs import registry
   >>> registry.register(ENTRY)
   >>> costs = registry.make("gnn", device="h100")  # doctest: +SKIP
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from disco.sim.costs import CostModel
-from disco.sim.registry import Entry
+from disco.sim.costs.registry import Entry
 
 
 def make(device: str) -> CostModel:

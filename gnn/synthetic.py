@@ -19,7 +19,7 @@ import random
 from collections.abc import Mapping
 from pathlib import Path
 
-from disco import dataset
+from disco.data import dataset
 from disco.ir.graph import HloGraph
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from disco import dataset
+from disco.data import dataset
 from disco.ir.graph import HloGraph
 from disco.plans.plan import FusionPlan
 from gnn import features as F
@@ -103,9 +103,9 @@ class Dataset:
 
 
 def load_dataset(path: str | os.PathLike[str], *, limit: int | None = None) -> Dataset:
-    """Reads a collector dataset directory (the format: :mod:`disco.dataset`).
+    """Reads a collector dataset directory (the format: :mod:`disco.data.dataset`).
 
-    Lines that are not samples (:func:`disco.dataset.read`'s tolerance rule: a collector may
+    Lines that are not samples (:func:`disco.data.dataset.read`'s tolerance rule: a collector may
     be writing the file) or that lack a measured median are skipped and counted in
     ``Dataset.skipped``; samples whose plan was not applied (``applied: false``) are skipped
     too, since the plan's features would not describe what ran.

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from disco.ir.graph import HloGraph  # noqa: E402
 from disco.ir.opcodes import COLLECTIVE_KIND  # noqa: E402
 from disco.sim import cluster as dcluster  # noqa: E402
-from disco.sim import device_costs  # noqa: E402
+from disco.sim.costs import device_costs  # noqa: E402
 from disco.sim.costs import Kernel, is_kernel_node  # noqa: E402
 from disco.sim.simulator import Simulator  # noqa: E402
 from gnn import kernel_data  # noqa: E402

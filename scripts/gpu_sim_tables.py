@@ -14,7 +14,7 @@ Two tables, from the dataset's ``default`` records (XLA's default compile, comma
    emulated kernel reproduces (multiset intersection).
 2. **h100-1 prediction**: the simulated step of each model at a preset on ``h100-1`` with each
    cost model ``--cost-model`` names (a comma list of registry names or files, built by
-   ``disco.sim.registry.make(name, device="h100")`` as ``disco simulate`` does; default
+   ``disco.sim.costs.registry.make(name, device="h100")`` as ``disco simulate`` does; default
    ``analytic,gnn``), next to the measured device time (kernels summed, mean of the two traces). With ``--zoo`` the
    graph is extracted from the zoo here (what ``disco simulate --cluster h100-1`` does);
    without, from the record's own pre-optimisation HLO.
@@ -24,7 +24,7 @@ Usage::
   PYTHONPATH=. python scripts/gpu_sim_tables.py [--data DIR] [--preset paper] [--cost-model analytic,gnn] [--zoo] [--json]
   PYTHONPATH=. python scripts/gpu_sim_tables.py --fit [--form v1|v2] [--no-loops]
 
-``--fit`` fits the parameters of the H100 analytic model (``disco.sim.device_costs.SummedCosts``)
+``--fit`` fits the parameters of the H100 analytic model (``disco.sim.costs.device_costs.SummedCosts``)
 to the ``default`` records and prints them with each record's in-sample and leave-one-model-out
 error; ``--form v1`` fits the 4-parameter form it had before (for the comparison).
 """
@@ -45,7 +45,7 @@ from disco.ir.graph import HloGraph  # noqa: E402
 from disco.ir.hlo_parse import parse_module  # noqa: E402
 from disco.plans import baselines  # noqa: E402
 from disco.sim import cluster as dcluster  # noqa: E402
-from disco.sim import device_costs, registry  # noqa: E402
+from disco.sim.costs import device_costs, registry  # noqa: E402
 from disco.sim.simulator import Simulator, iteration_graphs  # noqa: E402
 
 # ../shared beside the checkout (/work/main), or beside the worktrees' folder (/work/wt/NAME).

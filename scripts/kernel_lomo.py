@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _lomo(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from disco.cli.common import check_output_file
-    from disco.sim.device_costs import roofline_config
+    from disco.sim.costs.device_costs import roofline_config
     from gnn import kernel_corrections as KC
     from gnn import kernel_data as KD
     from gnn import kernel_eval as KE

@@ -29,7 +29,7 @@ from disco.cli.common import CliError
 
 def train_kernels(argv: list[str]) -> int:
     """``--kernels``: trains the per-kernel GNN; returns the exit status (2 for bad input, one line on stderr)."""
-    from disco.sim.device_costs import DEVICES
+    from disco.sim.costs.device_costs import DEVICES
 
     p = argparse.ArgumentParser(prog="train_gnn --kernels", description="train the per-kernel GNN on kernel profiles")
     p.add_argument("--kernels", required=True, action="append",
@@ -56,7 +56,7 @@ def train_kernels(argv: list[str]) -> int:
 def _train_kernels(args: argparse.Namespace) -> int:
     from disco.cli.common import check_output_file
     from disco.cli.train_gnn import check_not_shipped
-    from disco.sim.device_costs import roofline_config
+    from disco.sim.costs.device_costs import roofline_config
     from gnn import kernel_data as KD
     from gnn import kernel_model as KM
     from gnn import kernel_train as KT

@@ -1,5 +1,6 @@
 """The zoo on an emulated cluster: per link, a calibration, then per model the baselines, the
-bucket-count sweep and disco's answer measured across processes (:mod:`disco.mp_optimize`).
+bucket-count sweep and disco's answer measured across processes (:func:`disco.optimize` on a
+:class:`disco.optimizer.ProcessRunner`).
 
     python scripts/zoo_links.py --links 'rate=1gbit,delay=100us;rate=10gbit,delay=50us' \
         --models mlp,transformer_lm --preset small --processes 2 --budget 20 --out zoo_links.jsonl
@@ -116,15 +117,16 @@ def main(argv=None) -> int:
     import jax
 
     jax.config.update("jax_num_cpu_devices", args.processes * args.devices_per_process)
-    from disco import mp_calibrate, mp_optimize
-    from disco.testbed import parse_link
+    from disco import calibrate
+    from disco.optimizer import OptimizeConfig, ProcessRunner, optimize, validate
+    from disco.runtime.testbed import parse_link
 
     for spec in [s.strip() for s in args.links.split(";") if s.strip()]:
         link = parse_link(spec)
         label = link.label() if link else "loopback"
         t0 = time.time()
-        cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link)
-        cluster = mp_calibrate.cluster_spec(cal)
+        cal = calibrate.calibrate(calibrate.ProcessRunner(args.processes, args.devices_per_process, link))
+        cluster = calibrate.cluster_spec(cal)
         with open(args.out, "a") as f:
             f.write(json.dumps({"kind": "calibration", "link": spec, **cal.to_dict(),
                                 "seconds": time.time() - t0}) + "\n")
@@ -135,11 +137,15 @@ def main(argv=None) -> int:
         for model in [m.strip() for m in args.models.split(",") if m.strip()]:
             t0 = time.time()
             try:
-                res = mp_optimize.optimize(
-                    model, args.preset, args.processes, args.devices_per_process, link, cluster=cluster,
-                    budget_s=args.budget, rounds=args.rounds, steps=args.steps,
-                    bucket_sweep=tuple(int(k) for k in args.bucket_sweep.split(",") if k.strip()),
-                    progress=lambda m, model=model: print(f"[{label}] {model}: {m}", file=sys.stderr, flush=True))
+                runner = ProcessRunner(model, args.preset, args.processes, args.devices_per_process, link)
+                step, example = runner.make_step()
+                # each row costs a compile in every worker of every launch: no bucket-only projections
+                config = OptimizeConfig(budget_s=args.budget, rounds=args.rounds, steps=args.steps,
+                                        measure_buckets_only=False,
+                                        bucket_sweep=tuple(int(k) for k in args.bucket_sweep.split(",") if k.strip()))
+                res = optimize(step, *example, cluster=cluster, config=config, runner=runner,
+                               progress=lambda phase, frac, m, model=model: print(f"[{label}] {model}: {m}",
+                                                                                  file=sys.stderr, flush=True))
             except RuntimeError as e:  # a failed launch: recorded, the other models still run
                 with open(args.out, "a") as f:
                     f.write(json.dumps({"kind": "error", "link": spec, "model": model, "error": str(e)}) + "\n")
@@ -152,9 +158,7 @@ def main(argv=None) -> int:
                 print(f"[{label}] {model}: validating {res.chosen} against {res.best_baseline} "
                       f"({args.validate_rounds} rounds, fresh processes)", file=sys.stderr, flush=True)
                 try:
-                    d["validation"] = mp_optimize.validate(res, model, args.preset, args.processes,
-                                                           args.devices_per_process, link, rounds=args.validate_rounds,
-                                                           steps=args.steps)
+                    d["validation"] = validate(res, runner, rounds=args.validate_rounds, steps=args.steps)
                 except RuntimeError as e:
                     d["validation_error"] = str(e)
                     print(f"[{label}] {model}: validation FAILED: {e}", file=sys.stderr, flush=True)

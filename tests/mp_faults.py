@@ -1,4 +1,4 @@
-"""``python -m tests.mp_faults``: :mod:`disco.mp_worker` with faults injected on some processes.
+"""``python -m tests.mp_faults``: :mod:`disco.runtime.worker` with faults injected on some processes.
 
 The processes named in ``DISCO_TEST_FAULT_PROCESSES`` (comma-separated indices) fail on plans
 that ask for it by name, so one job can run faulty and healthy scenarios side by side:
@@ -41,9 +41,9 @@ def main() -> int:
     faulty = {int(p) for p in os.environ.get("DISCO_TEST_FAULT_PROCESSES", "").split(",") if p}
     if process in faulty:
         _inject(process)
-    from disco import mp_worker
+    from disco.runtime import worker
 
-    return mp_worker.main()
+    return worker.main()
 
 
 if __name__ == "__main__":

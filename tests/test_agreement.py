@@ -228,7 +228,7 @@ def test_every_process_runs_the_same_program_whatever_fails(processes):
 
     import numpy as np
 
-    from disco import multiprocess
+    from disco.runtime import multiprocess
     from service.testing import free_port
     from tests import mp_faults
     from tests.stubs import stub

@@ -123,7 +123,7 @@ def test_a_tuple_all_reduce_is_a_bucket_of_its_own_and_every_baseline_applies():
     ("even:04", "even", (("k", 4),), "even_4"),
 ])
 def test_a_plans_item_is_read_once_with_its_row(item, name, options, row):
-    """--plans items were read twice (disco.cli.common.resolve_plans, disco.mp_worker), and the two named
+    """--plans items were read twice (disco.cli.common.resolve_plans, disco.runtime.worker), and the two named
     even:4's row even:4 and even_4."""
     parsed = baselines.parse_item(item)
     assert (parsed.name, parsed.options, parsed.row) == (name, options, row)

@@ -46,7 +46,9 @@ def test_fit_refuses_what_it_cannot_fit(sizes, times, match):
 
 
 def test_variadic_all_reduce_is_measured_next_to_its_concatenation():
-    variadic_s, concat_s = calibrate.measure_variadic(4, operands=4, nbytes=1 << 12, reps=3)
+    from disco.runtime.allreduce_timing import measure_variadic
+
+    variadic_s, concat_s = measure_variadic(4, operands=4, nbytes=1 << 12, reps=3)
     assert variadic_s > 0 and concat_s > 0
 
 
@@ -59,7 +61,7 @@ def test_calibration_feeds_the_operand_latency_into_the_local_preset():
 
 @pytest.mark.parametrize("kw, match", [
     ({"devices": 1}, r"at least 2 devices, got 1"),
-    ({"sizes": (1024,)}, r"at least 2 distinct sizes, got sizes \(1024,\)"),
+    ({"sizes": (1024,)}, r"sizes: expected at least 2 distinct byte counts to fit, got \(1024,\)"),
     ({"reps": 0}, r"reps: expected an integer >= 1, got 0"),
 ])
 def test_calibrate_refuses_bad_arguments_before_measuring(kw, match, monkeypatch):
@@ -68,6 +70,7 @@ def test_calibrate_refuses_bad_arguments_before_measuring(kw, match, monkeypatch
     def measured(*a, **k):
         raise AssertionError("measured before the arguments were checked")
 
-    monkeypatch.setattr(calibrate, "measure_allreduce", measured)
+    monkeypatch.setattr(calibrate.InProcessRunner, "time", measured)
+    kw = {"devices": 2, "sizes": (1 << 10, 1 << 12), "reps": 1, **kw}
     with pytest.raises(ValueError, match=match):
-        calibrate.calibrate(**{"devices": 2, "sizes": (1 << 10, 1 << 12), "reps": 1, **kw})
+        calibrate.calibrate(calibrate.InProcessRunner(kw.pop("devices")), **kw)

@@ -333,7 +333,8 @@ def _main_in_a_subprocess(argv, pre=""):
     (["graph", "--model", "mlp", "--dump", "{file}/sub"], "is a file, so the directory cannot be created"),
     (["collect", "--models", "mlp", "--out", "{file}"], "--out '{file}' is a file; expected a directory"),
     (["bench", "--model", "mlp", "--rounds", "0"], "--rounds and --steps must be >= 1, got 0 and 3"),
-    (["optimize", "--model", "mlp", "--max-evals", "0"], "--max-evals must be >= 1 evaluations, got 0"),
+    (["optimize", "--model", "mlp", "--max-evals", "0"], "--max-evals: expected an integer >= 1 or None, got 0"),
+    (["optimize", "--model", "mlp", "--finalists", "0"], "--finalists: expected an integer >= 1, got 0"),
 ])
 def test_bad_outputs_and_numbers_fail_before_the_model_is_built(tmp_path, argv, message):
     (tmp_path / "file").write_text("x")
@@ -613,15 +614,15 @@ def test_strict_across_processes_is_refused(capsys):
 
 
 def test_a_workers_plan_file_keeps_a_row_of_its_own(tmp_path):
-    from disco import mp_worker
     from disco.plans import baselines
+    from disco.runtime import worker
 
     graph = _mlp_graph()
     files = []
     for stem, name in [("a", "ddp"), ("b", "ddp"), ("c", "xla_default"), ("d", "even_2"), ("e", "mine")]:
         files.append(str(tmp_path / f"{stem}.json"))
         Path(files[-1]).write_text(baselines.make("one_bucket", graph).replace(name=name).to_json())
-    rows = mp_worker._plans(["xla_default", "ddp", "even:2", *files], graph)
+    rows = worker._plans(["xla_default", "ddp", "even:2", *files], graph)
     assert list(rows) == ["xla_default", "ddp", "even_2", *files[:4], "mine"]
     assert rows["xla_default"].is_default and rows["ddp"] == baselines.make("ddp", graph)
 
@@ -744,14 +745,19 @@ def test_bench_prints_within_120_columns_with_fallback_reasons_as_footnotes(tmp_
 
 
 def test_optimize_across_processes_prints_within_120_columns(capsys):
-    """The --processes table (its printer, on a result built by hand: no workers start)."""
+    """The --processes table (the one printer, on a result built by hand: no workers start)."""
+    import dataclasses
+
+    from disco import optimizer as opt
     from disco.cli import optimize as optimize_cli
-    from disco.mp_optimize import CrossOptimizeResult
+    from tests.test_optimize import built_result
 
     def row(plan, kind, speedup):
-        return {"plan": plan, "kind": kind, "predicted_ms": 1.234, "median_ms": 1234.5678, "min_ms": 1200.1234,
-                "max_ms": 1300.9876, "paired_speedup": speedup, "speedup_vs_xla_default": speedup,
-                "applied": plan != "per_tensor", "all_reduces": 1}
+        return opt.PlanRow(plan, kind, "searched from horovod" if kind == "search" else plan,
+                           FusionPlan(name=plan), 1.234e-3, median_s=1.2345678, min_s=1.2001234, max_s=1.3009876,
+                           applied=plan != "per_tensor", speedup=speedup, all_reduces=1)
+
+    from disco.plans.plan import FusionPlan
 
     rows = (row("xla_default", "baseline", 1.0), row("disco_1_on_even_2", "search", 1.31),
             row("per_tensor", "baseline", 0.5))
@@ -759,15 +765,20 @@ def test_optimize_across_processes_prints_within_120_columns(capsys):
                "run the min-max ranges overlap, so this run alone cannot tell the gain from noise); confirmed in a "
                "second run: 1.250x paired over 27 rounds; 1234.568 vs 1543.210 ms median; the best baseline, ddp, "
                "1.100x")
-    res = CrossOptimizeResult(chosen="disco_1_on_even_2", plan_json="{}", verdict=verdict, rows=rows,
-                              confirmed_speedup=1.25, confirmation=rows, link={}, search={}, cluster="local",
-                              fingerprints_match=True)
-    args = argparse.Namespace(model="mlp", preset="tiny", processes=2, devices_per_process=4)
-    optimize_cli._print_across_table(res, args, None, "calibrated-across-2-processes-over-an-emulated-link")
+    res = dataclasses.replace(built_result(), plan=rows[1].plan, chosen="disco_1_on_even_2", verdict=verdict,
+                              rows=rows, confirmation=None,
+                              runner={"runner": "processes", "processes": 2, "devices_per_process": 4})
+    info = {"model": "mlp", "preset": "tiny", "processes": 2, "devices_per_process": 4, "devices": 8,
+            "device_kind": "cpu", "over": "127.0.0.1 (gloo)", "cost_model_info": {"name": "analytic"},
+            "cluster_spec": {"label": "calibrated-across-2-processes-over-an-emulated-link"}}
+    optimize_cli._print_table(res, info)
     out = capsys.readouterr().out
     assert not _too_wide(out), _too_wide(out)
     text = " ".join(out.split())
     per_tensor = out[out.index("│ per_tensor"):out.index("└")]  # its row, maybe over two lines
     assert "1234.568 (1200.123-1300.988)" in per_tensor and "fell" in per_tensor and "back" in per_tensor
-    assert "│ disco_1_on_even_2 * │" in out and "verdict: disco_1_on_even_2 measured 1.310x" in out
+    # the plan column wraps a long name over lines (as in one process): its cells, joined
+    names = "".join(ln.split("│")[1].strip() for ln in out.splitlines() if ln.startswith("│"))
+    assert "disco_1_on_even_2 *xla_default" in names and "verdict: disco_1_on_even_2 measured 1.310x" in out
     assert "second run: 1.250x" in text and "ddp, 1.100x" in text
+    assert "2 processes x 4 CPU devices over 127.0.0.1 (gloo)" in text and "the answer is " in text

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from disco import dataset
-from disco.collect import CollectConfig, collect
+from disco.data import dataset
+from disco.data.collect import CollectConfig, collect
 from disco.ir.graph import HloGraph
 from disco.plans.plan import FusionPlan
 

@@ -1,4 +1,4 @@
-"""disco.dataset: the one reader and writer of samples.jsonl (round trip, tolerance, repair)."""
+"""disco.data.dataset: the one reader and writer of samples.jsonl (round trip, tolerance, repair)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from disco import dataset
+from disco.data import dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = os.path.join(REPO, "tests", "data", "profiles_small")
@@ -126,9 +126,9 @@ def test_the_collector_and_the_gnn_trainer_read_a_torn_file_alike(tmp_path):
 
 
 def test_reading_a_dataset_imports_no_jax():
-    code = ("import sys\nfrom disco import dataset\n"
+    code = ("import sys\nfrom disco.data import dataset\n"
             f"assert len(dataset.read(dataset.samples_path({SMALL!r})).samples) == 30\n"
-            "assert 'jax' not in sys.modules and 'numpy' not in sys.modules, 'disco.dataset imported jax/numpy'\n")
+            "assert 'jax' not in sys.modules and 'numpy' not in sys.modules, 'disco.data.dataset imported jax/numpy'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -369,7 +369,7 @@ def test_both_gnn_cost_models_rebuild_from_params_and_check_the_digest(tmp_path:
 
 # -- registry and CLI --------------------------------------------------------------------------
 def test_registry_resolves_names_devices_and_files(tmp_path: Path, small_model):
-    from disco.sim import registry
+    from disco.sim.costs import registry
     from gnn.kernel_costs import KernelCosts
     from gnn.registration import ENTRY
 
@@ -392,7 +392,7 @@ def test_registry_resolves_names_devices_and_files(tmp_path: Path, small_model):
 
 def test_a_step_level_checkpoint_prices_cpu_kernels_only(tmp_path: Path, record_json: dict):
     """The step-level GNN is trained on CPU measurements: --device h100 refuses it (it priced H100 kernels)."""
-    from disco.sim import registry
+    from disco.sim.costs import registry
     from gnn.cost_model import DEFAULT_CHECKPOINT
     from gnn.registration import ENTRY
 

@@ -13,7 +13,8 @@ import pytest
 
 from disco.ir.graph import HloGraph
 from disco.plans import baselines
-from disco.sim import cluster, device_costs, gpu_fusion, registry
+from disco.sim import cluster, gpu_fusion
+from disco.sim.costs import device_costs, registry
 from disco.sim.costs import AnalyticCosts
 from disco.sim.simulator import Simulator
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from disco import kernel_collect
+from disco.data import kernel_collect
 from disco.ir.hlo_parse import parse_module
 
 
@@ -160,7 +160,7 @@ def test_refuses_to_resume_records_of_another_step(tmp_path, field, value, messa
 def test_a_second_collector_on_the_directory_is_refused(tmp_path):
     """Only the plan collector took DIR/.lock: two --kernels collectors on one directory each measured
     every record and appended it, so every record was there twice."""
-    from disco.dataset import DirLock
+    from disco.data.dataset import DirLock
 
     cfg = kernel_collect.KernelCollectConfig(models=("mlp",), presets=("tiny",), out=str(tmp_path),
                                              variants=("default",), steps=1, rounds=1, round_steps=1)

@@ -22,7 +22,7 @@ from disco.ir.opcodes import COLLECTIVE_KIND, ZERO_COST_OPCODES
 from disco.plans import baselines
 from disco.sim import cluster as dcluster
 from disco.sim.costs import AnalyticCosts, GraphKernels
-from disco.sim.device_costs import analytic
+from disco.sim.costs.device_costs import analytic
 from disco.sim.simulator import Simulator
 
 

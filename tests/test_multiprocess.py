@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from disco import multiprocess
+from disco.runtime import multiprocess
 
 
 def test_two_processes_apply_the_same_plan_and_match_xla_default():
@@ -75,14 +75,15 @@ def test_worker_spec_rejects_an_unknown_task():
 
 
 def test_calibration_across_two_processes_fits_a_cluster_spec():
-    from disco import calibrate, mp_calibrate
+    from disco import calibrate
 
-    cal = mp_calibrate.calibrate(2, 1, None, sizes=(1 << 10, 1 << 16, 1 << 20), reps=3, timeout_s=400)
+    cal = calibrate.calibrate(calibrate.ProcessRunner(2, 1, None, timeout_s=400), sizes=(1 << 10, 1 << 16, 1 << 20),
+                              reps=3)
     c = cal.calibration
     assert c.devices == 2 and len(c.medians_s) == 3 and all(t > 0 for t in c.medians_s)
     assert c.variadic_s > 0 and c.concat_s > 0
     assert (c.fit_b == calibrate.MIN_FIT_B) == ("fit_b" in c.floored)  # a floor is named as one
-    spec = mp_calibrate.cluster_spec(cal)
+    spec = calibrate.cluster_spec(cal)
     assert (spec.nodes, spec.devices_per_node, spec.algorithm, spec.overlap) == (2, 1, "ring", False)
     assert spec.inter.bandwidth == c.bandwidth and spec.operand_latency == c.operand_latency
     assert "127.0.0.1" in spec.label
@@ -120,7 +121,7 @@ def test_a_terminated_launch_leaves_no_worker_and_no_directory(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = textwrap.dedent("""
         import os, signal
-        from disco import multiprocess
+        from disco.runtime import multiprocess
 
         def terminate(pids):
             print(*pids, flush=True)

@@ -184,6 +184,15 @@ def test_result_is_short_to_print_and_makes_traces_on_request(pipeline):
     data = result.to_dict()
     assert "chrome_trace" not in json.dumps(data) and len(json.dumps(data)) < 40_000
     assert data["measurement"] == {"rounds": 2, "steps_per_round": 1} and data["speedup_vs_xla_default"] == result.speedup
+    # the keys the optimizer across processes wrote, from the same result in one process
+    assert data["runner"] == "in-process" and data["best_baseline"] == result.best_baseline
+    assert data["speedup"] == result.speedup and data["relation"] == result.relation
+    assert FusionPlan.from_json(data["plan_json"]).digest() == result.plan.digest()
+    if result.confirmation is not None:
+        conf = {r["plan"]: r for r in data["confirmation"]}
+        assert set(conf) == set(result.confirmation.times)
+        assert all(len(r["samples_ms"]) == CONFIG.confirmation_rounds for r in conf.values())
+        assert conf[result.confirmation.candidate]["paired_speedup"] == result.confirmation.speedup
     trace = opt.chrome_trace(result)
     sim = pipeline.target.simulator
     assert trace["traceEvents"] and trace["otherData"]["step_time_s"] == pytest.approx(sim.step_time(result.plan))

@@ -15,12 +15,11 @@ from disco import optimizer as opt
 from disco.bench import PlanResult
 from disco.ir import extractor
 from disco.ir.graph import HloGraph, Loop, Node
-from disco.mp_optimize import CrossOptimizeResult
 from disco.plans import baselines
 from disco.plans.plan import Bucket, FusionPlan
 from disco import search
 from disco.search import greedy_fusion
-from disco.sim import device_costs
+from disco.sim.costs import device_costs
 from disco.sim.cluster import preset
 from disco.sim.simulator import Simulator
 from tests.test_optimize import built_result, contradicting_result
@@ -100,10 +99,10 @@ OBJECTS = {
     "Measurement": lambda r: Measurement(tuple(i / 1e4 for i in range(1, 28))),
     "PlanResult": lambda r: PlanResult(LONG, r.plan, False, LONG, 1.25, 10, 1,
                                        Measurement(tuple(i / 1e4 for i in range(1, 28))), step=r.step),
-    "CrossOptimizeResult": lambda r: CrossOptimizeResult(
-        chosen="ddp", plan_json=r.plan.to_json(), verdict="x" * 1000,
-        rows=({"plan": "ddp", "paired_speedup": 1.2},) * 20, confirmed_speedup=1.1, confirmation=(), link={"x": LONG},
-        search={"evals": 1}, cluster=LONG, fingerprints_match=False),
+    "ProcessRunner": lambda r: opt.ProcessRunner(LONG, LONG, 2, 4),
+    "InProcessRunner": lambda r: opt.InProcessRunner(),
+    "Trial": lambda r: opt.Trial(Measurement(tuple(i / 1e4 for i in range(1, 28))), False, LONG, record={"x": LONG}),
+    "Trials": lambda r: opt.Trials({LONG: opt.Trial(Measurement((1.0,)), True)}, None, {}, {"x": LONG}),
 }
 
 

@@ -49,7 +49,7 @@ import json, os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import disco, trax_models
 from disco import search
-from disco.sim import device_costs
+from disco.sim.costs import device_costs
 from disco.sim.cluster_presets import resolve
 from disco.sim.simulator import Simulator
 step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disco import multiprocess, testbed
-from disco.testbed import LinkSpec, parse_link
-from disco.testbed._switch import schedule
+from disco.runtime import multiprocess, testbed
+from disco.runtime.testbed import LinkSpec, parse_link
+from disco.runtime.testbed._switch import schedule
 
 
 def _namespaces_permitted() -> str | None:
@@ -139,7 +139,7 @@ def test_schedule_example():
 def test_a_clear_error_where_namespaces_are_not_permitted():
     code = textwrap.dedent("""
         import os, sys
-        from disco import testbed  # before dropping root: the interpreter's files may be root's
+        from disco.runtime import testbed  # before dropping root: the interpreter's files may be root's
         os.setgid(65534); os.setuid(65534)
         try:
             with testbed.Testbed(2, testbed.parse_link("rate=1gbit")):
@@ -166,7 +166,7 @@ def test_a_refused_testbed_leaves_no_directory():
     tmp.chmod(0o777)
     code = textwrap.dedent("""
         import os, tempfile
-        from disco import testbed
+        from disco.runtime import testbed
         os.setgid(65534); os.setuid(65534)
         testbed.Testbed(2, testbed.parse_link("rate=1gbit"))  # never opened
         try:
@@ -299,7 +299,7 @@ def _prefix_of(pid: int) -> str:
 def test_a_teardown_interrupted_by_a_second_ctrl_c_is_finished_at_exit(monkeypatch):
     """A second Ctrl-C while the testbed tears down: close() had already unregistered it, so neither
     the exit handler nor another close() removed the namespaces, /etc/netns entries and directory left."""
-    from disco.testbed import _netns
+    from disco.runtime.testbed import _netns
 
     real_stop = _netns._stop
     calls = []
@@ -335,7 +335,7 @@ def test_cleanup_removes_what_a_killed_testbed_left():
     know of), and the orphaned switch ends."""
     code = textwrap.dedent("""
         import sys, time
-        from disco import testbed
+        from disco.runtime import testbed
         tb = testbed.Testbed(2, testbed.parse_link("rate=1gbit"))
         tb.open()
         print(tb.prefix, tb._switch.pid, flush=True)

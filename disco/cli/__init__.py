@@ -18,7 +18,7 @@ from typing import Any
 from disco import __version__
 from disco.cli import bench, calibrate, collect, graph, models, optimize, predict_kernels, simulate, train_gnn
 from disco.cli.common import CliError
-from disco.multiprocess import WorkersFailed
+from disco.runtime.multiprocess import WorkersFailed
 from service import cli as service_cli
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main"]

@@ -124,7 +124,7 @@ def _run_processes(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from disco import multiprocess
+    from disco.runtime import multiprocess
 
     if args.trax_model:
         raise CliError("--processes runs zoo models only (each worker rebuilds the step by name); "

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if across_processes(args):  # across processes, maybe over an emulated link
         return run_across(args)
     from disco import calibrate as cal
+    from disco.runtime import allreduce_timing as timing
 
     if args.devices < 2:  # an all-reduce over one device moves nothing: there is no link to measure
         raise CliError(f"--devices must be >= 2 to calibrate all-reduces across devices, got {args.devices}")
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {s:>10,d} bytes  {t * 1e6:10.1f} us")
         print(f"fit t = {c.fit_a * 1e6:.1f} us + n / {1 / c.fit_b / 1e9:.2f} GB/s; ring link latency "
               f"{c.latency * 1e6:.2f} us, bandwidth {c.bandwidth / 1e9:.2f} GB/s")
-        print(f"variadic all-reduce of {cal.OPERANDS} operands ({cal.OPERAND_BYTES:,d} bytes in all) "
+        print(f"variadic all-reduce of {timing.OPERANDS} operands ({timing.OPERAND_BYTES:,d} bytes in all) "
               f"{c.variadic_s * 1e6:.1f} us, the same bytes concatenated {c.concat_s * 1e6:.1f} us: "
               f"operand latency {c.operand_latency * 1e6:.1f} us")
         if args.out:
@@ -87,13 +88,13 @@ def run(args: argparse.Namespace) -> int:
 def run_across(args: argparse.Namespace) -> int:
     """``disco calibrate`` across processes: fit, cluster spec, and (with ``--model``) the
     simulator's baselines against measurements."""
-    from disco import mp_calibrate
+    from disco import calibrate
 
     check_process_counts(args)
     link = parse_link_arg(args)
-    cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link, reps=args.reps,
-                                 timeout_s=args.timeout)
-    spec = mp_calibrate.cluster_spec(cal)
+    runner = calibrate.ProcessRunner(args.processes, args.devices_per_process, link, timeout_s=args.timeout)
+    cal = calibrate.calibrate(runner, reps=args.reps)
+    spec = calibrate.cluster_spec(cal)
     if args.out:
         with open(args.out, "w") as f:
             f.write(spec.to_yaml())
@@ -101,7 +102,7 @@ def run_across(args: argparse.Namespace) -> int:
     note_floors(cal.calibration.floored)
     if args.model:
         setup_devices(args.processes * args.devices_per_process)
-        out["baselines"] = mp_calibrate.compare_baselines(
+        out["baselines"] = calibrate.compare_baselines(
             spec, args.processes, args.devices_per_process, link, model=args.model, preset=args.preset,
             rounds=args.rounds, timeout_s=args.timeout)
     if args.json:

@@ -1,6 +1,6 @@
 """``disco collect``: measure baselines and random plans per model into a dataset (resumable).
 
-The collecting is :func:`disco.collect.collect`; this module parses the command line (for
+The collecting is :func:`disco.data.collect.collect`; this module parses the command line (for
 ``disco collect`` and ``scripts/collect_profiles.py``).
 
 Example::
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd (default adamw)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (default: a bar on a terminal, plain lines otherwise)")
-    g = p.add_argument_group("per-kernel device times (disco.kernel_collect; writes DIR/kernels.jsonl)")
+    g = p.add_argument_group("per-kernel device times (disco.data.kernel_collect; writes DIR/kernels.jsonl)")
     g.add_argument("--kernels", action="store_true",
                    help="compile each model at --presets under --variants and record every kernel's device time")
     g.add_argument("--presets", default=None, help="with --kernels: comma list of presets (default: --preset)")
@@ -57,8 +57,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`disco.collect.CollectConfig` the arguments describe."""
-    from disco.collect import CollectConfig
+    """The :class:`disco.data.collect.CollectConfig` the arguments describe."""
+    from disco.data.collect import CollectConfig
 
     return CollectConfig(
         models=tuple(m.strip() for m in args.models.split(",") if m.strip()), out=args.out,
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     _check_mode(args)
     if getattr(args, "kernels", False):
         return _run_kernels(args)
-    from disco.collect import collect
+    from disco.data.collect import collect
 
     try:
         summary = collect(config_from_args(args), show_progress=not args.no_progress)
@@ -104,8 +104,8 @@ def _check_mode(args: argparse.Namespace) -> None:
 
 
 def _run_kernels(args: argparse.Namespace) -> int:
-    """``disco collect --kernels``: per-kernel device times (:mod:`disco.kernel_collect`)."""
-    from disco import kernel_collect
+    """``disco collect --kernels``: per-kernel device times (:mod:`disco.data.kernel_collect`)."""
+    from disco.data import kernel_collect
     from disco.cli.common import setup_devices
 
     def split(v: str | None) -> tuple[str, ...]:

@@ -300,13 +300,13 @@ def add_cost_model_arg(p: argparse.ArgumentParser) -> None:
 
 
 def load_cost_model(value: str, device: str = "cpu") -> tuple[Any, dict[str, Any]]:
-    """The cost model named by ``--cost-model`` for ``device`` (:mod:`disco.sim.registry`) and what
+    """The cost model named by ``--cost-model`` for ``device`` (:mod:`disco.sim.costs.registry`) and what
     to report about it (name, digest, source).
 
     Raises:
       CliError: for a name that is no registered model nor a model file, or a file that cannot be loaded.
     """
-    from disco.sim import registry
+    from disco.sim.costs import registry
     from gnn.registration import ENTRY
 
     registry.register(ENTRY)  # the CLI is the layer that may import gnn; disco resolves names only
@@ -413,7 +413,7 @@ def parse_item(item: str) -> Any:
 
 # -- --processes and --link: workers across processes, maybe behind emulated links -------------
 LINK_HELP = ("emulated link per worker, e.g. rate=1gbit,delay=100us[,jitter=10us,loss=0.1%%]: each worker in its "
-             "own network namespace (needs root; disco.testbed); 'loopback' or none: 127.0.0.1")
+             "own network namespace (needs root; disco.runtime.testbed); 'loopback' or none: 127.0.0.1")
 
 
 def add_link_arg(p: argparse.ArgumentParser) -> None:
@@ -432,8 +432,8 @@ def add_process_args(p: argparse.ArgumentParser, *, default_dpp: int = 1) -> Non
 
 def emulated_link(args: argparse.Namespace) -> bool:
     """Whether ``--link`` names an emulated link: given, and not empty or ``loopback`` (in any case,
-    as :func:`disco.testbed.parse_link` reads it), which mean 127.0.0.1 as no --link does."""
-    from disco.testbed import is_loopback
+    as :func:`disco.runtime.testbed.parse_link` reads it), which mean 127.0.0.1 as no --link does."""
+    from disco.runtime.testbed import is_loopback
 
     return not is_loopback(getattr(args, "link", None))
 
@@ -444,12 +444,12 @@ def across_processes(args: argparse.Namespace) -> bool:
 
 
 def parse_link_arg(args: argparse.Namespace) -> Any:
-    """``args.link`` as a :class:`disco.testbed.LinkSpec`, or None for loopback.
+    """``args.link`` as a :class:`disco.runtime.testbed.LinkSpec`, or None for loopback.
 
     Raises:
       CliError: a spec that does not parse, or a link where namespaces are not permitted.
     """
-    from disco.testbed import check_permitted, parse_link
+    from disco.runtime.testbed import check_permitted, parse_link
 
     try:
         link = parse_link(getattr(args, "link", None))

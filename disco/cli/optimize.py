@@ -94,26 +94,13 @@ def _bucket_counts(spec: str) -> tuple[int, ...]:
         counts = tuple(int(t) for t in items)
     except ValueError:
         raise CliError(f"--bucket-sweep {spec!r}: expected comma-separated bucket counts, e.g. 2,3,4") from None
-    if any(k < 1 for k in counts):
-        raise CliError(f"--bucket-sweep {spec!r}: bucket counts must be >= 1")
-    return counts
+    return counts  # OptimizeConfig checks them
 
 
 def _check(args: argparse.Namespace) -> None:
-    _bucket_counts(args.bucket_sweep)
-    if not 0 < args.budget < float("inf"):
-        raise CliError(f"--budget must be positive seconds, got {args.budget}")
-    if args.max_evals is not None and args.max_evals < 1:
-        raise CliError(f"--max-evals must be >= 1 evaluations, got {args.max_evals}")
-    if args.finalists < 1:
-        raise CliError(f"--finalists must be >= 1, got {args.finalists}")
-    if args.measure_top_k < 0:
-        raise CliError(f"--measure-top-k must be >= 0, got {args.measure_top_k}")
-    if args.rounds < 1 or args.steps < 1:
-        raise CliError(f"--rounds and --steps must be >= 1, got {args.rounds} and {args.steps}")
-    if args.confirm_rounds is not None and args.confirm_rounds < 1:
-        raise CliError(f"--confirm-rounds must be >= 1, got {args.confirm_rounds}")
-    for flag in ("out", "trace", "plot"):  # before the search: a bad path must not cost the run
+    """What the options of ``optimize`` do not check: the output files (before the search: a bad
+    path must not cost the run) and matplotlib for --plot."""
+    for flag in ("out", "trace", "plot"):
         check_output_file(getattr(args, flag), f"--{flag}")
     if args.plot:
         try:
@@ -123,27 +110,48 @@ def _check(args: argparse.Namespace) -> None:
                            "`pip install matplotlib` (setup.cfg pins the version)") from None
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`disco.optimizer.OptimizeConfig` the arguments describe."""
+# the command's flag for each OptimizeConfig field it sets (an error names the flag)
+_FLAGS = {"budget_s": "--budget", "max_evals": "--max-evals", "strategy": "--strategy",
+          "measure_top_k": "--measure-top-k", "seed": "--seed", "rounds": "--rounds", "steps": "--steps",
+          "bucket_sweep": "--bucket-sweep", "finalists": "--finalists", "confirm_rounds": "--confirm-rounds",
+          "measure_bound": "--no-bound", "confirm": "--no-confirm"}
+
+
+def config_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
+    """The :class:`disco.optimizer.OptimizeConfig` the arguments describe (``fixed``: fields the
+    command sets itself). It checks them (without importing jax); its error is reported with the
+    flags' names.
+
+    Raises:
+      CliError: the config's error, its fields named as the flags.
+    """
+    import re
+
     from disco.optimizer import OptimizeConfig
 
-    return OptimizeConfig(budget_s=args.budget, max_evals=args.max_evals, strategy=args.strategy,
-                          measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds, steps=args.steps,
-                          measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
-                          finalists=args.finalists, confirm=args.confirm, confirm_rounds=args.confirm_rounds)
+    try:
+        return OptimizeConfig(budget_s=args.budget, max_evals=args.max_evals, strategy=args.strategy,
+                              measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds, steps=args.steps,
+                              measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
+                              finalists=args.finalists, confirm=args.confirm, confirm_rounds=args.confirm_rounds,
+                              **fixed)
+    except ValueError as e:
+        fields = "|".join(sorted(_FLAGS, key=len, reverse=True))
+        raise CliError(re.sub(rf"\b({fields})\b", lambda m: _FLAGS[m.group(1)], str(e))) from None
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``disco optimize``; returns the exit status."""
     _check(args)
     if across_processes(args):  # across processes, maybe over an emulated link
-        return run_across(args, bucket_sweep=_bucket_counts(args.bucket_sweep))
+        return run_across(args)
     from disco.sim.cluster import resolve
 
     check_devices(args.devices)  # before the cluster: --devices 0 is the flag's error, not the preset's
     cluster = resolve(args.cluster, args.devices) if args.cluster else None
     if cluster is not None:
         note_device_mismatch(args.devices, cluster, "disco optimize")
+    config = config_from_args(args)  # before the model is built: a bad option must not cost the build
     step, example = make_step(args)  # first: it sets the device count before jax starts
     calibration = None
     if cluster is None:
@@ -151,7 +159,6 @@ def run(args: argparse.Namespace) -> int:
     note_measured_elsewhere(cluster, "disco optimize")
     note_placeholder_costs(cluster, "disco optimize")
     costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
-    config = config_from_args(args)
     from disco.optimizer import optimize
 
     with progress_reporter(not args.no_progress) as progress:
@@ -243,8 +250,11 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     best_base = max((r.gain(base_row) for r in baseline_rows), default=None)
     again = result.runoff.speedups if result.runoff is not None else {}
     lb = result.setting.lower_bound_s
-    t = Table(title=(f"disco optimize {info['model']}/{info['preset']} on {info['devices']} devices "
-                     f"({info['device_kind']}; predicted by the simulator with the {_describe_costs(info)} "
+    where = (f"{info['processes']} processes x {info['devices_per_process']} CPU devices over {info['over']} "
+             "(a round's time: the slowest process's" if info.get("processes") else
+             f"{info['devices']} devices ({info['device_kind']}")
+    t = Table(title=(f"disco optimize {info['model']}/{info['preset']} on {where}"
+                     f"; predicted by the simulator with the {_describe_costs(info)} "
                      "cost model on cluster "
                      f"{result.setting.cluster!r}{_cluster_note(info)}; measured, "
                      f"{counted(result.config.rounds, 'round')} x "
@@ -293,6 +303,7 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     if note:
         print_note(console, note)
     _print_verdict(console, result.verdict)
+    print_note(console, f"the answer is {result.relation}")
     for r in [result.row(result.chosen)] + [r for r in result.rows if r.name == "disco_1" and r.name != result.chosen]:
         p = r.plan
         opts = ", ".join(f"{k}={v}" for k, v in p.compile_options) or "XLA's defaults"
@@ -387,10 +398,11 @@ def draw_timelines(result: Any) -> Any:
 
 
 # -- across processes, maybe over an emulated link ----------------------------------------------
-def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> int:
-    """``disco optimize`` across processes: calibrate on the link (unless --cluster), search, measure.
-    ``bucket_sweep``: ``--bucket-sweep`` as read by ``disco.cli.optimize``."""
-    from disco import mp_calibrate, mp_optimize
+def run_across(args: argparse.Namespace) -> int:
+    """``disco optimize`` across processes: calibrate on the link (unless --cluster), then the same
+    pipeline as in one process, measured on the workers (:class:`disco.optimizer.ProcessRunner`)."""
+    from disco import calibrate
+    from disco.optimizer import ProcessRunner, optimize
     from disco.sim.cluster import resolve
 
     check_process_counts(args)
@@ -400,54 +412,38 @@ def run_across(args: argparse.Namespace, *, bucket_sweep: tuple[int, ...]) -> in
         if getattr(args, flag):
             raise CliError(f"--{flag} is written by the optimizer in one process only; with --processes or --link "
                            "the answer is written by --out and the measurements by --json")
+    # each row costs a compile in every worker of every launch: no bucket-only projections here
+    config = config_from_args(args, measure_buckets_only=False)
     link = parse_link_arg(args)
+    runner = ProcessRunner(args.model, args.preset, args.processes, args.devices_per_process, link,
+                           optimizer=args.optimizer, style=args.style, timeout_s=args.timeout)
     cal = None
     if args.cluster:  # "local": the devices of all the processes, as in one process
-        cluster = resolve(args.cluster, args.processes * args.devices_per_process)
+        cluster = resolve(args.cluster, runner.devices)
     else:
-        cal = mp_calibrate.calibrate(args.processes, args.devices_per_process, link, timeout_s=args.timeout)
-        cluster = mp_calibrate.cluster_spec(cal)
+        cal = calibrate.calibrate(calibrate.ProcessRunner(args.processes, args.devices_per_process, link,
+                                                          timeout_s=args.timeout))
+        cluster = calibrate.cluster_spec(cal)
         note_floors(cal.calibration.floored, prefix="disco optimize: ")
-    setup_devices(args.processes * args.devices_per_process)  # before anything starts jax's backend
+    setup_devices(runner.devices)  # before anything starts jax's backend
     costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
-    res = mp_optimize.optimize(
-        args.model, args.preset, args.processes, args.devices_per_process, link, cluster=cluster, costs=costs,
-        budget_s=args.budget, max_evals=args.max_evals, strategy=args.strategy, measure_top_k=args.measure_top_k,
-        seed=args.seed, rounds=args.rounds, steps=args.steps, bucket_sweep=bucket_sweep, confirm=args.confirm,
-        confirm_rounds=args.confirm_rounds, optimizer=args.optimizer, style=args.style, timeout_s=args.timeout,
-        progress=None if args.no_progress else (lambda m: print(f"disco optimize: {m}", file=sys.stderr)))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(res.plan_json + "\n")
-    info = {"model": args.model, "preset": args.preset, "processes": args.processes,
-            "devices_per_process": args.devices_per_process, "cost_model_info": cost_info,
-            "cluster_spec": cluster.to_dict(), "calibration": cal.to_dict() if cal else None}
+    step, example = runner.make_step()
+    with progress_reporter(not args.no_progress) as progress:
+        result = optimize(step, *example, cluster=cluster, costs=costs, config=config, progress=progress,
+                          runner=runner)
+    _write_outputs(args, result)
+    info = {"model": args.model, "preset": args.preset, "devices": runner.devices, "device_kind": "cpu",
+            "processes": args.processes, "devices_per_process": args.devices_per_process,
+            "over": over_label(link), "cost_model_info": cost_info, "cluster_spec": cluster.to_dict(),
+            "calibration": cal.to_dict() if cal else None}
     if args.json:
-        print_json({**info, **res.to_dict()})
+        print_json({**info, **result.to_dict()})
         return 0
-    _print_across_table(res, args, link, cluster.name)
+    _print_table(result, info)
     return 0
 
 
-def _print_across_table(res: Any, args: argparse.Namespace, link: Any, cluster: str) -> None:
-    """The table and the verdict of ``res`` (a :class:`disco.mp_optimize.CrossOptimizeResult`)."""
-    from rich.table import Table
-
-    t = Table(title=f"disco optimize {args.model}/{args.preset}: {args.processes} processes x "
-                    f"{args.devices_per_process} CPU devices over {over_label(link)}; predicted on cluster "
-                    f"{cluster}; measured, median = slowest process per round")
-    for col in ("plan", "kind", "predicted ms", "measured ms median (min-max)", "speedup vs xla_default (paired)"):
-        t.add_column(col, overflow="fold")  # a cell too wide for 120 columns wraps or folds, never cut short
-    for r in sorted(res.rows, key=lambda r: -r["paired_speedup"]):
-        t.add_row(r["plan"] + (" *" if r["plan"] == res.chosen else ""), r["kind"], f"{r['predicted_ms']:.3f}",
-                  f"{r['median_ms']:.3f} ({r['min_ms']:.3f}-{r['max_ms']:.3f})" + ("" if r["applied"] else " fell back"),
-                  f"{r['paired_speedup']:.3f}x")
-    console = table_console()
-    console.print(t)
-    _print_verdict(console, res.verdict)
-
-
-# How the stages of a verdict begin after the first (disco.optimizer._choice, disco.mp_optimize):
+# How the stages of a verdict begin after the first (disco.optimizer._choice):
 # the run-off, the confirmation, and what was kept.
 _VERDICT_STAGES = ("but ", "confirmed ", "the best again ", "keeping ", "the answer is ")
 

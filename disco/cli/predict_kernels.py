@@ -2,7 +2,7 @@
 
 Reads a module as ``Compiled.as_text()`` prints it (XLA:GPU or XLA:CPU), finds every
 instruction that launches device work (:func:`gnn.kernel_features.module_kernels`) and prices
-each with the cost model named by ``--cost-model`` for ``--device`` (:mod:`disco.sim.registry`).
+each with the cost model named by ``--cost-model`` for ``--device`` (:mod:`disco.sim.costs.registry`).
 A kernel inside a while body counts once per execution (its seconds are per launch times the
 loop's known trip count). Keys are instruction names, as the profiler reports them in ``hlo_op``.
 A module that the other backend's compiler wrote (XLA:GPU's with ``--device cpu``, XLA:CPU's with
@@ -54,7 +54,7 @@ def predict(hlo: Any, costs: Any, backend: str | None = None) -> dict[str, float
 
     Args:
       hlo: the optimised module's text, or the module parsed (:func:`disco.ir.hlo_parse.parse_module`).
-      costs: the cost model (:mod:`disco.sim.registry`).
+      costs: the cost model (:mod:`disco.sim.costs.registry`).
       backend: "gpu" or "cpu", the compiler of the module (None: read from the text; see
         :func:`gnn.kernel_features.module_kernels`, which leaves out what XLA:GPU never runs).
 

@@ -466,7 +466,7 @@ def _fingerprint_attrs(ins: hlo_module.Instruction) -> dict[str, str]:
     ``stack_frame_id`` (jax 0.8.3 gives the ``Sharding`` custom-calls of a ``shard_map`` step
     one), which depends on the Python call stack that traced the step, so the same step traced
     from two programs would otherwise get two fingerprints (measured: the coordinator and the
-    workers of ``disco.multiprocess``). No zoo step of jax 0.10.2 has one there, so their
+    workers of ``disco.runtime.multiprocess``). No zoo step of jax 0.10.2 has one there, so their
     fingerprints are unchanged.
     """
     if not ins.fingerprint_attrs:

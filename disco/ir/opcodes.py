@@ -143,7 +143,7 @@ XLA_GPU_CHEAP_UNARY: frozenset[str] = frozenset({"convert", "negate", "copy", "a
 # Producers a matrix hero absorbs (operand layout / Triton prologue).
 XLA_GPU_MATRIX_PROLOGUE: frozenset[str] = frozenset({"transpose", "convert", "copy"})
 # A kernel made only of these moves data and computes nothing (the H100 kernel model's cheaper
-# launch, disco.sim.device_costs; the GNN's ``copy`` kernel class, gnn.kernel_features).
+# launch, disco.sim.costs.device_costs; the GNN's ``copy`` kernel class, gnn.kernel_features).
 DATA_MOVEMENT_OPCODES: frozenset[str] = frozenset({
     "copy", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad", "reshape"})
 

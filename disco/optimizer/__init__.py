@@ -11,7 +11,9 @@ The pipeline is a few pure steps, each with its own small result (the shape of
    short sweep of bucket counts (``even_<k>``: the gradients cut into ``k`` buckets of equal
    bytes), measured because the bucket count that wins on CPU devices is not what the
    simulator predicts.
-3. :func:`measure`: apply and time them in interleaved rounds (:func:`disco.bench.run_bench`).
+3. :func:`measure`: apply and time them in interleaved rounds on a runner: this process's
+   devices (:class:`InProcessRunner`, the default; :func:`disco.bench.run_bench`) or worker
+   processes on loopback or an emulated link (:class:`ProcessRunner`).
    The first choice is the fastest *measured* plan by the paired speedup
    (:func:`xla_hooks.measure.paired_speedup`); when nothing beats ``xla_default`` the answer is
    ``xla_default`` and the verdict says so.
@@ -26,7 +28,10 @@ The pipeline is a few pure steps, each with its own small result (the shape of
    by default). The answer and its reported speedup come from that run: the faster of the choice
    and that baseline if it beats ``xla_default`` there, else ``xla_default``.
 
-The options are one immutable :class:`OptimizeConfig`; the answer is an
+The steps make every decision and a runner only measures (:mod:`disco.optimizer._runners`), so
+one pipeline serves both; where fresh processes make a step dearer (every run recompiles every
+plan), the runner says so and the step does less (:func:`run_off`). The options are one
+immutable :class:`OptimizeConfig`; the answer is an
 :class:`OptimizeResult` (``print(result.summary())``); :func:`chrome_trace` draws a plan's
 simulated timeline on request.
 
@@ -44,103 +49,89 @@ Example::
     measured = measure(target, cands, config)
     runoff = run_off(target, measured, config)
     result = make_result(target, config, cands, measured, runoff, confirm(target, measured, config, runoff))
+
+    # across 2 worker processes (the same pipeline, another runner)
+    runner = ProcessRunner("mlp", "small", processes=2, devices_per_process=4)
+    step, args = runner.make_step()
+    result = disco.optimize(step, *args, cluster=cluster, runner=runner, budget_s=30)
+
+Only :class:`OptimizeConfig` is imported eagerly (it does not import jax: ``disco optimize``
+checks its options before jax starts); the rest on first use.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from disco.optimizer._choice import (
-    PlanRow,
-    Span,
-    confirmed_winner,
-    fastest_baseline,
-    regroup_sources,
-    runoff_choice,
-)
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
-from disco.optimizer._result import OptimizeResult, Setting, chrome_trace, make_result
-from disco.optimizer._steps import (
-    REPORTED_BASELINES,
-    Bound,
-    Candidates,
-    Confirmation,
-    Measured,
-    RunOff,
-    SearchSummary,
-    Target,
-    candidates,
-    confirm,
-    devices_of,
-    fusion_decisions,
-    measure,
-    prepare,
-    reduce_fusion_row,
-    regrouped,
-    regrouped_plan,
-    regrouped_row,
-    run_off,
-)
-from disco.sim.cluster import ClusterSpec
-from disco.sim.costs import CostModel
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports on first use
+    from disco.optimizer._choice import (
+        PlanRow,
+        Span,
+        confirmed_winner,
+        fastest_baseline,
+        regroup_sources,
+        relation_to_baselines,
+        runoff_choice,
+    )
+    from disco.optimizer._pipeline import optimize
+    from disco.optimizer._process import ProcessRunner
+    from disco.optimizer._result import OptimizeResult, Setting, chrome_trace, make_result
+    from disco.optimizer._runners import InProcessRunner, Runner, Trial, Trials
+    from disco.optimizer._steps import (
+        REPORTED_BASELINES,
+        Bound,
+        Candidates,
+        Confirmation,
+        Measured,
+        RunOff,
+        SearchSummary,
+        Target,
+        candidates,
+        confirm,
+        devices_of,
+        fusion_decisions,
+        measure,
+        prepare,
+        reduce_fusion_row,
+        regrouped,
+        regrouped_plan,
+        regrouped_row,
+        run_off,
+        validate,
+    )
+
+_MODULES = {
+    "_choice": ("PlanRow", "Span", "confirmed_winner", "fastest_baseline", "regroup_sources",
+                "relation_to_baselines", "runoff_choice"),
+    "_pipeline": ("optimize",),
+    "_process": ("ProcessRunner",),
+    "_result": ("OptimizeResult", "Setting", "chrome_trace", "make_result"),
+    "_runners": ("InProcessRunner", "Runner", "Trial", "Trials"),
+    "_steps": ("REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "RunOff", "SearchSummary",
+               "Target", "candidates", "confirm", "devices_of", "fusion_decisions", "measure", "prepare",
+               "reduce_fusion_row", "regrouped", "regrouped_plan", "regrouped_row", "run_off", "validate"),
+}
+_EXPORTS = {name: f"disco.optimizer.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = [
-    "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "OptimizeConfig", "OptimizeResult",
-    "PlanRow", "Progress", "RunOff", "SearchSummary", "Setting", "Span", "Target", "candidates", "chrome_trace",
-    "confirm", "confirmed_winner", "devices_of", "fastest_baseline", "fusion_decisions", "make_result", "measure", "optimize", "prepare",
-    "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "run_off", "runoff_choice",
+    "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "InProcessRunner", "Measured", "OptimizeConfig",
+    "OptimizeResult", "PlanRow", "ProcessRunner", "Progress", "RunOff", "Runner", "SearchSummary", "Setting",
+    "Span", "Target", "Trial", "Trials", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
+    "fastest_baseline", "fusion_decisions", "make_result", "measure", "no_progress", "optimize", "prepare",
+    "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "relation_to_baselines",
+    "run_off", "runoff_choice", "validate",
 ]
 
 
-def optimize(
-    step_fn: Callable[..., Any],
-    *args: Any,
-    cluster: ClusterSpec | None = None,
-    costs: CostModel | None = None,
-    config: OptimizeConfig | None = None,
-    progress: Progress | None = None,
-    **options: Any,
-) -> OptimizeResult:
-    """Finds the fastest measured plan for ``step_fn`` on ``args`` (the module doc's steps, in order).
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'disco.optimizer' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
-    Args:
-      step_fn: the training step (plain or jitted).
-      *args: its example arguments (real arrays: the plans are measured).
-      cluster: the cluster the simulator prices collectives with (default:
-        ``cluster.preset("local", devices=<devices args are sharded over>)``, or over the devices
-        the all-reduces' replica groups span when more (a pmap step's host arrays), whose link costs are
-        placeholders; ``disco.calibrate.machine_cluster(devices)[0]`` measures this machine's, as
-        ``disco optimize`` does without ``--cluster``).
-      costs: the cost model (default: the cluster's device kind's, ``disco.sim.device_costs.analytic(cluster.device)``:
-        the CPU roofline, or ``SummedCosts`` on an H100 cluster).
-      config: the options (default ``OptimizeConfig()``).
-      progress: called as ``progress(phase, fraction, message)``; phases "extract", "search",
-        "measure", "run-off", "confirm".
-      **options: :class:`OptimizeConfig` fields (e.g. ``budget_s``, default 60 s; ``rounds``,
-        default 9), applied over ``config``.
 
-    Returns:
-      The OptimizeResult.
-
-    Raises:
-      ValueError: for a bad option (:class:`OptimizeConfig` names it), before anything runs.
-      TypeError: for an option that is not an :class:`OptimizeConfig` field, or a ``config``,
-        ``cluster`` or ``costs`` of the wrong type (before the graph is extracted).
-    """
-    unknown = sorted(set(options) - set(OptimizeConfig.field_names()))
-    if unknown:
-        raise TypeError(f"optimize: unknown options {unknown}; expected OptimizeConfig fields: "
-                        f"{', '.join(OptimizeConfig.field_names())}")
-    if config is not None and not isinstance(config, OptimizeConfig):
-        raise TypeError(f"config: expected an OptimizeConfig or None, got {type(config).__name__} "
-                        "(pass options as keywords: optimize(step, *args, budget_s=30))")
-    config = dataclasses.replace(config or OptimizeConfig(), **options)
-    report = progress or no_progress
-    target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)
-    cands = candidates(target, config, report)
-    measured = measure(target, cands, config, report)
-    runoff = run_off(target, measured, config, report)
-    confirmation = confirm(target, measured, config, runoff, report)
-    return make_result(target, config, cands, measured, runoff, confirmation)
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from disco.plans.plan import FusionPlan
+from disco.plans.plan import FusionPlan, decisions
 from xla_hooks.measure import Measurement, paired_interval, paired_speedup
 
 
@@ -47,6 +47,8 @@ class PlanRow:
       applied: whether the plan was applied (False: it fell back to XLA's default compile).
       fallback_reason: why it fell back, or None.
       speedup: the paired speedup over xla_default in the same rounds; None when not measured.
+      all_reduces: the all-reduces in the compiled step, where the runner counted them.
+      measured_in: "run-off" for a plan measured in the run-off only; None otherwise.
     """
 
     name: str
@@ -60,6 +62,8 @@ class PlanRow:
     applied: bool = True
     fallback_reason: str | None = None
     speedup: float | None = None
+    all_reduces: int | None = None
+    measured_in: str | None = None
 
     def gain(self, base: PlanRow) -> float:
         """Speedup over ``base`` (xla_default): the paired one when measured, else the ratio of medians."""
@@ -74,7 +78,11 @@ class PlanRow:
                 "measured_min_ms": ms(self.min_s), "measured_max_ms": ms(self.max_s),
                 "speedup_vs_xla_default": self.speedup,
                 "applied": self.applied, "fallback_reason": self.fallback_reason,
-                "plan_digest": self.plan.digest(), "plan_summary": self.plan.summary()}
+                "plan_digest": self.plan.digest(), "plan_summary": self.plan.summary(),
+                # the keys the optimizer across processes wrote (scripts/zoo_links.py reads them)
+                "plan": self.name, "median_ms": ms(self.median_s), "min_ms": ms(self.min_s), "max_ms": ms(self.max_s),
+                "paired_speedup": self.speedup, "all_reduces": self.all_reduces,
+                **({"measured_in": self.measured_in} if self.measured_in else {})}
 
     def __repr__(self) -> str:
         ms = (lambda v: "-" if v is None else f"{v * 1e3:.3f}")  # noqa: E731
@@ -236,3 +244,17 @@ def confirmed_choice(chosen: str, verdict: str, again: Mapping[str, Measurement]
     return ConfirmedChoice("xla_default", (f"{chosen} measured fastest, but the gain did not hold in a second run "
                                            f"({numbers}); keeping XLA's default compile"), gain, b_gain, vs,
                            interval)
+
+
+def relation_to_baselines(plan: FusionPlan, baselines: Mapping[str, FusionPlan]) -> str:
+    """How ``plan`` relates to ``baselines`` (name -> plan), one phrase: "the baseline B" (the
+    same plan), "B's bucketing plus <what>" (the same buckets plus fusion groups, cuts, options),
+    or "its own bucketing (<n> buckets)"."""
+    for name, base in baselines.items():
+        if plan.digest() == base.digest():
+            return f"the baseline {name}"
+    for name, base in baselines.items():
+        if plan.buckets == base.buckets:
+            return f"{name}'s bucketing plus " + (" and ".join(decisions(plan, relative_to=base)) or "nothing")
+    n = "XLA's" if plan.buckets is None else f"{len(plan.buckets)} buckets"
+    return f"its own bucketing ({n})"

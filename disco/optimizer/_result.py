@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from disco.optimizer._choice import PlanRow, Span, best_baseline
+from disco.optimizer._choice import PlanRow, Span, best_baseline, relation_to_baselines
 from disco.optimizer._config import OptimizeConfig
+from disco.optimizer._runners import InProcessRunner
 from disco.optimizer._steps import Bound, Candidates, Confirmation, Measured, RunOff, SearchSummary, Target
 from disco.plans.plan import FusionPlan
 from disco.sim.simulator import Simulator
+from xla_hooks.measure import paired_speedup
 
 
 class Setting(NamedTuple):
@@ -57,6 +59,11 @@ class OptimizeResult:
         before it, or confirm off).
       simulator: the simulator the plans were priced with (for :func:`chrome_trace`; not
         compared, not printed).
+      runner: what measured the plans (:meth:`Runner.describe`: ``runner``, and for worker
+        processes ``processes`` and ``devices_per_process``) and what it said about the runs: the
+        first run's link and whether the workers compiled the graph the search saw
+        (``fingerprints_match``), the compute floor the cluster was scaled to (``compute_floor``,
+        ``compute_speed``).
     """
 
     plan: FusionPlan
@@ -70,6 +77,22 @@ class OptimizeResult:
     runoff: RunOff | None = None
     confirmation: Confirmation | None = None
     simulator: Simulator | None = dataclasses.field(default=None, repr=False, compare=False)
+    runner: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def best_baseline(self) -> str:
+        """The baseline (``even_<k>`` included) with the largest paired speedup over xla_default in
+        the first run (:func:`~disco.optimizer.fastest_baseline`); xla_default when none beat it."""
+        return best_baseline(self.rows) or "xla_default"
+
+    @property
+    def relation(self) -> str:
+        """How the answer relates to the baselines measured, one phrase
+        (:func:`~disco.optimizer.relation_to_baselines`): a baseline itself, a baseline's
+        bucketing plus fusion groups or options, or a bucketing of its own."""
+        # the chosen row first: one_bucket and horovod can be the same plan, and the answer is named as chosen
+        bases = sorted((r for r in self.rows if r.kind == "baseline"), key=lambda r: r.name != self.chosen)
+        return relation_to_baselines(self.plan, {r.name: r.plan for r in bases})
 
     @property
     def speedup(self) -> float:
@@ -148,6 +171,11 @@ class OptimizeResult:
             "runoff_ms": spans_ms(None if self.runoff is None else self.runoff.times),
             "comm_free_bound_ms": None if self.bound is None else self.bound.times.to_ms_dict(),
             "comm_free_bound_speedup": None if self.bound is None else self.bound.speedup,
+            # the keys the optimizer across processes wrote (scripts/zoo_links.py reads them)
+            "plan_json": self.plan.replace(name=self.chosen).to_json(), "speedup": self.speedup,
+            "best_baseline": self.best_baseline, "relation": self.relation,
+            "confirmation": _records(self.confirmation), "runoff": _records(self.runoff),
+            **self.runner,
         }
 
     def ordered_rows(self) -> list[PlanRow]:
@@ -253,10 +281,32 @@ class OptimizeResult:
                 f"graph={self.setting.graph.get('name')!r}, rows={len(self.rows)}; .summary() for more)")
 
 
+def _records(step: RunOff | Confirmation | None) -> list[dict[str, Any]] | None:
+    """A run-off's or confirmation's rows, one per plan measured there: the runner's own row where it
+    has one (worker processes: the launch's combined row), else the plan's times in ms (``samples_ms``
+    per round), whether it applied and its paired speedup over xla_default there; None without it."""
+    trials = None if step is None else step.trials
+    if trials is None:
+        return None
+    base = trials.by_name["xla_default"].times
+
+    def record(name: str, t: Any) -> dict[str, Any]:
+        if t.record is not None:
+            return dict(t.record)
+        ms = t.span().to_ms_dict()
+        return {"plan": name, "median_ms": ms["median"], "min_ms": ms["min"], "max_ms": ms["max"],
+                "samples_ms": [v * t.unit_s * 1e3 for v in t.times.samples], "applied": t.applied,
+                "fallback_reason": t.fallback_reason, "paired_speedup": paired_speedup(base, t.times)}
+
+    return [record(n, t) for n, t in trials.by_name.items()]
+
+
 def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measured: Measured,
-                runoff: RunOff | None, confirmation: Confirmation | None) -> OptimizeResult:
+                runoff: RunOff | None, confirmation: Confirmation | None,
+                runner: dict[str, Any] | None = None) -> OptimizeResult:
     """The :class:`OptimizeResult` of the steps' results: the last decision made stands
-    (confirmation, else run-off, else the first)."""
+    (confirmation, else run-off, else the first). ``runner``: what measured them
+    (:attr:`OptimizeResult.runner`; default: the steps' default runner, this process's devices)."""
     last = confirmation or runoff or measured
     graph, sim = target.graph, target.simulator
     setting = Setting(
@@ -268,7 +318,8 @@ def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measu
     plan = next(r.plan for r in rows if r.name == last.chosen).replace(graph_fingerprint=graph.fingerprint)
     return OptimizeResult(plan=plan, chosen=last.chosen, verdict=last.verdict, rows=rows,
                           setting=setting, search=cands.search, config=config, bound=measured.bound,
-                          runoff=runoff, confirmation=confirmation, simulator=sim)
+                          runoff=runoff, confirmation=confirmation, simulator=sim,
+                          runner=dict(InProcessRunner().describe() if runner is None else runner))
 
 
 def chrome_trace(result: OptimizeResult, name: str | None = None) -> dict[str, Any]:

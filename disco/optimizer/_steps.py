@@ -9,13 +9,12 @@ the earlier ones returned and the :class:`~disco.optimizer.OptimizeConfig`; none
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
 
-from disco import bench, planner, search
+from disco import planner, search
 from disco.ir.extractor import extract
 from disco.ir.graph import HloGraph
 from disco.ir.replica_groups import replica_group_size
@@ -32,16 +31,14 @@ from disco.optimizer._choice import (
     verdict,
 )
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
+from disco.optimizer._runners import InProcessRunner, Runner, Trial, Trials
 from disco.plans import baselines
 from disco.plans.plan import FusionPlan, decisions
 from disco.sim.cluster import ClusterSpec, preset, require_cluster
-from disco.sim import device_costs
+from disco.sim.costs import device_costs
 from disco.sim.costs import CostModel, require_cost_model
 from disco.sim.simulator import Simulator
-from xla_hooks import apply_plan
-from xla_hooks import measure as _measure
-from xla_hooks.apply_plan import PlanFallbackWarning
-from xla_hooks.measure import paired_speedup
+from xla_hooks.measure import paired_interval, paired_speedup
 
 REPORTED_BASELINES = ("xla_default", "per_tensor", "horovod", "ddp")
 
@@ -86,7 +83,7 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
         ``preset("local", devices=<devices args are sharded over>)``, or over the devices the
         all-reduces' replica groups span when more: a pmap step's host arrays are on none).
       costs: the cost model (default: the analytic model of the cluster's device kind,
-        :func:`disco.sim.device_costs.analytic`).
+        :func:`disco.sim.costs.device_costs.analytic`).
       progress: reports phase "extract".
 
     Raises:
@@ -157,10 +154,10 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
         progress("search", search.done_fraction(elapsed, config.budget_s, evals, config.max_evals),
                  f"{evals} plans, best {best * 1e3:.3f} ms (simulated)")
 
-    result = search.run(search.make(config.strategy), graph, sim.step_time, budget_s=config.budget_s,
-                        max_evals=config.max_evals, seed=config.seed, progress=on_step)
-    base_plans = {name: baselines.make(name, graph) for name in baselines.NAMES}
-    predicted = {name: sim.step_time(p) for name, p in base_plans.items()}
+    # the planner's search and baselines (the service's pipeline, which keeps the best predicted)
+    result = planner.search_plans(graph, sim, config.strategy, budget_s=config.budget_s,
+                                  max_evals=config.max_evals, seed=config.seed, on_step=on_step)
+    base_plans, predicted = planner.simulate_baselines(graph, sim)
     rows: dict[str, PlanRow] = {}
     seen: dict[str, str] = {}  # plan digest -> the row that measures it
     for name in (*REPORTED_BASELINES, planner.best_baseline_name(predicted)):
@@ -233,7 +230,9 @@ class Measured:
       chosen: the row with the largest paired speedup, or xla_default when none beats it.
       verdict: one sentence saying what was chosen and why.
       bound: the communication-free bound measured in the same rounds, or None.
-      executables: the compiled steps by row name (run-off and confirmation reuse them).
+      executables: the compiled steps by row name (run-off and confirmation reuse them, on a
+        runner that keeps them).
+      trials: what the runner measured (its own rows, what it says about the run).
     """
 
     rows: tuple[PlanRow, ...]
@@ -242,6 +241,7 @@ class Measured:
     bound: Bound | None = None
     executables: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict, repr=False,
                                                                       compare=False)
+    trials: Trials | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         bound = "" if self.bound is None else f", bound {self.bound.speedup:.3f}x"
@@ -249,32 +249,37 @@ class Measured:
         return f"Measured({len(self.rows)} rows, chosen={self.chosen[:60]!r}{gain}{bound}; .verdict for why)"
 
 
-def measure(target: Target, cands: Candidates, config: OptimizeConfig,
-            progress: Progress = no_progress) -> Measured:
-    """Applies every candidate and measures them, with the bound when ``config.measure_bound``,
-    in ``config.rounds`` interleaved rounds (:func:`disco.bench.run_bench`). Reports phase "measure"."""
-    total = len(cands.rows) + int(config.measure_bound) + config.rounds
+def measure(target: Target, cands: Candidates, config: OptimizeConfig, progress: Progress = no_progress,
+            runner: Runner | None = None) -> Measured:
+    """Measures every candidate, with the bound when ``config.measure_bound`` (and the runner
+    measures it), in ``config.rounds`` interleaved rounds on ``runner`` (default: this process's
+    devices, :class:`~disco.optimizer.InProcessRunner`). Reports phase "measure"."""
+    runner = runner or InProcessRunner()
+    bound_asked = config.measure_bound and runner.measures_bound
+    total = len(cands.rows) + int(bound_asked) + config.rounds
     done = [0]
 
-    def on_bench(msg: str) -> None:
+    def bump(msg: str) -> None:
         done[0] += 1
         progress("measure", min(1.0, done[0] / total), msg)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the rows instead
-        results = bench.run_bench(target.step_fn, target.args, {r.name: r.plan for r in cands.rows},
-                                  rounds=config.rounds, steps=config.steps, progress=on_bench,
-                                  comm_free_bound=config.measure_bound)
-    base = next(m.measurement for m in results if m.name == "xla_default")
-    bound = next((Bound(Span.of(m.measurement), paired_speedup(base, m.measurement))
-                  for m in results if m.is_bound), None)
+    trials = runner.run(target, {r.name: r.plan for r in cands.rows}, rounds=config.rounds, steps=config.steps,
+                        bound=bound_asked, on_compile=lambda n: bump(f"compiled {n}"),
+                        on_round=lambda r: bump(f"round {r + 1}/{config.rounds}"))
+    base = trials.by_name["xla_default"].times
+    bound = None if trials.bound is None else Bound(trials.bound.span(), paired_speedup(base, trials.bound.times))
     by_name = {r.name: r for r in cands.rows}
-    rows = tuple(dataclasses.replace(
-        by_name[m.name], median_s=m.measurement.median, min_s=m.measurement.min, max_s=m.measurement.max,
-        applied=m.applied, fallback_reason=m.fallback_reason, speedup=paired_speedup(base, m.measurement))
-        for m in results if not m.is_bound)
+    rows = tuple(_measured_row(by_name[name], t, base) for name, t in trials.by_name.items())
     chosen, why = verdict(rows)
-    return Measured(rows, chosen, why, bound, {m.name: m.step for m in results})
+    return Measured(rows, chosen, why, bound, trials.compiled, trials)
+
+
+def _measured_row(row: PlanRow, trial: Trial, base: Any) -> PlanRow:
+    """``row`` with ``trial``'s times and its paired speedup over ``base`` (xla_default's times there)."""
+    s = trial.span()
+    return dataclasses.replace(row, median_s=s.median, min_s=s.min, max_s=s.max, applied=trial.applied,
+                               fallback_reason=trial.fallback_reason, speedup=paired_speedup(base, trial.times),
+                               all_reduces=trial.all_reduces)
 
 
 # -- run-off ---------------------------------------------------------------------------------------
@@ -295,6 +300,7 @@ class RunOff:
       speedups: each finalist's paired speedup over xla_default there.
       rows: the plans measured in the run-off only (the regrouped plan), with its times there.
       executables: their compiled steps by row name (the confirmation reuses them).
+      trials: what the runner measured there.
     """
 
     chosen: str
@@ -304,6 +310,7 @@ class RunOff:
     rows: tuple[PlanRow, ...] = ()
     executables: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict, repr=False,
                                                                       compare=False)
+    trials: Trials | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         gain = self.speedups.get(self.chosen)
@@ -362,38 +369,51 @@ def fusion_decisions(plan: FusionPlan) -> str:
     return " and ".join(decisions(plan)) or "XLA's defaults"
 
 
-def run_off(target: Target, measured: Measured, config: OptimizeConfig,
-            progress: Progress = no_progress) -> RunOff | None:
-    """The run-off, or None when it does not run (``config.confirm`` off, or fewer than two
-    plans beat xla_default). With ``config.measure_regrouped``, the regrouped plan
-    (:func:`regrouped_row`) is compiled and measured there too. Reports phase "run-off"."""
-    finals = finalists(measured.rows, config.finalists)
-    if not config.confirm or len(finals) < 2:
+def run_off(target: Target, measured: Measured, config: OptimizeConfig, progress: Progress = no_progress,
+            runner: Runner | None = None) -> RunOff | None:
+    """The run-off, or None when it does not run (``config.confirm`` off, or too few contenders).
+    With ``config.measure_regrouped``, the regrouped plan (:func:`regrouped_row`) is compiled and
+    measured there too. Reports phase "run-off".
+
+    On a runner that reuses its compiles (this process), the ``config.finalists`` fastest plans
+    that beat xla_default are the contenders, and the run-off runs when there are two or more.
+    On one that compiles every plan afresh on every run (fresh processes), a run-off costs a
+    whole launch: only the first choice is a contender, and the run-off runs only against the
+    regrouped plan.
+    """
+    runner = runner or InProcessRunner()
+    if not config.confirm:
         return None
-    execs = {n: measured.executables[n] for n in ("xla_default", *finals)}
+    finals = finalists(measured.rows, config.finalists if runner.reuses_compiles else 1)
+    if runner.reuses_compiles and len(finals) < 2:
+        return None
+    if not finals:
+        return None
     extra = regrouped_row(target, measured.rows) if config.measure_regrouped else None
+    if not runner.reuses_compiles and extra is None:
+        return None
+    rows_by_name = {r.name: r for r in measured.rows}
+    plans = {n: rows_by_name[n].plan for n in ("xla_default", *finals)}
     if extra is not None:
         progress("run-off", 0.0, f"compiling {extra.name}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the row instead
-            step = apply_plan.apply(extra.plan, target.step_fn, *target.args)
-        if step.applied:
-            execs[extra.name] = step
-        else:
-            extra = dataclasses.replace(extra, applied=False, fallback_reason=step.fallback_reason)
+        plans[extra.name] = extra.plan
     rounds = config.rounds
-    again = _measure.measure_interleaved(
-        execs, target.args, rounds=rounds, steps=config.steps,
-        on_round=lambda r: progress("run-off", (r + 1) / rounds, f"run-off round {r + 1}/{rounds}"))
+    trials = runner.run(target, plans, rounds=rounds, steps=config.steps, measure_fallbacks=False,
+                        compiled=measured.executables,
+                        on_round=lambda r: progress("run-off", (r + 1) / rounds, f"run-off round {r + 1}/{rounds}"))
+    if extra is not None and extra.name in trials.info.get("unmeasured", {}):
+        extra = dataclasses.replace(extra, applied=False, fallback_reason=trials.info["unmeasured"][extra.name])
+    # a plan that fell back is no contender (it is XLA's default compile again)
+    again = {n: t.times for n, t in trials.by_name.items() if t.applied or n == "xla_default"}
     chosen, why = runoff_choice(measured.chosen, measured.verdict, again)
     speedups = {n: paired_speedup(again["xla_default"], m) for n, m in again.items() if n != "xla_default"}
     rows: tuple[PlanRow, ...] = ()
     if extra is not None:
-        m = again.get(extra.name)
-        rows = (extra if m is None else dataclasses.replace(
-            extra, median_s=m.median, min_s=m.min, max_s=m.max, speedup=speedups[extra.name]),)
-    return RunOff(chosen, why, {n: Span.of(m) for n, m in again.items()}, speedups, rows,
-                  {r.name: execs[r.name] for r in rows if r.name in execs})
+        t = trials.by_name.get(extra.name)
+        row = extra if t is None else _measured_row(extra, t, trials.by_name["xla_default"].times)
+        rows = (dataclasses.replace(row, measured_in="run-off"),)
+    return RunOff(chosen, why, {n: trials.by_name[n].span() for n in again}, speedups, rows,
+                  {r.name: trials.compiled[r.name] for r in rows if r.name in trials.compiled}, trials)
 
 
 # -- confirm ---------------------------------------------------------------------------------------
@@ -414,6 +434,7 @@ class Confirmation(NamedTuple):
       vs_baseline: the candidate's paired speedup over the baseline there, or None.
       vs_baseline_interval: its 90% bootstrap interval (:func:`xla_hooks.measure.paired_interval`),
         or None.
+      trials: what the runner measured there (not compared).
     """
 
     candidate: str
@@ -425,6 +446,7 @@ class Confirmation(NamedTuple):
     baseline_speedup: float | None = None
     vs_baseline: float | None = None
     vs_baseline_interval: tuple[float, float] | None = None
+    trials: Trials | None = None
 
     def __repr__(self) -> str:
         base = "" if self.baseline is None else f", baseline {self.baseline[:40]!r}"
@@ -435,24 +457,70 @@ class Confirmation(NamedTuple):
 
 
 def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: RunOff | None = None,
-            progress: Progress = no_progress) -> Confirmation | None:
+            progress: Progress = no_progress, runner: Runner | None = None) -> Confirmation | None:
     """Confirms the choice so far (the run-off's, else the first) against xla_default and, when
     the choice is not that baseline, the first run's best baseline; None when there is nothing to
     confirm (``config.confirm`` off, or xla_default chosen). Reports phase "confirm"."""
+    runner = runner or InProcessRunner()
     chosen, why = (runoff.chosen, runoff.verdict) if runoff is not None else (measured.chosen, measured.verdict)
     if not config.confirm or chosen == "xla_default":
         return None
     execs = {**measured.executables, **(runoff.executables if runoff is not None else {})}
+    plans = {r.name: r.plan for r in measured.rows + (runoff.rows if runoff is not None else ())}
     # beside every other choice, a baseline one too: a baseline that won the first run and the
-    # run-off by noise is otherwise kept against the first run's faster one (as across processes)
+    # run-off by noise is otherwise kept against the first run's faster one
     baseline = best_baseline(measured.rows)
     baseline = baseline if baseline != chosen else None
     rounds = config.confirmation_rounds
     names = ("xla_default", chosen) + ((baseline,) if baseline is not None else ())
-    again = _measure.measure_interleaved(
-        {n: execs[n] for n in names}, target.args, rounds=rounds,
-        steps=config.steps,
-        on_round=lambda r: progress("confirm", (r + 1) / rounds, f"confirmation round {r + 1}/{rounds}"))
+    trials = runner.run(target, {n: plans[n] for n in names}, rounds=rounds, steps=config.steps, compiled=execs,
+                        on_round=lambda r: progress("confirm", (r + 1) / rounds,
+                                                    f"confirmation round {r + 1}/{rounds}"))
+    again = {n: t.times for n, t in trials.by_name.items()}
     c = confirmed_choice(chosen, why, again, baseline)
-    return Confirmation(chosen, c.answer, c.verdict, {n: Span.of(m) for n, m in again.items()}, c.gain, baseline,
-                        c.baseline_gain, c.vs_baseline, c.vs_baseline_interval)
+    return Confirmation(chosen, c.answer, c.verdict, {n: t.span() for n, t in trials.by_name.items()}, c.gain,
+                        baseline, c.baseline_gain, c.vs_baseline, c.vs_baseline_interval, trials)
+
+
+# -- validate (not part of optimize) ----------------------------------------------------------
+def validate(result: Any, runner: Runner, *, rounds: int = 21, steps: int = 3,
+             target: Target | None = None) -> dict[str, Any]:
+    """Measures a decided answer once more, in a run of its own after the decision: xla_default,
+    the first run's best baseline and the answer in ``rounds`` interleaved rounds.
+
+    The confirmation decides the answer (the faster of the choice and the best baseline there), so
+    its ratio over the best baseline is never below 1.0 by construction; this run's ratio is the
+    unbiased estimate of what the answer gains.
+
+    Args:
+      result: an :class:`~disco.optimizer.OptimizeResult`.
+      runner: the runner to measure on (a :class:`~disco.optimizer.ProcessRunner`: fresh processes).
+      target: the step measured; needed by runners that run the step in this process.
+
+    Returns:
+      ``{"rounds", "vs_default"`` (the answer's paired speedup over xla_default; 1.0 when it is
+      xla_default), ``"vs_best_baseline"`` (over the best baseline; 1.0 when it is that
+      baseline), ``"vs_best_baseline_interval"`` (its 90% bootstrap interval, None then),
+      ``"rows"`` (the run's rows: the runner's own where it has them)}.
+
+    Raises:
+      ValueError: ``rounds`` or ``steps`` below 1.
+      RuntimeError: when the runner fails (e.g. the workers' messages).
+    """
+    if isinstance(rounds, bool) or isinstance(steps, bool) or rounds < 1 or steps < 1:
+        raise ValueError(f"rounds and steps >= 1 expected, got {rounds}, {steps}")
+    best = result.best_baseline
+    names = dict.fromkeys(("xla_default", best, result.chosen))
+    plans = {n: (result.plan.replace(name=n) if n == result.chosen else result.row(n).plan) for n in names}
+    if target is None:
+        target = Target(None, (), result.simulator.graph, result.simulator)
+    trials = runner.run(target, plans, rounds=rounds, steps=steps)
+    times = {n: t.times for n, t in trials.by_name.items()}
+    vs_default = paired_speedup(times["xla_default"], times[result.chosen])
+    vs_best = 1.0 if best == result.chosen else paired_speedup(times[best], times[result.chosen])
+    interval = (None if result.chosen in (best, "xla_default")
+                else list(paired_interval(times[best], times[result.chosen])))
+    rows = [dict(t.record) if t.record is not None else {"plan": n, **t.span().to_ms_dict(), "applied": t.applied}
+            for n, t in trials.by_name.items()]
+    return {"rounds": rounds, "vs_default": vs_default, "vs_best_baseline": vs_best,
+            "vs_best_baseline_interval": interval, "rows": rows}

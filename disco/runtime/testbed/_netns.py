@@ -1,8 +1,8 @@
 """Network namespaces, TUN devices and the switch process: an emulated cluster on one machine.
 
 :class:`Testbed` gives each of ``P`` workers its own network namespace with one TUN device
-(``10.213.0.<i+1>/24``, MTU 65000) and starts the switch (:mod:`disco.testbed._switch`) that
-joins them with the shaped links of a :class:`~disco.testbed.LinkSpec`. Commands run inside a
+(``10.213.0.<i+1>/24``, MTU 65000) and starts the switch (:mod:`disco.runtime.testbed._switch`) that
+joins them with the shaped links of a :class:`~disco.runtime.testbed.LinkSpec`. Commands run inside a
 worker's namespace through :meth:`Testbed.wrap` (``ip netns exec``, which also gives the
 namespace its own ``/etc/hosts`` from ``/etc/netns/<ns>/hosts``, so the host name resolves to
 the worker's own address and gloo binds there).
@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from disco.testbed._link import LinkSpec
+from disco.runtime.testbed._link import LinkSpec
 
 PREFIX = "dtb"
 SUBNET = "10.213.0"
@@ -95,7 +95,7 @@ class Testbed:
     Use as a context manager::
 
         with Testbed(2, parse_link("rate=1gbit,delay=100us")) as tb:
-            procs = [subprocess.Popen(tb.wrap(i, ["python", "-m", "disco.mp_worker", ...]))
+            procs = [subprocess.Popen(tb.wrap(i, ["python", "-m", "disco.runtime.worker", ...]))
                      for i in range(2)]
 
     Args:
@@ -109,7 +109,7 @@ class Testbed:
       processes: the number of workers.
       link: the link every worker has.
       prefix: the unique name prefix of everything this testbed creates.
-      stats: the switch's statistics (:func:`disco.testbed._switch.run`) once closed.
+      stats: the switch's statistics (:func:`disco.runtime.testbed._switch.run`) once closed.
     """
 
     def __init__(self, processes: int, link: LinkSpec, *, realtime: bool = True) -> None:
@@ -183,7 +183,7 @@ class Testbed:
                 self._ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", self.device(i))
                 self._ip("-n", ns, "link", "set", self.device(i), "mtu", str(MTU), "up")
                 self._ip("-n", ns, "link", "set", "lo", "up")
-            cmd = [sys.executable, "-m", "disco.testbed._switch", "--fds", ",".join(map(str, fds)),
+            cmd = [sys.executable, "-m", "disco.runtime.testbed._switch", "--fds", ",".join(map(str, fds)),
                    "--addrs", ",".join(self.address(i) for i in range(self.processes)),
                    "--link", self.link.describe(), "--stats", os.path.join(self._tmp, "switch.json")]
             if self.realtime:

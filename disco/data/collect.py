@@ -10,7 +10,7 @@ With ``profile`` every sample also gets per-kernel and per-collective times from
 :func:`xla_hooks.profile` (traced; see its caveats).
 
 ``DIR/samples.jsonl`` gets one JSON object per sample (the format, and the rule for
-lines that are not samples: :mod:`disco.dataset`), written with flush + fsync.
+lines that are not samples: :mod:`disco.data.dataset`), written with flush + fsync.
 A rerun skips every ``sample_id`` already there, so an interrupted run loses at most
 the chunk in flight (a sample id leaves the optimizer and the graph out, so a directory holding
 samples of one of this run's steps measured with another optimizer or on another graph is refused); a truncated last line (a crash mid-write) is reported and cut
@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from disco import dataset
+from disco.data import dataset
 
 
 @dataclasses.dataclass(frozen=True)

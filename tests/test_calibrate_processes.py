@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from disco import calibrate, mp_calibrate
+from disco import calibrate
 from disco.sim.cluster import ClusterSpec, LinkSpec
 
 
@@ -36,35 +36,40 @@ def mlp_graph():
 def test_calibrate_refuses_bad_arguments_before_launching(kw, match, monkeypatch):
     """Before any worker starts (both were found after the launch: reps=0 as the workers' failure,
     one size by the fit)."""
-    from disco import multiprocess
+    from disco.runtime import multiprocess
 
     def launched(*a, **k):
         raise AssertionError("launched before the arguments were checked")
 
     monkeypatch.setattr(multiprocess, "launch", launched)
     with pytest.raises(ValueError, match=match):
-        mp_calibrate.calibrate(2, 1, None, timeout_s=60, **kw)
+        calibrate.calibrate(calibrate.ProcessRunner(2, 1, None, timeout_s=60), **kw)
+
+
+def test_too_few_devices_in_all_are_refused_with_the_runners_shape():
+    with pytest.raises(ValueError, match=r"at least 2 devices in all, got 1 processes x 1 devices"):
+        calibrate.calibrate(calibrate.ProcessRunner(1, 1))
 
 
 def test_fit_chained_recovers_the_per_all_reduce_cost_apart_from_the_call_overhead():
     sizes, chain = (1 << 10, 1 << 16, 1 << 20), (1, 2, 4, 8)
     call, a, b = 2e-3, 13e-3, 8e-9  # 13 ms per chained all-reduce, 125 MB/s, 2 ms per call
     grid = [[call + k * (a + b * n) for k in chain] for n in sizes]
-    f = mp_calibrate.fit_chained(2, sizes, chain, grid)
+    f = calibrate.fit_chained(2, sizes, chain, grid)
     assert f.call_s == pytest.approx(call, rel=1e-6)
     assert (f.fit_a, f.fit_b) == (pytest.approx(a, rel=1e-6), pytest.approx(b, rel=1e-6))
     assert f.latency == pytest.approx(a / 2) and f.bandwidth == pytest.approx(1 / b)  # p = 2: ring terms
     assert f.floored == ()
     # times that fall as the chain grows: no per-all-reduce cost to fit, and the fit says so
-    falling = mp_calibrate.fit_chained(2, sizes, chain, [[call / k for k in chain] for _ in sizes])
+    falling = calibrate.fit_chained(2, sizes, chain, [[call / k for k in chain] for _ in sizes])
     assert "fit_a" in falling.floored and falling.fit_a == calibrate.MIN_FIT_A
     # a lone all-reduce per call (k = 1) would put the call overhead into the latency
     lone = calibrate.fit(2, sizes, [row[0] for row in grid])
     assert lone.fit_a == pytest.approx(call + a, rel=1e-3)
     with pytest.raises(ValueError, match=r"at least 2 chain lengths and 2 sizes, got chain \(1,\)"):
-        mp_calibrate.fit_chained(2, sizes, (1,), [[1.0] for _ in sizes])
+        calibrate.fit_chained(2, sizes, (1,), [[1.0] for _ in sizes])
     with pytest.raises(ValueError, match=r"expected 3 rows \(sizes\) of 4 \(chain lengths\), got \[4, 4\]"):
-        mp_calibrate.fit_chained(2, sizes, chain, grid[:2])
+        calibrate.fit_chained(2, sizes, chain, grid[:2])
 
 
 def _floors_recorded(fit: dict) -> bool:
@@ -77,8 +82,8 @@ def _floors_recorded(fit: dict) -> bool:
 
 
 def test_the_chained_calibration_across_two_processes_feeds_the_spec():
-    cal = mp_calibrate.calibrate(2, 1, None, sizes=(1 << 10, 1 << 16, 1 << 20), chain=(1, 2, 4), reps=3,
-                                 timeout_s=400)
+    cal = calibrate.calibrate(calibrate.ProcessRunner(2, 1, None, timeout_s=400), sizes=(1 << 10, 1 << 16, 1 << 20),
+                              chain=(1, 2, 4), reps=3)
     ch = cal.chained
     assert ch is not None and ch.chain == (1, 2, 4) and len(ch.medians_s) == 3
     assert all(t > 0 for row in ch.medians_s for t in row)
@@ -88,7 +93,7 @@ def test_the_chained_calibration_across_two_processes_feeds_the_spec():
     assert (c.latency, c.bandwidth) == (ch.latency, ch.bandwidth)
     assert cal.lone is not None and cal.lone.medians_s == tuple(row[0] for row in ch.medians_s)
     assert c.variadic_s > 0 and c.floored == ch.floored
-    spec = mp_calibrate.cluster_spec(cal)
+    spec = calibrate.cluster_spec(cal)
     assert (spec.inter.latency, spec.inter.bandwidth) == (ch.latency, ch.bandwidth)
     assert "chained 1/2/4 per call" in spec.description
     d = cal.to_dict()
@@ -99,23 +104,23 @@ def test_with_compute_floor_scales_the_compute_to_the_floor(mlp_graph):
     from disco.sim.costs import AnalyticCosts
 
     spec = _spec()
-    pred = mp_calibrate.predicted_compute_s(mlp_graph, spec, AnalyticCosts())
-    scaled = mp_calibrate.with_compute_floor(spec, mlp_graph, 4 * pred, AnalyticCosts(), what="mlp/tiny")
+    pred = calibrate.predicted_compute_s(mlp_graph, spec, AnalyticCosts())
+    scaled = calibrate.with_compute_floor(spec, mlp_graph, 4 * pred, AnalyticCosts(), what="mlp/tiny")
     assert scaled.compute_speed == pytest.approx(0.25)
-    assert mp_calibrate.predicted_compute_s(mlp_graph, scaled, AnalyticCosts()) == pytest.approx(4 * pred, rel=1e-6)
+    assert calibrate.predicted_compute_s(mlp_graph, scaled, AnalyticCosts()) == pytest.approx(4 * pred, rel=1e-6)
     assert (scaled.intra, scaled.inter, scaled.operand_latency) == (spec.intra, spec.inter, spec.operand_latency)
     assert "compute floor of mlp/tiny" in scaled.description
     # a spec that already had a speed: the floor decides, not the product of the two
-    again = mp_calibrate.with_compute_floor(dataclasses.replace(spec, compute_speed=3.0), mlp_graph, 4 * pred,
+    again = calibrate.with_compute_floor(dataclasses.replace(spec, compute_speed=3.0), mlp_graph, 4 * pred,
                                             AnalyticCosts())
     assert again.compute_speed == pytest.approx(0.25)
     with pytest.raises(ValueError, match=r"floor_s: expected a positive number of seconds, got 0"):
-        mp_calibrate.with_compute_floor(spec, mlp_graph, 0, AnalyticCosts())
+        calibrate.with_compute_floor(spec, mlp_graph, 0, AnalyticCosts())
 
 
 def test_compare_baselines_predicts_on_the_spec_scaled_to_the_measured_floor():
     spec = _spec()
-    out = mp_calibrate.compare_baselines(spec, 2, 1, None, model="mlp", preset="tiny",
+    out = calibrate.compare_baselines(spec, 2, 1, None, model="mlp", preset="tiny",
                                          plans=("xla_default", "one_bucket"), rounds=3, steps=1,
                                          chain=(1, 2), chain_sizes=(1 << 10, 1 << 16), chain_reps=3, timeout_s=600)
     rows = {r["plan"]: r for r in out["rows"]}

@@ -23,7 +23,7 @@ get the shared file's form; both read the same). A rerun skips every ``record_id
 there (a file holding another device kind's records, or records of another device count or optimizer,
 is refused: their ids would pass for this one's); a truncated last line (a crash mid-write) is cut off before appending, and a whole last
 record without its newline gets one. One collector per directory at a time (``DIR/.lock``, as
-:mod:`disco.collect` holds it). A progress line
+:mod:`disco.data.collect` holds it). A progress line
 per record goes to ``progress``.
 
 Example::
@@ -265,7 +265,7 @@ def collect_kernels(config: KernelCollectConfig, *, progress: Callable[[str], No
         variant_options(kind, v)  # raises for an unknown variant
     os.makedirs(config.out, exist_ok=True)
     path = os.path.join(config.out, RECORDS)
-    from disco.dataset import DirLock
+    from disco.data.dataset import DirLock
 
     with DirLock(config.out):  # one collector per directory: two would measure and append every record
         existing, dropped = read_records(path, repair=True)

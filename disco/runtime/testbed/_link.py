@@ -9,7 +9,7 @@ take ``s``, ``ms``, ``us`` or ``ns`` (:func:`disco.sim.cluster.parse_latency`); 
 fraction (``0.001``) or a percentage (``0.1%``). ``loopback`` (or an empty spec) means no
 emulated link: the workers talk over 127.0.0.1.
 
-Semantics (the emulator in :mod:`disco.testbed._switch` implements them): every worker has one
+Semantics (the emulator in :mod:`disco.runtime.testbed._switch` implements them): every worker has one
 full-duplex link of ``rate`` to a switch. A packet from worker i to worker j is serialised on
 i's uplink at ``rate`` (first come, first served), arrives ``delay`` (+ a jitter drawn
 uniformly from ``[-jitter, +jitter]``, order kept) later, and leaves j's downlink no earlier

@@ -1,8 +1,8 @@
 """The emulated switch: forwards IPv4 packets between the workers' TUN devices, shaped.
 
-One process (``python -m disco.testbed._switch``, started by :class:`disco.testbed.Testbed`)
+One process (``python -m disco.runtime.testbed._switch``, started by :class:`disco.runtime.testbed.Testbed`)
 holds every worker's TUN file descriptor; a packet read from worker i's device is scheduled
-by :func:`schedule` (the link semantics in :mod:`disco.testbed._link`) and written to worker
+by :func:`schedule` (the link semantics in :mod:`disco.runtime.testbed._link`) and written to worker
 j's device when it is due. A userspace switch rather than veth pairs with tc netem because
 the kernels these workers run on were built without ``sch_netem`` (``tc qdisc add ... netem``:
 "Specified qdisc kind is unknown"), and one mechanism for rate, delay, jitter and loss keeps
@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 
-from disco.testbed._link import LinkSpec, parse_link
+from disco.runtime.testbed._link import LinkSpec, parse_link
 
 MAX_PACKET = 1 << 16
 _PR_SET_TIMERSLACK = 29
@@ -141,7 +141,7 @@ def _tighten_timers(realtime: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m disco.testbed._switch")
+    ap = argparse.ArgumentParser(prog="python -m disco.runtime.testbed._switch")
     ap.add_argument("--fds", required=True, help="comma list of TUN file descriptors, one per worker")
     ap.add_argument("--addrs", required=True, help="comma list of the workers' IPv4 addresses, same order")
     ap.add_argument("--link", required=True)

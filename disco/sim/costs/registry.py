@@ -4,7 +4,7 @@ The contract is :class:`disco.sim.costs.CostModel`: ``kernel_time(kernel)``,
 ``collective_time(kind, nbytes, cluster)``, ``save(path)`` and loading by name or file. An
 :class:`Entry` says how to build a named model for a device kind (``make``) and how to read a
 saved file of its kind (``claims`` + ``load``). disco registers ``analytic`` (the model of each
-device kind in :mod:`disco.sim.device_costs`: a roofline on ``cpu``, a summed model on ``h100``);
+device kind in :mod:`disco.sim.costs.device_costs`: a roofline on ``cpu``, a summed model on ``h100``);
 higher layers register their own, either by calling :func:`register` (the CLI registers ``gnn``)
 or through the ``disco.cost_models`` entry-point group of an installed package (setup.cfg), which
 :func:`make` reads when a name is unknown.
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from disco.sim import device_costs
+from disco.sim.costs import device_costs
 from disco.sim.costs import CostModel, load_costs
 
 ENTRY_POINT_GROUP = "disco.cost_models"
@@ -54,7 +54,7 @@ _LOCK = threading.Lock()
 _ENTRIES: dict[str, Entry] = {
     "analytic": Entry("analytic", device_costs.analytic, load=device_costs.SummedCosts.load,
                       claims=device_costs.claims,
-                      describe="the analytic model per device kind (disco.sim.device_costs)"),
+                      describe="the analytic model per device kind (disco.sim.costs.device_costs)"),
 }
 _ENTRY_POINTS_READ: list[bool] = []
 

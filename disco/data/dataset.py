@@ -6,7 +6,7 @@ A dataset is a directory::
     DIR/graphs/<fingerprint>.json  each step's graph (:meth:`disco.ir.graph.HloGraph.to_json`), once
     DIR/.lock                      held by the one collector writing to DIR (:class:`DirLock`)
 
-A line of ``samples.jsonl`` (schema ``disco.samples/1``, written by :mod:`disco.collect`)::
+A line of ``samples.jsonl`` (schema ``disco.samples/1``, written by :mod:`disco.data.collect`)::
 
     sample_id        "<model>/<preset>/d<devices>/<plan digest>" (:func:`sample_id`); unique in a file
     schema           "disco.samples/1"
@@ -211,7 +211,7 @@ def append(path: str | os.PathLike[str], sample: Mapping[str, Any]) -> None:
 
 class DirLock:
     """An exclusive flock on ``DIR/.lock`` (released by the OS if the process dies): one collector
-    per dataset directory (:mod:`disco.collect`, :mod:`disco.kernel_collect`).
+    per dataset directory (:mod:`disco.data.collect`, :mod:`disco.data.kernel_collect`).
 
     Raises:
       RuntimeError: on entry, when another process holds it.

@@ -1,16 +1,16 @@
-"""One worker of a multi-process run (started by :func:`disco.multiprocess.launch`).
+"""One worker of a multi-process run (started by :func:`disco.runtime.multiprocess.launch`).
 
-    python -m disco.mp_worker --process-id I --num-processes P --coordinator HOST:PORT \
+    python -m disco.runtime.worker --process-id I --num-processes P --coordinator HOST:PORT \
         --devices-per-process D --out result.json --spec '{"task": "bench", "model": "mlp", ...}'
 
-Tasks (:class:`disco.multiprocess.WorkerSpec`): ``bench`` measures plans (baseline items such as
+Tasks (:class:`disco.runtime.multiprocess.WorkerSpec`): ``bench`` measures plans (baseline items such as
 ``ddp`` or ``horovod:128``, or plan .json files) in interleaved rounds and reports every round's time (with
 ``comm_free_bound``, also the step with its all-reduces replaced by copies: the compute floor);
 ``jit`` trains the step under ``xla_hooks.jit`` once per scenario (each process asking the service
 its scenario names for it: only process 0's is asked) and reports what each process compiled,
 beside the losses of XLA's default; ``calibrate`` times all-reduces of ``sizes`` bytes per device (with ``chain``: executables of
 k chained all-reduces per size) and a variadic all-reduce against one concatenated buffer
-(:mod:`disco.calibrate`) over all processes' devices; ``bench`` with ``chain`` also runs the
+(:mod:`disco.runtime.allreduce_timing`) over all processes' devices; ``bench`` with ``chain`` also runs the
 chained timings in the same launch, after its rounds.
 """
 
@@ -102,13 +102,10 @@ def _bench(spec: dict[str, Any], n: int) -> dict[str, Any]:
 def _chain(spec: dict[str, Any], n: int) -> dict[str, Any]:
     """Executables of k chained all-reduces per size: ``chain_medians_s[size][k]`` (seconds per call)
     and the all-reduces XLA kept in each (``chain_all_reduces``, k expected)."""
-    from disco import calibrate
+    from disco.runtime import allreduce_timing as timing
 
-    sizes = tuple(spec.get("sizes") or calibrate.SIZES)
-    chain = tuple(spec["chain"])
-    per = [calibrate.measure_chained(n, s, chain, spec.get("reps", 20)) for s in sizes]
-    return {"sizes": list(sizes), "chain": list(chain), "chain_medians_s": [m for m, _ in per],
-            "chain_all_reduces": [c for _, c in per]}
+    return timing.time_chained(n, tuple(spec.get("sizes") or timing.SIZES), tuple(spec["chain"]),
+                                  spec.get("reps", 20))
 
 
 def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
@@ -160,21 +157,10 @@ def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
 
 
 def _calibrate(spec: dict[str, Any], n: int) -> dict[str, Any]:
-    from disco import calibrate
+    from disco.runtime import allreduce_timing as timing
 
-    sizes = tuple(spec.get("sizes") or calibrate.SIZES)
-    reps = spec.get("reps", 20)
-    out: dict[str, Any] = {}
-    chain = tuple(spec.get("chain") or ())
-    if chain:
-        out = _chain(spec, n)
-    if 1 in chain:  # the lone all-reduce per call is the chain of one
-        medians = [m[chain.index(1)] for m in out["chain_medians_s"]]
-    else:
-        medians = [calibrate.measure_allreduce(n, s, reps) for s in sizes]
-    variadic_s, concat_s = calibrate.measure_variadic(n, reps=reps)
-    return {**out, "sizes": list(sizes), "medians_s": medians, "variadic_s": variadic_s, "concat_s": concat_s,
-            "operands": calibrate.OPERANDS, "operand_bytes": calibrate.OPERAND_BYTES}
+    return timing.time_all_reduces(n, tuple(spec.get("sizes") or timing.SIZES), spec.get("reps", 20),
+                                      tuple(spec.get("chain") or ()))
 
 
 def main(argv=None) -> int:
@@ -194,7 +180,7 @@ def main(argv=None) -> int:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # A long heartbeat timeout: on 2 loaded cores (load average 18) both workers of a run aborted in
     # CoordinationServiceAgent::StartSendingHeartbeats at the default 100 s; the launcher notices
-    # dead workers itself (disco.multiprocess.launch's grace_s).
+    # dead workers itself (disco.runtime.multiprocess.launch's grace_s).
     jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
                                process_id=args.process_id, heartbeat_timeout_seconds=600)
     n = len(jax.devices())

@@ -2,11 +2,11 @@
 
 In-process virtual devices share one address space; real jobs run one process per
 accelerator with a network in between. :func:`launch` starts ``P`` worker processes
-(``python -m disco.mp_worker``), each with ``D`` local CPU devices and gloo collectives,
+(``python -m disco.runtime.worker``), each with ``D`` local CPU devices and gloo collectives,
 runs the same task on all of them (measure plans, or time all-reduces for a calibration)
 and gathers every process's results. The workers talk over 127.0.0.1, or, given a
-:class:`~disco.testbed.LinkSpec`, each in its own network namespace behind an emulated link
-of that rate and delay (:mod:`disco.testbed`). When a worker fails the others are given
+:class:`~disco.runtime.testbed.LinkSpec`, each in its own network namespace behind an emulated link
+of that rate and delay (:mod:`disco.runtime.testbed`). When a worker fails the others are given
 ``grace_s`` to finish and then killed; workers still running at the timeout are killed
 (their whole process group, and with a link everything in their namespaces) and reported;
 nothing is left running, also when the launch is interrupted (Ctrl-C, or SIGTERM/SIGHUP,
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from disco.testbed import LinkSpec, Testbed
+    from disco.runtime.testbed import LinkSpec, Testbed
 
 COORDINATOR_PORT = 47613  # inside worker 0's own namespace: nothing else listens there
 
@@ -59,10 +59,10 @@ class WorkerSpec:
     style: str = "shard_map"  # how the zoo step is written (trax_models.STYLES)
     check_steps: int = 0  # >0: also run this many steps per plan and report parameter digests
     comm_free_bound: bool = False  # bench: also measure the step with its all-reduces replaced by copies
-    sizes: tuple[int, ...] = ()  # calibrate: all-reduce bytes per device (default disco.calibrate.SIZES)
+    sizes: tuple[int, ...] = ()  # calibrate: all-reduce bytes per device (default disco.runtime.allreduce_timing.SIZES)
     reps: int = 20  # calibrate: repetitions per size
     # calibrate: also time executables of k chained all-reduces per size, for each k here
-    # (disco.calibrate.measure_chained); bench: when set, the workers also run that calibration in
+    # (disco.runtime.allreduce_timing.measure_chained); bench: when set, the workers also run that calibration in
     # the same launch, after the rounds (sizes: ``sizes``, repetitions: ``reps``)
     chain: tuple[int, ...] = ()
     # jit: one fresh xla_hooks.jit per scenario, each a JSON object: name, services (one URL per
@@ -84,8 +84,8 @@ class LaunchResult:
     failures: tuple[str, ...]  # "process i: why" for each worker that failed or hung
     pids: tuple[int, ...]
     link: LinkSpec | None = None  # None: 127.0.0.1
-    switch_stats: dict[str, float] | None = None  # the emulated switch's (disco.testbed._switch.run)
-    testbed_prefix: str | None = None  # the name prefix of the testbed's namespaces (disco.testbed.leftovers)
+    switch_stats: dict[str, float] | None = None  # the emulated switch's (disco.runtime.testbed._switch.run)
+    testbed_prefix: str | None = None  # the name prefix of the testbed's namespaces (disco.runtime.testbed.leftovers)
 
     def link_info(self) -> dict[str, Any]:
         """What the workers talked over, for JSON output."""
@@ -127,7 +127,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeout_s: float = 600,
            env: dict[str, str] | None = None, link: LinkSpec | None = None, grace_s: float = 10.0,
            on_started: Callable[[tuple[int, ...]], None] | None = None,
-           worker: str = "disco.mp_worker") -> LaunchResult:
+           worker: str = "disco.runtime.worker") -> LaunchResult:
     """Runs ``spec`` on ``processes`` local workers and gathers their JSON results.
 
     Args:
@@ -136,12 +136,12 @@ def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeou
       timeout_s: seconds before workers still running are killed.
       env: the workers' environment (default: this process's, without XLA_FLAGS).
       link: None: the workers talk over 127.0.0.1; a LinkSpec: each runs in its own network
-        namespace behind an emulated link (:class:`disco.testbed.Testbed`), torn down on return.
+        namespace behind an emulated link (:class:`disco.runtime.testbed.Testbed`), torn down on return.
       grace_s: after a worker fails, seconds the others get before they are killed (they are
         usually stuck in a collective with the one that died).
       on_started: called with the workers' pids once all are started (tests kill one).
       worker: the module each worker runs with ``python -m`` (tests pass one that wraps
-        :mod:`disco.mp_worker` to inject a fault); it takes :mod:`disco.mp_worker`'s arguments.
+        :mod:`disco.runtime.worker` to inject a fault); it takes :mod:`disco.runtime.worker`'s arguments.
 
     Raises:
       ValueError: processes or devices_per_process below 1.
@@ -153,7 +153,7 @@ def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeou
     with _terminate_as_exit():
         if link is None:
             return _launch(processes, devices_per_process, spec, None, timeout_s, env, grace_s, on_started, worker)
-        from disco.testbed import Testbed
+        from disco.runtime.testbed import Testbed
 
         with Testbed(processes, link) as tb:
             res = _launch(processes, devices_per_process, spec, tb, timeout_s, env, grace_s, on_started, worker)
@@ -185,7 +185,7 @@ def _terminate_as_exit() -> Iterator[None]:
 
 def _launch(processes: int, devices_per_process: int, spec: WorkerSpec, tb: Testbed | None, timeout_s: float,
             env: dict[str, str] | None, grace_s: float,
-            on_started: Callable[[tuple[int, ...]], None] | None, worker: str = "disco.mp_worker") -> LaunchResult:
+            on_started: Callable[[tuple[int, ...]], None] | None, worker: str = "disco.runtime.worker") -> LaunchResult:
     coordinator = f"127.0.0.1:{free_port()}" if tb is None else f"{tb.address(0)}:{COORDINATOR_PORT}"
     outdir = tempfile.mkdtemp(prefix="disco-mp-")
     base_env = dict(os.environ if env is None else env)

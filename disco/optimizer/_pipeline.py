@@ -1,0 +1,74 @@
+"""``optimize``: the steps of :mod:`disco.optimizer` in order, on a runner."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from disco.optimizer._config import OptimizeConfig, Progress, no_progress
+from disco.optimizer._result import OptimizeResult, make_result
+from disco.optimizer._runners import InProcessRunner, Runner
+from disco.optimizer._steps import candidates, confirm, measure, prepare, run_off
+from disco.sim.cluster import ClusterSpec
+from disco.sim.costs import CostModel
+
+
+def optimize(
+    step_fn: Callable[..., Any],
+    *args: Any,
+    cluster: ClusterSpec | None = None,
+    costs: CostModel | None = None,
+    config: OptimizeConfig | None = None,
+    progress: Progress | None = None,
+    runner: Runner | None = None,
+    **options: Any,
+) -> OptimizeResult:
+    """Finds the fastest measured plan for ``step_fn`` on ``args`` (the module doc's steps, in order).
+
+    Args:
+      step_fn: the training step (plain or jitted).
+      *args: its example arguments (real arrays: the plans are measured).
+      cluster: the cluster the simulator prices collectives with (default:
+        ``cluster.preset("local", devices=<devices args are sharded over>)``, or over the devices
+        the all-reduces' replica groups span when more (a pmap step's host arrays), whose link costs are
+        placeholders; ``disco.calibrate.machine_cluster(devices)[0]`` measures this machine's, as
+        ``disco optimize`` does without ``--cluster``).
+      costs: the cost model (default: the cluster's device kind's, ``disco.sim.costs.device_costs.analytic(cluster.device)``:
+        the CPU roofline, or ``SummedCosts`` on an H100 cluster).
+      config: the options (default ``OptimizeConfig()``).
+      progress: called as ``progress(phase, fraction, message)``; phases "extract", "search",
+        "measure", "run-off", "confirm".
+      runner: what measures the plans (default :class:`~disco.optimizer.InProcessRunner`: this
+        process's devices; :class:`~disco.optimizer.ProcessRunner`: worker processes, whose step
+        ``step_fn`` must be, :meth:`~disco.optimizer.ProcessRunner.make_step`).
+      **options: :class:`OptimizeConfig` fields (e.g. ``budget_s``, default 60 s; ``rounds``,
+        default 9), applied over ``config``.
+
+    Returns:
+      The OptimizeResult.
+
+    Raises:
+      ValueError: for a bad option (:class:`OptimizeConfig` names it), before anything runs.
+      TypeError: for an option that is not an :class:`OptimizeConfig` field, or a ``config``,
+        ``cluster`` or ``costs`` of the wrong type (before the graph is extracted).
+      RuntimeError: when the runner fails (worker processes: their messages).
+    """
+    unknown = sorted(set(options) - set(OptimizeConfig.field_names()))
+    if unknown:
+        raise TypeError(f"optimize: unknown options {unknown}; expected OptimizeConfig fields: "
+                        f"{', '.join(OptimizeConfig.field_names())}")
+    if config is not None and not isinstance(config, OptimizeConfig):
+        raise TypeError(f"config: expected an OptimizeConfig or None, got {type(config).__name__} "
+                        "(pass options as keywords: optimize(step, *args, budget_s=30))")
+    config = dataclasses.replace(config or OptimizeConfig(), **options)
+    report = progress or no_progress
+    runner = runner or InProcessRunner()
+    target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)
+    target, fitted = runner.fit(target, config, report)
+    cands = candidates(target, config, report)
+    measured = measure(target, cands, config, report, runner)
+    runoff = run_off(target, measured, config, report, runner)
+    confirmation = confirm(target, measured, config, runoff, report, runner)
+    info = {**runner.describe(), **fitted, **(measured.trials.info if measured.trials is not None else {})}
+    return make_result(target, config, cands, measured, runoff, confirmation, info)

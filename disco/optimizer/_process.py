@@ -1,0 +1,175 @@
+"""The process runner: ``optimize``'s plans measured on worker processes, maybe over an emulated link.
+
+Every run is one launch (:func:`disco.runtime.multiprocess.launch`) of ``processes`` workers with
+``devices_per_process`` CPU devices each, behind ``link`` when one is given
+(:mod:`disco.runtime.testbed`). Each worker rebuilds the zoo step by name (model, preset, optimizer,
+style), reads the plans (baseline items, or plan files written here), compiles them and
+measures them in interleaved rounds; a round's time is the slowest worker's
+(:func:`disco.runtime.multiprocess.combine`). Every launch compiles every plan again, so the pipeline
+keeps its run-off to the first choice and the regrouped plan with this runner
+(:attr:`ProcessRunner.reuses_compiles`).
+
+Before the search, :meth:`ProcessRunner.fit` scales the cluster's compute to the step's compute
+floor measured across the workers (:func:`disco.calibrate.with_compute_floor`; in a launch of
+its own unless ``compute_floor_ms`` is given): the analytic costs price a CPU step's compute
+several times too low.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from disco.optimizer._runners import OnCompile, OnRound, Trial, Trials
+from disco.plans import baselines
+from disco.plans.plan import FusionPlan
+from xla_hooks.measure import Measurement
+
+if TYPE_CHECKING:
+    from disco.optimizer._config import OptimizeConfig, Progress
+    from disco.optimizer._steps import Target
+    from disco.runtime.testbed import LinkSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessRunner:
+    """Measures plans on ``processes`` worker processes of ``devices_per_process`` CPU devices.
+
+    This process's jax must have at least ``processes * devices_per_process`` devices to extract
+    the step's graph (:meth:`make_step` builds the step the workers build).
+
+    Attributes:
+      model, preset: the zoo model the workers build (``trax_models.make_train_step``).
+      processes, devices_per_process: the launch's shape.
+      link: the emulated link between the workers, or None for 127.0.0.1.
+      optimizer, style: the step's optimizer and how it is written (``trax_models.STYLES``).
+      timeout_s: each launch's time limit.
+      scale_compute: price the search on the cluster with its compute scaled to the step's
+        measured compute floor (:meth:`fit`); False: the cluster as given.
+      compute_floor_ms: that floor, when measured already; None: measured in :meth:`fit`, in a
+        launch of its own (``config.rounds`` rounds).
+
+    Example::
+
+        runner = ProcessRunner("mlp", "tiny", processes=2, devices_per_process=1)
+        step, args = runner.make_step()
+        result = disco.optimize(step, *args, cluster=cluster, runner=runner, budget_s=10)
+
+    Raises:
+      ValueError: process counts below 1.
+    """
+
+    model: str
+    preset: str
+    processes: int
+    devices_per_process: int = 1
+    link: LinkSpec | None = None
+    optimizer: str = "adamw"
+    style: str = "shard_map"
+    timeout_s: float = 1800
+    scale_compute: bool = True
+    compute_floor_ms: float | None = None
+
+    name = "processes"
+    reuses_compiles = False
+    measures_bound = False
+
+    def __post_init__(self) -> None:
+        for f in ("processes", "devices_per_process"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
+
+    def __repr__(self) -> str:
+        over = "127.0.0.1" if self.link is None else self.link.label()[:60]
+        return (f"ProcessRunner({self.model[:40]}/{self.preset[:20]}, {self.processes} x {self.devices_per_process} "
+                f"devices over {over})")
+
+    @property
+    def devices(self) -> int:
+        """The devices of all the workers together."""
+        return self.processes * self.devices_per_process
+
+    def make_step(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The step and example arguments the workers build, over :attr:`devices` devices of this process."""
+        import trax_models
+
+        return trax_models.make_train_step(self.model, self.preset, devices=self.devices, optimizer=self.optimizer,
+                                           style=self.style)
+
+    def describe(self) -> dict[str, Any]:
+        return {"runner": self.name, "processes": self.processes, "devices_per_process": self.devices_per_process}
+
+    def fit(self, target: Target, config: OptimizeConfig, progress: Progress) -> tuple[Target, dict[str, Any]]:
+        """``target`` with its cluster's compute scaled to the step's compute floor across the
+        workers (unless ``scale_compute`` is off); returns it and ``{"compute_floor": ...,
+        "compute_speed": ...}``."""
+        from disco import calibrate
+        from disco.sim.simulator import Simulator
+
+        cluster, costs = target.cluster, target.costs
+        if not self.scale_compute:
+            return target, {"compute_floor": None, "compute_speed": cluster.compute_speed}
+        if self.compute_floor_ms is None:
+            progress("extract", 1.0, f"measuring the compute floor across {self.processes} processes")
+            floor = calibrate.measure_compute_floor(
+                self.processes, self.devices_per_process, self.link, model=self.model, preset=self.preset,
+                rounds=config.rounds, steps=config.steps, optimizer=self.optimizer, style=self.style,
+                timeout_s=self.timeout_s)
+        else:
+            floor = {"median_ms": self.compute_floor_ms}
+        floor["predicted_ms"] = calibrate.predicted_compute_s(target.graph, cluster, costs) * 1e3
+        cluster = calibrate.with_compute_floor(cluster, target.graph, floor["median_ms"] / 1e3, costs,
+                                                  what=f"{self.model}/{self.preset}")
+        fitted = dataclasses.replace(target, simulator=Simulator(target.graph, costs, cluster))
+        return fitted, {"compute_floor": floor, "compute_speed": cluster.compute_speed}
+
+    def run(self, target: Target, plans: Mapping[str, FusionPlan], *, rounds: int, steps: int,
+            bound: bool = False, measure_fallbacks: bool = True,
+            compiled: Mapping[str, Callable[..., Any]] | None = None,
+            on_compile: OnCompile | None = None, on_round: OnRound | None = None) -> Trials:
+        """One launch: every plan compiled by every worker and measured in ``rounds`` interleaved
+        rounds (``bound``, ``measure_fallbacks`` and ``compiled`` do not apply: the bound is not
+        measured here, and whether a plan falls back is known after the launch)."""
+        from disco.runtime import multiprocess
+
+        tmp = tempfile.mkdtemp(prefix="disco-runner-")
+        try:
+            items = [_item(name, plan, target, tmp) for name, plan in plans.items()]
+            spec = multiprocess.WorkerSpec(model=self.model, preset=self.preset, plans=tuple(items), rounds=rounds,
+                                           steps=steps, optimizer=self.optimizer, style=self.style)
+            launched = multiprocess.launch(self.processes, self.devices_per_process, spec, link=self.link,
+                                           timeout_s=self.timeout_s)
+            launched.raise_if_failed("measuring across processes")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if on_round is not None:  # the workers report only at the end
+            for r in range(rounds):
+                on_round(r)
+        rows = {r["plan"]: r for r in multiprocess.combine(launched)}
+        trials = {name: Trial(Measurement(tuple(rows[name]["samples_ms"])), rows[name]["applied"],
+                              rows[name]["fallback_reason"], unit_s=1e-3, all_reduces=rows[name]["all_reduces"],
+                              record=rows[name])
+                  for name in plans}
+        info = {"link": launched.link_info(),
+                "fingerprints_match": {r["fingerprint"] for r in launched.results} == {target.graph.fingerprint}}
+        return Trials(trials, None, {}, info)
+
+
+def _item(name: str, plan: FusionPlan, target: Target, tmp: str) -> str:
+    """The worker's plan argument for row ``name``: the baseline item whose row it is when that
+    item makes ``plan``, else a plan file written under ``tmp``."""
+    try:
+        item = baselines.item_of_row(name)
+        if baselines.parse_item(item).make(target.graph).digest() == plan.digest():
+            return item
+    except ValueError:
+        pass
+    path = os.path.join(tmp, f"{name}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(plan.replace(name=name).to_json())
+    return path

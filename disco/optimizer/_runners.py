@@ -1,0 +1,194 @@
+"""Runners: what measures a list of plans in interleaved rounds for ``optimize``.
+
+The pipeline (:mod:`disco.optimizer._steps`) picks the plans and makes every decision; a runner
+only measures, as TVM's ``auto_scheduler/measure.py`` keeps its local and RPC runners behind one
+interface so that one tuning loop serves both. Two runners:
+
+- :class:`InProcessRunner`: this process's devices (compiles each plan once and reuses the
+  executable in later runs of the same optimisation);
+- :class:`disco.optimizer.ProcessRunner`: worker processes on loopback or an emulated link
+  (:mod:`disco.runtime.multiprocess`; every run is a fresh launch that compiles every plan again).
+
+A runner's :meth:`~Runner.run` takes the plans by row name and returns one :class:`Trial` per
+plan, in the same order, with the per-round times; :class:`Trials` holds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from disco.optimizer._choice import Span
+from disco.plans.plan import FusionPlan
+from xla_hooks.measure import Measurement
+
+if TYPE_CHECKING:
+    from disco.optimizer._config import OptimizeConfig, Progress
+    from disco.optimizer._steps import Target
+
+OnRound = Callable[[int], None]
+OnCompile = Callable[[str], None]
+
+
+class Trial(NamedTuple):
+    """One plan as a runner measured it.
+
+    Attributes:
+      times: the per-round step times, in the runner's unit (``unit_s`` seconds each): the
+        paired speedups are computed on these, as the runner reports them.
+      applied: whether the plan was applied (False: it fell back to XLA's default compile).
+      fallback_reason: why it fell back, or None.
+      unit_s: seconds per unit of ``times`` (1.0: seconds; 1e-3: milliseconds).
+      all_reduces: the all-reduces in the compiled step, where the runner counted them.
+      record: the runner's own JSON row for the plan (a launch's combined row), or None.
+    """
+
+    times: Measurement
+    applied: bool
+    fallback_reason: str | None = None
+    unit_s: float = 1.0
+    all_reduces: int | None = None
+    record: Mapping[str, Any] | None = None
+
+    def span(self) -> Span:
+        """The median and range in seconds."""
+        m, u = self.times, self.unit_s
+        return Span(m.median * u, m.min * u, m.max * u)
+
+    def __repr__(self) -> str:
+        s = self.span()
+        fell = "" if self.applied else ", fell back"
+        return f"Trial({s.median * 1e3:.3f} ms median over {len(self.times.samples)} rounds{fell})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Trials:
+    """What one run of a runner measured.
+
+    Attributes:
+      by_name: one :class:`Trial` per plan measured, by row name, in measuring order (a plan the
+        runner did not measure is absent: see :meth:`Runner.run`'s ``measure_fallbacks``).
+      bound: the communication-free bound's Trial, when asked for and measured; else None.
+      compiled: the compiled steps by row name, for later runs of the same optimisation to reuse
+        (:class:`InProcessRunner`; empty for runners that compile afresh every run).
+      info: what the runner says about this run (e.g. the link and whether the workers compiled
+        the graph the search saw).
+    """
+
+    by_name: Mapping[str, Trial]
+    bound: Trial | None = None
+    compiled: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Trials({len(self.by_name)} plans{', bound' if self.bound is not None else ''})"
+
+
+class Runner(Protocol):
+    """Measures plans for ``optimize`` (the module doc).
+
+    Attributes:
+      name: the runner's name in results ("in-process", "processes").
+      reuses_compiles: whether a later run of the same optimisation reuses the compiled steps of
+        an earlier one. A runner that compiles every plan afresh on every run (fresh processes)
+        makes the run-off cost a full launch, so there it measures only the first choice against
+        the regrouped plan (:func:`disco.optimizer.run_off`).
+      measures_bound: whether it can measure the communication-free bound.
+    """
+
+    name: str
+    reuses_compiles: bool
+    measures_bound: bool
+
+    def fit(self, target: Target, config: OptimizeConfig, progress: Progress) -> tuple[Target, dict[str, Any]]:
+        """The target priced for the devices this runner measures on, and what was done (JSON-able)."""
+
+    def run(self, target: Target, plans: Mapping[str, FusionPlan], *, rounds: int, steps: int,
+            bound: bool = False, measure_fallbacks: bool = True,
+            compiled: Mapping[str, Callable[..., Any]] | None = None,
+            on_compile: OnCompile | None = None, on_round: OnRound | None = None) -> Trials:
+        """Measures ``plans`` (by row name, xla_default among them) in ``rounds`` interleaved rounds
+        of ``steps`` steps each.
+
+        Args:
+          bound: also measure the communication-free bound (where :attr:`measures_bound`).
+          measure_fallbacks: False: a plan newly compiled that fell back is left out (where the
+            runner knows before measuring).
+          compiled: the compiled steps of earlier runs, by row name (reused where possible).
+          on_compile: called with each row name compiled.
+          on_round: called with each round's index when it is done.
+        """
+
+    def describe(self) -> dict[str, Any]:
+        """What the runner is, for results (JSON-able)."""
+
+
+class InProcessRunner:
+    """Measures plans on this process's devices (:func:`disco.bench.run_bench`,
+    :func:`xla_hooks.measure.measure_interleaved`), reusing the executables of earlier runs."""
+
+    name = "in-process"
+    reuses_compiles = True
+    measures_bound = True
+
+    def __repr__(self) -> str:
+        return "InProcessRunner()"
+
+    def fit(self, target: Target, config: OptimizeConfig, progress: Progress) -> tuple[Target, dict[str, Any]]:
+        return target, {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"runner": self.name}
+
+    def run(self, target: Target, plans: Mapping[str, FusionPlan], *, rounds: int, steps: int,
+            bound: bool = False, measure_fallbacks: bool = True,
+            compiled: Mapping[str, Callable[..., Any]] | None = None,
+            on_compile: OnCompile | None = None, on_round: OnRound | None = None) -> Trials:
+        from disco import bench
+        from xla_hooks import apply_plan
+        from xla_hooks import measure as _measure
+        from xla_hooks.apply_plan import PlanFallbackWarning
+
+        compiled = dict(compiled or {})
+        if not compiled:  # the first run: every plan compiled and measured, fallbacks included
+            def progress(msg: str) -> None:
+                if msg.startswith("compiled ") and on_compile is not None:
+                    on_compile(msg[len("compiled "):])
+                elif msg.startswith("round ") and on_round is not None:
+                    on_round(int(msg.split()[1].split("/")[0]) - 1)
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the trials instead
+                results = bench.run_bench(target.step_fn, target.args, dict(plans), rounds=rounds, steps=steps,
+                                          progress=progress, comm_free_bound=bound)
+            trials = {m.name: Trial(m.measurement, m.applied, m.fallback_reason, all_reduces=m.all_reduces)
+                      for m in results if not m.is_bound}
+            found = next((Trial(m.measurement, m.applied, m.fallback_reason, all_reduces=m.all_reduces)
+                          for m in results if m.is_bound), None)
+            return Trials(trials, found, {m.name: m.step for m in results if not m.is_bound})
+        execs: dict[str, Any] = {}
+        new: dict[str, Any] = {}
+        for name, plan in plans.items():
+            if name in compiled:
+                execs[name] = compiled[name]
+                continue
+            if on_compile is not None:
+                on_compile(name)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the trial instead
+                step = apply_plan.apply(plan, target.step_fn, *target.args)
+            new[name] = step
+            if step.applied or measure_fallbacks:
+                execs[name] = step
+        times = _measure.measure_interleaved(execs, target.args, rounds=rounds, steps=steps, on_round=on_round)
+        trials = {}
+        for name in plans:
+            step = new.get(name)
+            if name in times:
+                trials[name] = Trial(times[name], True if step is None else step.applied,
+                                     None if step is None else step.fallback_reason)
+        unmeasured = {n: s for n, s in new.items() if n not in times}
+        info = {"unmeasured": {n: s.fallback_reason for n, s in unmeasured.items()}} if unmeasured else {}
+        return Trials(trials, None, {**execs}, info)
