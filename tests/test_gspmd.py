@@ -272,7 +272,10 @@ def _zoo_gspmd_plans_apply(model):
     for name in ("per_tensor", "one_bucket"):
         plan = baselines.make(name, graph)  # a bucket never holds an all-reduce and one it feeds
         applied = xla_hooks.apply(plan, step, *args, strict=True)
-        assert _compiled_all_reduces(applied) == len(plan.buckets)
+        # plus the all-reduces XLA's partitioner put inside loop bodies (gpt2 and rnnlm scan over
+        # layers): out of the buckets' reach, compiled as they are
+        in_loops = sum(len(lp.body.all_reduces()) for lp in graph.loops)
+        assert _compiled_all_reduces(applied) == len(plan.buckets) + in_loops
         assert_close(three_steps(applied, args), reference, rtol=1e-4, floor=1e-6)
     return graph
 
