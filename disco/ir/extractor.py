@@ -94,13 +94,13 @@ def plan_text(lowered: Any, *, debug_info: bool = True) -> str:
     if "all-reduce" in text or "xla.sdy.meshes" not in text:
         return text  # written collectives (shard_map, pmap), or no mesh: nothing to partition
     try:
-        if not gspmd.is_unpartitioned(text):
-            return text
         plain = text if not debug_info else lowered.as_text(dialect="hlo")
         key = (hashlib.sha256(plain.encode()).hexdigest(), _device_key())
         with _PARTITIONED_LOCK:
             cached = _PARTITIONED_CACHE.get(key)
-        if cached is None:
+        if cached is None:  # parse the module only for a step not seen before
+            if not gspmd.is_unpartitioned(text):
+                return text
             cached = _manual_text(lowered, text)
             with _PARTITIONED_LOCK:
                 if len(_PARTITIONED_CACHE) >= _PARTITIONED_CACHE_SIZE:

@@ -649,6 +649,28 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
 _PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "custom-call", "copy", "bitcast", "reshape", "call"})
 
 
+def predecessors(n_nodes: int, edges: Iterable[tuple[int, int]]) -> list[list[int]]:
+    """Each node's producers, from (producer, consumer) edges."""
+    preds: list[list[int]] = [[] for _ in range(n_nodes)]
+    for s, d in edges:
+        preds[d].append(s)
+    return preds
+
+
+def reaching(preds: Sequence[Sequence[int]], seeds: dict[int, int]) -> list[int]:
+    """Per node (in a topological order), the OR of the seed bits of itself and every node upstream.
+
+    ``seeds`` maps node indices to bits (one per node of interest); one linear pass.
+    """
+    out = [0] * len(preds)
+    for i, ps in enumerate(preds):
+        bits = seeds.get(i, 0)
+        for p in ps:
+            bits |= out[p]
+        out[i] = bits
+    return out
+
+
 def dataflow_gradients(nodes: Sequence[Node], edges: Sequence[tuple[int, int]], root: int,
                        op_names: dict[int, str | None], numbers: dict[int, int]) -> dict[int, str]:
     """The all-reduces that reduce gradients, found by dataflow: node index -> parameter path.
@@ -668,9 +690,7 @@ def dataflow_gradients(nodes: Sequence[Node], edges: Sequence[tuple[int, int]], 
       op_names: parameter and all-reduce node index -> the op_name jax gave it (None without).
       numbers: parameter node index -> its parameter number.
     """
-    preds: list[list[int]] = [[] for _ in nodes]
-    for s, d in edges:
-        preds[d].append(s)
+    preds = predecessors(len(nodes), edges)
     outputs: set[int] = set()
     stack, seen = [root], {root}
     while stack:
@@ -691,14 +711,8 @@ def dataflow_gradients(nodes: Sequence[Node], edges: Sequence[tuple[int, int]], 
         ars_of_shape[(nodes[i].dtype, nodes[i].out_elements)] |= bit
     for i, bit in param_bit.items():
         params_of_shape[(nodes[i].dtype, nodes[i].out_elements)] |= bit
-    reach_ar = [0] * len(nodes)  # all-reduces upstream of a node, itself included
-    reach_param = [0] * len(nodes)
-    for i in range(len(nodes)):
-        a, p = ar_bit.get(i, 0), param_bit.get(i, 0)
-        for q in preds[i]:
-            a |= reach_ar[q]
-            p |= reach_param[q]
-        reach_ar[i], reach_param[i] = a, p
+    reach_ar = reaching(preds, ar_bit)  # all-reduces upstream of a node, itself included
+    reach_param = reaching(preds, param_bit)
     by_bit = {bit: i for i, bit in ar_bit.items()}
     candidates = []
     for o in outputs:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 
-from disco.ir.graph import HloGraph
+from disco.ir.graph import HloGraph, predecessors, reaching
 
 GUIDE_POINTER = "see docs/guides/your-own-step.md (Bring your own step)"
 
@@ -33,22 +33,11 @@ def all_reduce_dependencies(graph: HloGraph) -> dict[str, frozenset[str]]:
 
     Linear passes in program order (a topological order), with the upstream sets as bitsets.
     """
-    preds: list[list[int]] = [[] for _ in graph.nodes]
-    for s, d in graph.edges:
-        preds[d].append(s)
     ars = [i for i, n in enumerate(graph.nodes) if n.is_all_reduce]
     bit = {i: 1 << k for k, i in enumerate(ars)}
-    upstream = [0] * len(graph.nodes)  # all-reduces strictly upstream of each node
-    for i in range(len(graph.nodes)):
-        up = 0
-        for p in preds[i]:
-            up |= upstream[p] | bit.get(p, 0)
-        upstream[i] = up
-    out = {}
-    for i in ars:
-        up = upstream[i]
-        out[graph.nodes[i].name] = frozenset(graph.nodes[j].name for j in ars if up & bit[j])
-    return out
+    reach = reaching(predecessors(len(graph.nodes), graph.edges), bit)  # itself included
+    return {graph.nodes[i].name: frozenset(graph.nodes[j].name for j in ars if j != i and reach[i] & bit[j])
+            for i in ars}
 
 
 def double_reductions(graph: HloGraph) -> list[tuple[str, str]]:

@@ -108,7 +108,10 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     require_graph(graph, f"baseline {name!r}: graph")
     build = kw.pop("build", "concat")
     ars = graph.all_reduces()
-    deps = all_reduce_dependencies(graph)
+
+    def greedy(order: Sequence[Node], caps: Callable[[int], int], **opts: Any) -> tuple[Bucket, ...]:
+        return _greedy(order, caps, build=build, deps=all_reduce_dependencies(graph), **opts)
+
     if name == "xla_default":
         plan = FusionPlan(name=name)
     elif name == "no_fusion":
@@ -116,27 +119,26 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     elif name == "per_tensor":
         plan = FusionPlan(buckets=tuple(Bucket((n.name,), build) for n in ars), name=name)
     elif name == "one_bucket":
-        plan = FusionPlan(buckets=_greedy(ars, lambda i: 1 << 62, build=build, deps=deps), name=name)
+        plan = FusionPlan(buckets=greedy(ars, lambda i: 1 << 62), name=name)
     elif name == "horovod":
         mb = _positive_size(name, "threshold_mb", kw.pop("threshold_mb", 64))
-        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: int(mb * MB), build=build, deps=deps),
+        plan = FusionPlan(buckets=greedy(production_order(graph), lambda i: int(mb * MB)),
                           name="horovod" if mb == 64 else f"horovod_{mb:g}mb")
     elif name == "ddp":
         cap = _positive_size(name, "cap_mb", kw.pop("cap_mb", 25))
         first = _positive_size(name, "first_mb", kw.pop("first_mb", 1))
-        plan = FusionPlan(buckets=_greedy(reverse_parameter_order(graph),
-                                          lambda i: int((first if i == 0 else cap) * MB), build=build,
-                                          deps=deps),
+        plan = FusionPlan(buckets=greedy(reverse_parameter_order(graph),
+                                         lambda i: int((first if i == 0 else cap) * MB)),
                           name=name)
     elif name == "xla_threshold":
         thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", 30 * MB))
-        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: thr, max_members=256, build=build, deps=deps),
+        plan = FusionPlan(buckets=greedy(production_order(graph), lambda i: thr, max_members=256),
                           name=f"xla_threshold_{thr}")
     elif name == "even":
         k = _bucket_count(name, "k", kw.pop("k", 2))
         per_class = [sum(n.grad_bytes for n in cls) for cls in _classes(ars).values()]
         cap = -(-max(per_class, default=0) // k) or 1  # the largest class cut into k
-        plan = FusionPlan(buckets=_greedy(production_order(graph), lambda i: cap, build=build, deps=deps),
+        plan = FusionPlan(buckets=greedy(production_order(graph), lambda i: cap),
                           name=f"even_{k}")
     elif name == "xla_tuned":
         thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD))
