@@ -70,9 +70,9 @@ def main(argv=None) -> int:
         results[m] = json.loads(r.stdout)
         results[m]["wall_s"] = time.perf_counter() - t0
         print(f"{m}: {results[m]['verdict']} ({results[m]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f)
+        if args.out:  # after every model: a long run stopped part-way keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(results, f)
     shares = {m: r.pop("_share") for m, r in results.items() if r.get("_share")}
     speedups = []
     print("| model | plan | predicted ms | measured ms median (min-max) | vs xla_default |")
