@@ -237,9 +237,8 @@ def upload_profiles():
 @bp.post("/v1/trials")
 def report_trials():
     """Stores the step times a job measured for the candidates of a plan key (one run)."""
-    import statistics
-
     from disco.plans.plan import FusionPlan
+    from service.trials import median_ms
 
     _require_token()
     body = _json_body()
@@ -258,11 +257,9 @@ def report_trials():
             plan = FusionPlan.from_dict(t.plan)
         except (ValueError, TypeError) as e:
             raise ApiError(400, "invalid_plan", f"trials[{i}].plan: {e}", f"trials[{i}].plan") from None
-        # a data-parallel step is as slow as its slowest process: per step the max over processes
-        per_step = [max(step) for step in zip(*t.samples_ms)]
         rows.append({"plan": plan.to_dict(), "plan_digest": plan.digest(), "name": t.name,
                      "predicted_ms": t.predicted_ms, "samples_ms": t.samples_ms,
-                     "step_time_ms": statistics.median(per_step)})
+                     "step_time_ms": median_ms(t.samples_ms)})  # each step on its slowest process
     n = store.add_trials(req.key, req.run_id, stored["fingerprint"], stored["report"].get("environment"), rows,
                          req.winner)
     won = rows[req.winner]

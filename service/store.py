@@ -203,6 +203,12 @@ class Store:
         row = self._x("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None or row["request"] is None else json.loads(row["request"])
 
+    def key_request(self, key: str) -> dict[str, Any] | None:
+        """The inputs of the newest job of ``key`` whose inputs are stored (its program, cluster, options)."""
+        row = self._x("SELECT request FROM jobs WHERE key = ? AND request IS NOT NULL ORDER BY created_at DESC "
+                      "LIMIT 1", (key,)).fetchone()
+        return None if row is None else json.loads(row["request"])
+
     @staticmethod
     def _job_dict(row: Any) -> dict[str, Any]:
         return {"job_id": row["id"], "key": row["key"], "state": row["state"],

@@ -369,9 +369,9 @@ def agree_winner(rnd: Round, samples: list[list[float]]) -> tuple[int, list[list
     over the processes that answered) and publishes the winner; the others wait up to twice that.
 
     Returns:
-      ``(winner, samples, outcome)``: the winner's index; on process 0 every answering process's
-      times (``[p][c][step]``), else None; ``outcome`` not ok where a wait timed out or bytes were
-      corrupt. A process that got no decision keeps candidate 0 (the one predicted best), which is
+      ``(winner, samples, outcome)``: the winner's index; every answering process's times
+      (``[p][c][step]``, as process 0 published them with the winner; None where they did not
+      arrive); ``outcome`` not ok where a wait timed out or bytes were corrupt. A process that got no decision keeps candidate 0 (the one predicted best), which is
       process 0's choice too when nobody else's times reached it and its own did not decide.
     """
     try:
@@ -387,13 +387,15 @@ def agree_winner(rnd: Round, samples: list[list[float]]) -> tuple[int, list[list
             winner = body["winner"]
             if isinstance(winner, bool) or not isinstance(winner, int) or not 0 <= winner < len(samples):
                 raise ValueError(f"winner {winner!r} is not the index of one of {len(samples)} candidates")
+            every = body.get("samples")
+            choose(every)  # raises for anything but times of the same candidates and steps
         except KeyTimeout:
             return 0, None, Outcome(TIMEOUT, f"process {rnd.process} got no trial winner from process {LEADER} "
                                               f"within {wait_s:g} s (waited for key {key!r}); it keeps candidate 0")
         except (KeyValueError, ValueError, TypeError, KeyError) as e:
             return 0, None, Outcome(RECEIVE, f"process {rnd.process} could not read the trial winner "
                                               f"({type(e).__name__}: {e}); it keeps candidate 0")
-        return winner, None, problem or Outcome(None, body.get("reason"))
+        return winner, every, problem or Outcome(None, body.get("reason"))
     every = [samples]
     missing = []
     deadline = time.monotonic() + rnd.timeout_s
@@ -410,7 +412,7 @@ def agree_winner(rnd: Round, samples: list[list[float]]) -> tuple[int, list[list
     winner = choose(every)
     reason = "; ".join(missing) or None
     try:
-        rnd.store.set(rnd.winner_key(), json.dumps({"winner": winner, "reason": reason}).encode())
+        rnd.store.set(rnd.winner_key(), json.dumps({"winner": winner, "reason": reason, "samples": every}).encode())
     except KeyValueError as e:
         return winner, every, Outcome(TIMEOUT, f"process {LEADER} could not publish the trial winner: {e}")
     return winner, every, problem or Outcome(None, reason)

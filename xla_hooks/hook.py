@@ -423,7 +423,8 @@ class PlannedStep:
         self.reports[sig] = {**(answer.report or self.reports.get(sig) or {}), "trials": table}
         self.applied[sig] = run.compiled[winner]
         self._running.pop(sig, None)
-        if every is not None and self.service is not None and answer.key is not None:
+        leader = rnd is None or rnd.leader
+        if leader and every is not None and self.service is not None and answer.key is not None:
             self._report_trials(answer.key, run, every, winner)
 
     def _report_trials(self, key: str, run: TrialRun, every: list[list[list[float]]], winner: int) -> None:
