@@ -192,6 +192,15 @@ def get_plan(key: str):
     return jsonify(stored)
 
 
+def _candidates_arg() -> int:
+    """The ``candidates`` query parameter (default 1): 400 for anything but an integer in [1, MAX_CANDIDATES]."""
+    raw = request.args.get("candidates", "1")
+    if not raw.isdigit() or not 1 <= int(raw) <= limits.MAX_CANDIDATES:
+        raise ApiError(400, "invalid_request", f"candidates: expected an integer in [1, {limits.MAX_CANDIDATES}], "
+                       f"got {raw[:40]!r}", "candidates")
+    return int(raw)
+
+
 @bp.get("/v1/jobs/<job_id>")
 def get_job(job_id: str):
     store = db.get_store()
@@ -201,8 +210,8 @@ def get_job(job_id: str):
     job["result"] = None
     if job["state"] == "done":
         stored = store.get_plan(job["key"])
-        if stored is not None:  # whoever joined the job may have asked for candidates: all are answered
-            job["result"] = _answer(stored["key"], stored, limits.MAX_CANDIDATES, store.measured(stored["key"]))
+        if stored is not None:  # ?candidates=n: as POST /v1/plans answers a request with candidates n
+            job["result"] = _answer(stored["key"], stored, _candidates_arg(), store.measured(stored["key"]))
     return jsonify(job)
 
 

@@ -281,8 +281,11 @@ def openapi(version: str, auth: bool) -> dict[str, Any]:
         "/v1/jobs/{job_id}": {"get": {
             "summary": "A plan job's state", "operationId": "getJob",
             "parameters": [{"name": "job_id", "in": "path", "required": True,
-                            "schema": {"type": "string", "maxLength": 128}}],
-            "responses": {"200": _json("Job", "the job"), **_errors(404)}}},
+                            "schema": {"type": "string", "maxLength": 128}},
+                           {"name": "candidates", "in": "query", "required": False,
+                            "description": "answer the result's candidates as POST /v1/plans does for this many",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": limits.MAX_CANDIDATES}}],
+            "responses": {"200": _json("Job", "the job"), **_errors(400, 404)}}},
         "/v1/profiles": {"post": {
             "summary": "Upload measured step times", "operationId": "uploadProfiles", "security": secured,
             "requestBody": {"required": True, "content": {"application/json": {

@@ -53,9 +53,9 @@ def _trial_round(processes, samples, *, skip=(), timeout_s=2.0):
 @pytest.mark.parametrize("processes", [2, 4])
 def test_every_process_keeps_the_winner_process_0_chose_from_all_times(processes):
     # on its own each process would keep another candidate; the slowest process decides
-    samples = {p: [[1.0 + (p == 0) * 9, 1.0], [2.0, 2.0], [3.0 + (p == processes - 1) * 9, 3.0]]
-               for p in range(processes)}
-    samples[0] = [[1.0, 1.0], [9.0, 9.0], [0.5, 0.5]]
+    # (process 0 alone would keep candidate 2, the others candidate 0: each step on its slowest process, 1)
+    samples = {p: [[1.0, 1.0], [2.0, 2.0], [5.0, 5.0]] for p in range(processes)}
+    samples[0] = [[5.0, 5.0], [2.0, 2.0], [1.0, 1.0]]
     out = _trial_round(processes, samples)
     assert {w for w, _, _ in out.values()} == {1}
     assert all(o.ok for _, _, o in out.values())
@@ -64,7 +64,7 @@ def test_every_process_keeps_the_winner_process_0_chose_from_all_times(processes
 
 
 def test_a_process_without_times_is_named_and_the_rest_decide():
-    samples = {0: [[1.0], [2.0]], 1: [[1.0], [0.5]], 2: [[1.0], [0.5]]}
+    samples = {0: [[3.0], [2.0]], 1: [[1.0], [0.5]], 2: [[9.0], [0.5]]}
     out = _trial_round(3, samples, skip={2}, timeout_s=0.3)
     winner, every, outcome = out[0]
     assert winner == 1 and len(every) == 2 and outcome.ok
@@ -227,7 +227,7 @@ def test_candidates_trials_and_the_measured_winner(app):
     r = client.post("/v1/trials", json=_trial_report(answer, winner=2))
     assert r.status_code == 201, r.json
     assert r.json["stored"] == 3 and r.json["winner"]["name"] == names[2]
-    assert r.json["winner"]["step_time_ms"] == 2.2  # median over steps of the slowest process's time
+    assert r.json["winner"]["step_time_ms"] == 2.5  # median over steps of the slowest process's time
     for body in (_plan_body(candidates=3), _plan_body()):
         measured = client.post("/v1/plans", json=body)
         assert measured.status_code == 200
@@ -326,5 +326,5 @@ def test_measured_trials_are_samples_the_cost_model_trains_on(tmp_path):
     assert export(db, out) == 3
     assert export(db, out) == 0
     ds = load_dataset(out)
-    assert len(ds.samples) == 3 and {s.median_ms for s in ds.samples} == {2.2}
+    assert len(ds.samples) == 3 and {s.median_ms for s in ds.samples} == {2.5}
     assert {s.devices for s in ds.samples} == {4}

@@ -517,7 +517,8 @@ class PlannedStep:
                 raise _NoPlan(f"the service answered 202 without a job id: {str(data)[:200]}")
             delay = 0.05
             while True:
-                status, job = self._request("GET", f"/v1/jobs/{job_id}", None, deadline)
+                query = f"?candidates={self.trial_count}" if self.trial_count > 1 else ""
+                status, job = self._request("GET", f"/v1/jobs/{job_id}{query}", None, deadline)
                 if status != 200:
                     raise _NoPlan(f"GET /v1/jobs/{job_id} answered {status}")
                 state = job.get("state")
