@@ -28,6 +28,7 @@ def _pump(a: socket.socket, b: socket.socket) -> None:
         for s in (a, b):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+        a.close()  # each direction closes the socket it read from
 
 
 def _serve(listener: socket.socket, connect: Callable[[], socket.socket]) -> None:
