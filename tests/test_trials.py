@@ -328,3 +328,32 @@ def test_measured_trials_are_samples_the_cost_model_trains_on(tmp_path):
     ds = load_dataset(out)
     assert len(ds.samples) == 3 and {s.median_ms for s in ds.samples} == {2.5}
     assert {s.devices for s in ds.samples} == {4}
+
+
+@pytest.mark.slow
+def test_disco_train_gnn_trains_on_the_measured_trials(tmp_path):
+    """``disco train-gnn --trials DB --data DIR`` appends the database's measured runs and trains on them."""
+    from disco.cli import train_gnn
+    from service import create_app
+    from service.jobs import stop_runner
+
+    db = str(tmp_path / "t.sqlite")
+    app = create_app({"DATABASE": db, "WORKERS": 1, "TESTING": True})
+    try:
+        client = app.test_client()
+        answer = _answer(client, _plan_body(candidates=4))
+        assert client.post("/v1/trials", json=_trial_report(answer, 1)).status_code == 201
+    finally:
+        stop_runner(app)
+    lines = []
+    args = train_gnn.add_arguments  # the CLI's own parser
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    args(parser)
+    ns = parser.parse_args(["--data", str(tmp_path / "data"), "--trials", db, "--epochs", "1",
+                            "--out", str(tmp_path / "c.msgpack")])
+    metrics = train_gnn.train_and_report(ns, log=lines.append)
+    assert lines[0] == f"trials: 4 measured samples appended from {db}"
+    assert lines[1].startswith("data: 4 samples, 1 groups")
+    assert (tmp_path / "c.msgpack").is_file() and metrics
