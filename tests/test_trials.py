@@ -153,6 +153,39 @@ def test_jit_refuses_trial_settings_it_cannot_run():
         xla_hooks.jit(lambda x: x, trials=9)
 
 
+@pytest.mark.slow  # 17 s on 2 loaded cores; the 2-process job of tests/test_trials_job.py runs the same steps
+def test_a_single_process_job_measures_its_candidates_and_keeps_the_fastest():
+    """The local planner's candidates (service=None) on one process: the first steps go to each in
+    turn, the fastest is kept, and every step's loss is jax.jit's."""
+    import jax
+    import numpy as np
+
+    import trax_models
+    import xla_hooks
+
+    step, (state0, batch) = trax_models.make_train_step("mlp", "tiny", devices=1, optimizer="sgd")
+    planned = xla_hooks.jit(step, cluster="local", trials=2, trial_steps=2,
+                            options={"budget_s": 0.5, "strategy": "baselines"})
+    reference, state, ref_state = jax.jit(step), state0, state0
+    measured_after = None
+    for i in range(8):
+        state, loss = planned(state, batch)
+        ref_state, ref_loss = reference(ref_state, batch)
+        np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5, atol=1e-7)
+        if planned.trials and measured_after is None:
+            measured_after = i + 1
+    (table,) = planned.trials.values()
+    # the planner's plan and the next best baseline, and XLA's default unless it is one of them
+    assert len(table) in (2, 3) and "xla_default" in [t["name"] for t in table]
+    assert measured_after == 2 * len(table)  # 2 steps each, then the winner is installed
+    assert sum(t["winner"] for t in table) == 1
+    fastest = min(table, key=lambda t: t["measured_ms"])
+    assert fastest["winner"]
+    (applied,) = planned.applied.values()
+    (report,) = planned.reports.values()
+    assert applied.plan.digest() == fastest["plan_digest"] and report["trials"] == table
+
+
 # -- the service ---------------------------------------------------------------------------------------
 BACKENDS = ["sqlite", "postgresql"]
 
