@@ -120,7 +120,7 @@ class _Step:
         return x + 1
 
 
-def test_trial_steps_go_to_each_candidate_in_turn_and_finish_once():
+def test_trial_steps_go_round_the_candidates_and_finish_once():
     pytest.importorskip("jax")
     calls, finished = [], []
     cands = [Candidate("a", 1.0, None), Candidate("b", 2.0, None)]
@@ -128,9 +128,9 @@ def test_trial_steps_go_to_each_candidate_in_turn_and_finish_once():
     x = 0
     for _ in range(6):
         x = run(x)
-    assert x == 6 and calls == ["a", "a", "a", "b", "b", "b"]
+    assert x == 6 and calls == ["a", "b", "a", "b", "a", "b"]  # in rounds
     (samples,) = finished
-    assert [len(s) for s in samples] == [2, 2] and all(t > 0 for s in samples for t in s)  # first step untimed
+    assert [len(s) for s in samples] == [2, 2] and all(t > 0 for s in samples for t in s)  # first round untimed
     with pytest.raises(ValueError, match="expected one compiled step per candidate, got 2 candidates and 1"):
         TrialRun(cands, [_Step("a", calls)], 3, finished.append)
 
@@ -177,7 +177,7 @@ def test_a_single_process_job_measures_its_candidates_and_keeps_the_fastest():
     (table,) = planned.trials.values()
     # the planner's plan and the next best baseline, and XLA's default unless it is one of them
     assert len(table) in (2, 3) and "xla_default" in [t["name"] for t in table]
-    assert measured_after == 2 * len(table)  # 2 steps each, then the winner is installed
+    assert measured_after == 2 * len(table)  # 2 rounds, then the winner is installed
     assert sum(t["winner"] for t in table) == 1
     fastest = min(table, key=lambda t: t["measured_ms"])
     assert fastest["winner"]

@@ -700,11 +700,12 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
       trials: 0 (the default): use the plan as answered. ``n`` >= 1: measure inside the job
         (:mod:`xla_hooks.trials`): the service's ``n`` best candidates and XLA's default are each
         compiled ahead (one that does not apply on some process is dropped on all), the first
-        ``trial_steps`` steps of the run go to each in turn (real steps: a plan never changes what
+        ``trial_steps`` rounds of steps run each once, in turn (real steps: a plan never changes what
         the step computes), the fastest is kept, and the step times are reported to the service
         (``POST /v1/trials``), which answers the next job of the same plan key with that winner
         (then no trials run). ``.trials`` shows the measurements.
-      trial_steps: steps per candidate (at least 1; the first of each is not timed where there are more).
+      trial_steps: rounds of steps, one step per candidate each (at least 1; the first round is not timed
+        where there are more).
 
     Returns:
       A callable with ``step_fn``'s signature; ``.applied``/``.reports`` show what was used.

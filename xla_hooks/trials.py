@@ -2,9 +2,11 @@
 
 ``xla_hooks.jit(step, service=..., trials=n)`` asks the plan service for its ``n`` best plans
 (predicted by simulation, best first), adds XLA's default, compiles every candidate ahead and
-runs the job's first ``trial_steps * len(candidates)`` steps on them in turn, ``trial_steps``
-each, timing every step (waited for). A plan never changes what the step computes, so these
-are real training steps. Then the candidate with the lowest median step time (each step timed on
+runs the job's first ``trial_steps * len(candidates)`` steps on them in ``trial_steps`` rounds,
+each round one step of every candidate in turn, timing every step (waited for). Rounds, as
+:func:`xla_hooks.measure.measure_interleaved` does, so that a slow moment of a shared machine and
+the job's first collectives (the first round, not timed) do not fall on one candidate. A plan
+never changes what the step computes, so these are real training steps. Then the candidate with the lowest median step time (each step timed on
 the slowest process: :func:`xla_hooks.agreement.choose`) is kept for the rest of the run, and
 the times are reported to the service (``POST /v1/trials``), which answers the next job of the
 same plan key with the measured winner.
@@ -22,7 +24,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-DEFAULT_TRIAL_STEPS = 3
+DEFAULT_TRIAL_STEPS = 5
 XLA_DEFAULT = "xla_default"
 
 
@@ -77,15 +79,15 @@ def with_default(candidates: Sequence[Candidate], report: dict[str, Any] | None)
 
 
 class TrialRun:
-    """The step of one signature while trials run: call ``i`` runs candidate ``i // steps``, waited
-    for and timed; after the last, ``finish(samples)`` is called once (``samples[c]``: candidate
-    ``c``'s step times in ms, its first step left out when it ran more than one: that step also
-    paid for the first run of the executable).
+    """The step of one signature while trials run: call ``i`` runs candidate ``i % len(candidates)``
+    (round ``i // len(candidates)``), waited for and timed; after the last, ``finish(samples)`` is
+    called once (``samples[c]``: candidate ``c``'s step times in ms, the first round left out when
+    there are more: it also paid for each executable's first run and the job's first collectives).
 
     Args:
       candidates: the candidates that compiled on every process, in the order they run.
       compiled: their compiled steps (``xla_hooks.AppliedStep``), one each.
-      steps: steps per candidate.
+      steps: steps per candidate (rounds).
       finish: called with the samples after the last trial step; it installs the winner.
     """
 
@@ -114,7 +116,7 @@ class TrialRun:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import jax
 
-        i = self.calls // self.steps
+        i = self.calls % len(self.candidates)
         t0 = time.perf_counter()
         out = self.compiled[i](*args, **kwargs)
         jax.block_until_ready(out)
