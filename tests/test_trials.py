@@ -2,18 +2,19 @@
 candidates, ``/v1/trials`` and the measured answer on both stores, the schema's version 3, and the
 trials as training data for the cost model.
 
-The protocol runs over the in-memory key-value store of tests/test_agreement.py (threads as
+The protocol runs over the in-memory key-value store of tests/stubs.py (threads as
 processes); the real multi-process jobs are in tests/test_trials_job.py.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import pytest
 
-from tests.test_agreement import MemoryKV
+from tests.stubs import MemoryKV
 from xla_hooks import agreement
 from xla_hooks.agreement import Outcome, Round
 from xla_hooks.trials import Candidate, TrialRun, with_default
@@ -219,10 +220,26 @@ def app(request, tmp_path):
     stop_runner(app)
 
 
-def _plan_body(**extra):
-    from tests.test_service import plan_body
+@functools.cache
+def _mlp_hlo() -> str:
+    import disco
+    import trax_models
 
-    return {**plan_body(), "environment": {"jax": "0.10.2", "jaxlib": "0.10.2", "platform": "cpu",
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
+    return disco.hlo_text(step, *args)
+
+
+def _rows(db, query):
+    from service.store import Store
+
+    with Store(str(db)) as store:
+        return [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in store._x(query).fetchall()]
+
+
+def _plan_body(**extra):
+    plan_body = {"hlo_text": _mlp_hlo(), "cluster": "local", "devices": 4,
+                 "options": {"budget_s": 1.0, "strategy": "baselines", "seed": 0}}
+    return {**plan_body, "environment": {"jax": "0.10.2", "jaxlib": "0.10.2", "platform": "cpu",
                                            "device_kind": "cpu", "processes": 2, "devices_per_process": 2,
                                            "xla_flags": []}, **extra}
 
@@ -304,7 +321,6 @@ def test_a_version_2_database_gains_the_trials_table_and_keeps_its_plans(request
 
     from service import create_app, schema
     from service.store import Store
-    from tests.test_service import rows
 
     db = _database(request, backend, tmp_path, "v2")
     if backend == "sqlite":
@@ -328,8 +344,8 @@ def test_a_version_2_database_gains_the_trials_table_and_keeps_its_plans(request
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
         conn.close()
     else:
-        assert rows(db, "SELECT version FROM disco_schema") == [(3,)]
-    assert rows(db, "SELECT key FROM plans") == [("k",)]
+        assert _rows(db, "SELECT version FROM disco_schema") == [(3,)]
+    assert _rows(db, "SELECT key FROM plans") == [("k",)]
     with Store(db) as store:
         store.add_trials("k", "r", "f", None, [{"plan": {}, "plan_digest": "d", "name": "n", "step_time_ms": 1.5,
                                                  "samples_ms": [[1.5]]}], 0)
