@@ -72,7 +72,7 @@ HOOKS_PYTHON ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyen
 	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 HOOKS_VENV := .venv-jax$(HOOKS_JAX)
 HOOKS_LOCK := constraints/jax-$(HOOKS_JAX).txt
-HOOK_TESTS ?= tests/test_apply.py tests/test_hook.py tests/test_agreement.py tests/test_gspmd.py tests/test_cuts.py tests/test_profile.py tests/test_kernel_collect.py
+HOOK_TESTS ?= tests/test_apply.py tests/test_hook.py tests/test_agreement.py tests/test_trials.py tests/test_trials_job.py tests/test_gspmd.py tests/test_cuts.py tests/test_profile.py tests/test_kernel_collect.py
 
 $(HOOKS_VENV)/.installed: setup.cfg pyproject.toml $(HOOKS_LOCK)
 	@test -n "$(HOOKS_PYTHON)" || { echo "make test-hooks: no Python 3.12 found (jax $(HOOKS_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }

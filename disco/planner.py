@@ -272,6 +272,42 @@ def plan_for_graph(
     return plan, report
 
 
+def candidates(graph: HloGraph, plan: FusionPlan, report: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+    """The ``n`` plans a job should measure, predicted best first: ``plan`` (the planner's answer),
+    then the baselines by the simulated times in ``report["baselines_ms"]``, each plan once.
+
+    A job that runs trials (``xla_hooks.jit(..., trials=n)``) compiles and measures these; the
+    baselines are rebuilt from ``graph`` (deterministic), so the report holds their times only.
+
+    Args:
+      graph: the step's graph; plan, report: :func:`plan_for_graph`'s answer for it.
+      n: how many (at least 1).
+
+    Returns:
+      ``[{"name", "predicted_ms", "plan"}]``: at most ``n`` entries, ``plan`` as its JSON.
+
+    Raises:
+      ValueError: ``n`` below 1.
+    """
+    from disco.plans import baselines
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"candidates: expected a count >= 1, got {n!r}")
+    simulated = dict(report.get("baselines_ms") or {})
+    out = [{"name": plan.name or plan.digest(), "predicted_ms": float(report.get("plan_ms", 0.0)),
+            "plan": plan.to_dict()}]
+    seen = {plan.digest()}
+    for name in sorted(simulated, key=lambda b: (simulated[b], b != "xla_default", b)):
+        if len(out) >= n:
+            break
+        other = baselines.make(name, graph)
+        if other.digest() in seen:
+            continue
+        seen.add(other.digest())
+        out.append({"name": name, "predicted_ms": float(simulated[name]), "plan": other.to_dict()})
+    return out
+
+
 def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, opts: Mapping[str, Any],
                    progress: ProgressFn) -> tuple[FusionPlan, dict[str, Any]]:
     """Random valid plans (on a GPU cluster without fusion groups) until the budget runs out; the

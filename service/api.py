@@ -1,9 +1,14 @@
-"""The JSON API: ``/v1/plans``, ``/v1/jobs``, ``/v1/profiles``, ``/healthz``, ``/openapi.json``.
+"""The JSON API: ``/v1/plans``, ``/v1/jobs``, ``/v1/profiles``, ``/v1/trials``, ``/healthz``, ``/openapi.json``.
 
 A plan's key is made of what the server computed, never of what the client claims:
 the program's identity (:mod:`service.programs`), the cluster, the cost model and the
 options; and the environment the client names (jax, backend, topology, XLA flags), which
 the report of its plan echoes. Every request is validated here, before a job exists (400 naming the field).
+
+A job that measures plans (``xla_hooks.jit(..., trials=n)``) asks for ``candidates``: the plan and
+the next best baselines, predicted best first; it reports what it measured to ``/v1/trials``,
+stored under the key it was answered. From then on a request of that key is answered the
+measured winner, with ``measured`` saying so (and the job runs no trials).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from disco import __version__
-from service import db, inputs, jobs, schemas
+from service import db, inputs, jobs, limits, schemas
 from service.errors import ApiError
 from service.intake import Intake, Program, graph_program
 
@@ -107,6 +112,24 @@ def _program(req: schemas.PlanRequest) -> Program:
     return program
 
 
+def _answer(key: str, stored: dict[str, Any], candidates: int, measured: dict[str, Any] | None) -> dict[str, Any]:
+    """The answer to a plan request: the stored plan and report (its candidates moved out of it), the
+    first ``candidates`` candidates when more than one is asked for; or the measured winner."""
+    report = dict(stored["report"])
+    stored_candidates = report.pop("candidates", None) or [
+        {"name": stored["plan"].get("name") or "plan", "predicted_ms": report.get("plan_ms"), "plan": stored["plan"]}]
+    out: dict[str, Any] = {"key": key, "plan": stored["plan"], "report": report}
+    if measured is not None:
+        summary = {k: measured[k] for k in ("run_id", "name", "step_time_ms", "processes", "trials")}
+        out.update(plan=measured["plan"], report={**report, "measured": summary}, measured=summary)
+        if candidates > 1:
+            out["candidates"] = [{"name": measured["name"], "measured_ms": measured["step_time_ms"],
+                                  "plan": measured["plan"]}]
+    elif candidates > 1:
+        out["candidates"] = stored_candidates[:candidates]
+    return out
+
+
 # -- endpoints -------------------------------------------------------------------------------------
 @bp.get("/healthz")
 def healthz():
@@ -141,6 +164,11 @@ def create_plan():
     key = planner.plan_key(program.identity, cluster, planner.default_costs(cluster.device), req.options.model_dump(),
                            environment)
     store = db.get_store()
+    measured = store.measured(key)
+    if measured is not None:
+        stored = store.get_plan(key)
+        if stored is not None:
+            return jsonify(_answer(key, stored, req.candidates, measured)), 200
     row, created = store.submit(key, inputs.stored_request(req, cluster, program.fingerprint))
     if created:
         limit = int(current_app.config["QUEUE_SIZE"])
@@ -152,7 +180,7 @@ def create_plan():
         jobs.get_runner().notify()
     if "plan_key" in row:
         stored = store.get_plan(key)
-        return jsonify({"key": key, "plan": stored["plan"], "report": stored["report"]}), 200
+        return jsonify(_answer(key, stored, req.candidates, None)), 200
     return jsonify({"job_id": row["job_id"], "key": key, "state": row["state"]}), 202
 
 
@@ -164,6 +192,15 @@ def get_plan(key: str):
     return jsonify(stored)
 
 
+def _candidates_arg() -> int:
+    """The ``candidates`` query parameter (default 1): 400 for anything but an integer in [1, MAX_CANDIDATES]."""
+    raw = request.args.get("candidates", "1")
+    if not raw.isdigit() or not 1 <= int(raw) <= limits.MAX_CANDIDATES:
+        raise ApiError(400, "invalid_request", f"candidates: expected an integer in [1, {limits.MAX_CANDIDATES}], "
+                       f"got {raw[:40]!r}", "candidates")
+    return int(raw)
+
+
 @bp.get("/v1/jobs/<job_id>")
 def get_job(job_id: str):
     store = db.get_store()
@@ -173,8 +210,8 @@ def get_job(job_id: str):
     job["result"] = None
     if job["state"] == "done":
         stored = store.get_plan(job["key"])
-        if stored is not None:
-            job["result"] = {"key": stored["key"], "plan": stored["plan"], "report": stored["report"]}
+        if stored is not None:  # ?candidates=n: as POST /v1/plans answers a request with candidates n
+            job["result"] = _answer(stored["key"], stored, _candidates_arg(), store.measured(stored["key"]))
     return jsonify(job)
 
 
@@ -204,3 +241,36 @@ def upload_profiles():
             raise ApiError(400, "invalid_plan", f"[{i}].plan: {e}", f"[{i}].plan") from None
         rows.append({**s.model_dump(), "plan": plan.to_dict(), "plan_digest": plan.digest()})
     return jsonify({"stored": db.get_store().add_profiles(rows)}), 201
+
+
+@bp.post("/v1/trials")
+def report_trials():
+    """Stores the step times a job measured for the candidates of a plan key (one run)."""
+    from disco.plans.plan import FusionPlan
+    from service.trials import median_ms
+
+    _require_token()
+    body = _json_body()
+    try:
+        req = schemas.TrialReport.model_validate(body)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    store = db.get_store()
+    stored = store.get_plan(req.key)
+    if stored is None:
+        raise ApiError(404, "not_found", f"no plan with key {req.key!r}: trials are stored under a key this "
+                       "service answered", "key")
+    rows = []
+    for i, t in enumerate(req.trials):
+        try:
+            plan = FusionPlan.from_dict(t.plan)
+        except (ValueError, TypeError) as e:
+            raise ApiError(400, "invalid_plan", f"trials[{i}].plan: {e}", f"trials[{i}].plan") from None
+        rows.append({"plan": plan.to_dict(), "plan_digest": plan.digest(), "name": t.name,
+                     "predicted_ms": t.predicted_ms, "samples_ms": t.samples_ms,
+                     "step_time_ms": median_ms(t.samples_ms)})  # each step on its slowest process
+    n = store.add_trials(req.key, req.run_id, stored["fingerprint"], stored["report"].get("environment"), rows,
+                         req.winner)
+    won = rows[req.winner]
+    return jsonify({"key": req.key, "stored": n, "winner": {"name": won["name"], "plan_digest": won["plan_digest"],
+                                                            "step_time_ms": won["step_time_ms"]}}), 201

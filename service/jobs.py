@@ -26,7 +26,7 @@ import time
 from flask import Flask, current_app
 
 from disco.planner import Cancelled
-from service import inputs
+from service import inputs, limits
 from service.store import DEFAULT_LEASE_S, Store, is_database_error
 
 log = logging.getLogger(__name__)
@@ -174,6 +174,8 @@ class JobRunner:
             plan, report = planner.plan_for_graph(graph, cluster, options, progress)
             if "environment" in request:  # part of the key: the client checks its plan was made for it
                 report = {**report, "environment": request["environment"]}
+            # what a job that runs trials measures (POST /v1/plans answers as many as it asks for)
+            report = {**report, "candidates": planner.candidates(graph, plan, report, limits.MAX_CANDIDATES)}
             if time.monotonic() > deadline:
                 raise JobTimeout(f"job ran past JOB_TIMEOUT_S={self.job_timeout_s:g} s")
             tl = planner.timeline(graph, cluster, plan)

@@ -32,6 +32,8 @@ MIN_COMPUTE_SPEED = 1e-6               # a cluster's compute_speed (relative to 
 MAX_COMPUTE_SPEED = 1e6
 MAX_CLUSTER_YAML = 65_536              # characters of a cluster's YAML
 MAX_PROFILES = 10_000                  # samples per POST /v1/profiles
+MAX_CANDIDATES = 8                     # plans a job may measure (POST /v1/plans candidates; a job stores this many)
+MAX_TRIAL_SAMPLES = 10_000             # step times of one candidate in POST /v1/trials (all processes)
 PARSE_TIMEOUT_S = 30.0                 # seconds the HLO check may take (app config PARSE_TIMEOUT_S)
 PARSE_MEMORY_BYTES = 4 * 1024**3       # address space of the HLO check's process
 

@@ -118,6 +118,9 @@ class PlanRequest(_Strict):
     options: PlanOptions = Field(default_factory=PlanOptions)
     environment: Environment | None = Field(None, description="the job's jax, backend, topology and XLA flags; "
                                                               "part of the plan key, echoed in the report")
+    candidates: int = Field(1, ge=1, le=limits.MAX_CANDIDATES,
+                            description="how many plans to answer, predicted best first, for the job to measure "
+                                        "(xla_hooks.jit trials); not part of the plan key")
 
     @model_validator(mode="after")
     def _one_graph(self) -> PlanRequest:
@@ -137,6 +140,47 @@ class ProfileSample(_Strict):
     extra: dict[str, Any] | None = Field(None, description="free-form measurement metadata")
 
 
+class Trial(_Strict):
+    """One candidate plan a job measured: its step times on every process."""
+
+    plan: dict[str, Any] = Field(description="the FusionPlan JSON that was measured")
+    name: str = Field(min_length=1, max_length=256, description="the candidate's name (its plan's, or a baseline's)")
+    predicted_ms: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False,
+                                       description="the step time the planner predicted, ms")
+    samples_ms: list[Annotated[list[Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]],
+                               Field(min_length=1, max_length=limits.MAX_TRIAL_SAMPLES)]] = Field(
+        min_length=1, max_length=limits.MAX_CLUSTER_DEVICES,
+        description="per process, the measured time of each timed step, ms")
+
+    @model_validator(mode="after")
+    def _same_steps(self) -> Trial:
+        steps = {len(s) for s in self.samples_ms}
+        if len(steps) != 1:
+            raise ValueError(f"samples_ms: expected the same number of steps on every process, got {sorted(steps)}")
+        if len(self.samples_ms) * len(self.samples_ms[0]) > limits.MAX_TRIAL_SAMPLES:
+            raise ValueError(f"samples_ms: at most {limits.MAX_TRIAL_SAMPLES} step times per trial")
+        return self
+
+
+class TrialReport(_Strict):
+    """``POST /v1/trials``: what a job measured for the candidates of one plan key, and which it kept."""
+
+    key: str = Field(min_length=8, max_length=64, pattern=r"^[0-9a-f]+$", description="the plan key answered")
+    run_id: str = Field(min_length=1, max_length=64, pattern=_NAME, description="one id per job and program")
+    trials: list[Trial] = Field(min_length=1, max_length=limits.MAX_CANDIDATES + 1)
+    winner: int = Field(ge=0, description="the index in trials of the plan the job kept")
+
+    @model_validator(mode="after")
+    def _one_run(self) -> TrialReport:
+        if self.winner >= len(self.trials):
+            raise ValueError(f"winner: expected an index into the {len(self.trials)} trials, got {self.winner}")
+        processes = {len(t.samples_ms) for t in self.trials}
+        if len(processes) != 1:
+            raise ValueError(f"trials: expected samples of the same processes in every trial, got "
+                             f"{sorted(processes)} processes")
+        return self
+
+
 class Error(BaseModel):
     """Every 4xx/5xx body."""
 
@@ -149,6 +193,11 @@ class PlanResult(BaseModel):
     key: str
     plan: dict[str, Any]
     report: dict[str, Any]
+    candidates: list[dict[str, Any]] | None = Field(
+        None, description="with candidates > 1 in the request: [{name, predicted_ms, plan}], predicted best first "
+                          "(the measured winner alone when measured)")
+    measured: dict[str, Any] | None = Field(
+        None, description="the plan is the winner a job measured for this key: {run_id, step_time_ms, trials}")
 
 
 class StoredPlan(PlanResult):
@@ -180,6 +229,12 @@ class ProfilesStored(BaseModel):
     stored: int
 
 
+class TrialsStored(BaseModel):
+    key: str
+    stored: int
+    winner: dict[str, Any]
+
+
 class Health(BaseModel):
     status: Literal["ok"]
     version: str
@@ -200,8 +255,8 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 def openapi(version: str, auth: bool) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the service."""
-    models = [ClusterYaml, PlanOptions, Environment, GraphNode, GraphJson, PlanRequest, ProfileSample, Error, PlanResult, StoredPlan,
-              JobAccepted, Job, ProfilesStored, Health]
+    models = [ClusterYaml, PlanOptions, Environment, GraphNode, GraphJson, PlanRequest, ProfileSample, Trial, TrialReport, Error, PlanResult, StoredPlan,
+              JobAccepted, Job, ProfilesStored, TrialsStored, Health]
     schemas: dict[str, Any] = {}
     for m in models:
         s = m.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -226,13 +281,23 @@ def openapi(version: str, auth: bool) -> dict[str, Any]:
         "/v1/jobs/{job_id}": {"get": {
             "summary": "A plan job's state", "operationId": "getJob",
             "parameters": [{"name": "job_id", "in": "path", "required": True,
-                            "schema": {"type": "string", "maxLength": 128}}],
-            "responses": {"200": _json("Job", "the job"), **_errors(404)}}},
+                            "schema": {"type": "string", "maxLength": 128}},
+                           {"name": "candidates", "in": "query", "required": False,
+                            "description": "answer the result's candidates as POST /v1/plans does for this many",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": limits.MAX_CANDIDATES}}],
+            "responses": {"200": _json("Job", "the job"), **_errors(400, 404)}}},
         "/v1/profiles": {"post": {
             "summary": "Upload measured step times", "operationId": "uploadProfiles", "security": secured,
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/ProfileSamples"}}}},
             "responses": {"201": _json("ProfilesStored", "stored"), **_errors(400, 401, 413, 415)}}},
+        "/v1/trials": {"post": {
+            "summary": "Report the step times a job measured for a key's candidate plans; the next "
+                       "request of that key gets the measured winner",
+            "operationId": "reportTrials", "security": secured,
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/TrialReport"}}}},
+            "responses": {"201": _json("TrialsStored", "stored"), **_errors(400, 401, 404, 413, 415)}}},
         "/plans/{key}": {"get": {
             "summary": "HTML report of a plan with its simulated timeline", "operationId": "planPage",
             "parameters": [key_param],

@@ -1,4 +1,4 @@
-"""The service's store: tables ``plans``, ``jobs``, ``profiles``, one interface over two backends.
+"""The service's store: tables ``plans``, ``jobs``, ``profiles``, ``trials``, one interface over two backends.
 
 ``DATABASE`` (``--db``, ``DISCO_SERVICE_DB``) names the backend: a file path is SQLite
 (:mod:`service.store_sqlite`, the default: nothing to install, one host), a
@@ -203,6 +203,12 @@ class Store:
         row = self._x("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None or row["request"] is None else json.loads(row["request"])
 
+    def key_request(self, key: str) -> dict[str, Any] | None:
+        """The inputs of the newest job of ``key`` whose inputs are stored (its program, cluster, options)."""
+        row = self._x("SELECT request FROM jobs WHERE key = ? AND request IS NOT NULL ORDER BY created_at DESC "
+                      "LIMIT 1", (key,)).fetchone()
+        return None if row is None else json.loads(row["request"])
+
     @staticmethod
     def _job_dict(row: Any) -> dict[str, Any]:
         return {"job_id": row["id"], "key": row["key"], "state": row["state"],
@@ -330,6 +336,52 @@ class Store:
                 "extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"), values)
         return len(values)
 
+    # -- trials ------------------------------------------------------------------------------------
+    def add_trials(self, key: str, run_id: str, fingerprint: str, environment: Mapping[str, Any] | None,
+                   trials: Iterable[Mapping[str, Any]], winner: int) -> int:
+        """Stores one run's measured candidates of ``key`` (one row each, ``winner`` the index kept).
+
+        Args:
+          trials: ``{"plan", "plan_digest", "name", "predicted_ms", "samples_ms", "step_time_ms"}`` each
+            (``samples_ms``: per process, per timed step).
+        """
+        now = time.time()
+        env = None if environment is None else json.dumps(environment, sort_keys=True)
+        values = [(key, run_id, fingerprint, t["plan_digest"], json.dumps(t["plan"], sort_keys=True), t["name"],
+                   float(t["step_time_ms"]), t.get("predicted_ms"), int(i == winner), len(t["samples_ms"]),
+                   json.dumps(t["samples_ms"]), env, now) for i, t in enumerate(trials)]
+        with self._tx():
+            self.conn.cursor().executemany(self.backend.sql(
+                "INSERT INTO trials (key, run_id, fingerprint, plan_digest, plan, name, step_time_ms, predicted_ms, "
+                "winner, processes, samples, environment, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                values)
+        return len(values)
+
+    def trials(self, key: str | None = None) -> list[dict[str, Any]]:
+        """The measured trials, oldest first (of ``key`` only, when given): one dict per candidate and run."""
+        where, params = ("WHERE key = ?", (key,)) if key is not None else ("", ())
+        rows = self._x(f"SELECT * FROM trials {where} ORDER BY created_at, id", params).fetchall()
+        return [{"key": r["key"], "run_id": r["run_id"], "fingerprint": r["fingerprint"],
+                 "plan_digest": r["plan_digest"], "plan": json.loads(r["plan"]), "name": r["name"],
+                 "step_time_ms": r["step_time_ms"], "predicted_ms": r["predicted_ms"], "winner": bool(r["winner"]),
+                 "processes": r["processes"], "samples_ms": json.loads(r["samples"]),
+                 "environment": json.loads(r["environment"]) if r["environment"] else None,
+                 "created_at": r["created_at"]} for r in rows]
+
+    def measured(self, key: str) -> dict[str, Any] | None:
+        """The newest run measured for ``key``: ``{"run_id", "plan", "step_time_ms", "trials"}`` (``plan``:
+        the winner's JSON; ``trials``: every candidate's name, digest, measured and predicted ms), or None."""
+        row = self._x("SELECT run_id FROM trials WHERE key = ? ORDER BY created_at DESC, id DESC LIMIT 1",
+                      (key,)).fetchone()
+        if row is None:
+            return None
+        run = [t for t in self.trials(key) if t["run_id"] == row["run_id"]]
+        winner = next((t for t in run if t["winner"]), run[0])
+        return {"run_id": row["run_id"], "plan": winner["plan"], "name": winner["name"],
+                "step_time_ms": winner["step_time_ms"], "processes": winner["processes"],
+                "trials": [{"name": t["name"], "plan_digest": t["plan_digest"], "step_time_ms": t["step_time_ms"],
+                            "predicted_ms": t["predicted_ms"], "winner": t["winner"]} for t in run]}
+
     # -- health ------------------------------------------------------------------------------------
     def write_probe(self) -> None:
         """Writes the health row; raises the driver's error if the database takes no write."""
@@ -342,6 +394,6 @@ class Store:
         return self.backend.quick_check(self.conn)
 
     def count(self, table: str) -> int:
-        if table not in ("plans", "jobs", "profiles"):
-            raise ValueError(f"table: expected plans, jobs or profiles, got {table!r}")
+        if table not in ("plans", "jobs", "profiles", "trials"):
+            raise ValueError(f"table: expected plans, jobs, profiles or trials, got {table!r}")
         return int(self._x(f"SELECT COUNT(*) AS n FROM {table}").fetchone()["n"])

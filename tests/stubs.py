@@ -1,10 +1,13 @@
-"""Stub HTTP services for the tests of ``xla_hooks.jit``: each request is answered by a function."""
+"""Stubs for the tests of ``xla_hooks.jit``: HTTP services whose requests are answered by a function,
+and the coordination service's key-value store in memory."""
 
 from __future__ import annotations
 
 import contextlib
 import http.server
 import threading
+
+from xla_hooks.agreement import KeyTimeout, KeyValueError
 
 
 class _Stub(http.server.BaseHTTPRequestHandler):
@@ -45,3 +48,24 @@ def send(handler, status, body: bytes, ctype="application/json"):
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
+
+
+class MemoryKV:
+    """The coordination service's key-value store, in memory: a key is set once."""
+
+    def __init__(self):
+        self.values: dict[str, bytes] = {}
+        self._cv = threading.Condition()
+
+    def set(self, key, value):
+        with self._cv:
+            if key in self.values:
+                raise KeyValueError(f"setting key {key!r} failed: ALREADY_EXISTS")
+            self.values[key] = bytes(value)
+            self._cv.notify_all()
+
+    def get(self, key, timeout_s):
+        with self._cv:
+            if not self._cv.wait_for(lambda: key in self.values, timeout_s):
+                raise KeyTimeout(key)
+            return self.values[key]

@@ -19,28 +19,8 @@ import time
 import pytest
 
 from xla_hooks import agreement
-from xla_hooks.agreement import KeyTimeout, KeyValueError, Outcome, Round
-
-
-class MemoryKV:
-    """The coordination service's key-value store, in memory: a key is set once."""
-
-    def __init__(self):
-        self.values: dict[str, bytes] = {}
-        self._cv = threading.Condition()
-
-    def set(self, key, value):
-        with self._cv:
-            if key in self.values:
-                raise KeyValueError(f"setting key {key!r} failed: ALREADY_EXISTS")
-            self.values[key] = bytes(value)
-            self._cv.notify_all()
-
-    def get(self, key, timeout_s):
-        with self._cv:
-            if not self._cv.wait_for(lambda: key in self.values, timeout_s):
-                raise KeyTimeout(key)
-            return self.values[key]
+from tests.stubs import MemoryKV
+from xla_hooks.agreement import Outcome, Round
 
 
 PLAN = {"name": "p"}

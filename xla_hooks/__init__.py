@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from xla_hooks.hook import PlanAgreementWarning, PlannedStep, PlanServiceWarning, jit
     from xla_hooks.profiling import ProfileResult, profile
     from xla_hooks.rewrite import apply_plan_to_text
+    from xla_hooks.trials import TrialReportWarning
 
 _EXPORTS = {
     "apply": "xla_hooks.apply_plan",
@@ -24,12 +25,13 @@ _EXPORTS = {
     "PlannedStep": "xla_hooks.hook",
     "PlanServiceWarning": "xla_hooks.hook",
     "PlanAgreementWarning": "xla_hooks.hook",
+    "TrialReportWarning": "xla_hooks.trials",
     "profile": "xla_hooks.profiling",
     "ProfileResult": "xla_hooks.profiling",
 }
 
 __all__ = [  # the lazy exports below, spelled out for tools (tests/test_exports.py checks they agree)
-    "AppliedStep", "PlanAgreementWarning", "PlanFallbackWarning", "PlanServiceWarning", "PlannedStep", "ProfileResult", "apply",
+    "AppliedStep", "PlanAgreementWarning", "PlanFallbackWarning", "PlanServiceWarning", "PlannedStep", "ProfileResult", "TrialReportWarning", "apply",
     "apply_plan_to_text", "compile_plan", "jit", "profile",
 ]
 

@@ -16,6 +16,11 @@ is compiled by XLA's defaults.
 In a multi-process job only process 0 asks; every process applies the plan it publishes, or all
 use XLA's default together (:mod:`xla_hooks.agreement`, :class:`PlanAgreementWarning`).
 
+With ``trials=n`` the job measures: the service answers its ``n`` best candidates, every
+process compiles each (and XLA's default) ahead, the first steps run on them in turn, the
+fastest is kept and the step times go back to the service (:mod:`xla_hooks.trials`); a key
+the service has measured before is answered its measured winner, and no trials run.
+
 Example::
 
   step = xla_hooks.jit(train_step, service="http://127.0.0.1:8000", cluster="local",
@@ -26,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import http.client
@@ -41,6 +47,7 @@ from typing import Any
 
 from xla_hooks.agreement import DEFAULT_AGREE_TIMEOUT_S
 from xla_hooks.apply_plan import PlanFallbackWarning
+from xla_hooks.trials import DEFAULT_TRIAL_STEPS, Candidate, TrialReportWarning, TrialRun
 
 _MAX_RESPONSE = 64 * 1024 * 1024
 
@@ -56,6 +63,18 @@ class PlanAgreementWarning(PlanFallbackWarning):
 
 class _NoPlan(Exception):
     """Why no plan was obtained (turned into a PlanServiceWarning)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    """What process 0 obtained: the plan (None: none, ``reason`` why), its report, the service's
+    key (None from the local planner) and, with trials, the candidates to measure (the plan first)."""
+
+    plan: Any
+    report: dict[str, Any] | None
+    reason: str | None = None
+    key: str | None = None
+    candidates: tuple[Candidate, ...] = ()
 
 
 def _signature(inputs: Any) -> Any:
@@ -134,12 +153,16 @@ class PlannedStep:
     Attributes:
       applied: the :class:`xla_hooks.AppliedStep` of each signature compiled so far (in a
         multi-process job, the same plan on every process: :mod:`xla_hooks.agreement`).
-      reports: the planner's report for each signature (None after a fallback).
+      reports: the planner's report for each signature (None after a fallback); after trials it
+        holds them under ``"trials"``, and an answer the service measured says so under ``"measured"``.
+      trials: per signature whose trials ended, each candidate's name, predicted and measured ms
+        and whether it won (:func:`xla_hooks.trials.summary`).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, service: str | None, cluster: Any,
                  timeout_s: float, token: str | None, options: Mapping[str, Any] | None,
-                 agree_timeout_s: float = DEFAULT_AGREE_TIMEOUT_S):
+                 agree_timeout_s: float = DEFAULT_AGREE_TIMEOUT_S, trials: int = 0,
+                 trial_steps: int = DEFAULT_TRIAL_STEPS):
         self.step_fn = step_fn
         self.service = service.rstrip("/") if service else None
         self.cluster = cluster
@@ -147,8 +170,12 @@ class PlannedStep:
         self.agree_timeout_s = float(agree_timeout_s)
         self.token = token
         self.options = dict(options or {})
+        self.trial_count = int(trials)
+        self.trial_steps = int(trial_steps)
         self.applied: dict[Any, Any] = _BySignature()
         self.reports: dict[Any, dict[str, Any] | None] = _BySignature()
+        self.trials: dict[Any, list[dict[str, Any]]] = _BySignature()
+        self._running: dict[Any, TrialRun] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -163,9 +190,11 @@ class PlannedStep:
         step = self.applied.get(sig)
         if step is None:
             with self._lock:
-                step = self.applied.get(sig)
+                step = self.applied.get(sig) or self._running.get(sig)
                 if step is None:
                     step = self._compile(sig, args, kwargs)
+                if isinstance(step, TrialRun):  # trial steps one at a time, in the same order on every process
+                    return step(*args, **kwargs)
         return step(*args, **kwargs)
 
     # -- planning ----------------------------------------------------------------------------------
@@ -176,21 +205,25 @@ class PlannedStep:
         from disco.ir.extractor import hlo_text
 
         text = hlo_text(self.step_fn, *args, kwargs=kwargs)
+        if self.trial_count:
+            return self._compile_trials(sig, text, args, kwargs)
         if jax.process_count() > 1 and _spans_processes((args, kwargs)):
             applied, report = self._compile_agreed(text, args, kwargs)
         else:
-            plan, report, _ = self._obtain(text, (args, kwargs))
-            applied = xla_hooks.apply(plan, self.step_fn, *args, kwargs=kwargs)
+            answer = self._obtain(text, (args, kwargs))
+            report = answer.report
+            applied = xla_hooks.apply(answer.plan, self.step_fn, *args, kwargs=kwargs)
         self.applied[sig] = applied
         self.reports[sig] = report
         return applied
 
-    def _obtain(self, text: str, inputs: Any) -> tuple[Any, dict[str, Any] | None, str | None]:
+    def _obtain(self, text: str, inputs: Any) -> _Answer:
         """The plan for the step of HLO ``text`` (``inputs``: the example arguments, which the
-        cluster's device count is read from), its report and None; or (None, None, why not), with a
-        :class:`PlanServiceWarning` saying so."""
+        cluster's device count is read from), its report and, with trials, the candidates; or no
+        plan and why not, with a :class:`PlanServiceWarning` saying so."""
         from disco.ir.graph import HloGraph
 
+        key, offered = None, None
         try:
             try:
                 graph = HloGraph.from_hlo_text(text)
@@ -198,16 +231,23 @@ class PlannedStep:
                 raise _NoPlan(f"disco could not read the step's HLO ({type(e).__name__}: {e})") from None
             if self.service is None:
                 plan, report = self._local_plan(graph, inputs)
+                if self.trial_count:
+                    from disco.planner import candidates as planner_candidates
+
+                    offered = planner_candidates(graph, plan, report, self.trial_count)
             else:
-                plan, report = self._service_plan(text, graph, inputs)
+                plan, report, key, offered = self._service_plan(text, graph, inputs)
         except _NoPlan as e:
             where = self.service or "the local planner"
             reason = " ".join(str(e).split())  # one line, whatever the service or http.client wrote
             warnings.warn(f"disco: no plan from {where} ({reason}); using XLA's default compile",
                           PlanServiceWarning, stacklevel=4)
-            return None, None, f"no plan from {where}: {reason}"
+            return _Answer(None, None, f"no plan from {where}: {reason}")
         plan, report = _for_this_backend(plan, report)
-        return plan, report, None
+        candidates: tuple[Candidate, ...] = ()
+        if self.trial_count:
+            candidates = tuple(_candidates(plan, report, offered, graph, self.trial_count))
+        return _Answer(plan, report, None, key, candidates)
 
     def _compile_agreed(self, text: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         """A multi-process job's compile (:mod:`xla_hooks.agreement`): process 0 obtains the plan and
@@ -233,7 +273,8 @@ class PlannedStep:
         rnd = agreement.new_round(store, digest, jax.process_index(), jax.process_count(), self.agree_timeout_s)
         if rnd.leader:
             try:
-                plan, report, reason = self._obtain(text, (args, kwargs))
+                answer = self._obtain(text, (args, kwargs))
+                plan, report, reason = answer.plan, answer.report, answer.reason
             except BaseException as e:  # the others need not wait for a plan that will never come
                 agreement.publish_plan(rnd, None, None, f"process {rnd.process} raised {type(e).__name__}: {e}")
                 raise
@@ -264,6 +305,143 @@ class PlannedStep:
             warnings.warn(f"disco: {decision.reason}; every process uses XLA's default compile",
                           PlanAgreementWarning, stacklevel=4)
         return default(), None
+
+    # -- trials --------------------------------------------------------------------------------------
+    def _compile_trials(self, sig: Any, text: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A compile with trials: the candidates every process compiled, as a :class:`TrialRun` whose
+        last step installs the fastest; or, when there is nothing to measure (one candidate left, a
+        measured answer, no plan), the compiled step itself."""
+        import jax
+
+        import xla_hooks
+        from xla_hooks import agreement
+        from xla_hooks._jax_private import PrivateApiError
+
+        def compile_all(candidates: tuple[Candidate, ...], process: int) -> tuple[list[Any], agreement.Outcome]:
+            compiled, kept, why = [], [], []
+            for c in candidates:
+                local = xla_hooks.apply(c.plan, self.step_fn, *args, kwargs=kwargs)  # warns where it falls back
+                compiled.append(local)
+                kept.append(local.applied)
+                if not local.applied:
+                    why.append(f"candidate {c.name!r} did not apply on process {process} ({local.fallback_reason})")
+            return compiled, agreement.Outcome(None, "; ".join(why) or None, tuple(kept))
+
+        def default() -> Any:
+            return xla_hooks.apply(None, self.step_fn, *args, kwargs=kwargs)
+
+        rnd = None
+        if jax.process_count() > 1 and _spans_processes((args, kwargs)):
+            try:
+                store = agreement.JaxKeyValue()
+            except PrivateApiError as e:  # the same jax on every process: every one falls back here
+                warnings.warn(f"disco: the processes cannot share a plan ({e}); every process uses XLA's default "
+                              "compile", PlanAgreementWarning, stacklevel=4)
+                return self._install(sig, default(), None)
+            digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+            rnd = agreement.new_round(store, digest, jax.process_index(), jax.process_count(), self.agree_timeout_s)
+        answer = _Answer(None, None)
+        if rnd is None or rnd.leader:
+            try:
+                answer = self._obtain(text, (args, kwargs))
+            except BaseException as e:  # the others need not wait for a plan that will never come
+                if rnd is not None:
+                    agreement.publish_plan(rnd, None, None, f"process {rnd.process} raised {type(e).__name__}: {e}")
+                raise
+            candidates = answer.candidates
+            if rnd is not None:
+                outcome = agreement.publish_plan(rnd, None if answer.plan is None else answer.plan.to_dict(),
+                                                 answer.report, answer.reason,
+                                                 [c.to_dict() for c in candidates] if answer.plan is not None else None)
+            else:
+                outcome = agreement.Outcome() if answer.plan is not None else agreement.Outcome(agreement.NO_PLAN)
+        else:
+            raw, report, outcome = agreement.receive_candidates(rnd, self.timeout_s + self.agree_timeout_s)
+            answer = _Answer(None, report)
+            candidates = ()
+            if raw is not None:
+                try:
+                    candidates = tuple(Candidate.from_dict(c) for c in raw)
+                except (ValueError, TypeError) as e:
+                    outcome = agreement.Outcome(agreement.APPLY, f"process {rnd.process} read a candidate plan "
+                                                                 f"that is not valid ({type(e).__name__}: {e})")
+        compiled: list[Any] = []
+        if outcome.ok and candidates:
+            compiled, outcome = compile_all(candidates, 0 if rnd is None else rnd.process)
+            if rnd is None:
+                outcome = agreement.combine_candidates([outcome])
+        decision = outcome if rnd is None else agreement.decide(rnd, outcome)
+        if not decision.ok:
+            if rnd is not None and decision.kind == agreement.NO_PLAN:
+                if not rnd.leader:  # process 0 said why when it failed to obtain the plan
+                    warnings.warn(f"disco: {decision.reason}; every process uses XLA's default compile",
+                                  PlanServiceWarning, stacklevel=4)
+            elif decision.kind != agreement.NO_PLAN:
+                warnings.warn(f"disco: {decision.reason}; every process uses XLA's default compile",
+                              PlanAgreementWarning, stacklevel=4)
+            return self._install(sig, default(), None)
+        if decision.reason:  # candidates dropped on some process: dropped on all
+            warnings.warn(f"disco: {decision.reason}; those candidates are not measured on any process",
+                          PlanAgreementWarning, stacklevel=4)
+        kept = [i for i, ok in enumerate(decision.applied or ()) if ok]
+        candidates = tuple(candidates[i] for i in kept)
+        compiled = [compiled[i] for i in kept]
+        report = answer.report
+        if len(candidates) == 1:
+            return self._install(sig, compiled[0], report)
+        run: TrialRun
+
+        def finish(samples: list[list[float]]) -> None:
+            self._finish_trials(sig, run, rnd, answer, samples)
+
+        run = TrialRun(candidates, compiled, self.trial_steps, finish)
+        self._running[sig] = run
+        self.reports[sig] = report
+        return run
+
+    def _install(self, sig: Any, applied: Any, report: dict[str, Any] | None) -> Any:
+        self.applied[sig] = applied
+        self.reports[sig] = report
+        return applied
+
+    def _finish_trials(self, sig: Any, run: TrialRun, rnd: Any, answer: _Answer, samples: list[list[float]]) -> None:
+        """After the last trial step: every process keeps the same winner; process 0 reports the times."""
+        from xla_hooks import agreement
+        from xla_hooks.trials import summary
+
+        if rnd is None:
+            winner, every, outcome = agreement.choose([samples]), [samples], agreement.Outcome()
+        else:
+            winner, every, outcome = agreement.agree_winner(rnd, samples)
+            if not outcome.ok:
+                warnings.warn(f"disco: {outcome.reason}", PlanAgreementWarning, stacklevel=4)
+            elif outcome.reason:
+                warnings.warn(f"disco: the trial winner was chosen without some processes' times "
+                              f"({outcome.reason})", PlanAgreementWarning, stacklevel=4)
+        table = summary(run.candidates, every if every is not None else [samples], winner)
+        self.trials[sig] = table
+        self.reports[sig] = {**(answer.report or self.reports.get(sig) or {}), "trials": table}
+        self.applied[sig] = run.compiled[winner]
+        self._running.pop(sig, None)
+        leader = rnd is None or rnd.leader
+        if leader and every is not None and self.service is not None and answer.key is not None:
+            self._report_trials(answer.key, run, every, winner)
+
+    def _report_trials(self, key: str, run: TrialRun, every: list[list[list[float]]], winner: int) -> None:
+        """``POST /v1/trials`` within ``timeout_s``; a failure is a :class:`TrialReportWarning`, never an error."""
+        from xla_hooks.trials import report_body
+
+        body = report_body(key, run.candidates, every, winner)
+        try:
+            status, data = self._request("POST", "/v1/trials", body, time.monotonic() + self.timeout_s)
+            if status != 201:
+                raise _NoPlan(f"POST /v1/trials answered {status}: "
+                              f"{data.get('message', data) if isinstance(data, dict) else data}")
+        except _NoPlan as e:
+            reason = " ".join(str(e).split())
+            warnings.warn(f"disco: the trial measurements were not reported to {self.service} ({reason}); the job "
+                          f"keeps {run.candidates[winner].name!r}, and the next job of this program runs trials again",
+                          TrialReportWarning, stacklevel=5)
 
     def _cluster(self, inputs: Any) -> Any:
         """``cluster`` as given, or for "auto" the preset of the devices the step runs on: "local"
@@ -309,7 +487,10 @@ class PlannedStep:
         except Exception as e:  # noqa: BLE001 - any planner failure falls back
             raise _NoPlan(f"{type(e).__name__}: {e}") from None
 
-    def _service_plan(self, text: str, graph: Any, inputs: Any) -> tuple[Any, dict[str, Any]]:
+    def _service_plan(self, text: str, graph: Any, inputs: Any
+                      ) -> tuple[Any, dict[str, Any], str | None, list[Any] | None]:
+        """The service's plan and report, the key it was stored under and, with trials, the
+        candidates it offered (None where it offered none: an older service, or a measured winner)."""
         from disco.sim.cluster import ClusterSpec
         from disco.plans.plan import FusionPlan
         from xla_hooks.environment import current as current_environment
@@ -327,6 +508,8 @@ class PlannedStep:
             body["options"] = self.options
         environment = current_environment().to_dict()
         body["environment"] = environment
+        if self.trial_count:
+            body["candidates"] = self.trial_count
         status, data = self._request("POST", "/v1/plans", body, deadline)
         if status == 202:
             job_id = data.get("job_id")
@@ -334,7 +517,8 @@ class PlannedStep:
                 raise _NoPlan(f"the service answered 202 without a job id: {str(data)[:200]}")
             delay = 0.05
             while True:
-                status, job = self._request("GET", f"/v1/jobs/{job_id}", None, deadline)
+                query = f"?candidates={self.trial_count}" if self.trial_count > 1 else ""
+                status, job = self._request("GET", f"/v1/jobs/{job_id}{query}", None, deadline)
                 if status != 200:
                     raise _NoPlan(f"GET /v1/jobs/{job_id} answered {status}")
                 state = job.get("state")
@@ -367,7 +551,11 @@ class PlannedStep:
         if report.get("environment") != environment:  # the key holds it: a plan for another key
             raise _NoPlan(f"the service answered a plan made for another environment: "
                           f"{str(report.get('environment'))[:300]}, this job's is {environment}")
-        return plan, report
+        if isinstance(data.get("measured"), dict):
+            report = {**report, "measured": data["measured"]}
+        key = data.get("key") if isinstance(data.get("key"), str) else None
+        offered = data.get("candidates") if isinstance(data.get("candidates"), list) else None
+        return plan, report, key, offered
 
     def _request(self, method: str, path: str, body: Any, deadline: float) -> tuple[int, Any]:
         """One HTTP request within the deadline; returns (status, parsed JSON)."""
@@ -489,7 +677,8 @@ def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
 def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = "auto",
         timeout_s: float = 30.0, token: str | None = None, *,
         options: Mapping[str, Any] | None = None,
-        agree_timeout_s: float = DEFAULT_AGREE_TIMEOUT_S) -> PlannedStep:
+        agree_timeout_s: float = DEFAULT_AGREE_TIMEOUT_S, trials: int = 0,
+        trial_steps: int = DEFAULT_TRIAL_STEPS) -> PlannedStep:
     """Wraps ``step_fn`` like ``jax.jit``, compiling it with a disco plan on first use.
 
     Args:
@@ -508,6 +697,15 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
         plan and publishes it through jax's coordination service; every process applies it, or, if
         it failed anywhere or a wait timed out, every process uses XLA's default
         (:mod:`xla_hooks.agreement`). A single-process job uses no key-value store.
+      trials: 0 (the default): use the plan as answered. ``n`` >= 1: measure inside the job
+        (:mod:`xla_hooks.trials`): the service's ``n`` best candidates and XLA's default are each
+        compiled ahead (one that does not apply on some process is dropped on all), the first
+        ``trial_steps`` rounds of steps run each once, in turn (real steps: a plan never changes what
+        the step computes), the fastest is kept, and the step times are reported to the service
+        (``POST /v1/trials``), which answers the next job of the same plan key with that winner
+        (then no trials run). ``.trials`` shows the measurements.
+      trial_steps: rounds of steps, one step per candidate each (at least 1; the first round is not timed
+        where there are more).
 
     Returns:
       A callable with ``step_fn``'s signature; ``.applied``/``.reports`` show what was used.
@@ -522,12 +720,19 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
     Warns:
       PlanServiceWarning: no plan was obtained; XLA's default compile is used.
       PlanFallbackWarning: the plan could not be applied (from :func:`xla_hooks.apply`).
-      PlanAgreementWarning: in a multi-process job, the plan did not apply on every process.
+      PlanAgreementWarning: in a multi-process job, the plan did not apply on every process (or a
+        candidate was dropped, or the trial winner did not arrive in time).
+      TrialReportWarning: the trial measurements could not be reported to the service.
     """
     from disco.ir.extractor import check_step
     from disco.planner import check_options
 
     check_step(step_fn)
+    for name, value, low in (("trials", trials, 0), ("trial_steps", trial_steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+    if trials > 8:  # service.limits.MAX_CANDIDATES: the service answers no more
+        raise ValueError(f"trials: expected at most 8 candidates (what the plan service answers), got {trials}")
     for name, value in (("timeout_s", timeout_s), ("agree_timeout_s", agree_timeout_s)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
             raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
@@ -537,7 +742,7 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
     _check_cluster(cluster)
     check_options(options)
     return PlannedStep(step_fn, service=service, cluster=cluster, timeout_s=timeout_s, token=token,
-                       options=options, agree_timeout_s=agree_timeout_s)
+                       options=options, agree_timeout_s=agree_timeout_s, trials=trials, trial_steps=trial_steps)
 
 
 def _check_cluster(cluster: Any) -> None:
@@ -592,6 +797,38 @@ def _check_service_url(url: Any) -> None:
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
     except ValueError:
         raise ValueError(f"service: the port of {url!r} is not a number in 0-65535") from None
+
+
+def _candidates(plan: Any, report: dict[str, Any] | None, offered: list[Any] | None, graph: Any,
+                n: int) -> list[Candidate]:
+    """The candidates a job measures: the plan first, then what the service (or the local planner)
+    offered that fits this step, at most ``n``, then XLA's default (:func:`xla_hooks.trials.with_default`).
+    A measured answer is the plan alone: it was measured already."""
+    from xla_hooks.trials import with_default
+
+    report = report or {}
+    first = Candidate(plan.name or plan.digest(), report.get("plan_ms"), plan)
+    if plan.name == "xla_default" and not plan.groups and plan.buckets is None and not plan.cuts:
+        first = Candidate("xla_default", report.get("plan_ms"), None)
+    if "measured" in report:
+        return [first]
+    out, seen = [first], {plan.digest()}
+    for entry in offered or ():
+        if len(out) >= n:
+            break
+        try:
+            cand = Candidate.from_dict(entry)
+            if cand.plan is not None:
+                cand.plan.validate(graph)
+                cand = dataclasses.replace(cand, plan=_for_this_backend(cand.plan, None)[0])
+        except (ValueError, TypeError):  # a candidate that does not fit is not measured
+            continue
+        digest = cand.plan.digest() if cand.plan is not None else "xla_default"
+        if digest in seen or (cand.plan is None and any(c.plan is None for c in out)):
+            continue
+        seen.add(digest)
+        out.append(cand)
+    return with_default(out, report)
 
 
 def _for_this_backend(plan: Any, report: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:

@@ -1,6 +1,7 @@
 """``disco train-gnn``: train the cost GNN on a collector dataset, evaluate it, write a checkpoint.
 
-Steps: check the arguments and the output paths; load ``--data``; split held-out plans of every
+Steps: check the arguments and the output paths; with ``--trials DB``, append the step times jobs
+measured in a plan-service database to ``--data`` (:func:`service.trials.export`); load ``--data``; split held-out plans of every
 model (``plans``) and train/evaluate; optionally leave each model out in turn (``--lomo``) and
 train/evaluate once per model; compare with AnalyticCosts + the simulator on the same held-out
 samples. The model written is the one trained on the ``plans`` split (best validation epoch):
@@ -40,6 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="collector dataset directory (samples.jsonl + graphs/)")
+    p.add_argument("--trials", metavar="DB",
+                   help="first append the step times jobs measured (xla_hooks.jit trials) in this plan-service "
+                        "database (SQLite file or postgresql:// URL) to --data (service.trials.export)")
     p.add_argument("--out", default=DEFAULT_OUT,
                    help=f"checkpoint to write (msgpack; default {DEFAULT_OUT} in the current directory)")
     p.add_argument("--metrics", help="metrics JSON to write (default: <out stem>_metrics.json next to --out)")
@@ -168,6 +172,10 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
 
     out, mp = check_args(args)
     t0 = time.time()
+    if getattr(args, "trials", None):
+        from service.trials import export
+
+        log(f"trials: {counted(export(args.trials, args.data), 'measured sample')} appended from {args.trials}")
     ds = train.load_dataset(args.data, limit=args.limit)
     log(f"data: {len(ds.samples)} samples, {len(ds.groups())} groups, models {', '.join(ds.models())}, "
         f"{counted(ds.skipped, 'line')} skipped, digest {ds.digest()}")

@@ -7,7 +7,8 @@ Tasks (:class:`disco.runtime.multiprocess.WorkerSpec`): ``bench`` measures plans
 ``ddp`` or ``horovod:128``, or plan .json files) in interleaved rounds and reports every round's time (with
 ``comm_free_bound``, also the step with its all-reduces replaced by copies: the compute floor);
 ``jit`` trains the step under ``xla_hooks.jit`` once per scenario (each process asking the service
-its scenario names for it: only process 0's is asked) and reports what each process compiled,
+its scenario names for it: only process 0's is asked; a scenario may ask for ``trials``, ``trial_steps``
+and its own number of ``steps``) and reports what each process compiled and measured,
 beside the losses of XLA's default; ``calibrate`` times all-reduces of ``sizes`` bytes per device (with ``chain``: executables of
 k chained all-reduces per size) and a variadic all-reduce against one concatenated buffer
 (:mod:`disco.runtime.allreduce_timing`) over all processes' devices; ``bench`` with ``chain`` also runs the
@@ -127,9 +128,10 @@ def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
     step, (state0, batch) = trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
                                                         optimizer=spec.get("optimizer", "adamw"))
     steps = max(1, int(spec.get("check_steps") or 0))
+    most = max([steps, *(int(sc.get("steps") or 0) for sc in spec["scenarios"])])
     default, state = jax.jit(step), state0
     default_losses = []
-    for _ in range(steps):
+    for _ in range(most):
         state, loss = default(state, batch)
         default_losses.append(loss_value(loss))
     rows = []
@@ -137,12 +139,13 @@ def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
         service = sc["services"][process_id] or None
         planned = xla_hooks.jit(step, service=service, cluster="local", timeout_s=sc.get("timeout_s", 30.0),
                                 token=sc.get("token"), options=sc.get("options"),
-                                agree_timeout_s=sc.get("agree_timeout_s", 60.0))
+                                agree_timeout_s=sc.get("agree_timeout_s", 60.0), trials=sc.get("trials", 0),
+                                trial_steps=sc.get("trial_steps", 3))
         t0 = time.monotonic()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             state, losses = state0, []
-            for _ in range(steps):
+            for _ in range(int(sc.get("steps") or steps)):
                 state, loss = planned(state, batch)
                 losses.append(loss_value(loss))
         (applied,) = planned.applied.values()
@@ -151,6 +154,8 @@ def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
                      "plan_digest": applied.plan.digest(), "requested": applied.requested.name,
                      "all_reduces": compiled_counts(applied.compiled_text())[1], "losses": losses,
                      "report_environment": (report or {}).get("environment"),
+                     "trials": next(iter(planned.trials.values()), None),
+                     "measured": (report or {}).get("measured"),
                      "seconds": time.monotonic() - t0,
                      "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]})
     return {"default_losses": default_losses, "scenarios": rows}
