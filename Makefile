@@ -61,7 +61,7 @@ $(VENV)/.installed-trax: $(VENV)/.installed-test
 # The real-trax path: installs the trax extra (trax 1.4.1 pulls TensorFlow, ~3 GB) and runs
 # the tests marked `trax`, which include `disco optimize --trax-model` on a tiny TransformerLM.
 test-trax: $(VENV)/.installed-trax
-	$(BIN)/python -m pytest -m trax tests/test_trax_layer.py
+	$(BIN)/python -m pytest -m trax tests/trax_models/test_trax_layer.py
 
 # The XLA hooks' and the profiler's tests on another jax, in a second environment (Python 3.12:
 # jax >= 0.11 needs it). CI runs the GPU image's 0.11.2, the oldest jax the hooks were tested
@@ -72,7 +72,7 @@ HOOKS_PYTHON ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyen
 	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 HOOKS_VENV := .venv-jax$(HOOKS_JAX)
 HOOKS_LOCK := constraints/jax-$(HOOKS_JAX).txt
-HOOK_TESTS ?= tests/test_apply.py tests/test_hook.py tests/test_agreement.py tests/test_gspmd.py tests/test_cuts.py tests/test_profile.py tests/test_kernel_collect.py
+HOOK_TESTS ?= tests/xla_hooks/test_apply_plan.py tests/xla_hooks/test_hook.py tests/xla_hooks/test_agreement.py tests/disco/ir/test_gspmd.py tests/disco/plans/test_cuts.py tests/xla_hooks/test_profiling.py tests/disco/data/test_kernel_collect.py
 
 $(HOOKS_VENV)/.installed: setup.cfg pyproject.toml $(HOOKS_LOCK)
 	@test -n "$(HOOKS_PYTHON)" || { echo "make test-hooks: no Python 3.12 found (jax $(HOOKS_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }

@@ -20,7 +20,7 @@ one device, through ``xla_hooks.apply`` exactly as a user's step gets them:
 Reports per plan: applied or fell back (with the reason), compiled fusion and all-reduce
 counts, step-time medians over interleaved rounds, and its numbers after 3 SGD steps against two
 references, ``xla_default`` and ``xla_default_rt``: the largest relative leaf error and the
-tolerance ratio, the largest abs error over the test suite's allowance (``tests/equivalence.py``:
+tolerance ratio, the largest abs error over the test suite's allowance (``tests/support/equivalence.py``:
 max |a - b| <= 1e-5 * max |b| + 1e-7, so <= 1 is within tolerance), with its leaf. A GPU's
 reference moves by itself, so per model it also reports the same program's spread (ratio of
 xla_default's executable run twice, and of its recompile); a plan counts as changing the numbers
@@ -41,7 +41,7 @@ import time
 import warnings
 from pathlib import Path
 
-RTOL, FLOOR = 1e-5, 1e-7  # tests/equivalence.py's assert_close
+RTOL, FLOOR = 1e-5, 1e-7  # tests/support/equivalence.py's assert_close
 # A plan's numbers count as changed only when its tolerance ratio exceeds this many times the same
 # program's own (run twice, or recompiled): on a GPU the reference itself moves (autotuned GEMM and
 # convolution algorithms, TF32, atomics); on CPU the text path's recompile can fuse differently.
@@ -78,7 +78,7 @@ def effective_cuts(graph, sim, k: int = 2) -> list[tuple[str, str]]:
 def leaf_errors(final, ref) -> list[dict]:
     """Per leaf of two pytrees of one structure: its path, max |a - b|, max |b| (its scale), the
     relative error (abs error over scale; the abs error where the scale is 0) and the tolerance ratio,
-    abs error over the test suite's allowance (``tests/equivalence.py``: 1e-5 * scale + 1e-7; within
+    abs error over the test suite's allowance (``tests/support/equivalence.py``: 1e-5 * scale + 1e-7; within
     tolerance iff <= 1)."""
     import jax
     import numpy as np

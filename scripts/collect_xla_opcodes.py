@@ -1,4 +1,4 @@
-"""Collects the opcode names XLA prints, for tests/test_opcodes.py (writes tests/data/xla_opcodes.json).
+"""Collects the opcode names XLA prints, for tests/disco/ir/test_opcodes.py (writes tests/data/xla_opcodes.json).
 
 Sources (every instruction of every computation, fused computations included):
 

@@ -22,7 +22,7 @@ from disco.search import greedy_fusion
 from disco.sim.costs import device_costs
 from disco.sim.cluster import preset
 from disco.sim.simulator import Simulator
-from tests.test_optimize import built_result, contradicting_result
+from tests.support.optimize_results import built_result, contradicting_result
 from xla_hooks.measure import Measurement
 from xla_hooks.profiling import KernelTime, OpProfile
 

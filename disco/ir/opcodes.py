@@ -2,7 +2,7 @@
 
 Names are spelt as XLA prints them (``HloOpcodeString``, the ``HLO_OPCODE_LIST`` table in
 ``xla/hlo/ir/hlo_opcode.h``): ``count-leading-zeros`` (not "clz"), ``opt-barrier`` (not
-"optimization-barrier"), ``topk`` (not "top-k"). ``tests/test_opcodes.py`` checks every name here
+"optimization-barrier"), ``topk`` (not "top-k"). ``tests/disco/ir/test_opcodes.py`` checks every name here
 against the opcodes XLA printed for the zoo (pre- and post-optimisation HLO on XLA:CPU) and for the
 H100 records in ``tests/data/xla_opcodes.json`` (``scripts/collect_xla_opcodes.py`` regenerates it),
 plus a commented allow-list, checked against ``hlo_opcode.h``, of opcodes the corpus never printed.
