@@ -1,4 +1,5 @@
-# Quick start: `make run` (install + optimise/inspect a default model), `make test` (install + tests).
+# Quick start: `make run` (install + optimise/inspect a default model), `make test` (install + tests),
+# `make test-fast` (the edit loop: no XLA compile, no process, under 2 minutes).
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ PRESET ?= small
 DEVICES ?= 8
 BUDGET ?= 30
 
-.PHONY: run test test-trax test-hooks lint docs install install-test clean
+.PHONY: run test test-fast test-trax test-hooks lint docs install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -34,6 +35,11 @@ run: install
 
 test: install-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests marked `fast`: no XLA compile and no process (tests/conftest.py fails a fast test that
+# compiles or starts one, naming it), for the edit loop; `make test` runs them too.
+test-fast: install-test
+	$(BIN)/python -m pytest -m "fast and not slow" $(PYTEST_ARGS)
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) -e '.[dev]'

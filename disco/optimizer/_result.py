@@ -171,7 +171,7 @@ class OptimizeResult:
             "runoff_ms": spans_ms(None if self.runoff is None else self.runoff.times),
             "comm_free_bound_ms": None if self.bound is None else self.bound.times.to_ms_dict(),
             "comm_free_bound_speedup": None if self.bound is None else self.bound.speedup,
-            # the keys the optimizer across processes wrote (scripts/zoo_links.py reads them)
+            # the keys the optimizer across processes wrote (scripts/tools/zoo_links.py reads them)
             "plan_json": self.plan.replace(name=self.chosen).to_json(), "speedup": self.speedup,
             "best_baseline": self.best_baseline, "relation": self.relation,
             "confirmation": _records(self.confirmation), "runoff": _records(self.runoff),

@@ -498,11 +498,11 @@ def test_predict_kernels_rejects_a_missing_file():
 
 
 def test_train_script_trains_on_several_kernel_files(tmp_path: Path):
-    """scripts/train_gnn.py --kernels A --kernels B: one checkpoint over both files' records."""
+    """scripts/tools/train_gnn.py --kernels A --kernels B: one checkpoint over both files' records."""
     from gnn.kernel_costs import KernelCosts
 
     out = tmp_path / "k.msgpack"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_gnn.py"), "--kernels", str(RECORD),
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "tools" / "train_gnn.py"), "--kernels", str(RECORD),
                            "--kernels", str(RECORD), "--device", "h100", "--out", str(out), "--steps", "3",
                            "--members", "1", "--cache", str(tmp_path / "cache")],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -511,7 +511,7 @@ def test_train_script_trains_on_several_kernel_files(tmp_path: Path):
     data = costs.meta["data"]
     assert data["records"] == 2 and [f["file"] for f in data["files"]] == [RECORD.name] * 2
     assert costs.corrections and costs.meta["measured_kernels"] == len(costs.corrections)
-    judged = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_judge.py"), "--checkpoint", str(out),
+    judged = subprocess.run([sys.executable, str(ROOT / "scripts" / "tools" / "kernel_judge.py"), "--checkpoint", str(out),
                              "--kernels", str(RECORD), "--cache", str(tmp_path / "cache")],
                             capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert judged.returncode == 0, judged.stderr[-2000:]
@@ -523,12 +523,12 @@ def test_train_script_trains_on_several_kernel_files(tmp_path: Path):
 
 
 def test_leave_one_model_out_reports_the_corrections(tmp_path: Path, record_json: dict):
-    """scripts/kernel_lomo.py over two 'models' with the same kernels: every held-out kernel has a
+    """scripts/tools/kernel_lomo.py over two 'models' with the same kernels: every held-out kernel has a
     measured correction; one model alone is refused with a reason."""
     twin = tmp_path / "twin.jsonl.gz"
     with gzip.open(twin, "wt") as f:
         f.write(json.dumps({**record_json, "model": "vgg19_twin"}) + "\n")
-    cmd = [sys.executable, str(ROOT / "scripts" / "kernel_lomo.py"), "--kernels", str(RECORD), "--steps", "3",
+    cmd = [sys.executable, str(ROOT / "scripts" / "tools" / "kernel_lomo.py"), "--kernels", str(RECORD), "--steps", "3",
            "--members", "1", "--cache", str(tmp_path / "cache")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     alone = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -546,7 +546,7 @@ def test_leave_one_model_out_reports_the_corrections(tmp_path: Path, record_json
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "tools" / name), *args], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

@@ -1,4 +1,4 @@
-"""scripts/check_gpu.py, the manual check of plans on a GPU (CI has none): its CPU dry run applies
+"""scripts/tools/check_gpu.py, the manual check of plans on a GPU (CI has none): its CPU dry run applies
 every plan, and without a GPU it runs only when asked to."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = REPO
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "check_gpu.py"), *args], capture_output=True,
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "tools" / "check_gpu.py"), *args], capture_output=True,
                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
 
 
@@ -41,7 +41,7 @@ def test_without_a_gpu_it_runs_only_when_asked(tmp_path):
 
 
 def _check_gpu():
-    spec = importlib.util.spec_from_file_location("check_gpu", ROOT / "scripts" / "check_gpu.py")
+    spec = importlib.util.spec_from_file_location("check_gpu", ROOT / "scripts" / "tools" / "check_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,4 +1,4 @@
-"""scripts/kernel_repeatability.py: per-launch times, streams matched by number."""
+"""scripts/experiments/kernel_repeatability.py: per-launch times, streams matched by number."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from tests.support.paths import REPO
 
 _SPEC = importlib.util.spec_from_file_location(
-    "kernel_repeatability", REPO / "scripts" / "kernel_repeatability.py")
+    "kernel_repeatability", REPO / "scripts" / "experiments" / "kernel_repeatability.py")
 assert _SPEC is not None and _SPEC.loader is not None
 kr = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(kr)

@@ -1,7 +1,7 @@
 """Planned kLoop fusions of FUSIBLE_OPCODES compile, run and match the default compile.
 
 XLA:CPU aborts the whole process on some injected fusions (a CHECK failure), so every
-compile here happens in a child process run by scripts/measure_fusible.py: an abort
+compile here happens in a child process run by scripts/tools/measure_fusible.py: an abort
 fails the test instead of killing pytest.
 """
 
@@ -15,7 +15,7 @@ from tests.support.paths import REPO
 
 ROOT = REPO
 
-# Cases of scripts/measure_fusible.py (each names the opcode it puts in a planned group).
+# Cases of scripts/tools/measure_fusible.py (each names the opcode it puts in a planned group).
 SAMPLE = ("markers", "add", "multiply", "tanh", "select", "convert", "compare", "divide",
           "rsqrt", "clamp", "slice", "pad", "reverse", "reduce", "dynamic-slice",
           "dynamic-update-slice", "iota", "copy")
@@ -23,7 +23,7 @@ SAMPLE = ("markers", "add", "multiply", "tanh", "select", "convert", "compare", 
 
 @pytest.fixture(scope="module")
 def measure_fusible():
-    spec = importlib.util.spec_from_file_location("measure_fusible", ROOT / "scripts" / "measure_fusible.py")
+    spec = importlib.util.spec_from_file_location("measure_fusible", ROOT / "scripts" / "tools" / "measure_fusible.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("measure_fusible", mod)  # dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -63,7 +63,7 @@ def test_every_fusible_opcode_has_a_measured_case(measure_fusible):
     measured = {c.opcode for c in measure_fusible.all_cases()} | {
         measure_fusible.PRODUCER, measure_fusible.CONSUMER}
     assert not FUSIBLE_OPCODES - measured, (
-        f"opcodes in FUSIBLE_OPCODES that scripts/measure_fusible.py does not measure: "
+        f"opcodes in FUSIBLE_OPCODES that scripts/tools/measure_fusible.py does not measure: "
         f"{sorted(FUSIBLE_OPCODES - measured)}")
 
 

@@ -82,7 +82,7 @@ def test_truncated_last_line_is_cut_and_reported(first_run, tmp_path):
 
 def test_killed_collector_resumes_without_duplicates(tmp_path):
     out = tmp_path / "killed"
-    cmd = [sys.executable, os.path.join(str(REPO), "scripts", "collect_profiles.py"), "--models", "mlp",
+    cmd = [sys.executable, os.path.join(str(REPO), "scripts", "tools", "collect_profiles.py"), "--models", "mlp",
            "--preset", "tiny", "--devices", "4", "--random", "1", "--rounds", "1", "--steps", "1",
            "--baselines", ",".join(BASELINES), "--interleave", "1", "--no-progress", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": REPO}

@@ -2,7 +2,7 @@
 
 ``tests/data/xla_opcodes.json`` holds the opcodes XLA printed for the zoo (pre- and
 post-optimisation HLO on XLA:CPU) and for the compiled H100 HLO of the h100_kernels records;
-``scripts/collect_xla_opcodes.py`` regenerates it.
+``scripts/tools/collect_xla_opcodes.py`` regenerates it.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def test_live_zoo_opcodes_match_the_committed_corpus(model, corpus):
     """Recompiles one tiny zoo model: the committed corpus still says what this jax prints."""
     import sys
 
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "scripts" / "tools"))
     try:
         import collect_xla_opcodes
     finally:
@@ -122,4 +122,4 @@ def test_live_zoo_opcodes_match_the_committed_corpus(model, corpus):
     for optimized, source in ((False, "zoo-cpu-pre"), (True, "zoo-cpu-post")):
         live = collect_xla_opcodes.zoo_opcodes([model], optimized=optimized)[model]
         assert live == corpus["by_model"][source][model], (
-            f"{source} opcodes of {model} changed; rerun scripts/collect_xla_opcodes.py")
+            f"{source} opcodes of {model} changed; rerun scripts/tools/collect_xla_opcodes.py")

@@ -234,7 +234,7 @@ def test_h100_costs_round_trip_and_errors(tmp_path):
     old.write_text(json.dumps({**data, "version": "1", "params": {"launch": 1e-6, "dot_rate": 1e14,
                                                                     "conv_rate": 2e14, "bandwidth": 2e12}}))
     with pytest.raises(ValueError, match=r"v1.json: field 'version': expected '2', got '1' \(a model of an older "
-                                         r"form: refit it with scripts/gpu_sim_tables.py --fit\)"):
+                                         r"form: refit it with scripts/tools/gpu_sim_tables.py --fit\)"):
         device_costs.SummedCosts.load(old)
     other = tmp_path / "cpu.json"
     registry.make("analytic", device="cpu").save(other)

@@ -2,7 +2,7 @@
 bucket-count sweep and disco's answer measured across processes (:func:`disco.optimize` on a
 :class:`disco.optimizer.ProcessRunner`).
 
-    python scripts/zoo_links.py --links 'rate=1gbit,delay=100us;rate=10gbit,delay=50us' \
+    python scripts/tools/zoo_links.py --links 'rate=1gbit,delay=100us;rate=10gbit,delay=50us' \
         --models mlp,transformer_lm --preset small --processes 2 --budget 20 --out zoo_links.jsonl
 
 Writes one JSON line per link (the calibration) and per (link, model) (the optimize result),

@@ -16,8 +16,8 @@ starts N such gunicorn servers on the one database; client thread i sends to rep
 (no proxy in between), and the warm-up's plan is stored once and read by all.
 
 Usage:
-  python scripts/bench_service.py [--requests 2000] [--clients 4] [--threads 1] [--budget 5] [--json]
-  python scripts/bench_service.py --postgres [--db postgresql://...] [--replicas 2] --requests 500 --clients 4
+  python scripts/tools/bench_service.py [--requests 2000] [--clients 4] [--threads 1] [--budget 5] [--json]
+  python scripts/tools/bench_service.py --postgres [--db postgresql://...] [--replicas 2] --requests 500 --clients 4
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def hlo(model: str, preset: str, devices: int) -> str:

@@ -13,13 +13,13 @@ Three sources, each file gzipped and listed in MANIFEST.json with where it came 
 
 Usage (about 10 minutes on 2 loaded cores)::
 
-    PYTHONPATH=. python scripts/make_hlo_corpus.py [--only jax|gpu] [--keep-existing] [--out DIR]
+    PYTHONPATH=. python scripts/tools/make_hlo_corpus.py [--only jax|gpu] [--keep-existing] [--out DIR]
 
 ``jax/`` holds jax 0.10.2's dumps. ``jax0.12/`` holds a few of jax 0.12.0.1's, whose printer writes
 tuple elements as ``%x#1`` operands (no get-tuple-element instructions) and shardings in
 HloShardingV3's form; made with a Python 3.12 environment holding that jax::
 
-    PYTHONPATH=. python scripts/make_hlo_corpus.py --only jax --jax-dir jax0.12 \
+    PYTHONPATH=. python scripts/tools/make_hlo_corpus.py --only jax --jax-dir jax0.12 \
         --cases zoo_mlp_d2,shard_map_collectives,scan,cond_while
 """
 
@@ -35,7 +35,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GPU_DATA = Path("/work/shared/data/h100_kernels/per_instruction.jsonl.gz")
 # (model, preset, variant) records taken from the GPU data: every model once, small preset
 # (pre-optimisation and compiled), and one paper-preset compile for size.
@@ -184,7 +184,7 @@ def jax_dumps(out: Path, manifest: dict, keep_existing: bool, folder: str = "jax
               f"trax_models.make_train_step({name!r}, 'tiny', devices={dev}) compiled on XLA:CPU")
              for name, dev in ZOO]
     cases += [(name, dev, _PROGRAM_CODE.format(body=textwrap.dedent(body)),
-               f"scripts/make_hlo_corpus.py PROGRAMS[{name!r}] on {dev} CPU devices")
+               f"scripts/tools/make_hlo_corpus.py PROGRAMS[{name!r}] on {dev} CPU devices")
               for name, (dev, body) in PROGRAMS.items()]
     if only is not None:
         unknown = only - {label for label, *_ in cases}

@@ -1,6 +1,6 @@
 """Where a data-parallel step's communication time goes: bucket builds, bucket counts, floors.
 
-    python scripts/comm_anatomy.py --preset small --devices 8 [--models a,b] [--counts 1,2,3,4,8]
+    python scripts/experiments/comm_anatomy.py --preset small --devices 8 [--models a,b] [--counts 1,2,3,4,8]
         [--rounds 9] [--json out.json]
 
 Per zoo model, in one set of interleaved rounds (medians, ms): XLA's default compile; horovod and
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import jax
 
     import disco

@@ -4,7 +4,7 @@ Reads a per-kernel dataset (``disco collect --kernels`` output, or the shared
 ``per_instruction.jsonl.gz``) and prints, per record and over all, the median and 90th
 percentile of ``|a - b| / ((a + b) / 2)`` of the per-launch times of the kernels present in both traces.
 
-    PYTHONPATH=. python scripts/kernel_repeatability.py --kernels DIR/kernels.jsonl
+    PYTHONPATH=. python scripts/experiments/kernel_repeatability.py --kernels DIR/kernels.jsonl
 """
 
 from __future__ import annotations

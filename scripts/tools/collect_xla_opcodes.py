@@ -9,7 +9,7 @@ Sources (every instruction of every computation, fused computations included):
   ``/work/shared/data/h100_kernels/per_instruction.jsonl.gz`` (XLA:GPU, jax 0.11.2, one H100).
 
 Usage:
-  PYTHONPATH=. python scripts/collect_xla_opcodes.py [--gpu-jsonl PATH] [--out tests/data/xla_opcodes.json]
+  PYTHONPATH=. python scripts/tools/collect_xla_opcodes.py [--gpu-jsonl PATH] [--out tests/data/xla_opcodes.json]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 GPU_JSONL = "/work/shared/data/h100_kernels/per_instruction.jsonl.gz"
-OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "xla_opcodes.json"
+OUT = Path(__file__).resolve().parents[2] / "tests" / "data" / "xla_opcodes.json"
 
 
 def module_opcodes(text: str) -> set[str]:
@@ -66,7 +66,7 @@ def collect(gpu_jsonl: str) -> dict:
                "h100-gpu-post": gpu_opcodes(gpu_jsonl)}
     per_source = {src: sorted({op for ops in per.values() for op in ops}) for src, per in sources.items()}
     return {
-        "about": "Opcode names XLA printed; regenerate with scripts/collect_xla_opcodes.py",
+        "about": "Opcode names XLA printed; regenerate with scripts/tools/collect_xla_opcodes.py",
         "jax_cpu": jax.__version__,
         "gpu_jsonl": os.path.basename(gpu_jsonl),
         "opcodes": sorted({op for ops in per_source.values() for op in ops}),

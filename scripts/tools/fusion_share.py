@@ -1,14 +1,14 @@
 """Measures the op-fusion share of ``disco optimize``'s plans on the zoo (issue 21).
 
-    python scripts/fusion_share.py --models vit,gpt2 --devices 2 --preset small --budget 30 \
+    python scripts/tools/fusion_share.py --models vit,gpt2 --devices 2 --preset small --budget 30 \
         [--cluster FILE] [--rounds 9] [--share-rounds 15] --out results.json
-    python scripts/fusion_share.py --table results.json [more.json ...]   # markdown, nothing measured
+    python scripts/tools/fusion_share.py --table results.json [more.json ...]   # markdown, nothing measured
 
 Per model, in its own process (the device count is fixed when jax starts):
 
 1. ``disco optimize``'s pipeline (:mod:`disco.optimizer`: prepare, candidates, measure, run-off,
    confirm), exactly as ``disco optimize --json`` runs it; its JSON is kept under "optimize"
-   (``scripts/optimize_zoo.py --from`` makes the zoo table from it).
+   (``scripts/tools/optimize_zoo.py --from`` makes the zoo table from it).
 2. The plan with fusion groups: the answer when it has groups, else the searched plan with
    groups that measured fastest in the first run (``disco_<k>``), and its groups removed
    (``disco_<k>_buckets``: the same buckets, cuts and options, XLA's fusion), which the
@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def fusion_profile(text: str) -> dict:

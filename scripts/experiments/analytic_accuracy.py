@@ -1,6 +1,6 @@
 """The analytic cost model's accuracy against measured step times in a collector dataset.
 
-    python scripts/analytic_accuracy.py --data DIR [--cluster FILE] [--json]
+    python scripts/experiments/analytic_accuracy.py --data DIR [--cluster FILE] [--json]
 
 For every (model, preset, devices) group of samples: Kendall's tau between the simulated step
 time (AnalyticCosts + simulator on the ``local`` preset, or ``--cluster``) and the measured

@@ -1,4 +1,4 @@
-"""The trials of scripts/measure_fusible.py: one op under test per case, between two markers.
+"""The trials of scripts/tools/measure_fusible.py: one op under test per case, between two markers.
 
 Each case computes the op from ``p = expm1(x)``; measure_fusible wraps it as ``sin(OP(...))``
 and injects {expm1 -> OP -> sin} as one planned kLoop fusion.

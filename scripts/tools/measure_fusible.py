@@ -25,9 +25,9 @@ Results per configuration:
 
 Usage (from the repository root)::
 
-  PYTHONPATH=. .venv/bin/python scripts/measure_fusible.py \
+  PYTHONPATH=. .venv/bin/python scripts/tools/measure_fusible.py \
       --json fusible.json --markdown docs/fusible_opcodes.md
-  PYTHONPATH=. .venv/bin/python scripts/measure_fusible.py --only add,reshape-split
+  PYTHONPATH=. .venv/bin/python scripts/tools/measure_fusible.py --only add,reshape-split
 
 The internal child mode is ``--child CASE:CONFIG ...``.
 """
@@ -47,15 +47,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.fusible_cases import COLS, CONSUMER, PRODUCER, ROWS, Case  # noqa: E402
-from scripts.fusible_cases import cases as all_cases  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from scripts.tools.fusible_cases import COLS, CONSUMER, PRODUCER, ROWS, Case  # noqa: E402
+from scripts.tools.fusible_cases import cases as all_cases  # noqa: E402
 
 N_DEVICES = 4
 CONFIGS = ("shard_map:off", "shard_map:extend", "jit:off", "jit:extend")
 RTOL, ATOL = 1e-6, 1e-7
 DEFAULT_TIMEOUT = 120.0
-REGENERATE = ("PYTHONPATH=. .venv/bin/python scripts/measure_fusible.py "
+REGENERATE = ("PYTHONPATH=. .venv/bin/python scripts/tools/measure_fusible.py "
               "--json fusible.json --markdown docs/fusible_opcodes.md")
 
 
@@ -263,7 +263,7 @@ def _child_env() -> dict[str, str]:
     flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
     env["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={N_DEVICES}").strip()
     env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -464,7 +464,7 @@ def _doc_header(date: str, machine: str, elapsed: float) -> str:
     machine = machine or f"{os.cpu_count()}-core {os.uname().machine} CPU"
     return f"""# Opcodes inside an injected kLoop fusion (XLA:CPU)
 
-Measured {date} on a {machine}, jax {jax_version}, by `scripts/measure_fusible.py`
+Measured {date} on a {machine}, jax {jax_version}, by `scripts/tools/measure_fusible.py`
 ({elapsed:.0f} s). Regenerate with:
 
     {REGENERATE}

@@ -1,6 +1,6 @@
 """Measures the zoo at one preset: step time, HLO size, all-reduces, gradient bytes, compile time.
 
-    python scripts/zoo_table.py --preset small --devices 8 [--steps 5] [--json]
+    python scripts/experiments/zoo_table.py --preset small --devices 8 [--steps 5] [--json]
 
 Prints a markdown table (or JSON). Timings are medians of ``--steps`` jitted steps after one
 warm-up step, measured on whatever backend jax uses (on this project's machines: CPU).

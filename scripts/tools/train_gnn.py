@@ -2,7 +2,7 @@
 
 Per-kernel GNN from kernel profiles (writes the shipped checkpoint ``gnn/kernel_h100.msgpack``):
 
-    PYTHONPATH=. python scripts/train_gnn.py --kernels ../shared/data/h100_kernels/per_instruction.jsonl.gz \\
+    PYTHONPATH=. python scripts/tools/train_gnn.py --kernels ../shared/data/h100_kernels/per_instruction.jsonl.gz \\
         --device h100 --out gnn/kernel_h100.msgpack --overwrite-shipped
 
 A file shipped in the ``gnn`` package (``--cost-model gnn`` loads it) is written over only with

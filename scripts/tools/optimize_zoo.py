@@ -1,11 +1,11 @@
 """Runs ``disco optimize`` on every zoo model and writes one markdown table (issue 6's benchmark).
 
-    python scripts/optimize_zoo.py --preset small --devices 8 --budget 30 [--cluster FILE] \
+    python scripts/tools/optimize_zoo.py --preset small --devices 8 --budget 30 [--cluster FILE] \
         [--models a,b] [--style gspmd] [--extra '--processes 2 --link rate=10gbit,delay=50us'] [--out results.json]
-    python scripts/optimize_zoo.py --from a.json --from b.json   # the table of saved runs, merged
+    python scripts/tools/optimize_zoo.py --from a.json --from b.json   # the table of saved runs, merged
 
 ``--from`` reads what ``--out`` wrote (model -> ``disco optimize --json``) or what
-``scripts/fusion_share.py --out`` wrote (model -> its result, with the optimize JSON under
+``scripts/tools/fusion_share.py --out`` wrote (model -> its result, with the optimize JSON under
 "optimize" and a fresh paired run of the answer against the best baseline); later files win
 for a model; ``--models`` then picks which to show, nothing is measured.
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--from", dest="from_files", action="append", default=[], metavar="FILE",
                     help="make the table of saved runs (repeatable; nothing is measured)")
     args = ap.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import trax_models
 
     models = [m for m in args.models.split(",") if m] or trax_models.names()

@@ -21,8 +21,8 @@ Two tables, from the dataset's ``default`` records (XLA's default compile, comma
 
 Usage::
 
-  PYTHONPATH=. python scripts/gpu_sim_tables.py [--data DIR] [--preset paper] [--cost-model analytic,gnn] [--zoo] [--json]
-  PYTHONPATH=. python scripts/gpu_sim_tables.py --fit [--form v1|v2] [--no-loops]
+  PYTHONPATH=. python scripts/tools/gpu_sim_tables.py [--data DIR] [--preset paper] [--cost-model analytic,gnn] [--zoo] [--json]
+  PYTHONPATH=. python scripts/tools/gpu_sim_tables.py --fit [--form v1|v2] [--no-loops]
 
 ``--fit`` fits the parameters of the H100 analytic model (``disco.sim.costs.device_costs.SummedCosts``)
 to the ``default`` records and prints them with each record's in-sample and leave-one-model-out
@@ -39,7 +39,7 @@ import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from disco.ir.graph import HloGraph  # noqa: E402
 from disco.ir.hlo_parse import parse_module  # noqa: E402
@@ -49,7 +49,7 @@ from disco.sim.costs import device_costs, registry  # noqa: E402
 from disco.sim.simulator import Simulator, iteration_graphs  # noqa: E402
 
 # ../shared beside the checkout (/work/main), or beside the worktrees' folder (/work/wt/NAME).
-_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 DEFAULT_DATA = next((p for p in (os.path.join(_ROOT, *up, "shared", "data", "h100_kernels") for up in (("..",), ("..", "..")))
                      if os.path.isdir(p)), os.path.join(_ROOT, "..", "shared", "data", "h100_kernels"))
 _LAYOUT = frozenset({"parameter", "constant", "bitcast", "reshape", "broadcast", "transpose", "copy", "tuple",

@@ -1,6 +1,6 @@
 """Search speed on the paper presets' HLO (compile-only sizes): graph size, setup, evals/s.
 
-    python scripts/search_paper.py --models transformer,bert --devices 8 --budget 120 [--cluster dgx-a100-8]
+    python scripts/experiments/search_paper.py --models transformer,bert --devices 8 --budget 120 [--cluster dgx-a100-8]
 
 Lowers each model's paper preset with abstract arguments (nothing is materialised or run),
 extracts the graph, builds the simulator (analytic costs; ``--cluster``: a preset or a cluster

@@ -8,7 +8,7 @@ Kendall tau, median and p90 relative error of seconds per launch, each record's 
 (kernels summed) predicted vs measured, and whether each (model, preset)'s variants are ranked as
 measured. Prints a markdown table.
 
-    PYTHONPATH=. python scripts/kernel_lomo.py --kernels ../shared/data/h100_kernels/per_instruction.jsonl.gz
+    PYTHONPATH=. python scripts/tools/kernel_lomo.py --kernels ../shared/data/h100_kernels/per_instruction.jsonl.gz
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ groups of adjacent elementwise ops, checked with ``disco.plans.check.validate``,
 contiguous buckets), and times ``Simulator.step_time`` and ``Simulator.run``.
 
 Usage:
-  PYTHONPATH=. python scripts/bench_simulator.py [--sizes 2000 5000] [--plans 20] [--seconds 2] [--json]
+  PYTHONPATH=. python scripts/tools/bench_simulator.py [--sizes 2000 5000] [--plans 20] [--seconds 2] [--json]
 """
 
 from __future__ import annotations

@@ -2,14 +2,14 @@
 
 Example::
 
-  python scripts/collect_profiles.py --models mlp,transformer_lm --preset tiny --devices 4 \\
+  python scripts/tools/collect_profiles.py --models mlp,transformer_lm --preset tiny --devices 4 \\
       --random 150 --rounds 3 --out /work/data/profiles_tiny
 """
 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from disco.cli.collect import main  # noqa: E402
 

@@ -6,7 +6,7 @@ pooled figures with the checkpoint's measured corrections and with the network a
 of the kernels the corrections hold. Prediction runs wherever this runs (CPU is fine); the labels are
 the records' measurements.
 
-    PYTHONPATH=. python scripts/kernel_judge.py --checkpoint gnn/kernel_h100.msgpack \\
+    PYTHONPATH=. python scripts/tools/kernel_judge.py --checkpoint gnn/kernel_h100.msgpack \\
         --kernels gnn/data/h100_kernels_2026-11-24.jsonl.gz
 """
 

@@ -6,7 +6,7 @@ flops + fingerprint). Best of ``--repeat`` runs, wall and CPU seconds.
 
 Usage::
 
-    PYTHONPATH=. python scripts/bench_hlo_parse.py [--chain 100000] [--repeat 3] FILE...
+    PYTHONPATH=. python scripts/tools/bench_hlo_parse.py [--chain 100000] [--repeat 3] FILE...
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ kernel).
 
 Usage::
 
-  PYTHONPATH=. python scripts/gpu_fusion_diff.py --model bert [--preset paper] [--top 15] [--json]
+  PYTHONPATH=. python scripts/experiments/gpu_fusion_diff.py --model bert [--preset paper] [--top 15] [--json]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import os
 import sys
 from typing import Any, NamedTuple
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from disco.ir.graph import HloGraph  # noqa: E402
 from disco.ir.opcodes import COLLECTIVE_KIND  # noqa: E402
@@ -43,7 +43,7 @@ from disco.sim.costs import Kernel, is_kernel_node  # noqa: E402
 from disco.sim.simulator import Simulator  # noqa: E402
 from gnn import kernel_data  # noqa: E402
 from gnn import kernel_features as KF  # noqa: E402
-from scripts.gpu_sim_tables import DEFAULT_DATA, _record_graph, read_records  # noqa: E402
+from scripts.tools.gpu_sim_tables import DEFAULT_DATA, _record_graph, read_records  # noqa: E402
 
 # Ops that move or reinterpret data; a signature lists the others (the kernel's compute).
 _LAYOUT = frozenset({"parameter", "constant", "bitcast", "reshape", "broadcast", "transpose", "copy", "tuple",

@@ -1,6 +1,6 @@
 """Applies bucket, cut and compile-option plans on a real GPU (a manual check: CI has no GPU).
 
-    python scripts/check_gpu.py [--models transformer_lm,resnet50] [--preset paper] [--out DIR]
+    python scripts/tools/check_gpu.py [--models transformer_lm,resnet50] [--preset paper] [--out DIR]
 
 Runs with the jax the machine has (the GPU image's 0.11.2) and no extra flags. Per model, on
 one device, through ``xla_hooks.apply`` exactly as a user's step gets them:

@@ -1,6 +1,6 @@
 """Does a seed's search choose the same plan in every process, and how good is that plan?
 
-    python scripts/search_repeat.py --models mlp,bert,gpt2,resnet50 --clusters h100-sxm-8,local \
+    python scripts/experiments/search_repeat.py --models mlp,bert,gpt2,resnet50 --clusters h100-sxm-8,local \
         --seeds 0,1,2 --max-evals 1500 --salts 1,2
 
 For each ``--salts`` value, one fresh Python process with ``PYTHONHASHSEED`` set to it runs the
