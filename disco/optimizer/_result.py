@@ -8,7 +8,11 @@ from typing import Any, NamedTuple
 from disco.optimizer._choice import PlanRow, Span, best_baseline, relation_to_baselines
 from disco.optimizer._config import OptimizeConfig
 from disco.optimizer._runners import InProcessRunner
-from disco.optimizer._steps import Bound, Candidates, Confirmation, Measured, RunOff, SearchSummary, Target
+from disco.optimizer._candidates import Candidates, SearchSummary
+from disco.optimizer._confirm import Confirmation
+from disco.optimizer._measure import Bound, Measured
+from disco.optimizer._prepare import Target
+from disco.optimizer._runoff import RunOff
 from disco.plans.plan import FusionPlan
 from disco.sim.simulator import Simulator
 from xla_hooks.measure import paired_speedup

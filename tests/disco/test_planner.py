@@ -83,6 +83,7 @@ def test_plan_keys_leave_out_options_not_given():
     assert planner.plan_key("fp", cluster, costs, {**before, "seed": 1}) != key
 
 
+@pytest.mark.fast
 def test_the_plan_key_holds_the_environment_and_keeps_old_keys():
     """Issue 43: a plan is keyed like jax's compilation cache keys an executable. A request naming no
     environment keeps the key it had before (the plans stored then are still found)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import pytest
+
 from tests.support.paths import REPO
 
 ROOT = str(REPO)
@@ -19,11 +21,13 @@ def _read(*parts: str) -> str:
         return f.read()
 
 
+@pytest.mark.fast
 def test_the_readme_is_at_most_10_kb():
     size = len(_read("README.md").encode("utf-8"))
     assert size <= README_MAX_BYTES, f"README.md is {size} bytes, expected at most {README_MAX_BYTES}: move detail to docs/"
 
 
+@pytest.mark.fast
 def test_every_page_in_the_site_nav_exists():
     pages = re.findall(r":\s*([\w/.-]+\.md)\s*$", _read("mkdocs.yml"), re.M)
     assert "index.md" in pages and "results.md" in pages and "architecture.md" in pages
@@ -31,6 +35,7 @@ def test_every_page_in_the_site_nav_exists():
     assert not missing, f"mkdocs.yml's nav names pages that docs/ lacks: {missing}"
 
 
+@pytest.mark.fast
 def test_the_readme_links_to_files_that_exist():
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", _read("README.md"))
     missing = [p for p in links if not p.startswith("http") and not os.path.exists(os.path.join(ROOT, p))]

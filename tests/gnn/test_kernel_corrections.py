@@ -37,6 +37,7 @@ def _with(graph: KF.KernelGraph, **fields: np.ndarray) -> KF.KernelGraph:
     return graph._replace(**fields)
 
 
+@pytest.mark.fast
 def test_the_fingerprint_names_the_kernel_not_its_step(record: KD.Record):
     g = record.graphs[0]
     fp = KF.fingerprint(g)
@@ -66,6 +67,7 @@ def _compiled_hlo() -> str:
         return json.loads(f.readline())["compiled_hlo"]
 
 
+@pytest.mark.fast
 @settings(max_examples=60, deadline=None)
 @given(col=st.integers(0, len(KF.TOTAL_FEATURES) - 1), delta=st.floats(0.01, 5.0), index=st.integers(0, 40))
 def test_a_changed_kernel_total_changes_the_fingerprint_unless_it_is_context(record: KD.Record, col: int,
@@ -77,6 +79,7 @@ def test_a_changed_kernel_total_changes_the_fingerprint_unless_it_is_context(rec
     assert same == (KF.TOTAL_FEATURES[col] in KF.CONTEXT_TOTALS)
 
 
+@pytest.mark.fast
 def test_negative_zero_and_last_bit_noise_do_not_change_the_fingerprint(record: KD.Record):
     g = record.graphs[0]
     nodes = g.nodes.copy()
@@ -86,6 +89,7 @@ def test_negative_zero_and_last_bit_noise_do_not_change_the_fingerprint(record: 
     assert KF.fingerprint(_with(g, nodes=nodes)) == KF.fingerprint(g)
 
 
+@pytest.mark.fast
 def test_fit_corrections_takes_the_median_residual_per_fingerprint(record: KD.Record):
     a, b = record.graphs[0], record.graphs[1]
     assert KF.fingerprint(a) != KF.fingerprint(b)
@@ -99,6 +103,7 @@ def test_fit_corrections_takes_the_median_residual_per_fingerprint(record: KD.Re
     np.testing.assert_array_equal(KC.corrected([1.0, 2.0], [a, b], {}), [1.0, 2.0])
 
 
+@pytest.mark.fast
 def test_fit_corrections_rejects_mismatched_or_non_finite_input(record: KD.Record):
     g = record.graphs[:2]
     with pytest.raises(ValueError, match="one measured and one predicted value per graph"):
@@ -107,6 +112,7 @@ def test_fit_corrections_rejects_mismatched_or_non_finite_input(record: KD.Recor
         KC.fit_corrections([1.0, float("nan")], [1.0, 2.0], g)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("table, match", [
     ([1, 2], "expected an object, got list"),
     ({"xyz": 0.1}, "16-hex-digit fingerprints"),

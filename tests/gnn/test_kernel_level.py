@@ -59,6 +59,7 @@ ENTRY %main (x.2: f32[64]) -> f32[64] {
 
 
 # -- features ----------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_module_kernels_of_a_loop_count_executions_and_skip_plumbing():
     ks = {k.name: k for k in KF.module_kernels(LOOP_HLO)}
     assert set(ks) == {"f", "c", "e", "j", "lt"}, sorted(ks)
@@ -116,6 +117,7 @@ ENTRY %main (a.1: f32[512,512], b.1: f32[1024,2048], c.1: f32[64,256], d.1: f32[
 """
 
 
+@pytest.mark.fast
 def test_sliced_operands_count_the_slices_read():
     ks = {k.name: k.kernel for k in KF.module_kernels(SLICE_HLO)}
     # the fusion reads a (1 MiB) and a 512x512 slice of b (not all 8 MiB of b)
@@ -151,12 +153,14 @@ ENTRY %main (x: f32[1024]) -> (f32[128], f32[1024], f32[8192]) {
 """
 
 
+@pytest.mark.fast
 def test_async_collectives_and_their_done_halves_are_no_compute_kernels():
     """XLA:GPU prints an async reduce-scatter or all-to-all as ``<op>-start``/``-update``/``-done``: a
     collective (on the network, as all-gather-start is) and waits, none of them a compute kernel."""
     assert [k.name for k in KF.module_kernels(ASYNC_COLLECTIVES_HLO)] == ["f"]
 
 
+@pytest.mark.fast
 def test_features_tell_row_from_column_reductions_and_read_matrix_dims():
     ks = {k.name: k.kernel for k in KF.module_kernels(SLICE_HLO)}
     tot = {n: dict(zip(KF.TOTAL_FEATURES, KF.kernel_graph(k).totals.tolist(), strict=True)) for n, k in ks.items()}
@@ -172,6 +176,7 @@ def test_features_tell_row_from_column_reductions_and_read_matrix_dims():
     assert node["log_minor_dim"] == pytest.approx(np.log(64)) and node["log_in_ratio"] == pytest.approx(np.log(256))
 
 
+@pytest.mark.fast
 def test_minor_dim_follows_the_layout():
     from disco.ir.graph import Node
 
@@ -182,6 +187,7 @@ def test_minor_dim_follows_the_layout():
     assert KF.minor_dim(Node(**{**base, "shape": "f32[]"})) == 1
 
 
+@pytest.mark.fast
 def test_gpu_module_kernels_cover_the_profiled_ops(record_json: dict, record: KD.Record):
     kernels = KF.module_kernels(record_json["compiled_hlo"])
     kinds = {k.xla_kind for k in kernels}
@@ -193,6 +199,7 @@ def test_gpu_module_kernels_cover_the_profiled_ops(record_json: dict, record: KD
     assert len(record.labels) == len(profiled) and record.step_s > 0
 
 
+@pytest.mark.fast
 def test_features_are_deterministic(record_json: dict):
     a = [KF.kernel_graph(k.kernel) for k in KF.module_kernels(record_json["compiled_hlo"])]
     b = [KF.kernel_graph(k.kernel) for k in KF.module_kernels(record_json["compiled_hlo"])]
@@ -201,6 +208,7 @@ def test_features_are_deterministic(record_json: dict):
             np.testing.assert_array_equal(u, v)
 
 
+@pytest.mark.fast
 def test_the_feature_cache_gives_back_the_same_records(tmp_path: Path, record: KD.Record):
     cold = KD.load_records(RECORD, cache_dir=tmp_path)
     warm = KD.load_records(RECORD, cache_dir=tmp_path)
@@ -215,6 +223,7 @@ def test_the_feature_cache_gives_back_the_same_records(tmp_path: Path, record: K
     assert len({id(g.nodes.base) for g in warm[0].graphs}) == 1
 
 
+@pytest.mark.fast
 def test_batch_rejects_sizes_too_small(record: KD.Record):
     with pytest.raises(ValueError, match="cannot hold"):
         KF.batch(record.graphs[:4], n_node=2)
@@ -587,6 +596,7 @@ def test_kernel_scripts_refuse_bad_input_in_one_line_before_training(tmp_path: P
                     "kernel_lomo", "(h100), not 'cpu'")
 
 
+@pytest.mark.fast
 def test_load_records_names_the_line_of_a_bad_record(tmp_path: Path, record_json: dict):
     lines = tmp_path / "k.jsonl"
     lines.write_text(json.dumps(record_json) + "\n[1, 2]\n")
@@ -624,6 +634,7 @@ def test_train_script_keeps_the_shipped_checkpoint_without_the_flag(tmp_path: Pa
     _one_error_line(r, "train_gnn", "is a file shipped in the gnn package", "--overwrite-shipped")
 
 
+@pytest.mark.fast
 def test_a_damaged_feature_cache_file_is_computed_again(tmp_path: Path, record: KD.Record):
     """A cache file cut short (a run killed while writing it) is a miss, computed again and replaced
     (every later run stopped with zipfile.BadZipFile); files are written whole (no half file left)."""
@@ -707,6 +718,7 @@ def test_a_hand_edited_checkpoint_config_names_the_file(tmp_path: Path, small_mo
         (KernelCosts if kind == "kernel" else GnnCosts).load(p)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("field, value", [("ns_per_step", float("nan")), ("ns_per_step", float("inf")),
                                           ("ns_per_step", -5.0), ("launches_per_step", float("nan"))])
 def test_a_kernel_time_that_is_not_a_finite_number_names_the_line(tmp_path: Path, record_json: dict, field: str,

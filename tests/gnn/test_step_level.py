@@ -65,6 +65,7 @@ def _plans(graph: HloGraph, n: int = 3) -> list[FusionPlan]:
 
 
 # -- features ----------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_features_deterministic_and_canonical(graph: HloGraph) -> None:
     plan = random_plan(graph, 3, n_groups=6)
     a = F.fused_graph(F.GraphContext(graph), plan, devices=4)
@@ -76,6 +77,7 @@ def test_features_deterministic_and_canonical(graph: HloGraph) -> None:
     assert a.senders.max() < a.n_node[0] and a.receivers.max() < a.n_node[0]
 
 
+@pytest.mark.fast
 def test_groups_contract_into_one_node(graph: HloGraph) -> None:
     ctx = F.GraphContext(graph)
     plan = random_plan(graph, 5, n_groups=6)
@@ -87,6 +89,7 @@ def test_groups_contract_into_one_node(graph: HloGraph) -> None:
     assert (fused.opcodes == F.FUSION_ID).sum() >= len(plan.groups)
 
 
+@pytest.mark.fast
 def test_kernel_features_match_graph_node(graph: HloGraph) -> None:
     from disco.sim.costs import GraphKernels
 
@@ -99,11 +102,13 @@ def test_kernel_features_match_graph_node(graph: HloGraph) -> None:
         assert hit.any()
 
 
+@pytest.mark.fast
 def test_unknown_name_is_a_clear_error(graph: HloGraph) -> None:
     with pytest.raises(ValueError, match=r"group 0: instruction 'nope' is not in the graph"):
         F.fused_graph(F.GraphContext(graph), FusionPlan(groups=(("nope",),)))
 
 
+@pytest.mark.fast
 def test_pad_rejects_too_small_sizes(graph: HloGraph) -> None:
     g = F.fused_graph(F.GraphContext(graph), FusionPlan())
     with pytest.raises(ValueError, match=r"too small"):
@@ -138,6 +143,7 @@ def test_training_is_deterministic_for_a_seed(dataset: train.Dataset, trained: t
     assert hist["loss"] == trained[1]["loss"]
 
 
+@pytest.mark.fast
 def test_split_keeps_plans_apart(dataset: train.Dataset) -> None:
     tr, va, te = train.split(dataset, "plans", seed=0)
     # plans are held out per group (model, preset, devices): a plan of one graph is not one of another
@@ -282,12 +288,14 @@ def _samples(times, spread, refs=None):
     return [dataclasses.replace(s, group_ref_ms=group_ref) for s in out]
 
 
+@pytest.mark.fast
 def test_norm_ms_removes_the_drift_between_chunks():
     # the same plan measured twice, on a machine twice as slow the second time: same label
     a, b = _samples([2.0, 4.0], 0.0, refs=[1.0, 2.0])
     assert a.norm_ms == pytest.approx(b.norm_ms) == pytest.approx(2.0 / 1.0 * 1.5)
 
 
+@pytest.mark.fast
 def test_noise_ceiling_falls_with_measurement_spread():
     from gnn import evaluate
 
@@ -348,6 +356,7 @@ def test_train_gnn_writes_to_the_current_directory_by_default_not_the_shipped_ch
     assert "{" not in out and "nan" not in out, out
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("flag", ["--out", "--metrics"])
 def test_train_gnn_refuses_to_write_over_the_shipped_files(
         flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -371,6 +380,7 @@ def test_train_gnn_refuses_to_write_over_the_shipped_files(
     assert err.startswith(f"disco train-gnn: error: {flag} ") and "--overwrite-shipped" in err, err
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("flag, path", [("--out", "missing/ck.msgpack"), ("--metrics", "missing/m.json")])
 def test_train_gnn_checks_output_paths_before_training(
         flag: str, path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -381,6 +391,7 @@ def test_train_gnn_checks_output_paths_before_training(
     assert "train-gnn: epoch" not in err and not (tmp_path / "ck.msgpack").exists()  # failed before training
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("flag, value", [("--lr", "-1"), ("--lr", "0"), ("--lr", "nan"), ("--lr", "inf"),
                                          ("--epochs", "0"), ("--lomo-epochs", "0"), ("--batch", "0"),
                                          ("--node-budget", "0"), ("--hidden", "0"), ("--edge-hidden", "0"),
@@ -406,6 +417,7 @@ def test_train_gnn_says_why_tau_is_undefined_on_too_few_samples(
     assert "val tau undefined (no validation group of 2 or more samples)" in err, err
 
 
+@pytest.mark.fast
 def test_a_damaged_graph_file_is_named(tmp_path: Path) -> None:
     """A graph file cut short: the error names the file and the sample's line (it said only
     'graph JSON is not valid JSON')."""
@@ -419,6 +431,7 @@ def test_a_damaged_graph_file_is_named(tmp_path: Path) -> None:
         train.load_dataset(data)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("damage, match", [
     (lambda s: s.pop("plan"), r"KeyError: 'plan'"),
     (lambda s: s.pop("model"), r"KeyError: 'model'"),
@@ -439,6 +452,7 @@ def test_a_damaged_sample_is_named_by_file_and_line(tmp_path: Path, damage, matc
         train.load_dataset(data)
 
 
+@pytest.mark.fast
 def test_an_infinite_reference_time_falls_back_to_the_group_default(tmp_path: Path) -> None:
     """A sample whose reference_xla_default_median_ms is Infinity takes its group's measured xla_default,
     as a missing one does; it was taken as is (a target of log(0), its group's norm_ms infinite)."""

@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -47,6 +49,7 @@ def _check_gpu():
     return module
 
 
+@pytest.mark.fast
 def test_numerics_measures_against_the_test_tolerance():
     check_gpu = _check_gpu()
     ref = {"w": np.array([1.0, -2.0]), "key_bias": np.array([1e-9, -1e-9])}
@@ -61,6 +64,7 @@ def test_numerics_measures_against_the_test_tolerance():
     assert abs(changed["tolerance_ratio"] - 0.01 / (1e-5 * 2.0 + 1e-7)) < 1e-6
 
 
+@pytest.mark.fast
 def test_a_plan_changes_the_numbers_only_beyond_the_same_programs_spread():
     check_gpu = _check_gpu()
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.fast
+
 _SPEC = importlib.util.spec_from_file_location(
     "kernel_repeatability", REPO / "scripts" / "experiments" / "kernel_repeatability.py")
 assert _SPEC is not None and _SPEC.loader is not None

@@ -815,6 +815,7 @@ def test_disco_serve_refuses_an_address_it_cannot_listen_on(tmp_path):
             assert re.fullmatch("disco serve: error: " + message, out.stderr.strip()), out.stderr
 
 
+@pytest.mark.fast
 def test_create_app_refuses_a_database_it_cannot_use(tmp_path, monkeypatch):
     """gunicorn's path (create_app) refuses what ``disco serve --db`` refuses, naming its setting."""
     (tmp_path / "text.sqlite").write_text("not a database\n" * 10)
@@ -828,6 +829,7 @@ def test_create_app_refuses_a_database_it_cannot_use(tmp_path, monkeypatch):
     assert not (tmp_path / "missing").exists()
 
 
+@pytest.mark.fast
 def test_a_database_of_another_layout_is_refused_and_left_as_it_was(tmp_path):
     """A newer disco's database (a higher schema version) and another program's file with a table of
     disco's name are refused at start, naming what was found and what was expected; neither is written."""
@@ -864,6 +866,7 @@ def test_a_database_of_another_layout_is_refused_and_left_as_it_was(tmp_path):
     conn.close()
 
 
+@pytest.mark.fast
 def test_a_database_written_before_the_schema_version_is_used_and_stamped(tmp_path):
     """A file of this layout without a recorded version (written before disco recorded one) keeps its
     plans and gets the version."""

@@ -26,6 +26,7 @@ NEW_MODELS = ("vit", "gpt2", "unet", "moe")
 DEVICES = 4
 
 
+@pytest.mark.fast
 def test_paper_presets_are_the_reference_sizes():
     vit = trax_models.config("vit", "paper")  # ViT-S/16 at 224x224, batch 64
     assert (vit.image_size, vit.patch_size, vit.d_model, vit.n_heads, vit.n_layers, vit.global_batch) == \

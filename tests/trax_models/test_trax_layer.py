@@ -31,6 +31,7 @@ def run_cli(*args, timeout=600):
                           cwd=ROOT, timeout=timeout, check=False)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, message", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "must be a JSON object, got list"),
@@ -40,6 +41,7 @@ def test_bad_kwargs_say_what_was_expected(text, message):
         _trax_layer.parse_kwargs(text)
 
 
+@pytest.mark.fast
 def test_kwargs_parse():
     assert _trax_layer.parse_kwargs('{"vocab_size": 8}') == {"vocab_size": 8}
     assert _trax_layer.parse_kwargs(None) == {}

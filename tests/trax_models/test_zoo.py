@@ -122,6 +122,7 @@ def test_abstract_args_lower_without_materialising():
     jax.jit(step).lower(*args)
 
 
+@pytest.mark.fast
 def test_names_and_presets():
     assert trax_models.names() == sorted(
         ["bert", "gpt2", "mlp", "moe", "resnet50", "rnnlm", "transformer", "transformer_lm",
@@ -137,21 +138,25 @@ def test_model_info_matches_state():
     assert info.param_count > 0
 
 
+@pytest.mark.fast
 def test_unknown_model():
     with pytest.raises(ValueError, match=r"unknown model 'nosuch'; expected one of: bert, gpt2, mlp, moe, resnet50, "):
         trax_models.make_train_step("nosuch")
 
 
+@pytest.mark.fast
 def test_unknown_preset():
     with pytest.raises(ValueError, match=r"unknown preset 'huge'; expected one of: tiny, small, paper"):
         trax_models.make_train_step("mlp", "huge")
 
 
+@pytest.mark.fast
 def test_unknown_optimizer():
     with pytest.raises(ValueError, match=r"unknown optimizer 'lamb'; expected one of: adam, adamw, sgd"):
         trax_models.make_train_step("mlp", optimizer="lamb")
 
 
+@pytest.mark.fast
 def test_too_many_devices():
     n = len(jax.devices()) + 1
     with pytest.raises(
@@ -162,6 +167,7 @@ def test_too_many_devices():
         trax_models.make_train_step("mlp", devices=n)
 
 
+@pytest.mark.fast
 def test_indivisible_global_batch():
     with pytest.raises(ValueError, match=r"global batch 16 is not divisible by the devices count 3"):
         trax_models.make_train_step("transformer_lm", "small", devices=3)
@@ -172,6 +178,7 @@ def test_import_does_not_import_jax():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"name": ["mlp"]}, ValueError, r"unknown model \['mlp'\]; expected one of: bert, "),
     ({"name": "mlp", "preset": {"tiny": 1}}, ValueError, r"unknown preset \{'tiny': 1\}; expected one of: tiny, "),
@@ -190,12 +197,14 @@ def test_bad_arguments_are_refused_with_one_line(kwargs, error, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("devices, error", [(2.5, TypeError), (0, ValueError), (None, TypeError)])
 def test_model_info_checks_devices(devices, error):
     with pytest.raises(error, match=r"devices: expected an int >= 1, got"):
         trax_models.model_info("mlp", "tiny", devices=devices)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"seed": "x"}, TypeError, r"seed: expected an int in \[0, 2\*\*63\), got str 'x'"),
     ({"seed": -1}, ValueError, r"seed: expected an int in \[0, 2\*\*63\), got -1"),
@@ -221,6 +230,7 @@ def test_zero_learning_rate_and_schedules_are_learning_rates(learning_rate):
     np.testing.assert_array_equal(jax.tree.leaves(new_state.params)[0], jax.tree.leaves(state.params)[0])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("global_batch", [4.0, "4", None, True])
 def test_build_train_step_refuses_a_global_batch_that_is_not_an_int(global_batch):
     """4.0 raised numpy's "'float' object cannot be interpreted as an integer", "4" and None a bare

@@ -74,6 +74,7 @@ def run_job(processes, *, leader_plan=PLAN, applies=None, skip=(), timeout_s=5.0
     return decisions, kv
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("processes", [2, 4])
 def test_every_process_applies_when_all_can(processes):
     decisions, kv = run_job(processes)
@@ -81,6 +82,7 @@ def test_every_process_applies_when_all_can(processes):
     assert json.loads(kv.values["disco/xla_hooks/test/0/plan"])["plan"] == PLAN
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("processes", [2, 4])
 def test_a_plan_that_does_not_apply_on_one_process_makes_all_fall_back(processes):
     decisions, _ = run_job(processes, applies={processes - 1: False})
@@ -89,12 +91,14 @@ def test_a_plan_that_does_not_apply_on_one_process_makes_all_fall_back(processes
         assert d.kind == agreement.APPLY and f"did not apply on process {processes - 1}" in d.reason
 
 
+@pytest.mark.fast
 def test_no_plan_on_process_0_is_no_plan_anywhere():
     decisions, _ = run_job(3, leader_plan=None)
     assert {d.kind for d in decisions.values()} == {agreement.NO_PLAN}
     assert all("process 0 obtained no plan (service down)" in d.reason for d in decisions.values())
 
 
+@pytest.mark.fast
 def test_a_plan_published_after_the_others_stopped_waiting_is_not_used():
     """Process 0 slower than the others' wait: they fall back naming the key, and process 0, having
     their reports, falls back too."""
@@ -104,6 +108,7 @@ def test_a_plan_published_after_the_others_stopped_waiting_is_not_used():
            "'disco/xla_hooks/test/0/plan')" in decisions[0].reason
 
 
+@pytest.mark.fast
 def test_a_process_that_never_reports_makes_all_fall_back_and_is_named():
     decisions, _ = run_job(3, skip={2}, timeout_s=0.3)
     assert set(decisions) == {0, 1}
@@ -113,6 +118,7 @@ def test_a_process_that_never_reports_makes_all_fall_back_and_is_named():
                "'disco/xla_hooks/test/0/applied/2')" in d.reason
 
 
+@pytest.mark.fast
 def test_process_0_never_deciding_bounds_the_others_wait():
     kv = MemoryKV()
     rnd = Round(kv, "disco/xla_hooks/test/0", "prog", 1, 2, 0.1)
@@ -122,11 +128,13 @@ def test_process_0_never_deciding_bounds_the_others_wait():
                         "(waited for key 'disco/xla_hooks/test/0/decision')")
 
 
+@pytest.mark.fast
 def test_processes_compiling_different_programs_fall_back():
     decisions, _ = run_job(2, programs={1: "other"})
     assert not decisions[0].ok and "the processes compile different steps" in decisions[1].reason
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("raw", [b"\x00\x01", b"[1]", b'{"program": "prog", "plan": "x"}', b'{"program": "pr'])
 def test_corrupt_plan_bytes_are_a_failure_on_the_reader(raw):
     kv = MemoryKV()
@@ -136,6 +144,7 @@ def test_corrupt_plan_bytes_are_a_failure_on_the_reader(raw):
     assert "read key 'disco/xla_hooks/test/0/plan' that is not a published plan" in outcome.reason
 
 
+@pytest.mark.fast
 def test_rounds_of_one_program_get_fresh_keys():
     """Compiling the same step again (a new signature, a new xla_hooks.jit) must not read the keys
     the last compile left in the store."""

@@ -204,6 +204,7 @@ def test_untested_jax_version_falls_back(monkeypatch):
     assert not applied.applied
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("version, admitted", [("0.10.0", True), ("0.11.1", True), ("0.12.0", True),
                                                ("0.13.0", False), ("0.7.2", False), ("1.10.2", False)])
 def test_every_patch_version_of_a_tested_release_is_admitted(monkeypatch, version, admitted):
@@ -251,6 +252,7 @@ def test_probe_reports_the_childs_error_in_one_line():
         probe.probe("HloModule not_hlo\n\nthis is not an instruction\n", 1, {})
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("platform, parent, expected", [
     ("cpu", {"XLA_FLAGS": "--x", "JAX_PLATFORMS": "cuda"}, "cpu"),
     ("gpu", {"XLA_FLAGS": "--x"}, None),           # not "gpu": jax would also try rocm

@@ -27,6 +27,7 @@ ENTRY main {
 """
 
 
+@pytest.mark.fast
 def test_strip_replaces_each_all_reduce_by_a_copy_and_keeps_metadata():
     out = bound.strip_all_reduces(HLO)
     assert "all-reduce(" not in out
@@ -35,6 +36,7 @@ def test_strip_replaces_each_all_reduce_by_a_copy_and_keeps_metadata():
     assert out.replace("copy(", "").count("\n") == HLO.count("\n")  # nothing else changed in size
 
 
+@pytest.mark.fast
 def test_strip_rejects_variadic_all_reduces_and_text_without_any():
     variadic = HLO.replace("all-reduce(f32[2,3]{1,0} p)", "all-reduce(f32[2,3]{1,0} p, f32[2,3]{1,0} p)")
     with pytest.raises(ValueError, match="single-operand all-reduces"):
@@ -43,6 +45,7 @@ def test_strip_rejects_variadic_all_reduces_and_text_without_any():
         bound.strip_all_reduces(HLO.replace("all-reduce(", "negate("))
 
 
+@pytest.mark.fast
 def test_keep_scalars_keeps_only_the_scalar_all_reduces():
     scalar = ('  lr = f32[] all-reduce(f32[] q), channel_id=2, replica_groups={{0,1}}, '
               'use_global_device_ids=true, to_apply=region_0')

@@ -57,6 +57,7 @@ def test_planned_fusions_of_fusible_opcodes_match_reference(measure_fusible, sam
     assert not bad, f"planned fusions that failed (abort = XLA CHECK failure in the child): {bad}"
 
 
+@pytest.mark.fast
 def test_every_fusible_opcode_has_a_measured_case(measure_fusible):
     from disco.ir.opcodes import FUSIBLE_OPCODES
 

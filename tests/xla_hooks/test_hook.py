@@ -222,11 +222,13 @@ def test_failed_job_falls_back():
     assert_close(out, reference)
 
 
+@pytest.mark.fast
 def test_jit_rejects_a_bad_timeout():
     with pytest.raises(ValueError, match="timeout_s"):
         xla_hooks.jit(lambda x: x, timeout_s=0)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("url", ["not a url", "127.0.0.1:8000", "ftp://host", "http://", "http://h:99999", 8000,
                                  # these raised from http.client at the first step, or sent the request elsewhere
                                  "http://127.0.0.1:8000/my plans", "http://127.0.0.1:8000/plän",
@@ -241,6 +243,7 @@ def test_jit_rejects_a_service_that_is_not_a_url(url):
         "https://plans.example:8443/disco"
 
 
+@pytest.mark.fast
 def test_a_gpu_keeps_a_plans_cuts_buckets_and_options_but_not_its_groups(monkeypatch):
     from disco.plans.plan import make_plan
     from xla_hooks.hook import _for_this_backend
@@ -421,6 +424,7 @@ def test_a_plan_made_for_another_environment_is_refused():
         assert next(iter(fast.applied.values())).plan.name == "xla_default"
 
 
+@pytest.mark.fast
 def test_xla_flags_that_only_dump_or_log_do_not_change_the_environment():
     from xla_hooks.environment import xla_flags
 
@@ -440,6 +444,7 @@ def test_a_single_process_job_uses_no_key_value_store(monkeypatch):
     assert_close(three_steps(fast, args), reference)
 
 
+@pytest.mark.fast
 def test_jit_rejects_a_bad_agree_timeout():
     with pytest.raises(ValueError, match=r"^agree_timeout_s: expected a positive number of seconds, got 0"):
         xla_hooks.jit(lambda x: x, agree_timeout_s=0)

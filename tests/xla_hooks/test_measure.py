@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from xla_hooks import measure
 
+pytestmark = pytest.mark.fast
+
 
 def recorder():
     calls = []

@@ -5,6 +5,7 @@ from disco.sim import cluster
 from disco.sim import collectives
 
 
+@pytest.mark.fast
 def test_fit_recovers_ring_parameters():
     spec = cluster.preset("local", devices=4, calibration={"latency": 30e-6, "bandwidth": 2e9})
     sizes = [1 << k for k in range(10, 24, 2)]
@@ -15,6 +16,7 @@ def test_fit_recovers_ring_parameters():
     assert c.floored == () and calibrate.floored_note(c.floored) is None
 
 
+@pytest.mark.fast
 def test_a_fit_that_measured_no_cost_is_floored_and_says_so():
     """Times that fall with the size have no per-byte cost to fit: the slope is set to its floor
     (the spec stays usable) and the result names it, as does the note the CLI prints."""
@@ -27,11 +29,13 @@ def test_a_fit_that_measured_no_cost_is_floored_and_says_so():
     assert both == (calibrate.MIN_FIT_A, calibrate.MIN_FIT_B, ("fit_a", "fit_b"))
 
 
+@pytest.mark.fast
 def test_fit_needs_two_devices():
     with pytest.raises(ValueError, match="at least 2 devices, got 1"):
         calibrate.fit(1, [1, 2], [1.0, 2.0])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("sizes, times, match", [
     ([1024], [1e-3], r"at least 2 distinct sizes, got sizes \(1024,\)"),
     ([1024, 1024], [1e-3, 2e-3], r"at least 2 distinct sizes, got sizes \(1024, 1024\)"),
@@ -52,6 +56,7 @@ def test_variadic_all_reduce_is_measured_next_to_its_concatenation():
     assert variadic_s > 0 and concat_s > 0
 
 
+@pytest.mark.fast
 def test_calibration_feeds_the_operand_latency_into_the_local_preset():
     c = calibrate.fit(8, [1 << 10, 1 << 20], [2e-4, 1e-3])
     c = c.__class__(**{**c.to_dict(), "operand_latency": 2e-4})
@@ -59,6 +64,7 @@ def test_calibration_feeds_the_operand_latency_into_the_local_preset():
     assert spec.operand_latency == 2e-4 and spec.label == "calibrated on this machine"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kw, match", [
     ({"devices": 1}, r"at least 2 devices, got 1"),
     ({"sizes": (1024,)}, r"sizes: expected at least 2 distinct byte counts to fit, got \(1024,\)"),

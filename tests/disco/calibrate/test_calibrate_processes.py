@@ -29,6 +29,7 @@ def mlp_graph():
     return HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kw, match", [
     ({"reps": 0}, r"reps: expected an integer >= 1, got 0"),
     ({"sizes": (1024, 1024), "chain": ()}, r"sizes: expected at least 2 distinct byte counts to fit, got \(1024, 1024\)"),
@@ -46,11 +47,13 @@ def test_calibrate_refuses_bad_arguments_before_launching(kw, match, monkeypatch
         calibrate.calibrate(calibrate.ProcessRunner(2, 1, None, timeout_s=60), **kw)
 
 
+@pytest.mark.fast
 def test_too_few_devices_in_all_are_refused_with_the_runners_shape():
     with pytest.raises(ValueError, match=r"at least 2 devices in all, got 1 processes x 1 devices"):
         calibrate.calibrate(calibrate.ProcessRunner(1, 1))
 
 
+@pytest.mark.fast
 def test_fit_chained_recovers_the_per_all_reduce_cost_apart_from_the_call_overhead():
     sizes, chain = (1 << 10, 1 << 16, 1 << 20), (1, 2, 4, 8)
     call, a, b = 2e-3, 13e-3, 8e-9  # 13 ms per chained all-reduce, 125 MB/s, 2 ms per call

@@ -28,6 +28,7 @@ def test_help_does_not_import_jax():
     assert "graph" in r.stdout and "bench" in r.stdout and "usage: disco collect" in r.stdout
 
 
+@pytest.mark.fast
 def test_the_commands_table_lists_every_subcommand_once():
     import argparse
 
@@ -46,6 +47,7 @@ CLI_DIR = REPO / "disco" / "cli"
 COMMAND_MODULES = sorted(p.stem for p in CLI_DIR.glob("*.py") if p.stem not in ("__init__", "common"))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("module", COMMAND_MODULES)
 def test_a_command_module_imports_no_other_command_module(module):
     import ast
@@ -166,6 +168,7 @@ def test_graph_json_summary(tmp_path):
     assert r6.returncode == 2 and "--model, --devices build a step; an --hlo file is read as it is" in r6.stderr
 
 
+@pytest.mark.fast
 def test_deferred_model_defaults_are_the_documented_ones():
     from disco.cli.common import add_model_args, apply_model_defaults, defer_model_defaults, model_args_given
 
@@ -279,6 +282,7 @@ def _subparsers():
     return action.choices
 
 
+@pytest.mark.fast
 def test_every_option_with_a_default_shows_it_in_help():
     import argparse
 
@@ -294,6 +298,7 @@ def test_every_option_with_a_default_shows_it_in_help():
     assert not missing, f"options whose help does not show their default: {missing}"
 
 
+@pytest.mark.fast
 def test_preset_names_and_progress_spelling_are_the_same_everywhere():
     import trax_models
 
@@ -400,6 +405,7 @@ def test_progress_lines_without_a_terminal_and_the_speedup_key(tmp_path):
     assert lo <= one["paired_speedup"] <= hi and rows["xla_default"]["paired_speedup"] == 1.0
 
 
+@pytest.mark.fast
 def test_progress_reporter_is_quiet_when_asked_and_throttles_lines(capsys):
     from disco.cli.common import _Lines, progress_reporter
 
@@ -416,6 +422,7 @@ def test_progress_reporter_is_quiet_when_asked_and_throttles_lines(capsys):
                                                     "measure  10%: compiled xla_default"]
 
 
+@pytest.mark.fast
 def test_a_plan_file_for_another_graph_is_a_warning_or_with_strict_an_error(tmp_path, capsys):
     from disco.cli.common import CliError, resolve_plans
     from disco.ir.graph import HloGraph
@@ -442,6 +449,7 @@ def test_a_plan_file_for_another_graph_is_a_warning_or_with_strict_an_error(tmp_
         resolve_plans("horovod:-5", graph)
 
 
+@pytest.mark.fast
 def test_a_plan_file_that_is_not_a_plan_is_an_error_naming_the_file(tmp_path):
     from disco.cli.common import CliError, resolve_plans
     from disco.ir.graph import HloGraph
@@ -599,6 +607,7 @@ def test_plans_across_processes_are_checked_before_the_workers_start(plans, mess
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+@pytest.mark.fast
 def test_strict_across_processes_is_refused(capsys):
     """Only the workers build the step there, so --strict compared nothing (silently)."""
     from disco import cli
@@ -637,6 +646,7 @@ def test_a_plan_file_named_comm_free_bound_keeps_its_row_next_to_the_bound(tmp_p
                     "comm_free_bound": None}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("link, across", [(None, False), ("loopback", False), ("LOOPBACK", False), (" Loopback ", False),
                                           ("", False), ("rate=1gbit", True)])
 def test_loopback_in_any_spelling_is_no_link(link, across):
@@ -739,6 +749,7 @@ def test_bench_prints_within_120_columns_with_fallback_reasons_as_footnotes(tmp_
     assert "plan 'other' was made for graph ffff" in " ".join(note.split()), r.stdout
 
 
+@pytest.mark.fast
 def test_optimize_across_processes_prints_within_120_columns(capsys):
     """The --processes table (the one printer, on a result built by hand: no workers start)."""
     import dataclasses

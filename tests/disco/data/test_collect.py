@@ -107,6 +107,7 @@ def test_killed_collector_resumes_without_duplicates(tmp_path):
     assert all(json.loads(json.dumps(s)) == s for s in samples)
 
 
+@pytest.mark.fast
 def test_committed_small_dataset_is_valid():
     data = str(DATA / "profiles_small")
     samples, _, bad = dataset.read(dataset.samples_path(data))
@@ -121,6 +122,7 @@ def test_committed_small_dataset_is_valid():
         assert s["applied"] and s["measured"]["median_ms"] > 0
 
 
+@pytest.mark.fast
 def test_bad_counts_and_names_are_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "d"
     with pytest.raises(ValueError, match=r"^collect: devices 0 \(expected >= 1\), random -1 \(expected >= 0\)$"):
@@ -143,6 +145,7 @@ def _foreign_sample(out, **fields):
     return dataset.samples_path(out)
 
 
+@pytest.mark.fast
 def test_samples_of_another_optimizer_are_refused_before_anything_is_built(tmp_path):
     """Sample ids leave the optimizer out: collecting --optimizer sgd into a directory of adamw samples
     skipped every plan as already measured (measured: 9 of 10 mlp plans) and wrote almost nothing."""

@@ -24,12 +24,14 @@ def sample(i, **extra):
             "devices": 4, "graph_fingerprint": "401ed8c98fdc62b9", "measured": {"median_ms": 1.0 + i}, **extra}
 
 
+@pytest.mark.fast
 def test_ids_name_the_step_and_the_plan():
     assert dataset.sample_id("mlp", "tiny", 4, "a3dafcf73eaefc13") == "mlp/tiny/d4/a3dafcf73eaefc13"
     assert dataset.group_key(sample(0)) == "mlp/tiny/d4/401ed8c9"
     assert dataset.group_key({"model": "bert", "graph_fingerprint": "ffeeddccbb"}) == "bert//d1/ffeeddcc"
 
 
+@pytest.mark.fast
 def test_round_trip_keeps_every_sample_and_its_line(tmp_path):
     path = tmp_path / "samples.jsonl"
     assert dataset.read(path) == ([], [], 0)  # a missing file reads as empty
@@ -43,6 +45,7 @@ def test_round_trip_keeps_every_sample_and_its_line(tmp_path):
         dataset.append(path, {"model": "mlp"})
 
 
+@pytest.mark.fast
 def test_lines_that_are_not_samples_are_skipped_and_reported(tmp_path):
     path = tmp_path / "samples.jsonl"
     path.write_text("\n".join([json.dumps(sample(0)), "not json", "", json.dumps({"model": "no id"}),
@@ -55,6 +58,7 @@ def test_lines_that_are_not_samples_are_skipped_and_reported(tmp_path):
     assert path.read_text().count("\n") == 6  # lines before the last are never cut
 
 
+@pytest.mark.fast
 def test_repair_cuts_a_truncated_last_line_and_ends_an_unterminated_one(tmp_path):
     path = tmp_path / "samples.jsonl"
     dataset.append(path, sample(0))
@@ -83,6 +87,7 @@ records = st.dictionaries(st.text(max_size=10), json_values, max_size=5).flatmap
     lambda d: st.text(min_size=1, max_size=30).map(lambda sid: {**d, "sample_id": sid}))
 
 
+@pytest.mark.fast
 @settings(max_examples=60, deadline=None)
 @given(st.lists(records, max_size=6), records, st.data())
 def test_any_records_round_trip_and_survive_a_crash_mid_write(written, torn, data):
@@ -101,6 +106,7 @@ def test_any_records_round_trip_and_survive_a_crash_mid_write(written, torn, dat
         assert dataset.read(path).samples == [*written, torn]
 
 
+@pytest.mark.fast
 def test_graph_files_are_written_once_and_read_back(tmp_path):
     path = dataset.write_graph(tmp_path, "abc", '{"g": 1}')
     assert path == os.path.join(tmp_path, "graphs", "abc.json")
@@ -110,6 +116,7 @@ def test_graph_files_are_written_once_and_read_back(tmp_path):
         dataset.read_graph_json(tmp_path, "nope")
 
 
+@pytest.mark.fast
 def test_the_collector_and_the_gnn_trainer_read_a_torn_file_alike(tmp_path):
     copy = tmp_path / "profiles"
     shutil.copytree(SMALL, copy)

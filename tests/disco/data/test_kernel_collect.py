@@ -39,6 +39,7 @@ def test_collects_resumes_and_repairs(tmp_path):
         assert [json.loads(x)["record_id"] for x in f] == ["mlp/tiny/default"]
 
 
+@pytest.mark.fast
 def test_bad_variant_and_model_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="variant 'fast' is not known on cpu; expected one of default, no_fusion"):
         kernel_collect.collect_kernels(kernel_collect.KernelCollectConfig(
@@ -99,6 +100,7 @@ def test_a_last_record_without_its_newline_is_kept_when_appending(tmp_path):
     assert bad == 0 and [r["record_id"] for r in recs] == ["mlp/tiny/default", "mlp/tiny/no_fusion"]
 
 
+@pytest.mark.fast
 def test_refuses_to_resume_a_file_of_another_device(tmp_path):
     """An H100 record in DIR/kernels.jsonl: collecting on CPU is refused (mlp/tiny/default there would
     have been skipped as done, and the CPU records appended beside the H100 one)."""
@@ -118,6 +120,7 @@ def test_refuses_to_resume_a_file_of_another_device(tmp_path):
     assert Path(path).read_text() == before
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv, message", [
     (["--kernels", "--random", "3", "--profile"], r"--random, --profile: for the plan dataset \(disco collect without "
                                                   r"--kernels\); --kernels takes --models, --presets"),
@@ -135,6 +138,7 @@ def test_one_mode_s_options_are_refused_in_the_other(tmp_path, capsys, argv, mes
     assert not out.exists()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("field, value, message", [
     ("devices", 2, r"holds records of steps with devices 2, but this run compiles devices 1 with optimizer adamw"),
     ("optimizer", "sgd", r"holds records of steps with optimizer sgd, but this run compiles devices 1 with "
@@ -157,6 +161,7 @@ def test_refuses_to_resume_records_of_another_step(tmp_path, field, value, messa
     assert Path(path).read_text() == before
 
 
+@pytest.mark.fast
 def test_a_second_collector_on_the_directory_is_refused(tmp_path):
     """Only the plan collector took DIR/.lock: two --kernels collectors on one directory each measured
     every record and appended it, so every record was there twice."""

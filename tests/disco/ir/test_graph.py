@@ -182,6 +182,7 @@ def test_arrays_form():
     assert np.all(arr.senders < arr.receivers)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad, match", [
     ("[]", "must be an object"),
     ('{"schema": "other"}', "field 'schema'"),
@@ -204,6 +205,7 @@ def test_graph_json_errors(bad, match):
 CORPUS = DATA / "hlo_corpus"
 
 
+@pytest.mark.fast
 def test_scoped_names_get_unique_node_names():
     graph = disco.HloGraph.from_hlo_text((CORPUS / "snippets" / "scoped_names.hlo").read_text())
     names = [n.name for n in graph.nodes]
@@ -216,6 +218,7 @@ def test_scoped_names_get_unique_node_names():
     assert all(s < d for s, d in graph.edges)
 
 
+@pytest.mark.fast
 def test_fingerprint_ignores_layouts():
     """Layouts do not count in the fingerprint (its docstring says why); Node.layout keeps them."""
     text = (CORPUS / "snippets" / "comments_everywhere.hlo").read_text()
@@ -243,6 +246,7 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 """
 
 
+@pytest.mark.fast
 @settings(max_examples=25, deadline=None)
 @given(frame=st.integers(0, 10**6), line=st.integers(0, 10**6),
        path=st.text(st.characters(min_codepoint=32, max_codepoint=126, exclude_characters='"\\'), max_size=12))
@@ -260,6 +264,7 @@ def test_fingerprint_ignores_where_the_step_was_traced_from(frame, line, path):
     assert fp('metadata={op_name="jit(g)/reshard" stack_frame_id=2}') != base
 
 
+@pytest.mark.fast
 def test_cli_graph_module_flag(capsys):
     from disco.cli import main
 
@@ -270,6 +275,7 @@ def test_cli_graph_module_flag(capsys):
     assert "holds 2 HLO modules (#1 first_module, #2 second_module)" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_cli_graph_parse_error_names_the_file(tmp_path, capsys):
     from disco.cli import main
 

@@ -217,6 +217,7 @@ def test_gradients_by_dataflow_match_the_named_scopes_on_a_shard_map_step():
     assert by_scope and by_dataflow == by_scope
 
 
+@pytest.mark.fast
 def test_mesh_replica_groups_expand_as_xla_lays_out_the_mesh():
     assert explicit_replica_groups("mesh['axis_0'=4,'axis_1'=1] {'axis_0'}") == "{{0,1,2,3}}"
     assert explicit_replica_groups("mesh['x'=2,'y'=2] {'y'}") == "{{0,1},{2,3}}"
@@ -232,6 +233,7 @@ def test_a_shard_map_step_is_left_as_jax_lowered_it():
     assert not gspmd.is_unpartitioned(text)
 
 
+@pytest.mark.fast
 def test_a_wrapper_whose_body_does_not_match_the_partitioned_program_is_refused():
     wrapper = (
         "HloModule w, entry_computation_layout={(f32[4]{0})->f32[4]{0}}\n\n"

@@ -59,6 +59,7 @@ def corpus_modules(rel: str) -> tuple[hlo_module.Module, ...]:
     return hlo_parse.parse_modules(corpus_text(rel))
 
 
+@pytest.mark.fast
 def test_parse_shapes():
     assert hlo_parse.parse_shape("f32[8,16]{1,0}") == (hlo_module.ArrayShape("f32", (8, 16)),)
     leaves = hlo_parse.parse_shape("(f32[2]{0}, (s32[], pred[3,3]))")
@@ -70,6 +71,7 @@ def test_parse_shapes():
     assert hlo_parse.parse_shape("f32[2,3]{1,0:T(8,128)S(1)}")[0].dims == (2, 3)
 
 
+@pytest.mark.fast
 def test_parse_module_structure():
     m = hlo_parse.parse_module(MODULE)
     assert m.name == "jit_f"
@@ -84,6 +86,7 @@ def test_parse_module_structure():
     assert ins["r"].line == 13
 
 
+@pytest.mark.fast
 def test_operands_with_printed_shapes():
     ins = hlo_parse.parse_instruction(
         "  %add.3 = f32[2]{0} add(f32[2]{0} %x.1, f32[2]{0} %y.2), metadata={op_name=\"a\"}", "c")
@@ -93,6 +96,7 @@ def test_operands_with_printed_shapes():
     assert ins.operands == ("a", "b")
 
 
+@pytest.mark.fast
 def test_le_does_not_swallow_attributes():
     """Issue 18: '<' of '<=' was read as a bracket, hiding every attribute after it."""
     ins = hlo_parse.parse_instruction(
@@ -105,6 +109,7 @@ def test_le_does_not_swallow_attributes():
     assert hlo_parse.split_top_level("a=[2,2]<=[4], b=c") == ["a=[2,2]<=[4]", "b=c"]
 
 
+@pytest.mark.fast
 def test_trailing_comment_is_not_part_of_the_reducer():
     m = hlo_parse.parse_module(corpus_text("snippets/comments_everywhere.hlo"))
     ar = m.entry.by_name()["ar"]
@@ -112,6 +117,7 @@ def test_trailing_comment_is_not_part_of_the_reducer():
     assert m.entry.by_name()["m"].raw_operands == "{ {  1, 2 }, {  3, 4 } }"  # comments dropped
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("groups, size", [
     ("{{0,1,2,3},{4,5,6,7}}", 4),
     ("{{0,1},{2,3,4}}", None),
@@ -130,6 +136,7 @@ def test_replica_group_size_every_form(groups, size):
     assert replica_group_size(groups) == size
 
 
+@pytest.mark.fast
 def test_omitted_shapes_are_inferred():
     ins = hlo_parse.parse_module(corpus_text("snippets/omitted_shapes.hlo")).entry.by_name()
     assert ins["sum"].shape == "f32[4,4]{1,0}"
@@ -138,6 +145,7 @@ def test_omitted_shapes_are_inferred():
     assert ins["first"].shape == "f32[4,4]{1,0}" and ins["out"].out_bytes == 64
 
 
+@pytest.mark.fast
 def test_multi_module_files_are_never_merged():
     for rel, names in (("snippets/two_modules_split.hlo", ["first_module", "second_module"]),
                        ("snippets/two_modules_headers.hlo", ["alpha", "beta"])):
@@ -157,12 +165,14 @@ def test_multi_module_files_are_never_merged():
         hlo_parse.parse_module(broken, module="second_module")
 
 
+@pytest.mark.fast
 def test_names_are_scoped_per_computation():
     m = hlo_parse.parse_module(corpus_text("snippets/scoped_names.hlo"))
     assert [c.by_name()["add"].computation for c in m.computations[1:]] == ["body", "main"]
 
 
 # -- one-line errors for what is not supported (docs/guides/hlo-parser.md) -------
+@pytest.mark.fast
 @pytest.mark.parametrize("text, match", [
     ("", "empty HLO text"),
     ("hello world", r"^line 1: HLO text must start with 'HloModule"),
@@ -192,12 +202,14 @@ def test_parse_errors_are_one_line(text, match):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.fast
 def test_operand_defined_later_is_an_error():
     text = "HloModule m\nENTRY e {\n  a = f32[] negate(b)\n  b = f32[] parameter(0)\n}\n"
     with pytest.raises(hlo_parse.HloParseError, match=r"^line 3: instruction 'a' uses 'b', which is not defined before it"):
         HloGraph.from_hlo_text(text)
 
 
+@pytest.mark.fast
 def test_unknown_module_name_lists_the_modules():
     text = corpus_text("snippets/two_modules_split.hlo")
     with pytest.raises(ValueError, match=r"no module named 'zzz'; the text holds #1 first_module, #2 second_module"):
@@ -206,6 +218,7 @@ def test_unknown_module_name_lists_the_modules():
         HloGraph.from_hlo_text(text, module="#3")
 
 
+@pytest.mark.fast
 def test_parse_error_is_value_error():
     assert issubclass(hlo_parse.HloParseError, ValueError)
 
@@ -222,12 +235,14 @@ def _independent_instruction_count(text: str) -> int:
     return len(_INSTR_LINE.findall(no_comments))
 
 
+@pytest.mark.fast
 def test_corpus_is_there():
     kinds = {rel.split("/")[0] for rel in CORPUS_FILES}
     assert {"jax", "jax0.12", "gpu", "snippets"} <= kinds, CORPUS_FILES
     assert sum(rel.startswith("jax/") for rel in CORPUS_FILES) >= 20
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("rel", CORPUS_FILES)
 def test_corpus_parses_fully(rel):
     text = corpus_text(rel)
@@ -256,6 +271,7 @@ def test_corpus_parses_fully(rel):
             assert node.grad_bytes > 0
 
 
+@pytest.mark.fast
 def test_corpus_all_reduces_are_many_and_of_every_form():
     """The corpus test above checks something: all-reduces in every replica-group form."""
     forms: dict[str, int] = {}
@@ -270,6 +286,7 @@ def test_corpus_all_reduces_are_many_and_of_every_form():
     assert forms.get("explicit", 0) >= 50 and forms.get("iota", 0) >= 2 and forms.get("mesh", 0) >= 3, forms
 
 
+@pytest.mark.fast
 def test_tuple_element_operands_are_get_tuple_elements():
     """XLA's printer since jaxlib 0.11 writes ``%x#i`` for element i of tuple x in its dumps, with
     no get-tuple-element instruction; the parser makes that instruction (named ``x#i``, before
@@ -284,6 +301,7 @@ def test_tuple_element_operands_are_get_tuple_elements():
     assert (gte.opcode, gte.operands, gte.attrs, gte.shape) == ("get-tuple-element", ("p#1",), {"index": "0"}, "f32[4]")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("operand, match", [
     ("%t#2", r"operand 't#2' of 'n': 't' has shape '\(f32\[4\], s32\[\]\)', which has no tuple element 2"),
     ("%t#1#0", r"operand 't#1#0' of 'n': 't#1' has shape 's32\[\]', which has no tuple element 0"),
@@ -296,6 +314,7 @@ def test_tuple_element_operand_errors(operand, match):
         hlo_parse.parse_module(text)
 
 
+@pytest.mark.fast
 def test_async_pairs_count_once():
     graph = HloGraph.from_hlo_text(corpus_text("snippets/async_collectives.hlo"))
     assert [n.name for n in graph.all_reduces()] == ["ars", "ars_old"]
@@ -349,6 +368,7 @@ _PROPERTY_FILES = [rel for rel in CORPUS_FILES if rel.startswith("snippets/")] +
         k in rel for k in ("zoo_mlp", "shard_map_collectives", "cond_while", "scan.after"))]
 
 
+@pytest.mark.fast
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rel=st.sampled_from(_PROPERTY_FILES), seed=st.integers(0, 2**32 - 1),
        density=st.floats(0.05, 1.0))
@@ -392,6 +412,7 @@ _GTE_FILES = [rel for rel in _PROPERTY_FILES + [r for r in CORPUS_FILES if r.sta
               if "get-tuple-element(" in corpus_text(rel)]
 
 
+@pytest.mark.fast
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rel=st.sampled_from(_GTE_FILES), seed=st.integers(0, 2**32 - 1), share=st.floats(0.05, 1.0))
 def test_tuple_element_operands_read_as_the_get_tuple_elements_they_stand_for(rel, seed, share):
@@ -419,6 +440,7 @@ def test_bytes_are_refused_with_their_type_not_as_empty_text():
     assert HloGraph.from_hlo_text(text).all_reduces()
 
 
+@pytest.mark.fast
 def test_is_scheduled_reads_the_module_header_only():
     """XLA writes is_scheduled=true on every compiled module; a comment may come before the header."""
     assert hlo_parse.is_scheduled("HloModule m, is_scheduled=true, entry_computation_layout={()->f32[]}\nENTRY e {}")

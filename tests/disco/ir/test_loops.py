@@ -160,6 +160,7 @@ def test_unknown_trip_count_counts_once():
     assert graph.summary()["loops_unknown_trips"] == [loop.node]
 
 
+@pytest.mark.fast
 def test_fingerprint_covers_the_loop_program_not_its_trip_count(monkeypatch):
     """Two loops that differ only in their bound's constant differ (the program differs); the trip
     count disco derives is not part of the fingerprint, so stored plans keep their key when the
@@ -255,6 +256,7 @@ def _reference(init, bound, step, direction):
     return n
 
 
+@pytest.mark.fast
 @settings(max_examples=60, deadline=None)
 @given(init=st.integers(-20, 20), bound=st.integers(-20, 20), step=st.integers(1, 5),
        direction=st.sampled_from(["LT", "LE", "GT", "GE"]), flip=st.booleans())
@@ -269,11 +271,13 @@ def test_counting_patterns_match_running_the_loop(init, bound, step, direction, 
     assert _counts(text) == [expected]
 
 
+@pytest.mark.fast
 def test_counting_up_toward_a_lower_bound_never_ends():
     assert _counts(_loop_text(init=5, bound=0, step=1, direction="GT", update="add")) == [None]
     assert _counts(_loop_text(init=5, bound=0, step=1, direction="GT", update="subtract")) == [5]
 
 
+@pytest.mark.fast
 def test_known_trip_count_wins():
     config = ', backend_config={"known_trip_count":{"n":"12"}}'
     assert _counts(_loop_text(bound=3, config=config)) == [12]
@@ -282,6 +286,7 @@ def test_known_trip_count_wins():
     assert loops.known_trip_count(hlo_parse.parse_module(_loop_text()).entry.root) is None
 
 
+@pytest.mark.fast
 def test_not_a_constant_bound_or_step():
     text = _loop_text().replace("n = s32[] constant(10)", "n = s32[] get-tuple-element(p), index=0")
     assert _counts(text) == [None]
@@ -291,6 +296,7 @@ def test_not_a_constant_bound_or_step():
     assert _counts(text) == [None]
 
 
+@pytest.mark.fast
 def test_while_trip_count_refuses_other_opcodes():
     module = hlo_parse.parse_module(_loop_text())
     tup = module.entry.by_name()["init"]
@@ -313,6 +319,7 @@ ENTRY main {
 """
 
 
+@pytest.mark.fast
 def test_dynamic_slice_reads_its_slice_and_update_writes_in_place():
     graph = HloGraph.from_hlo_text(_SLICES)
     idx = graph.index()
@@ -344,6 +351,7 @@ ENTRY main {
 """
 
 
+@pytest.mark.fast
 def test_gather_reads_its_rows_and_scatter_writes_its_update_in_place():
     """An embedding lookup and its gradient: neither kernel moves the 1000-row table."""
     graph = HloGraph.from_hlo_text(_GATHER_SCATTER)
@@ -357,6 +365,7 @@ def test_gather_reads_its_rows_and_scatter_writes_its_update_in_place():
     assert fused.in_bytes == 8 * 64 * 4 + 8 * 4 and fused.out_bytes == 8 * 64 * 4
 
 
+@pytest.mark.fast
 def test_compiled_gather_and_scatter_count_rows_not_the_table():
     """The per-kernel features read the same traffic from an optimised module (fused and unfused)."""
     from gnn import kernel_features as KF
@@ -390,6 +399,7 @@ ENTRY main {""").replace(
         assert scatter.out_bytes == 8 * 64 * 4 and scatter.in_bytes == 8 * 4 + 8 * 64 * 4, text
 
 
+@pytest.mark.fast
 def test_a_variadic_scatter_is_not_taken_as_in_place():
     from disco.ir.opcodes import in_place_update
 
@@ -425,6 +435,7 @@ ENTRY main {
 """
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("backend", ["gpu", "cpu"])
 def test_compiled_while_runs_its_condition_only_off_the_gpu(backend):
     """XLA:GPU's WhileThunk loops on known_trip_count: the condition's compare is no kernel there."""

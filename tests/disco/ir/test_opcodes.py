@@ -68,12 +68,14 @@ def corpus() -> dict:
     return json.loads(DATA.read_text())
 
 
+@pytest.mark.fast
 def test_vocabulary_holds_the_sets_it_documents():
     assert {"ELEMENTWISE", "XLA_ELEMENTWISE", "COLLECTIVES", "COLLECTIVE_KIND", "ZERO_COST_OPCODES",
             "FUSIBLE_OPCODES", "XLA_CPU_LOOP_OPCODES", "XLA_CPU_DUPLICATED_OPCODES", "OPCODES",
             "LAYOUT_SENSITIVE_PRODUCERS", "LITERAL_OPERAND_OPCODES", "ALL_REDUCE_OPCODES"} <= set(vocabulary())
 
 
+@pytest.mark.fast
 def test_every_vocabulary_name_is_an_opcode_xla_prints(corpus):
     printed = set(corpus["opcodes"])
     for set_name, names in vocabulary().items():
@@ -82,6 +84,7 @@ def test_every_vocabulary_name_is_an_opcode_xla_prints(corpus):
                              f"{DATA.name} and which are not in NOT_IN_CORPUS (check xla/hlo/ir/hlo_opcode.h)")
 
 
+@pytest.mark.fast
 def test_allow_list_holds_only_names_the_corpus_lacks(corpus):
     # A name the corpus prints needs no allow-list entry: keep the unchecked list as short as it can be.
     assert not NOT_IN_CORPUS & set(corpus["opcodes"])
@@ -89,18 +92,21 @@ def test_allow_list_holds_only_names_the_corpus_lacks(corpus):
     assert not NOT_IN_CORPUS - used, f"allow-listed but unused: {sorted(NOT_IN_CORPUS - used)}"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("wrong", ["clz", "optimization-barrier", "top-k", "exp", "sin", "cos"])
 def test_misspellings_are_absent(wrong):
     # "topk" (kTopK) is in the corpus since moe (its pre-optimisation HLO); the vocabulary had "top-k".
     assert all(wrong not in names for names in vocabulary().values())
 
 
+@pytest.mark.fast
 def test_every_opcode_of_a_pre_optimisation_graph_has_a_feature_id(corpus):
     # Plans and features are written against pre-optimisation HLO: none of its opcodes may fall to UNKNOWN.
     missing = sorted(set(corpus["by_source"]["zoo-cpu-pre"]) - set(opcodes.OPCODES))
     assert not missing
 
 
+@pytest.mark.fast
 def test_opcode_ids_are_stable():
     # Saved feature models index embeddings by these ids (the same as before opcodes.py existed).
     assert len(opcodes.OPCODES) == 122 and opcodes.UNKNOWN_OPCODE == 122

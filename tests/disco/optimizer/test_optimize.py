@@ -237,6 +237,7 @@ def test_the_plot_labels_each_measured_time_clear_of_its_whisker(pipeline):
         plt.close(fig)
 
 
+@pytest.mark.fast
 def test_verdict_keeps_xla_default_when_nothing_beats_it():
     chosen, verdict = opt._choice.verdict([row("xla_default", 1.0), row("ddp", 1.25), row("disco_1", 0.5, applied=False)])
     assert chosen == "xla_default"
@@ -244,6 +245,7 @@ def test_verdict_keeps_xla_default_when_nothing_beats_it():
                        "(1250.000 vs 1000.000 ms median); keeping XLA's default compile")
 
 
+@pytest.mark.fast
 def test_verdict_names_the_winner_and_noise():
     chosen, verdict = opt._choice.verdict([row("xla_default", 1.0, 0.9, 1.1), row("disco_1", 0.95, 0.9, 1.0)])
     assert chosen == "disco_1"
@@ -251,6 +253,7 @@ def test_verdict_names_the_winner_and_noise():
     assert "in this run the min-max ranges overlap, so this run alone cannot tell the gain from noise" in verdict
 
 
+@pytest.mark.fast
 def test_verdict_ranks_by_the_paired_speedup_not_the_medians():
     # ddp's median is lower, but round by round even_2 beat xla_default by more
     rows = [row("xla_default", 1.0, speedup=1.0), row("ddp", 0.8, speedup=1.05), row("even_2", 0.9, speedup=1.2)]
@@ -261,6 +264,7 @@ def test_verdict_ranks_by_the_paired_speedup_not_the_medians():
     assert opt._choice.verdict(rows)[0] == "xla_default" and opt._choice.finalists(rows, 3) == []
 
 
+@pytest.mark.fast
 def test_confirmation_keeps_a_gain_that_holds_and_drops_one_that_does_not():
     again = {"xla_default": m(1.0, 2.0, 1.0), "ddp": m(0.8, 1.6, 1.0)}  # paired ratios 1.25, 1.25, 1.0
     chosen, verdict, gain, *_ = opt._choice.confirmed_choice("ddp", "ddp measured 1.2x", again)
@@ -274,6 +278,7 @@ def test_confirmation_keeps_a_gain_that_holds_and_drops_one_that_does_not():
                        "rounds; 1000.000 vs 1000.000 ms median); keeping XLA's default compile")
 
 
+@pytest.mark.fast
 def test_finalists_are_the_fastest_applied_plans_that_beat_xla_default():
     rows = [row("xla_default", 1.0), row("ddp", 0.8), row("horovod", 0.7), row("even_2", 0.9),
             row("disco_1", 0.5, applied=False), row("per_tensor", 1.3)]
@@ -282,6 +287,7 @@ def test_finalists_are_the_fastest_applied_plans_that_beat_xla_default():
     assert opt._choice.finalists([row("xla_default", 1.0), row("ddp", 1.1)], 3) == []
 
 
+@pytest.mark.fast
 def test_runoff_picks_the_largest_paired_speedup_there():
     again = {"xla_default": m(1.0, 1.0, 1.0), "horovod": m(0.85, 0.8, 0.9), "ddp": m(0.8, 0.75, 0.9)}
     chosen, verdict = opt._choice.runoff_choice("horovod", "horovod measured 1.4x", again)
@@ -291,6 +297,7 @@ def test_runoff_picks_the_largest_paired_speedup_there():
     assert chosen == "ddp" and verdict.startswith("ddp measured 1.4x; the best again in a run-off of 2")
 
 
+@pytest.mark.fast
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match=r"unknown search strategy 'tabu'; expected one of"):
         opt.optimize(lambda x: x, 1.0, strategy="tabu")
@@ -340,6 +347,7 @@ def test_cli_optimize_on_the_placeholder_cluster_does_not_calibrate(capsys):
     assert "calibrating" not in out.err
 
 
+@pytest.mark.fast
 def test_the_gpu_preset_follows_the_device_kind_and_count():
     from disco.sim.cluster import gpu_preset_for
 
@@ -353,6 +361,7 @@ def test_the_gpu_preset_follows_the_device_kind_and_count():
     assert machine_preset("gpu", "NVIDIA H200", 1) is None
 
 
+@pytest.mark.fast
 def test_cli_rejects_an_unknown_cluster(capsys):
     from disco import cli
 
@@ -360,6 +369,7 @@ def test_cli_rejects_an_unknown_cluster(capsys):
     assert "--cluster 'moon-base' is neither a file nor a preset" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("sweep", ["2,x", "0", "3,-1"])
 def test_cli_rejects_a_bad_bucket_sweep(sweep, capsys):
     from disco import cli
@@ -368,6 +378,7 @@ def test_cli_rejects_a_bad_bucket_sweep(sweep, capsys):
     assert "--bucket-sweep" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_public_api_names_the_function():
     import disco
 
@@ -378,6 +389,7 @@ def test_public_api_names_the_function():
 INFO = {"model": "mlp", "preset": "tiny", "devices": 4, "device_kind": "cpu", "cost_model_info": {"name": "analytic"}}
 
 
+@pytest.mark.fast
 def test_the_verdict_prints_one_stage_per_line(capsys):
     """The first run, the run-off and the confirmation each on a line of their own (issue 20: one
     400-character sentence was the densest output a newcomer met); --json keeps the sentence whole."""
@@ -399,6 +411,7 @@ def test_the_verdict_prints_one_stage_per_line(capsys):
     assert out[2] == "  confirmed in a second run: 1.655x paired over 27 rounds; 48.375 vs 76.506 ms median; the best baseline, ddp, 1.627x"
 
 
+@pytest.mark.fast
 def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
     from disco.cli import optimize as optimize_cli
 
@@ -422,6 +435,7 @@ def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
     assert "1.600x over xla_default in the first run" in text and "exceeds" not in text
 
 
+@pytest.mark.fast
 def test_the_printed_lines_agree_with_each_other(capsys):
     from disco.cli import optimize as optimize_cli
 
@@ -445,6 +459,7 @@ def test_the_printed_lines_agree_with_each_other(capsys):
     assert "the answer's 1.369x exceeds it" in result.summary()
 
 
+@pytest.mark.fast
 def test_the_plot_shows_the_measured_times_of_the_confirmation_run():
     from disco.cli import optimize as optimize_cli
 
@@ -454,6 +469,7 @@ def test_the_plot_shows_the_measured_times_of_the_confirmation_run():
     assert source == "first run" and times == {"xla_default": (0.1, 0.09, 0.12), "ddp": (0.08, 0.07, 0.09)}
 
 
+@pytest.mark.fast
 def test_summary_and_repr_of_a_built_result():
     result = built_result()
     assert repr(result) == ("OptimizeResult(chosen='ddp', speedup=1.250, confirmed, graph='jit_step', rows=3; "
@@ -484,6 +500,7 @@ def test_summary_and_repr_of_a_built_result():
         opt.chrome_trace(result)
 
 
+@pytest.mark.fast
 def test_config_is_frozen_validated_and_defaults_the_confirmation_rounds():
     config = opt.OptimizeConfig(rounds=4, bucket_sweep=[3, 2])
     assert config.bucket_sweep == (3, 2) and config.confirmation_rounds == 12
@@ -505,6 +522,7 @@ def test_config_is_frozen_validated_and_defaults_the_confirmation_rounds():
         opt.optimize(lambda x: x, 1.0, budget=3)
 
 
+@pytest.mark.fast
 def test_the_best_baseline_is_the_fastest_simulated_one_xla_default_on_a_tie():
     from disco.planner import best_baseline_name
 
@@ -514,6 +532,7 @@ def test_the_best_baseline_is_the_fastest_simulated_one_xla_default_on_a_tie():
         best_baseline_name({})
 
 
+@pytest.mark.fast
 def test_confirmation_keeps_the_best_baseline_when_it_beats_the_searched_plan():
     # disco_1 still beats xla_default (1.1x) but horovod beats it in the same fresh rounds (1.25x)
     again = {"xla_default": m(1.0, 1.0, 1.0), "disco_1": m(0.91, 0.91, 0.91), "horovod": m(0.8, 0.8, 0.8)}
@@ -530,6 +549,7 @@ def test_confirmation_keeps_the_best_baseline_when_it_beats_the_searched_plan():
     assert opt._choice.confirmed_choice("disco_1", "v", again, "horovod")[0] == "xla_default"
 
 
+@pytest.mark.fast
 def test_confirmation_compares_the_choice_and_the_baseline_directly():
     """Medians of per-round ratios are not transitive: here disco_1's gain over xla_default
     (1.43x) is above horovod's (1.33x), but horovod was faster than disco_1 in 2 of the 3 rounds
@@ -544,6 +564,7 @@ def test_confirmation_compares_the_choice_and_the_baseline_directly():
 _GAINS = st.floats(0.2, 5.0, allow_nan=False)
 
 
+@pytest.mark.fast
 @given(gain=_GAINS, baseline=st.sampled_from([None, "xla_default", "disco_1", "horovod"]),
        baseline_gain=_GAINS, vs_baseline=_GAINS)
 def test_the_confirmed_winner_is_the_faster_of_the_choice_and_the_baseline_above_xla_default(
@@ -561,11 +582,13 @@ def test_the_confirmed_winner_is_the_faster_of_the_choice_and_the_baseline_above
         assert gain <= 1.0 or (rival and vs_baseline < 1.0 and baseline_gain <= 1.0)
 
 
+@pytest.mark.fast
 def test_the_confirmed_winner_needs_the_baselines_numbers():
     with pytest.raises(ValueError, match="baseline 'horovod' given without its gain"):
         opt.confirmed_winner("disco_1", 1.2, "horovod")
 
 
+@pytest.mark.fast
 def test_best_baseline_is_the_fastest_applied_baseline_above_xla_default():
     rows = [row("xla_default", 1.0, speedup=1.0), row("ddp", 0.8, speedup=1.2), row("horovod", 0.7, speedup=1.3),
             dataclasses.replace(row("even_2", 0.5, speedup=1.9), applied=False)]
@@ -615,9 +638,9 @@ def test_reduce_fusion_row_puts_the_reduce_groups_on_the_best_baselines_buckets(
     assert all(any(graph.nodes[idx[n]].opcode == "reduce" for n in g) for g in row.plan.groups)
     row.plan.validate(graph)
     ddp = baselines.make("ddp", graph)
-    p = opt._steps.reduce_fusion_row(graph, ddp)
+    p = opt.reduce_fusion_row(graph, ddp)
     assert p.name == "reduce_fusion" and p.buckets == ddp.buckets and p.groups == row.plan.groups
-    assert opt._steps.reduce_fusion_row(graph, ddp).digest() == p.digest()  # deterministic
+    assert opt.reduce_fusion_row(graph, ddp).digest() == p.digest()  # deterministic
     off = dataclasses.replace(CONFIG, measure_reduce_fusion=False)
     assert "reduce_fusion" not in [r.name for r in opt.candidates(pipeline.target, off).rows]
 
@@ -698,6 +721,7 @@ def test_regrouped_is_none_when_the_groups_and_buckets_do_not_validate_together(
     assert p.name == "rf_on_ddp" and p.groups == rf.groups and p.buckets == baselines.make("ddp", graph).buckets
 
 
+@pytest.mark.fast
 def test_fusion_decisions_name_what_is_not_buckets():
     from disco.plans.plan import decisions, make_plan
 
@@ -712,6 +736,7 @@ def test_fusion_decisions_name_what_is_not_buckets():
     assert decisions(plan, relative_to=plan) == ()
 
 
+@pytest.mark.fast
 def test_the_answer_over_the_best_baseline_is_reported_with_its_interval(capsys):
     """The confirmation's direct pairing of the answer and the best baseline, and how far it can
     be trusted (a bootstrap interval over the rounds), reach the result, its JSON and the table."""

@@ -194,6 +194,7 @@ OLD_PLAN_JSON = ('{"buckets": [{"build": "concat", "members": ["a", "b"]}], "com
                  '"name": "ddp", "schema_version": 1, "xla_fusion": "extend"}')  # as written before the field
 
 
+@pytest.mark.fast
 def test_a_plan_written_before_the_fingerprint_still_loads_and_the_field_round_trips():
     old = FusionPlan.from_json(OLD_PLAN_JSON)
     assert old.graph_fingerprint is None and "graph_fingerprint" not in old.to_dict()

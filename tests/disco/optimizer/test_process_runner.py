@@ -17,6 +17,7 @@ def _row(plan, speedup, kind="baseline", applied=True):
                        applied=applied, speedup=speedup)
 
 
+@pytest.mark.fast
 def test_best_baseline_is_the_fastest_applied_baseline_and_never_a_searched_plan():
     from disco.optimizer._choice import best_baseline
 
@@ -30,6 +31,7 @@ def _times(**samples):
     return {name: Measurement(tuple(s)) for name, s in samples.items()}
 
 
+@pytest.mark.fast
 def test_the_confirmation_pairs_the_answer_with_the_best_baseline_by_round():
     again = _times(xla_default=[10.0, 12.0, 11.0], horovod=[5.0, 4.0, 6.0], disco_1=[4.0, 5.0, 5.0])
     from disco.optimizer._choice import confirmed_choice
@@ -46,6 +48,7 @@ def test_the_confirmation_pairs_the_answer_with_the_best_baseline_by_round():
     assert f"disco_1 1.200x of it (90% interval {lo:.3f}-{hi:.3f})" in c.verdict
 
 
+@pytest.mark.fast
 def test_the_confirmed_answer_is_the_faster_of_the_choice_and_the_best_baseline():
     from disco.optimizer._choice import confirmed_choice
 
@@ -234,6 +237,7 @@ def test_the_run_off_measures_the_regrouped_plan_in_fresh_processes(mlp_graph):
     assert runoff.verdict.startswith("even_2 measured 1.3x") and "run-off of 2" in runoff.verdict
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad, message", [
     ({"rounds": 0}, "rounds and steps: expected integers >= 1, got rounds=0"),
     ({"bucket_sweep": (2, 0)}, r"bucket_sweep: expected bucket counts \(integers >= 1\), got \(2, 0\)"),
@@ -249,6 +253,7 @@ def test_bad_options_are_refused_before_anything_runs(bad, message):
         opt.optimize(None, runner=runner, **bad)
 
 
+@pytest.mark.fast
 def test_a_process_runner_names_a_bad_process_count():
     with pytest.raises(ValueError, match=r"processes: expected an integer >= 1, got 0"):
         opt.ProcessRunner("mlp", "tiny", 0)

@@ -20,6 +20,7 @@ def graph(sizes):
                     fingerprint="f")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("sizes, k, expected", [
     ([40, 40, 40, 40], 1, [4]),
     ([40, 40, 40, 40], 2, [2, 2]),
@@ -35,12 +36,14 @@ def test_even_cuts_production_order_into_k_buckets_of_about_equal_bytes(sizes, k
     assert [m for b in plan.buckets for m in b.members] == [f"r{i}" for i in range(len(sizes))]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("k", [0, -1, 2.5, True])
 def test_even_rejects_a_bad_count(k):
     with pytest.raises(ValueError, match=r"baseline 'even': k is the bucket count, expected an integer >= 1"):
         baselines.make("even", graph([40, 40]), k=k)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name, key, value", [
     ("horovod", "threshold_mb", -5), ("horovod", "threshold_mb", 0), ("ddp", "cap_mb", float("nan")),
     ("ddp", "first_mb", "x"), ("xla_threshold", "threshold_bytes", 0), ("xla_threshold", "threshold_bytes", 1.5)])
@@ -51,6 +54,7 @@ def test_sizes_that_are_not_positive_are_refused(name, key, value):
         baselines.make(name, graph([40, 40]), **{key: value})
 
 
+@pytest.mark.fast
 def test_unknown_options_are_named():
     with pytest.raises(ValueError, match=r"baseline 'horovod' got unexpected options \['k'\]"):
         baselines.make("horovod", graph([40]), k=2)
@@ -93,6 +97,7 @@ ENTRY main {
 """
 
 
+@pytest.mark.fast
 def test_a_tuple_all_reduce_is_a_bucket_of_its_own_and_every_baseline_applies():
     # one_bucket/horovod/ddp/even put it in one bucket with ar2, which validate accepted with the
     # tuple all-reduce first and the rewrite then failed on (AttributeError: its shape has no flat
@@ -113,6 +118,7 @@ def test_a_tuple_all_reduce_is_a_bucket_of_its_own_and_every_baseline_applies():
             make_plan(buckets=[members]).validate(g)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("item, name, options, row", [
     ("ddp", "ddp", (), "ddp"),
     ("even", "even", (), "even"),
@@ -131,6 +137,7 @@ def test_a_plans_item_is_read_once_with_its_row(item, name, options, row):
     assert parsed.make(graph([40, 40, 40, 40])) == baselines.make(name, graph([40, 40, 40, 40]), **dict(options))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("item, message", [
     ("bogus", r"unknown plan 'bogus'; expected a baseline \(xla_default, no_fusion, per_tensor, one_bucket, "
               r"horovod, ddp, xla_threshold, even\) or a plan .json file"),
@@ -150,6 +157,7 @@ def test_a_bad_plans_item_is_refused_naming_it(item, message):
         baselines.parse_item(item)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("row", ["even:4", "even_x", "disco_1", "reduce_fusion", "even_0"])
 def test_a_row_of_no_baseline_item_is_refused(row):
     with pytest.raises(ValueError):

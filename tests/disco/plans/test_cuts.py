@@ -72,6 +72,7 @@ def effective_cuts(name, k):
 
 
 # -- schema and validation ---------------------------------------------------------------------
+@pytest.mark.fast
 def test_cuts_round_trip_and_old_plans_load():
     plan = make_plan(buckets=[["a"]], cuts=[("x", "y")], compile_options={plan_options.SCHEDULER: "True"})
     assert FusionPlan.from_json(plan.to_json()) == plan
@@ -114,6 +115,7 @@ def test_gpu_refuses_groups_up_front_and_takes_cuts_buckets_options():
         plan.validate(graph, "tpu")
 
 
+@pytest.mark.fast
 def test_compiler_options_per_backend():
     plan = make_plan(cuts=[("a", "b")], buckets=[["r"]])
     assert plan.compiler_options("cpu")["xla_disable_hlo_passes"] == "cpu-all-reduce-combiner,cse_barrier_expander"

@@ -49,6 +49,7 @@ CHAIN = graph([node("p", "parameter"), ar("r1"), node("x"), ar("r2"), ar("r3")],
 
 
 # -- hand-made cases ---------------------------------------------------------------------------
+@pytest.mark.fast
 def test_buckets_never_merge_dependent_all_reduces():
     ctx = moves.context(CHAIN)
     start = baselines.make("per_tensor", CHAIN)
@@ -61,6 +62,7 @@ def test_buckets_never_merge_dependent_all_reduces():
     assert seen == {(("r1",), ("r2", "r3"))}
 
 
+@pytest.mark.fast
 def test_merge_returns_none_when_every_pair_forms_a_cycle():
     ctx = moves.context(CHAIN)
     plan = make_plan(buckets=[["r1", "r3"], ["r2"]])
@@ -71,6 +73,7 @@ def test_merge_returns_none_when_every_pair_forms_a_cycle():
         assert child is None or [b.members for b in child.buckets] == [("r1",), ("r2", "r3")]
 
 
+@pytest.mark.fast
 def test_moves_do_not_apply_without_groups_or_buckets():
     ctx = moves.context(CHAIN)
     plan = FusionPlan()
@@ -79,6 +82,7 @@ def test_moves_do_not_apply_without_groups_or_buckets():
     assert moves.toggle_xla_fusion(plan, ctx, random.Random(0)).xla_fusion == "off"
 
 
+@pytest.mark.fast
 def test_switch_build_toggles_concat_and_rs_ag_where_the_group_size_is_known():
     ctx = moves.context(CHAIN)
     plan = make_plan(buckets=[["r1", "r3"], ["r2"]])
@@ -155,6 +159,7 @@ def dags_with_all_reduces(draw):
     return graph(nodes, edges)
 
 
+@pytest.mark.fast
 @settings(max_examples=150, deadline=None)
 @given(g=dags_with_all_reduces(), seeds=st.lists(st.integers(0, 2**31), min_size=1, max_size=30))
 def test_random_moves_on_random_dags_stay_valid(g, seeds):
@@ -169,6 +174,7 @@ def test_random_moves_on_random_dags_stay_valid(g, seeds):
     event(f"{len(plan.groups)} groups, {len(plan.buckets or ())} buckets")
 
 
+@pytest.mark.fast
 def test_bucket_moves_leave_a_tuple_bucket_of_several_dtypes_as_it_is():
     # A "tuple" bucket may mix dtypes; merging, splitting or shifting rebuilt it "concat", which
     # needs one dtype: from this valid start the search returned plans validate refuses.

@@ -28,6 +28,7 @@ def setup(name):
     return step, args
 
 
+@pytest.mark.fast
 def test_cpu_table_lists_the_ynn_option_and_checks_its_values():
     opt = plan_options.spec(plan_options.YNN_FUSION_TYPE, "cpu")
     assert opt is not None and opt.kind == "choice" and opt.default in opt.values

@@ -33,12 +33,14 @@ DIAMOND = graph([node("a"), node("b"), node("x", "dot"), node("c"), ar("r1"), ar
                 [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (1, 5)])
 
 
+@pytest.mark.fast
 def test_json_round_trip():
     p = make_plan([["a", "b"]], [["r1"], ["r2"]], name="p", xla_fusion="off")
     q = FusionPlan.from_json(p.to_json())
     assert q == p and q.digest() == p.digest()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("data, match", [
     ({"schema_version": 2}, "schema_version"),
     ({"schema_version": 1, "groups": "ab"}, "groups"),
@@ -53,11 +55,13 @@ def test_schema_errors_name_the_field(data, match):
         FusionPlan.from_dict(data)
 
 
+@pytest.mark.fast
 def test_not_json():
     with pytest.raises(ValueError, match="not valid JSON"):
         FusionPlan.from_json("{")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("plan, match", [
     (make_plan([["b"], ["b", "c"]]), "group 1: instruction 'b' is already in group 0"),
     (make_plan([["a", "zz"]]), "group 0: instruction 'zz' is not in the graph"),
@@ -73,6 +77,7 @@ def test_validate_errors(plan, match):
         plan.validate(DIAMOND)
 
 
+@pytest.mark.fast
 def test_bucket_must_share_reduction():
     g = graph([node("a"), ar("r1"), node("r2", "all-reduce", grad_bytes=16, replica_groups="{{0,1}}",
                                           reduction="maximum")], [(0, 1), (0, 2)])
@@ -80,6 +85,7 @@ def test_bucket_must_share_reduction():
         make_plan(buckets=[["r1", "r2"]]).validate(g)
 
 
+@pytest.mark.fast
 def test_bucket_cycle_named():
     # r1 -> m -> r2: merging r1 and r2 would make the bucket wait for itself; the cause is named
     g = graph([node("a"), ar("r1"), node("m"), ar("r2")], [(0, 1), (1, 2), (2, 3)])
@@ -88,6 +94,7 @@ def test_bucket_cycle_named():
         make_plan(buckets=[["r1", "r2"]]).validate(g)
 
 
+@pytest.mark.fast
 def test_valid_plan_passes():
     p = make_plan([["b", "c"]], [["r1", "r2"]])
     # b feeds c and r2; c feeds r1: the single output rule is about users outside the group
@@ -97,6 +104,7 @@ def test_valid_plan_passes():
     assert ok.validate(DIAMOND) is ok
 
 
+@pytest.mark.fast
 def test_compiler_options():
     p = make_plan([["a"]], [["r1"], ["r2"]], xla_fusion="off")
     opts = p.compiler_options("cpu")["xla_disable_hlo_passes"].split(",")
@@ -146,6 +154,7 @@ def n_outputs(g: HloGraph, grp) -> int:
     return sum(1 for m in grp if not users[m] or any(u not in grp for u in users[m]))
 
 
+@pytest.mark.fast
 @settings(max_examples=400, deadline=None)
 @given(dag_and_plan())
 def test_validate_accepts_exactly_acyclic_contractions(case):
@@ -173,6 +182,7 @@ def test_validate_accepts_exactly_acyclic_contractions(case):
     assert same(path[0], path[-1])
 
 
+@pytest.mark.fast
 def test_groups_reading_convolutions_or_odd_layouts_are_rejected():
     conv = graph([node("x"), node("c", "convolution"), node("a"), node("b")], [(0, 1), (1, 2), (2, 3)])
     with pytest.raises(ValueError, match="group 0: input 'c' of 'a' is a convolution"):
@@ -192,6 +202,7 @@ def test_boolean_compile_options_are_spelled_as_xla_parses_them():
     jax.jit(lambda x: x * 2).lower(jnp.ones(3)).compile(compiler_options=opts)  # XLA accepts them
 
 
+@pytest.mark.fast
 def test_rs_ag_buckets_round_trip_and_validate():
     g = graph([node("a"), ar("r1"), ar("r2")], [(0, 1), (0, 2)])
     p = FusionPlan(buckets=(Bucket(("r1", "r2"), "rs_ag"),))
@@ -199,6 +210,7 @@ def test_rs_ag_buckets_round_trip_and_validate():
     assert p.validate(g) is p
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("groups, match", [
     ("{}", r"bucket 0: build 'rs_ag' needs replica groups of one known size.*replica_groups='\{\}'"),
     ("{{0,1},{2}}", "needs replica groups of one known size"),
@@ -210,6 +222,7 @@ def test_rs_ag_needs_a_known_group_size(groups, match):
         FusionPlan(buckets=(Bucket(("r1",), "rs_ag"),)).validate(g)
 
 
+@pytest.mark.fast
 def test_rs_ag_needs_one_dtype():
     bf = Node(name="r2", opcode="all-reduce", computation="c", shape="bf16[4]", dtype="bf16", out_bytes=8,
               out_elements=4, flops=4.0, grad_bytes=8, replica_groups="{{0,1}}", reduction="add")
@@ -218,6 +231,7 @@ def test_rs_ag_needs_one_dtype():
         FusionPlan(buckets=(Bucket(("r1", "r2"), "rs_ag"),)).validate(g)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, size", [
     ("{{0,1,2,3,4,5,6,7}}", 8), ("{{0,1},{2,3}}", 2), ("{{0, 2}, {1, 3}}", 2), ("[2,4]<=[8]", 4),
     ("[1,8]<=[8]", 8), ("[4,2]<=[2,4]T(1,0)", 2),
@@ -263,6 +277,7 @@ def _mlp_graph():
     return disco.extract(step, *args)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kw, exc, match", [
     ({"groups": "ab"}, TypeError, r"^FusionPlan\.groups: expected a tuple of tuples of instruction names, got str 'ab'"),
     ({"groups": [["a"]]}, TypeError, r"^FusionPlan\.groups: .*got list \[\['a'\]\] \(make_plan builds"),
@@ -299,6 +314,7 @@ def test_validate_refuses_what_is_not_a_graph():
         plan.validate(graph.name)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, match", [
     ('{"schema_version": ' + "9" * 5000 + "}", r"^plan is not valid JSON: Exceeds the limit"),
     ("[" * 100_000, r"^plan is not valid JSON: maximum recursion depth"),
@@ -327,6 +343,7 @@ def any_plan(draw):
         cuts=tuple(draw(st.lists(st.tuples(_NAMES, _NAMES), max_size=3))))
 
 
+@pytest.mark.fast
 @settings(max_examples=300, deadline=None)
 @given(any_plan())
 def test_json_round_trip_of_random_plans_keeps_the_plan_and_its_digest(plan):
@@ -338,6 +355,7 @@ def test_json_round_trip_of_random_plans_keeps_the_plan_and_its_digest(plan):
     assert plan.replace(name="other", graph_fingerprint=None).digest() == plan.digest()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("data, match", [
     ({"name": "big", "groups": [[f"x{i}" for i in range(100_000)]]},
      r"^plan field 'schema_version': Field required \(got \{'name': 'big', 'groups': .{40,60}\.\.\.\)$"),

@@ -48,6 +48,7 @@ def test_hung_workers_are_killed_after_the_timeout():
     assert multiprocess.stray_processes(res.pids) == []
 
 
+@pytest.mark.fast
 def test_combine_takes_the_slowest_process_per_round_and_pairs_by_round():
     def row(plan, samples):
         return {"plan": plan, "samples_ms": samples, "all_reduces": 1, "applied": True, "plan_digest": plan}
@@ -68,6 +69,7 @@ def test_combine_takes_the_slowest_process_per_round_and_pairs_by_round():
     assert res.link_info() == {"link": "loopback"}
 
 
+@pytest.mark.fast
 def test_worker_spec_rejects_an_unknown_task():
     import pytest
 

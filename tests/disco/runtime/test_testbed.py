@@ -39,6 +39,7 @@ def _left(prefix: str) -> dict[str, list[str]]:
 
 
 # -- LinkSpec --------------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_parse_link_reads_units_and_defaults():
     assert parse_link("rate=10gbit,delay=50us") == LinkSpec(10e9, 50e-6)
     assert parse_link("rate=200mbit") == LinkSpec(200e6, 0.0)
@@ -48,6 +49,7 @@ def test_parse_link_reads_units_and_defaults():
         assert parse_link(text) is None
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, message", [
     ("delay=50us", r"missing rate"),
     ("rate=10gbit,bw=1", r"unknown key 'bw'"),
@@ -71,12 +73,14 @@ _rates = st.floats(min_value=1e3, max_value=1e13, allow_nan=False)
 _delays = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 
 
+@pytest.mark.fast
 @given(rate=_rates, delay=_delays, jit=st.floats(0.0, 1.0), loss=st.floats(0.0, 0.999))
 def test_describe_round_trips(rate, delay, jit, loss):
     spec = LinkSpec(rate, delay, delay * jit, loss)
     assert parse_link(spec.describe()) == spec
 
 
+@pytest.mark.fast
 @given(value=st.integers(1, 10**6), unit=st.sampled_from(["bit", "kbit", "mbit", "gbit"]),
        delay_us=st.integers(0, 10**6))
 def test_tc_units_are_bits(value, unit, delay_us):
@@ -86,6 +90,7 @@ def test_tc_units_are_bits(value, unit, delay_us):
     assert spec.delay_s == pytest.approx(delay_us * 1e-6)
 
 
+@pytest.mark.fast
 @given(st.text(max_size=40))
 def test_parse_link_never_fails_other_than_with_value_error(text):
     try:
@@ -95,6 +100,7 @@ def test_parse_link_never_fails_other_than_with_value_error(text):
     assert spec is None or isinstance(spec, LinkSpec)
 
 
+@pytest.mark.fast
 def test_linkspec_rejects_bad_fields():
     with pytest.raises(ValueError, match=r"rate_bps: expected a positive number of bits/s, got 0"):
         LinkSpec(0)
@@ -105,6 +111,7 @@ def test_linkspec_rejects_bad_fields():
 
 
 # -- the switch's schedule (pure) ---------------------------------------------------------------
+@pytest.mark.fast
 @settings(max_examples=200)
 @given(rate=st.floats(1e6, 1e10), delay=st.floats(0, 1e-3), jitter=st.floats(0, 1),
        packets=st.lists(st.tuples(st.floats(0, 1e-3), st.integers(20, 65000), st.integers(0, 2),
@@ -127,6 +134,7 @@ def test_schedule_keeps_rate_delay_and_order(rate, delay, jitter, packets):
             assert up[src] >= items[0][0] + sum(s for _, s in items) * 8 / rate - 1e-9
 
 
+@pytest.mark.fast
 def test_schedule_example():
     link = LinkSpec(8e6, 1e-3)  # 1 byte per microsecond
     due, up, down = schedule(link, 0.0, 1000, 0.0, 0.0, 0.5)

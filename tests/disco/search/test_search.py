@@ -164,6 +164,7 @@ def test_errors_say_what_was_expected(call, match):
         call(graph, sim.step_time)
 
 
+@pytest.mark.fast
 def test_push_top_keeps_distinct_best():
     p, q = FusionPlan(), FusionPlan(xla_fusion="off")
     top = ()

@@ -59,6 +59,7 @@ def _write(tmp_path, name, text):
     return p
 
 
+@pytest.mark.fast
 def test_units():
     assert parse_bandwidth("100Gbps", "x") == 12.5e9
     assert parse_bandwidth("100 Gb/s", "x") == 12.5e9
@@ -76,6 +77,7 @@ def test_units():
         parse_bandwidth(0, "f")
 
 
+@pytest.mark.fast
 def test_the_case_of_b_tells_bytes_from_bits_before_ps_as_before_per_second():
     """"GBps" is gigabytes per second (as "GB/s"), not gigabits: it was read as "Gbps", 8x too slow."""
     assert parse_bandwidth("10GBps", "x") == parse_bandwidth("10 GB/s", "x") == 10e9
@@ -87,6 +89,7 @@ def test_the_case_of_b_tells_bytes_from_bits_before_ps_as_before_per_second():
     assert spec.intra.bandwidth == 40e9
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_round_trip_through_yaml(name, tmp_path):
     spec = preset(name)
@@ -108,6 +111,7 @@ _SPECS = st.builds(
     device=st.sampled_from(DEVICES))
 
 
+@pytest.mark.fast
 @settings(max_examples=200, deadline=None)
 @given(_SPECS)
 def test_every_spec_round_trips_through_yaml(spec):
@@ -117,6 +121,7 @@ def test_every_spec_round_trips_through_yaml(spec):
     assert (again.description, again.label) == (spec.description, spec.label)  # not compared, kept all the same
 
 
+@pytest.mark.fast
 def test_preset_shapes():
     assert preset("dgx-a100-8").num_devices == 8
     two = preset("2x8-100gbe")
@@ -129,6 +134,7 @@ def test_preset_shapes():
     assert (cal.intra.bandwidth, cal.intra.latency, cal.compute_speed) == (2e9, 1e-5, 0.5)
 
 
+@pytest.mark.fast
 def test_preset_errors():
     with pytest.raises(ValueError, match=r"unknown cluster preset 'dgx-h100'; expected one of local, dgx-a100-8, "
                                          r"2x8-100gbe, 16x8-ib"):
@@ -139,6 +145,7 @@ def test_preset_errors():
         preset("local", calibration={"speed": 2.0})
 
 
+@pytest.mark.fast
 def test_our_yaml_with_units_and_defaults():
     spec = ClusterSpec.from_yaml("""
         name: two
@@ -154,6 +161,7 @@ _ONE = "nodes: 1\ndevices_per_node: 1\n"
 _LINK = "intra: {bandwidth: 1, latency: 0}\n"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, message", [
     ("nodes: 0\ndevices_per_node: 1\n" + _LINK, r"cluster.nodes: expected an integer >= 1, got 0"),
     ("nodes: 2\ndevices_per_node: 1\n" + _LINK, r"cluster: missing field 'inter'"),
@@ -168,6 +176,7 @@ def test_our_yaml_errors(text, message):
         ClusterSpec.from_yaml(text)
 
 
+@pytest.mark.fast
 def test_a_key_given_twice_is_refused_not_overruled_silently(tmp_path):
     text = _ONE + _LINK + "algorithm: tree\nalgorithm: ring\n"
     with pytest.raises(ValueError, match=r"^cluster: not valid YAML \(JSON is YAML too\) at line 5, column 1: "
@@ -182,6 +191,7 @@ def test_a_key_given_twice_is_refused_not_overruled_silently(tmp_path):
     assert merged.inter == LinkSpec(1e9, 9e-6)
 
 
+@pytest.mark.fast
 def test_yaml_nested_thousands_deep_is_refused_in_one_line(tmp_path):
     path = _write(tmp_path, "deep.yaml", "nodes: " + "[" * 20000 + "]" * 20000 + "\n")
     with pytest.raises(ValueError, match=r"^deep.yaml: YAML nested too deeply to read; expected a cluster file"):
@@ -195,6 +205,7 @@ _LAUGHS = "[" + ", ".join(f"&{k} [{', '.join([f'*{p}' if p else 'x'] * 10)}]"
                           for p, k in zip(["", "a", "b", "c", "d", "e", "f"], "abcdefg")) + "]"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name, text, message", [
     ("c.yaml", _ONE + _LINK + "".join(f"k{i}: 1\n" for i in range(10**4)),
      r"^c.yaml: unknown fields \['k0', 'k1', 'k10', 'k100', 'k1000', 'k1001', \.\.\.\]; expected"),
@@ -212,6 +223,7 @@ def test_a_huge_value_is_cut_short_in_the_message(tmp_path, name, text, message)
     assert len(str(e.value)) < 400, len(str(e.value))
 
 
+@pytest.mark.fast
 def test_numbers_with_an_exponent_and_no_dot_are_numbers_as_in_json():
     """YAML 1.1 (PyYAML) reads ``5e-1`` as a string: compute_speed refused it, JSON files too."""
     text = _ONE + "intra: {bandwidth: 1e9, latency: 5e-6}\ncompute_speed: 5e-1\noperand_latency: 2E-5\n"
@@ -225,6 +237,7 @@ def test_numbers_with_an_exponent_and_no_dot_are_numbers_as_in_json():
     assert (again, again.name, again.description) == (odd, "1e3", "-5E-1")
 
 
+@pytest.mark.fast
 def test_superscaler_and_autodist_files_load_into_equal_specs(tmp_path):
     ss = load_cluster(_write(tmp_path, "resource_pool.yaml", SUPERSCALER), algorithm="hierarchical")
     ad = load_cluster(_write(tmp_path, "resource_spec.yml", AUTODIST), algorithm="hierarchical",
@@ -234,6 +247,7 @@ def test_superscaler_and_autodist_files_load_into_equal_specs(tmp_path):
     assert "SuperScaler" in ss.label and "AutoDist" in ad.label
 
 
+@pytest.mark.fast
 def test_superscaler_switch_links_and_one_server(tmp_path):
     one = load_cluster(_write(tmp_path, "resource_pool.yaml", """\
         Server:
@@ -254,6 +268,7 @@ def test_superscaler_switch_links_and_one_server(tmp_path):
     assert (two.nodes, two.devices_per_node, two.inter.bandwidth) == (2, 1, 25e9 / 8)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, message", [
     ("Server:\n  a: {GPU: {0: {links: []}, 1: {links: []}}}\n  b: {GPU: {0: {links: []}}}\n",
      r"resource_pool.yaml: Server.\*.GPU: every server must have the same number of GPUs, got \{'a': 2, 'b': 1\}"),
@@ -275,6 +290,7 @@ def test_superscaler_errors_name_the_field(tmp_path, text, message):
         load_cluster(_write(tmp_path, "resource_pool.yaml", text))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, kwargs, message", [
     ("nodes:\n  - {address: a, gpus: [0, 1]}\n  - {address: b, gpus: abc}\n", {"intra": NVLINK},
      r"resource_spec.yml: nodes\[1\].gpus: expected a list of GPU indices, got 'abc'"),
@@ -310,6 +326,7 @@ def test_an_autodist_file_given_to_the_cli_says_what_to_do_there(tmp_path):
         "writes)"]
 
 
+@pytest.mark.fast
 def test_autodist_overrides_and_one_node(tmp_path):
     one = load_cluster(_write(tmp_path, "resource_spec.yml", "nodes:\n  - {address: a, gpus: [0, 1, 2]}\n"),
                        intra=NVLINK, name="box")
@@ -319,6 +336,7 @@ def test_autodist_overrides_and_one_node(tmp_path):
     assert two.inter == LinkSpec(1e9, 1e-5)
 
 
+@pytest.mark.fast
 def test_spec_validation():
     with pytest.raises(ValueError, match=r"ClusterSpec.devices_per_node: expected an integer >= 1, got 0"):
         ClusterSpec("x", 1, 0, NVLINK, NVLINK)
@@ -328,6 +346,7 @@ def test_spec_validation():
         ClusterSpec("x", 1, 1, NVLINK, NVLINK, compute_speed=0)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("line, message", [
     ("intra: {bandwidth: 1e-320, latency: 0}", r"c.yaml.intra.bandwidth: expected a bandwidth of at least 1 byte/s"),
     ("intra: {bandwidth: 0.5 B/s, latency: 0}", r"c.yaml.intra.bandwidth: expected a bandwidth of at least 1 byte/s"),
@@ -353,6 +372,7 @@ def test_values_that_would_make_the_simulator_fail_are_refused(tmp_path, line, m
         ClusterSpec("x", 1, 1, NVLINK, NVLINK, compute_speed=1e-7)
 
 
+@pytest.mark.fast
 def test_from_yaml_never_opens_a_path_given_as_text(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(preset("local").to_yaml())
@@ -360,6 +380,7 @@ def test_from_yaml_never_opens_a_path_given_as_text(tmp_path):
         ClusterSpec.from_yaml(str(path))  # a str is YAML text: a bare path string is not a spec
 
 
+@pytest.mark.fast
 def test_operand_latency_reads_units_round_trips_and_defaults_to_zero(tmp_path):
     text = "nodes: 1\ndevices_per_node: 8\nintra: {bandwidth: 1GB/s, latency: 6us}\noperand_latency: 220us\n"
     spec = ClusterSpec.from_yaml(text)
@@ -377,6 +398,7 @@ def test_operand_latency_reads_units_round_trips_and_defaults_to_zero(tmp_path):
         ClusterSpec.from_yaml(text + "overlap: sometimes\n")
 
 
+@pytest.mark.fast
 def test_resolve_reads_a_file_or_names_a_preset(tmp_path):
     assert resolve(None, 4) == preset("local", devices=4)
     assert resolve("local", 2).num_devices == 2
@@ -396,6 +418,7 @@ def test_resolve_reads_a_file_or_names_a_preset(tmp_path):
 _HUGE = "1" + "0" * 400  # an integer past the largest float (about 1.8e308)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("line, message", [
     (f"intra: {{bandwidth: {_HUGE}, latency: 0}}", r"^c.yaml.intra.bandwidth: expected a finite value, got 10+\.\.\.0+$"),
     (f"intra: {{bandwidth: 1, latency: {_HUGE}}}", r"^c.yaml.intra.latency: expected a finite value, got 10+\.\.\.0+$"),
@@ -415,6 +438,7 @@ def test_an_integer_too_large_for_a_float_is_refused_with_a_message(tmp_path, li
         ClusterSpec("x", 1, 1, NVLINK, NVLINK, operand_latency=10**400)
 
 
+@pytest.mark.fast
 def test_a_directory_named_like_a_preset_does_not_hide_the_preset(tmp_path, monkeypatch):
     """`--cluster local` run where a directory ./local exists was read as a cluster file and refused
     ("cluster file 'local': Is a directory"): no preset could be named from such a directory."""
@@ -430,6 +454,7 @@ def test_a_directory_named_like_a_preset_does_not_hide_the_preset(tmp_path, monk
     assert resolve("2x8-100gbe") == preset("dgx-a100-8")
 
 
+@pytest.mark.fast
 def test_a_file_too_large_for_a_cluster_is_refused_without_reading_it_whole(tmp_path):
     """A cluster file was read whole: /dev/zero never ended, a multi-GB file filled the memory, and a
     large JSON file (JSON is YAML) took PyYAML minutes before 'unknown fields'."""
@@ -452,6 +477,7 @@ def test_a_file_too_large_for_a_cluster_is_refused_without_reading_it_whole(tmp_
     assert load_cluster(crlf) == preset("2x8-100gbe")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("value", ["1" * 20_000 + "!", "." + "1" * 20_000 + "!", "1" * 10_000 + "." + "1" * 10_000 + "!"])
 def test_a_long_run_of_digits_is_refused_in_linear_time(value):
     """The unit pattern let the regex try every split of a run of digits: a 60,000-digit bandwidth

@@ -13,6 +13,8 @@ from disco.sim.costs import (AnalyticConfig, AnalyticCosts, CostModel, GraphKern
                          kernel_of, load_costs)
 from disco.ir.graph import HloGraph, Node
 
+pytestmark = pytest.mark.fast
+
 
 def _graph() -> HloGraph:
     # p (400 B) -> a = exp(p) -> b = add(a, c) -> d = dot(b)   with c a 4-byte constant

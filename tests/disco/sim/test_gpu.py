@@ -62,6 +62,7 @@ def _kernels(graph: HloGraph, spec: cluster.ClusterSpec, costs=None) -> list[tup
     return sim.fusions(baselines.make("xla_default", graph))
 
 
+@pytest.mark.fast
 def test_device_kind_defaults_to_cpu_and_round_trips():
     spec = cluster.preset("dgx-a100-8")
     assert spec.device == "cpu" and not spec.is_gpu
@@ -73,6 +74,7 @@ def test_device_kind_defaults_to_cpu_and_round_trips():
         assert back == s and back.device == "h100"
 
 
+@pytest.mark.fast
 def test_h100_presets_shapes():
     assert cluster.preset("h100-1").num_devices == 1
     s8 = cluster.preset("h100-sxm-8")
@@ -83,6 +85,7 @@ def test_h100_presets_shapes():
     assert cluster.resolve("h100-sxm-8") == s8
 
 
+@pytest.mark.fast
 def test_unknown_device_is_a_clear_error():
     with pytest.raises(ValueError, match=re.escape("cluster.device: expected one of cpu, h100, got 'tpu'")):
         cluster.ClusterSpec.from_dict({"nodes": 1, "devices_per_node": 1,
@@ -91,6 +94,7 @@ def test_unknown_device_is_a_clear_error():
         cluster.preset("h100-1").replace(device="a100")
 
 
+@pytest.mark.fast
 def test_gpu_emulation_differs_from_cpu_as_xla_gpu_does(graph):
     cpu = _kernels(graph, cluster.preset("local", devices=1))
     gpu = _kernels(graph, cluster.preset("h100-1"))
@@ -109,6 +113,7 @@ def test_gpu_emulation_differs_from_cpu_as_xla_gpu_does(graph):
     assert by_member["es"] == by_member["e"] != by_member["h"]
 
 
+@pytest.mark.fast
 def test_gpu_emulation_with_a_planned_group_keeps_it_whole(graph):
     sim = Simulator(graph, AnalyticCosts(), cluster.preset("h100-1"))
     plan = baselines.make("xla_default", graph).replace(groups=(("e", "es"),))
@@ -119,6 +124,7 @@ def test_gpu_emulation_with_a_planned_group_keeps_it_whole(graph):
 
 
 
+@pytest.mark.fast
 def test_gpu_cluster_prices_with_the_h100_model(graph):
     costs = registry.make("analytic", device="h100")
     assert isinstance(costs, device_costs.SummedCosts) and costs == device_costs.analytic("h100")
@@ -132,6 +138,7 @@ def test_gpu_cluster_prices_with_the_h100_model(graph):
     assert cpu.step_time > 10 * res.step_time
 
 
+@pytest.mark.fast
 def test_h100_analytic_model_sums_its_terms(graph):
     from disco.sim.costs import GraphKernels
 
@@ -167,6 +174,7 @@ _CFG = dict(launch=2e-6, copy_launch=5e-7, dot_rate=1e14, dot_knee=1e10, dot_rat
             bandwidth=3e12)
 
 
+@pytest.mark.fast
 def test_h100_dot_rate_rises_beyond_the_knee():
     m = device_costs.SummedCosts(device_costs.SummedConfig(**_CFG))
     flat = device_costs.SummedCosts(device_costs.SummedConfig(**{**_CFG, "dot_rate_large": _CFG["dot_rate"]}))
@@ -190,6 +198,7 @@ def test_h100_dot_rate_rises_beyond_the_knee():
     assert zero.kernel_time(_dot_kernel(1e9)) == pytest.approx(base + 1e9 / 4e14, rel=1e-12)
 
 
+@pytest.mark.fast
 def test_h100_data_movement_kernels_pay_their_own_launch():
     from disco.sim.costs import Kernel
 
@@ -210,6 +219,7 @@ def test_h100_data_movement_kernels_pay_their_own_launch():
     assert device_costs.SUMMED["h100"].copy_launch <= device_costs.SUMMED["h100"].launch
 
 
+@pytest.mark.fast
 def test_h100_costs_round_trip_and_errors(tmp_path):
     m = device_costs.SummedCosts(device_costs.SummedConfig(**_CFG))
     back = device_costs.SummedCosts.from_params(m.params())
@@ -268,6 +278,7 @@ def test_simulate_prices_a_gpu_cluster_through_the_registry():
     assert cpu["results"][0]["step_time_ms"] > 1.5 * times["analytic"]
 
 
+@pytest.mark.fast
 def test_duplicated_rules():
     # 0: param-like kernel, 1: reshape (bitcast, always), 2: broadcast used by an output (kept),
     # 3: convert with fusible users (duplicated), 4: add, 5: a sharding custom-call (free).
@@ -286,6 +297,7 @@ _BOUND_CLUSTERS = {"h100-1": (lambda: device_costs.analytic("h100")),
                    "local": AnalyticCosts}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("which", sorted(_BOUND_CLUSTERS))
 @pytest.mark.parametrize("seed", range(12))
 def test_lower_bound_is_below_every_random_plan(graph, which, seed):
@@ -312,6 +324,7 @@ ENTRY main {
 """
 
 
+@pytest.mark.fast
 def test_lower_bound_is_below_a_gemm_that_reads_a_duplicated_broadcast():
     g = HloGraph.from_hlo_text(BROADCAST_DOT)
     sim = Simulator(g, device_costs.analytic("h100"), cluster.preset("h100-1"))

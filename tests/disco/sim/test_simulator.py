@@ -78,6 +78,7 @@ def spans(result: SimResult) -> dict[str, tuple[str, float, float]]:
 
 
 # -- hand-computed timelines ----------------------------------------------------------------------
+@pytest.mark.fast
 def test_chain():
     g = graph_of([("p", "parameter", []), ("a", "dot", ["p"]), ("b", "add", ["a"]), ("c", "exponential", ["b"])])
     r = run_both(g, OFF, FixedCosts({"a": 1, "b": 2, "c": 3}))
@@ -86,6 +87,7 @@ def test_chain():
     assert r.critical_path == ("a", "b", "c")
 
 
+@pytest.mark.fast
 def test_chain_fused_group_replaces_its_members():
     g = graph_of([("p", "parameter", []), ("a", "dot", ["p"]), ("b", "add", ["a"]), ("c", "exponential", ["b"])])
     costs = FixedCosts({"a": 1, "b": 2, "c": 3}, {frozenset({"b", "c"}): 2.5})
@@ -95,6 +97,7 @@ def test_chain_fused_group_replaces_its_members():
     assert (r.step_time, r.compute_time) == (3.5, 3.5)
 
 
+@pytest.mark.fast
 def test_diamond():
     g = graph_of([("p", "parameter", []), ("a", "dot", ["p"]), ("b", "add", ["a"]), ("c", "multiply", ["a"]),
                   ("d", "add", ["b", "c"])])
@@ -105,6 +108,7 @@ def test_diamond():
     assert r.critical_path == ("a", "b", "c", "d")
 
 
+@pytest.mark.fast
 def test_comm_overlaps_later_compute():
     # k1 -> ar1 (comm 1..4) overlaps k2, k3; u1 waits for the compute stream, not the all-reduce.
     g = graph_of([("p", "parameter", []), ("k1", "dot", ["p"]), ("ar1", "all-reduce", ["k1"], 2),
@@ -115,6 +119,7 @@ def test_comm_overlaps_later_compute():
     assert (r.step_time, r.compute_time, r.comm_time, r.exposed_comm) == (7, 7, 3, 0)
 
 
+@pytest.mark.fast
 def test_kernel_waiting_on_collective_does_not_block_the_stream():
     # u1 needs ar1 (ends 4); k2, after u1 in program order but ready, runs while u1 waits.
     g = graph_of([("p", "parameter", []), ("k1", "dot", ["p"]), ("ar1", "all-reduce", ["k1"], 2),
@@ -126,6 +131,7 @@ def test_kernel_waiting_on_collective_does_not_block_the_stream():
     assert r.critical_path == ("k1", "bucket.0", "u1")
 
 
+@pytest.mark.fast
 def test_ready_kernels_run_in_program_order_when_several_are_ready():
     # At t=4 both u1 (position 3, ready at 4) and k3 (position 5, ready since 3) are ready: u1 first.
     g = graph_of([("p", "parameter", []), ("k1", "dot", ["p"]), ("ar1", "all-reduce", ["k1"], 2),
@@ -141,6 +147,7 @@ GRADS = [("p", "parameter", []), ("k1", "multiply", ["p"]), ("ar1", "all-reduce"
 GRAD_TIMES = {"k1": 1, "k2": 2, "k3": 1, "u1": 1, "u2": 1}
 
 
+@pytest.mark.fast
 def test_separate_buckets_overlap():
     r = run_both(graph_of(GRADS), make_plan(buckets=[["ar1"], ["ar2"]]), FixedCosts(GRAD_TIMES))
     assert spans(r) == {"k1": ("compute", 0, 1), "bucket.0": ("comm", 1, 3), "k2": ("compute", 1, 3),
@@ -149,6 +156,7 @@ def test_separate_buckets_overlap():
     assert (r.step_time, r.compute_time, r.comm_time, r.exposed_comm) == (6, 6, 4, 0)
 
 
+@pytest.mark.fast
 def test_without_overlap_collectives_hold_the_one_stream():
     """In-process CPU devices reduce with the threads that compute: with ``overlap=False`` a
     collective waits for the running kernel and nothing computes beside it."""
@@ -165,6 +173,7 @@ def test_without_overlap_collectives_hold_the_one_stream():
     assert r.critical_path == ("k1", "bucket.0", "k2", "bucket.1", "k3", "u1", "u2")
 
 
+@pytest.mark.fast
 def test_bucket_waits_for_its_last_gradient():
     r = run_both(graph_of(GRADS), make_plan(buckets=[["ar2", "ar1"]]), FixedCosts(GRAD_TIMES))
     assert spans(r)["bucket.0"] == ("comm", 3, 6)  # ready when k2 ends; 1 + (1 + 1) bytes
@@ -172,6 +181,7 @@ def test_bucket_waits_for_its_last_gradient():
     assert (r.step_time, r.compute_time, r.comm_time, r.exposed_comm) == (8, 6, 3, 2)
 
 
+@pytest.mark.fast
 def test_buckets_none_is_one_combined_bucket():
     g = graph_of(GRADS)
     costs = FixedCosts(GRAD_TIMES)
@@ -182,6 +192,7 @@ def test_buckets_none_is_one_combined_bucket():
     assert spans(none)["combined.0"] == ("comm", 3, 6)
 
 
+@pytest.mark.fast
 def test_variadic_all_reduces_pay_the_operand_latency_and_concat_buckets_do_not():
     """XLA's combined all-reduce and "tuple" buckets are variadic: each operand after the first
     adds ``operand_latency`` (measured on XLA:CPU); a concat bucket of the same bytes does not."""
@@ -198,6 +209,7 @@ def test_variadic_all_reduces_pay_the_operand_latency_and_concat_buckets_do_not(
     assert single.comm_time == 4  # one operand each: nothing added
 
 
+@pytest.mark.fast
 def test_one_device_all_reduces_are_free_without_operand_latency():
     """With one device every collective is free (disco.sim.collectives), a variadic one too."""
     g = graph_of(GRADS)
@@ -208,6 +220,7 @@ def test_one_device_all_reduces_are_free_without_operand_latency():
         assert r.comm_time == 0.0 and r.step_time == r.compute_time
 
 
+@pytest.mark.fast
 def test_lower_bound_holds_for_rs_ag_buckets_on_a_tree():
     """A tree's reduce-scatter plus all-gather moves fewer bytes than its all-reduce: the bound
     takes the cheaper of the two, so an "rs_ag" plan never beats it."""
@@ -222,6 +235,7 @@ def test_lower_bound_holds_for_rs_ag_buckets_on_a_tree():
     assert rs_ag >= sim.lower_bound()
 
 
+@pytest.mark.fast
 def test_rs_ag_buckets_are_a_reduce_scatter_then_an_all_gather():
     """An "rs_ag" bucket costs reduce-scatter + all-gather of its bytes (each 1 + 2 here), also
     when it holds one gradient: the rewrite replaces that all-reduce too."""
@@ -235,6 +249,7 @@ def test_rs_ag_buckets_are_a_reduce_scatter_then_an_all_gather():
     assert single.comm_time == 4 + 2
 
 
+@pytest.mark.fast
 def test_buckets_none_splits_dependent_all_reduces_by_level():
     # ar2 depends on ar1 (through k2): one bucket would deadlock, the combiner makes two.
     g = graph_of([("p", "parameter", []), ("k1", "dot", ["p"]), ("ar1", "all-reduce", ["k1"], 1),
@@ -244,6 +259,7 @@ def test_buckets_none_splits_dependent_all_reduces_by_level():
                         "combined.1": ("comm", 4, 6)}
 
 
+@pytest.mark.fast
 def test_group_out_of_program_order_waits_for_its_inputs():
     # Group {x, c}: first member x comes before b, but c reads b; the fusion runs after b.
     g = graph_of([("p", "parameter", []), ("x", "negate", ["p"]), ("b", "dot", ["p"]), ("c", "add", ["b", "x"]),
@@ -254,6 +270,7 @@ def test_group_out_of_program_order_waits_for_its_inputs():
     assert spans(r) == {"b": ("compute", 0, 2), "fusion.0": ("compute", 2, 6), "d": ("compute", 6, 7)}
 
 
+@pytest.mark.fast
 def test_zero_cost_ops_take_no_time_and_pass_dependencies():
     g = graph_of([("p", "parameter", []), ("k", "dot", ["p"]), ("ar", "all-reduce", ["k"], 2),
                   ("t", "tuple", ["ar"]), ("gte", "get-tuple-element", ["t"]), ("u", "add", ["gte"]),
@@ -265,6 +282,7 @@ def test_zero_cost_ops_take_no_time_and_pass_dependencies():
 
 
 # -- XLA's fusion (xla_fusion="extend") ------------------------------------------------------------
+@pytest.mark.fast
 def test_extend_fuses_elementwise_chains_into_their_consumers():
     # b -> c -> d (single users) fuse into d's fusion; the dot stays a kernel of its own.
     g = graph_of([("p", "parameter", []), ("a", "dot", ["p"]), ("b", "add", ["a"]), ("c", "exponential", ["b"]),
@@ -277,6 +295,7 @@ def test_extend_fuses_elementwise_chains_into_their_consumers():
     assert run_both(g, OFF, costs).step_time == 7
 
 
+@pytest.mark.fast
 def test_extend_keeps_producers_with_users_in_different_fusions_and_outputs():
     # b feeds a dot and c: it roots its own kernel; c is a step output (tuple): not fused into anything.
     g = graph_of([("p", "parameter", []), ("a", "negate", ["p"]), ("b", "add", ["a"]), ("c", "tanh", ["b"]),
@@ -285,6 +304,7 @@ def test_extend_keeps_producers_with_users_in_different_fusions_and_outputs():
     assert sim.fusions(FusionPlan()) == [("a", "b"), ("c",), ("d",)]
 
 
+@pytest.mark.fast
 def test_extend_duplicates_broadcasts_into_every_consumer():
     # The broadcast's users are both elementwise: it is inlined into both (no kernel of its own);
     # each consumer reads the broadcast's input (4 bytes), never the broadcast's 64 bytes.
@@ -299,6 +319,7 @@ def test_extend_duplicates_broadcasts_into_every_consumer():
     assert len(Simulator(g, costs, CLUSTER).fusions(OFF)) == 4  # "off": the broadcast is a kernel
 
 
+@pytest.mark.fast
 def test_extend_grows_planned_groups():
     # Plan {b, c}; XLA fuses a into it (a's only user is in the group) and the group into d.
     g = graph_of([("p", "parameter", []), ("a", "negate", ["p"]), ("b", "add", ["a"]), ("c", "exponential", ["b"]),
@@ -313,6 +334,7 @@ def test_extend_grows_planned_groups():
     assert [e.name for e in off.timeline] == ["a", "fusion.0", "d", "e"]
 
 
+@pytest.mark.fast
 def test_topological_order_runs_the_critical_path_first():
     # Program order runs the long independent kernel first; critical-path order starts the gradient.
     g = graph_of([("p", "parameter", []), ("a", "dot", ["p"]), ("g", "multiply", ["p"]),
@@ -325,6 +347,7 @@ def test_topological_order_runs_the_critical_path_first():
                            "u": ("compute", 6, 7)}
 
 
+@pytest.mark.fast
 def test_compute_speed_scales_kernels_not_comm():
     g = graph_of([("p", "parameter", []), ("k1", "dot", ["p"]), ("ar1", "all-reduce", ["k1"], 2)])
     fast = preset("local", calibration={"compute_speed": 2.0})
@@ -332,6 +355,7 @@ def test_compute_speed_scales_kernels_not_comm():
     assert spans(r) == {"k1": ("compute", 0, 2), "combined.0": ("comm", 2, 5)}
 
 
+@pytest.mark.fast
 def test_chrome_trace_structure():
     r = run_both(graph_of(GRADS), make_plan(buckets=[["ar1"], ["ar2"]]), FixedCosts(GRAD_TIMES))
     trace = json.loads(r.to_chrome_trace_json())
@@ -345,6 +369,7 @@ def test_chrome_trace_structure():
     assert trace["otherData"]["step_time_s"] == r.step_time
 
 
+@pytest.mark.fast
 def test_simulate_wrapper_and_lower_bound_with_analytic_costs():
     g = graph_of(GRADS)
     r = simulate(g, FusionPlan(), AnalyticCosts(), preset("dgx-a100-8"))
@@ -353,6 +378,7 @@ def test_simulate_wrapper_and_lower_bound_with_analytic_costs():
 
 
 # -- errors -------------------------------------------------------------------------------------
+@pytest.mark.fast
 @pytest.mark.parametrize("plan, message", [
     (make_plan([["nope"]]), r"group 0: instruction 'nope' is not in the graph 't'"),
     (make_plan([["k1"], ["k1", "k2"]]), r"group 1: instruction 'k1' is already in group 0"),
@@ -366,6 +392,7 @@ def test_bad_plans_raise(plan, message):
         sim.step_time(plan)
 
 
+@pytest.mark.fast
 def test_cycle_raises_and_unknown_order():
     g = graph_of([("p", "parameter", []), ("a", "negate", ["p"]), ("b", "dot", ["a"]), ("c", "add", ["b"])])
     sim = Simulator(g, FixedCosts({}), CLUSTER)
@@ -442,6 +469,7 @@ def longest_chain(result: SimResult, graph: HloGraph) -> float:
     return max(best.values(), default=0.0)
 
 
+@pytest.mark.fast
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dags(), st.sampled_from(["program", "topological"]), st.booleans())
 def test_step_time_bounds_hold_on_random_dags(case, order, overlap):
