@@ -5,7 +5,7 @@ entry keyed by it.
 The pinned values are what the extractor printed for each zoo model at preset ``tiny`` on 4 virtual
 devices with the jax version recorded in the data file; HLO text (and so a fingerprint) changes
 with jax itself, so another jax version skips with that reason. Regenerate, only when a change in
-what fingerprints cover is intended, with ``python tests/disco/ir/test_fingerprints.py --write``.
+what fingerprints cover is intended, with ``PYTHONPATH=. python tests/disco/ir/test_fingerprints.py --write``.
 """
 
 from __future__ import annotations
