@@ -1,4 +1,5 @@
-# Quick start: `make run` (install + optimise/inspect a default model), `make test` (install + tests).
+# Quick start: `make run` (install + optimise/inspect a default model), `make test` (install + tests),
+# `make test-fast` (the edit loop: no XLA compile, no process, under 2 minutes).
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ PRESET ?= small
 DEVICES ?= 8
 BUDGET ?= 30
 
-.PHONY: run test test-trax test-hooks lint docs install install-test clean
+.PHONY: run test test-fast test-trax test-hooks lint docs install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -34,6 +35,11 @@ run: install
 
 test: install-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests marked `fast`: no XLA compile and no process (tests/conftest.py fails a fast test that
+# compiles or starts one, naming it), for the edit loop; `make test` runs them too.
+test-fast: install-test
+	$(BIN)/python -m pytest -m "fast and not slow" $(PYTEST_ARGS)
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) -e '.[dev]'
@@ -61,7 +67,7 @@ $(VENV)/.installed-trax: $(VENV)/.installed-test
 # The real-trax path: installs the trax extra (trax 1.4.1 pulls TensorFlow, ~3 GB) and runs
 # the tests marked `trax`, which include `disco optimize --trax-model` on a tiny TransformerLM.
 test-trax: $(VENV)/.installed-trax
-	$(BIN)/python -m pytest -m trax tests/test_trax_layer.py
+	$(BIN)/python -m pytest -m trax tests/trax_models/test_trax_layer.py
 
 # The XLA hooks' and the profiler's tests on another jax, in a second environment (Python 3.12:
 # jax >= 0.11 needs it). CI runs the GPU image's 0.11.2, the oldest jax the hooks were tested
@@ -72,7 +78,7 @@ HOOKS_PYTHON ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyen
 	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 HOOKS_VENV := .venv-jax$(HOOKS_JAX)
 HOOKS_LOCK := constraints/jax-$(HOOKS_JAX).txt
-HOOK_TESTS ?= tests/test_apply.py tests/test_hook.py tests/test_agreement.py tests/test_trials.py tests/test_trials_job.py tests/test_gspmd.py tests/test_cuts.py tests/test_profile.py tests/test_kernel_collect.py
+HOOK_TESTS ?= tests/xla_hooks/test_apply_plan.py tests/xla_hooks/test_hook.py tests/xla_hooks/test_agreement.py tests/xla_hooks/test_trials.py tests/xla_hooks/test_trials_job.py tests/disco/ir/test_gspmd.py tests/disco/plans/test_cuts.py tests/xla_hooks/test_profiling.py tests/disco/data/test_kernel_collect.py
 
 $(HOOKS_VENV)/.installed: setup.cfg pyproject.toml $(HOOKS_LOCK)
 	@test -n "$(HOOKS_PYTHON)" || { echo "make test-hooks: no Python 3.12 found (jax $(HOOKS_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }

@@ -6,8 +6,8 @@ Two models:
   computation's graph, trained per device kind on profiled kernels, plus the measured correction
   of each kernel its training data held (``kernel_corrections``). The shipped
   ``kernel_h100.msgpack`` was trained on ``../shared/data/h100_kernels/per_instruction.jsonl.gz``
-  (``scripts/train_gnn.py --kernels``); ``scripts/kernel_lomo.py`` measures it leave-one-model-out
-  (docs/results.md, "Cost-model accuracy"), ``scripts/kernel_judge.py`` on records it never saw. ``disco predict-kernels``
+  (``scripts/tools/train_gnn.py --kernels``); ``scripts/tools/kernel_lomo.py`` measures it leave-one-model-out
+  (docs/results.md, "Cost-model accuracy"), ``scripts/tools/kernel_judge.py`` on records it never saw. ``disco predict-kernels``
   and the cost-model registry (``gnn`` on ``h100``) use it.
 * the older **step-level GNN** (``features``, ``model``, ``train``, ``evaluate``, ``cost_model``):
   trained on 1,042 measured plan samples of CPU steps; ``default_checkpoint.msgpack`` and

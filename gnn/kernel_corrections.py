@@ -8,7 +8,7 @@ seconds over its training examples; a prediction for a kernel with a known finge
 The network still supplies the context (the step's input bytes), so a kernel measured in small
 steps and priced in a large one keeps the network's context effect.
 
-Held out by model (``scripts/kernel_lomo.py``), 41% of a model's kernels have a fingerprint that
+Held out by model (``scripts/tools/kernel_lomo.py``), 41% of a model's kernels have a fingerprint that
 another model's profiles hold (docs/archive/lab-notebook.md, "The per-kernel GNN with measured corrections").
 
 Example:

@@ -100,7 +100,7 @@ class KernelCosts(CostModel):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KernelCosts:
-        """Reads a checkpoint written by ``save`` or ``scripts/train_gnn.py --kernels``.
+        """Reads a checkpoint written by ``save`` or ``scripts/tools/train_gnn.py --kernels``.
 
         Raises:
           ValueError: for a corrupt checkpoint or one that does not match this code.

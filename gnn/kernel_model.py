@@ -117,7 +117,7 @@ class KernelGNN(nnx.Module):
     def from_config(cls, config: KernelModelConfig, *, rngs: nnx.Rngs) -> KernelGNN:
         if config.feature_version != KF.FEATURE_VERSION:
             raise ValueError(f"KernelModelConfig: built for feature version {config.feature_version}, this code "
-                             f"computes version {KF.FEATURE_VERSION}; retrain with scripts/train_gnn.py --kernels")
+                             f"computes version {KF.FEATURE_VERSION}; retrain with scripts/tools/train_gnn.py --kernels")
         return cls(hidden=config.hidden, layers=config.layers, opcode_dim=config.opcode_dim,
                    members=config.members, rngs=rngs)
 

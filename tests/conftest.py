@@ -1,1 +1,79 @@
-import os; os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # noqa: E702, I001
+"""Shared by every test: 8 virtual CPU devices, and the guard of the fast tier.
+
+A test marked ``fast`` (``make test-fast``: the edit loop) may neither compile an XLA program nor start
+a process: while its setup, call and teardown run, jax's compile entry point, ``subprocess.Popen``'s child start and
+``multiprocessing``'s ``Process.start`` raise, and the test fails with its name and what it did, even
+if it caught the exception. Move such a test out of the tier (drop its ``fast`` mark)."""
+
+import multiprocessing.process
+import os
+import subprocess
+
+import pytest
+
+# Before anything imports jax.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+# jax's compile entry points, per version: backend_compile_and_load (jax 0.8.3 to 0.12.0.1), and
+# backend_compile (0.8.3 only); compile_or_get_cached and xla_hooks call them through the module.
+_COMPILE_ENTRY_POINTS = ("backend_compile_and_load", "backend_compile")
+_VIOLATIONS = pytest.StashKey[list]()
+
+
+class FastTierViolation(RuntimeError):
+    """A test of the fast tier compiled an XLA program or started a process."""
+
+
+def _guarded(item: pytest.Item, what: str, violations: list[str]):
+    avoid = "compile" if "compiled" in what else "process"
+
+    def refuse(*args, **kwargs):
+        message = (f"{item.nodeid} is marked fast (make test-fast: no XLA compile, no process) but {what}; "
+                   f"drop its fast mark or avoid the {avoid}")
+        violations.append(message)
+        raise FastTierViolation(message)
+
+    return refuse
+
+
+def _install_guard(item: pytest.Item, violations: list[str]) -> list[tuple[object, str, object]]:
+    from jax._src import compiler
+
+    saved = []
+
+    def patch(owner, name, what):
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, _guarded(item, what, violations))
+
+    for name in _COMPILE_ENTRY_POINTS:
+        if hasattr(compiler, name):
+            patch(compiler, name, f"compiled an XLA program (jax._src.compiler.{name})")
+    patch(subprocess.Popen, "_execute_child", "started a process (subprocess.Popen)")
+    patch(multiprocessing.process.BaseProcess, "start", "started a process (multiprocessing)")
+    return saved
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """Guards setup (fixtures of every scope this test sets up first), call and teardown of a fast test."""
+    if item.get_closest_marker("fast") is None:
+        return (yield)
+    violations: list[str] = []
+    item.stash[_VIOLATIONS] = violations
+    saved = _install_guard(item, violations)
+    try:
+        return (yield)
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
+
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Fails a fast test that compiled or started a process even where the test caught the error."""
+    result = yield
+    violations = item.stash.get(_VIOLATIONS, [])
+    if violations:
+        pytest.fail(violations[0], pytrace=False)
+    return result

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("package", ["disco", "xla_hooks"])
 def test_all_matches_lazy_exports(package):
     mod = importlib.import_module(package)
@@ -39,6 +40,7 @@ def _type_checking_imports(mod) -> dict:
     return out
 
 
+@pytest.mark.fast
 def test_profile_is_the_function():
     import xla_hooks
     from xla_hooks.profiling import profile
@@ -53,6 +55,7 @@ def test_import_does_not_import_jax(package):
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.fast
 def test_no_module_imports_through_the_disco_facade():
     """docs/architecture.md: nothing below ``disco/__init__.py`` imports through its lazy exports (a bare
     ``import disco`` used as ``disco.extract``, or ``from disco import optimize``); submodules are imported

@@ -22,7 +22,7 @@ from disco.search import greedy_fusion
 from disco.sim.costs import device_costs
 from disco.sim.cluster import preset
 from disco.sim.simulator import Simulator
-from tests.test_optimize import built_result, contradicting_result
+from tests.support.optimize_results import built_result, contradicting_result
 from xla_hooks.measure import Measurement
 from xla_hooks.profiling import KernelTime, OpProfile
 
@@ -137,6 +137,7 @@ def test_reprs_change_no_equality_hash_or_serialisation(real):
     assert real.planned.applied == dict(real.planned.applied) and isinstance(real.planned.applied, dict)
 
 
+@pytest.mark.fast
 def test_the_service_identity_still_hashes_every_field_of_a_node():
     """Plan keys were made of ``repr(node)``, the dataclass's generated text; the node's repr is
     short now, and the identity is made of the same text as before (stored plans keep their keys)."""

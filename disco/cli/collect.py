@@ -1,11 +1,11 @@
 """``disco collect``: measure baselines and random plans per model into a dataset (resumable).
 
 The collecting is :func:`disco.data.collect.collect`; this module parses the command line (for
-``disco collect`` and ``scripts/collect_profiles.py``).
+``disco collect`` and ``scripts/tools/collect_profiles.py``).
 
 Example::
 
-  python scripts/collect_profiles.py --models mlp,transformer_lm --preset tiny \\
+  python scripts/tools/collect_profiles.py --models mlp,transformer_lm --preset tiny \\
       --devices 4 --random 20 --rounds 3 --out /tmp/profiles
 """
 
@@ -127,7 +127,7 @@ def _run_kernels(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``scripts/collect_profiles.py``: the command without the ``disco`` front end."""
+    """``scripts/tools/collect_profiles.py``: the command without the ``disco`` front end."""
     parser = argparse.ArgumentParser(prog="collect_profiles", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)

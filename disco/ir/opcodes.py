@@ -2,9 +2,9 @@
 
 Names are spelt as XLA prints them (``HloOpcodeString``, the ``HLO_OPCODE_LIST`` table in
 ``xla/hlo/ir/hlo_opcode.h``): ``count-leading-zeros`` (not "clz"), ``opt-barrier`` (not
-"optimization-barrier"), ``topk`` (not "top-k"). ``tests/test_opcodes.py`` checks every name here
+"optimization-barrier"), ``topk`` (not "top-k"). ``tests/disco/ir/test_opcodes.py`` checks every name here
 against the opcodes XLA printed for the zoo (pre- and post-optimisation HLO on XLA:CPU) and for the
-H100 records in ``tests/data/xla_opcodes.json`` (``scripts/collect_xla_opcodes.py`` regenerates it),
+H100 records in ``tests/data/xla_opcodes.json`` (``scripts/tools/collect_xla_opcodes.py`` regenerates it),
 plus a commented allow-list, checked against ``hlo_opcode.h``, of opcodes the corpus never printed.
 
 The sets, by what they mean:
@@ -98,7 +98,7 @@ SAME_SHAPE_AS_SECOND: frozenset[str] = frozenset({"select", "clamp"})
 # Opcodes disco puts into an injected kLoop fusion. XLA:CPU (jaxlib 0.10.2) aborts the
 # whole process (a CHECK failure, not an exception) on some injected fusions, e.g. a
 # reshape inside one ("Check failed: output_shape.has_layout()"), so only opcodes
-# measured safe are listed; scripts/measure_fusible.py re-measures them, each compile
+# measured safe are listed; scripts/tools/measure_fusible.py re-measures them, each compile
 # in a child process, and docs/fusible_opcodes.md records the result.
 FUSIBLE_OPCODES: frozenset[str] = frozenset({
     "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "constant", "convert",

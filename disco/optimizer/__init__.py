@@ -80,28 +80,11 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from disco.optimizer._process import ProcessRunner
     from disco.optimizer._result import OptimizeResult, Setting, chrome_trace, make_result
     from disco.optimizer._runners import InProcessRunner, Runner, Trial, Trials
-    from disco.optimizer._steps import (
-        REPORTED_BASELINES,
-        Bound,
-        Candidates,
-        Confirmation,
-        Measured,
-        RunOff,
-        SearchSummary,
-        Target,
-        candidates,
-        confirm,
-        devices_of,
-        fusion_decisions,
-        measure,
-        prepare,
-        reduce_fusion_row,
-        regrouped,
-        regrouped_plan,
-        regrouped_row,
-        run_off,
-        validate,
-    )
+    from disco.optimizer._candidates import REPORTED_BASELINES, Candidates, SearchSummary, candidates, reduce_fusion_row
+    from disco.optimizer._confirm import Confirmation, confirm, validate
+    from disco.optimizer._measure import Bound, Measured, measure
+    from disco.optimizer._prepare import Target, devices_of, prepare
+    from disco.optimizer._runoff import RunOff, fusion_decisions, regrouped, regrouped_plan, regrouped_row, run_off
 
 _MODULES = {
     "_choice": ("PlanRow", "Span", "confirmed_winner", "fastest_baseline", "regroup_sources",
@@ -110,9 +93,11 @@ _MODULES = {
     "_process": ("ProcessRunner",),
     "_result": ("OptimizeResult", "Setting", "chrome_trace", "make_result"),
     "_runners": ("InProcessRunner", "Runner", "Trial", "Trials"),
-    "_steps": ("REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "Measured", "RunOff", "SearchSummary",
-               "Target", "candidates", "confirm", "devices_of", "fusion_decisions", "measure", "prepare",
-               "reduce_fusion_row", "regrouped", "regrouped_plan", "regrouped_row", "run_off", "validate"),
+    "_prepare": ("Target", "devices_of", "prepare"),
+    "_candidates": ("REPORTED_BASELINES", "Candidates", "SearchSummary", "candidates", "reduce_fusion_row"),
+    "_measure": ("Bound", "Measured", "measure"),
+    "_runoff": ("RunOff", "fusion_decisions", "regrouped", "regrouped_plan", "regrouped_row", "run_off"),
+    "_confirm": ("Confirmation", "confirm", "validate"),
 }
 _EXPORTS = {name: f"disco.optimizer.{module}" for module, names in _MODULES.items() for name in names}
 

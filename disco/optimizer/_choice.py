@@ -79,7 +79,7 @@ class PlanRow:
                 "speedup_vs_xla_default": self.speedup,
                 "applied": self.applied, "fallback_reason": self.fallback_reason,
                 "plan_digest": self.plan.digest(), "plan_summary": self.plan.summary(),
-                # the keys the optimizer across processes wrote (scripts/zoo_links.py reads them)
+                # the keys the optimizer across processes wrote (scripts/tools/zoo_links.py reads them)
                 "plan": self.name, "median_ms": ms(self.median_s), "min_ms": ms(self.min_s), "max_ms": ms(self.max_s),
                 "paired_speedup": self.speedup, "all_reduces": self.all_reduces,
                 **({"measured_in": self.measured_in} if self.measured_in else {})}

@@ -9,7 +9,11 @@ from typing import Any
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._result import OptimizeResult, make_result
 from disco.optimizer._runners import InProcessRunner, Runner
-from disco.optimizer._steps import candidates, confirm, measure, prepare, run_off
+from disco.optimizer._candidates import candidates
+from disco.optimizer._confirm import confirm
+from disco.optimizer._measure import measure
+from disco.optimizer._prepare import prepare
+from disco.optimizer._runoff import run_off
 from disco.sim.cluster import ClusterSpec
 from disco.sim.costs import CostModel
 

@@ -31,7 +31,7 @@ from xla_hooks.measure import Measurement
 
 if TYPE_CHECKING:
     from disco.optimizer._config import OptimizeConfig, Progress
-    from disco.optimizer._steps import Target
+    from disco.optimizer._prepare import Target
     from disco.runtime.testbed import LinkSpec
 
 

@@ -8,7 +8,11 @@ from typing import Any, NamedTuple
 from disco.optimizer._choice import PlanRow, Span, best_baseline, relation_to_baselines
 from disco.optimizer._config import OptimizeConfig
 from disco.optimizer._runners import InProcessRunner
-from disco.optimizer._steps import Bound, Candidates, Confirmation, Measured, RunOff, SearchSummary, Target
+from disco.optimizer._candidates import Candidates, SearchSummary
+from disco.optimizer._confirm import Confirmation
+from disco.optimizer._measure import Bound, Measured
+from disco.optimizer._prepare import Target
+from disco.optimizer._runoff import RunOff
 from disco.plans.plan import FusionPlan
 from disco.sim.simulator import Simulator
 from xla_hooks.measure import paired_speedup
@@ -171,7 +175,7 @@ class OptimizeResult:
             "runoff_ms": spans_ms(None if self.runoff is None else self.runoff.times),
             "comm_free_bound_ms": None if self.bound is None else self.bound.times.to_ms_dict(),
             "comm_free_bound_speedup": None if self.bound is None else self.bound.speedup,
-            # the keys the optimizer across processes wrote (scripts/zoo_links.py reads them)
+            # the keys the optimizer across processes wrote (scripts/tools/zoo_links.py reads them)
             "plan_json": self.plan.replace(name=self.chosen).to_json(), "speedup": self.speedup,
             "best_baseline": self.best_baseline, "relation": self.relation,
             "confirmation": _records(self.confirmation), "runoff": _records(self.runoff),

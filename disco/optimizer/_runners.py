@@ -1,6 +1,6 @@
 """Runners: what measures a list of plans in interleaved rounds for ``optimize``.
 
-The pipeline (:mod:`disco.optimizer._steps`) picks the plans and makes every decision; a runner
+The pipeline (its steps: :mod:`disco.optimizer._prepare` to :mod:`disco.optimizer._confirm`) picks the plans and makes every decision; a runner
 only measures, as TVM's ``auto_scheduler/measure.py`` keeps its local and RPC runners behind one
 interface so that one tuning loop serves both. Two runners:
 
@@ -26,7 +26,7 @@ from xla_hooks.measure import Measurement
 
 if TYPE_CHECKING:
     from disco.optimizer._config import OptimizeConfig, Progress
-    from disco.optimizer._steps import Target
+    from disco.optimizer._prepare import Target
 
 OnRound = Callable[[int], None]
 OnCompile = Callable[[str], None]

@@ -85,7 +85,7 @@ _TABLES: dict[str, tuple[CompileOption, ...]] = {"cpu": _CPU, "gpu": _GPU}
 # that keep the results). Every other key is refused: XLA's debug options include ones that change
 # results (xla_cpu_enable_fast_min_max=True returned 3.0 for the max of an array holding NaN, measured).
 _KEEP_RESULTS: dict[str, tuple[str, ...] | None] = {
-    PIPELINED_ALL_REDUCE: None,  # scripts/check_gpu.py tries it; jax 0.11.2's GPU compile rejects it
+    PIPELINED_ALL_REDUCE: None,  # scripts/tools/check_gpu.py tries it; jax 0.11.2's GPU compile rejects it
     "xla_cpu_enable_fast_math": ("false", "False"),  # XLA's default; plans of the early random generator set it
 }
 

@@ -36,7 +36,7 @@ __all__ = ["BUILDS", "SCHEMA_VERSION", "Bucket", "BucketBuild", "FusionPlan", "X
 # Compile-time passes a plan needs switched off, per backend.
 _FUSION_PASSES = {"cpu": ("fusion", "reshape-mover"),
                   "gpu": ("priority-fusion", "multi_output_fusion", "reshape-mover")}
-# GPU names checked against the passes an XLA:GPU compile runs (scripts/check_gpu.py on an H100,
+# GPU names checked against the passes an XLA:GPU compile runs (scripts/tools/check_gpu.py on an H100,
 # jax 0.11.2): "all-reduce-combiner" is not among them, "gpu-all-reduce-combiner" is.
 _COMBINER_PASSES = {"cpu": ("cpu-all-reduce-combiner",),
                     "gpu": ("gpu-all-reduce-combiner",)}

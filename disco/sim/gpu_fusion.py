@@ -39,7 +39,7 @@ performance model says are slower), dot merging (XLA concatenates sibling dots t
 operand, e.g. the Q/K/V projections), layout assignment's transposes and copies. A ``while`` loop is one
 unit here; the simulator prices it as its trip count times one iteration of its body's and
 condition's graphs, each contracted by this same emulation (``HloGraph.loops``). The lab notebook
-(docs/archive/lab-notebook.md, "XLA:GPU fusion emulation vs the compiled kernels") compares the emulation's kernels with XLA:GPU's compiled modules (scripts/gpu_sim_tables.py).
+(docs/archive/lab-notebook.md, "XLA:GPU fusion emulation vs the compiled kernels") compares the emulation's kernels with XLA:GPU's compiled modules (scripts/tools/gpu_sim_tables.py).
 
 Everything here is a pure function of plain per-node arrays, so the simulator computes them
 once per graph (:func:`make_context`) and calls :func:`clusters` for the whole graph and for

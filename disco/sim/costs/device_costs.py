@@ -10,15 +10,15 @@
   kernel also moves its operands, and the sum predicts the simulator's step device times better
   than the max-roofline of :data:`ROOFLINE` (docs/archive/lab-notebook.md, "The simulator's GPU cost model
   through the registry" and "The H100 kernel model's form"). Its parameters are fitted
-  (``python scripts/gpu_sim_tables.py --fit``), bounded by the TF32 peak, not datasheet figures.
+  (``python scripts/tools/gpu_sim_tables.py --fit``), bounded by the TF32 peak, not datasheet figures.
 
 :data:`ROOFLINE` holds each device's ceilings, ``max(flops / matrix rate, bytes / bandwidth) +
 launch``: the CPU's analytic model, and on the H100 the baseline the per-kernel GNN corrects
-(``scripts/train_gnn.py`` stores it in the checkpoint). H100 80GB HBM3, float32 models: bandwidth
+(``scripts/tools/train_gnn.py`` stores it in the checkpoint). H100 80GB HBM3, float32 models: bandwidth
 3.0e12 B/s, a device-to-device copy measured on the GPU (bytes read plus written;
 ../shared/GPU_NOTES.md); matrix rate 3.43e14 flop/s, the 95th percentile of the achieved rate over
 the GEMM and convolution kernels of ``per_instruction.jsonl.gz`` (tf32 for float32 matmuls);
-launch 1.19e-6 s, fitted to every profiled kernel of the dataset (``scripts/kernel_lomo.py``).
+launch 1.19e-6 s, fitted to every profiled kernel of the dataset (``scripts/tools/kernel_lomo.py``).
 
 Example:
   >>> analytic("h100").config.bandwidth
@@ -48,7 +48,7 @@ DEVICES: tuple[str, ...] = tuple(sorted(ROOFLINE))
 
 
 # NVIDIA H100 SXM5 datasheet: TF32 Tensor Core 494.7 TFLOP/s dense (989.4 with sparsity). No
-# kernel runs faster, so the fit bounds every matrix rate by it (``scripts/gpu_sim_tables.py --fit``).
+# kernel runs faster, so the fit bounds every matrix rate by it (``scripts/tools/gpu_sim_tables.py --fit``).
 H100_TF32_PEAK = 494.7e12
 
 
@@ -101,7 +101,7 @@ class KernelTerms(NamedTuple):
     nbytes: float  # bytes read plus written
 
 
-# Fitted 2026-11-23 by `python scripts/gpu_sim_tables.py --fit`: bounded least squares of relative
+# Fitted 2026-11-23 by `python scripts/tools/gpu_sim_tables.py --fit`: bounded least squares of relative
 # errors over the 14 `default` records of ../shared/data/h100_kernels (7 zoo models x presets paper
 # and small; rnnlm's while loops priced as trip count x body), each record's measured kernel sum
 # against the simulator's h100-1 prediction on its pre-optimisation HLO; dot_knee from a grid,
@@ -186,7 +186,7 @@ class SummedCosts(CostModel):
             raise ValueError(f"{p.name}: expected a saved {cls.name!r} cost model (schema {SCHEMA!r}), got {got!r}")
         if data.get("version") != cls.version:
             raise ValueError(f"{p.name}: field 'version': expected {cls.version!r}, got {data.get('version')!r} "
-                             f"(a model of an older form: refit it with scripts/gpu_sim_tables.py --fit)")
+                             f"(a model of an older form: refit it with scripts/tools/gpu_sim_tables.py --fit)")
         return cls.from_params(data.get("params", {}))
 
     def __eq__(self, other: object) -> bool:

@@ -1,0 +1,83 @@
+"""The first step of ``optimize``: the step's graph and the simulator that prices its plans."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from disco.ir.extractor import extract
+from disco.ir.graph import HloGraph
+from disco.ir.replica_groups import replica_group_size
+from disco.ir.step_checks import check_data_parallel
+from disco.optimizer._config import Progress, no_progress
+from disco.sim.cluster import ClusterSpec, preset, require_cluster
+from disco.sim.costs import device_costs
+from disco.sim.costs import CostModel, require_cost_model
+from disco.sim.simulator import Simulator
+
+
+def devices_of(args: Any) -> int:
+    """The number of devices the arrays in ``args`` are sharded over (at least 1)."""
+    n = 1
+    for leaf in jax.tree.leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None:
+            n = max(n, len(sharding.device_set))
+    return n
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What is optimised: the step, its example arguments, its graph and the simulator pricing it."""
+
+    step_fn: Callable[..., Any]
+    args: tuple[Any, ...] = dataclasses.field(repr=False)
+    graph: HloGraph = dataclasses.field(repr=False)
+    simulator: Simulator = dataclasses.field(repr=False)
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.simulator.cluster
+
+    @property
+    def costs(self) -> CostModel:
+        return self.simulator.costs
+
+
+def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: ClusterSpec | None = None,
+            costs: CostModel | None = None, progress: Progress = no_progress) -> Target:
+    """Extracts the step's graph and sets up its simulator.
+
+    Args:
+      step_fn: the training step (plain or jitted).
+      args: its example arguments (real arrays: the plans are measured).
+      cluster: the cluster the simulator prices collectives with (default:
+        ``preset("local", devices=<devices args are sharded over>)``, or over the devices the
+        all-reduces' replica groups span when more: a pmap step's host arrays are on none).
+      costs: the cost model (default: the analytic model of the cluster's device kind,
+        :func:`disco.sim.costs.device_costs.analytic`).
+      progress: reports phase "extract".
+
+    Raises:
+      TypeError: for a ``cluster`` or ``costs`` of the wrong type (before extracting).
+      ValueError: for a step disco cannot plan (no all-reduce in its pre-optimisation HLO, or a
+        gradient reduced twice; :func:`disco.ir.step_checks.check_data_parallel`).
+
+    Warns:
+      NoGradientWarning: when no all-reduce is in a ``disco_grad[...]`` scope.
+    """
+    require_cluster(cluster, or_none=True)
+    require_cost_model(costs, or_none=True)
+    progress("extract", 0.0, "extracting the HLO graph")
+    graph = extract(step_fn, *args)
+    check_data_parallel(graph)
+    if cluster is None:  # a pmap step takes host arrays: its all-reduces' groups say how many devices
+        spans = [replica_group_size(n.replica_groups) or 1 for n in graph.all_reduces()]
+        cluster = preset("local", devices=max([devices_of(args), *spans]))
+    sim = Simulator(graph, costs or device_costs.analytic(cluster.device), cluster)
+    progress("extract", 1.0, f"{len(graph.nodes)} nodes, {len(graph.all_reduces())} all-reduces")
+    return Target(step_fn, tuple(args), graph, sim)

@@ -1,0 +1,199 @@
+"""Runs ``disco optimize`` on every zoo model and writes one markdown table (issue 6's benchmark).
+
+    python scripts/tools/optimize_zoo.py --preset small --devices 8 --budget 30 [--cluster FILE] \
+        [--models a,b] [--style gspmd] [--extra '--processes 2 --link rate=10gbit,delay=50us'] [--out results.json]
+    python scripts/tools/optimize_zoo.py --from a.json --from b.json   # the table of saved runs, merged
+
+``--from`` reads what ``--out`` wrote (model -> ``disco optimize --json``) or what
+``scripts/tools/fusion_share.py --out`` wrote (model -> its result, with the optimize JSON under
+"optimize" and a fresh paired run of the answer against the best baseline); later files win
+for a model; ``--models`` then picks which to show, nothing is measured.
+
+Each model is optimised in its own process (``disco optimize --json``): simulated search, then
+the top plans measured for real, interleaved with xla_default, per_tensor, horovod and ddp. The
+table reports, per model, every measured plan's median (min-max) and the geometric mean over the
+zoo of the chosen plan's confirmed speedup over xla_default (paired: per round, xla_default's
+time over the plan's, the median over rounds; :func:`xla_hooks.measure.paired_speedup`); then the
+answer against the best bucketing baseline (the baseline other than xla_default with the largest
+paired speedup in the first run): in the first run, the ratio of the two paired speedups; from
+fusion_share's fresh run when there is one, paired directly, with a bootstrap 90% interval of
+the median per-round ratio; and its geometric mean over the zoo; then, per model, the measured
+communication-free bound (the step with its all-reduces replaced by copies, measured in the same
+rounds; not a plan) and the ceiling it sets, up to noise, on what bucketing can gain:
+xla_default / bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=30)
+    ap.add_argument("--cluster")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--style", default="shard_map", help="how the zoo steps are written: shard_map | gspmd")
+    ap.add_argument("--extra", default="", help="more `disco optimize` arguments, e.g. '--processes 2 --link ...'")
+    ap.add_argument("--models", default="")
+    ap.add_argument("--out")
+    ap.add_argument("--from", dest="from_files", action="append", default=[], metavar="FILE",
+                    help="make the table of saved runs (repeatable; nothing is measured)")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    import trax_models
+
+    models = [m for m in args.models.split(",") if m] or trax_models.names()
+    results = {}
+    if args.from_files:
+        results = load_results(args.from_files, models)
+        models = []
+    for m in models:
+        cmd = [sys.executable, "-m", "disco", "optimize", "--model", m, "--preset", args.preset,
+               "--devices", str(args.devices), "--budget", str(args.budget), "--rounds", str(args.rounds),
+               "--style", args.style, "--json", *args.extra.split()]
+        if args.cluster:
+            cmd += ["--cluster", args.cluster]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{m}: failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            continue
+        results[m] = json.loads(r.stdout)
+        results[m]["wall_s"] = time.perf_counter() - t0
+        print(f"{m}: {results[m]['verdict']} ({results[m]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+        if args.out:  # after every model: a long run stopped part-way keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(results, f)
+    shares = {m: r.pop("_share") for m, r in results.items() if r.get("_share")}
+    speedups = []
+    print("| model | plan | predicted ms | measured ms median (min-max) | vs xla_default |")
+    print("|---|---|---|---|---|")
+    for m, res in results.items():
+        base = next(r for r in res["rows"] if r["name"] == "xla_default")["measured_median_ms"]
+        for row in res["rows"]:
+            if row["measured_median_ms"] is None:
+                continue
+            mark = " (chosen)" if row["name"] == res["chosen"] else ""
+            print(f"| {m} | {row['name']}{mark} | {row['predicted_ms']:.3f} | {row['measured_median_ms']:.2f} "
+                  f"({row['measured_min_ms']:.2f}-{row['measured_max_ms']:.2f}) | "
+                  f"{row.get('speedup_vs_xla_default') or base / row['measured_median_ms']:.3f}x |")
+        b = res.get("comm_free_bound_ms")
+        if b:
+            print(f"| {m} | comm_free_bound (not a plan) | - | {b['median']:.2f} ({b['min']:.2f}-{b['max']:.2f}) | "
+                  f"{res.get('comm_free_bound_speedup') or base / b['median']:.3f}x |")
+        conf = res.get("confirmation_ms")
+        if conf:
+            print(f"| {m} | {res['chosen']}: confirmation run | - | "
+                  + "; ".join(f"{k} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in conf.items())
+                  + f" | {res['speedup_vs_xla_default']:.3f}x |")
+        speedups.append(res["speedup_vs_xla_default"])
+    if speedups:
+        gm = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        print(f"\nGeometric mean measured speedup of the chosen plan over xla_default (from the "
+              f"confirmation runs): {gm:.3f}x over {len(speedups)} models")
+    vs_best_baseline_table(results, shares)
+    ceilings = {m: r for m, r in results.items() if r.get("comm_free_bound_ms")}
+    if ceilings:
+        print("\n| model | xla_default ms | chosen | chosen ms (at the confirmed speedup) | confirmed speedup | "
+              "comm-free bound ms (at its paired speedup) | ceiling "
+              "(xla_default / bound) | share of the possible gain |")
+        print("|---|---|---|---|---|---|---|---|")
+        logs = []
+        for m, res in ceilings.items():
+            base = next(r for r in res["rows"] if r["name"] == "xla_default")["measured_median_ms"]
+            chosen = base / res["speedup_vs_xla_default"]  # the confirmed speedup, on the first run's xla_default
+            ceiling = res.get("comm_free_bound_speedup") or base / res["comm_free_bound_ms"]["median"]
+            bnd = base / ceiling  # the bound at its paired speedup, on the first run's xla_default
+            share = f"{(base - chosen) / (base - bnd):.0%}" if base > bnd else "- (bound not faster)"
+            logs.append(math.log(ceiling))
+            print(f"| {m} | {base:.2f} | {res['chosen']} | {chosen:.2f} | {base / chosen:.3f}x | {bnd:.2f} | "
+                  f"{base / bnd:.3f}x | {share} |")
+        print(f"\nGeometric mean ceiling (xla_default / communication-free bound): "
+              f"{math.exp(sum(logs) / len(logs)):.3f}x over {len(logs)} models")
+    return 0
+
+
+def load_results(paths: list[str], models: list[str]) -> dict:
+    """model -> ``disco optimize --json`` from saved files (see the module doc); a fusion_share
+    result's fresh run goes under the private key "_share"."""
+    results = {}
+    for path in paths:
+        with open(path) as f:
+            saved = json.load(f)
+        for m, res in saved.items():
+            if "optimize" in res:
+                results[m] = {**res["optimize"], "_share": res.get("share"), "_best_baseline": res.get("best_baseline")}
+            else:
+                results[m] = res
+    return {m: results[m] for m in models if m in results}
+
+
+def best_baseline(res: dict) -> dict | None:
+    """The best bucketing baseline of a run by the optimizer's rule
+    (:func:`disco.optimizer.fastest_baseline`, over the first run's paired speedups): its row, or None."""
+    from disco.optimizer import fastest_baseline
+
+    rows = {r["name"]: r for r in res["rows"] if r.get("applied", True) and r.get("speedup_vs_xla_default")}
+    name = fastest_baseline({n: r["speedup_vs_xla_default"] for n, r in rows.items()},
+                            {n: r.get("kind", "search") for n, r in rows.items()})
+    return None if name is None else rows[name]
+
+
+def samples_interval(samples_ms: dict, base: str, other: str) -> tuple[float, float]:
+    """:func:`xla_hooks.measure.paired_interval` of ``other`` over ``base`` from saved per-round times."""
+    from xla_hooks.measure import Measurement, paired_interval
+
+    return paired_interval(Measurement(tuple(samples_ms[base])), Measurement(tuple(samples_ms[other])))
+
+
+def vs_best_baseline_table(results: dict, shares: dict) -> None:
+    """Prints the answer against the best bucketing baseline, per model, and the geometric means."""
+    print("\n| model | answer | best baseline (first run) | first run: answer / best baseline | "
+          "fresh run: answer vs best baseline, paired (90% interval) | answer vs xla_default (confirmed) |")
+    print("|---|---|---|---|---|---|")
+    first_logs, fresh_logs, used_logs = [], [], []
+    for m, res in results.items():
+        bb = best_baseline(res)
+        if bb is None:
+            continue
+        rows = {r["name"]: r for r in res["rows"]}
+        ans = res["chosen"]
+        ans_first = 1.0 if ans == "xla_default" else rows[ans]["speedup_vs_xla_default"]
+        first = ans_first / bb["speedup_vs_xla_default"]
+        first_logs.append(math.log(first))
+        fresh_cell, used = "-", first
+        sh = shares.get(m)
+        if sh and sh.get("answer_vs_best_baseline") is not None:
+            b_name = res.get("_best_baseline") or bb["name"]
+            cell = f"{sh['answer_vs_best_baseline']:.3f}x"
+            samples = sh.get("samples_ms", {})
+            if ans != b_name and ans in samples and b_name in samples:
+                lo, hi = samples_interval(samples, b_name, ans)
+                cell += f" ({lo:.3f}-{hi:.3f}; {sh['rounds']} rounds)"
+            elif ans == b_name:
+                cell += " (the answer is the best baseline)"
+            fresh_cell, used = cell, sh["answer_vs_best_baseline"]
+            fresh_logs.append(math.log(used))
+        used_logs.append(math.log(used))
+        print(f"| {m} | {ans} | {bb['name']} ({bb['speedup_vs_xla_default']:.3f}x) | {first:.3f}x | {fresh_cell} | "
+              f"{res['speedup_vs_xla_default']:.3f}x |")
+    gm = (lambda logs: math.exp(sum(logs) / len(logs)))  # noqa: E731
+    if first_logs:
+        print(f"\nGeometric mean of the answer over the best bucketing baseline: first run "
+              f"{gm(first_logs):.3f}x over {len(first_logs)} models"
+              + (f"; fresh paired runs {gm(fresh_logs):.3f}x over {len(fresh_logs)} models" if fresh_logs else "")
+              + (f"; fresh where measured, else first run: {gm(used_logs):.3f}x" if fresh_logs and
+                 len(fresh_logs) < len(used_logs) else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

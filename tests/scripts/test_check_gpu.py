@@ -1,0 +1,78 @@
+"""scripts/tools/check_gpu.py, the manual check of plans on a GPU (CI has none): its CPU dry run applies
+every plan, and without a GPU it runs only when asked to."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.support.paths import REPO
+
+ROOT = REPO
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "tools" / "check_gpu.py"), *args], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+
+
+def test_the_dry_run_on_cpu_applies_every_plan(tmp_path):
+    r = _run("--allow-cpu", "--models", "mlp", "--preset", "tiny", "--rounds", "1", "--steps", "1",
+             "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "unexpected (a fallback, groups not refused on GPU, or numbers changed): none" in r.stdout
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["backend"] == "cpu"
+    plans = report["models"][0]["plans"]
+    assert {"xla_default", "per_tensor", "ddp", "ddp+lhs", "cuts", "groups", "xla_default_rt"} <= set(plans)
+    assert all(row["applied"] for row in plans.values()), plans  # on CPU fusion groups apply too
+
+
+def test_without_a_gpu_it_runs_only_when_asked(tmp_path):
+    r = _run("--models", "mlp", "--preset", "tiny", "--rounds", "1", "--steps", "1", "--out", str(tmp_path))
+    if json.loads(r.stdout.splitlines()[0])["backend"] == "gpu":  # on a GPU machine it is the real check
+        assert "unexpected (a fallback, groups not refused on GPU, or numbers changed): none" in r.stdout, r.stdout[-2000:]
+        return
+    assert r.returncode == 2 and "no GPU backend: nothing to check" in r.stderr
+
+
+def _check_gpu():
+    spec = importlib.util.spec_from_file_location("check_gpu", ROOT / "scripts" / "tools" / "check_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.fast
+def test_numerics_measures_against_the_test_tolerance():
+    check_gpu = _check_gpu()
+    ref = {"w": np.array([1.0, -2.0]), "key_bias": np.array([1e-9, -1e-9])}
+    same = check_gpu.numerics({"w": ref["w"].copy(), "key_bias": ref["key_bias"].copy()}, ref)
+    assert same["within_test_tolerance"] and same["tolerance_ratio"] == 0.0 and same["worst_leaf"] is None
+    # a zero-gradient leaf's rounding noise of the other sign: relative error 2, well inside the 1e-7 floor
+    noise = check_gpu.numerics({"w": ref["w"], "key_bias": -ref["key_bias"]}, ref)
+    assert noise["within_test_tolerance"] and noise["max_rel_leaf_err"] == 2.0 and noise["tolerance_ratio"] < 0.1
+    changed = check_gpu.numerics({"w": np.array([1.0, -2.01]), "key_bias": ref["key_bias"]}, ref)
+    assert not changed["within_test_tolerance"] and changed["leaves_outside_tolerance"] == 1
+    assert changed["worst_leaf"]["leaf"] == "['w']" and changed["worst_leaf"]["scale"] == 2.0
+    assert abs(changed["tolerance_ratio"] - 0.01 / (1e-5 * 2.0 + 1e-7)) < 1e-6
+
+
+@pytest.mark.fast
+def test_a_plan_changes_the_numbers_only_beyond_the_same_programs_spread():
+    check_gpu = _check_gpu()
+
+    def row(vs_default, vs_rt, applied=True):
+        return {"applied": applied, "vs_xla_default": {"tolerance_ratio": vs_default},
+                "vs_xla_default_rt": {"tolerance_ratio": vs_rt}}
+
+    rows = {"inside": row(0.5, 0.5), "like_its_recompile": row(900.0, 0.0), "changed": row(900.0, 800.0),
+            "noisy": row(60.0, 70.0), "fell_back": row(900.0, 900.0, applied=False)}
+    assert check_gpu.changed_beyond_spread(rows, spread=0.0) == ["changed", "noisy"]
+    assert check_gpu.changed_beyond_spread(rows, spread=10.0) == ["changed"]  # over 10 x 10

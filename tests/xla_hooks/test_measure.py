@@ -1,0 +1,94 @@
+"""xla_hooks.measure: interleaved rounds, a warm-up round, rotation, per-step blocking."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xla_hooks import measure
+
+pytestmark = pytest.mark.fast
+
+
+def recorder():
+    calls = []
+
+    def make(name):
+        def fn(*args):
+            calls.append(name)
+            return args[0]
+        return fn
+    return calls, make
+
+
+def test_interleaved_rounds_warm_up_then_rotate_the_order():
+    calls, make = recorder()
+    fns = {n: make(n) for n in "abc"}
+    out = measure.measure_interleaved(fns, (1.0,), rounds=4, steps=2)
+    assert {k: len(m.samples) for k, m in out.items()} == {"a": 4, "b": 4, "c": 4}
+    rounds = [calls[i:i + 6:2] for i in range(0, len(calls), 6)]  # one entry per plan per round
+    assert rounds == [["a", "b", "c"],  # the untimed warm-up round
+                      ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert calls[:2] == ["a", "a"]  # steps of one plan run back to back
+
+
+def test_every_step_is_waited_for(monkeypatch):
+    import jax
+
+    waited = []
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(x) or x)
+    measure.measure_interleaved({"a": lambda x: x}, (3,), rounds=2, steps=3)
+    assert len(waited) == (1 + 2) * 3  # warm-up round and timed rounds, each step
+
+
+def test_bad_counts_are_named():
+    with pytest.raises(ValueError, match="rounds and steps must be >= 1"):
+        measure.measure_interleaved({"a": lambda: 0}, (), rounds=0)
+
+
+def test_paired_speedup_is_the_median_of_per_round_ratios():
+    base = measure.Measurement((1.0, 2.0, 4.0))
+    other = measure.Measurement((0.5, 2.5, 3.0))  # ratios 2.0, 0.8, 1.333
+    assert measure.paired_speedup(base, other) == pytest.approx(4.0 / 3.0)
+    assert base.median / other.median == pytest.approx(0.8)  # the ratio of medians says the opposite
+    # drift between rounds cancels: other is 10% faster in every round, however slow the round
+    drift = (1.0, 3.0, 1.2, 2.5, 1.1)
+    assert measure.paired_speedup(measure.Measurement(drift), measure.Measurement(tuple(0.9 * d for d in drift))) \
+        == pytest.approx(1 / 0.9)
+    with pytest.raises(ValueError, match="one interleaved run, got 3 and 2 rounds"):
+        measure.paired_speedup(base, measure.Measurement((1.0, 1.0)))
+
+
+def test_paired_interval_brackets_the_paired_speedup_and_repeats():
+    base = measure.Measurement((1.0, 1.1, 0.9, 1.2, 1.0, 1.05, 0.95))
+    other = measure.Measurement((0.8, 1.0, 0.85, 1.0, 0.9, 1.0, 0.9))
+    lo, hi = measure.paired_interval(base, other)
+    assert lo < measure.paired_speedup(base, other) < hi
+    assert measure.paired_interval(base, other) == (lo, hi)  # seeded: the same samples, the same interval
+    narrow = measure.paired_interval(base, other, level=0.5)
+    assert lo <= narrow[0] <= narrow[1] <= hi
+    # a plan 10% faster in every round, whatever the round's drift: no spread to resample
+    drift = (1.0, 3.0, 1.2, 2.5, 1.1)
+    point = measure.paired_interval(measure.Measurement(drift), measure.Measurement(tuple(0.9 * d for d in drift)))
+    assert point == pytest.approx((1 / 0.9, 1 / 0.9))
+
+
+def test_paired_interval_bad_input_is_named():
+    one = measure.Measurement((1.0, 2.0))
+    with pytest.raises(ValueError, match="one interleaved run with rounds, got 2 and 1 rounds"):
+        measure.paired_interval(one, measure.Measurement((1.0,)))
+    with pytest.raises(ValueError, match="0 < level < 1 and draws >= 1, got level=1.5"):
+        measure.paired_interval(one, one, level=1.5)
+    with pytest.raises(ValueError, match="draws=0"):
+        measure.paired_interval(one, one, draws=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(1e-3, 10.0), st.floats(1e-3, 10.0)), min_size=1, max_size=25))
+def test_paired_interval_holds_the_median_within_the_ratios(rounds):
+    base = measure.Measurement(tuple(b for b, _ in rounds))
+    other = measure.Measurement(tuple(o for _, o in rounds))
+    ratios = [b / o for b, o in rounds]
+    lo, hi = measure.paired_interval(base, other, draws=400)
+    assert min(ratios) <= lo <= measure.paired_speedup(base, other) <= hi <= max(ratios)
