@@ -100,8 +100,8 @@ class CompiledStep(NamedTuple):
         """The JSON-ready figures (milliseconds), with which tier priced them."""
         launches = sum(k.executions for k, _ in self.kernels)
         return {"kernels_from": KERNELS_FROM, "backend": self.backend,
-                "step_time_ms": round(self.step_time_s * 1e3, 4), "compute_ms": round(self.compute_s * 1e3, 4),
-                "comm_ms": round(self.comm_s * 1e3, 4), "exposed_comm_ms": round(self.exposed_comm_s * 1e3, 4),
+                "step_time_ms": round(self.step_time_s * 1e3, 4), "compute_time_ms": round(self.compute_s * 1e3, 4),
+                "comm_time_ms": round(self.comm_s * 1e3, 4), "exposed_comm_ms": round(self.exposed_comm_s * 1e3, 4),
                 "kernels": len(self.kernels), "kernel_launches": launches,
                 "collectives": len(self.collectives),
                 "async_collectives": sum(c.is_async for c in self.collectives),
