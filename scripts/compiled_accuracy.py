@@ -70,11 +70,12 @@ def read(paths: list[str], preset: str) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
-def h100_rows(model: str, recs: dict[str, dict[str, Any]], costs: dict[str, Any]) -> list[dict[str, Any]]:
+def h100_rows(model: str, recs: dict[str, dict[str, Any]], costs: dict[str, Any],
+              variants: tuple[str, ...] = VARIANTS) -> list[dict[str, Any]]:
     spec = dcluster.preset("h100-1")
     pre = recs["default"]["pre_optimization_hlo"]
     rows = []
-    for variant in VARIANTS:
+    for variant in variants:
         rec = recs.get(variant)
         if rec is None:
             continue
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="paper")
     ap.add_argument("--models", help="comma list (default: every model in the data)")
     ap.add_argument("--out", default="/tmp/compiled_accuracy.json")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list (default: all three)")
     ap.add_argument("--no-8", dest="eight", action="store_false", help="skip the h100-sxm-8 compiles")
     ap.add_argument("--fusion-match", action="store_true")
     args = ap.parse_args(argv)
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         if m not in data or "default" not in data[m]:
             print(f"{m}: no default record at preset {args.preset}", file=sys.stderr)
             continue
-        rows = h100_rows(m, data[m], costs)
+        rows = h100_rows(m, data[m], costs, tuple(args.variants.split(",")))
         out["h100_1"] += rows
         by_meas = [r["variant"] for r in sorted(rows, key=lambda r: r["measured_ms"])]
         by_gnn = [r["variant"] for r in sorted(rows, key=lambda r: r["gnn_ms"])]

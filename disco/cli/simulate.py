@@ -144,8 +144,8 @@ def run_hlo(args: argparse.Namespace) -> int:
     from disco.sim import cluster, compiled
     from xla_hooks import deviceless
 
-    text = read_hlo_file(args.hlo)
     options = parse_compile_options(args.compile_option)
+    text = read_hlo_file(args.hlo)
     spec = cluster.resolve(args.cluster, args.devices if args.cluster in (None, "local") else None)
     note_placeholder_costs(spec, "disco simulate")
     cm, cm_info = load_cost_model(args.cost_model, device=spec.device)
@@ -174,7 +174,8 @@ def run_hlo(args: argparse.Namespace) -> int:
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     try:
         if compiled_text is not None:
-            row = {"plan": "xla_default", **compiled.price(compiled_text, cm, spec).summary()}
+            backend = hlo_parse.compiled_backend(compiled_text) or ("cpu" if spec.device == "cpu" else "gpu")
+            row = {"plan": "xla_default", **compiled.price(compiled_text, cm, spec, backend=backend).summary()}
         else:
             row = _emulated_row(text, cm, spec)
     except ValueError as e:  # hlo_parse.HloParseError among them
