@@ -195,3 +195,15 @@ def test_cache_key_changes_with_everything_that_changes_the_compile():
     assert len({k, cache_key("m2", **base), cache_key("m", **{**base, "devices": 8}),
                 cache_key("m", **{**base, "options": {"xla_disable_hlo_passes": "priority-fusion"}}),
                 cache_key("m", **{**base, "jax_version": "0.11.2"})}) == 5
+
+
+def test_cli_tier_compiled_prices_zoo_plans_from_xla_cpus_kernels(capsys):
+    rc, out, _ = _simulate(capsys, "--model", "mlp", "--preset", "tiny", "--devices", "2",
+                           "--plans", "xla_default,per_tensor", "--tier", "compiled", "--json")
+    assert rc == 0
+    rows = {r["plan"]: r for r in json.loads(out)["results"]}
+    assert {r["kernels_from"] for r in rows.values()} == {"compiled"}
+    assert {r["backend"] for r in rows.values()} == {"cpu"}
+    # XLA's default combines the gradients' all-reduces; per_tensor keeps one per gradient
+    assert rows["per_tensor"]["collectives"] > rows["xla_default"]["collectives"] >= 1
+    assert rows["per_tensor"]["all_reduce_bytes"] == rows["xla_default"]["all_reduce_bytes"]

@@ -32,6 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_cost_model_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (default: a table)")
     add_strict_arg(p)
+    p.add_argument("--tier", choices=("emulated", "compiled"), default="emulated",
+                   help="emulated: the Python emulation of XLA's fusion (fast); compiled: each plan compiled with "
+                        "XLA:CPU and its real kernels priced (CPU clusters; for a GPU cluster use --hlo) "
+                        "(default emulated)")
     g = p.add_argument_group("compiled tier (instead of --model: price the module XLA builds)")
     g.add_argument("--hlo", metavar="FILE",
                    help="a pre-optimisation HLO module (as jax.jit(f).lower(...).as_text(dialect='hlo') prints it), "
@@ -70,7 +74,18 @@ def run(args: argparse.Namespace) -> int:
     cm_info = {**cm_info, "device": spec.device}
     sim = simulator.Simulator(graph, cm, spec)
     rows = []
-    for name, plan in plans.items():
+    if args.tier == "compiled":
+        if spec.device != "cpu":
+            raise CliError(f"--tier compiled: cluster {spec.name!r} is of device {spec.device!r}; a zoo plan is "
+                           "compiled with this machine's XLA:CPU (cpu clusters); for a GPU cluster price a module "
+                           "with --hlo (deviceless XLA:GPU)")
+        from disco.sim import compiled
+        from xla_hooks.compile_for import compiled_plan_text
+
+        for name, plan in plans.items():
+            r = compiled.price(compiled_plan_text(plan, step, *example), cm, spec, backend="cpu")
+            rows.append({"plan": name, **r.summary()})
+    for name, plan in plans.items() if args.tier == "emulated" else ():
         r = sim.run(plan)
         rows.append({"plan": name, "kernels_from": "emulated", **{f"{k}_ms": round(v * 1e3, 4) for k, v in r.summary().items()}})
     base = next((r["step_time_ms"] for r in rows if r["plan"] == "xla_default"), None)
