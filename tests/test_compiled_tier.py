@@ -197,6 +197,7 @@ def test_cache_key_changes_with_everything_that_changes_the_compile():
                 cache_key("m", **{**base, "jax_version": "0.11.2"})}) == 5
 
 
+@pytest.mark.slow  # two XLA:CPU compiles of a zoo step through the CLI: ~15 s
 def test_cli_tier_compiled_prices_zoo_plans_from_xla_cpus_kernels(capsys):
     rc, out, _ = _simulate(capsys, "--model", "mlp", "--preset", "tiny", "--devices", "2",
                            "--plans", "xla_default,per_tensor", "--tier", "compiled", "--json")
