@@ -12,7 +12,7 @@ PRESET ?= small
 DEVICES ?= 8
 BUDGET ?= 30
 
-.PHONY: run test test-fast test-trax test-hooks lint docs install install-test clean
+.PHONY: run test test-fast test-trax test-hooks lint docs install install-test install-gpu test-gpu-compile clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -91,5 +91,26 @@ test-hooks: $(HOOKS_VENV)/.installed
 	$(HOOKS_VENV)/bin/python -c "import jax; assert jax.__version__ == '$(HOOKS_JAX)', jax.__version__"
 	$(HOOKS_VENV)/bin/python -m pytest $(HOOK_TESTS)
 
+# Deviceless XLA:GPU compilation (the simulator's compiled tier for GPU clusters, from a machine
+# without a GPU): Python 3.12, jax[cuda12] at the 0.12.0.1 lock (about 4.5 GB of NVIDIA wheels),
+# disco installed editable with its `disco` command. disco finds it at $(GPU_VENV)/bin/python
+# (override: DISCO_GPU_PYTHON). `make test-gpu-compile` runs the tests marked gpu_compile in it.
+GPU_VENV ?= .venv-gpu
+GPU_LOCK := constraints/jax-0.12.0.1.txt
+GPU_CUDA_LOCK := constraints/jax-0.12.0.1-cuda12.txt
+GPU_TESTS ?= tests/xla_hooks/test_deviceless.py
+
+$(GPU_VENV)/.installed: setup.cfg pyproject.toml $(GPU_LOCK) $(GPU_CUDA_LOCK)
+	@test -n "$(HOOKS_PYTHON)" || { echo "make install-gpu: no Python 3.12 found (jax 0.12.0.1 needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }
+	$(HOOKS_PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install --quiet -c $(GPU_LOCK) -c $(GPU_CUDA_LOCK) -e '.[test]' 'jax[cuda12]==0.12.0.1'
+	touch $@
+
+install-gpu: $(GPU_VENV)/.installed
+
+test-gpu-compile: $(GPU_VENV)/.installed
+	JAX_PLATFORMS=cpu $(GPU_VENV)/bin/python -m pytest -m gpu_compile $(GPU_TESTS)
+
 clean:
-	rm -rf $(VENV) .venv-jax* build site *.egg-info
+	rm -rf $(VENV) .venv-jax* .venv-gpu build site *.egg-info

@@ -60,13 +60,13 @@ class KernelCosts(CostModel):
         self.source = source
         self.meta = dict(meta or {})
         self._w = KM.to_numpy(KM.weights(model))
-        self._cache: dict[tuple[str, int, int, int], float] = {}
+        self._cache: dict[tuple[tuple, int, int, int], float] = {}
 
     def kernel_time(self, kernel: Kernel) -> float:
         """Seconds per launch of ``kernel`` (0.0 for a kernel without work)."""
         if kernel.is_empty:
             return 0.0
-        key = (kernel.key(), kernel.in_bytes, kernel.out_bytes, kernel.step_bytes)
+        key = (_structure(kernel), kernel.in_bytes, kernel.out_bytes, kernel.step_bytes)
         t = self._cache.get(key)
         if t is None:
             graph = KF.kernel_graph(kernel)
@@ -122,6 +122,16 @@ class KernelCosts(CostModel):
 
     def __repr__(self) -> str:
         return f"KernelCosts(device={self.device!r}, digest={self.digest()!r}, source={self.source!r})"
+
+
+def _structure(kernel: Kernel) -> tuple:
+    """What the kernel's graph (:func:`gnn.kernel_features.kernel_graph`) is made of: per node its
+    opcode, shape, layout, flops and operands (as positions inside the kernel, -1 outside). Two
+    kernels with the same ``Kernel.key()`` (the multiset of ``opcode:shape``) can differ in layout or
+    wiring, and so in their graph and price: the cache must not give one the other's time."""
+    pos = {n.name: i for i, n in enumerate(kernel.nodes)}
+    return tuple((n.opcode, n.shape, n.layout, n.flops, tuple(pos.get(o, -1) for o in n.operands))
+                 for n in kernel.nodes)
 
 
 # -- checkpoint --------------------------------------------------------------------------------

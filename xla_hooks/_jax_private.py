@@ -154,6 +154,39 @@ def compile_text_standalone(text: str, num_devices: int, compiler_options: dict[
                                           options, [])
 
 
+def compile_text_for(text: str, devices: Any, compiler_options: dict[str, Any]) -> str:
+    """Compiles HLO ``text`` for ``devices`` (this process's devices, or a topology's compile-only
+    devices: deviceless XLA:GPU) and returns the optimised, scheduled module's text.
+
+    One partition per device (SPMD, shardy); the executable itself is dropped (a compile-only
+    client has none to run).
+    """
+    import numpy as np
+
+    try:
+        from jax._src import compiler
+        from jax._src.interpreters import mlir as jmlir
+        from jax._src.lib import xla_client as xc
+        from jax._src.lib.mlir import ir
+    except ImportError as e:
+        raise PrivateApiError(f"jax's compiler internals moved: {e}") from None
+    mlir_bytes = hlo_text_to_mlir_bytes(text)
+    devices = tuple(devices)
+    n = len(devices)
+    with jmlir.make_ir_context():
+        module = ir.Module.parse(mlir_bytes)
+        options = compiler.get_compile_options(
+            num_replicas=1, num_partitions=n, device_assignment=np.array(devices).reshape(1, n),
+            env_options_overrides={**rewritten_module_options(), **compiler_options})
+        options.executable_build_options.use_spmd_partitioning = True
+        options.executable_build_options.use_shardy_partitioner = True
+        exe = compiler.backend_compile_and_load(devices[0].client, module, xc.DeviceList(devices), options, [])
+    try:
+        return exe.hlo_modules()[0].to_string()
+    except (AttributeError, IndexError) as e:
+        raise PrivateApiError(f"a compiled executable no longer lists its HLO modules: {e}") from None
+
+
 def kv_client() -> Any:
     """The coordination service's key-value client of a ``jax.distributed`` job.
 

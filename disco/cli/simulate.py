@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from disco.cli.common import (
+    CliError,
     add_cost_model_arg,
     add_model_args,
     add_plans_arg,
@@ -18,6 +19,7 @@ from disco.cli.common import (
     note_placeholder_costs,
     print_json,
     resolve_plans,
+    setup_devices,
     table_console,
 )
 
@@ -30,6 +32,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_cost_model_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (default: a table)")
     add_strict_arg(p)
+    p.add_argument("--tier", choices=("emulated", "compiled"), default="emulated",
+                   help="emulated: the Python emulation of XLA's fusion (fast); compiled: each plan compiled with "
+                        "XLA:CPU and its real kernels priced (CPU clusters; for a GPU cluster use --hlo) "
+                        "(default emulated)")
+    g = p.add_argument_group("compiled tier (instead of --model: price the module XLA builds)")
+    g.add_argument("--hlo", metavar="FILE",
+                   help="a pre-optimisation HLO module (as jax.jit(f).lower(...).as_text(dialect='hlo') prints it), "
+                        "or an optimised one (Compiled.as_text()): compiled for --cluster's device (XLA:CPU here, "
+                        "deviceless XLA:GPU for an H100 cluster: `make install-gpu`) and priced kernel by kernel")
+    g.add_argument("--compile-option", metavar="KEY=VALUE", action="append", default=[],
+                   help="an XLA compile option for --hlo (repeatable), e.g. xla_disable_hlo_passes=priority-fusion")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -46,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from disco.ir.graph import HloGraph
     from disco.sim import cluster, simulator
 
+    if args.hlo is not None:
+        return run_hlo(args)
     check_devices(args.devices)
     spec = cluster.resolve(args.cluster, args.devices)  # before the compile: a bad --cluster costs nothing
     note_device_mismatch(args.devices, spec, "disco simulate")
@@ -59,9 +74,20 @@ def run(args: argparse.Namespace) -> int:
     cm_info = {**cm_info, "device": spec.device}
     sim = simulator.Simulator(graph, cm, spec)
     rows = []
-    for name, plan in plans.items():
+    if args.tier == "compiled":
+        if spec.device != "cpu":
+            raise CliError(f"--tier compiled: cluster {spec.name!r} is of device {spec.device!r}; a zoo plan is "
+                           "compiled with this machine's XLA:CPU (cpu clusters); for a GPU cluster price a module "
+                           "with --hlo (deviceless XLA:GPU)")
+        from disco.sim import compiled
+        from xla_hooks.compile_for import compiled_plan_text
+
+        for name, plan in plans.items():
+            r = compiled.price(compiled_plan_text(plan, step, *example), cm, spec, backend="cpu")
+            rows.append({"plan": name, **r.summary()})
+    for name, plan in plans.items() if args.tier == "emulated" else ():
         r = sim.run(plan)
-        rows.append({"plan": name, **{f"{k}_ms": round(v * 1e3, 4) for k, v in r.summary().items()}})
+        rows.append({"plan": name, "kernels_from": "emulated", **{f"{k}_ms": round(v * 1e3, 4) for k, v in r.summary().items()}})
     base = next((r["step_time_ms"] for r in rows if r["plan"] == "xla_default"), None)
     for r in rows:  # the convention of every table and --json: xla_default's time over the plan's
         r["speedup_vs_xla_default"] = round(base / r["step_time_ms"], 4) if base and r["step_time_ms"] else None
@@ -72,14 +98,122 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
         return 0
+    _print_table(f"simulated (cost model {cm.name}, cluster {spec.name}): {out['model']}/{out['preset']}, "
+                 f"lower bound {lb * 1e3:.3f} ms", rows)
+    return 0
+
+
+def _print_table(title: str, rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
-    t = Table(title=f"simulated (cost model {cm.name}, cluster {spec.name}): {out['model']}/{out['preset']}, "
-                    f"lower bound {lb * 1e3:.3f} ms")
+    t = Table(title=title)
     cols = list(rows[0].keys())
     for c in cols:
         t.add_column(c)
     for r in rows:
         t.add_row(*[str(r[c]) for c in cols])
     table_console(120).print(t)
+
+
+def parse_compile_options(items: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings as a dict (a value may be empty: ``xla_gpu_enable_command_buffer=``).
+
+    Raises:
+      CliError: for an item without ``=`` or with an empty key.
+    """
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise CliError(f"--compile-option {item!r}: expected KEY=VALUE, e.g. xla_disable_hlo_passes=priority-fusion")
+        out[key.strip()] = value
+    return out
+
+
+def read_hlo_file(path: str) -> str:
+    """The text of ``--hlo``'s file.
+
+    Raises:
+      CliError: for a missing file, or one that is not HLO text.
+    """
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise CliError(f"--hlo {path!r}: no such file; expected a file of HLO text (as "
+                       "jax.jit(f).lower(...).as_text(dialect='hlo') prints it)")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    if "HloModule" not in text:
+        raise CliError(f"--hlo {path!r}: not HLO text (no 'HloModule' header; it starts {text[:40]!r}); expected "
+                       "a module as jax.jit(f).lower(...).as_text(dialect='hlo') prints it")
+    return text
+
+
+def run_hlo(args: argparse.Namespace) -> int:
+    """``disco simulate --hlo FILE``: the module compiled for ``--cluster``'s device and priced (the
+    compiled tier), or, for a GPU cluster without the deviceless environment, the emulation with a
+    :class:`xla_hooks.deviceless.DevicelessFallbackWarning`."""
+    import warnings
+
+    from disco.ir import hlo_parse
+    from disco.sim import cluster, compiled
+    from xla_hooks import deviceless
+
+    options = parse_compile_options(args.compile_option)
+    text = read_hlo_file(args.hlo)
+    spec = cluster.resolve(args.cluster, args.devices if args.cluster in (None, "local") else None)
+    note_placeholder_costs(spec, "disco simulate")
+    cm, cm_info = load_cost_model(args.cost_model, device=spec.device)
+    cm_info = {**cm_info, "device": spec.device}
+    n = spec.num_devices
+    compiled_text = text if hlo_parse.is_scheduled(text) else None
+    fallback = None
+    if compiled_text is None:
+        if spec.device == "cpu":
+            setup_devices(n)
+        try:
+            from xla_hooks.compile_for import compile_for
+
+            compiled_text = compile_for(text, device=spec.device, devices=n, options=options)
+        except deviceless.DevicelessUnavailable as e:
+            if deviceless.available():  # the environment is there: the compile itself failed
+                raise CliError(f"--hlo {args.hlo}: {e}") from None
+            fallback = (f"cluster {spec.name!r} ({spec.device}): deviceless XLA:GPU is not available here, so the "
+                        f"kernels are the Python emulation of XLA:GPU's fusion (kernels_from 'emulated'); to price "
+                        f"the kernels XLA builds, {deviceless.INSTALL_HINT}")
+            warnings.warn(fallback, deviceless.DevicelessFallbackWarning, stacklevel=1)
+        except ValueError as e:
+            raise CliError(f"--hlo {args.hlo}: {e}") from None
+        except Exception as e:  # XLA rejecting the module (jax's JaxRuntimeError), a moved private API
+            raise CliError(f"--hlo {args.hlo}: the compile for {spec.device} x{n} failed: "
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    try:
+        if compiled_text is not None:
+            backend = hlo_parse.compiled_backend(compiled_text) or ("cpu" if spec.device == "cpu" else "gpu")
+            row = {"plan": "xla_default", **compiled.price(compiled_text, cm, spec, backend=backend).summary()}
+        else:
+            row = _emulated_row(text, cm, spec)
+    except ValueError as e:  # hlo_parse.HloParseError among them
+        raise CliError(f"--hlo {args.hlo}: {e}") from None
+    out = {"hlo": args.hlo, "cluster": spec.name, "devices": n, "compile_options": options,
+           "cost_model": cm.name, "cost_model_info": cm_info, "simulated": True, "results": [row]}
+    if fallback:
+        out["warning"] = fallback
+    if args.json:
+        print_json(out)
+        return 0
+    _print_table(f"simulated (cost model {cm.name}, cluster {spec.name}, kernels {row['kernels_from']}): "
+                 f"{args.hlo}", [row])
     return 0
+
+
+def _emulated_row(text: str, cm: Any, spec: Any) -> dict[str, Any]:
+    """The fast tier's row for a pre-optimisation module: XLA's default plan, fusion emulated."""
+    from disco.ir.graph import HloGraph
+    from disco.sim import simulator
+
+    graph = HloGraph.from_hlo_text(text)
+    plan = resolve_plans("xla_default", graph)["xla_default"]
+    r = simulator.Simulator(graph, cm, spec).run(plan)
+    return {"plan": "xla_default", "kernels_from": "emulated",
+            **{f"{k}_ms": round(v * 1e3, 4) for k, v in r.summary().items()}}

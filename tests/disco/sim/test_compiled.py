@@ -1,0 +1,210 @@
+"""The compiled tier (disco.sim.compiled, xla_hooks.compile_for, disco simulate --hlo) in the main
+environment: a hand-written scheduled module's schedule, a real XLA:CPU compile priced, the CLI's
+errors and its fallback for a GPU cluster without the deviceless environment."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from disco.cli import main as disco_main
+from disco.sim import collectives
+from disco.sim import compiled as C
+from disco.sim.cluster_spec import ClusterSpec, LinkSpec
+from disco.sim.costs import CostModel, Kernel
+
+SCHEDULED = """HloModule t, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_exp (p: f32[1024]) -> f32[1024] {
+  %p = f32[1024]{0} parameter(0)
+  ROOT %e = f32[1024]{0} exponential(%p)
+}
+
+%cond (c: (s32[], f32[1024])) -> pred[] {
+  %c = (s32[], f32[1024]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (q: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %q = (s32[], f32[1024]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%q), index=0
+  %one = s32[] constant(1)
+  %next = s32[] add(%j, %one)
+  %v = f32[1024]{0} get-tuple-element(%q), index=1
+  %fb = f32[1024]{0} fusion(%v), kind=kLoop, calls=%fused_exp
+  ROOT %tb = (s32[], f32[1024]{0}) tuple(%next, %fb)
+}
+
+ENTRY %main (x: f32[1024]) -> f32[1024] {
+  %x = f32[1024]{0} parameter(0)
+  %f1 = f32[1024]{0} fusion(%x), kind=kLoop, calls=%fused_exp
+  %ars = f32[1024]{0} all-reduce-start(%f1), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %f2 = f32[1024]{0} fusion(%x), kind=kLoop, calls=%fused_exp
+  %f3 = f32[1024]{0} fusion(%f2), kind=kLoop, calls=%fused_exp
+  %ard = f32[1024]{0} all-reduce-done(%ars)
+  %ar = f32[1024]{0} all-reduce(%ard), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[1024]{0}) tuple(%zero, %ar)
+  %w = (s32[], f32[1024]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %out = f32[1024]{0} get-tuple-element(%w), index=1
+}
+"""
+
+MS = 1e-3
+
+
+class OneMs(CostModel):
+    """Every kernel with work takes 1 ms."""
+
+    name = "one-ms"
+
+    def kernel_time(self, kernel: Kernel) -> float:
+        return 0.0 if kernel.is_empty else MS
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> OneMs:
+        return cls()
+
+
+def _cluster(bandwidth: float) -> ClusterSpec:
+    link = LinkSpec(bandwidth, 1e-6)
+    return ClusterSpec(name="t8", nodes=1, devices_per_node=8, intra=link, inter=link, algorithm="ring",
+                       device="h100")
+
+
+@pytest.mark.parametrize("bandwidth", [1e12, 1e6])  # an all-reduce far shorter, and far longer, than 2 kernels
+def test_schedule_overlaps_an_async_all_reduce_and_waits_at_its_done(bandwidth):
+    spec = _cluster(bandwidth)
+    r = C.price(SCHEDULED, OneMs(), spec, backend="gpu")
+    c = collectives.collective_time("all-reduce", 4096, spec)
+    assert [(k.name, k.executions) for k, _ in r.kernels] == [("f1", 1), ("f2", 1), ("f3", 1), ("next", 3),
+                                                                ("fb", 3)]
+    assert [(x.name, x.kind, x.nbytes, x.group, x.is_async) for x in r.collectives] == [
+        ("ars", "all-reduce", 4096, 8, True), ("ar", "all-reduce", 4096, 8, False)]
+    assert math.isclose(r.compute_s, 9 * MS)  # f1, f2, f3 and the loop body's two kernels 3 times (no condition on GPU)
+    # f1; the async all-reduce beside f2 and f3; its done waits; the synchronous one holds the stream; the loop
+    expected = max(3 * MS, MS + c) + c + 6 * MS
+    assert math.isclose(r.step_time_s, expected, rel_tol=1e-9)
+    assert math.isclose(r.comm_s, 2 * c)
+    s = r.summary()
+    assert s["kernels_from"] == "compiled" and s["async_collectives"] == 1 and s["kernel_launches"] == 9
+
+
+def test_schedule_on_cpu_runs_the_loop_condition():
+    r = C.price(SCHEDULED, OneMs(), _cluster(1e12), backend="cpu")
+    assert ("lt", 4) in [(k.name, k.executions) for k, _ in r.kernels]  # 3 trips + the final test
+
+
+def test_read_rejects_text_that_is_not_a_compiled_module():
+    with pytest.raises(ValueError, match="expected an HLO module's text, got 'hello'"):
+        C.read("hello")
+    with pytest.raises(ValueError, match="is_scheduled=true"):
+        C.read(SCHEDULED.replace(", is_scheduled=true", ""))
+
+
+def _pre_optimization_text() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, w):
+        return jnp.sum(jnp.tanh(x @ w) * 2.0)
+
+    return jax.jit(jax.grad(f, argnums=(0, 1))).lower(jnp.ones((32, 64)), jnp.ones((64, 16))).as_text(dialect="hlo")
+
+
+def test_xla_cpu_compile_is_priced_from_its_real_kernels():
+    from disco.ir import hlo_parse
+    from disco.sim.cluster_presets import preset
+    from disco.sim.costs.device_costs import analytic
+    from xla_hooks.compile_for import compile_for
+
+    text = compile_for(_pre_optimization_text(), device="cpu", devices=1, use_cache=False)
+    assert hlo_parse.is_scheduled(text)
+    r = C.price(text, analytic("cpu"), preset("local", 1))
+    names = {k.name for k, _ in r.kernels}
+    assert r.backend == "cpu" and r.kernels and r.collectives == ()
+    assert any("fusion" in n or "dot" in n for n in names), names
+    assert r.compute_s > 0 and math.isclose(r.step_time_s, r.compute_s)
+    with pytest.raises(ValueError, match="device kind 'tpu'"):
+        compile_for(text, device="tpu")
+
+
+def _simulate(capsys, *args: str) -> tuple[int, str, str]:
+    rc = disco_main(["simulate", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_hlo_errors_say_what_was_received(capsys, tmp_path):
+    rc, _, err = _simulate(capsys, "--hlo", str(tmp_path / "missing.hlo"), "--cluster", "h100-1")
+    assert rc == 2 and "no such file" in err and "missing.hlo" in err
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("not a module\n")
+    rc, _, err = _simulate(capsys, "--hlo", str(bad), "--cluster", "h100-1")
+    assert rc == 2 and "not HLO text" in err and "'not a module" in err
+    rc, _, err = _simulate(capsys, "--hlo", str(bad), "--compile-option", "novalue")
+    assert rc == 2 and "expected KEY=VALUE" in err
+
+
+def test_cli_prices_a_compiled_module_as_it_is(capsys, tmp_path):
+    f = tmp_path / "m.hlo"
+    f.write_text(SCHEDULED)
+    rc, out, _ = _simulate(capsys, "--hlo", str(f), "--cluster", "h100-sxm-8", "--json")
+    assert rc == 0
+    row = json.loads(out)["results"][0]
+    assert row["kernels_from"] == "compiled" and row["collectives"] == 2 and row["kernels"] == 5
+
+
+def test_cli_gpu_cluster_without_the_environment_falls_back_with_a_warning(capsys, tmp_path, monkeypatch):
+    from xla_hooks import deviceless
+
+    monkeypatch.setenv(deviceless.GPU_PYTHON_ENV, str(tmp_path / "no-python"))
+    f = tmp_path / "pre.hlo"
+    f.write_text(_pre_optimization_text())
+    with warnings.catch_warnings():  # the CLI prints a warning as one line on stderr
+        warnings.simplefilter("always", deviceless.DevicelessFallbackWarning)
+        rc, out, err = _simulate(capsys, "--hlo", str(f), "--cluster", "h100-1", "--json")
+    assert rc == 0
+    assert "DevicelessFallbackWarning" in err and "make install-gpu" in err
+    out = json.loads(out)
+    assert out["results"][0]["kernels_from"] == "emulated" and "make install-gpu" in out["warning"]
+
+
+def test_cache_key_changes_with_everything_that_changes_the_compile():
+    from xla_hooks.deviceless import cache_key
+
+    base = {"target": "h100", "devices": 1, "options": {}, "jax_version": "0.12.0.1"}
+    k = cache_key("m", **base)
+    assert k == cache_key("m", **base)
+    assert len({k, cache_key("m2", **base), cache_key("m", **{**base, "devices": 8}),
+                cache_key("m", **{**base, "options": {"xla_disable_hlo_passes": "priority-fusion"}}),
+                cache_key("m", **{**base, "jax_version": "0.11.2"})}) == 5
+
+
+@pytest.mark.slow  # two XLA:CPU compiles of a zoo step through the CLI: ~15 s
+def test_cli_tier_compiled_prices_zoo_plans_from_xla_cpus_kernels(capsys):
+    rc, out, _ = _simulate(capsys, "--model", "mlp", "--preset", "tiny", "--devices", "2",
+                           "--plans", "xla_default,per_tensor", "--tier", "compiled", "--json")
+    assert rc == 0
+    rows = {r["plan"]: r for r in json.loads(out)["results"]}
+    assert {r["kernels_from"] for r in rows.values()} == {"compiled"}
+    assert {r["backend"] for r in rows.values()} == {"cpu"}
+    # XLA's default combines the gradients' all-reduces; per_tensor keeps one per gradient
+    assert rows["per_tensor"]["collectives"] > rows["xla_default"]["collectives"] >= 1
+    assert rows["per_tensor"]["all_reduce_bytes"] == rows["xla_default"]["all_reduce_bytes"]

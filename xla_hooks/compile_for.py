@@ -1,0 +1,60 @@
+"""One compile of a pre-optimisation module for a cluster's device: the module XLA really builds.
+
+:func:`compile_for` returns the optimised, scheduled module's text (``Compiled.as_text()``) for
+``devices`` devices of a device kind: on ``cpu`` with this process's XLA:CPU backend (the caller
+starts enough virtual CPU devices first), on a GPU kind (``h100``) with deviceless XLA:GPU in the
+``.venv-gpu`` child (:mod:`xla_hooks.deviceless`). The simulator's compiled tier
+(:mod:`disco.sim.compiled`) prices what it returns. :func:`compiled_plan_text` is the same for a
+plan applied to a jax step on this process's backend (:func:`xla_hooks.apply_plan.compile_plan`).
+
+Example:
+  >>> text = compile_for(pre_text, device="h100", devices=8)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from xla_hooks import deviceless
+
+if TYPE_CHECKING:
+    from disco.plans.plan import FusionPlan
+
+
+def compile_for(text: str, *, device: str, devices: int = 1, options: Mapping[str, Any] | None = None,
+                use_cache: bool = True) -> str:
+    """The compiled module of HLO ``text`` for ``devices`` devices of kind ``device``.
+
+    Raises:
+      ValueError: for a device kind no compiler here targets, or too few local CPU devices.
+      deviceless.DevicelessUnavailable: for a GPU kind without the deviceless environment (or a
+        failed deviceless compile).
+      xla_hooks._jax_private.PrivateApiError: when jax's private compile API moved.
+      Exception: what XLA raises for a module it rejects (jax's ``JaxRuntimeError``).
+    """
+    if device in deviceless.TARGETS:
+        return deviceless.compile_hlo(text, target=device, devices=devices, options=options, use_cache=use_cache)
+    if device != "cpu":
+        raise ValueError(f"compile_for: device kind {device!r}; expected 'cpu' or one of "
+                         f"{sorted(deviceless.TARGETS)} (deviceless)")
+    import jax
+
+    from xla_hooks import _jax_private
+
+    local = jax.devices("cpu")
+    if len(local) < devices:
+        raise ValueError(f"compile_for: the module needs {devices} CPU devices, this process has {len(local)}")
+    return _jax_private.compile_text_for(text, local[:devices], dict(options or {}))
+
+
+def compiled_plan_text(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any) -> str:
+    """The optimised module XLA builds for ``step_fn`` with ``plan`` on this process's backend.
+
+    Raises:
+      what :func:`xla_hooks.apply_plan.compile_plan` raises (no fallback: a plan that does not apply
+      is an error here, so a price never belongs to another plan).
+    """
+    from xla_hooks.apply_plan import compile_plan
+
+    return compile_plan(plan, step_fn, *args).compiled.as_text()

@@ -1,0 +1,219 @@
+"""Compiling for a device this machine does not have: deviceless XLA:GPU, in a worker process.
+
+XLA:GPU compiles for an H100 on a machine without a GPU (``../shared/GPU_NOTES.md``, last section):
+jax's CUDA plugin describes a target from its ``target_config`` (``targets/h100.txtpb``) and a
+topology, and compiles for the topology's compile-only devices; the result is XLA's optimised,
+scheduled module (its fusions, combined collectives and schedule), not an executable. It needs
+Python 3.12 and ``jax[cuda12]`` at the 0.12.0.1 lock, which disco's main environment lacks, so the
+compile runs in a child process of that environment: ``make install-gpu`` makes it at ``.venv-gpu``
+(:func:`gpu_python` finds it; ``DISCO_GPU_PYTHON`` overrides). Only the child's environment gets
+``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` (without it the plugin's start-up check calls ``cuInit`` and
+fails: no driver).
+
+* :func:`compile_hlo` compiles a pre-optimisation module's text (as
+  ``jax.jit(f).lower(...).as_text(dialect="hlo")`` prints it) for a target with N devices;
+* :func:`compile_zoo_step` lowers a zoo model's training step for N devices in the child (a GSPMD
+  step over abstract arguments) and compiles it the same way: (pre-optimisation text, compiled text).
+
+Results are cached on disk (``DISCO_COMPILE_CACHE``, default ``~/.cache/disco/compiled``) by the
+module's digest, the target, the devices, the compile options and the child's jax version.
+Without the environment, :func:`available` is False and the compiles raise
+:class:`DevicelessUnavailable`; callers fall back to the Python emulation of XLA:GPU's fusion with
+a :class:`DevicelessFallbackWarning`.
+
+The child: ``python -m xla_hooks.deviceless`` reads one JSON request on stdin and writes one JSON
+answer on stdout.
+
+Example:
+  >>> compiled = compile_hlo(text, target="h100", devices=1)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+GPU_PYTHON_ENV = "DISCO_GPU_PYTHON"
+CACHE_ENV = "DISCO_COMPILE_CACHE"
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = {"h100": Path(__file__).with_name("targets") / "h100.txtpb"}
+INSTALL_HINT = "run `make install-gpu` (Python 3.12 and jax[cuda12]==0.12.0.1 in .venv-gpu)"
+
+
+class DevicelessUnavailable(RuntimeError):
+    """The environment deviceless compilation needs is not there, or the child failed."""
+
+
+class DevicelessFallbackWarning(UserWarning):
+    """A GPU cluster was priced by the Python emulation because deviceless compilation is not available."""
+
+
+def gpu_python() -> Path | None:
+    """The Python of the deviceless environment: ``$DISCO_GPU_PYTHON``, else ``.venv-gpu/bin/python``
+    of this checkout; None when neither is a file."""
+    env = os.environ.get(GPU_PYTHON_ENV)
+    p = Path(env) if env else ROOT / ".venv-gpu" / "bin" / "python"
+    return p if p.is_file() else None
+
+
+def available() -> bool:
+    """Whether deviceless compilation can run here."""
+    return gpu_python() is not None
+
+
+def child_jax_version(python: Path) -> str:
+    """The jax version installed beside ``python`` (read from its dist-info; '?' when not found)."""
+    for d in glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "jax-*.dist-info")):
+        return Path(d).name.removeprefix("jax-").removesuffix(".dist-info")
+    return "?"
+
+
+def cache_key(text: str, *, target: str, devices: int, options: Mapping[str, Any], jax_version: str,
+              kind: str = "hlo") -> str:
+    """The cache key of one compile: sha256 over the module (or step) and everything that changes the result."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"kind": kind, "target": target, "devices": devices, "jax": jax_version,
+                         "options": {k: options[k] for k in sorted(options)}}, sort_keys=True).encode())
+    h.update(b"\n")
+    h.update(text.encode())
+    return h.hexdigest()[:32]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "disco" / "compiled")
+
+
+def _check_target(target: str, devices: int) -> None:
+    if target not in TARGETS:
+        raise ValueError(f"deviceless target {target!r}: expected one of {sorted(TARGETS)}")
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        raise ValueError(f"devices: expected an int >= 1, got {devices!r}")
+
+
+def _run_child(request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    py = gpu_python()
+    if py is None:
+        raise DevicelessUnavailable(f"deviceless XLA:GPU compilation needs its environment: {INSTALL_HINT}; "
+                                    f"or set {GPU_PYTHON_ENV} to such a Python")
+    env = {**os.environ, "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={int(request.get('devices', 1))}"}
+    try:
+        r = subprocess.run([str(py), "-m", "xla_hooks.deviceless"], input=json.dumps(request), text=True,
+                           capture_output=True, env=env, timeout=timeout, cwd=str(ROOT))
+    except subprocess.TimeoutExpired:
+        raise DevicelessUnavailable(f"deviceless compile ran past {timeout:.0f} s") from None
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-8:]
+        raise DevicelessUnavailable(f"deviceless compile failed (exit {r.returncode}) with {py}:\n" + "\n".join(tail))
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise DevicelessUnavailable(f"deviceless compile: expected one JSON line on stdout, got "
+                                    f"{r.stdout[-300:]!r}") from None
+
+
+def _cached_compile(request: dict[str, Any], key_text: str, *, use_cache: bool, timeout: float) -> dict[str, Any]:
+    py = gpu_python()
+    jaxv = child_jax_version(py) if py is not None else "?"
+    key = cache_key(key_text, target=request["target"], devices=request["devices"], options=request["options"],
+                    jax_version=jaxv, kind=request["kind"])
+    path = cache_dir() / f"{key}.json"
+    if use_cache and path.is_file():
+        try:
+            return {**json.loads(path.read_text()), "cached": True}
+        except (OSError, json.JSONDecodeError):
+            pass  # a damaged entry: compiled again and replaced
+    out = _run_child(request, timeout)
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, path)
+    return {**out, "cached": False}
+
+
+def compile_hlo(text: str, *, target: str = "h100", devices: int = 1, options: Mapping[str, Any] | None = None,
+                use_cache: bool = True, timeout: float = 900.0) -> str:
+    """XLA:GPU's optimised, scheduled module for pre-optimisation HLO ``text`` on ``devices`` of ``target``.
+
+    Raises:
+      ValueError: for an unknown target or a bad device count.
+      DevicelessUnavailable: without the environment, or when the compile fails (its message ends
+        with the child's last lines of output).
+    """
+    _check_target(target, devices)
+    req = {"kind": "hlo", "text": text, "target": target, "devices": devices, "options": dict(options or {})}
+    return _cached_compile(req, text, use_cache=use_cache, timeout=timeout)["compiled"]
+
+
+def compile_zoo_step(model: str, preset: str, *, target: str = "h100", devices: int = 1,
+                     options: Mapping[str, Any] | None = None, use_cache: bool = True,
+                     timeout: float = 900.0) -> tuple[str, str]:
+    """(pre-optimisation text, compiled text) of the zoo model's GSPMD training step (adamw) for
+    ``devices`` of ``target``, lowered and compiled in the child.
+
+    Raises:
+      ValueError, DevicelessUnavailable: as :func:`compile_hlo`.
+    """
+    _check_target(target, devices)
+    req = {"kind": "step", "model": model, "preset": preset, "target": target, "devices": devices,
+           "options": dict(options or {})}
+    out = _cached_compile(req, f"zoo:{model}/{preset}", use_cache=use_cache, timeout=timeout)
+    return out["pre_optimization"], out["compiled"]
+
+
+# -- the child ----------------------------------------------------------------------------------
+def _topology_devices(target: str, devices: int) -> list[Any]:
+    from jax.experimental import topologies
+
+    topo = topologies.get_topology_desc(platform="cuda", target_config=TARGETS[target].read_text(),
+                                        topology=f"1x1x{devices}")
+    return list(topo.devices)
+
+
+def _lower_zoo_step(model: str, preset: str, devices: int) -> str:
+    import jax
+
+    import trax_models
+
+    step, args = trax_models.make_train_step(model, preset=preset, devices=devices, optimizer="adamw",
+                                             abstract=True, style="gspmd")
+    return jax.jit(step).lower(*args).as_text(dialect="hlo")
+
+
+def serve(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The child's work for one request (runs in the deviceless environment)."""
+    import jax
+
+    from xla_hooks import _jax_private
+
+    t0 = time.perf_counter()
+    target, devices, options = request["target"], int(request["devices"]), dict(request.get("options") or {})
+    if request["kind"] == "step":
+        text = _lower_zoo_step(request["model"], request["preset"], devices)
+    else:
+        text = request["text"]
+    compiled = _jax_private.compile_text_for(text, _topology_devices(target, devices), options)
+    out = {"compiled": compiled, "jax": jax.__version__, "compile_s": round(time.perf_counter() - t0, 3)}
+    if request["kind"] == "step":
+        out["pre_optimization"] = text
+    return out
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.read())
+    print(json.dumps(serve(request)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
