@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trax_models import STYLES
+
 if TYPE_CHECKING:
     from disco.runtime.testbed import LinkSpec, Testbed
 
@@ -72,6 +74,8 @@ class WorkerSpec:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"WorkerSpec.task: expected one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.style not in STYLES:
+            raise ValueError(f"WorkerSpec.style: expected one of {', '.join(STYLES)}, got {self.style!r}")
         if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.chain):
             raise ValueError(f"WorkerSpec.chain: expected all-reduce counts (integers >= 1), got {self.chain!r}")
 
