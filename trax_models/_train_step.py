@@ -134,7 +134,8 @@ def make_train_step(
     Raises:
       TypeError: for ``devices`` or ``seed`` that is not an int, or a
         ``learning_rate`` that is neither a number nor a schedule.
-      ValueError: for an unknown model, preset, optimizer or style, ``devices`` below 1
+      ValueError: for an unknown model, preset, optimizer or style, style "pmap" on several
+        processes, ``devices`` below 1
         or above those available, a global batch not divisible by ``devices``,
         ``seed`` outside ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
     """
@@ -192,6 +193,9 @@ def build_train_step(
         raise ValueError(
             f"global batch {global_batch} must be a positive multiple of devices ({devices})"
         )
+    if style == "pmap" and jax.process_count() > 1:
+        raise ValueError(f"style 'pmap' runs on one process only, got {jax.process_count()} processes; "
+                         "expected style shard_map or gspmd")
     tx = make_optimizer(optimizer, learning_rate=learning_rate)
     mesh = data_parallel_mesh(devices, AXIS, explicit=style == "shard_map")
 

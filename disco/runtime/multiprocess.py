@@ -40,6 +40,8 @@ COORDINATOR_PORT = 47613  # inside worker 0's own namespace: nothing else listen
 
 
 TASKS = ("bench", "calibrate", "jit")
+PMAP_PROCESSES = ("style 'pmap' runs on one process only (its global arguments do not reach jax.pmap over the "
+                  "devices of several processes); expected --processes 1, or style shard_map or gspmd")
 
 
 class WorkersFailed(RuntimeError):
@@ -148,12 +150,14 @@ def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeou
         :mod:`disco.runtime.worker` to inject a fault); it takes :mod:`disco.runtime.worker`'s arguments.
 
     Raises:
-      ValueError: processes or devices_per_process below 1.
+      ValueError: processes or devices_per_process below 1, or a pmap-style step on several processes.
       PermissionError: a link where network namespaces are not permitted.
     """
     if processes < 1 or devices_per_process < 1:
         raise ValueError(f"--processes and --devices-per-process must be >= 1, got {processes} and "
                          f"{devices_per_process}")
+    if spec.style == "pmap" and processes > 1:
+        raise ValueError(PMAP_PROCESSES)
     with _terminate_as_exit():
         if link is None:
             return _launch(processes, devices_per_process, spec, None, timeout_s, env, grace_s, on_started, worker)
