@@ -1,6 +1,7 @@
-"""Data-parallel training steps, in the two styles users write: ``shard_map`` with one all-reduce
-per gradient (``style="shard_map"``), or ``jax.jit`` over sharded arguments with no explicit
-collective, which XLA's SPMD partitioner reduces (``style="gspmd"``)."""
+"""Data-parallel training steps, in the three styles users write: ``shard_map`` with one all-reduce
+per gradient (``style="shard_map"``), ``jax.pmap`` with the same ``pmean`` per gradient over
+arguments that carry a leading device axis (``style="pmap"``), or ``jax.jit`` over sharded
+arguments with no explicit collective, which XLA's SPMD partitioner reduces (``style="gspmd"``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding
@@ -100,6 +102,11 @@ def make_train_step(
     computation (loss and gradients of the whole batch, the optimizer update) over the same
     sharded arguments, as JAX's documentation writes one: XLA's SPMD partitioner adds the
     all-reduces when it is compiled (the same number, one per gradient and the loss's).
+    With ``style="pmap"`` the step is ``jax.pmap`` (axis ``"dp"``) of the same per-device
+    computation and the same named ``pmean`` of every gradient and the loss, as a pmap user
+    writes it: every leaf of ``state`` carries a leading device axis (a replica per device),
+    the batch is split into ``(devices, batch // devices, ...)``, and the step returns the new
+    state and the loss with that leading axis (every row equal).
 
     Example:
       >>> step, (state, batch) = make_train_step("mlp", devices=1)
@@ -116,17 +123,19 @@ def make_train_step(
       abstract: Return ``jax.ShapeDtypeStruct`` example arguments (with
         shardings) instead of arrays: enough to ``lower`` the paper presets
         without allocating a replica of the parameters on every device.
-      style: ``"shard_map"`` or ``"gspmd"`` (see above).
+      style: ``"shard_map"``, ``"pmap"`` or ``"gspmd"`` (see above).
 
     Returns:
       ``(step_fn, (state, batch))``: ``step_fn(state, batch) -> (state, loss)``
-      is a plain function for the caller to ``jax.jit``; ``state`` is a
-      replicated ``TrainState`` and ``batch`` a dict sharded on its batch axis.
+      is a plain function for the caller to ``jax.jit`` (a pmap step may also be called
+      as it is); ``state`` is a replicated ``TrainState`` and ``batch`` a dict sharded
+      on its batch axis (for ``"pmap"``: both with a leading device axis, see above).
 
     Raises:
       TypeError: for ``devices`` or ``seed`` that is not an int, or a
         ``learning_rate`` that is neither a number nor a schedule.
-      ValueError: for an unknown model, preset, optimizer or style, ``devices`` below 1
+      ValueError: for an unknown model, preset, optimizer or style, style "pmap" on several
+        processes, ``devices`` below 1
         or above those available, a global batch not divisible by ``devices``,
         ``seed`` outside ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
     """
@@ -184,6 +193,9 @@ def build_train_step(
         raise ValueError(
             f"global batch {global_batch} must be a positive multiple of devices ({devices})"
         )
+    if style == "pmap" and jax.process_count() > 1:
+        raise ValueError(f"style 'pmap' runs on one process only, got {jax.process_count()} processes; "
+                         "expected style shard_map or gspmd")
     tx = make_optimizer(optimizer, learning_rate=learning_rate)
     mesh = data_parallel_mesh(devices, AXIS, explicit=style == "shard_map")
 
@@ -211,8 +223,26 @@ def build_train_step(
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         return TrainState(optax.apply_updates(state.params, updates), opt_state), loss
 
+    def replica_step(state: TrainState, batch: dict[str, jax.Array]):
+        # Under pmap every argument is already per device: no pcast, the same pmeans.
+        loss, grads = jax.value_and_grad(task.loss)(state.params, batch)
+
+        def mean_gradient(keypath, g):
+            with jax.named_scope(grad_scope(keypath)):
+                return jax.lax.pmean(g, AXIS)
+
+        grads = jax.tree_util.tree_map_with_path(mean_gradient, grads)
+        with jax.named_scope("disco_loss"):
+            loss = jax.lax.pmean(loss, AXIS)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        return TrainState(optax.apply_updates(state.params, updates), opt_state), loss
+
+    steps = {"shard_map": sharded_step, "gspmd": global_step}
+    if style == "pmap":
+        steps["pmap"] = jax.pmap(replica_step, axis_name=AXIS, devices=list(mesh.devices.flat))
+
     def step_fn(state: TrainState, batch: dict[str, jax.Array]):
-        return sharded_step(state, batch) if style == "shard_map" else global_step(state, batch)
+        return steps[style](state, batch)
 
     step_fn.__name__ = name
 
@@ -225,11 +255,17 @@ def build_train_step(
 
     key = jax.random.key(seed)
     host_batch = task.make_batch(np.random.default_rng(seed), global_batch)
+    if style == "pmap":  # the batch split on a new leading device axis
+        host_batch = {k: np.reshape(v, (devices, v.shape[0] // devices, *v.shape[1:]))
+                      for k, v in host_batch.items()}
     if abstract:
-        state = jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated),
-            jax.eval_shape(init_state, key),
-        )
+        shapes = jax.eval_shape(init_state, key)
+        if style == "pmap":  # a replica of every leaf per device, on a leading axis
+            state = jax.tree.map(
+                lambda s: jax.ShapeDtypeStruct((devices, *s.shape), s.dtype, sharding=split), shapes)
+        else:
+            state = jax.tree.map(
+                lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
         batch = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=split)
             for k, v in host_batch.items()
@@ -238,6 +274,10 @@ def build_train_step(
         # Initialisation runs once: compiling it without backend optimisation
         # takes ~1 s instead of ~10 s for the convolutional models on CPU.
         init = jax.jit(init_state).lower(key).compile(_FAST_COMPILE)
-        state = jax.device_put(init(key), replicated)
+        if style == "pmap":
+            stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (devices, *x.shape)), init(key))
+            state = jax.device_put(stacked, split)
+        else:
+            state = jax.device_put(init(key), replicated)
         batch = jax.device_put(host_batch, split)
     return step_fn, (state, batch)

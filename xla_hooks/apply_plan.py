@@ -103,6 +103,7 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
     from disco.plans import options as plan_options
 
     lowered = lower(step_fn, *args, kwargs=kwargs)
+    check_not_replicated(lowered)
     text = plan_text(lowered, debug_info=False)  # a GSPMD step: its partitioned program
     backend = _backend()
     plan_options.check(plan.compile_options, backend)  # also for a plan of options alone (validate skipped)
@@ -137,6 +138,23 @@ def check_fingerprint(plan: FusionPlan, graph: Any) -> None:
         raise ValueError(f"plan {plan.name or plan.digest()!r} was made for graph {plan.graph_fingerprint}, "
                          f"but this step's graph is {graph.fingerprint} (another model, preset, batch or "
                          "device count?)")
+
+
+def check_not_replicated(lowered: Any) -> None:
+    """Raises ValueError for a module jax lowered as replicas (``mhlo.num_replicas`` > 1).
+
+    jax lowers ``jax.pmap`` through shard_map (one program over partitions, which plans reach) by
+    default on every release disco supports; only jax < 0.9 with ``jax_pmap_shmap_merge`` off lowers
+    it (and ``jax.jit`` of it) as replicas of a per-device program, whose rewritten module compiles
+    but is then fed the arguments' global shapes. Such a step falls back to XLA's default compile.
+    """
+    attributes = lowered.compiler_ir("stablehlo").operation.attributes
+    replicas = attributes["mhlo.num_replicas"].value if "mhlo.num_replicas" in attributes else 1
+    if replicas > 1:
+        raise ValueError(
+            f"step_fn: lowered as {replicas} replicas (a jax.pmap with jax_pmap_shmap_merge off, jax < 0.9), "
+            "which a plan cannot be applied to; expected a program over partitions: leave "
+            "jax_pmap_shmap_merge on (its default) or write the step with jax.shard_map")
 
 
 def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, strict: bool = False,

@@ -62,7 +62,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", type=int, default=d["devices"], help=f"data-parallel devices (default {d['devices']})")
     p.add_argument("--optimizer", default=d["optimizer"], help=f"adamw | adam | sgd (default {d['optimizer']})")
     p.add_argument("--style", default=d["style"],
-                   help="how the zoo step is written: shard_map (explicit all-reduces) | gspmd (jax.jit over "
+                   help="how the zoo step is written: shard_map (explicit all-reduces) | pmap (jax.pmap with the "
+                        "same pmeans; state and batch with a leading device axis) | gspmd (jax.jit over "
                         f"sharded arguments; XLA partitions it) (default {d['style']})")
     g = p.add_argument_group("real trax models (pip install -e '.[trax]'; instead of --model/--preset)")
     g.add_argument("--trax-model", metavar="PATH", default=d["trax_model"],

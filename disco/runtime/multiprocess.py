@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trax_models import STYLES
+
 if TYPE_CHECKING:
     from disco.runtime.testbed import LinkSpec, Testbed
 
@@ -38,6 +40,8 @@ COORDINATOR_PORT = 47613  # inside worker 0's own namespace: nothing else listen
 
 
 TASKS = ("bench", "calibrate", "jit")
+PMAP_PROCESSES = ("style 'pmap' runs on one process only (its global arguments do not reach jax.pmap over the "
+                  "devices of several processes); expected --processes 1, or style shard_map or gspmd")
 
 
 class WorkersFailed(RuntimeError):
@@ -72,6 +76,8 @@ class WorkerSpec:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"WorkerSpec.task: expected one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.style not in STYLES:
+            raise ValueError(f"WorkerSpec.style: expected one of {', '.join(STYLES)}, got {self.style!r}")
         if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.chain):
             raise ValueError(f"WorkerSpec.chain: expected all-reduce counts (integers >= 1), got {self.chain!r}")
 
@@ -144,12 +150,14 @@ def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeou
         :mod:`disco.runtime.worker` to inject a fault); it takes :mod:`disco.runtime.worker`'s arguments.
 
     Raises:
-      ValueError: processes or devices_per_process below 1.
+      ValueError: processes or devices_per_process below 1, or a pmap-style step on several processes.
       PermissionError: a link where network namespaces are not permitted.
     """
     if processes < 1 or devices_per_process < 1:
         raise ValueError(f"--processes and --devices-per-process must be >= 1, got {processes} and "
                          f"{devices_per_process}")
+    if spec.style == "pmap" and processes > 1:
+        raise ValueError(PMAP_PROCESSES)
     with _terminate_as_exit():
         if link is None:
             return _launch(processes, devices_per_process, spec, None, timeout_s, env, grace_s, on_started, worker)

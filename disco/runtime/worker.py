@@ -123,10 +123,11 @@ def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
     from disco.bench import compiled_counts
 
     def loss_value(loss: Any) -> float:
-        return float(np.asarray(loss.addressable_data(0)))
+        return float(np.asarray(loss.addressable_data(0)).reshape(-1)[0])  # a pmap step's: one per device
 
     step, (state0, batch) = trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
-                                                        optimizer=spec.get("optimizer", "adamw"))
+                                                        optimizer=spec.get("optimizer", "adamw"),
+                                                        style=spec.get("style", "shard_map"))
     steps = max(1, int(spec.get("check_steps") or 0))
     most = max([steps, *(int(sc.get("steps") or 0) for sc in spec["scenarios"])])
     default, state = jax.jit(step), state0

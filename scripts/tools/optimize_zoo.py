@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from trax_models import STYLES
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -41,7 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=30)
     ap.add_argument("--cluster")
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--style", default="shard_map", help="how the zoo steps are written: shard_map | gspmd")
+    ap.add_argument("--style", default="shard_map", choices=STYLES,
+                    help=f"how the zoo steps are written: {' | '.join(STYLES)} (default shard_map)")
     ap.add_argument("--extra", default="", help="more `disco optimize` arguments, e.g. '--processes 2 --link ...'")
     ap.add_argument("--models", default="")
     ap.add_argument("--out")

@@ -144,3 +144,12 @@ def test_a_terminated_launch_leaves_no_worker_and_no_directory(tmp_path):
     finally:
         for pid in multiprocess.stray_processes(pids):
             os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.fast
+def test_a_pmap_step_on_several_processes_is_refused_before_any_worker_starts():
+    spec = multiprocess.WorkerSpec(style="pmap")
+    with pytest.raises(ValueError, match=r"style 'pmap' runs on one process only.*--processes 1"):
+        multiprocess.launch(2, 1, spec)
+    with pytest.raises(ValueError, match=r"WorkerSpec.style: expected one of shard_map, pmap, gspmd, got 'vmap'"):
+        multiprocess.WorkerSpec(style="vmap")
