@@ -21,8 +21,9 @@ flops, matrix flops, node count, the roofline terms of a device, the kernel's cl
 and one piece of context: the step's input bytes, :attr:`disco.sim.costs.Kernel.step_bytes`, the
 entry computation's parameters, which a simulator graph and its compiled module share).
 :func:`batch` packs graphs into the one container of both GNN families, :class:`gnn.graph.GraphsTuple`
-(totals as its globals), padded to power-of-two size buckets, so jit compiles once per bucket. :func:`fingerprint` names a kernel by its
-graph without the context (:data:`CONTEXT_TOTALS`): the same kernel in another step has the same one.
+(totals as its globals), padded to power-of-two size buckets, so jit compiles once per bucket.
+:func:`fingerprint` names a kernel by its graph without the context (:data:`CONTEXT_TOTALS`): the
+same kernel in another step has the same one.
 
 Example:
   >>> kernels = module_kernels(compiled.as_text())  # doctest: +SKIP
@@ -237,11 +238,10 @@ def _roots(kernel: Kernel) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 def graphs_tuple(graph: KernelGraph) -> G.GraphsTuple:
     """One kernel graph as the shared container: its totals as globals, no edge features."""
-    return G.single(nodes=graph.nodes.astype(np.float32, copy=False), opcodes=graph.opcodes.astype(np.int32, copy=False),
-                    edges=np.zeros((len(graph.senders), 0), np.float32),
-                    senders=graph.senders.astype(np.int32, copy=False),
-                    receivers=graph.receivers.astype(np.int32, copy=False),
-                    globals=graph.totals.astype(np.float32, copy=False))
+    f32, i32 = (lambda a: a.astype(np.float32, copy=False)), (lambda a: a.astype(np.int32, copy=False))
+    return G.single(nodes=f32(graph.nodes), opcodes=i32(graph.opcodes),
+                    edges=np.zeros((len(graph.senders), 0), np.float32), senders=i32(graph.senders),
+                    receivers=i32(graph.receivers), globals=f32(graph.totals))
 
 
 def batch(graphs: Sequence[KernelGraph], *, n_node: int | None = None, n_edge: int | None = None,
