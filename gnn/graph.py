@@ -74,17 +74,20 @@ def batch(graphs: Sequence[GraphsTuple]) -> GraphsTuple:
         raise ValueError("batch: expected at least one graph, got none")
     if len(graphs) == 1:
         return graphs[0]
-    offsets = np.cumsum([0] + [g.nodes.shape[0] for g in graphs[:-1]])
-    goffsets = np.cumsum([0] + [g.n_node.shape[0] for g in graphs[:-1]])
     cat = np.concatenate
+    nodes = np.array([g.nodes.shape[0] for g in graphs])
+    edges = np.array([g.senders.shape[0] for g in graphs])
+    n_graphs = np.array([g.n_node.shape[0] for g in graphs])
+    edge_offset = np.repeat(np.cumsum(nodes) - nodes, edges)  # each edge's input's first node
+    node_offset = np.repeat(np.cumsum(n_graphs) - n_graphs, nodes)  # each node's input's first graph
     return GraphsTuple(
         nodes=cat([g.nodes for g in graphs]), opcodes=cat([g.opcodes for g in graphs]),
         edges=cat([g.edges for g in graphs]),
-        senders=cat([g.senders + o for g, o in zip(graphs, offsets)]).astype(np.int32),
-        receivers=cat([g.receivers + o for g, o in zip(graphs, offsets)]).astype(np.int32),
+        senders=(cat([g.senders for g in graphs]) + edge_offset).astype(np.int32),
+        receivers=(cat([g.receivers for g in graphs]) + edge_offset).astype(np.int32),
         n_node=cat([g.n_node for g in graphs]), n_edge=cat([g.n_edge for g in graphs]),
         globals=cat([g.globals for g in graphs]),
-        node_graph=cat([g.node_graph + o for g, o in zip(graphs, goffsets)]).astype(np.int32),
+        node_graph=(cat([g.node_graph for g in graphs]) + node_offset).astype(np.int32),
         node_mask=cat([g.node_mask for g in graphs]), graph_mask=cat([g.graph_mask for g in graphs]))
 
 
