@@ -7,11 +7,9 @@ tuple plumbing, bitcasts; :data:`disco.ir.opcodes.ZERO_COST_OPCODES`) are not no
 passing edges are folded through them, and the bytes they hand over still count as a
 kernel's input bytes, exactly as :class:`disco.sim.costs.Kernel` counts them.
 
-The container follows jraph's ``GraphsTuple`` (nodes, edges, senders, receivers, n_node,
-n_edge, globals) plus explicit masks. :func:`pad` pads a batch to power-of-two sizes with
-one extra padding graph that holds every padding node and edge, so jit compiles once per
-size bucket and padding never reaches a real node (the model masks pooling with
-``node_mask``/``graph_mask``).
+The container is :class:`gnn.graph.GraphsTuple` (jraph's layout plus masks), the one both GNN
+families use; :func:`gnn.graph.batch` and :func:`gnn.graph.pad` (re-exported here) batch it and pad
+it to power-of-two size buckets with one padding graph, so jit compiles once per size bucket.
 
 Node features (:data:`NODE_FEATURES`; the first :data:`N_KERNEL_FEATURES` depend only on the
 kernel itself, so the per-kernel head can price a :class:`disco.sim.costs.Kernel` out of context):
@@ -29,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +34,7 @@ from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, OPCODES, ZERO_
 from disco.sim.costs import Kernel, is_kernel_node
 from disco.ir.graph import HloGraph
 from disco.plans.plan import FusionPlan
+from gnn.graph import GraphsTuple, batch, bucket, pad  # noqa: F401 (re-exported)
 
 FEATURE_VERSION = 1
 NODE_FEATURES = ("log_flops", "log_in_bytes", "log_out_bytes", "log_out_elements", "log_members",
@@ -51,36 +49,6 @@ ALL_REDUCE_ID = opcode_id("all-reduce")
 CLIP = 8.0  # the model clips normalised inputs to +-CLIP (features far outside the training range)
 
 _VIRTUAL, _KERNEL, _COLL = 0, 1, 2
-
-
-class GraphsTuple(NamedTuple):
-    """A batch of fused graphs (jraph layout, plus masks and per-node graph ids).
-
-    Attributes:
-      nodes: float32 [N, len(NODE_FEATURES)].
-      opcodes: int32 [N] opcode ids (``disco.ir.opcodes.opcode_id``; groups are "fusion").
-      edges: float32 [E, len(EDGE_FEATURES)].
-      senders: int32 [E].
-      receivers: int32 [E].
-      n_node: int32 [G].
-      n_edge: int32 [G].
-      globals: float32 [G, len(GLOBAL_FEATURES)].
-      node_graph: int32 [N], the graph each node belongs to.
-      node_mask: float32 [N], 1 for real nodes.
-      graph_mask: float32 [G], 1 for real graphs.
-    """
-
-    nodes: np.ndarray
-    opcodes: np.ndarray
-    edges: np.ndarray
-    senders: np.ndarray
-    receivers: np.ndarray
-    n_node: np.ndarray
-    n_edge: np.ndarray
-    globals: np.ndarray
-    node_graph: np.ndarray
-    node_mask: np.ndarray
-    graph_mask: np.ndarray
 
 
 class GraphContext:
@@ -276,62 +244,3 @@ def kernel_features(kernel: Kernel) -> tuple[int, np.ndarray]:
                       len(work)], dtype=np.float64)
     out = np.concatenate([_log(feats), np.array([float(len(work) > 1), 0.0, 0.0], dtype=np.float32)])
     return opc, out
-
-
-def batch(graphs: Sequence[GraphsTuple]) -> GraphsTuple:
-    """Concatenates graphs into one GraphsTuple (node indices offset; masks kept).
-
-    Raises:
-      ValueError: for an empty sequence.
-    """
-    if not graphs:
-        raise ValueError("batch: expected at least one graph, got none")
-    offsets = np.cumsum([0] + [g.nodes.shape[0] for g in graphs[:-1]])
-    goffsets = np.cumsum([0] + [g.n_node.shape[0] for g in graphs[:-1]])
-    cat = np.concatenate
-    return GraphsTuple(
-        nodes=cat([g.nodes for g in graphs]), opcodes=cat([g.opcodes for g in graphs]),
-        edges=cat([g.edges for g in graphs]),
-        senders=cat([g.senders + o for g, o in zip(graphs, offsets)]).astype(np.int32),
-        receivers=cat([g.receivers + o for g, o in zip(graphs, offsets)]).astype(np.int32),
-        n_node=cat([g.n_node for g in graphs]), n_edge=cat([g.n_edge for g in graphs]),
-        globals=cat([g.globals for g in graphs]),
-        node_graph=cat([g.node_graph + o for g, o in zip(graphs, goffsets)]).astype(np.int32),
-        node_mask=cat([g.node_mask for g in graphs]), graph_mask=cat([g.graph_mask for g in graphs]))
-
-
-def bucket_size(n: int, minimum: int = 16) -> int:
-    """The padded size for ``n`` items: the next power of two >= max(n, minimum)."""
-    return max(minimum, 1 << max(0, int(n - 1).bit_length()))
-
-
-def pad(g: GraphsTuple, *, n_node: int | None = None, n_edge: int | None = None,
-        n_graph: int | None = None) -> GraphsTuple:
-    """Pads ``g`` with one padding graph holding all padding nodes and edges.
-
-    Sizes default to :func:`bucket_size` of (nodes + 1), edges and (graphs + 1).
-
-    Raises:
-      ValueError: if a requested size is too small (nodes and graphs need one spare slot).
-    """
-    N, E, G = g.nodes.shape[0], g.edges.shape[0], g.n_node.shape[0]
-    n_node = bucket_size(N + 1) if n_node is None else n_node
-    n_edge = bucket_size(E) if n_edge is None else n_edge
-    n_graph = bucket_size(G + 1, 2) if n_graph is None else n_graph
-    if n_node < N + 1 or n_edge < E or n_graph < G + 1:
-        raise ValueError(f"pad: sizes (nodes {n_node}, edges {n_edge}, graphs {n_graph}) too small for "
-                         f"{N} nodes, {E} edges, {G} graphs; expected >= ({N + 1}, {E}, {G + 1})")
-    pn, pe, pg = n_node - N, n_edge - E, n_graph - G
-
-    def z(a: np.ndarray, k: int, value: float = 0) -> np.ndarray:
-        return np.concatenate([a, np.full((k,) + a.shape[1:], value, dtype=a.dtype)])
-
-    n_node_arr = z(g.n_node, pg)
-    n_node_arr[G] = pn
-    n_edge_arr = z(g.n_edge, pg)
-    n_edge_arr[G] = pe
-    return GraphsTuple(
-        nodes=z(g.nodes, pn), opcodes=z(g.opcodes, pn), edges=z(g.edges, pe),
-        senders=z(g.senders, pe, N), receivers=z(g.receivers, pe, N),
-        n_node=n_node_arr, n_edge=n_edge_arr, globals=z(g.globals, pg),
-        node_graph=z(g.node_graph, pn, G), node_mask=z(g.node_mask, pn), graph_mask=z(g.graph_mask, pg))

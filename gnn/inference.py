@@ -11,18 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from gnn import features as F
+from gnn import features as F, graph as G
 
 
 def make_batch(graphs: Sequence[F.GraphsTuple], n_graph: int, node_budget: int | None = None) -> F.GraphsTuple:
     """Batches and pads to ``node_budget`` nodes and twice that many edges (or the next power of two
     above the batch when it does not fit) and ``n_graph`` graph slots."""
-    b = F.batch(graphs)
+    b = G.batch(graphs)
     n_node = n_edge = None
     if node_budget is not None:
-        n_node = max(node_budget, F.bucket_size(b.nodes.shape[0] + 1))
-        n_edge = max(2 * node_budget, F.bucket_size(b.edges.shape[0]))
-    return F.pad(b, n_node=n_node, n_edge=n_edge, n_graph=n_graph)
+        n_node = max(node_budget, G.bucket(b.nodes.shape[0] + 1))
+        n_edge = max(2 * node_budget, G.bucket(b.edges.shape[0]))
+    return G.pad(b, n_node=n_node, n_edge=n_edge, n_graph=n_graph)
 
 
 def predict(model: Any, graphs: Sequence[F.GraphsTuple], *, batch: int = 16,

@@ -20,9 +20,10 @@ flops, matrix flops, node count, the roofline terms of a device, the kernel's cl
 :data:`KINDS`, derived from its nodes so a simulator kernel gets the same value as a compiled one,
 and one piece of context: the step's input bytes, :attr:`disco.sim.costs.Kernel.step_bytes`, the
 entry computation's parameters, which a simulator graph and its compiled module share).
-:func:`batch` packs graphs jraph-style (nodes, senders, receivers, per-graph totals) padded to
-power-of-two size buckets, so jit compiles once per bucket. :func:`fingerprint` names a kernel by its
-graph without the context (:data:`CONTEXT_TOTALS`): the same kernel in another step has the same one.
+:func:`batch` packs graphs into the one container of both GNN families, :class:`gnn.graph.GraphsTuple`
+(totals as its globals), padded to power-of-two size buckets, so jit compiles once per bucket.
+:func:`fingerprint` names a kernel by its graph without the context (:data:`CONTEXT_TOTALS`): the
+same kernel in another step has the same one.
 
 Example:
   >>> kernels = module_kernels(compiled.as_text())  # doctest: +SKIP
@@ -43,6 +44,7 @@ from disco.ir.graph import Node
 from disco.ir.opcodes import DATA_MOVEMENT_OPCODES, OPCODES, XLA_GPU_MATRIX_OPCODES, opcode_id
 from disco.sim.compiled_kernels import KernelSpec, module_kernels, step_input_bytes  # noqa: F401 (re-exported)
 from disco.sim.costs import Kernel, is_kernel_node
+from gnn import graph as G
 
 FEATURE_VERSION = 6  # 6: a gather reads its rows, a scatter writes its update (were the whole buffer)
 NODE_FEATURES = ("log_out_elements", "log_out_bytes", "log_flops", "rank", "dtype_bytes", "is_root",
@@ -73,25 +75,6 @@ class KernelGraph(NamedTuple):
     senders: np.ndarray
     receivers: np.ndarray
     totals: np.ndarray
-
-
-class GraphBatch(NamedTuple):
-    """Kernel graphs packed jraph-style and padded: the last graph holds every padding node and edge.
-
-    Attributes:
-      opcodes: int32 [N]; nodes: float32 [N, F]; senders, receivers: int32 [E];
-      node_graph: int32 [N] the graph of each node; totals: float32 [G, T];
-      node_mask: float32 [N] and graph_mask: float32 [G], 1 for real entries.
-    """
-
-    opcodes: np.ndarray
-    nodes: np.ndarray
-    senders: np.ndarray
-    receivers: np.ndarray
-    node_graph: np.ndarray
-    totals: np.ndarray
-    node_mask: np.ndarray
-    graph_mask: np.ndarray
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,45 +236,20 @@ def _roots(kernel: Kernel) -> set[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-def bucket(n: int, minimum: int = 8) -> int:
-    """The padded size for ``n`` entries: the next power of two, at least ``minimum``."""
-    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+def graphs_tuple(graph: KernelGraph) -> G.GraphsTuple:
+    """One kernel graph as the shared container: its totals as globals, no edge features."""
+    f32, i32 = (lambda a: a.astype(np.float32, copy=False)), (lambda a: a.astype(np.int32, copy=False))
+    return G.single(nodes=f32(graph.nodes), opcodes=i32(graph.opcodes),
+                    edges=np.zeros((len(graph.senders), 0), np.float32), senders=i32(graph.senders),
+                    receivers=i32(graph.receivers), globals=f32(graph.totals))
 
 
 def batch(graphs: Sequence[KernelGraph], *, n_node: int | None = None, n_edge: int | None = None,
-          n_graph: int | None = None) -> GraphBatch:
-    """Packs graphs into one padded batch (sizes default to the buckets of :func:`bucket`).
-
-    One extra graph (the last) holds every padding node and edge, so padding never reaches a
-    real graph's sums; real graphs keep their order.
+          n_graph: int | None = None) -> G.GraphsTuple:
+    """Kernel graphs as one padded :class:`gnn.graph.GraphsTuple`: :func:`gnn.graph.batch` then
+    :func:`gnn.graph.pad` (sizes default to its buckets); real graphs keep their order.
 
     Raises:
       ValueError: for no graphs, or explicit sizes too small for them.
     """
-    if not graphs:
-        raise ValueError("batch: expected at least one kernel graph, got none")
-    nn = sum(len(g.opcodes) for g in graphs)
-    ne = sum(len(g.senders) for g in graphs)
-    n_node = bucket(nn + 1, 16) if n_node is None else n_node
-    n_edge = bucket(ne + 1, 16) if n_edge is None else n_edge
-    n_graph = bucket(len(graphs) + 1) if n_graph is None else n_graph
-    if n_node < nn + 1 or n_edge < ne or n_graph < len(graphs) + 1:
-        raise ValueError(f"batch: sizes (nodes {n_node}, edges {n_edge}, graphs {n_graph}) cannot hold "
-                         f"{nn} nodes, {ne} edges and {len(graphs)} graphs plus one padding node and graph")
-    nf, tf = graphs[0].nodes.shape[1], graphs[0].totals.shape[0]
-    opcodes = np.zeros(n_node, np.int32)
-    nodes = np.zeros((n_node, nf), np.float32)
-    node_graph = np.full(n_node, n_graph - 1, np.int32)
-    node_mask = np.zeros(n_node, np.float32)
-    senders = np.full(n_edge, nn, np.int32)  # padding edges: padding node -> itself
-    receivers = np.full(n_edge, nn, np.int32)
-    totals = np.zeros((n_graph, tf), np.float32)
-    graph_mask = np.zeros(n_graph, np.float32)
-    i = e = 0
-    for j, g in enumerate(graphs):
-        k, m = len(g.opcodes), len(g.senders)
-        opcodes[i:i + k], nodes[i:i + k], node_graph[i:i + k], node_mask[i:i + k] = g.opcodes, g.nodes, j, 1.0
-        senders[e:e + m], receivers[e:e + m] = g.senders + i, g.receivers + i
-        totals[j], graph_mask[j] = g.totals, 1.0
-        i, e = i + k, e + m
-    return GraphBatch(opcodes, nodes, senders, receivers, node_graph, totals, node_mask, graph_mask)
+    return G.pad(G.batch([graphs_tuple(g) for g in graphs]), n_node=n_node, n_edge=n_edge, n_graph=n_graph)

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from gnn import kernel_features as KF
+from gnn import graph as G, kernel_features as KF
+from gnn.normalisation import Stat
 
 CLIP = 8.0  # normalised inputs are clipped to +-CLIP (features far outside the training range)
 _I_IN, _I_OUT, _I_FLOPS = (KF.TOTAL_FEATURES.index(k) for k in ("log_in_bytes", "log_out_bytes", "log_flops"))
@@ -68,10 +69,6 @@ class KernelModelConfig:
         if unknown:
             raise ValueError(f"KernelModelConfig: unknown keys {unknown}; expected some of {sorted(known)}")
         return cls(**data)
-
-
-class Stat(nnx.Variable):
-    """A non-trainable constant saved with the parameters (normalisation, roofline)."""
 
 
 class Member(nnx.Module):
@@ -162,29 +159,29 @@ def roofline_log_seconds(totals: Any, roofline: Any, xp: Any = np) -> Any:
     return xp.log(xp.maximum(flops / roofline[0], nbytes / roofline[1]) + roofline[2])
 
 
-def apply(w: dict[str, Any], b: KF.GraphBatch, xp: Any = np) -> Any:
+def apply(w: dict[str, Any], b: G.GraphsTuple, xp: Any = np) -> Any:
     """log seconds per launch of every graph in the batch [G] (padding graphs give finite junk).
 
     Args:
       w: :func:`weights` output (numpy or jax arrays).
-      b: a padded :class:`gnn.kernel_features.GraphBatch`.
+      b: a padded :class:`gnn.graph.GraphsTuple` (:func:`gnn.kernel_features.batch`).
       xp: ``numpy`` or ``jax.numpy``.
     """
-    n_graph = b.totals.shape[0]
+    n_graph = b.globals.shape[0]
     x = xp.clip((b.nodes - w["node_mean"]) / w["node_std"], -CLIP, CLIP)
-    t = xp.clip((b.totals - w["tot_mean"]) / w["tot_std"], -CLIP, CLIP)
+    t = xp.clip((b.globals - w["tot_mean"]) / w["tot_std"], -CLIP, CLIP)
     members = w["members"]
     keys = sorted(members, key=int)
     corr = sum(_member(members[k], b, x, t, xp) for k in keys) / len(keys)
-    return roofline_log_seconds(b.totals, w["roofline"], xp) + corr[:n_graph]
+    return roofline_log_seconds(b.globals, w["roofline"], xp) + corr[:n_graph]
 
 
-def _member(w: dict[str, Any], b: KF.GraphBatch, x: Any, t: Any, xp: Any) -> Any:
+def _member(w: dict[str, Any], b: G.GraphsTuple, x: Any, t: Any, xp: Any) -> Any:
     """One member's log-space correction [G] from normalised node features ``x`` and totals ``t``."""
     seg_sum, seg_max = _segment_ops(xp)
     relu = lambda v: xp.maximum(v, 0.0)  # noqa: E731
     lin = lambda p, v: v @ p["kernel"] + p["bias"]  # noqa: E731
-    n_node, n_graph = b.nodes.shape[0], b.totals.shape[0]
+    n_node, n_graph = b.nodes.shape[0], b.globals.shape[0]
     h = relu(lin(w["node_in"], xp.concatenate([w["embed"]["embedding"][b.opcodes], x], -1)))
     ones = xp.ones((b.senders.shape[0], 1), h.dtype)
     deg_in = xp.maximum(seg_sum(ones, b.receivers, n_node), 1.0)

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gnn import kernel_data as KD
-from gnn import kernel_features as KF
+from gnn import graph as G, kernel_features as KF
 from gnn import kernel_model as KM
 
 
@@ -129,7 +129,7 @@ def pack(graphs: Sequence[KF.KernelGraph], max_graphs: int, node_budget: int) ->
     return out
 
 
-def padded(graphs: Sequence[KF.KernelGraph], max_graphs: int, node_budget: int) -> KF.GraphBatch:
+def padded(graphs: Sequence[KF.KernelGraph], max_graphs: int, node_budget: int) -> G.GraphsTuple:
     return KF.batch(graphs, n_node=node_budget, n_edge=2 * node_budget, n_graph=max_graphs + 1)
 
 
@@ -162,7 +162,7 @@ def _tx(config: TrainConfig) -> Any:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=config.weight_decay))
 
 
-def loss_fn(params: dict[str, Any], const: dict[str, Any], b: KF.GraphBatch, y: Any, w: Any,
+def loss_fn(params: dict[str, Any], const: dict[str, Any], b: G.GraphsTuple, y: Any, w: Any,
             rank_weight: float = 0.0) -> Any:
     """Weighted mean squared error of log seconds over the batch's real graphs, plus ``rank_weight``
     times a pairwise logistic ranking loss: for every pair of real graphs whose measured times
@@ -184,7 +184,7 @@ def loss_fn(params: dict[str, Any], const: dict[str, Any], b: KF.GraphBatch, y: 
 _STEP: dict[TrainConfig, Callable[..., Any]] = {}
 
 
-def make_step(config: TrainConfig) -> Callable[[TrainState, KF.GraphBatch, Any, Any], tuple[TrainState, Any]]:
+def make_step(config: TrainConfig) -> Callable[[TrainState, G.GraphsTuple, Any, Any], tuple[TrainState, Any]]:
     """The jitted ``step(state, batch, targets, weights) -> (state, loss)`` (one compile per config)."""
     config = dataclasses.replace(config, seed=0)  # the step does not depend on the seed: one compile
     if config not in _STEP:
@@ -194,7 +194,7 @@ def make_step(config: TrainConfig) -> Callable[[TrainState, KF.GraphBatch, Any, 
         tx = _tx(config)
 
         @jax.jit
-        def step(state: TrainState, b: KF.GraphBatch, y: Any, w: Any) -> tuple[TrainState, Any]:
+        def step(state: TrainState, b: G.GraphsTuple, y: Any, w: Any) -> tuple[TrainState, Any]:
             loss, grads = jax.value_and_grad(loss_fn)(state.params, state.const, b, y, w, config.rank_weight)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             return TrainState(optax.apply_updates(state.params, updates), opt_state, state.const,
@@ -205,7 +205,7 @@ def make_step(config: TrainConfig) -> Callable[[TrainState, KF.GraphBatch, Any, 
 
 
 def batches(examples: Sequence[Example], config: TrainConfig,
-            rng: random.Random) -> list[tuple[KF.GraphBatch, Any, Any]]:
+            rng: random.Random) -> list[tuple[G.GraphsTuple, Any, Any]]:
     """One epoch of padded batches, their targets and loss weights, in a shuffled order."""
     order = list(range(len(examples)))
     rng.shuffle(order)

@@ -28,10 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gnn import features as F
-
-
-class Stat(nnx.Variable):
-    """A non-trainable normalisation statistic (saved with the parameters)."""
+from gnn.normalisation import Stat
 
 
 @dataclasses.dataclass(frozen=True)
