@@ -41,8 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a pre-optimisation HLO module (as jax.jit(f).lower(...).as_text(dialect='hlo') prints it), "
                         "or an optimised one (Compiled.as_text()): compiled for --cluster's device (XLA:CPU here, "
                         "deviceless XLA:GPU for an H100 cluster: `make install-gpu`) and priced kernel by kernel")
-    g.add_argument("--compile-option", metavar="KEY=VALUE", action="append", default=[],
-                   help="an XLA compile option for --hlo (repeatable), e.g. xla_disable_hlo_passes=priority-fusion")
+    g.add_argument("--compile-option", metavar="KEY=VALUE", action="append", default=None,
+                   help="an XLA compile option for --hlo (repeatable), e.g. xla_disable_hlo_passes=priority-fusion "
+                        "(default: none, XLA's defaults)")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -159,7 +160,7 @@ def run_hlo(args: argparse.Namespace) -> int:
     from disco.sim import cluster, compiled
     from xla_hooks import deviceless
 
-    options = parse_compile_options(args.compile_option)
+    options = parse_compile_options(args.compile_option or [])
     text = read_hlo_file(args.hlo)
     spec = cluster.resolve(args.cluster, args.devices if args.cluster in (None, "local") else None)
     note_placeholder_costs(spec, "disco simulate")
