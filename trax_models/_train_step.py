@@ -5,6 +5,8 @@ arguments with no explicit collective, which XLA's SPMD partitioner reduces (``s
 
 from __future__ import annotations
 
+import functools
+
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -199,9 +201,11 @@ def build_train_step(
     tx = make_optimizer(optimizer, learning_rate=learning_rate)
     mesh = data_parallel_mesh(devices, AXIS, explicit=style == "shard_map")
 
-    def local_step(state: TrainState, batch: dict[str, jax.Array]):
-        varying = jax.lax.pcast(state.params, AXIS, to="varying")
-        loss, grads = jax.value_and_grad(task.loss)(varying, batch)
+    def mean_step(state: TrainState, batch: dict[str, jax.Array], *, per_device_params: bool):
+        # shard_map: the replicated parameters become per-device values (pcast); under pmap every
+        # argument is already per device. Then the same named pmeans either way.
+        params = state.params if per_device_params else jax.lax.pcast(state.params, AXIS, to="varying")
+        loss, grads = jax.value_and_grad(task.loss)(params, batch)
 
         def mean_gradient(keypath, g):
             with jax.named_scope(grad_scope(keypath)):
@@ -215,7 +219,7 @@ def build_train_step(
         return TrainState(params, opt_state), loss
 
     sharded_step = jax.shard_map(
-        local_step, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P())
+        functools.partial(mean_step, per_device_params=False), mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P())
     )
 
     def global_step(state: TrainState, batch: dict[str, jax.Array]):
@@ -223,19 +227,7 @@ def build_train_step(
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         return TrainState(optax.apply_updates(state.params, updates), opt_state), loss
 
-    def replica_step(state: TrainState, batch: dict[str, jax.Array]):
-        # Under pmap every argument is already per device: no pcast, the same pmeans.
-        loss, grads = jax.value_and_grad(task.loss)(state.params, batch)
-
-        def mean_gradient(keypath, g):
-            with jax.named_scope(grad_scope(keypath)):
-                return jax.lax.pmean(g, AXIS)
-
-        grads = jax.tree_util.tree_map_with_path(mean_gradient, grads)
-        with jax.named_scope("disco_loss"):
-            loss = jax.lax.pmean(loss, AXIS)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        return TrainState(optax.apply_updates(state.params, updates), opt_state), loss
+    replica_step = functools.partial(mean_step, per_device_params=True)
 
     steps = {"shard_map": sharded_step, "gspmd": global_step}
     if style == "pmap":
