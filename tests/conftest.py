@@ -77,3 +77,17 @@ def pytest_runtest_call(item: pytest.Item):
     if violations:
         pytest.fail(violations[0], pytrace=False)
     return result
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for the session (each test makes its own database in it:
+    ``postgres.create_database()``); the test is skipped, saying why, without PostgreSQL."""
+    from service.testing import PostgresServer, postgres_missing
+
+    why = postgres_missing()
+    if why:
+        pytest.skip(f"the PostgreSQL backend is not tested: {why}")
+    pg = PostgresServer().start()
+    yield pg
+    pg.stop()

@@ -32,24 +32,13 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 from service import create_app  # noqa: E402
 from service.jobs import stop_runner  # noqa: E402
 from service.store import Store  # noqa: E402
-from service.testing import PostgresServer, ServerProcess, postgres_missing  # noqa: E402
+from service.testing import ServerProcess  # noqa: E402
 from tests.support.service import mlp_hlo, plan_body  # noqa: E402
 
 TOKEN = "s3cret-token"
 
 
 BACKENDS = ["sqlite", "postgresql"]
-
-
-@pytest.fixture(scope="session")
-def postgres():
-    """A PostgreSQL server for the session (each test makes its own database in it)."""
-    why = postgres_missing()
-    if why:
-        pytest.skip(f"the PostgreSQL backend is not tested: {why}")
-    pg = PostgresServer().start()
-    yield pg
-    pg.stop()
 
 
 def new_database(request, backend: str, directory, name: str) -> str:

@@ -191,18 +191,6 @@ def test_a_single_process_job_measures_its_candidates_and_keeps_the_fastest():
 BACKENDS = ["sqlite", "postgresql"]
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    from service.testing import PostgresServer, postgres_missing
-
-    why = postgres_missing()
-    if why:
-        pytest.skip(f"the PostgreSQL backend is not tested: {why}")
-    pg = PostgresServer().start()
-    yield pg
-    pg.stop()
-
-
 def _database(request, backend, tmp_path, name):
     if backend == "sqlite":
         return str(tmp_path / f"{name}.sqlite")
