@@ -3,7 +3,11 @@
 A test marked ``fast`` (``make test-fast``: the edit loop) may neither compile an XLA program nor start
 a process: while its setup, call and teardown run, jax's compile entry point, ``subprocess.Popen``'s child start and
 ``multiprocessing``'s ``Process.start`` raise, and the test fails with its name and what it did, even
-if it caught the exception. Move such a test out of the tier (drop its ``fast`` mark)."""
+if it caught the exception. Move such a test out of the tier (drop its ``fast`` mark).
+
+Its teardown is guarded only where it tears down its own fixtures alone (the next test shares its
+parent): after the last test of a module or of the session, pytest also tears down the module's or the
+session's fixtures (the PostgreSQL server), which other tests set up, and those may stop a process."""
 
 import multiprocessing.process
 import os
@@ -53,13 +57,11 @@ def _install_guard(item: pytest.Item, violations: list[str]) -> list[tuple[objec
     return saved
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem):
-    """Guards setup (fixtures of every scope this test sets up first), call and teardown of a fast test."""
+def _guard_while(item: pytest.Item):
+    """Runs the hook it wraps with the guard on, for a fast test."""
     if item.get_closest_marker("fast") is None:
         return (yield)
-    violations: list[str] = []
-    item.stash[_VIOLATIONS] = violations
+    violations = item.stash.setdefault(_VIOLATIONS, [])
     saved = _install_guard(item, violations)
     try:
         return (yield)
@@ -68,15 +70,29 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
             setattr(owner, name, original)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """Guards a fast test's setup: the fixtures of every scope it sets up first."""
+    return (yield from _guard_while(item))
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    """Fails a fast test that compiled or started a process even where the test caught the error."""
-    result = yield
+    """Guards a fast test's call, and fails it if it compiled or started a process in its setup or call,
+    even where it caught the error."""
+    result = yield from _guard_while(item)
     violations = item.stash.get(_VIOLATIONS, [])
     if violations:
         pytest.fail(violations[0], pytrace=False)
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem):
+    """Guards a fast test's teardown where only its own fixtures are torn down (module docstring)."""
+    if nextitem is None or nextitem.parent is not item.parent:
+        return (yield)
+    return (yield from _guard_while(item))
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,6 @@ import pytest
 
 from tests.support.paths import REPO
 
-pytestmark = pytest.mark.fast
-
 INNER = '''
 import multiprocessing
 import subprocess
@@ -71,6 +69,7 @@ def test_pure_python():
 pytest_plugins = ["pytester"]
 
 
+@pytest.mark.fast
 def test_the_guard_fails_fast_tests_that_compile_or_start_a_process(pytester):
     pytester.makeconftest((REPO / "tests" / "conftest.py").read_text())
     pytester.makeini("[pytest]\nmarkers =\n    fast: no XLA compile, no process\n")
@@ -84,3 +83,51 @@ def test_the_guard_fails_fast_tests_that_compile_or_start_a_process(pytester):
                        ("test_starts_a_subprocess", "started a process (subprocess.Popen)"),
                        ("test_starts_a_multiprocessing_process", "started a process (multiprocessing)")]:
         assert f"test_inner.py::{name} is marked fast" in out and what in out, (name, out[-3000:])
+
+
+TEARDOWN = '''
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def server():
+    yield
+    subprocess.run([sys.executable, "-c", "pass"])
+
+
+@pytest.fixture
+def stops_a_process():
+    yield
+    subprocess.run([sys.executable, "-c", "pass"])
+
+
+def test_uses_the_session_server(server):
+    pass
+
+
+@pytest.mark.fast
+def test_own_fixture_starts_a_process_in_teardown(stops_a_process):
+    pass
+
+
+@pytest.mark.fast
+def test_last_and_fast():
+    pass
+'''
+
+
+def test_a_fast_test_is_blamed_for_its_own_teardown_not_for_the_session_fixtures_after_it(pytester):
+    """pytest tears the session's fixtures down in the last test's teardown (CI once failed a fast test
+    there for stopping the PostgreSQL server it never used). Not fast itself: the inner session's
+    fixtures start processes outside any inner test."""
+    pytester.makeconftest((REPO / "tests" / "conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    fast: no XLA compile, no process\n")
+    pytester.makepyfile(test_teardown=TEARDOWN)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, errors=1)
+    out = result.stdout.str()
+    assert "ERROR at teardown of test_own_fixture_starts_a_process_in_teardown" in out, out[-3000:]
+    assert "test_last_and_fast is marked fast" not in out, out[-3000:]
