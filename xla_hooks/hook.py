@@ -45,6 +45,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from disco.ir.arguments import devices_of
 from xla_hooks.agreement import DEFAULT_AGREE_TIMEOUT_S
 from xla_hooks.apply_plan import PlanFallbackWarning
 from xla_hooks.trials import DEFAULT_TRIAL_STEPS, Candidate, TrialReportWarning, TrialRun
@@ -115,17 +116,6 @@ def _placement_cached(sharding: Any, shape: tuple[int, ...]) -> Any:
     placed = sorted((d.id, tuple((s.start, s.stop, s.step) if isinstance(s, slice) else s for s in index))
                     for d, index in sharding.devices_indices_map(shape).items())
     return tuple(placed), getattr(sharding, "memory_kind", None)
-
-
-def _devices(inputs: Any) -> int:
-    import jax
-
-    n = 1
-    for x in jax.tree.leaves(inputs):
-        sharding = getattr(x, "sharding", None)
-        if sharding is not None:
-            n = max(n, len(sharding.device_set))
-    return n
 
 
 class _BySignature(dict):
@@ -453,9 +443,9 @@ class PlannedStep:
         from disco.sim.cluster import machine_preset
 
         first = jax.devices()[0]
-        name = machine_preset(first.platform, first.device_kind, _devices(inputs))
+        name = machine_preset(first.platform, first.device_kind, devices_of(inputs))
         if name is None:
-            raise _NoPlan(f"no cluster preset describes {_devices(inputs)} x {first.device_kind!r}, whose kernels "
+            raise _NoPlan(f"no cluster preset describes {devices_of(inputs)} x {first.device_kind!r}, whose kernels "
                           "the cost models were not trained for; pass cluster= a preset name or a ClusterSpec")
         return name
 
@@ -466,7 +456,7 @@ class PlannedStep:
         if isinstance(cluster, ClusterSpec):
             return cluster
         if cluster == "local":
-            return preset("local", devices=_devices(inputs))
+            return preset("local", devices=devices_of(inputs))
         return preset(cluster)
 
     def _local_plan(self, graph: Any, inputs: Any) -> tuple[Any, dict[str, Any]]:
@@ -503,7 +493,7 @@ class PlannedStep:
         else:
             body["cluster"] = cluster
             if cluster == "local":
-                body["devices"] = _devices(inputs)
+                body["devices"] = devices_of(inputs)
         if self.options:
             body["options"] = self.options
         environment = current_environment().to_dict()

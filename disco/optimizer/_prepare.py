@@ -6,8 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
+from disco.ir.arguments import devices_of
 from disco.ir.extractor import extract
 from disco.ir.graph import HloGraph
 from disco.ir.replica_groups import replica_group_size
@@ -17,17 +16,6 @@ from disco.sim.cluster import ClusterSpec, preset, require_cluster
 from disco.sim.costs import device_costs
 from disco.sim.costs import CostModel, require_cost_model
 from disco.sim.simulator import Simulator
-
-
-def devices_of(args: Any) -> int:
-    """The number of devices the arrays in ``args`` are sharded over (at least 1)."""
-    n = 1
-    for leaf in jax.tree.leaves(args):
-        sharding = getattr(leaf, "sharding", None)
-        if sharding is not None:
-            n = max(n, len(sharding.device_set))
-    return n
-
 
 
 @dataclasses.dataclass(frozen=True)
