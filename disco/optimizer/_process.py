@@ -151,8 +151,8 @@ class ProcessRunner:
             for r in range(rounds):
                 on_round(r)
         rows = {r["plan"]: r for r in multiprocess.combine(launched)}
-        trials = {name: Trial(Measurement(tuple(rows[name]["samples_ms"])), rows[name]["applied"],
-                              rows[name]["fallback_reason"], unit_s=1e-3, all_reduces=rows[name]["all_reduces"],
+        trials = {name: Trial(Measurement(tuple(v * 1e-3 for v in rows[name]["samples_ms"])), rows[name]["applied"],
+                              rows[name]["fallback_reason"], all_reduces=rows[name]["all_reduces"],
                               record=rows[name])
                   for name in plans}
         info = {"link": launched.link_info(),

@@ -299,7 +299,7 @@ def _records(step: RunOff | Confirmation | None) -> list[dict[str, Any]] | None:
             return dict(t.record)
         ms = t.span().to_ms_dict()
         return {"plan": name, "median_ms": ms["median"], "min_ms": ms["min"], "max_ms": ms["max"],
-                "samples_ms": [v * t.unit_s * 1e3 for v in t.times.samples], "applied": t.applied,
+                "samples_ms": [v * 1e3 for v in t.times.samples], "applied": t.applied,
                 "fallback_reason": t.fallback_reason, "paired_speedup": paired_speedup(base, t.times)}
 
     return [record(n, t) for n, t in trials.by_name.items()]

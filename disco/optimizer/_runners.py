@@ -36,11 +36,10 @@ class Trial(NamedTuple):
     """One plan as a runner measured it.
 
     Attributes:
-      times: the per-round step times, in the runner's unit (``unit_s`` seconds each): the
-        paired speedups are computed on these, as the runner reports them.
+      times: the per-round step times in seconds (a :class:`~xla_hooks.measure.Measurement`): the
+        paired speedups are computed on these.
       applied: whether the plan was applied (False: it fell back to XLA's default compile).
       fallback_reason: why it fell back, or None.
-      unit_s: seconds per unit of ``times`` (1.0: seconds; 1e-3: milliseconds).
       all_reduces: the all-reduces in the compiled step, where the runner counted them.
       record: the runner's own JSON row for the plan (a launch's combined row), or None.
     """
@@ -48,14 +47,13 @@ class Trial(NamedTuple):
     times: Measurement
     applied: bool
     fallback_reason: str | None = None
-    unit_s: float = 1.0
     all_reduces: int | None = None
     record: Mapping[str, Any] | None = None
 
     def span(self) -> Span:
         """The median and range in seconds."""
-        m, u = self.times, self.unit_s
-        return Span(m.median * u, m.min * u, m.max * u)
+        m = self.times
+        return Span(m.median, m.min, m.max)
 
     def __repr__(self) -> str:
         s = self.span()

@@ -3,6 +3,7 @@ against xla_default and the best baseline, the run-off against the regrouped pla
 
 from __future__ import annotations
 
+import re
 import statistics
 
 import pytest
@@ -143,6 +144,12 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     # best baseline was faster in the confirmation: then that baseline is the answer)
     assert {"xla_default", res.best_baseline, res.chosen} <= set(conf) and len(conf) <= 3
     assert all(len(r["samples_ms"]) == 5 for r in conf.values())
+    # the verdict's confirmation medians (the candidate's vs xla_default's) in milliseconds, as the rows
+    # hold them (they once read 1000x)
+    medians = {f"{r['median_ms']:.3f}" for r in conf.values()}
+    said = re.search(r"paired over 5 rounds; ([0-9.]+) vs ([0-9.]+) ms median", res.verdict)
+    assert said and set(said.groups()) <= medians and said.group(2) == f"{conf['xla_default']['median_ms']:.3f}", \
+        (res.verdict, medians)
     if res.chosen == res.best_baseline:
         assert res.confirmed_vs_best_baseline == 1.0 and res.confirmed_vs_best_baseline_interval is None
         assert "confirmed in a second run" in res.verdict or f"keeping {res.chosen}" in res.verdict
