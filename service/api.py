@@ -16,7 +16,8 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Blueprint, current_app, jsonify, request
 from pydantic import TypeAdapter, ValidationError
@@ -27,6 +28,10 @@ from service import db, inputs, jobs, limits, schemas
 from service.errors import ApiError
 from service.intake import Intake, Program, graph_program
 
+if TYPE_CHECKING:
+    from disco.plans.plan import FusionPlan
+
+T = TypeVar("T")
 bp = Blueprint("api", __name__)
 _ID_RE = re.compile(r"^[0-9a-f]{8,64}$")
 
@@ -102,6 +107,28 @@ def _validation_error(e: ValidationError) -> ApiError:
                     field)
 
 
+def _posted(validate: Callable[[Any], T]) -> T:
+    """The write endpoints' preamble: the bearer token checked, the JSON body read and validated by
+    ``validate`` (a pydantic model's ``model_validate`` or a ``TypeAdapter``'s ``validate_python``);
+    400 naming the first invalid field."""
+    _require_token()
+    body = _json_body()
+    try:
+        return validate(body)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+
+
+def _plan_at(plan: Any, where: str) -> FusionPlan:
+    """A posted plan (``where`` names it in the error: ``trials[2].plan``), or 400 ``invalid_plan``."""
+    from disco.plans.plan import FusionPlan
+
+    try:
+        return FusionPlan.from_dict(plan)
+    except (ValueError, TypeError) as e:
+        raise ApiError(400, "invalid_plan", f"{where}: {e}", where) from None
+
+
 def _program(req: schemas.PlanRequest) -> Program:
     """The posted program as the server identifies it (HLO checked in a child process)."""
     if req.hlo_text is not None:
@@ -149,12 +176,7 @@ def openapi():
 def create_plan():
     from disco import planner
 
-    _require_token()
-    body = _json_body()
-    try:
-        req = schemas.PlanRequest.model_validate(body)
-    except ValidationError as e:
-        raise _validation_error(e) from None
+    req = _posted(schemas.PlanRequest.model_validate)
     if req.options.strategy not in planner.strategies():
         raise ApiError(400, "invalid_request", f"options.strategy: expected one of "
                        f"{', '.join(planner.strategies())}, got {req.options.strategy!r}", "options.strategy")
@@ -218,27 +240,22 @@ def get_job(job_id: str):
 _SAMPLES = TypeAdapter(list[schemas.ProfileSample])
 
 
-@bp.post("/v1/profiles")
-def upload_profiles():
-    from disco.plans.plan import FusionPlan
-
-    _require_token()
-    body = _json_body()
+def _profile_samples(body: Any) -> list[schemas.ProfileSample]:
+    """``POST /v1/profiles``'s body: a non-empty list of at most MAX_PROFILES samples."""
     if not isinstance(body, list) or not body:
         raise ApiError(400, "invalid_request", "expected a non-empty JSON list of profile samples, got "
                        f"{type(body).__name__ if body != [] else 'an empty list'}")
     if len(body) > schemas.MAX_PROFILES:
         raise ApiError(400, "invalid_request", f"at most {schemas.MAX_PROFILES} samples per upload, got {len(body)}")
-    try:
-        samples = _SAMPLES.validate_python(body)
-    except ValidationError as e:
-        raise _validation_error(e) from None
+    return _SAMPLES.validate_python(body)
+
+
+@bp.post("/v1/profiles")
+def upload_profiles():
+    samples = _posted(_profile_samples)
     rows = []
     for i, s in enumerate(samples):
-        try:
-            plan = FusionPlan.from_dict(s.plan)
-        except (ValueError, TypeError) as e:
-            raise ApiError(400, "invalid_plan", f"[{i}].plan: {e}", f"[{i}].plan") from None
+        plan = _plan_at(s.plan, f"[{i}].plan")
         rows.append({**s.model_dump(), "plan": plan.to_dict(), "plan_digest": plan.digest()})
     return jsonify({"stored": db.get_store().add_profiles(rows)}), 201
 
@@ -246,15 +263,9 @@ def upload_profiles():
 @bp.post("/v1/trials")
 def report_trials():
     """Stores the step times a job measured for the candidates of a plan key (one run)."""
-    from disco.plans.plan import FusionPlan
     from service.trials import median_ms
 
-    _require_token()
-    body = _json_body()
-    try:
-        req = schemas.TrialReport.model_validate(body)
-    except ValidationError as e:
-        raise _validation_error(e) from None
+    req = _posted(schemas.TrialReport.model_validate)
     store = db.get_store()
     stored = store.get_plan(req.key)
     if stored is None:
@@ -262,10 +273,7 @@ def report_trials():
                        "service answered", "key")
     rows = []
     for i, t in enumerate(req.trials):
-        try:
-            plan = FusionPlan.from_dict(t.plan)
-        except (ValueError, TypeError) as e:
-            raise ApiError(400, "invalid_plan", f"trials[{i}].plan: {e}", f"trials[{i}].plan") from None
+        plan = _plan_at(t.plan, f"trials[{i}].plan")
         rows.append({"plan": plan.to_dict(), "plan_digest": plan.digest(), "name": t.name,
                      "predicted_ms": t.predicted_ms, "samples_ms": t.samples_ms,
                      "step_time_ms": median_ms(t.samples_ms)})  # each step on its slowest process
