@@ -30,7 +30,7 @@ otherwise takes the first candidate that compiles. This module is the one reader
 
 Example:
   >>> results = read("h100_autotune.textproto")                 # doctest: +SKIP
-  >>> text = for_target(results, "h100")                         # doctest: +SKIP
+  >>> text = for_target(results, TARGETS["h100"].read_text())   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -259,40 +259,37 @@ def _num(x: float) -> str:
     return f"{x:.6g}"
 
 
-def target_device_key(target: str) -> str:
-    """The device part of the autotune cache key in a deviceless compile for ``target`` (a key of
-    :data:`xla_hooks.deviceless.TARGETS`): XLA's ``AutotuneCacheKey::DeviceDescriptionToCacheKey``
-    over the target config, with ``DNN version: 0.0.0`` (what the deviceless compile uses, measured
-    with jax 0.12.0.1; see the module docstring).
+def target_device_key(target_config: str) -> str:
+    """The device part of the autotune cache key in a deviceless compile for the GpuTargetConfig
+    textproto ``target_config`` (:data:`xla_hooks.deviceless.TARGETS`' files): XLA's
+    ``AutotuneCacheKey::DeviceDescriptionToCacheKey`` over it, with ``DNN version: 0.0.0`` (what the
+    deviceless compile uses, measured with jax 0.12.0.1; see the module docstring).
 
     Raises:
-      ValueError: for an unknown target or a target config without the fields the key reads.
+      ValueError: for a target config without the fields the key reads.
     """
-    from xla_hooks.deviceless import TARGETS
-
-    if target not in TARGETS:
-        raise ValueError(f"deviceless target {target!r}: expected one of {sorted(TARGETS)}")
-    f = _target_config_fields(TARGETS[target].read_text())
+    f = _target_config_fields(target_config)
     missing = [k for k in ("core_count", "clock_rate_ghz", "memory_bandwidth", "l2_cache_size") if k not in f]
     if missing:
-        raise ValueError(f"target config {TARGETS[target]}: no {', '.join(missing)} (the autotune key reads them)")
+        raise ValueError(f"target config: no {', '.join(missing)} (the autotune key reads them)")
     return (f"CUDA: {f['cc_major']}.{f['cc_minor']}, Cores: {int(f['core_count'])}, "
             f"GPU clock: {_num(float(f['clock_rate_ghz']))} GHz, "
             f"Memory bandwidth: {_num(round(float(f['memory_bandwidth']) / 1e9))} GB/s, "
             f"L2 cache: {_num(float(f['l2_cache_size']) / (1 << 20))} MB, DNN version: 0.0.0")
 
 
-def for_target(results: AutotuneResults, target: str) -> str:
-    """The results' text with every entry's ``device`` set to ``target``'s deviceless key, so that
-    a deviceless compile for ``target`` finds them.
+def for_target(results: AutotuneResults, target_config: str) -> str:
+    """The results' text with every entry's ``device`` set to the deviceless key of the target
+    ``target_config`` describes (:func:`target_device_key`), so that its deviceless compile finds them.
 
     Raises:
-      ValueError: for results of more than one device (naming them), or an unknown target.
+      ValueError: for results of more than one device (naming them), or a target config without
+        the fields the key reads.
     """
     if len(results.devices) > 1:
         raise ValueError(f"autotune results {results.path!r} hold results of {len(results.devices)} devices "
                          f"({'; '.join(results.devices)}); expected one device's (write one file per device)")
-    key = target_device_key(target)
+    key = target_device_key(target_config)
     _, blocks = _structure(results.text, results.path)
     device_lines = {b["fields"]["device"][0] for b in blocks}
     lines = results.text.splitlines()

@@ -123,7 +123,7 @@ def _autotune_text(options: Mapping[str, Any], autotune_results: str | os.PathLi
                          "(it is checked, keyed for the deviceless target and loaded by the child)")
     if autotune_results is None:
         return None
-    return results_file.for_target(results_file.read(autotune_results), target)
+    return results_file.for_target(results_file.read(autotune_results), TARGETS[target].read_text())
 
 
 def _run_child(request: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from xla_hooks import autotune_results as A
+from xla_hooks.deviceless import TARGETS
 
 pytestmark = pytest.mark.fast
 
@@ -44,12 +45,12 @@ def test_the_committed_files_read_with_their_kinds():
 
 def test_the_h100_deviceless_key_is_read_from_its_target_config():
     # what jax 0.12.0.1's deviceless compile for targets/h100.txtpb looked results up by (its cache-miss log)
-    assert A.target_device_key("h100") == H100_KEY
+    assert A.target_device_key(TARGETS["h100"].read_text()) == H100_KEY
 
 
 def test_for_target_rewrites_only_the_device_keys():
     results = A.read(DATA / "h100_pre_dot_triton.textproto")
-    text = A.for_target(results, "h100")
+    text = A.for_target(results, TARGETS["h100"].read_text())
     again = A.parse(text)
     assert [e.device for e in again] == [H100_KEY]
     assert [(e.hlo, e.kind) for e in again] == [(e.hlo, e.kind) for e in results.entries]
@@ -60,7 +61,7 @@ def test_results_of_two_devices_are_refused(tmp_path):
     text = "version: 3\n" + ENTRY.format(device="dev A", n=0, kind="gemm") + ENTRY.format(device="dev B", n=0, kind="gemm")
     results = A.read(_file(tmp_path, text))
     with pytest.raises(ValueError, match=r"hold results of 2 devices \(dev A; dev B\); expected one device's"):
-        A.for_target(results, "h100")
+        A.for_target(results, TARGETS["h100"].read_text())
 
 
 @pytest.mark.parametrize("text, message", [
