@@ -28,7 +28,7 @@
   (``JAX_ENABLE_PGLE=1``: a step's first ``jax_pgle_profiling_runs`` runs are profiled, then it is
   recompiled with the measured latencies). Its schedule comes from a profile of real GPU runs, so
   nothing off a GPU can price it: :func:`make` refuses it with :data:`AUTO_PGLE_OFF_GPU`, and
-  ``scripts/tools/check_gpu.py --baselines`` measures it on a GPU.
+  ``scripts/tools/check_gpu.py`` measures it on a GPU (its ``auto_pgle`` row).
 
 :func:`parse_item` reads one ``--plans`` item (``horovod``, ``horovod:128``, ``even:4``): which
 baseline, the keyword of :func:`make` its value sets, and its row name in tables and JSON.
@@ -58,7 +58,7 @@ TUNED_MIN_THRESHOLD = 16 * MB
 AUTO_PGLE_OFF_GPU = (
     "auto_pgle is jax's profile-guided latency estimator (JAX_ENABLE_PGLE=1): XLA:GPU reschedules the step "
     "with latencies measured over its first profiled runs on a GPU, so no simulation can price it (there is "
-    "no profile without a GPU); measure it on a GPU: python scripts/tools/check_gpu.py --baselines")
+    "no profile without a GPU); measure it on a GPU: python scripts/tools/check_gpu.py (its auto_pgle row)")
 
 
 def _classes(nodes: Sequence[Node]) -> dict[tuple, list[Node]]:

@@ -30,8 +30,13 @@ def test_the_dry_run_on_cpu_applies_every_plan(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["backend"] == "cpu"
     plans = report["models"][0]["plans"]
-    assert {"xla_default", "per_tensor", "ddp", "ddp+lhs", "cuts", "groups", "xla_default_rt"} <= set(plans)
-    assert all(row["applied"] for row in plans.values()), plans  # on CPU fusion groups apply too
+    assert {"xla_default", "per_tensor", "ddp", "ddp+lhs", "cuts", "groups", "xla_default_rt", "xla_o1",
+            "auto_pgle"} <= set(plans)
+    # on CPU fusion groups apply too; the GPU baselines are refused, each with its reason
+    assert all(row["applied"] for name, row in plans.items() if name not in ("xla_o1", "auto_pgle")), plans
+    assert "optimization_level='O1' on cpu" in plans["xla_o1"]["fallback_reason"]
+    assert "empty profile" in plans["auto_pgle"]["fallback_reason"]
+    assert "| mlp | auto_pgle | no: auto_pgle fell back" in r.stdout  # the table
 
 
 def test_without_a_gpu_it_runs_only_when_asked(tmp_path):
@@ -76,3 +81,34 @@ def test_a_plan_changes_the_numbers_only_beyond_the_same_programs_spread():
             "noisy": row(60.0, 70.0), "fell_back": row(900.0, 900.0, applied=False)}
     assert check_gpu.changed_beyond_spread(rows, spread=0.0) == ["changed", "noisy"]
     assert check_gpu.changed_beyond_spread(rows, spread=10.0) == ["changed"]  # over 10 x 10
+
+
+@pytest.mark.fast
+def test_only_keeps_the_rows_named():
+    check_gpu = _check_gpu()
+    names = ["per_tensor", "ddp", "xla_tuned_16mb", "xla_tuned_32mb", "xla_o1", "auto_pgle"]
+    assert check_gpu.row_names(names, None) == names
+    assert check_gpu.row_names(names, {"xla_tuned", "auto_pgle"}) == ["xla_tuned_16mb", "xla_tuned_32mb", "auto_pgle"]
+    assert check_gpu.row_names(names, {"xla_tuned_16mb", "ddp"}) == ["ddp", "xla_tuned_16mb"]
+
+
+def _gpu_truth():
+    spec = importlib.util.spec_from_file_location("gpu_truth", ROOT / "scripts" / "tools" / "gpu_truth.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.fast
+def test_gpu_truth_refuses_an_unknown_phase(capsys):
+    with pytest.raises(SystemExit) as e:
+        _gpu_truth().main(["--phases", "autotune,bogus"])
+    assert e.value.code == 2 and "expected a comma list of autotune, baselines, numerics, autotune_small" in (
+        capsys.readouterr().err)
+
+
+@pytest.mark.fast
+def test_gpu_truth_budget_gives_each_phase_its_share_and_the_last_the_rest():
+    clock = _gpu_truth().Clock(100.0)
+    assert 41 < clock.begin(0.42) <= 42
+    assert clock.begin(0.0, rest=True) > 99  # nothing spent yet: the last phase gets all that is left

@@ -144,7 +144,7 @@ def test_a_plans_item_is_read_once_with_its_row(item, name, options, row):
     ("xla_tuned:16", r"unknown plan 'xla_tuned'; expected a baseline \("),
     ("xla_o1:2", r"plan 'xla_o1:2': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
     ("auto_pgle", r"auto_pgle is jax's profile-guided latency estimator \(JAX_ENABLE_PGLE=1\).*no profile without "
-                  r"a GPU\); measure it on a GPU: python scripts/tools/check_gpu.py --baselines$"),
+                  r"a GPU\); measure it on a GPU: python scripts/tools/check_gpu.py \(its auto_pgle row\)$"),
     ("per_tensor:3", r"plan 'per_tensor:3': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
     ("horovod:big", r"plan 'horovod:big': expected a number after ':', got 'big'"),
     ("horovod:", r"plan 'horovod:': expected a number after ':', got ''"),

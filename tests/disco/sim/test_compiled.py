@@ -253,7 +253,7 @@ def test_cli_gpu_baselines_are_refused_with_the_reason(capsys):
     with pytest.raises(CliError, match="plan 'xla_o1': the emulated tier does not model XLA:GPU's optimization level"):
         check_plans_for(o1, "h100", "emulated")
     with pytest.raises(CliError, match=r"^auto_pgle is jax's profile-guided latency estimator.*"
-                                       r"check_gpu.py --baselines"):
+                                       r"check_gpu.py \(its auto_pgle row\)"):
         resolve_plans("xla_default,auto_pgle", graph)
     bucketed = {"xla_default": baselines.make("xla_default", graph), "one_bucket": baselines.make("one_bucket", graph)}
     args = argparse.Namespace(trax_model=None, optimizer="adamw", model="mlp", preset="tiny", autotune_results=None)
