@@ -58,12 +58,14 @@ DESCRIBE = ("XLA's AutotuneResults textproto (version 3, as --xla_gpu_dump_autot
 
 
 class Entry(NamedTuple):
-    """One autotuning result: the device it was tuned on, the canonical HLO it is keyed by, and
-    which kind of choice it holds (a key of :data:`RESULT_KINDS`)."""
+    """One autotuning result: the device it was tuned on, the canonical HLO it is keyed by, which
+    kind of choice it holds (a key of :data:`RESULT_KINDS`), and the key's version when the entry
+    states one (jax 0.12.0.1's XLA keys with version 56 and reads an entry without one as its own)."""
 
     device: str
     hlo: str
     kind: str
+    version: int | None = None
 
 
 class AutotuneResults(NamedTuple):
@@ -87,6 +89,10 @@ class AutotuneResults(NamedTuple):
     def counts(self) -> dict[str, int]:
         """Entries per result kind."""
         return dict(Counter(e.kind for e in self.entries))
+
+    def versions(self) -> dict[int | None, int]:
+        """Entries per key version (None: the entry states none)."""
+        return dict(Counter(e.version for e in self.entries))
 
 
 _STRING_FIELD = re.compile(r'^(?P<indent>\s*)(?P<key>device|hlo):\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*$')
@@ -177,7 +183,9 @@ def _structure(text: str, where: str) -> tuple[int | None, list[dict[str, object
                 raise ValueError(f"{at}: version {value!r}; expected an integer")
             version = int(value)
         elif stack == ["results"]:
-            if key in ("device", "hlo"):
+            if key == "version" and value.isdigit():
+                blocks[-1]["fields"]["version"] = (no, int(value))
+            elif key in ("device", "hlo"):
                 f = _STRING_FIELD.match(raw)
                 if not f:
                     raise ValueError(f"{at}: {key} is not one quoted string")
@@ -215,7 +223,8 @@ def parse(text: str, *, where: str = "autotune results") -> tuple[Entry, ...]:
             raise ValueError(f"{where}: results entry {i} (line {b['line']}) holds "
                              f"{'no result' if not kinds else 'results ' + ', '.join(kinds)}; expected one "
                              f"'result {{ ... }}' with one of: {', '.join(RESULT_KINDS)}")
-        entries.append(Entry(fields["device"][1], fields["hlo"][1], kinds[0]))
+        entries.append(Entry(fields["device"][1], fields["hlo"][1], kinds[0],
+                             fields["version"][1] if "version" in fields else None))
     keys = Counter((e.device, e.hlo) for e in entries)
     dup = next((k for k, n in keys.items() if n > 1), None)
     if dup is not None:

@@ -53,6 +53,9 @@ PIPELINED_ALL_REDUCE = "xla_gpu_enable_pipelined_all_reduce"
 YNN_FUSION_TYPE = "xla_cpu_experimental_ynn_fusion_type"
 OPTIMIZATION_LEVEL = "optimization_level"  # jax_optimization_level; GPU only (module docstring)
 OPTIMIZATION_LEVELS: tuple[str, ...] = ("O0", "O1", "O2", "O3")
+# XLA's ExecutionOptions.EffortLevel numbers: what a compile is given (jax 0.10.2 takes only the number,
+# "O1" fails there; 0.12.0.1 takes both; measured on CPU).
+EFFORT_LEVEL_NUMBERS = {"O0": 9, "O1": 19, "O2": 29, "O3": 39}
 CPU_HAS_NO_OPTIMIZATION_LEVEL = (
     "jax's optimization level is XLA:GPU's: at O1 it turns on the latency-hiding scheduler, collective "
     "pipelining, double-buffered loops and (Hopper, Blackwell) the speed-of-light latency estimator, and "

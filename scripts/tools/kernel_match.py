@@ -47,11 +47,19 @@ def cublas(sigs: collections.Counter) -> int:
 
 
 def match(device_text: str, deviceless_text: str) -> dict[str, Any]:
-    """How many of the device module's kernels a deviceless kernel matches by signature."""
+    """How many of the device module's kernels a deviceless kernel matches by signature; also by
+    ``scripts/tools/gpu_sim_tables.py``'s coarser one (entry computation only; every GEMM or
+    convolution a "matrix" of its size, cuBLAS or not: the figure docs/results.md reported first)."""
+    from scripts.tools.gpu_sim_tables import compiled_signatures
+
     dev, dl = signatures(device_text), signatures(deviceless_text)
     n_dev, common = sum(dev.values()), sum((dev & dl).values())
+    coarse_dev = collections.Counter(compiled_signatures(device_text))
+    coarse_dl = collections.Counter(compiled_signatures(deviceless_text))
+    n_coarse = sum(coarse_dev.values())
     return {"device_kernels": n_dev, "deviceless_kernels": sum(dl.values()), "matched": common,
             "match": round(common / n_dev, 4) if n_dev else None,
+            "coarse_match": round(sum((coarse_dev & coarse_dl).values()) / n_coarse, 4) if n_coarse else None,
             "cublas_device": cublas(dev), "cublas_deviceless": cublas(dl)}
 
 
@@ -82,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         loaded = autotune_results.read(args.autotune_results)
         print(f"autotune results {args.autotune_results}: {len(loaded.entries)} entries {loaded.counts()}, "
-              f"devices {list(loaded.devices)}", flush=True)
+              f"key versions {loaded.versions()}, devices {list(loaded.devices)}", flush=True)
     recs = records(args.data, args.preset, args.models.split(",") if args.models else None)
     if not recs:
         print(f"no default records at preset {args.preset!r} in {args.data}", file=sys.stderr)
@@ -101,11 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"\n| model | device kernels | {' | '.join(f'matched ({v}) | deviceless kernels ({v}) | cuBLAS device/deviceless ({v})' for v in variants)} |")
-    print("|---|---:|" + "---:|---:|---:|" * len(variants))
+    heads = " | ".join(f"matched ({v}) | coarse ({v}) | deviceless kernels ({v}) | cuBLAS device/deviceless ({v})"
+                       for v in variants)
+    print(f"\n| model | device kernels | {heads} |")
+    print("|---|---:|" + "---:|---:|---:|---:|" * len(variants))
     for r in rows:
-        cells = [f"{r[v]['match']:.1%} | {r[v]['deviceless_kernels']} | {r[v]['cublas_device']}/{r[v]['cublas_deviceless']}"
-                 for v in variants]
+        cells = [f"{r[v]['match']:.1%} | {r[v]['coarse_match']:.1%} | {r[v]['deviceless_kernels']} | "
+                 f"{r[v]['cublas_device']}/{r[v]['cublas_deviceless']}" for v in variants]
         print(f"| {r['model']} | {r['no results']['device_kernels']} | {' | '.join(cells)} |")
     return 0
 

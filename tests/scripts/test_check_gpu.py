@@ -112,3 +112,13 @@ def test_gpu_truth_budget_gives_each_phase_its_share_and_the_last_the_rest():
     clock = _gpu_truth().Clock(100.0)
     assert 41 < clock.begin(0.42) <= 42
     assert clock.begin(0.0, rest=True) > 99  # nothing spent yet: the last phase gets all that is left
+
+
+@pytest.mark.fast
+def test_gpu_truth_reads_the_autotune_dump_it_writes(tmp_path):
+    gpu_truth = _gpu_truth()
+    assert gpu_truth.dump_entries(tmp_path / "none.textproto") == {"entries": 0, "error": "not written"}
+    got = gpu_truth.dump_entries(ROOT / "tests" / "data" / "autotune" / "h100_pre_dot_cublas.textproto")
+    assert got["entries"] == 1 and got["kinds"] == {"gemm": 1} and "DNN version: 9.8.0" in got["devices"][0]
+    (tmp_path / "empty.textproto").write_text("version: 3\n")  # what a compile that autotuned nothing writes
+    assert "no 'results' entries" in gpu_truth.dump_entries(tmp_path / "empty.textproto")["error"]

@@ -91,5 +91,5 @@ def test_a_missing_or_binary_file_is_refused(tmp_path):
 
 def test_comments_and_escapes_are_read():
     assert A.parse('# a comment\nversion: 3  # trailing\nresults {\n  device: "a \\"q\\" #1"\n'
-                   '  hlo: "x\\303\\251"\n  result {\n    triton {\n    }\n  }\n}\n') == (
-        A.Entry('a "q" #1', "xé", "triton"),)
+                   '  hlo: "x\\303\\251"\n  version: 56\n  result {\n    triton {\n    }\n  }\n}\n') == (
+        A.Entry('a "q" #1', "xé", "triton", 56),)

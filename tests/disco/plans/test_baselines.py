@@ -187,3 +187,9 @@ def test_xla_o1_is_the_optimization_level_option_and_refused_on_cpu():
 def test_auto_pgle_is_never_a_plan():
     with pytest.raises(ValueError, match=r"^auto_pgle is jax's profile-guided latency estimator"):
         baselines.make("auto_pgle", graph([40]))
+
+
+@pytest.mark.fast
+def test_xla_o1_reaches_the_compile_as_xlas_effort_level_number():
+    # jax 0.10.2's compile takes only the number (19: ExecutionOptions.EFFORT_O1); 0.12.0.1 takes both
+    assert baselines.make("xla_o1", graph([40])).compiler_options("gpu") == {"optimization_level": 19}
