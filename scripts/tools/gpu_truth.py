@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 PHASES = ("autotune", "baselines", "numerics", "autotune_small")
 # Each phase's share of the budget (the time a phase leaves unused goes to the next).
-SHARES = {"autotune": 0.42, "baselines": 0.36, "numerics": 0.22, "autotune_small": 0.0}
+SHARES = {"autotune": 0.38, "baselines": 0.40, "numerics": 0.22, "autotune_small": 0.0}
 BASELINE_ROWS = ("per_tensor", "ddp", "xla_tuned_16mb", "xla_o1", "auto_pgle")
 NUMERICS_MODELS = ("unet", "transformer", "gpt2", "bert")
 BASELINE_MODELS = ("transformer", "gpt2", "bert", "unet")
@@ -59,6 +59,9 @@ COMMAND_BUFFERS_OFF = {"xla_gpu_enable_command_buffer": ""}  # as ../shared/data
 # Seconds a model's phase-1 compile may take at most (paper, from the records' compile_s: 3-20 s, plus
 # building the step): a model starts only when this much of the phase's time is left.
 NEED_S = {"paper": 30.0, "small": 15.0, "tiny": 5.0}
+# A baselines model (7 compiles, PGLE's profiled runs, the timed rounds) starts only with this much left.
+BASELINE_NEED_S = {"paper": 60.0, "small": 30.0, "tiny": 10.0}
+NUMERICS_MIN_S = 60.0  # the numerics child starts only with this much of the run left
 
 
 class Clock:
@@ -174,7 +177,7 @@ def baselines_phase(models: list[str], preset: str, rounds: int, steps: int, clo
     report["baselines"] = {"jax": report["jax"], "backend": report["backend"], "devices": report["devices"],
                            "precision": "default", "xla_flags": os.environ.get("XLA_FLAGS", ""), "models": []}
     for model in models:
-        if clock.phase_left() < 4 * NEED_S.get(preset, 30.0):
+        if clock.phase_left() < BASELINE_NEED_S.get(preset, 60.0):
             report["baselines"]["models"].append({"model": model, "skipped": "out of time", "plans": {}})
             continue
         try:
@@ -186,10 +189,14 @@ def baselines_phase(models: list[str], preset: str, rounds: int, steps: int, clo
 
 def numerics_phase(models: list[str], preset: str, out: Path, clock: Clock, allow_cpu: bool, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    if clock.left() < NUMERICS_MIN_S:
+        report["numerics"] = {"skipped": f"out of time ({clock.left():.0f} s of the run left)"}
+        print(report["numerics"]["skipped"], flush=True)
+        return
     cmd = [sys.executable, str(Path(__file__).with_name("check_gpu.py")), "--models", ",".join(models),
            "--preset", preset, "--rounds", "1", "--steps", "1", "--precision", "highest", "--deterministic-ops",
            "--only", "per_tensor,ddp", "--out", str(out)] + (["--allow-cpu"] if allow_cpu else [])
-    timeout = max(1.0, clock.phase_left())
+    timeout = min(max(NUMERICS_MIN_S, clock.phase_left()), clock.left())
     report["numerics"] = {"command": " ".join(cmd[1:]), "timeout_s": round(timeout)}
     t0 = time.perf_counter()
     with open(out / "log.txt", "w") as log:
