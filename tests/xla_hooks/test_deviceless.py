@@ -182,3 +182,19 @@ def test_cli_prices_xla_o1_beside_xla_default_in_the_compiled_tier(tmp_path, mon
     assert {(r["kernels_from"], r["backend"]) for r in rows.values()} == {("compiled", "gpu")}
     assert all(r["collectives"] >= 1 and r["step_time_ms"] > 0 for r in rows.values())
     assert len(list(tmp_path.glob("*.json"))) == 2  # two deviceless compiles: the options are part of the key
+
+
+def test_cli_hlo_loads_autotune_results(tmp_path, monkeypatch, capsys):
+    from disco.cli import main as disco_main
+
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    pre = tmp_path / "pre.hlo"
+    pre.write_text(PRE)
+    rows = {}
+    for name, extra in (("default", []), ("cublas", ["--autotune-results", str(AUTOTUNE / "h100_pre_dot_cublas.textproto")])):
+        rc = disco_main(["simulate", "--hlo", str(pre), "--cluster", "h100-1", "--json", *extra])
+        out = json.loads(capsys.readouterr().out)
+        assert rc == 0 and out["autotune_results"] == (extra[1] if extra else None)
+        rows[name] = out["results"][0]
+    # the Triton GEMM fusion (its producer fused in) against a cuBLAS call with its producer a fusion of its own
+    assert (rows["default"]["kernels"], rows["cublas"]["kernels"]) == (2, 3)
