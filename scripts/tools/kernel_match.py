@@ -60,7 +60,9 @@ def match(device_text: str, deviceless_text: str) -> dict[str, Any]:
     return {"device_kernels": n_dev, "deviceless_kernels": sum(dl.values()), "matched": common,
             "match": round(common / n_dev, 4) if n_dev else None,
             "coarse_match": round(sum((coarse_dev & coarse_dl).values()) / n_coarse, 4) if n_coarse else None,
-            "cublas_device": cublas(dev), "cublas_deviceless": cublas(dl)}
+            "cublas_device": cublas(dev), "cublas_deviceless": cublas(dl),
+            # the device's kernels no deviceless one matches, by XLA's kind (kCustom: a Triton fusion)
+            "unmatched_by_kind": dict(collections.Counter(s[0] for s in (dev - dl).elements()).most_common(4))}
 
 
 def records(paths: list[str], preset: str, models: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -109,13 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
-    heads = " | ".join(f"matched ({v}) | coarse ({v}) | deviceless kernels ({v}) | cuBLAS device/deviceless ({v})"
-                       for v in variants)
+    heads = " | ".join(f"matched ({v}) | coarse ({v}) | deviceless kernels ({v}) | cuBLAS device/deviceless ({v}) "
+                       f"| unmatched by kind ({v})" for v in variants)
     print(f"\n| model | device kernels | {heads} |")
-    print("|---|---:|" + "---:|---:|---:|---:|" * len(variants))
+    print("|---|---:|" + "---:|---:|---:|---:|---|" * len(variants))
     for r in rows:
         cells = [f"{r[v]['match']:.1%} | {r[v]['coarse_match']:.1%} | {r[v]['deviceless_kernels']} | "
-                 f"{r[v]['cublas_device']}/{r[v]['cublas_deviceless']}" for v in variants]
+                 f"{r[v]['cublas_device']}/{r[v]['cublas_deviceless']} | "
+                 f"{', '.join(f'{k} {n}' for k, n in r[v]['unmatched_by_kind'].items())}" for v in variants]
         print(f"| {r['model']} | {r['no results']['device_kernels']} | {' | '.join(cells)} |")
     return 0
 
