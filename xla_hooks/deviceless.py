@@ -88,10 +88,11 @@ def cache_key(text: str, *, target: str, devices: int, options: Mapping[str, Any
     """The cache key of one compile: sha256 over the module (or step) and everything that changes the
     result (``autotune_results``: the text of the results loaded, as the child gets it)."""
     h = hashlib.sha256()
-    autotune = hashlib.sha256(autotune_results.encode()).hexdigest() if autotune_results else None
-    h.update(json.dumps({"kind": kind, "target": target, "devices": devices, "jax": jax_version,
-                         "options": {k: options[k] for k in sorted(options)}, "autotune": autotune},
-                        sort_keys=True).encode())
+    key = {"kind": kind, "target": target, "devices": devices, "jax": jax_version,
+           "options": {k: options[k] for k in sorted(options)}}
+    if autotune_results:  # only then: a compile without results keeps the key it had before they existed
+        key["autotune"] = hashlib.sha256(autotune_results.encode()).hexdigest()
+    h.update(json.dumps(key, sort_keys=True).encode())
     h.update(b"\n")
     h.update(text.encode())
     return h.hexdigest()[:32]
