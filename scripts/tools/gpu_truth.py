@@ -30,8 +30,8 @@ XLA:GPU: ``make install-gpu``), the kernel-signature match per model, without an
     PYTHONPATH=. python scripts/tools/kernel_match.py --data OUT/autotune/device_modules.jsonl.gz \\
         --autotune-results OUT/autotune/h100_zoo.textproto
 
-``--allow-cpu`` is a dry run of the script on CPU (preset tiny, two models per phase): XLA:CPU writes
-no autotuning results and refuses ``xla_o1`` and ``auto_pgle`` (with their reasons).
+``--allow-cpu`` is a dry run of the script on CPU (preset tiny, mlp and transformer_lm in every phase):
+XLA:CPU writes no autotuning results and refuses ``xla_o1`` and ``auto_pgle`` (with their reasons).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ SHARES = {"autotune": 0.38, "baselines": 0.40, "numerics": 0.22, "autotune_small
 BASELINE_ROWS = ("per_tensor", "ddp", "xla_tuned_16mb", "xla_o1", "auto_pgle")
 NUMERICS_MODELS = ("unet", "transformer", "gpt2", "bert")
 BASELINE_MODELS = ("transformer", "gpt2", "bert", "unet")
+DRY_RUN_MODELS = ("mlp", "transformer_lm")  # --allow-cpu: every phase, at preset tiny
 COMMAND_BUFFERS_OFF = {"xla_gpu_enable_command_buffer": ""}  # as ../shared/data/h100_kernels' records
 # Seconds a model's phase-1 compile may take at most (paper, from the records' compile_s: 3-20 s, plus
 # building the step): a model starts only when this much of the phase's time is left.
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="baselines: interleaved rounds")
     ap.add_argument("--steps", type=int, default=5, help="baselines: steps per round")
     ap.add_argument("--allow-cpu", action="store_true",
-                    help="a dry run on CPU: preset tiny, two models per phase, the GPU-only rows refused")
+                    help="a dry run on CPU: preset tiny, mlp and transformer_lm, the GPU-only rows refused")
     args = ap.parse_args(argv)
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     if not phases or set(phases) - set(PHASES):
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = jax.default_backend() != "gpu"
     models = args.models.split(",") if args.models else list(trax_models.names())
     preset, small = ("tiny", "tiny") if cpu else ("paper", "small")
-    pick = (lambda ms: list(ms)[:2]) if cpu else list
+    pick = (lambda ms: list(DRY_RUN_MODELS)) if cpu else list
     for phase in phases:
         clock.begin(SHARES[phase], rest=phase == phases[-1])
         print(f"\n== {phase}: {clock.phase_left():.0f} s of {clock.left():.0f} s left", flush=True)
