@@ -122,3 +122,18 @@ def test_gpu_truth_reads_the_autotune_dump_it_writes(tmp_path):
     assert got["entries"] == 1 and got["kinds"] == {"gemm": 1} and "DNN version: 9.8.0" in got["devices"][0]
     (tmp_path / "empty.textproto").write_text("version: 3\n")  # what a compile that autotuned nothing writes
     assert "no 'results' entries" in gpu_truth.dump_entries(tmp_path / "empty.textproto")["error"]
+
+
+@pytest.mark.fast
+def test_kernel_match_counts_the_device_kernels_a_deviceless_one_matches():
+    import gzip
+
+    from scripts.tools import kernel_match
+
+    with gzip.open(ROOT / "tests" / "data" / "h100_vgg19_small_default.jsonl.gz", "rt") as f:
+        text = json.loads(f.readline())["compiled_hlo"]
+    same = kernel_match.match(text, text)
+    assert same["match"] == same["coarse_match"] == 1.0 and same["device_kernels"] == same["deviceless_kernels"] > 0
+    assert same["unmatched_by_kind"] == {} and same["cublas_device"] == 0
+    sigs = kernel_match.signatures(text)  # one signature per kernel-launching instruction
+    assert sum(sigs.values()) == same["device_kernels"] and all(len(s) == 3 for s in sigs)
