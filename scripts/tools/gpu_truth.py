@@ -111,8 +111,8 @@ def dump_entries(dump: Path) -> dict[str, Any]:
         return {"entries": 0, "error": "not written"}
     try:
         r = results_file.read(dump)
-    except ValueError as e:
-        return {"entries": 0, "error": str(e)[:300]}
+    except ValueError as e:  # the file's start says which format it is (e.g. the new AutotuneCache one)
+        return {"entries": 0, "error": str(e)[:300], "head": dump.read_bytes()[:400].decode("utf-8", "replace")}
     return {"entries": len(r.entries), "kinds": r.counts(), "devices": list(r.devices)}
 
 

@@ -121,7 +121,8 @@ def test_gpu_truth_reads_the_autotune_dump_it_writes(tmp_path):
     got = gpu_truth.dump_entries(ROOT / "tests" / "data" / "autotune" / "h100_pre_dot_cublas.textproto")
     assert got["entries"] == 1 and got["kinds"] == {"gemm": 1} and "DNN version: 9.8.0" in got["devices"][0]
     (tmp_path / "empty.textproto").write_text("version: 3\n")  # what a compile that autotuned nothing writes
-    assert "no 'results' entries" in gpu_truth.dump_entries(tmp_path / "empty.textproto")["error"]
+    empty = gpu_truth.dump_entries(tmp_path / "empty.textproto")
+    assert "no 'results' entries" in empty["error"] and empty["head"] == "version: 3\n"
 
 
 @pytest.mark.fast
