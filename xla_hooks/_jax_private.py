@@ -211,3 +211,33 @@ def kv_client() -> Any:
     if missing:
         raise PrivateApiError(f"jax's coordination client has no {', '.join(missing)}")
     return client
+
+
+def pgle_fdo_profile(run: Any, runs: int, percentile: int = 90) -> bytes:
+    """The profile jax's automatic PGLE (``JAX_ENABLE_PGLE=1``) collects: ``run()`` (one step, waited
+    for) traced ``runs`` times by ``jax._src.profiler.PGLEProfiler`` (what ``jax.jit`` does for the
+    first ``jax_pgle_profiling_runs`` calls), aggregated at ``percentile`` (jax's default 90). Compile
+    with ``compiler_options={"fdo_profile": profile}`` to get the step jax recompiles with.
+
+    Unchanged from jax 0.10.2 to 0.12.0.1 (read in both).
+
+    Raises:
+      PrivateApiError: jax's release is untested, its PGLE profiler moved, or the profile is empty
+        (no device trace: off a GPU, or another CUPTI subscriber).
+    """
+    check_version()
+    try:
+        from jax._src import profiler
+    except ImportError as e:
+        raise PrivateApiError(f"jax._src.profiler moved: {e}") from None
+    pgle = getattr(profiler, "PGLEProfiler", None)
+    if pgle is None or not hasattr(pgle, "trace"):
+        raise PrivateApiError("jax._src.profiler has no PGLEProfiler with trace()")
+    runner = pgle(runs, percentile)
+    for _ in range(runs):
+        with pgle.trace(runner):
+            run()
+    profile = runner.consume_fdo_profile()
+    if not profile:
+        raise PrivateApiError(f"jax's PGLE profiler collected an empty profile over {runs} runs")
+    return profile

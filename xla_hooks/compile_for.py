@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,21 +24,30 @@ if TYPE_CHECKING:
 
 
 def compile_for(text: str, *, device: str, devices: int = 1, options: Mapping[str, Any] | None = None,
-                use_cache: bool = True) -> str:
+                autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True) -> str:
     """The compiled module of HLO ``text`` for ``devices`` devices of kind ``device``.
 
+    Args:
+      autotune_results: for a GPU kind, a file of XLA's autotuning results whose GEMM and convolution
+        choices the deviceless compile takes (:mod:`xla_hooks.autotune_results`).
+
     Raises:
-      ValueError: for a device kind no compiler here targets, or too few local CPU devices.
+      ValueError: for a device kind no compiler here targets, too few local CPU devices, autotune
+        results for a CPU (XLA:CPU does not autotune), or a missing or malformed results file.
       deviceless.DevicelessUnavailable: for a GPU kind without the deviceless environment (or a
         failed deviceless compile).
       xla_hooks._jax_private.PrivateApiError: when jax's private compile API moved.
       Exception: what XLA raises for a module it rejects (jax's ``JaxRuntimeError``).
     """
     if device in deviceless.TARGETS:
-        return deviceless.compile_hlo(text, target=device, devices=devices, options=options, use_cache=use_cache)
+        return deviceless.compile_hlo(text, target=device, devices=devices, options=options,
+                                      autotune_results=autotune_results, use_cache=use_cache)
     if device != "cpu":
         raise ValueError(f"compile_for: device kind {device!r}; expected 'cpu' or one of "
                          f"{sorted(deviceless.TARGETS)} (deviceless)")
+    if autotune_results is not None:
+        raise ValueError(f"compile_for: autotune results {str(autotune_results)!r} for device 'cpu': XLA:CPU does "
+                         f"not autotune; they are XLA:GPU's (expected a GPU kind: {sorted(deviceless.TARGETS)})")
     import jax
 
     from xla_hooks import _jax_private

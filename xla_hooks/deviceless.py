@@ -15,8 +15,14 @@ fails: no driver).
 * :func:`compile_zoo_step` lowers a zoo model's training step for N devices in the child (a GSPMD
   step over abstract arguments) and compiles it the same way: (pre-optimisation text, compiled text).
 
+Both take ``autotune_results``: a file of XLA's autotuning results (as a device compile writes them
+with ``--xla_gpu_dump_autotune_results_to``), read and keyed for the target by
+:mod:`xla_hooks.autotune_results` and loaded by the child's compile, so that the GEMMs (and
+convolutions) it names get the kernels the device chose instead of the first candidate that compiles.
+
 Results are cached on disk (``DISCO_COMPILE_CACHE``, default ``~/.cache/disco/compiled``) by the
-module's digest, the target, the devices, the compile options and the child's jax version.
+module's digest, the target, the devices, the compile options, the autotune results loaded and the
+child's jax version.
 Without the environment, :func:`available` is False and the compiles raise
 :class:`DevicelessUnavailable`; callers fall back to the Python emulation of XLA:GPU's fusion with
 a :class:`DevicelessFallbackWarning`.
@@ -36,6 +42,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,11 +84,15 @@ def child_jax_version(python: Path) -> str:
 
 
 def cache_key(text: str, *, target: str, devices: int, options: Mapping[str, Any], jax_version: str,
-              kind: str = "hlo") -> str:
-    """The cache key of one compile: sha256 over the module (or step) and everything that changes the result."""
+              kind: str = "hlo", autotune_results: str | None = None) -> str:
+    """The cache key of one compile: sha256 over the module (or step) and everything that changes the
+    result (``autotune_results``: the text of the results loaded, as the child gets it)."""
     h = hashlib.sha256()
-    h.update(json.dumps({"kind": kind, "target": target, "devices": devices, "jax": jax_version,
-                         "options": {k: options[k] for k in sorted(options)}}, sort_keys=True).encode())
+    key = {"kind": kind, "target": target, "devices": devices, "jax": jax_version,
+           "options": {k: options[k] for k in sorted(options)}}
+    if autotune_results:  # only then: a compile without results keeps the key it had before they existed
+        key["autotune"] = hashlib.sha256(autotune_results.encode()).hexdigest()
+    h.update(json.dumps(key, sort_keys=True).encode())
     h.update(b"\n")
     h.update(text.encode())
     return h.hexdigest()[:32]
@@ -96,6 +107,24 @@ def _check_target(target: str, devices: int) -> None:
         raise ValueError(f"deviceless target {target!r}: expected one of {sorted(TARGETS)}")
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
         raise ValueError(f"devices: expected an int >= 1, got {devices!r}")
+
+
+def _autotune_text(options: Mapping[str, Any], autotune_results: str | os.PathLike[str] | None,
+                   target: str) -> str | None:
+    """The results file's text keyed for ``target`` (None without a file).
+
+    Raises:
+      ValueError: for a results file passed as a raw compile option, or one
+        :func:`xla_hooks.autotune_results.read` refuses.
+    """
+    from xla_hooks import autotune_results as results_file
+
+    if results_file.LOAD_OPTION in options:
+        raise ValueError(f"compile option {results_file.LOAD_OPTION}: pass the file as autotune_results= "
+                         "(it is checked, keyed for the deviceless target and loaded by the child)")
+    if autotune_results is None:
+        return None
+    return results_file.for_target(results_file.read(autotune_results), TARGETS[target].read_text())
 
 
 def _run_child(request: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -125,7 +154,7 @@ def _cached_compile(request: dict[str, Any], key_text: str, *, use_cache: bool, 
     py = gpu_python()
     jaxv = child_jax_version(py) if py is not None else "?"
     key = cache_key(key_text, target=request["target"], devices=request["devices"], options=request["options"],
-                    jax_version=jaxv, kind=request["kind"])
+                    jax_version=jaxv, kind=request["kind"], autotune_results=request.get("autotune_results"))
     path = cache_dir() / f"{key}.json"
     if use_cache and path.is_file():
         try:
@@ -142,31 +171,42 @@ def _cached_compile(request: dict[str, Any], key_text: str, *, use_cache: bool, 
 
 
 def compile_hlo(text: str, *, target: str = "h100", devices: int = 1, options: Mapping[str, Any] | None = None,
-                use_cache: bool = True, timeout: float = 900.0) -> str:
+                autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True,
+                timeout: float = 900.0) -> str:
     """XLA:GPU's optimised, scheduled module for pre-optimisation HLO ``text`` on ``devices`` of ``target``.
 
+    Args:
+      autotune_results: a file of XLA's autotuning results (:mod:`xla_hooks.autotune_results`) whose
+        choices the compile takes where it finds them (None: the first candidate that compiles).
+
     Raises:
-      ValueError: for an unknown target or a bad device count.
+      ValueError: for an unknown target, a bad device count, or a missing or malformed autotune
+        results file.
       DevicelessUnavailable: without the environment, or when the compile fails (its message ends
         with the child's last lines of output).
     """
     _check_target(target, devices)
-    req = {"kind": "hlo", "text": text, "target": target, "devices": devices, "options": dict(options or {})}
+    opts = dict(options or {})
+    req = {"kind": "hlo", "text": text, "target": target, "devices": devices, "options": opts,
+           "autotune_results": _autotune_text(opts, autotune_results, target)}
     return _cached_compile(req, text, use_cache=use_cache, timeout=timeout)["compiled"]
 
 
 def compile_zoo_step(model: str, preset: str, *, target: str = "h100", devices: int = 1,
-                     options: Mapping[str, Any] | None = None, use_cache: bool = True,
+                     options: Mapping[str, Any] | None = None,
+                     autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True,
                      timeout: float = 900.0) -> tuple[str, str]:
     """(pre-optimisation text, compiled text) of the zoo model's GSPMD training step (adamw) for
-    ``devices`` of ``target``, lowered and compiled in the child.
+    ``devices`` of ``target``, lowered and compiled in the child (``autotune_results``: as
+    :func:`compile_hlo`).
 
     Raises:
       ValueError, DevicelessUnavailable: as :func:`compile_hlo`.
     """
     _check_target(target, devices)
+    opts = dict(options or {})
     req = {"kind": "step", "model": model, "preset": preset, "target": target, "devices": devices,
-           "options": dict(options or {})}
+           "options": opts, "autotune_results": _autotune_text(opts, autotune_results, target)}
     out = _cached_compile(req, f"zoo:{model}/{preset}", use_cache=use_cache, timeout=timeout)
     return out["pre_optimization"], out["compiled"]
 
@@ -202,7 +242,14 @@ def serve(request: Mapping[str, Any]) -> dict[str, Any]:
         text = _lower_zoo_step(request["model"], request["preset"], devices)
     else:
         text = request["text"]
-    compiled = _jax_private.compile_text_for(text, _topology_devices(target, devices), options)
+    with tempfile.TemporaryDirectory(prefix="disco-autotune-") as tmp:
+        if request.get("autotune_results"):  # XLA loads it once per process: this child compiles once
+            from xla_hooks import autotune_results as results_file
+
+            path = Path(tmp) / f"results{results_file.TEXT_SUFFIX}"
+            path.write_text(request["autotune_results"])
+            options.update(results_file.load_options(str(path)))
+        compiled = _jax_private.compile_text_for(text, _topology_devices(target, devices), options)
     out = {"compiled": compiled, "jax": jax.__version__, "compile_s": round(time.perf_counter() - t0, 3)}
     if request["kind"] == "step":
         out["pre_optimization"] = text

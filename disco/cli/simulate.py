@@ -33,9 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (default: a table)")
     add_strict_arg(p)
     p.add_argument("--tier", choices=("emulated", "compiled"), default="emulated",
-                   help="emulated: the Python emulation of XLA's fusion (fast); compiled: each plan compiled with "
-                        "XLA:CPU and its real kernels priced (CPU clusters; for a GPU cluster use --hlo) "
-                        "(default emulated)")
+                   help="emulated: the Python emulation of XLA's fusion (fast); compiled: each plan compiled and "
+                        "its real kernels priced: with XLA:CPU on a CPU cluster, with deviceless XLA:GPU on a GPU "
+                        "cluster (`make install-gpu`; plans of compile options only, e.g. xla_default,xla_o1; the "
+                        "zoo model's GSPMD step, adamw) (default emulated)")
     g = p.add_argument_group("compiled tier (instead of --model: price the module XLA builds)")
     g.add_argument("--hlo", metavar="FILE",
                    help="a pre-optimisation HLO module (as jax.jit(f).lower(...).as_text(dialect='hlo') prints it), "
@@ -44,6 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compile-option", metavar="KEY=VALUE", action="append", default=None,
                    help="an XLA compile option for --hlo (repeatable), e.g. xla_disable_hlo_passes=priority-fusion "
                         "(default: none, XLA's defaults)")
+    g.add_argument("--autotune-results", metavar="FILE", default=None,
+                   help="XLA's autotuning results (an AutotuneResults textproto, as a GPU compile writes it with "
+                        "--xla_gpu_dump_autotune_results_to=FILE.textproto) for the deviceless XLA:GPU compile of a "
+                        "GPU cluster (--hlo, or --tier compiled): its GEMMs and convolutions get the kernels the "
+                        "device chose (default: none, the first candidate that compiles)")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -66,20 +72,23 @@ def run(args: argparse.Namespace) -> int:
     spec = cluster.resolve(args.cluster, args.devices)  # before the compile: a bad --cluster costs nothing
     note_device_mismatch(args.devices, spec, "disco simulate")
     note_placeholder_costs(spec, "disco simulate")
+    if args.autotune_results is not None and (args.tier != "compiled" or spec.device == "cpu"):
+        raise CliError(f"--autotune-results: XLA:GPU's autotuning results are loaded by the deviceless compile of a "
+                       f"GPU cluster (--tier compiled); got --tier {args.tier} on cluster {spec.name!r} "
+                       f"({spec.device}){' (XLA:CPU does not autotune)' if spec.device == 'cpu' else ''}")
     step, example = make_step(args)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = resolve_plans(args.plans, graph, strict=args.strict, simulated=True)
     if "xla_default" not in plans:  # the reference of the speedup column, as disco bench adds it
         plans = {"xla_default": resolve_plans("xla_default", graph)["xla_default"], **plans}
+    check_plans_for(plans, spec.device, args.tier)
     cm, cm_info = load_cost_model(args.cost_model, device=spec.device)  # priced for the cluster's device kind
     cm_info = {**cm_info, "device": spec.device}
     sim = simulator.Simulator(graph, cm, spec)
     rows = []
-    if args.tier == "compiled":
-        if spec.device != "cpu":
-            raise CliError(f"--tier compiled: cluster {spec.name!r} is of device {spec.device!r}; a zoo plan is "
-                           "compiled with this machine's XLA:CPU (cpu clusters); for a GPU cluster price a module "
-                           "with --hlo (deviceless XLA:GPU)")
+    if args.tier == "compiled" and spec.device != "cpu":
+        rows += _gpu_compiled_rows(args, plans, cm, spec)
+    elif args.tier == "compiled":
         from disco.sim import compiled
         from xla_hooks.compile_for import compiled_plan_text
 
@@ -93,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:  # the convention of every table and --json: xla_default's time over the plan's
         r["speedup_vs_xla_default"] = round(base / r["step_time_ms"], 4) if base and r["step_time_ms"] else None
     lb = sim.lower_bound()
-    out = {**model_label(args), "cluster": spec.name,
+    out = {**model_label(args), "cluster": spec.name, "tier": args.tier, "autotune_results": args.autotune_results,
            "cost_model": cm.name, "cost_model_info": cm_info, "simulated": True, "lower_bound_ms": round(lb * 1e3, 4),
            "results": rows}
     if args.json:
@@ -102,6 +111,58 @@ def run(args: argparse.Namespace) -> int:
     _print_table(f"simulated (cost model {cm.name}, cluster {spec.name}): {out['model']}/{out['preset']}, "
                  f"lower bound {lb * 1e3:.3f} ms", rows)
     return 0
+
+
+def check_plans_for(plans: dict[str, Any], device: str, tier: str) -> None:
+    """Refuses a plan the cluster's backend cannot run (``xla_o1`` on CPU, with the reason) or the
+    tier cannot price (XLA:GPU's optimization level in the emulated tier, which does not model it).
+
+    Raises:
+      CliError: naming the plan.
+    """
+    from disco.plans import options as plan_options
+
+    backend = "cpu" if device == "cpu" else "gpu"
+    for name, plan in plans.items():
+        try:
+            plan_options.check(plan.compile_options, backend)
+        except ValueError as e:
+            raise CliError(f"plan {name!r}: {e}") from None
+        if tier == "emulated" and any(k == plan_options.OPTIMIZATION_LEVEL for k, _ in plan.compile_options):
+            raise CliError(f"plan {name!r}: the emulated tier does not model XLA:GPU's optimization level (the passes "
+                           "O1 turns on); price it with --tier compiled on a GPU cluster (deviceless XLA:GPU)")
+
+
+def _gpu_compiled_rows(args: argparse.Namespace, plans: dict[str, Any], cm: Any, spec: Any) -> list[dict[str, Any]]:
+    """The compiled tier on a GPU cluster: the zoo model's GSPMD step compiled deviceless per plan (its
+    compile options), priced.
+
+    Raises:
+      CliError: for a plan that is more than compile options, a --trax-model, an optimizer other than
+        adamw (the deviceless step's), or a deviceless compile that is unavailable or fails.
+    """
+    from disco.plans.plan import decisions
+    from disco.sim import compiled
+    from xla_hooks import deviceless
+
+    if getattr(args, "trax_model", None) or args.optimizer != "adamw":
+        raise CliError(f"--tier compiled on GPU cluster {spec.name!r} compiles a zoo model's GSPMD step with adamw "
+                       "(--model, --optimizer adamw)")
+    for name, plan in plans.items():  # every plan checked before the first compile
+        if plan.groups or plan.buckets is not None or plan.cuts:
+            raise CliError(f"plan {name!r}: --tier compiled on GPU cluster {spec.name!r} prices plans of compile "
+                           f"options only (e.g. --plans xla_default,xla_o1); this one has "
+                           f"{', '.join(decisions(plan)) or 'buckets'}, which reach XLA through the jax step")
+    rows = []
+    for name, plan in plans.items():
+        try:
+            _, text = deviceless.compile_zoo_step(args.model, args.preset, target=spec.device,
+                                                  devices=spec.num_devices, options=plan.compiler_options("gpu"),
+                                                  autotune_results=args.autotune_results)
+        except (ValueError, deviceless.DevicelessUnavailable) as e:
+            raise CliError(f"--tier compiled, plan {name!r} on {spec.name!r}: {e}") from None
+        rows.append({"plan": name, **compiled.price(text, cm, spec, backend="gpu").summary()})
+    return rows
 
 
 def _print_table(title: str, rows: list[dict[str, Any]]) -> None:
@@ -163,6 +224,9 @@ def run_hlo(args: argparse.Namespace) -> int:
     options = parse_compile_options(args.compile_option or [])
     text = read_hlo_file(args.hlo)
     spec = cluster.resolve(args.cluster, args.devices if args.cluster in (None, "local") else None)
+    if args.autotune_results is not None and hlo_parse.is_scheduled(text):
+        raise CliError(f"--autotune-results: --hlo {args.hlo} is an optimised module already (XLA chose its "
+                       "kernels); expected a pre-optimisation module to compile with the results")
     note_placeholder_costs(spec, "disco simulate")
     cm, cm_info = load_cost_model(args.cost_model, device=spec.device)
     cm_info = {**cm_info, "device": spec.device}
@@ -175,7 +239,8 @@ def run_hlo(args: argparse.Namespace) -> int:
         try:
             from xla_hooks.compile_for import compile_for
 
-            compiled_text = compile_for(text, device=spec.device, devices=n, options=options)
+            compiled_text = compile_for(text, device=spec.device, devices=n, options=options,
+                                        autotune_results=args.autotune_results)
         except deviceless.DevicelessUnavailable as e:
             if deviceless.available():  # the environment is there: the compile itself failed
                 raise CliError(f"--hlo {args.hlo}: {e}") from None
@@ -197,6 +262,7 @@ def run_hlo(args: argparse.Namespace) -> int:
     except ValueError as e:  # hlo_parse.HloParseError among them
         raise CliError(f"--hlo {args.hlo}: {e}") from None
     out = {"hlo": args.hlo, "cluster": spec.name, "devices": n, "compile_options": options,
+           "autotune_results": args.autotune_results,
            "cost_model": cm.name, "cost_model_info": cm_info, "simulated": True, "results": [row]}
     if fallback:
         out["warning"] = fallback

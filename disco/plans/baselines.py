@@ -19,6 +19,16 @@
   (``threshold_bytes``, default 16 MiB); :func:`xla_tuned_sweep` gives the recipe's sweep,
   powers of two from 16 MiB up to the gradients' size (JAX-Toolbox issue 674). On CPU these
   options do nothing (the plan compiles as ``xla_default``).
+* ``xla_o1`` (GPU): what users turn on today with ``jax_optimization_level=O1``: the compile option
+  ``optimization_level=O1`` (:mod:`disco.plans.options` says what XLA:GPU enables with it: the
+  latency-hiding scheduler, collective pipelining, double-buffered loops, the speed-of-light latency
+  estimator on Hopper). Priced by the compiled tier (deviceless XLA:GPU) on GPU clusters; refused on
+  CPU, which has none of these passes, and by the emulated tier, which does not model them.
+* ``auto_pgle`` (GPU, never a plan): jax's automatic profile-guided latency estimator
+  (``JAX_ENABLE_PGLE=1``: a step's first ``jax_pgle_profiling_runs`` runs are profiled, then it is
+  recompiled with the measured latencies). Its schedule comes from a profile of real GPU runs, so
+  nothing off a GPU can price it: :func:`make` refuses it with :data:`AUTO_PGLE_OFF_GPU`, and
+  ``scripts/tools/check_gpu.py`` measures it on a GPU (its ``auto_pgle`` row).
 
 :func:`parse_item` reads one ``--plans`` item (``horovod``, ``horovod:128``, ``even:4``): which
 baseline, the keyword of :func:`make` its value sets, and its row name in tables and JSON.
@@ -41,8 +51,14 @@ from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 MB = 1 << 20
 NAMES = ("xla_default", "no_fusion", "per_tensor", "one_bucket", "horovod", "ddp", "xla_threshold", "even")
 # Baselines that only mean something on GPU (compile options XLA:CPU ignores).
-GPU_NAMES = ("xla_tuned",)
+GPU_NAMES = ("xla_tuned", "xla_o1", "auto_pgle")
+# --plans items beyond NAMES: one GPU baseline each (xla_tuned is a sweep of rows, not an item).
+GPU_ITEMS = ("xla_o1", "auto_pgle")
 TUNED_MIN_THRESHOLD = 16 * MB
+AUTO_PGLE_OFF_GPU = (
+    "auto_pgle is jax's profile-guided latency estimator (JAX_ENABLE_PGLE=1): XLA:GPU reschedules the step "
+    "with latencies measured over its first profiled runs on a GPU, so no simulation can price it (there is "
+    "no profile without a GPU); measure it on a GPU: python scripts/tools/check_gpu.py (its auto_pgle row)")
 
 
 def _classes(nodes: Sequence[Node]) -> dict[tuple, list[Node]]:
@@ -103,7 +119,8 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
 
     Raises:
       TypeError: ``graph`` is not an HloGraph.
-      ValueError: unknown name or keyword.
+      ValueError: unknown name or keyword; ``auto_pgle`` (:data:`AUTO_PGLE_OFF_GPU`: measured on a
+        GPU, never a plan).
     """
     require_graph(graph, f"baseline {name!r}: graph")
     build = kw.pop("build", "concat")
@@ -140,6 +157,10 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         cap = -(-max(per_class, default=0) // k) or 1  # the largest class cut into k
         plan = FusionPlan(buckets=greedy(production_order(graph), lambda i: cap),
                           name=f"even_{k}")
+    elif name == "xla_o1":
+        plan = FusionPlan(compile_options=((plan_options.OPTIMIZATION_LEVEL, "O1"),), name=name)
+    elif name == "auto_pgle":
+        raise ValueError(AUTO_PGLE_OFF_GPU)
     elif name == "xla_tuned":
         thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD))
         opts = {plan_options.SCHEDULER: "True", plan_options.THRESHOLD: str(thr)}
@@ -149,7 +170,8 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         raise ValueError(f"unknown baseline {name!r}; expected one of: {', '.join(NAMES + GPU_NAMES)}")
     if kw:
         raise ValueError(f"baseline {name!r} got unexpected options {sorted(kw)}")
-    return plan.validate(graph)
+    # a GPU baseline is checked for GPU: plan_options.check refuses xla_o1 where it is applied on CPU
+    return plan.validate(graph, "gpu" if name in GPU_NAMES else "cpu")
 
 
 def _positive_size(name: str, key: str, value: Any) -> float:
@@ -199,7 +221,7 @@ class BaselineItem:
     """One baseline item of a ``--plans`` list, read by :func:`parse_item`.
 
     Attributes:
-      name: the baseline (one of :data:`NAMES`).
+      name: the baseline (one of :data:`NAMES` or :data:`GPU_ITEMS`).
       options: the keywords of :func:`make` the item sets, as ``(key, value)`` pairs.
       row: its row name in tables and JSON: the item as written, but ``even_<k>`` for ``even:K``.
     """
@@ -214,9 +236,10 @@ class BaselineItem:
 
 
 def parse_item(item: str) -> BaselineItem:
-    """Reads a ``--plans`` baseline item: a name of :data:`NAMES`, or ``horovod:MB``, ``ddp:MB``,
-    ``xla_threshold:BYTES`` or ``even:K``. The value is checked as :func:`make` checks it, before any
-    graph is at hand (a launcher checks the items its workers will build).
+    """Reads a ``--plans`` baseline item: a name of :data:`NAMES` or :data:`GPU_ITEMS`, or ``horovod:MB``,
+    ``ddp:MB``, ``xla_threshold:BYTES`` or ``even:K``. The value is checked as :func:`make` checks it,
+    before any graph is at hand (a launcher checks the items its workers will build); ``auto_pgle`` is
+    refused here with :data:`AUTO_PGLE_OFF_GPU`.
 
     Example::
 
@@ -228,8 +251,11 @@ def parse_item(item: str) -> BaselineItem:
         none, a value that is not a number, or one :func:`make` refuses; the message names the item.
     """
     name, colon, arg = item.partition(":")
-    if name not in NAMES:
-        raise ValueError(f"unknown plan {name!r}; expected a baseline ({', '.join(NAMES)}) or a plan .json file")
+    if name == "auto_pgle":
+        raise ValueError(AUTO_PGLE_OFF_GPU)
+    if name not in NAMES + GPU_ITEMS:
+        raise ValueError(f"unknown plan {name!r}; expected a baseline ({', '.join(NAMES + GPU_ITEMS)}) or a plan "
+                         ".json file")
     if not colon:
         return BaselineItem(name, (), item)
     spec = _VALUES.get(name)

@@ -19,6 +19,17 @@ one table of the options a search may set, per backend:
   options are accepted by the CPU compile but do nothing there, and XLA:CPU's all-reduce
   combiner has no threshold flag (it merges every all-reduce; the plan's buckets replace it).
 
+Outside the tables, ``optimization_level`` (jax's ``jax_optimization_level``, an effort level of
+XLA's build options that jax passes per compile): at ``O1`` and above XLA:GPU turns on what it
+otherwise leaves off (``xla/service/gpu/flag_utils.h``, ``IsPassEnabledAtOptimizationEffort``): the
+latency-hiding scheduler, the collective pipeliner (data-parallel all-reduces, all-gathers and
+reduce-scatters moved across loop iterations), double-buffered ``while`` loops (unrolled by two),
+and, on Hopper and Blackwell, the speed-of-light latency estimator for the schedule
+(``SolLatencyEstimator::IsSupportedForModule``). A deviceless compile for an H100 with ``O1``
+unrolled a 4-trip loop holding an all-reduce into 2 trips of two (measured with jax 0.12.0.1;
+the latency-hiding scheduler alone kept 4 trips). XLA:CPU has none of these passes: a plan carrying
+it is refused on CPU (:func:`check`).
+
 Values are strings, as XLA parses them (booleans "True"/"False", sizes in bytes, choices
 one of the option's ``values``).
 
@@ -40,6 +51,16 @@ SCHEDULER = "xla_gpu_enable_latency_hiding_scheduler"
 # Rejected by jax 0.11.2's GPU compile ("No such compile option", on an H100): kept to name it.
 PIPELINED_ALL_REDUCE = "xla_gpu_enable_pipelined_all_reduce"
 YNN_FUSION_TYPE = "xla_cpu_experimental_ynn_fusion_type"
+OPTIMIZATION_LEVEL = "optimization_level"  # jax_optimization_level; GPU only (module docstring)
+OPTIMIZATION_LEVELS: tuple[str, ...] = ("O0", "O1", "O2", "O3")
+# XLA's ExecutionOptions.EffortLevel numbers: what a compile is given (jax 0.10.2 takes only the number,
+# "O1" fails there; 0.12.0.1 takes both; measured on CPU).
+EFFORT_LEVEL_NUMBERS = {"O0": 9, "O1": 19, "O2": 29, "O3": 39}
+CPU_HAS_NO_OPTIMIZATION_LEVEL = (
+    "jax's optimization level is XLA:GPU's: at O1 it turns on the latency-hiding scheduler, collective "
+    "pipelining, double-buffered loops and (Hopper, Blackwell) the speed-of-light latency estimator, and "
+    "XLA:CPU has none of these passes; expected a GPU backend (a GPU cluster such as h100-sxm-8, priced "
+    "through deviceless XLA:GPU, or a run on a GPU)")
 _LIB = "LIBRARY_FUSION_TYPE_"
 YNN_FUSION_TYPES: tuple[str, ...] = tuple(_LIB + t for t in (
     "DOT", "ELTWISE", "REDUCE", "INDIVIDUAL_DOT", "INDIVIDUAL_CONVOLUTION"))  # jaxlib 0.10.2's enum
@@ -141,12 +162,15 @@ def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
     """Checks ``options`` for ``backend``: the values of its table's options; the other backend's
     table options (accepted and inert, e.g. the GPU options on XLA:CPU); and that any other key is
     one known to keep what the step computes (``_KEEP_RESULTS``), so that a plan never changes the
-    step's results.
+    step's results; ``optimization_level`` only on GPU (XLA:CPU has none of its passes).
 
     Raises:
       ValueError: naming the option, the value received and what was expected.
     """
     for key, val in options:
+        if key == OPTIMIZATION_LEVEL:
+            _check_optimization_level(val, backend)
+            continue
         o = spec(key, backend)
         if o is None:
             _check_outside_table(key, val, backend)
@@ -168,6 +192,15 @@ def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
             raise ValueError(f"compile option {key}: expected a positive number of bytes, got {val!r}")
 
 
+def _check_optimization_level(val: str, backend: str) -> None:
+    """Refuses ``optimization_level`` on CPU (with the reason) and a value that is no effort level."""
+    if normalize(backend) == "cpu":
+        raise ValueError(f"compile option {OPTIMIZATION_LEVEL}={val!r} on cpu: {CPU_HAS_NO_OPTIMIZATION_LEVEL}")
+    if val not in OPTIMIZATION_LEVELS:
+        raise ValueError(f"compile option {OPTIMIZATION_LEVEL}: expected one of {', '.join(OPTIMIZATION_LEVELS)}, "
+                         f"got {val!r}")
+
+
 def _check_outside_table(key: str, val: str, backend: str) -> None:
     """Refuses an option outside ``backend``'s table unless another backend's table lists it or it
     keeps the step's results (``_KEEP_RESULTS``)."""
@@ -179,6 +212,6 @@ def _check_outside_table(key: str, val: str, backend: str) -> None:
     if allowed:
         raise ValueError(f"compile option {key}: expected {' or '.join(allowed)}, got {val!r} (other values "
                          "change what the step computes)")
-    known = sorted({o.key for table_ in _TABLES.values() for o in table_} | set(_KEEP_RESULTS))
+    known = sorted({o.key for table_ in _TABLES.values() for o in table_} | set(_KEEP_RESULTS) | {OPTIMIZATION_LEVEL})
     raise ValueError(f"compile option {key}={val!r}: not one a plan may carry; plans carry only options "
                      f"that keep what the step computes: {', '.join(known)}")

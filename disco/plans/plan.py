@@ -176,13 +176,16 @@ class FusionPlan:
             passes += _BARRIER_PASSES[backend]
         return tuple(dict.fromkeys(passes))
 
-    def compiler_options(self, backend: str = "cpu") -> dict[str, str]:
+    def compiler_options(self, backend: str = "cpu") -> dict[str, str | int]:
         """The options for ``Lowered.compile``: the plan's own, plus the passes it needs off.
 
         Boolean values are spelled as XLA parses them ("True"/"False"): jaxlib 0.10.2 rejects
-        "true", "false", "0" and "1" (measured), which JSON plans naturally contain.
+        "true", "false", "0" and "1" (measured), which JSON plans naturally contain. An
+        ``optimization_level`` is given as XLA's effort-level number (jax 0.10.2 rejects "O1").
         """
-        opts = {k: _BOOLS.get(v.lower(), v) for k, v in self.compile_options}
+        opts: dict[str, str | int] = {
+            k: plan_options.EFFORT_LEVEL_NUMBERS.get(v, v) if k == plan_options.OPTIMIZATION_LEVEL else _BOOLS.get(v.lower(), v)
+            for k, v in self.compile_options}
         passes = list(self.disabled_passes(backend))
         if passes:
             extra = [p for p in opts.get("xla_disable_hlo_passes", "").split(",") if p]

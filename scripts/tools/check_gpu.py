@@ -1,6 +1,7 @@
 """Applies bucket, cut and compile-option plans on a real GPU (a manual check: CI has no GPU).
 
     python scripts/tools/check_gpu.py [--models transformer_lm,resnet50] [--preset paper] [--out DIR]
+        [--only ROWS] [--precision highest] [--deterministic-ops]
 
 Runs with the jax the machine has (the GPU image's 0.11.2) and no extra flags. Per model, on
 one device, through ``xla_hooks.apply`` exactly as a user's step gets them:
@@ -12,10 +13,16 @@ one device, through ``xla_hooks.apply`` exactly as a user's step gets them:
 * ``cuts``: two cuts, each between an elementwise producer and its only user inside one
   fusion of the simulator's emulation (the barrier splits a fusion on XLA:GPU);
 * compile options: the ``xla_tuned`` sweep (JAX-Toolbox: latency-hiding scheduler on, the
-  all-reduce combine threshold by powers of two from 16 MiB); ``pipelined_all_reduce``
+  all-reduce combine threshold by powers of two from 16 MiB); ``xla_o1`` (jax's optimization level
+  O1: ``disco.plans.baselines``); ``pipelined_all_reduce``
   (``xla_gpu_enable_pipelined_all_reduce``, not in disco's option table: jax 0.11.2's GPU
   compile rejected it) only with ``--pipelined``;
-* ``groups``: a random plan with fusion groups, which must be refused up front on GPU.
+* ``groups``: a random plan with fusion groups, which must be refused up front on GPU;
+* ``auto_pgle``: jax's automatic profile-guided latency estimator (``JAX_ENABLE_PGLE=1``), compiled
+  after ``--pgle-runs`` profiled runs of XLA's default (:func:`xla_hooks.pgle.compile_auto_pgle`).
+
+``--only ROWS`` keeps only those rows (comma list; ``xla_tuned`` names the whole sweep) beside the
+two references, to fit a short GPU lease; ``scripts/tools/gpu_truth.py`` runs it that way.
 
 Reports per plan: applied or fell back (with the reason), compiled fusion and all-reduce
 counts, step-time medians over interleaved rounds, and its numbers after 3 SGD steps against two
@@ -28,7 +35,7 @@ only when it is outside the tolerance against both references by more than 10x t
 ``--precision highest`` (no TF32) and ``--deterministic-ops`` remove those sources of spread.
 One GPU has no collectives to overlap: what it shows of cuts and options is their compute-side
 effect only. Writes ``gpu_check.json``; exits 1 on a fallback other than the refused groups, or
-on numbers changed beyond the spread.
+on numbers changed beyond the spread. Prints a table of every row at the end.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -48,6 +56,11 @@ RTOL, FLOOR = 1e-5, 1e-7  # tests/support/equivalence.py's assert_close
 SPREAD_FACTOR = 10.0
 # Cut ends: elementwise ops, which XLA fuses producer-into-consumer on CPU and GPU (the CPU
 # emulation also fuses a reduce into its consumer, which XLA does not: such a cut splits nothing).
+# The rows --only may name (beside the references xla_default and xla_default_rt); xla_tuned: the sweep.
+ROWS = ("per_tensor", "ddp", "ddp+lhs", "cuts", "xla_tuned", "xla_o1", "pipelined_all_reduce", "groups", "auto_pgle")
+# Rows refused off a GPU (with their reasons) in a --allow-cpu dry run: XLA:CPU has no O1 passes, and no
+# PGLE profile without device kernels.
+CPU_REFUSED = ("xla_o1", "auto_pgle")
 ELEMENTWISE = frozenset({"add", "subtract", "multiply", "divide", "exponential", "tanh", "negate", "maximum",
                          "minimum", "sqrt", "rsqrt", "log", "select", "compare", "convert", "abs", "power"})
 
@@ -116,7 +129,15 @@ def changed_beyond_spread(rows: dict, spread: float) -> list[str]:
             and min(row["vs_xla_default"]["tolerance_ratio"], row["vs_xla_default_rt"]["tolerance_ratio"]) > bar]
 
 
-def check_model(model: str, preset: str, rounds: int, steps: int, pipelined: bool = False) -> dict:
+def row_names(names: list[str], only: set[str] | None) -> list[str]:
+    """``names`` kept by ``--only`` (``xla_tuned`` keeps the whole sweep); all of them without it."""
+    if only is None:
+        return names
+    return [n for n in names if n in only or ("xla_tuned" in only and n.startswith("xla_tuned_"))]
+
+
+def check_model(model: str, preset: str, rounds: int, steps: int, pipelined: bool = False,
+                only: set[str] | None = None, pgle_runs: int = 3) -> dict:
     import jax
     import numpy as np
 
@@ -130,7 +151,7 @@ def check_model(model: str, preset: str, rounds: int, steps: int, pipelined: boo
     from disco.sim.cluster import preset as cluster_preset
     from disco.sim.costs import AnalyticCosts
     from disco.sim.simulator import Simulator
-    from xla_hooks import apply_plan, measure
+    from xla_hooks import apply_plan, measure, pgle
 
     t0 = time.perf_counter()
     step, example = trax_models.make_train_step(model, preset, devices=1, optimizer="sgd")
@@ -143,10 +164,14 @@ def check_model(model: str, preset: str, rounds: int, steps: int, pipelined: boo
     cuts = effective_cuts(graph, sim)
     plans["cuts"] = FusionPlan(cuts=tuple(cuts), name="cuts")
     plans.update(baselines.xla_tuned_sweep(graph))
+    plans["xla_o1"] = baselines.make("xla_o1", graph)
     if pipelined:
         plans["pipelined_all_reduce"] = FusionPlan(
             compile_options=((plan_options.PIPELINED_ALL_REDUCE, "True"),), name="pipelined_all_reduce")
     plans["groups"] = random_plan(graph, 0, buckets=False).replace(name="groups")
+    plans[pgle.NAME] = None  # not a plan: compiled by xla_hooks.pgle
+    kept = ["xla_default", *row_names(list(plans)[1:], only)]
+    plans = {name: plans[name] for name in kept}
 
     def three_steps(fn):
         state, batch = example
@@ -161,7 +186,9 @@ def check_model(model: str, preset: str, rounds: int, steps: int, pipelined: boo
     for name, applied in entries:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            if applied is None:
+            if applied is None and name == pgle.NAME:
+                applied = pgle.compile_auto_pgle(step, *example, runs=pgle_runs, allow_cpu=True)
+            elif applied is None:
                 applied = apply_plan.apply(plans[name], step, *example)
         fusions, all_reduces = compiled_counts(applied.compiled_text())
         final = three_steps(applied)
@@ -218,7 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deterministic-ops", action="store_true",
                     help="XLA_FLAGS += --xla_gpu_exclude_nondeterministic_ops=true (deterministic scatter, "
                          "GEMM and convolution algorithms; XLA refuses select-and-scatter then)")
+    ap.add_argument("--only", default=None, metavar="ROWS",
+                    help=f"comma list of the rows to measure beside xla_default and xla_default_rt, of: "
+                         f"{', '.join(ROWS)}, or one threshold of the sweep, e.g. xla_tuned_16mb (default: all)")
+    ap.add_argument("--pgle-runs", type=int, default=3, help="auto_pgle's profiled runs (jax's default 3)")
     args = ap.parse_args(argv)
+    only = None if args.only is None else {r.strip() for r in args.only.split(",") if r.strip()}
+    if only is not None and (not only or {r for r in only if r not in ROWS and not re.fullmatch(r"xla_tuned_\d+mb", r)}):
+        ap.error(f"--only {args.only!r}: expected a comma list of {', '.join(ROWS)} (or one xla_tuned_<N>mb)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.deterministic_ops:  # read when the backend starts: before jax is imported
@@ -242,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = jax.default_backend() == "gpu"
     failed = []
     for model in [m for m in args.models.split(",") if m]:
-        res = check_model(model, args.preset, args.rounds, args.steps, args.pipelined)
+        res = check_model(model, args.preset, args.rounds, args.steps, args.pipelined, only, args.pgle_runs)
         report["models"].append(res)
         (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
         for name, row in res["plans"].items():
@@ -251,12 +285,32 @@ def main(argv: list[str] | None = None) -> int:
                 if row["applied"] or "fusion group" not in str(reason):
                     failed.append(f"{model}/groups: expected refused on GPU, got "
                                   + ("applied" if row["applied"] else f"a fallback: {reason}"))
-            elif not row["applied"]:  # on CPU (--allow-cpu) groups apply like every other plan
-                failed.append(f"{model}/{name}: fell back: {reason}")
+            elif not row["applied"] and not (not gpu and name in CPU_REFUSED):
+                failed.append(f"{model}/{name}: fell back: {reason}")  # on CPU groups apply like every other plan
         failed += [f"{model}/{name}: numbers changed beyond the same program's spread: {res['plans'][name]['vs_xla_default']['worst_leaf']}"
                    for name in res["beyond_spread"]]
+    print_table(report)
     print("unexpected (a fallback, groups not refused on GPU, or numbers changed):", failed or "none", flush=True)
     return 1 if failed else 0
+
+
+def print_table(report: dict) -> None:
+    """One markdown row per model and plan: applied, fusions, all-reduces, step time, speedup, numbers."""
+    print(f"\n{report['backend']} {report['devices'][:1]}, jax {report['jax']}, precision {report['precision']}, "
+          f"XLA_FLAGS {report['xla_flags'] or '-'}\n")
+    print("| model | plan | applied | fusions | all-reduces | median ms (min-max) | x vs xla_default | "
+          "tolerance ratio vs xla_default / vs rt |")
+    print("|---|---|---|---:|---:|---|---:|---|")
+    for res in report["models"]:
+        for name, row in res["plans"].items():
+            t = (f"{row['median_ms']:.3f} ({row['min_ms']:.3f}-{row['max_ms']:.3f})" if "median_ms" in row else "-")
+            x = f"{row['paired_speedup_vs_xla_default']:.3f}" if "paired_speedup_vs_xla_default" in row else "-"
+            tol = " / ".join(f"{row[k]['tolerance_ratio']:.3g}" if k in row else "-"
+                             for k in ("vs_xla_default", "vs_xla_default_rt"))
+            print(f"| {res['model']} | {name} | {'yes' if row['applied'] else 'no: ' + str(row['fallback_reason'])[:60]} | "
+                  f"{row['compiled_fusions']} | {row['compiled_all_reduces']} | {t} | {x} | {tol} |")
+        print(f"| {res['model']} | (same program's spread: run twice {res['same_program_spread']['same_executable']:.3g}, "
+              f"recompiled {res['same_program_spread']['recompiled']:.3g}) | | | | | | |")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,13 @@ def test_the_dry_run_on_cpu_applies_every_plan(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["backend"] == "cpu"
     plans = report["models"][0]["plans"]
-    assert {"xla_default", "per_tensor", "ddp", "ddp+lhs", "cuts", "groups", "xla_default_rt"} <= set(plans)
-    assert all(row["applied"] for row in plans.values()), plans  # on CPU fusion groups apply too
+    assert {"xla_default", "per_tensor", "ddp", "ddp+lhs", "cuts", "groups", "xla_default_rt", "xla_o1",
+            "auto_pgle"} <= set(plans)
+    # on CPU fusion groups apply too; the GPU baselines are refused, each with its reason
+    assert all(row["applied"] for name, row in plans.items() if name not in ("xla_o1", "auto_pgle")), plans
+    assert "optimization_level='O1' on cpu" in plans["xla_o1"]["fallback_reason"]
+    assert "empty profile" in plans["auto_pgle"]["fallback_reason"]
+    assert "| mlp | auto_pgle | no: auto_pgle fell back" in r.stdout  # the table
 
 
 def test_without_a_gpu_it_runs_only_when_asked(tmp_path):
@@ -76,3 +81,60 @@ def test_a_plan_changes_the_numbers_only_beyond_the_same_programs_spread():
             "noisy": row(60.0, 70.0), "fell_back": row(900.0, 900.0, applied=False)}
     assert check_gpu.changed_beyond_spread(rows, spread=0.0) == ["changed", "noisy"]
     assert check_gpu.changed_beyond_spread(rows, spread=10.0) == ["changed"]  # over 10 x 10
+
+
+@pytest.mark.fast
+def test_only_keeps_the_rows_named():
+    check_gpu = _check_gpu()
+    names = ["per_tensor", "ddp", "xla_tuned_16mb", "xla_tuned_32mb", "xla_o1", "auto_pgle"]
+    assert check_gpu.row_names(names, None) == names
+    assert check_gpu.row_names(names, {"xla_tuned", "auto_pgle"}) == ["xla_tuned_16mb", "xla_tuned_32mb", "auto_pgle"]
+    assert check_gpu.row_names(names, {"xla_tuned_16mb", "ddp"}) == ["ddp", "xla_tuned_16mb"]
+
+
+def _gpu_truth():
+    spec = importlib.util.spec_from_file_location("gpu_truth", ROOT / "scripts" / "tools" / "gpu_truth.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.fast
+def test_gpu_truth_refuses_an_unknown_phase(capsys):
+    with pytest.raises(SystemExit) as e:
+        _gpu_truth().main(["--phases", "autotune,bogus"])
+    assert e.value.code == 2 and "expected a comma list of autotune, baselines, numerics, autotune_small" in (
+        capsys.readouterr().err)
+
+
+@pytest.mark.fast
+def test_gpu_truth_budget_gives_each_phase_its_share_and_the_last_the_rest():
+    clock = _gpu_truth().Clock(100.0)
+    assert 41 < clock.begin(0.42) <= 42
+    assert clock.begin(0.0, rest=True) > 99  # nothing spent yet: the last phase gets all that is left
+
+
+@pytest.mark.fast
+def test_gpu_truth_reads_the_autotune_dump_it_writes(tmp_path):
+    gpu_truth = _gpu_truth()
+    assert gpu_truth.dump_entries(tmp_path / "none.textproto") == {"entries": 0, "error": "not written"}
+    got = gpu_truth.dump_entries(ROOT / "tests" / "data" / "autotune" / "h100_pre_dot_cublas.textproto")
+    assert got["entries"] == 1 and got["kinds"] == {"gemm": 1} and "DNN version: 9.8.0" in got["devices"][0]
+    (tmp_path / "empty.textproto").write_text("version: 3\n")  # what a compile that autotuned nothing writes
+    empty = gpu_truth.dump_entries(tmp_path / "empty.textproto")
+    assert "no 'results' entries" in empty["error"] and empty["head"] == "version: 3\n"
+
+
+@pytest.mark.fast
+def test_kernel_match_counts_the_device_kernels_a_deviceless_one_matches():
+    import gzip
+
+    from scripts.tools import kernel_match
+
+    with gzip.open(ROOT / "tests" / "data" / "h100_vgg19_small_default.jsonl.gz", "rt") as f:
+        text = json.loads(f.readline())["compiled_hlo"]
+    same = kernel_match.match(text, text)
+    assert same["match"] == same["coarse_match"] == 1.0 and same["device_kernels"] == same["deviceless_kernels"] > 0
+    assert same["unmatched_by_kind"] == {} and same["cublas_device"] == 0
+    sigs = kernel_match.signatures(text)  # one signature per kernel-launching instruction
+    assert sum(sigs.values()) == same["device_kernels"] and all(len(s) == 3 for s in sigs)

@@ -4,9 +4,15 @@ runs them there, and they skip, saying why, where it is missing."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from disco.ir import hlo_parse
+from disco.ir.graph import HloGraph
+from disco.plans import baselines
 from disco.sim import compiled as C
 from disco.sim.cluster_presets import preset
 from disco.sim.costs.device_costs import analytic
@@ -70,3 +76,125 @@ def test_unknown_target_and_failed_compile_say_what_was_received():
         deviceless.compile_hlo(PRE, target="tpu")
     with pytest.raises(deviceless.DevicelessUnavailable, match="failed"):
         deviceless.compile_hlo("HloModule broken\n\nENTRY e { ROOT x = f32[] nonsense() }\n", use_cache=False)
+
+
+AUTOTUNE = Path(__file__).resolve().parents[1] / "data" / "autotune"
+
+
+def _gemm_tiling(text: str) -> tuple[list[str], str, int]:
+    """(output tile, warps, stages) of the Triton GEMM fusion computing PRE's dot."""
+    line = next(ln for ln in text.splitlines() if "__triton_nested_gemm_fusion" in ln and " fusion(" in ln)
+    config, _ = json.JSONDecoder().raw_decode(line[line.index("backend_config=") + len("backend_config="):])
+    block = config["fusion_backend_config"]["block_level_fusion_config"]
+    return block["output_tiles"][0]["sizes"], block["num_warps"], block["num_stages"]
+
+
+def test_loaded_autotune_results_pin_the_triton_tiling(tmp_path, monkeypatch):
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    default = deviceless.compile_hlo(PRE, target="h100", devices=1)
+    pinned = deviceless.compile_hlo(PRE, target="h100", devices=1,
+                                    autotune_results=AUTOTUNE / "h100_pre_dot_triton.textproto")
+    # without results: the first tiling that compiles; with them, the file's 64x64 tile, 4 warps, 3 stages
+    assert _gemm_tiling(default) == (["1", "16", "8"], "2", 1)
+    assert _gemm_tiling(pinned) == (["1", "64", "64"], "4", 3)
+    assert len(list(tmp_path.glob("*.json"))) == 2  # the results are part of the cache key
+
+
+def test_loaded_autotune_results_choose_cublas_over_triton(tmp_path, monkeypatch):
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    default = deviceless.compile_hlo(PRE, target="h100", devices=1)
+    cublas = deviceless.compile_hlo(PRE, target="h100", devices=1,
+                                    autotune_results=AUTOTUNE / "h100_pre_dot_cublas.textproto")
+    assert "__triton_nested_gemm_fusion" in default and "__cublas$lt$matmul" not in default
+    assert "__cublas$lt$matmul" in cublas and "__triton_nested_gemm_fusion" not in cublas
+    kernels = {k.name: k for k in C.read(cublas)[2]}
+    assert any(name.startswith("custom-call") for name in kernels)  # the compiled tier prices the cuBLAS call
+    assert C.price(cublas, analytic("h100"), preset("h100-1")).compute_s > 0
+
+
+def test_autotune_results_are_not_a_raw_compile_option():
+    with pytest.raises(ValueError, match=r"xla_gpu_load_autotune_results_from: pass the file as autotune_results="):
+        deviceless.compile_hlo(PRE, options={"xla_gpu_load_autotune_results_from": "/tmp/x.textproto"})
+
+
+# A 4-trip loop whose body all-reduces a dot's result: O1's double-buffered loops unroll it by two.
+LOOP = """HloModule loop, entry_computation_layout={(f32[512,512]{1,0})->f32[512,512]{1,0}}
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+cond {
+  p = (s32[], f32[512,512]{1,0}) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(4)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], f32[512,512]{1,0}) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[512,512]{1,0} get-tuple-element(p), index=1
+  d = f32[512,512]{1,0} dot(x, x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ar = f32[512,512]{1,0} all-reduce(d), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=sum
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  ROOT t = (s32[], f32[512,512]{1,0}) tuple(i1, ar)
+}
+
+ENTRY main {
+  x = f32[512,512]{1,0} parameter(0)
+  zero = s32[] constant(0)
+  t = (s32[], f32[512,512]{1,0}) tuple(zero, x)
+  w = (s32[], f32[512,512]{1,0}) while(t), condition=cond, body=body
+  ROOT r = f32[512,512]{1,0} get-tuple-element(w), index=1
+}
+"""
+
+
+def test_xla_o1_is_priced_as_xla_gpus_o1_compile(tmp_path, monkeypatch):
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    o1 = baselines.make("xla_o1", HloGraph.from_hlo_text(LOOP))
+    texts = {name: deviceless.compile_hlo(LOOP, target="h100", devices=8, options=options) for name, options in (
+        ("default", {}), ("lhs", {"xla_gpu_enable_latency_hiding_scheduler": "True"}),
+        ("xla_o1", o1.compiler_options("gpu")))}
+    trips = {name: re.findall(r'known_trip_count":\{"n":"(\d+)"', t) for name, t in texts.items()}
+    assert trips == {"default": ["4"], "lhs": ["4"], "xla_o1": ["2"]}  # O1 is more than the scheduler alone
+    priced = {name: C.price(t, analytic("h100"), preset("h100-sxm-8")) for name, t in texts.items()}
+    ars = {name: [(c.kind, c.executions) for c in r.collectives] for name, r in priced.items()}
+    assert ars["default"] == [("all-reduce", 4)] and ars["xla_o1"] == [("all-reduce", 2), ("all-reduce", 2)]
+    # the same work either way: 4 dots and 4 all-reduces per step
+    assert sum(k.executions for k, _ in priced["xla_o1"].kernels) == sum(k.executions for k, _ in priced["default"].kernels)
+
+
+def test_cli_prices_xla_o1_beside_xla_default_in_the_compiled_tier(tmp_path, monkeypatch, capsys):
+    from disco.cli import main as disco_main
+
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    rc = disco_main(["simulate", "--model", "mlp", "--preset", "tiny", "--devices", "8", "--cluster", "h100-sxm-8",
+                     "--tier", "compiled", "--plans", "xla_default,xla_o1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["tier"] == "compiled"
+    rows = {r["plan"]: r for r in out["results"]}
+    assert set(rows) == {"xla_default", "xla_o1"}
+    assert {(r["kernels_from"], r["backend"]) for r in rows.values()} == {("compiled", "gpu")}
+    assert all(r["collectives"] >= 1 and r["step_time_ms"] > 0 for r in rows.values())
+    assert len(list(tmp_path.glob("*.json"))) == 2  # two deviceless compiles: the options are part of the key
+
+
+def test_cli_hlo_loads_autotune_results(tmp_path, monkeypatch, capsys):
+    from disco.cli import main as disco_main
+
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    pre = tmp_path / "pre.hlo"
+    pre.write_text(PRE)
+    rows = {}
+    for name, extra in (("default", []), ("cublas", ["--autotune-results", str(AUTOTUNE / "h100_pre_dot_cublas.textproto")])):
+        rc = disco_main(["simulate", "--hlo", str(pre), "--cluster", "h100-1", "--json", *extra])
+        out = json.loads(capsys.readouterr().out)
+        assert rc == 0 and out["autotune_results"] == (extra[1] if extra else None)
+        rows[name] = out["results"][0]
+    # the Triton GEMM fusion (its producer fused in) against a cuBLAS call with its producer a fusion of its own
+    assert (rows["default"]["kernels"], rows["cublas"]["kernels"]) == (2, 3)

@@ -140,8 +140,11 @@ def test_a_plans_item_is_read_once_with_its_row(item, name, options, row):
 @pytest.mark.fast
 @pytest.mark.parametrize("item, message", [
     ("bogus", r"unknown plan 'bogus'; expected a baseline \(xla_default, no_fusion, per_tensor, one_bucket, "
-              r"horovod, ddp, xla_threshold, even\) or a plan .json file"),
+              r"horovod, ddp, xla_threshold, even, xla_o1, auto_pgle\) or a plan .json file"),
     ("xla_tuned:16", r"unknown plan 'xla_tuned'; expected a baseline \("),
+    ("xla_o1:2", r"plan 'xla_o1:2': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
+    ("auto_pgle", r"auto_pgle is jax's profile-guided latency estimator \(JAX_ENABLE_PGLE=1\).*no profile without "
+                  r"a GPU\); measure it on a GPU: python scripts/tools/check_gpu.py \(its auto_pgle row\)$"),
     ("per_tensor:3", r"plan 'per_tensor:3': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
     ("horovod:big", r"plan 'horovod:big': expected a number after ':', got 'big'"),
     ("horovod:", r"plan 'horovod:': expected a number after ':', got ''"),
@@ -162,3 +165,31 @@ def test_a_bad_plans_item_is_refused_naming_it(item, message):
 def test_a_row_of_no_baseline_item_is_refused(row):
     with pytest.raises(ValueError):
         baselines.item_of_row(row)
+
+
+@pytest.mark.fast
+def test_xla_o1_is_the_optimization_level_option_and_refused_on_cpu():
+    from disco.plans import options as plan_options
+
+    plan = baselines.parse_item("xla_o1").make(graph([40, 40]))
+    assert plan.name == "xla_o1" and plan.compile_options == (("optimization_level", "O1"),)
+    assert plan.buckets is None and not plan.groups and not plan.cuts  # XLA's own fusion and combiner
+    plan_options.check(plan.compile_options, "gpu")
+    with pytest.raises(ValueError, match=r"^compile option optimization_level='O1' on cpu: jax's optimization "
+                                         r"level is XLA:GPU's: .*XLA:CPU has none of these passes; expected a GPU "
+                                         r"backend"):
+        plan_options.check(plan.compile_options, "cpu")
+    with pytest.raises(ValueError, match=r"optimization_level: expected one of O0, O1, O2, O3, got 'O9'"):
+        plan_options.check((("optimization_level", "O9"),), "gpu")
+
+
+@pytest.mark.fast
+def test_auto_pgle_is_never_a_plan():
+    with pytest.raises(ValueError, match=r"^auto_pgle is jax's profile-guided latency estimator"):
+        baselines.make("auto_pgle", graph([40]))
+
+
+@pytest.mark.fast
+def test_xla_o1_reaches_the_compile_as_xlas_effort_level_number():
+    # jax 0.10.2's compile takes only the number (19: ExecutionOptions.EFFORT_O1); 0.12.0.1 takes both
+    assert baselines.make("xla_o1", graph([40])).compiler_options("gpu") == {"optimization_level": 19}

@@ -208,3 +208,55 @@ def test_cli_tier_compiled_prices_zoo_plans_from_xla_cpus_kernels(capsys):
     # XLA's default combines the gradients' all-reduces; per_tensor keeps one per gradient
     assert rows["per_tensor"]["collectives"] > rows["xla_default"]["collectives"] >= 1
     assert rows["per_tensor"]["all_reduce_bytes"] == rows["xla_default"]["all_reduce_bytes"]
+
+
+def test_cache_key_changes_with_the_autotune_results_loaded():
+    from xla_hooks.deviceless import cache_key
+
+    base = {"target": "h100", "devices": 1, "options": {}, "jax_version": "0.12.0.1"}
+    assert len({cache_key("m", **base), cache_key("m", **base, autotune_results="version: 3\n"),
+                cache_key("m", **base, autotune_results="version: 3\n\n")}) == 3
+    assert cache_key("m", **base) == cache_key("m", **base, autotune_results=None)
+
+
+def test_cli_autotune_results_are_refused_where_nothing_loads_them(capsys, tmp_path):
+    results = tmp_path / "r.textproto"
+    results.write_text("version: 3\n")
+    rc, _, err = _simulate(capsys, "--model", "mlp", "--preset", "tiny", "--devices", "2", "--tier", "compiled",
+                           "--autotune-results", str(results))
+    assert rc == 2 and "--autotune-results: XLA:GPU's autotuning results" in err and "XLA:CPU does not autotune" in err
+    f = tmp_path / "m.hlo"
+    f.write_text(SCHEDULED)
+    rc, _, err = _simulate(capsys, "--hlo", str(f), "--cluster", "h100-1", "--autotune-results", str(results))
+    assert rc == 2 and "is an optimised module already" in err
+    from xla_hooks.compile_for import compile_for
+
+    with pytest.raises(ValueError, match=r"autotune results .* for device 'cpu': XLA:CPU does not autotune"):
+        compile_for(_pre_optimization_text(), device="cpu", autotune_results=str(results))
+
+
+def test_cli_gpu_baselines_are_refused_with_the_reason(capsys):
+    import argparse
+
+    from disco.cli.common import CliError, resolve_plans
+    from disco.cli.simulate import _gpu_compiled_rows, check_plans_for
+    from disco.ir.graph import HloGraph
+    from disco.plans import baselines
+    from disco.sim.cluster_presets import preset
+
+    rc, _, err = _simulate(capsys, "--model", "mlp", "--preset", "tiny", "--devices", "2", "--plans", "xla_o1")
+    assert rc == 2 and "plan 'xla_o1': compile option optimization_level='O1' on cpu" in err
+    assert "XLA:CPU has none of these passes" in err
+    graph = HloGraph.from_hlo_text(_pre_optimization_text())
+    o1 = {"xla_o1": baselines.make("xla_o1", graph)}
+    check_plans_for(o1, "h100", "compiled")  # a GPU cluster's compiled tier prices it
+    with pytest.raises(CliError, match="plan 'xla_o1': the emulated tier does not model XLA:GPU's optimization level"):
+        check_plans_for(o1, "h100", "emulated")
+    with pytest.raises(CliError, match=r"^auto_pgle is jax's profile-guided latency estimator.*"
+                                       r"check_gpu.py \(its auto_pgle row\)"):
+        resolve_plans("xla_default,auto_pgle", graph)
+    bucketed = {"xla_default": baselines.make("xla_default", graph), "one_bucket": baselines.make("one_bucket", graph)}
+    args = argparse.Namespace(trax_model=None, optimizer="adamw", model="mlp", preset="tiny", autotune_results=None)
+    with pytest.raises(CliError, match="plan 'one_bucket': --tier compiled on GPU cluster 'h100-sxm-8' prices plans "
+                                       "of compile options only"):
+        _gpu_compiled_rows(args, bucketed, None, preset("h100-sxm-8"))
