@@ -21,7 +21,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from disco.optimizer._runners import OnCompile, OnRound, Trial, Trials
@@ -150,14 +150,21 @@ class ProcessRunner:
         if on_round is not None:  # the workers report only at the end
             for r in range(rounds):
                 on_round(r)
-        rows = {r["plan"]: r for r in multiprocess.combine(launched)}
-        trials = {name: Trial(Measurement(tuple(v * 1e-3 for v in rows[name]["samples_ms"])), rows[name]["applied"],
-                              rows[name]["fallback_reason"], all_reduces=rows[name]["all_reduces"],
-                              record=rows[name])
-                  for name in plans}
+        trials = trials_of(multiprocess.combine(launched), plans)
         info = {"link": launched.link_info(),
                 "fingerprints_match": {r["fingerprint"] for r in launched.results} == {target.graph.fingerprint}}
         return Trials(trials, None, {}, info)
+
+
+def trials_of(rows: Iterable[Mapping[str, Any]], names: Iterable[str]) -> dict[str, Trial]:
+    """A launch's combined rows (:func:`disco.runtime.multiprocess.combine`: ``samples_ms`` per plan,
+    each round's step on its slowest process) as the trials of ``names``, in seconds like every
+    :class:`~xla_hooks.measure.Measurement`."""
+    by_plan = {r["plan"]: r for r in rows}
+    return {name: Trial(Measurement(tuple(v * 1e-3 for v in by_plan[name]["samples_ms"])), by_plan[name]["applied"],
+                        by_plan[name]["fallback_reason"], all_reduces=by_plan[name]["all_reduces"],
+                        record=by_plan[name])
+            for name in names}
 
 
 def _item(name: str, plan: FusionPlan, target: Target, tmp: str) -> str:

@@ -28,6 +28,24 @@ def test_best_baseline_is_the_fastest_applied_baseline_and_never_a_searched_plan
     assert best_baseline([_row("xla_default", 1.0), _row("per_tensor", 0.8)]) is None  # the result says xla_default
 
 
+@pytest.mark.fast
+def test_a_launch_s_rows_become_trials_in_seconds_and_the_verdict_prints_milliseconds():
+    """The workers report milliseconds; a trial holds seconds like every Measurement, so the
+    confirmation's verdict prints the medians as the rows hold them (it once printed them 1000x)."""
+    from disco.optimizer._choice import confirmed_choice
+    from disco.optimizer._process import trials_of
+
+    rows = [{"plan": "xla_default", "samples_ms": [40.0, 42.0, 44.0], "applied": True, "fallback_reason": None,
+             "all_reduces": 1},
+            {"plan": "ddp", "samples_ms": [20.0, 21.0, 23.0], "applied": True, "fallback_reason": None,
+             "all_reduces": 3}]
+    trials = trials_of(rows, ["xla_default", "ddp"])
+    assert trials["ddp"].span().median == pytest.approx(0.021) and trials["ddp"].span().max == pytest.approx(0.023)
+    assert trials["ddp"].record is rows[1] and trials["ddp"].all_reduces == 3
+    choice = confirmed_choice("ddp", "ddp measured fastest", {n: t.times for n, t in trials.items()})
+    assert choice.answer == "ddp" and "21.000 vs 42.000 ms median" in choice.verdict, choice.verdict
+
+
 def _times(**samples):
     return {name: Measurement(tuple(s)) for name, s in samples.items()}
 
@@ -117,6 +135,7 @@ def _cluster():
                        operand_latency=1e-3, overlap=False)
 
 
+@pytest.mark.slow  # about 90 s on a quiet 2-core machine: three launches of two processes
 def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_baseline():
     """Real processes over 127.0.0.1 (mlp/tiny, 2 x 1 device): the confirmation launch holds
     xla_default, the measuring launch's best baseline and the answer, and the answer's ratio over
