@@ -135,7 +135,7 @@ def _cluster():
                        operand_latency=1e-3, overlap=False)
 
 
-@pytest.mark.slow  # about 90 s on a quiet 2-core machine: three launches of two processes
+@pytest.mark.slow  # 159 s on the 2-core VM under load: three launches of two processes
 def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_baseline():
     """Real processes over 127.0.0.1 (mlp/tiny, 2 x 1 device): the confirmation launch holds
     xla_default, the measuring launch's best baseline and the answer, and the answer's ratio over
