@@ -240,6 +240,7 @@ def test_simulate_names_the_cost_model_it_used():
     assert bad.returncode == 2 and "expected analytic, gnn" in bad.stderr
 
 
+@pytest.mark.slow  # 30 s on the 2-core VM under load: a whole optimize with the GNN
 def test_optimize_with_the_gnn_cost_model_on_virtual_devices():
     # loading the GNN imports jax: the device count must be set before that
     r = run_cli("optimize", "--model", "mlp", "--devices", "2", "--cost-model", "gnn", "--budget", "1",
@@ -261,6 +262,7 @@ def test_optimize_on_one_device_needs_no_calibration():
     assert "one CPU device: no communication to price" in r.stderr
 
 
+@pytest.mark.slow  # 32 s on the 2-core VM under load: a whole optimize across processes
 def test_optimize_across_processes_on_the_local_preset_prices_their_devices():
     """--cluster local across 2 processes x 1 device priced plans on local's default 8 devices."""
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--processes", "2", "--cluster", "local",
