@@ -260,7 +260,7 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
                      f"{counted(result.config.rounds, 'round')} x "
                      f"{counted(result.config.steps, 'step')})"))
     # headers cut over lines by hand, so that the table fits 120 columns (the legend below explains them)
-    cols = ["plan", "from", "predicted\nms", "measured ms\nmedian (min-max)", "speedup vs\nxla_default\n(paired)",
+    cols = ["plan", "from", "predicted\nms", "by", "measured ms\nmedian (min-max)", "speedup vs\nxla_default\n(paired)",
             "vs best\nbaseline"]
     cols += ["run-off\nspeedup"] if again else []
     for col in (*cols, "predicted /\nlower bound"):
@@ -274,7 +274,7 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
         if not r.applied:
             meas += " fell back"
         cells = [escape(r.name) + mark, "baseline" if r.kind != "search" else notes.mark(r.origin), f"{r.predicted_s * 1e3:.3f}",
-                 meas, f"{r.gain(base_row):.3f}x" if r.median_s else "-",
+                 r.predicted_by, meas, f"{r.gain(base_row):.3f}x" if r.median_s else "-",
                  f"{r.gain(base_row) / best_base:.3f}x" if r.median_s and best_base else "-"]
         cells += [f"{again[r.name]:.3f}x" if r.name in again else "-"] if again else []
         t.add_row(*cells, f"{r.predicted_s / lb:.2f}x" if lb > 0 else "-")
@@ -286,6 +286,7 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     s = result.search
     print_note(console, f"simulated lower bound {lb * 1e3:.3f} ms; search: {s.strategy}, {s.evals} plans "
                   f"in {s.seconds:.1f} s ({s.evals_per_s:.0f} evaluations/s)")
+    print_note(console, result.accuracy.line())
     for label, times in (("run-off", result.runoff and result.runoff.times),
                          ("confirmation run", result.confirmation and result.confirmation.times)):
         if times is not None:

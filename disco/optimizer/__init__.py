@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports on first use
+    from disco.optimizer._accuracy import Accuracy, accuracy, kendall_tau, median_relative_error
     from disco.optimizer._choice import (
         PlanRow,
         Span,
@@ -87,6 +88,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from disco.optimizer._runoff import RunOff, fusion_decisions, regrouped, regrouped_plan, regrouped_row, run_off
 
 _MODULES = {
+    "_accuracy": ("Accuracy", "accuracy", "kendall_tau", "median_relative_error"),
     "_choice": ("PlanRow", "Span", "confirmed_winner", "fastest_baseline", "regroup_sources",
                 "relation_to_baselines", "runoff_choice"),
     "_pipeline": ("optimize",),
@@ -102,10 +104,10 @@ _MODULES = {
 _EXPORTS = {name: f"disco.optimizer.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = [
-    "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "InProcessRunner", "Measured", "OptimizeConfig",
+    "REPORTED_BASELINES", "Accuracy", "Bound", "Candidates", "Confirmation", "InProcessRunner", "Measured", "OptimizeConfig",
     "OptimizeResult", "PlanRow", "ProcessRunner", "Progress", "RunOff", "Runner", "SearchSummary", "Setting",
-    "Span", "Target", "Trial", "Trials", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
-    "fastest_baseline", "fusion_decisions", "make_result", "measure", "no_progress", "optimize", "prepare",
+    "Span", "Target", "Trial", "Trials", "accuracy", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
+    "fastest_baseline", "fusion_decisions", "kendall_tau", "make_result", "measure", "median_relative_error", "no_progress", "optimize", "prepare",
     "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "relation_to_baselines",
     "run_off", "runoff_choice", "validate",
 ]

@@ -9,6 +9,7 @@ import jax
 
 from disco import planner, search
 from disco.ir.graph import HloGraph
+from disco.optimizer._accuracy import source_of
 from disco.optimizer._choice import PlanRow
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._prepare import Target
@@ -68,24 +69,26 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
     result = planner.search_plans(graph, sim, config.strategy, budget_s=config.budget_s,
                                   max_evals=config.max_evals, seed=config.seed, on_step=on_step)
     base_plans, predicted = planner.simulate_baselines(graph, sim)
+    by = source_of(getattr(target.costs, "name", type(target.costs).__name__))
     rows: dict[str, PlanRow] = {}
     seen: dict[str, str] = {}  # plan digest -> the row that measures it
     for name in (*REPORTED_BASELINES, planner.best_baseline_name(predicted)):
         p = base_plans[name]
         if name not in rows:
-            rows[name] = PlanRow(name, "baseline", name, p.replace(name=name), predicted[name])
+            rows[name] = PlanRow(name, "baseline", name, p.replace(name=name), predicted[name], predicted_by=by)
             seen.setdefault(p.digest(), name)
     if config.measure_reduce_fusion and jax.default_backend() == "cpu":
         p = reduce_fusion_row(graph, base_plans[planner.best_baseline_name(predicted)])
         if p is not None and p.digest() not in seen:
             seen[p.digest()] = p.name
             rows[p.name] = PlanRow(p.name, "search", "each reduce fused with its elementwise producers",
-                                   p, sim.step_time(p))
+                                   p, sim.step_time(p), predicted_by=by)
     for k in dict.fromkeys(config.bucket_sweep):
         p = baselines.make("even", graph, k=k)
         if p.digest() not in seen:
             seen[p.digest()] = p.name
-            rows[p.name] = PlanRow(p.name, "baseline", f"{k} buckets of equal bytes", p, sim.step_time(p))
+            rows[p.name] = PlanRow(p.name, "baseline", f"{k} buckets of equal bytes", p, sim.step_time(p),
+                                    predicted_by=by)
     rank = 0
     for cost, p in result.top:
         if rank >= config.measure_top_k:
@@ -95,13 +98,15 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
         rank += 1
         name = f"disco_{rank}"
         seen[p.digest()] = name
-        rows[name] = PlanRow(name, "search", f"searched from {p.name}", p.replace(name=name), cost)
+        rows[name] = PlanRow(name, "search", f"searched from {p.name}", p.replace(name=name), cost,
+                             predicted_by=by)
         projected = p.replace(groups=(), xla_fusion="extend")
         if config.measure_buckets_only and p.groups and projected.digest() not in seen:
             pname = f"{name}_buckets"
             seen[projected.digest()] = pname
             rows[pname] = PlanRow(pname, "search", f"{name} without its fusion groups",
-                                  projected.replace(name=pname), sim.step_time(projected))
+                                  projected.replace(name=pname), sim.step_time(projected),
+                                  predicted_by=by)
     summary = SearchSummary(result.strategy, result.evals, result.evals_per_s, result.elapsed_s,
                             tuple(result.trace))
     return Candidates(tuple(rows.values()), summary)

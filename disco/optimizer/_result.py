@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from disco.optimizer._accuracy import Accuracy, accuracy
 from disco.optimizer._choice import PlanRow, Span, best_baseline, relation_to_baselines
 from disco.optimizer._config import OptimizeConfig
 from disco.optimizer._runners import InProcessRunner
@@ -90,6 +91,13 @@ class OptimizeResult:
         return best_baseline(self.rows) or "xla_default"
 
     @property
+    def accuracy(self) -> Accuracy:
+        """The predictions against the measurements over the measured plans (Kendall tau, median
+        error; :func:`~disco.optimizer._accuracy.accuracy`), each prediction made before its plan
+        was measured."""
+        return accuracy(self.rows)
+
+    @property
     def relation(self) -> str:
         """How the answer relates to the baselines measured, one phrase
         (:func:`~disco.optimizer.relation_to_baselines`): a baseline itself, a baseline's
@@ -164,6 +172,7 @@ class OptimizeResult:
             "cost_model": self.setting.cost_model, "cluster": self.setting.cluster,
             "graph": dict(self.setting.graph),
             "measurement": {"rounds": self.config.rounds, "steps_per_round": self.config.steps},
+            "accuracy": self.accuracy.to_dict(),
             "speedup_vs_xla_default": self.speedup,  # the answer's (confirmed when confirmed)
             "confirmed_speedup": self.confirmed_speedup,
             "confirmation_baseline": None if self.confirmation is None else self.confirmation.baseline,
@@ -259,7 +268,9 @@ class OptimizeResult:
                     f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})")
             gain = f"{r.gain(base):.3f}x" if r.median_s else "-"
             fell = "" if r.applied else f"  fell back: {r.fallback_reason}"
-            lines.append(f"  {name:<{width}} {gain:>8}  {meas}  predicted {r.predicted_s * 1e3:.3f} ms{fell}")
+            lines.append(f"  {name:<{width}} {gain:>8}  {meas}  predicted {r.predicted_s * 1e3:.3f} ms "
+                         f"({r.predicted_by}){fell}")
+        lines.append(self.accuracy.line())
         if self.runoff is not None:
             lines.append("run-off: " + ", ".join(f"{n} {v:.3f}x" for n, v in
                                                  sorted(self.runoff.speedups.items(), key=lambda kv: -kv[1])))

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from disco.ir.graph import HloGraph
+from disco.optimizer._accuracy import source_of
 from disco.optimizer._choice import PlanRow, Span, finalists, measured_gains, regroup_sources, runoff_choice
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._measure import Measured, measured_row
@@ -94,7 +95,8 @@ def regrouped_row(target: Target, rows: tuple[PlanRow, ...]) -> PlanRow | None:
     plan, fusing, bucketing = found
     return PlanRow(plan.name, "search",
                    f"{fusing}'s {fusion_decisions(plan)} on {bucketing}'s buckets (measured in the run-off)",
-                   plan, target.simulator.step_time(plan))
+                   plan, target.simulator.step_time(plan),
+                   predicted_by=source_of(getattr(target.costs, "name", type(target.costs).__name__)))
 
 
 def fusion_decisions(plan: FusionPlan) -> str:
