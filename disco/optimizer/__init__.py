@@ -77,6 +77,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
         relation_to_baselines,
         runoff_choice,
     )
+    from disco.optimizer._funnel import FunnelRound, funnel
     from disco.optimizer._pipeline import optimize
     from disco.optimizer._process import ProcessRunner
     from disco.optimizer._result import OptimizeResult, Setting, chrome_trace, make_result
@@ -91,6 +92,7 @@ _MODULES = {
     "_accuracy": ("Accuracy", "accuracy", "kendall_tau", "median_relative_error"),
     "_choice": ("PlanRow", "Span", "confirmed_winner", "fastest_baseline", "regroup_sources",
                 "relation_to_baselines", "runoff_choice"),
+    "_funnel": ("FunnelRound", "funnel"),
     "_pipeline": ("optimize",),
     "_process": ("ProcessRunner",),
     "_result": ("OptimizeResult", "Setting", "chrome_trace", "make_result"),
@@ -104,10 +106,10 @@ _MODULES = {
 _EXPORTS = {name: f"disco.optimizer.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = [
-    "REPORTED_BASELINES", "Accuracy", "Bound", "Candidates", "Confirmation", "InProcessRunner", "Measured", "OptimizeConfig",
+    "REPORTED_BASELINES", "Accuracy", "Bound", "Candidates", "Confirmation", "FunnelRound", "InProcessRunner", "Measured", "OptimizeConfig",
     "OptimizeResult", "PlanRow", "ProcessRunner", "Progress", "RunOff", "Runner", "SearchSummary", "Setting",
     "Span", "Target", "Trial", "Trials", "accuracy", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
-    "fastest_baseline", "fusion_decisions", "kendall_tau", "make_result", "measure", "median_relative_error", "no_progress", "optimize", "prepare",
+    "fastest_baseline", "funnel", "fusion_decisions", "kendall_tau", "make_result", "measure", "median_relative_error", "no_progress", "optimize", "prepare",
     "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "relation_to_baselines",
     "run_off", "runoff_choice", "validate",
 ]
