@@ -15,7 +15,10 @@ TVM Ansor's loop (its cost model's update/predict) for ``optimize``. Each of
    :data:`~disco.optimizer.REPORTED_BASELINES` and, on CPU devices, ``reduce_fusion``, whose
    YNNPACK calls the simulator does not model; and the communication-free bound);
 3. every newly measured, applied plan becomes a point of the correction, which is refit
-   (:func:`disco.calibrate.correction.update`) before the next round searches.
+   (:func:`disco.calibrate.correction.update`) before the next round searches. A point's time is
+   xla_default's first-round median over the plan's paired speedup in its own rounds: under load
+   a machine's speed drifts between rounds, and the pairing with xla_default cancels the drift
+   (the rows and the report keep each plan's own median).
 
 A row's paired speedup is over xla_default in the rounds it was measured in; the first choice is
 the largest (:func:`~disco.optimizer._choice.verdict`), and the run-off and the confirmation follow.
@@ -188,8 +191,10 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
         new = {n: measured_row(row, trials.by_name[n], base) for n, row in batch.items() if n in trials.by_name}
         rows.update(new)
         measured |= {d for d in picks}
-        if config.learn:
-            points = [predictor.point(row.plan, row.median_s) for row in new.values() if row.applied]
+        if config.learn:  # each time on the first round's scale (module doc)
+            scale = rows["xla_default"].median_s
+            points = [predictor.point(row.plan, scale / row.speedup) for row in new.values()
+                      if row.applied and row.speedup]
             predictor = predictor.with_state(corr.update(predictor.state, points))
         acc = accuracy(tuple(new.values()))
         done.append(FunnelRound(r, found.evals, tuple(new), len(pool.entries), len(predictor.state.points), acc.tau, acc.median_error))

@@ -21,13 +21,14 @@ from disco.plans.plan import FusionPlan
 from disco.sim.simulator import Simulator
 
 
-def collectives(graph: HloGraph, plan: FusionPlan) -> int:
+def collectives(graph: HloGraph | int, plan: FusionPlan) -> int:
     """How many all-reduces ``plan`` makes: its buckets and the all-reduces in none, or 1 for XLA's
-    combiner (``buckets=None``)."""
+    combiner (``buckets=None``). ``graph``: the step's graph, or its number of all-reduces."""
     if plan.buckets is None:
         return 1
+    total = graph if isinstance(graph, int) else len(graph.all_reduces())
     in_buckets = sum(len(b.members) for b in plan.buckets)
-    return len(plan.buckets) + max(0, len(graph.all_reduces()) - in_buckets)
+    return len(plan.buckets) + max(0, total - in_buckets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,22 +40,25 @@ class Predictor:
       simulator: the step's simulator.
       state: the correction (its points and weights).
       source: what the simulator's own predictions are (:func:`~disco.optimizer._accuracy.source_of`).
+      all_reduces: the step's all-reduces (counted once, not at every evaluation).
     """
 
     simulator: Simulator = dataclasses.field(repr=False)
     state: corr.Correction
     source: str
+    all_reduces: int = 0
 
     @classmethod
     def of(cls, simulator: Simulator, state: corr.Correction | None = None) -> Predictor:
         costs = simulator.costs
-        return cls(simulator, state or corr.init(), source_of(getattr(costs, "name", type(costs).__name__)))
+        return cls(simulator, state or corr.init(), source_of(getattr(costs, "name", type(costs).__name__)),
+                   len(simulator.graph.all_reduces()))
 
     def with_state(self, state: corr.Correction) -> Predictor:
         return dataclasses.replace(self, state=state)
 
     def features(self, plan: FusionPlan) -> tuple[float, ...]:
-        return corr.features_of(self.simulator.result(plan), collectives(self.simulator.graph, plan))
+        return corr.features_of(self.simulator.result(plan), collectives(self.all_reduces, plan))
 
     def key(self, plan: FusionPlan) -> tuple[str, str]:
         return (self.simulator.graph.fingerprint, plan.digest())

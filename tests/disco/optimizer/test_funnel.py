@@ -93,7 +93,8 @@ def test_every_prediction_was_made_before_its_plan_was_measured(target, first):
             assert row.predicted_s == pytest.approx(expected, rel=1e-9) and row.predicted_by == by
             assert row.simulator_s == pytest.approx(target.simulator.step_time(row.plan))
             assert by == ("emulated" if rnd.index == 0 else "corrected")
-        points = [predictor.point(rows[n].plan, rows[n].median_s) for n in rnd.measured]
+        scale = rows["xla_default"].median_s
+        points = [predictor.point(rows[n].plan, scale / rows[n].speedup) for n in rnd.measured]
         predictor = predictor.with_state(corr.update(predictor.state, points))
     assert predictor.state.weights == measured.correction.weights
 
