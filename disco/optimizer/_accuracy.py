@@ -83,6 +83,9 @@ class Accuracy(NamedTuple):
       sources: how many of the predictions came from each source (:data:`SOURCES`).
       simulated_tau, simulated_median_error: the same for the simulator's own times (before any
         correction; equal to the above when nothing was corrected).
+      paired_tau, paired_median_error: the predictions against drift-free times: xla_default's
+        median over each plan's paired speedup in its own rounds (plans measured in different rounds,
+        under a load that changes, compare on one scale); None without xla_default's row.
     """
 
     plans: int
@@ -91,6 +94,8 @@ class Accuracy(NamedTuple):
     sources: dict[str, int]
     simulated_tau: float | None = None
     simulated_median_error: float | None = None
+    paired_tau: float | None = None
+    paired_median_error: float | None = None
 
     def line(self) -> str:
         """One line: ``predicted vs measured over 13 plans: Kendall tau 0.070, median error 58.1% ...``."""
@@ -104,12 +109,16 @@ class Accuracy(NamedTuple):
                 f"(each plan's prediction made before it was measured; predicted by: {by or 'none'})")
         if self.sources.get("corrected"):
             text += f"; the simulator alone: {fmt(self.simulated_tau, self.simulated_median_error)}"
+        if self.paired_tau is not None or self.paired_median_error is not None:
+            text += (f"; against drift-free times (xla_default's median over each plan's paired speedup): "
+                     f"{fmt(self.paired_tau, self.paired_median_error)}")
         return text
 
     def to_dict(self) -> dict[str, Any]:
         return {"plans": self.plans, "kendall_tau": self.tau, "median_relative_error": self.median_error,
                 "predicted_by": dict(self.sources), "simulated_kendall_tau": self.simulated_tau,
-                "simulated_median_relative_error": self.simulated_median_error}
+                "simulated_median_relative_error": self.simulated_median_error,
+                "paired_kendall_tau": self.paired_tau, "paired_median_relative_error": self.paired_median_error}
 
 
 def compared(rows: Sequence[PlanRow]) -> list[PlanRow]:
@@ -124,6 +133,12 @@ def accuracy(rows: Sequence[PlanRow]) -> Accuracy:
     pred = [r.predicted_s for r in judged]
     meas = [r.median_s for r in judged]
     sim = [r.simulator_s for r in judged]
+    base = next((r.median_s for r in judged if r.name == "xla_default"), None)
+    paired = [(r.predicted_s, base / r.speedup) for r in judged if base is not None and r.speedup]
+    ptau = perr = None
+    if paired and len(paired) == len(judged):
+        ptau = kendall_tau([p for p, _ in paired], [m for _, m in paired])
+        perr = median_relative_error([p for p, _ in paired], [m for _, m in paired])
     return Accuracy(len(judged), kendall_tau(pred, meas), median_relative_error(pred, meas),
                     dict(Counter(r.predicted_by for r in judged)), kendall_tau(sim, meas),
-                    median_relative_error(sim, meas))
+                    median_relative_error(sim, meas), ptau, perr)

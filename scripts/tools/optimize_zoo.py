@@ -221,9 +221,10 @@ def accuracy_table(results: dict) -> None:
     if not runs:
         return
     fmt = (lambda v, f: "-" if v is None else format(v, f))  # noqa: E731
-    print("\n| run | measured plans | Kendall tau | median error | simulator alone: tau, error | kept points at start "
-          "| per round: measured, tau (cumulative measured) | answer (searched?) | answer vs best baseline (confirmed) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| run | measured plans | Kendall tau | median error | drift-free times: tau, error | simulator alone: "
+          "tau, error | kept points at start | per round: measured, tau (cumulative measured) | answer (searched?) | "
+          "answer vs best baseline (confirmed) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for m, res in runs.items():
         a, learn = res["accuracy"], res.get("learning") or {}
         total, per = 0, []
@@ -235,6 +236,8 @@ def accuracy_table(results: dict) -> None:
         vs = res.get("confirmed_vs_best_baseline")
         print(f"| {m} | {a['plans']} | {fmt(a['kendall_tau'], '.3f')} | "
               f"{fmt(a['median_relative_error'] and a['median_relative_error'] * 100, '.1f')}% | "
+              f"{fmt(a.get('paired_kendall_tau'), '.3f')}, "
+              f"{fmt(a.get('paired_median_relative_error') and a['paired_median_relative_error'] * 100, '.1f')}% | "
               f"{fmt(a['simulated_kendall_tau'], '.3f')}, "
               f"{fmt(a['simulated_median_relative_error'] and a['simulated_median_relative_error'] * 100, '.1f')}% | "
               f"{learn.get('kept_points_used', '-')} | {'; '.join(per) or '-'} | {res['chosen']} ({searched}) | "

@@ -96,3 +96,17 @@ def test_the_summary_and_the_json_carry_the_accuracy_of_the_rows():
     assert acc.line() in result.summary().splitlines()
     assert result.to_dict()["accuracy"] == acc.to_dict()
     assert all(r["predicted_by"] == "emulated" for r in result.to_dict()["rows"])
+
+
+@pytest.mark.fast
+def test_drift_free_times_put_every_round_on_xla_defaults_scale():
+    # p1 was measured in slower rounds (the machine under more load): 2x xla_default's first median raw,
+    # but 1.25x faster than xla_default paired in its own rounds
+    rows = (dataclasses.replace(row("xla_default", 0.10, speedup=1.0), predicted_s=0.10),
+            dataclasses.replace(row("p1", 0.20, speedup=1.25), predicted_s=0.08),
+            dataclasses.replace(row("p2", 0.09, speedup=0.5), predicted_s=0.2))
+    acc = opt.accuracy(rows)
+    assert acc.tau == pytest.approx(-1.0)  # raw: every pair reversed by the drift
+    assert acc.paired_tau == pytest.approx(1.0) and acc.paired_median_error == pytest.approx(0.0)
+    assert "against drift-free times" in acc.line() and acc.to_dict()["paired_kendall_tau"] == acc.paired_tau
+    assert opt.accuracy(rows[1:]).paired_tau is None  # no xla_default row: no scale

@@ -324,7 +324,13 @@ def test_cli_optimize_json_in_a_subprocess(tmp_path):
     data = json.loads(proc.stdout)
     assert data["model"] == "mlp" and data["verdict"] and data["chosen"] in {r["name"] for r in data["rows"]}
     assert data["search"]["evals"] > 0 and "chrome_trace" not in data
-    assert "even_3" in {r["name"] for r in data["rows"]} and "even_2" not in {r["name"] for r in data["rows"]}
+    names = {r["name"] for r in data["rows"]}
+    assert set(opt.REPORTED_BASELINES) <= names and "even_2" not in names  # the sweep: even_3 only, when ranked
+    rounds = data["learning"]["rounds"]  # the funnel: 3 rounds by default, each measuring what the model ranks
+    assert len(rounds) == 3 and sum(len(r["measured"]) for r in rounds) == len(data["rows"]) - sum(
+        1 for r in data["rows"] if r.get("measured_in") == "run-off")
+    assert data["accuracy"]["plans"] == sum(1 for r in data["rows"] if r["applied"] and r["measured_median_ms"])
+    assert all(r["predicted_by"] in ("emulated", "corrected") for r in data["rows"])
     assert data["comm_free_bound_ms"]["min"] <= data["comm_free_bound_ms"]["median"]
     assert FusionPlan.from_json(out.read_text()).name == data["chosen"]
     # no --cluster: this machine's 4 devices, their all-reduces calibrated first, priced with what was measured
