@@ -214,6 +214,20 @@ def vs_best_baseline_table(results: dict, shares: dict) -> None:
                  len(fresh_logs) < len(used_logs) else ""))
 
 
+def paired_accuracy(rows: list) -> dict:
+    """The predictions against drift-free times (xla_default's median over each plan's paired speedup),
+    from a run's JSON rows, as :func:`disco.optimizer.accuracy` computes them."""
+    from disco.optimizer import kendall_tau, median_relative_error
+
+    judged = [r for r in rows if r.get("applied", True) and r.get("measured_median_ms")]
+    base = next((r["measured_median_ms"] for r in judged if r["name"] == "xla_default"), None)
+    if base is None or not all(r.get("speedup_vs_xla_default") for r in judged):
+        return {"paired_kendall_tau": None, "paired_median_relative_error": None}
+    pred = [r["predicted_ms"] for r in judged]
+    meas = [base / r["speedup_vs_xla_default"] for r in judged]
+    return {"paired_kendall_tau": kendall_tau(pred, meas), "paired_median_relative_error": median_relative_error(pred, meas)}
+
+
 def accuracy_table(results: dict) -> None:
     """Prints, per run, how the predictions (each made before its plan was measured) ranked and priced
     the measured plans, the funnel's rounds and the kept correction it started from."""
@@ -226,7 +240,9 @@ def accuracy_table(results: dict) -> None:
           "answer vs best baseline (confirmed) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for m, res in runs.items():
-        a, learn = res["accuracy"], res.get("learning") or {}
+        a, learn = dict(res["accuracy"]), res.get("learning") or {}
+        if "paired_kendall_tau" not in a:  # a run saved before the report had it: from its rows
+            a.update(paired_accuracy(res["rows"]))
         total, per = 0, []
         for rnd in learn.get("rounds") or []:
             total += len(rnd["measured"])
