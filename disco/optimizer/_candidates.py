@@ -1,5 +1,6 @@
-"""The second step of ``optimize``: the simulated search, and the plans it hands to measurement
-(the reported baselines, the bucket-count sweep, the best searched plans)."""
+"""The search on the model and the plans it hands to measurement (the reported baselines, the
+bucket-count sweep, the best searched plans): what each round of the funnel
+(:mod:`disco.optimizer._funnel`) draws on, and :func:`candidates`, one search's whole list."""
 
 from __future__ import annotations
 
