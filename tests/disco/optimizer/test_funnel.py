@@ -14,7 +14,7 @@ from disco.calibrate import correction as corr
 from disco.optimizer._learn import Keeping, Predictor, collectives, keep, kept_state
 from xla_hooks.measure import Measurement
 
-CONFIG = opt.OptimizeConfig(budget_s=5, max_evals=150, measure_top_k=2, measure_rounds=3, rounds=3, steps=1)
+CONFIG = opt.OptimizeConfig(budget_s=5, max_evals=60, measure_top_k=2, measure_rounds=3, rounds=3, steps=1)
 
 
 def machine_s(sim, plan):
@@ -52,7 +52,7 @@ class FormulaRunner:
 
 @pytest.fixture(scope="module")
 def target():
-    step, args = trax_models.make_train_step("mlp", "tiny", devices=4, optimizer="sgd")
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=2, optimizer="sgd")
     return opt.prepare(step, args)
 
 
