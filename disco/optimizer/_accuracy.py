@@ -109,9 +109,9 @@ class Accuracy(NamedTuple):
                 f"(each plan's prediction made before it was measured; predicted by: {by or 'none'})")
         if self.sources.get("corrected"):
             text += f"; the simulator alone: {fmt(self.simulated_tau, self.simulated_median_error)}"
-        if self.paired_tau is not None or self.paired_median_error is not None:
-            text += (f"; against drift-free times (xla_default's median over each plan's paired speedup): "
-                     f"{fmt(self.paired_tau, self.paired_median_error)}")
+        paired = fmt(self.paired_tau, self.paired_median_error)
+        if paired != fmt(self.tau, self.median_error):  # said only where it says something else
+            text += f"; against drift-free times (xla_default's median over each plan's paired speedup): {paired}"
         return text
 
     def to_dict(self) -> dict[str, Any]:
