@@ -11,7 +11,7 @@ from disco.optimizer._measure import Measured
 from disco.optimizer._prepare import Target
 from disco.optimizer._runners import InProcessRunner, Runner, Trials
 from disco.optimizer._runoff import RunOff
-from xla_hooks.measure import paired_interval, paired_speedup
+from xla_hooks.measure import Measurement, paired_interval, paired_speedup
 
 
 class Confirmation(NamedTuple):
@@ -73,7 +73,8 @@ def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: 
     trials = runner.run(target, {n: plans[n] for n in names}, rounds=rounds, steps=config.steps, compiled=execs,
                         on_round=lambda r: progress("confirm", (r + 1) / rounds,
                                                     f"confirmation round {r + 1}/{rounds}"))
-    again = {n: t.times for n, t in trials.by_name.items()}
+    # in seconds: the verdict prints them as ms (a process runner's times are ms already)
+    again = {n: Measurement(tuple(v * t.unit_s for v in t.times.samples)) for n, t in trials.by_name.items()}
     c = confirmed_choice(chosen, why, again, baseline)
     return Confirmation(chosen, c.answer, c.verdict, {n: t.span() for n, t in trials.by_name.items()}, c.gain,
                         baseline, c.baseline_gain, c.vs_baseline, c.vs_baseline_interval, trials)
