@@ -64,7 +64,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also stop the search after N plan evaluations: the same seed then searches the same "
                         "plans on any machine (default: --budget only)")
     p.add_argument("--strategy", default="best_first", choices=STRATEGIES, help="search strategy (default best_first)")
-    p.add_argument("--measure-top-k", type=int, default=3, help="searched plans to measure (default 3)")
+    p.add_argument("--measure-top-k", type=int, default=3,
+                   help="plans the model ranks fastest measured in each round of the funnel (default 3)")
+    p.add_argument("--measure-rounds", type=int, default=None, metavar="N",
+                   help="rounds of the funnel: search on the model, measure its top plans, refit the machine's "
+                        "correction (default 3; 2 with --processes, where every round recompiles every plan)")
+    p.add_argument("--no-learn", dest="learn", action="store_false",
+                   help="no correction: the simulator alone ranks the plans of every round")
+    p.add_argument("--correction", default=None, metavar="FILE",
+                   help="where this machine's correction is kept between runs (default: $DISCO_CORRECTIONS, "
+                        "else disco/corrections.json in the per-user cache directory)")
+    p.add_argument("--no-keep-correction", dest="keep_correction", action="store_false",
+                   help="neither read nor write a kept correction (this run learns from its own measurements only)")
     p.add_argument("--rounds", type=int, default=9, help="interleaved measurement rounds (default 9)")
     p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
     p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
@@ -112,7 +123,8 @@ def _check(args: argparse.Namespace) -> None:
 
 # the command's flag for each OptimizeConfig field it sets (an error names the flag)
 _FLAGS = {"budget_s": "--budget", "max_evals": "--max-evals", "strategy": "--strategy",
-          "measure_top_k": "--measure-top-k", "seed": "--seed", "rounds": "--rounds", "steps": "--steps",
+          "measure_top_k": "--measure-top-k", "measure_rounds": "--measure-rounds", "learn": "--no-learn",
+          "correction_file": "--correction", "seed": "--seed", "rounds": "--rounds", "steps": "--steps",
           "bucket_sweep": "--bucket-sweep", "finalists": "--finalists", "confirm_rounds": "--confirm-rounds",
           "measure_bound": "--no-bound", "confirm": "--no-confirm"}
 
@@ -134,10 +146,23 @@ def config_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
                               measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds, steps=args.steps,
                               measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
                               finalists=args.finalists, confirm=args.confirm, confirm_rounds=args.confirm_rounds,
-                              **fixed)
+                              **{"measure_rounds": 3 if args.measure_rounds is None else args.measure_rounds,
+                                 "learn": args.learn, "correction_file": correction_file(args), **fixed})
     except ValueError as e:
         fields = "|".join(sorted(_FLAGS, key=len, reverse=True))
         raise CliError(re.sub(rf"\b({fields})\b", lambda m: _FLAGS[m.group(1)], str(e))) from None
+
+
+def correction_file(args: argparse.Namespace) -> str | None:
+    """Where the machine's correction is kept: ``--correction``, else the default
+    (:func:`disco.calibrate.kept.default_path`); None with ``--no-keep-correction`` or ``--no-learn``."""
+    if not args.learn or not args.keep_correction:
+        return None
+    if args.correction:
+        return args.correction
+    from disco.calibrate.kept import default_path
+
+    return default_path()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -241,6 +266,10 @@ def _describe_costs(info: dict[str, Any]) -> str:
     return str(c["name"])
 
 
+# the table's "(by)": where a row's prediction came from (disco.optimizer._accuracy.SOURCES), short
+_SHORT_SOURCES = {"emulated": "emu", "corrected": "cor", "compiled": "comp", "profiled": "prof", "gnn": "gnn"}
+
+
 def _print_table(result: Any, info: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -260,7 +289,7 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
                      f"{counted(result.config.rounds, 'round')} x "
                      f"{counted(result.config.steps, 'step')})"))
     # headers cut over lines by hand, so that the table fits 120 columns (the legend below explains them)
-    cols = ["plan", "from", "predicted\nms", "measured ms\nmedian (min-max)", "speedup vs\nxla_default\n(paired)",
+    cols = ["plan", "from", "predicted\nms (by)", "measured ms\nmedian (min-max)", "speedup vs\nxla_default\n(paired)",
             "vs best\nbaseline"]
     cols += ["run-off\nspeedup"] if again else []
     for col in (*cols, "predicted /\nlower bound"):
@@ -273,7 +302,7 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
                 if r.median_s is not None else "-")
         if not r.applied:
             meas += " fell back"
-        cells = [escape(r.name) + mark, "baseline" if r.kind != "search" else notes.mark(r.origin), f"{r.predicted_s * 1e3:.3f}",
+        cells = [escape(r.name) + mark, "baseline" if r.kind != "search" else notes.mark(r.origin), f"{r.predicted_s * 1e3:.3f} {_SHORT_SOURCES.get(r.predicted_by, r.predicted_by)}",
                  meas, f"{r.gain(base_row):.3f}x" if r.median_s else "-",
                  f"{r.gain(base_row) / best_base:.3f}x" if r.median_s and best_base else "-"]
         cells += [f"{again[r.name]:.3f}x" if r.name in again else "-"] if again else []
@@ -283,9 +312,17 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     notes.print(console)
     for line in result.legend():
         print_note(console, line)
+    print_note(console, "by: where the prediction came from, made before the plan was measured: emu the simulator "
+                        "(emulated fusion, the cost model's kernel times), gnn its GNN kernel times, prof profiled "
+                        "kernel times, cor the simulator through this machine's correction fitted from other "
+                        "plans' measurements")
     s = result.search
     print_note(console, f"simulated lower bound {lb * 1e3:.3f} ms; search: {s.strategy}, {s.evals} plans "
                   f"in {s.seconds:.1f} s ({s.evals_per_s:.0f} evaluations/s)")
+    print_note(console, result.accuracy.line())
+    note = result.learning_note()
+    if note:
+        print_note(console, note)
     for label, times in (("run-off", result.runoff and result.runoff.times),
                          ("confirmation run", result.confirmation and result.confirmation.times)):
         if times is not None:
@@ -413,7 +450,8 @@ def run_across(args: argparse.Namespace) -> int:
             raise CliError(f"--{flag} is written by the optimizer in one process only; with --processes or --link "
                            "the answer is written by --out and the measurements by --json")
     # each row costs a compile in every worker of every launch: no bucket-only projections here
-    config = config_from_args(args, measure_buckets_only=False)
+    rounds = {"measure_rounds": 2} if args.measure_rounds is None else {}
+    config = config_from_args(args, measure_buckets_only=False, **rounds)
     link = parse_link_arg(args)
     runner = ProcessRunner(args.model, args.preset, args.processes, args.devices_per_process, link,
                            optimizer=args.optimizer, style=args.style, timeout_s=args.timeout)

@@ -4,19 +4,21 @@ The pipeline is a few pure steps, each with its own small result (the shape of
 :mod:`disco.search`); :func:`optimize` runs them in order:
 
 1. :func:`prepare`: extract the step's graph (:func:`disco.extract`) and its simulator.
-2. :func:`candidates`: search plans against the simulator within a time budget
-   (:mod:`disco.search`) and pick what to measure: the ``measure_top_k`` best plans by
-   estimate together with ``xla_default``, the best baseline by estimate
-   (:func:`disco.planner.best_baseline_name`), ``per_tensor``, ``horovod`` and ``ddp``, and a
-   short sweep of bucket counts (``even_<k>``: the gradients cut into ``k`` buckets of equal
-   bytes), measured because the bucket count that wins on CPU devices is not what the
-   simulator predicts.
-3. :func:`measure`: apply and time them in interleaved rounds on a runner: this process's
-   devices (:class:`InProcessRunner`, the default; :func:`disco.bench.run_bench`) or worker
-   processes on loopback or an emulated link (:class:`ProcessRunner`).
-   The first choice is the fastest *measured* plan by the paired speedup
-   (:func:`xla_hooks.measure.paired_speedup`); when nothing beats ``xla_default`` the answer is
-   ``xla_default`` and the verdict says so.
+2. :func:`funnel`: rounds (``measure_rounds``) of search on the model (the simulator through this
+   machine's correction, :mod:`disco.calibrate.correction`), measurement of the ``measure_top_k``
+   plans it ranks fastest among those not measured yet (searched plans, their bucket-only
+   projections, the best baseline by prediction, the ``even_<k>`` sweep of bucket counts), and a
+   refit of the correction from every plan measured, before the next round searches; the first
+   round also measures xla_default, ``per_tensor``, ``horovod``, ``ddp`` and, on CPU devices,
+   ``reduce_fusion``. Plans are measured in interleaved rounds on a runner: this process's devices
+   (:class:`InProcessRunner`, the default; :func:`disco.bench.run_bench`) or worker processes on
+   loopback or an emulated link (:class:`ProcessRunner`). The correction is kept per machine
+   between runs (``correction_file``, :mod:`disco.calibrate.kept`). Each row's prediction is made
+   before its plan is measured; :func:`accuracy` judges them (Kendall tau, median error).
+3. The first choice is the fastest *measured* plan by the paired speedup
+   (:func:`xla_hooks.measure.paired_speedup`) over xla_default in its own rounds; when nothing beats
+   ``xla_default`` the answer is ``xla_default`` and the verdict says so. (:func:`candidates` and
+   :func:`measure` are one search's list and one interleaved run of it, for a pipeline of one round.)
 4. :func:`run_off`: the ``finalists`` fastest plans that beat ``xla_default`` are measured
    again, with it, in fresh interleaved rounds, and the fastest there is chosen (picking the
    fastest of a dozen noisy medians favours whichever plan got lucky rounds). With them, the
@@ -45,8 +47,7 @@ Example::
     # the same, step by step
     config = OptimizeConfig(budget_s=30)
     target = prepare(step, args)
-    cands = candidates(target, config)
-    measured = measure(target, cands, config)
+    cands, measured = funnel(target, config)
     runoff = run_off(target, measured, config)
     result = make_result(target, config, cands, measured, runoff, confirm(target, measured, config, runoff))
 
@@ -67,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports on first use
+    from disco.optimizer._accuracy import Accuracy, accuracy, kendall_tau, median_relative_error
     from disco.optimizer._choice import (
         PlanRow,
         Span,
@@ -76,6 +78,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
         relation_to_baselines,
         runoff_choice,
     )
+    from disco.optimizer._funnel import FunnelRound, funnel
     from disco.optimizer._pipeline import optimize
     from disco.optimizer._process import ProcessRunner
     from disco.optimizer._result import OptimizeResult, Setting, chrome_trace, make_result
@@ -87,8 +90,10 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from disco.optimizer._runoff import RunOff, fusion_decisions, regrouped, regrouped_plan, regrouped_row, run_off
 
 _MODULES = {
+    "_accuracy": ("Accuracy", "accuracy", "kendall_tau", "median_relative_error"),
     "_choice": ("PlanRow", "Span", "confirmed_winner", "fastest_baseline", "regroup_sources",
                 "relation_to_baselines", "runoff_choice"),
+    "_funnel": ("FunnelRound", "funnel"),
     "_pipeline": ("optimize",),
     "_process": ("ProcessRunner",),
     "_result": ("OptimizeResult", "Setting", "chrome_trace", "make_result"),
@@ -102,10 +107,10 @@ _MODULES = {
 _EXPORTS = {name: f"disco.optimizer.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = [
-    "REPORTED_BASELINES", "Bound", "Candidates", "Confirmation", "InProcessRunner", "Measured", "OptimizeConfig",
+    "REPORTED_BASELINES", "Accuracy", "Bound", "Candidates", "Confirmation", "FunnelRound", "InProcessRunner", "Measured", "OptimizeConfig",
     "OptimizeResult", "PlanRow", "ProcessRunner", "Progress", "RunOff", "Runner", "SearchSummary", "Setting",
-    "Span", "Target", "Trial", "Trials", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
-    "fastest_baseline", "fusion_decisions", "make_result", "measure", "no_progress", "optimize", "prepare",
+    "Span", "Target", "Trial", "Trials", "accuracy", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
+    "fastest_baseline", "funnel", "fusion_decisions", "kendall_tau", "make_result", "measure", "median_relative_error", "no_progress", "optimize", "prepare",
     "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "relation_to_baselines",
     "run_off", "runoff_choice", "validate",
 ]

@@ -1,14 +1,17 @@
-"""The second step of ``optimize``: the simulated search, and the plans it hands to measurement
-(the reported baselines, the bucket-count sweep, the best searched plans)."""
+"""The search on the model and the plans it hands to measurement (the reported baselines, the
+bucket-count sweep, the best searched plans): what each round of the funnel
+(:mod:`disco.optimizer._funnel`) draws on, and :func:`candidates`, one search's whole list."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 
 from disco import planner, search
 from disco.ir.graph import HloGraph
+from disco.optimizer._accuracy import source_of
 from disco.optimizer._choice import PlanRow
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._prepare import Target
@@ -51,60 +54,108 @@ class Candidates(NamedTuple):
         return f"Candidates({len(self.rows)} rows, {self.search!r})"
 
 
-def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_progress) -> Candidates:
-    """Searches plans against the simulator within ``config.budget_s`` and picks what to measure.
+def run_search(target: Target, config: OptimizeConfig, cost: Callable[[FusionPlan], float], *,
+               budget_s: float, max_evals: int | None, seed: int,
+               on_step: Callable[[int, float, float], None] | None = None) -> Any:
+    """:func:`disco.search.run` of ``config.strategy`` on ``cost`` (the simulator's step time, or
+    the corrected model's), from the search's default start plans for the target's simulator."""
+    from disco.plans import moves
 
-    The bucket sweep is measured rather than simulated because the bucket count that wins on
-    in-process CPU devices differs by model and is not what the simulator predicts
-    (docs/archive/lab-notebook.md, "disco optimize across the zoo"). Reports phase "search".
-    """
     graph, sim = target.graph, target.simulator
+    starts = search.default_starts(graph, sim, moves.context(graph, sim.backend))
+    return search.run(search.make(config.strategy), graph, cost, budget_s=budget_s, max_evals=max_evals,
+                      seed=seed, starts=starts, progress=on_step, backend=sim.backend)
+
+
+def summary_of(result: Any) -> SearchSummary:
+    """The :class:`SearchSummary` of one search's result."""
+    return SearchSummary(result.strategy, result.evals, result.evals_per_s, result.elapsed_s, tuple(result.trace))
+
+
+def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_progress,
+               predict: Predict | None = None) -> Candidates:
+    """One search within ``config.budget_s`` and the plans it hands to measurement, in one list:
+    the reported baselines, the best baseline by estimate, ``reduce_fusion`` (on CPU), the
+    ``even_<k>`` sweep, the ``measure_top_k`` best searched plans, each with its bucket-only projection.
+
+    :func:`disco.optimizer.funnel` measures only what its model ranks near the top of such a
+    list, round after round; this is the list itself, every row predicted and none measured.
+
+    Args:
+      predict: plan -> (prediction, where it came from, the simulator's own time); default: the
+        simulator's step time (the search then runs on it too).
+
+    Reports phase "search".
+    """
+    sim = target.simulator
+    by = source_of(getattr(target.costs, "name", type(target.costs).__name__))
+    predict = predict or (lambda p: (sim.step_time(p), by, sim.step_time(p)))
 
     def on_step(evals: int, elapsed: float, best: float) -> None:
         progress("search", search.done_fraction(elapsed, config.budget_s, evals, config.max_evals),
-                 f"{evals} plans, best {best * 1e3:.3f} ms (simulated)")
+                 f"{evals} plans, best {best * 1e3:.3f} ms (predicted)")
 
-    # the planner's search and baselines (the service's pipeline, which keeps the best predicted)
-    result = planner.search_plans(graph, sim, config.strategy, budget_s=config.budget_s,
-                                  max_evals=config.max_evals, seed=config.seed, on_step=on_step)
-    base_plans, predicted = planner.simulate_baselines(graph, sim)
+    result = run_search(target, config, lambda p: predict(p)[0], budget_s=config.budget_s,
+                        max_evals=config.max_evals, seed=config.seed, on_step=on_step)
     rows: dict[str, PlanRow] = {}
-    seen: dict[str, str] = {}  # plan digest -> the row that measures it
-    for name in (*REPORTED_BASELINES, planner.best_baseline_name(predicted)):
-        p = base_plans[name]
-        if name not in rows:
-            rows[name] = PlanRow(name, "baseline", name, p.replace(name=name), predicted[name])
-            seen.setdefault(p.digest(), name)
-    if config.measure_reduce_fusion and jax.default_backend() == "cpu":
-        p = reduce_fusion_row(graph, base_plans[planner.best_baseline_name(predicted)])
-        if p is not None and p.digest() not in seen:
-            seen[p.digest()] = p.name
-            rows[p.name] = PlanRow(p.name, "search", "each reduce fused with its elementwise producers",
-                                   p, sim.step_time(p))
-    for k in dict.fromkeys(config.bucket_sweep):
-        p = baselines.make("even", graph, k=k)
-        if p.digest() not in seen:
-            seen[p.digest()] = p.name
-            rows[p.name] = PlanRow(p.name, "baseline", f"{k} buckets of equal bytes", p, sim.step_time(p))
+    seen: set[str] = set()
+
+    def add(name: str, kind: str, origin: str, plan: FusionPlan) -> None:
+        if plan.digest() in seen or name in rows:
+            return
+        seen.add(plan.digest())
+        rows[name] = predicted_row(name, kind, origin, plan.replace(name=name), predict)
+
+    for name, kind, origin, plan in references(target, config, predict):
+        add(name, kind, origin, plan)
     rank = 0
-    for cost, p in result.top:
+    for _, p in result.top:
         if rank >= config.measure_top_k:
             break
         if p.digest() in seen:
             continue
         rank += 1
-        name = f"disco_{rank}"
-        seen[p.digest()] = name
-        rows[name] = PlanRow(name, "search", f"searched from {p.name}", p.replace(name=name), cost)
-        projected = p.replace(groups=(), xla_fusion="extend")
-        if config.measure_buckets_only and p.groups and projected.digest() not in seen:
-            pname = f"{name}_buckets"
-            seen[projected.digest()] = pname
-            rows[pname] = PlanRow(pname, "search", f"{name} without its fusion groups",
-                                  projected.replace(name=pname), sim.step_time(projected))
-    summary = SearchSummary(result.strategy, result.evals, result.evals_per_s, result.elapsed_s,
-                            tuple(result.trace))
-    return Candidates(tuple(rows.values()), summary)
+        add(f"disco_{rank}", "search", f"searched from {p.name}", p)
+        projected = bucket_projection(p) if config.measure_buckets_only else None
+        if projected is not None:
+            add(f"disco_{rank}_buckets", "search", f"disco_{rank} without its fusion groups", projected)
+    return Candidates(tuple(rows.values()), summary_of(result))
+
+
+# plan -> (prediction, where it came from, the simulator's own step time)
+Predict = Callable[[FusionPlan], tuple[float, str, float]]
+
+
+def predicted_row(name: str, kind: str, origin: str, plan: FusionPlan, predict: Predict) -> PlanRow:
+    """An unmeasured row of ``plan``, predicted now (before it is measured)."""
+    value, by, simulated = predict(plan)
+    return PlanRow(name, kind, origin, plan, value, predicted_by=by,
+                   simulated_s=None if simulated == value else simulated)
+
+
+def bucket_projection(plan: FusionPlan) -> FusionPlan | None:
+    """``plan`` without its fusion groups (XLA fuses, its buckets stay), or None when it has none."""
+    return plan.replace(groups=(), xla_fusion="extend") if plan.groups else None
+
+
+def references(target: Target, config: OptimizeConfig, predict: Predict
+               ) -> list[tuple[str, str, str, FusionPlan]]:
+    """The plans every run considers besides the searched ones, as (name, kind, origin, plan):
+    :data:`REPORTED_BASELINES`, the best baseline by prediction, ``reduce_fusion`` on CPU devices
+    (``config.measure_reduce_fusion``), the ``even_<k>`` sweep (``config.bucket_sweep``)."""
+    graph = target.graph
+    base_plans = baselines.make_all(graph)
+    predicted = {n: predict(p)[0] for n, p in base_plans.items()}
+    best = planner.best_baseline_name(predicted)
+    out = [(n, "baseline", n, base_plans[n]) for n in dict.fromkeys((*REPORTED_BASELINES, best))]
+    if config.measure_reduce_fusion and jax.default_backend() == "cpu":
+        p = reduce_fusion_row(graph, base_plans[best])
+        if p is not None:
+            out.append((p.name, "search", "each reduce fused with its elementwise producers", p))
+    for k in dict.fromkeys(config.bucket_sweep):
+        p = baselines.make("even", graph, k=k)
+        out.append((p.name, "baseline", f"{k} buckets of equal bytes", p))
+    return out
 
 
 def reduce_fusion_row(graph: HloGraph, buckets_of: FusionPlan) -> FusionPlan | None:

@@ -41,7 +41,9 @@ class PlanRow:
         plan, what the candidate is for the others ("each reduce fused with its elementwise
         producers", "disco_1 without its fusion groups", the baseline's name).
       plan: the plan.
-      predicted_s: the simulator's step time.
+      predicted_s: the predicted step time, made before the plan was measured (its own
+        measurement never counts in it): the simulator's, or the simulator's through the machine's
+        correction fitted from other plans' measurements.
       median_s, min_s, max_s: the measured median and range over the rounds, or None when
         not measured.
       applied: whether the plan was applied (False: it fell back to XLA's default compile).
@@ -49,6 +51,9 @@ class PlanRow:
       speedup: the paired speedup over xla_default in the same rounds; None when not measured.
       all_reduces: the all-reduces in the compiled step, where the runner counted them.
       measured_in: "run-off" for a plan measured in the run-off only; None otherwise.
+      predicted_by: where ``predicted_s`` came from (:data:`disco.optimizer._accuracy.SOURCES`:
+        "emulated" for the fast tier priced by the roofline, "gnn", "profiled", "corrected").
+      simulated_s: the simulator's own step time when ``predicted_s`` is corrected; None: the same.
     """
 
     name: str
@@ -64,6 +69,13 @@ class PlanRow:
     speedup: float | None = None
     all_reduces: int | None = None
     measured_in: str | None = None
+    predicted_by: str = "emulated"
+    simulated_s: float | None = None
+
+    @property
+    def simulator_s(self) -> float:
+        """The simulator's own step time (before any correction)."""
+        return self.predicted_s if self.simulated_s is None else self.simulated_s
 
     def gain(self, base: PlanRow) -> float:
         """Speedup over ``base`` (xla_default): the paired one when measured, else the ratio of medians."""
@@ -74,7 +86,8 @@ class PlanRow:
     def to_dict(self) -> dict[str, Any]:
         ms = (lambda v: None if v is None else v * 1e3)  # noqa: E731
         return {"name": self.name, "kind": self.kind, "origin": self.origin,
-                "predicted_ms": ms(self.predicted_s), "measured_median_ms": ms(self.median_s),
+                "predicted_ms": ms(self.predicted_s), "predicted_by": self.predicted_by,
+                "simulated_ms": ms(self.simulator_s), "measured_median_ms": ms(self.median_s),
                 "measured_min_ms": ms(self.min_s), "measured_max_ms": ms(self.max_s),
                 "speedup_vs_xla_default": self.speedup,
                 "applied": self.applied, "fallback_reason": self.fallback_reason,

@@ -20,7 +20,7 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-_FLAGS = ("measure_buckets_only", "measure_reduce_fusion", "measure_bound", "measure_regrouped", "confirm")
+_FLAGS = ("learn", "measure_buckets_only", "measure_reduce_fusion", "measure_bound", "measure_regrouped", "confirm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,15 +32,24 @@ class OptimizeConfig:
       max_evals: also stop the search after this many plan evaluations; with it, a seed
         always searches the same plans (unless ``budget_s`` runs out first). None: time only.
       strategy: the search strategy, one of ``disco.search.STRATEGIES``.
-      measure_top_k: how many of the best searched plans (by estimate) to measure.
+      measure_top_k: how many plans the model ranks fastest are measured in each round of the
+        funnel (:func:`disco.optimizer.funnel`), of those not measured yet.
+      measure_rounds: the funnel's rounds (search on the model, measure its top plans, refit the
+        correction): the measurement budget, about ``measure_rounds * measure_top_k`` plans besides
+        the references of the first round. The search's ``budget_s`` is shared among them.
+      learn: refit the machine's correction of the simulator after every round from the plans
+        measured (:mod:`disco.calibrate.correction`); False: the simulator alone ranks every round.
+      correction_file: where the machine's correction is kept between runs
+        (:mod:`disco.calibrate.kept`; ``disco optimize`` passes its per-user cache file): read
+        before the first round, written after the last. None: nothing kept, nothing read.
       seed: the search's seed.
       rounds: interleaved measurement rounds. Compiles dominate the measuring time, so
         rounds are cheap and steady the medians the choice is made on (docs/archive/lab-notebook.md,
         "disco optimize across the zoo").
       steps: steps per round.
-      measure_buckets_only: also measure each measured searched plan with its fusion groups
-        removed (``disco_<k>_buckets``: XLA fuses, the plan's buckets stay), so a plan whose
-        groups were mispriced still contributes its bucketing.
+      measure_buckets_only: also pool each searched plan with its fusion groups removed
+        (``disco_<k>_buckets``: XLA fuses, the plan's buckets stay), so a plan whose groups were
+        mispriced can still contribute its bucketing (measured when the model ranks it on top).
       measure_reduce_fusion: on CPU devices, also measure :func:`disco.search.reduce_fusion`'s
         groups (each reduce fused with its elementwise producers) on the best predicted
         baseline's buckets (row ``reduce_fusion``): measured rather than simulated because the
@@ -49,7 +58,8 @@ class OptimizeConfig:
       measure_bound: also measure the communication-free bound in the same rounds (the step
         with its all-reduces replaced by copies; not a plan).
       bucket_sweep: bucket counts ``k`` whose ``even_<k>`` plans (the gradients cut into
-        ``k`` buckets of equal bytes) are measured too; ``()`` measures none.
+        ``k`` buckets of equal bytes) join the funnel's pool (measured when the model ranks them
+        on top); ``()``: none.
       finalists: how many of the fastest measured plans go to the run-off; 1 skips it.
         Only with ``confirm``.
       measure_regrouped: also measure, in the run-off, the fastest fusing plan's fusion
@@ -62,7 +72,7 @@ class OptimizeConfig:
 
     Raises:
       ValueError: for an unknown strategy, a budget that is not positive, ``measure_top_k``
-        below 0, a flag that is not a bool, a seed that is not an integer, a bucket count below 1, ``finalists`` below 1, rounds/steps below 1 or
+        below 0, ``measure_rounds`` below 1, a ``correction_file`` that is not a path, a flag that is not a bool, a seed that is not an integer, a bucket count below 1, ``finalists`` below 1, rounds/steps below 1 or
         ``confirm_rounds`` below 1, naming the value received.
     """
 
@@ -70,6 +80,9 @@ class OptimizeConfig:
     max_evals: int | None = None
     strategy: str = "best_first"
     measure_top_k: int = 3
+    measure_rounds: int = 3
+    learn: bool = True
+    correction_file: str | None = None
     seed: int = 0
     rounds: int = 9
     steps: int = 3
@@ -98,6 +111,11 @@ class OptimizeConfig:
             raise ValueError(f"seed: expected an integer, got {self.seed!r}")
         if not _is_int(self.measure_top_k) or self.measure_top_k < 0:
             raise ValueError(f"measure_top_k: expected an integer >= 0, got {self.measure_top_k!r}")
+        if not _is_int(self.measure_rounds) or self.measure_rounds < 1:
+            raise ValueError(f"measure_rounds: expected an integer >= 1, got {self.measure_rounds!r}")
+        if self.correction_file is not None and (not isinstance(self.correction_file, str)
+                                                 or not self.correction_file):
+            raise ValueError(f"correction_file: expected a file path or None, got {self.correction_file!r}")
         if any(not _is_int(k) or k < 1 for k in self.bucket_sweep):
             raise ValueError(f"bucket_sweep: expected bucket counts (integers >= 1), got {self.bucket_sweep!r}")
         if not _is_int(self.finalists) or self.finalists < 1:

@@ -73,7 +73,7 @@ def confirm(target: Target, measured: Measured, config: OptimizeConfig, runoff: 
     trials = runner.run(target, {n: plans[n] for n in names}, rounds=rounds, steps=config.steps, compiled=execs,
                         on_round=lambda r: progress("confirm", (r + 1) / rounds,
                                                     f"confirmation round {r + 1}/{rounds}"))
-    again = {n: t.times for n, t in trials.by_name.items()}
+    again = {n: t.times for n, t in trials.by_name.items()}  # seconds, from every runner
     c = confirmed_choice(chosen, why, again, baseline)
     return Confirmation(chosen, c.answer, c.verdict, {n: t.span() for n, t in trials.by_name.items()}, c.gain,
                         baseline, c.baseline_gain, c.vs_baseline, c.vs_baseline_interval, trials)

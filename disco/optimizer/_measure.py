@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from disco.calibrate.correction import Correction
 from disco.optimizer._candidates import Candidates
 from disco.optimizer._choice import PlanRow, Span, verdict
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
@@ -33,7 +34,10 @@ class Measured:
       bound: the communication-free bound measured in the same rounds, or None.
       executables: the compiled steps by row name (run-off and confirmation reuse them, on a
         runner that keeps them).
-      trials: what the runner measured (its own rows, what it says about the run).
+      trials: what the runner measured (its own rows, what it says about the run; the funnel's
+        first round).
+      rounds: the funnel's rounds (:class:`~disco.optimizer._funnel.FunnelRound`); () when measured in one run.
+      correction: the machine's correction after the last round's refit, or None.
     """
 
     rows: tuple[PlanRow, ...]
@@ -43,6 +47,8 @@ class Measured:
     executables: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict, repr=False,
                                                                       compare=False)
     trials: Trials | None = dataclasses.field(default=None, repr=False, compare=False)
+    rounds: tuple[Any, ...] = ()
+    correction: Correction | None = None
 
     def __repr__(self) -> str:
         bound = "" if self.bound is None else f", bound {self.bound.speedup:.3f}x"

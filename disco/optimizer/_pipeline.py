@@ -9,9 +9,11 @@ from typing import Any
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._result import OptimizeResult, make_result
 from disco.optimizer._runners import InProcessRunner, Runner
-from disco.optimizer._candidates import candidates
+from disco.calibrate.correction import Correction
+from disco.optimizer._funnel import funnel
+from disco.optimizer._learn import Keeping, keep, keeping, kept_state
 from disco.optimizer._confirm import confirm
-from disco.optimizer._measure import measure
+from disco.optimizer._measure import Measured
 from disco.optimizer._prepare import prepare
 from disco.optimizer._runoff import run_off
 from disco.sim.cluster import ClusterSpec
@@ -70,9 +72,31 @@ def optimize(
     runner = runner or InProcessRunner()
     target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)
     target, fitted = runner.fit(target, config, report)
-    cands = candidates(target, config, report)
-    measured = measure(target, cands, config, report, runner)
+    where = keeping(config.correction_file, target.simulator, machine_of(runner))
+    state = kept_state(where) if config.learn else None
+    cands, measured = funnel(target, config, report, runner, state)
     runoff = run_off(target, measured, config, report, runner)
     confirmation = confirm(target, measured, config, runoff, report, runner)
+    not_kept = keep(where, measured.correction) if config.learn and measured.correction is not None else None
     info = {**runner.describe(), **fitted, **(measured.trials.info if measured.trials is not None else {})}
-    return make_result(target, config, cands, measured, runoff, confirmation, info)
+    learned = learning(config, where, state, measured, not_kept)
+    return make_result(target, config, cands, measured, runoff, confirmation, info, learned)
+
+
+def machine_of(runner: Runner) -> dict[str, Any]:
+    """What of ``runner`` tells one machine's correction from another's: its description and its link."""
+    link = getattr(runner, "link", None)
+    return {**runner.describe(), **({"link": link.label()} if link is not None else {})}
+
+
+def learning(config: OptimizeConfig, where: Keeping, start: Correction | None, measured: Measured,
+             not_kept: str | None) -> dict[str, Any]:
+    """What the run learned, JSON-able (:attr:`~disco.optimizer.OptimizeResult.learning`)."""
+    end = measured.correction
+    return {"learn": config.learn, "file": where.path, "machine": where.key,
+            "kept_points_used": 0 if start is None else len(start.points),
+            "points": None if end is None else len(end.points),
+            "weights": None if end is None else end.describe()["weights"],
+            "kept": bool(config.learn and where.path is not None and not_kept is None and end is not None
+                         and end.points),
+            "not_kept": not_kept, "rounds": [r.to_dict() for r in measured.rounds]}

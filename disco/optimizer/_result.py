@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from disco.optimizer._accuracy import Accuracy, accuracy
 from disco.optimizer._choice import PlanRow, Span, best_baseline, relation_to_baselines
 from disco.optimizer._config import OptimizeConfig
 from disco.optimizer._runners import InProcessRunner
@@ -68,6 +69,11 @@ class OptimizeResult:
         first run's link and whether the workers compiled the graph the search saw
         (``fingerprints_match``), the compute floor the cluster was scaled to (``compute_floor``,
         ``compute_speed``).
+      learning: what the funnel learned (``optimize``; empty for a result built otherwise): the
+        kept-corrections ``file`` and this ``machine``'s key in it, ``kept_points_used`` (the
+        points of a kept correction the first round started from; 0: it started from the
+        simulator), ``points`` and ``weights`` at the end, whether they were ``kept``, and the
+        funnel's ``rounds``.
     """
 
     plan: FusionPlan
@@ -82,12 +88,20 @@ class OptimizeResult:
     confirmation: Confirmation | None = None
     simulator: Simulator | None = dataclasses.field(default=None, repr=False, compare=False)
     runner: dict[str, Any] = dataclasses.field(default_factory=dict)
+    learning: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def best_baseline(self) -> str:
         """The baseline (``even_<k>`` included) with the largest paired speedup over xla_default in
         the first run (:func:`~disco.optimizer.fastest_baseline`); xla_default when none beat it."""
         return best_baseline(self.rows) or "xla_default"
+
+    @property
+    def accuracy(self) -> Accuracy:
+        """The predictions against the measurements over the measured plans (Kendall tau, median
+        error; :func:`~disco.optimizer._accuracy.accuracy`), each prediction made before its plan
+        was measured."""
+        return accuracy(self.rows)
 
     @property
     def relation(self) -> str:
@@ -164,6 +178,7 @@ class OptimizeResult:
             "cost_model": self.setting.cost_model, "cluster": self.setting.cluster,
             "graph": dict(self.setting.graph),
             "measurement": {"rounds": self.config.rounds, "steps_per_round": self.config.steps},
+            "accuracy": self.accuracy.to_dict(), "learning": dict(self.learning),
             "speedup_vs_xla_default": self.speedup,  # the answer's (confirmed when confirmed)
             "confirmed_speedup": self.confirmed_speedup,
             "confirmation_baseline": None if self.confirmation is None else self.confirmation.baseline,
@@ -212,6 +227,23 @@ class OptimizeResult:
         held = f", confirmed against {against} in fresh rounds" if c is not None else ""
         return f"{self.chosen}: {found}{held}"
 
+    def learning_note(self) -> str | None:
+        """One line on the funnel and the machine's correction, or None for a result without them."""
+        info = self.learning
+        if not info:
+            return None
+        rounds = info.get("rounds") or []
+        per = "; ".join(f"round {r['round']}: {len(r['measured'])} measured, tau "
+                        f"{'-' if r['kendall_tau'] is None else format(r['kendall_tau'], '.2f')}" for r in rounds)
+        if not info.get("learn"):
+            return f"funnel: {per}; no correction learned (learn off)"
+        used = info.get("kept_points_used") or 0
+        start = (f"started from a kept correction of {used} points" if used else
+                 "started from the simulator (no kept correction)")
+        where = (f"kept in {info['file']}" if info.get("kept") else
+                 f"not kept ({info['not_kept']})" if info.get("not_kept") else "not kept (no file)")
+        return f"funnel: {per}; correction {start}, {info.get('points')} points at the end, {where}"
+
     def bound_note(self) -> str | None:
         """What the measured communication-free bound says and what it does not, or None."""
         if self.bound is None:
@@ -259,7 +291,12 @@ class OptimizeResult:
                     f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})")
             gain = f"{r.gain(base):.3f}x" if r.median_s else "-"
             fell = "" if r.applied else f"  fell back: {r.fallback_reason}"
-            lines.append(f"  {name:<{width}} {gain:>8}  {meas}  predicted {r.predicted_s * 1e3:.3f} ms{fell}")
+            lines.append(f"  {name:<{width}} {gain:>8}  {meas}  predicted {r.predicted_s * 1e3:.3f} ms "
+                         f"({r.predicted_by}){fell}")
+        lines.append(self.accuracy.line())
+        note = self.learning_note()
+        if note:
+            lines.append(note)
         if self.runoff is not None:
             lines.append("run-off: " + ", ".join(f"{n} {v:.3f}x" for n, v in
                                                  sorted(self.runoff.speedups.items(), key=lambda kv: -kv[1])))
@@ -307,7 +344,7 @@ def _records(step: RunOff | Confirmation | None) -> list[dict[str, Any]] | None:
 
 def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measured: Measured,
                 runoff: RunOff | None, confirmation: Confirmation | None,
-                runner: dict[str, Any] | None = None) -> OptimizeResult:
+                runner: dict[str, Any] | None = None, learning: dict[str, Any] | None = None) -> OptimizeResult:
     """The :class:`OptimizeResult` of the steps' results: the last decision made stands
     (confirmation, else run-off, else the first). ``runner``: what measured them
     (:attr:`OptimizeResult.runner`; default: the steps' default runner, this process's devices)."""
@@ -323,7 +360,8 @@ def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measu
     return OptimizeResult(plan=plan, chosen=last.chosen, verdict=last.verdict, rows=rows,
                           setting=setting, search=cands.search, config=config, bound=measured.bound,
                           runoff=runoff, confirmation=confirmation, simulator=sim,
-                          runner=dict(InProcessRunner().describe() if runner is None else runner))
+                          runner=dict(InProcessRunner().describe() if runner is None else runner),
+                          learning=dict(learning or {}))
 
 
 def chrome_trace(result: OptimizeResult, name: str | None = None) -> dict[str, Any]:

@@ -8,7 +8,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from disco.ir.graph import HloGraph
+from disco.optimizer._accuracy import source_of
+from disco.optimizer._candidates import Predict, predicted_row
 from disco.optimizer._choice import PlanRow, Span, finalists, measured_gains, regroup_sources, runoff_choice
+from disco.optimizer._learn import Predictor
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._measure import Measured, measured_row
 from disco.optimizer._prepare import Target
@@ -85,16 +88,19 @@ def _regroup(gains: Mapping[str, float], kinds: Mapping[str, str], plans: Mappin
     return plan, fusing, bucketing
 
 
-def regrouped_row(target: Target, rows: tuple[PlanRow, ...]) -> PlanRow | None:
-    """The measured rows' regrouped plan (:func:`regrouped_plan`) as an unmeasured row, or None."""
+def regrouped_row(target: Target, rows: tuple[PlanRow, ...], predict: Predict | None = None) -> PlanRow | None:
+    """The measured rows' regrouped plan (:func:`regrouped_plan`) as an unmeasured row, or None;
+    predicted by ``predict`` (the funnel's last model; default: the simulator)."""
     found = _regroup(measured_gains(rows), {r.name: r.kind for r in rows}, {r.name: r.plan for r in rows},
                      target.graph)
     if found is None:
         return None
     plan, fusing, bucketing = found
-    return PlanRow(plan.name, "search",
-                   f"{fusing}'s {fusion_decisions(plan)} on {bucketing}'s buckets (measured in the run-off)",
-                   plan, target.simulator.step_time(plan))
+    by = source_of(getattr(target.costs, "name", type(target.costs).__name__))
+    predict = predict or (lambda p: (target.simulator.step_time(p), by, target.simulator.step_time(p)))
+    return predicted_row(plan.name, "search",
+                         f"{fusing}'s {fusion_decisions(plan)} on {bucketing}'s buckets (measured in the run-off)",
+                         plan, predict)
 
 
 def fusion_decisions(plan: FusionPlan) -> str:
@@ -123,7 +129,8 @@ def run_off(target: Target, measured: Measured, config: OptimizeConfig, progress
         return None
     if not finals:
         return None
-    extra = regrouped_row(target, measured.rows) if config.measure_regrouped else None
+    predict = None if measured.correction is None else Predictor.of(target.simulator, measured.correction).predict
+    extra = regrouped_row(target, measured.rows, predict) if config.measure_regrouped else None
     if not runner.reuses_compiles and extra is None:
         return None
     rows_by_name = {r.name: r for r in measured.rows}

@@ -3,6 +3,8 @@
     python scripts/tools/optimize_zoo.py --preset small --devices 8 --budget 30 [--cluster FILE] \
         [--models a,b] [--style gspmd] [--extra '--processes 2 --link rate=10gbit,delay=50us'] [--out results.json]
     python scripts/tools/optimize_zoo.py --from a.json --from b.json   # the table of saved runs, merged
+    python scripts/tools/optimize_zoo.py --models mlp,moe --twice corrections/ --out twice.json
+        # each model run twice: from no correction, then from the correction the first run kept
 
 ``--from`` reads what ``--out`` wrote (model -> ``disco optimize --json``) or what
 ``scripts/tools/fusion_share.py --out`` wrote (model -> its result, with the optimize JSON under
@@ -47,6 +49,10 @@ def main(argv=None) -> int:
                     help=f"how the zoo steps are written: {' | '.join(STYLES)} (default shard_map)")
     ap.add_argument("--extra", default="", help="more `disco optimize` arguments, e.g. '--processes 2 --link ...'")
     ap.add_argument("--models", default="")
+    ap.add_argument("--twice", metavar="DIR",
+                    help="run each model twice, keeping its correction in DIR/<model>.json: the first run starts "
+                         "from none (the file is removed first), the second from what the first kept "
+                         "(results as '<model>' and '<model> (run 2)')")
     ap.add_argument("--out")
     ap.add_argument("--from", dest="from_files", action="append", default=[], metavar="FILE",
                     help="make the table of saved runs (repeatable; nothing is measured)")
@@ -59,20 +65,29 @@ def main(argv=None) -> int:
     if args.from_files:
         results = load_results(args.from_files, models)
         models = []
-    for m in models:
+    runs = [(m, m, None) for m in models]
+    if args.twice:
+        os.makedirs(args.twice, exist_ok=True)
+        runs = [(label, m, os.path.join(args.twice, f"{m}.json")) for m in models
+                for label in (m, f"{m} (run 2)")]
+    for label, m, kept in runs:
         cmd = [sys.executable, "-m", "disco", "optimize", "--model", m, "--preset", args.preset,
                "--devices", str(args.devices), "--budget", str(args.budget), "--rounds", str(args.rounds),
                "--style", args.style, "--json", *args.extra.split()]
         if args.cluster:
             cmd += ["--cluster", args.cluster]
+        if kept is not None:
+            if label == m and os.path.exists(kept):
+                os.remove(kept)
+            cmd += ["--correction", kept]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
-            print(f"{m}: failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            print(f"{label}: failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
             continue
-        results[m] = json.loads(r.stdout)
-        results[m]["wall_s"] = time.perf_counter() - t0
-        print(f"{m}: {results[m]['verdict']} ({results[m]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+        results[label] = json.loads(r.stdout)
+        results[label]["wall_s"] = time.perf_counter() - t0
+        print(f"{label}: {results[label]['verdict']} ({results[label]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
         if args.out:  # after every model: a long run stopped part-way keeps what it measured
             with open(args.out, "w") as f:
                 json.dump(results, f)
@@ -104,6 +119,7 @@ def main(argv=None) -> int:
         print(f"\nGeometric mean measured speedup of the chosen plan over xla_default (from the "
               f"confirmation runs): {gm:.3f}x over {len(speedups)} models")
     vs_best_baseline_table(results, shares)
+    accuracy_table(results)
     ceilings = {m: r for m, r in results.items() if r.get("comm_free_bound_ms")}
     if ceilings:
         print("\n| model | xla_default ms | chosen | chosen ms (at the confirmed speedup) | confirmed speedup | "
@@ -196,6 +212,52 @@ def vs_best_baseline_table(results: dict, shares: dict) -> None:
               + (f"; fresh paired runs {gm(fresh_logs):.3f}x over {len(fresh_logs)} models" if fresh_logs else "")
               + (f"; fresh where measured, else first run: {gm(used_logs):.3f}x" if fresh_logs and
                  len(fresh_logs) < len(used_logs) else ""))
+
+
+def paired_accuracy(rows: list) -> dict:
+    """The predictions against drift-free times (xla_default's median over each plan's paired speedup),
+    from a run's JSON rows, as :func:`disco.optimizer.accuracy` computes them."""
+    from disco.optimizer import kendall_tau, median_relative_error
+
+    judged = [r for r in rows if r.get("applied", True) and r.get("measured_median_ms")]
+    base = next((r["measured_median_ms"] for r in judged if r["name"] == "xla_default"), None)
+    if base is None or not all(r.get("speedup_vs_xla_default") for r in judged):
+        return {"paired_kendall_tau": None, "paired_median_relative_error": None}
+    pred = [r["predicted_ms"] for r in judged]
+    meas = [base / r["speedup_vs_xla_default"] for r in judged]
+    return {"paired_kendall_tau": kendall_tau(pred, meas), "paired_median_relative_error": median_relative_error(pred, meas)}
+
+
+def accuracy_table(results: dict) -> None:
+    """Prints, per run, how the predictions (each made before its plan was measured) ranked and priced
+    the measured plans, the funnel's rounds and the kept correction it started from."""
+    runs = {m: r for m, r in results.items() if r.get("accuracy")}
+    if not runs:
+        return
+    fmt = (lambda v, f: "-" if v is None else format(v, f))  # noqa: E731
+    print("\n| run | measured plans | Kendall tau | median error | drift-free times: tau, error | simulator alone: "
+          "tau, error | kept points at start | per round: measured, tau (cumulative measured) | answer (searched?) | "
+          "answer vs best baseline (confirmed) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for m, res in runs.items():
+        a, learn = dict(res["accuracy"]), res.get("learning") or {}
+        if "paired_kendall_tau" not in a:  # a run saved before the report had it: from its rows
+            a.update(paired_accuracy(res["rows"]))
+        total, per = 0, []
+        for rnd in learn.get("rounds") or []:
+            total += len(rnd["measured"])
+            per.append(f"{len(rnd['measured'])}, {fmt(rnd['kendall_tau'], '.2f')} ({total})")
+        kind = next((r["kind"] for r in res["rows"] if r["name"] == res["chosen"]), "?")
+        searched = "searched" if kind == "search" else "baseline"
+        vs = res.get("confirmed_vs_best_baseline")
+        print(f"| {m} | {a['plans']} | {fmt(a['kendall_tau'], '.3f')} | "
+              f"{fmt(a['median_relative_error'] and a['median_relative_error'] * 100, '.1f')}% | "
+              f"{fmt(a.get('paired_kendall_tau'), '.3f')}, "
+              f"{fmt(a.get('paired_median_relative_error') and a['paired_median_relative_error'] * 100, '.1f')}% | "
+              f"{fmt(a['simulated_kendall_tau'], '.3f')}, "
+              f"{fmt(a['simulated_median_relative_error'] and a['simulated_median_relative_error'] * 100, '.1f')}% | "
+              f"{learn.get('kept_points_used', '-')} | {'; '.join(per) or '-'} | {res['chosen']} ({searched}) | "
+              f"{fmt(vs, '.3f')}x |")
 
 
 if __name__ == "__main__":

@@ -324,7 +324,13 @@ def test_cli_optimize_json_in_a_subprocess(tmp_path):
     data = json.loads(proc.stdout)
     assert data["model"] == "mlp" and data["verdict"] and data["chosen"] in {r["name"] for r in data["rows"]}
     assert data["search"]["evals"] > 0 and "chrome_trace" not in data
-    assert "even_3" in {r["name"] for r in data["rows"]} and "even_2" not in {r["name"] for r in data["rows"]}
+    names = {r["name"] for r in data["rows"]}
+    assert set(opt.REPORTED_BASELINES) <= names and "even_2" not in names  # the sweep: even_3 only, when ranked
+    rounds = data["learning"]["rounds"]  # the funnel: 3 rounds by default, each measuring what the model ranks
+    assert len(rounds) == 3 and sum(len(r["measured"]) for r in rounds) == len(data["rows"]) - sum(
+        1 for r in data["rows"] if r.get("measured_in") == "run-off")
+    assert data["accuracy"]["plans"] == sum(1 for r in data["rows"] if r["applied"] and r["measured_median_ms"])
+    assert all(r["predicted_by"] in ("emulated", "corrected") for r in data["rows"])
     assert data["comm_free_bound_ms"]["min"] <= data["comm_free_bound_ms"]["median"]
     assert FusionPlan.from_json(out.read_text()).name == data["chosen"]
     # no --cluster: this machine's 4 devices, their all-reduces calibrated first, priced with what was measured
@@ -479,9 +485,11 @@ def test_summary_and_repr_of_a_built_result():
         "cost model",
         "search: best_first, 10 plans in 2.0 s; simulated lower bound 0.500 ms",
         "measured 3 plans, 9 rounds x 3 steps (speedup vs xla_default, ms median (min-max)):",
-        "  ddp *           1.300x  80.000 (70.000-90.000)  predicted 1.000 ms",
-        "  horovod         1.200x  79.000 (70.000-95.000)  predicted 1.000 ms",
-        "  xla_default     1.000x  100.000 (90.000-120.000)  predicted 1.000 ms",
+        "  ddp *           1.300x  80.000 (70.000-90.000)  predicted 1.000 ms (emulated)",
+        "  horovod         1.200x  79.000 (70.000-95.000)  predicted 1.000 ms (emulated)",
+        "  xla_default     1.000x  100.000 (90.000-120.000)  predicted 1.000 ms (emulated)",
+        "predicted vs measured over 3 measured plans: Kendall tau -, median error 98.8% (each plan's prediction "
+        "made before it was measured; predicted by: emulated 3)",
         "confirmation: ddp 1.250x paired over 27 rounds",
         "communication-free bound (not a plan): 60.000 ms (50.000-70.000), 1.600x over xla_default in the first "
         "run: the step with its all-reduces replaced by copies and XLA's default fusion, what removing "

@@ -283,3 +283,23 @@ def test_bad_options_are_refused_before_anything_runs(bad, message):
 def test_a_process_runner_names_a_bad_process_count():
     with pytest.raises(ValueError, match=r"processes: expected an integer >= 1, got 0"):
         opt.ProcessRunner("mlp", "tiny", 0)
+
+
+@pytest.mark.fast
+def test_the_confirmation_verdict_prints_a_runners_seconds_as_ms():
+    """A runner's trials hold seconds (a process runner converts its workers' ms, ``trials_of``): the
+    verdict's medians are ms, not x1000."""
+    from xla_hooks.measure import Measurement
+
+    class Ms:
+        name, reuses_compiles, measures_bound = "ms", False, False
+
+        def run(self, target, plans, *, rounds, steps, **kw):
+            seconds = {"xla_default": 0.020, "ddp": 0.010}
+            return opt.Trials({n: opt.Trial(Measurement((seconds[n],) * rounds), True) for n in plans})
+
+    rows = (opt.PlanRow("xla_default", "baseline", "xla_default", FusionPlan(), 1e-3, 0.02, 0.02, 0.02, speedup=1.0),
+            opt.PlanRow("ddp", "baseline", "ddp", FusionPlan(name="ddp"), 1e-3, 0.01, 0.01, 0.01, speedup=2.0))
+    c = opt.confirm(None, opt.Measured(rows, "ddp", "ddp measured 2.000x"), opt.OptimizeConfig(rounds=1, steps=1),
+                    runner=Ms())
+    assert "10.000 vs 20.000 ms median" in c.verdict and c.speedup == 2.0

@@ -1,0 +1,177 @@
+"""A per-machine correction of the simulator, learned from measured plans (TVM Ansor's update/predict).
+
+The simulator prices a plan from a cost model and a cluster spec; on a real machine it can be off by
+a factor (CPU compute several times slower than the roofline) and, worse, rank plans wrongly (each
+all-reduce's fixed cost on in-process CPU devices, which the overlap the simulator credits does
+not pay for). The correction maps a plan's simulated *features* to its measured step time:
+
+    measured ~ w . (compute_s, exposed_s, comm_s, collectives_ms)
+
+- ``compute_s``: the simulated kernels' summed time; ``exposed_s``: the simulated time the compute
+  stream waits for collectives (step - compute); ``comm_s``: the collectives' summed time, exposed or
+  not; ``collectives_ms``: the number of all-reduces the plan makes, times 1 ms (so its weight is
+  milliseconds per all-reduce).
+- The prior is the simulator with its compute rescaled: ``w0 = (r, 1, 0, 0)``, ``r`` the median over
+  the points of (measured - exposed) / compute (on CPU devices the roofline prices compute several
+  times too fast, while the all-reduces are priced by a calibration on this machine), so one point
+  fixes the scale without inventing a ranking of its own. The weights
+  are a ridge regression towards ``w0`` on relative residuals (``(measured - w.x) / measured``, so
+  small and large steps count alike), the penalty ``PRIOR_POINTS`` pseudo-points strong per
+  feature, with every weight kept >= 0 (a negative cost per all-reduce would send the search to
+  thousands of buckets). Two or three points move it part of the way; a dozen varied ones decide it.
+
+The state is explicit and immutable (:class:`Correction`): :func:`init` from kept points,
+:func:`update` with new ones (refit), :func:`predict`; a plan's own point can be left out of its
+prediction (``exclude``), so a report never judges a prediction that saw its measurement.
+
+Example::
+
+    c = init()                                      # no points: predicts the simulator's step time
+    c = update(c, [Point("g", "p1", features_of(sim.result(p1), n1), 0.041)])
+    c.predict(features_of(sim.result(p2), n2))     # seconds
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+FEATURES = ("compute_s", "exposed_s", "comm_s", "collectives_ms")
+PRIOR = (1.0, 1.0, 0.0, 0.0)  # the simulator's step time: compute + exposed communication
+PRIOR_POINTS = 1.0  # the prior's strength, in points, per feature
+MAX_POINTS = 256  # the newest kept per machine
+
+
+class Point(NamedTuple):
+    """One measured plan: which graph and plan (digests), its simulated features and its measured seconds."""
+
+    graph: str
+    plan: str
+    features: tuple[float, ...]
+    measured_s: float
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.graph, self.plan)
+
+
+def features_of(result: object, collectives: int) -> tuple[float, ...]:
+    """The :data:`FEATURES` of a plan from its simulated result (a ``disco.sim.SimResult``: step,
+    compute, comm and exposed times) and the number of all-reduces it makes."""
+    compute = float(result.compute_time)  # type: ignore[attr-defined]
+    exposed = float(result.exposed_comm)  # type: ignore[attr-defined]
+    comm = float(result.comm_time)  # type: ignore[attr-defined]
+    return (compute, exposed, comm, collectives * 1e-3)
+
+
+def check_point(p: Point) -> Point:
+    """``p`` checked: finite non-negative features, as many as :data:`FEATURES`, a positive time.
+
+    Raises:
+      ValueError: naming what was wrong and what was expected.
+    """
+    if not isinstance(p, Point):
+        raise ValueError(f"expected a correction Point, got {type(p).__name__}")
+    if len(p.features) != len(FEATURES):
+        raise ValueError(f"point {p.plan[:12]}: expected {len(FEATURES)} features ({', '.join(FEATURES)}), "
+                         f"got {len(p.features)}")
+    if any(not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 for v in p.features):
+        raise ValueError(f"point {p.plan[:12]}: expected finite features >= 0, got {p.features!r}")
+    if not isinstance(p.measured_s, (int, float)) or not math.isfinite(p.measured_s) or p.measured_s <= 0:
+        raise ValueError(f"point {p.plan[:12]}: expected a measured time > 0 s, got {p.measured_s!r}")
+    return p
+
+
+def fit(points: Sequence[Point], prior_points: float = PRIOR_POINTS) -> tuple[float, ...]:
+    """The weights of :data:`FEATURES` fitted to ``points`` (the module doc); :data:`PRIOR` without points."""
+    if not points:
+        return PRIOR
+    import numpy as np
+
+    x = np.array([p.features for p in points], dtype=float)
+    y = np.array([p.measured_s for p in points], dtype=float)
+    # the prior: the communication as simulated, the compute scaled to what is left of the measurement
+    ratios = [max(m - e, 0.1 * m) / c for (c, e, *_), m in zip(x, y) if c > 0]
+    w0 = np.array(PRIOR)
+    w0[0] = statistics.median(ratios) if ratios else 1.0
+    xr = x / y[:, None]  # relative: the target is 1 for every point
+    spread = np.sqrt((xr ** 2).mean(axis=0))  # each feature's typical size, relative to the step
+    active = [j for j in range(len(FEATURES)) if spread[j] > 0]
+    w = w0.copy()
+    while active:
+        a = xr[:, active]
+        pen = prior_points * np.diag(spread[active] ** 2)
+        rhs = a.T @ (1.0 - xr @ np.where(np.isin(np.arange(len(w)), active), 0.0, w)) + pen @ w0[active]
+        sol = np.linalg.solve(a.T @ a + pen, rhs)
+        if (sol >= 0).all():
+            w[active] = sol
+            break
+        worst = active[int(np.argmin(sol))]  # the most negative weight is held at 0, the rest refit
+        w[worst] = 0.0
+        active.remove(worst)
+    return tuple(float(v) for v in w)
+
+
+class Correction(NamedTuple):
+    """The correction's state: the measured points it holds and the weights fitted to them.
+
+    Attributes:
+      points: the points, at most one per (graph, plan): a newer measurement replaces an older.
+      weights: :func:`fit` of ``points``.
+      kept: how many of ``points`` came from a kept correction (an earlier run).
+    """
+
+    points: tuple[Point, ...] = ()
+    weights: tuple[float, ...] = PRIOR
+    kept: int = 0
+
+    def predict(self, features: Sequence[float], exclude: tuple[str, str] | None = None) -> float:
+        """The corrected step time of a plan with ``features``; with ``exclude`` (graph, plan), the
+        weights refitted without that plan's own point, if it holds one."""
+        w = self.weights
+        if exclude is not None and any(p.key == exclude for p in self.points):
+            w = fit([p for p in self.points if p.key != exclude])
+        return float(sum(a * b for a, b in zip(w, features)))
+
+    def describe(self) -> dict[str, object]:
+        """JSON-able: the points held, how many were kept from before, the weights by feature."""
+        return {"points": len(self.points), "kept_points": self.kept,
+                "weights": dict(zip(FEATURES, self.weights))}
+
+    def __repr__(self) -> str:
+        w = ", ".join(f"{n}={v:.3g}" for n, v in zip(FEATURES, self.weights))
+        return f"Correction({len(self.points)} points, {self.kept} kept; {w})"
+
+
+def init(kept: Iterable[Point] = ()) -> Correction:
+    """A correction fitted to ``kept`` points (an earlier run's; none: the simulator as it is).
+
+    Raises:
+      ValueError: for a point that is not valid (:func:`check_point`).
+    """
+    points = _merge((), kept)
+    return Correction(points, fit(points), len(points))
+
+
+def update(state: Correction, new: Iterable[Point]) -> Correction:
+    """``state`` with ``new`` points (each replacing a point of the same graph and plan), refitted.
+
+    Raises:
+      ValueError: for a point that is not valid (:func:`check_point`).
+    """
+    new = [check_point(p) for p in new]
+    points = _merge(state.points, new)
+    replaced = {p.key for p in new}
+    kept = sum(1 for p in state.points[:state.kept] if p.key not in replaced)
+    return Correction(points, fit(points), kept)
+
+
+def _merge(old: Sequence[Point], new: Iterable[Point]) -> tuple[Point, ...]:
+    """``old`` then ``new``, one point per key (the newest, at the newest's place), the last :data:`MAX_POINTS`."""
+    by_key: dict[tuple[str, str], Point] = {}
+    for p in (*old, *(check_point(q) for q in new)):
+        by_key.pop(p.key, None)
+        by_key[p.key] = p
+    return tuple(by_key.values())[-MAX_POINTS:]

@@ -1,0 +1,141 @@
+"""The kept corrections: one JSON file of measured points per machine, so the next run starts calibrated.
+
+The file (default ``$XDG_CACHE_HOME/disco/corrections.json``, else ``~/.cache/disco/corrections.json``;
+the environment variable ``DISCO_CORRECTIONS`` or an explicit path overrides it) holds, per machine
+key (:func:`machine_key`: device kind and count, host, how the plans were measured, cost model), the
+points of :mod:`disco.calibrate.correction`::
+
+    {"format": "disco-corrections", "version": 1, "features": [...],
+     "machines": {"<key>": {"updated": "<UTC time>", "points": [[graph, plan, [features], measured_s], ...]}}}
+
+A file that cannot be read as that (corrupt, another version, other features) is never lost silently:
+it is moved aside to ``<file>.unreadable-<UTC time>``, a :class:`KeptCorrectionWarning` names both
+paths, and the run starts fresh. Writes go to a temporary file renamed over the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from disco.calibrate.correction import FEATURES, MAX_POINTS, Point, check_point
+
+FORMAT = "disco-corrections"
+VERSION = 1
+ENV = "DISCO_CORRECTIONS"
+
+
+class KeptCorrectionWarning(UserWarning):
+    """A kept-corrections file could not be used (it was moved aside; the run starts fresh)."""
+
+
+def default_path() -> str:
+    """Where corrections are kept: ``$DISCO_CORRECTIONS``, else the per-user cache directory's
+    ``disco/corrections.json``."""
+    env = os.environ.get(ENV)
+    if env:
+        return env
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "disco", "corrections.json")
+
+
+def machine_key(device_kind: str, devices: int, runner: Mapping[str, Any], cost_model: str,
+                host: str | None = None) -> str:
+    """The key of one machine's correction: what measured (device kind and count, host, the runner
+    and its link) and what predicted (the cost model) -- a correction fitted for one is wrong for another."""
+    how = ", ".join(f"{k}={runner[k]}" for k in sorted(runner))
+    return f"{devices} x {device_kind} on {host or socket.gethostname()} [{how}] priced by {cost_model}"
+
+
+def _moved_aside(path: str, why: str) -> None:
+    aside = f"{path}.unreadable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    try:
+        os.replace(path, aside)
+        where = f"moved to {aside}"
+    except OSError as e:
+        where = f"left in place ({e.strerror})"
+    warnings.warn(f"kept corrections {path}: {why}; {where}; starting without a kept correction",
+                  KeptCorrectionWarning, stacklevel=3)
+
+
+def _read(path: str) -> dict[str, Any] | None:
+    """The file's machines (key -> entry), {} when there is no file; None when it was unreadable
+    (then moved aside, with a warning)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        _moved_aside(path, f"not readable as JSON ({type(e).__name__}: {e})")
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        _moved_aside(path, f"expected a {FORMAT!r} file, got {str(data)[:60]!r}")
+        return None
+    if data.get("version") != VERSION or list(data.get("features") or []) != list(FEATURES):
+        _moved_aside(path, f"expected version {VERSION} with features {list(FEATURES)}, got version "
+                           f"{data.get('version')!r} with {data.get('features')!r}")
+        return None
+    machines = data.get("machines")
+    if not isinstance(machines, dict):
+        _moved_aside(path, "expected a 'machines' object")
+        return None
+    return machines
+
+
+def _points(entry: Any) -> tuple[Point, ...]:
+    """The points of one machine's entry.
+
+    Raises:
+      ValueError: for an entry that is not a list of valid points.
+    """
+    try:
+        return tuple(check_point(Point(str(g), str(p), tuple(float(v) for v in f), float(m)))
+                     for g, p, f, m in entry["points"])
+    except (TypeError, KeyError, ValueError) as e:
+        raise ValueError(f"expected points [graph, plan, [features], measured_s]: {e}") from None
+
+
+def load(path: str, key: str) -> tuple[Point, ...]:
+    """The points kept for machine ``key`` in ``path``; () when there are none or the file could
+    not be used (moved aside, with a :class:`KeptCorrectionWarning`)."""
+    machines = _read(path)
+    if not machines or key not in machines:
+        return ()
+    try:
+        return _points(machines[key])
+    except ValueError as e:
+        _moved_aside(path, f"machine {key!r}: {e}")
+        return ()
+
+
+def save(path: str, key: str, points: tuple[Point, ...]) -> None:
+    """Keeps ``points`` (the newest :data:`~disco.calibrate.correction.MAX_POINTS`) for machine
+    ``key`` in ``path``, beside the other machines' (atomically: a temporary file renamed over it).
+
+    Raises:
+      OSError: when the file or its directory cannot be written.
+    """
+    machines = _read(path) or {}
+    machines[key] = {"updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "points": [[p.graph, p.plan, list(p.features), p.measured_s] for p in points[-MAX_POINTS:]]}
+    data = {"format": FORMAT, "version": VERSION, "features": list(FEATURES), "machines": machines}
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".corrections-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,144 @@
+"""How well the predictions ranked and priced the plans that were measured.
+
+Over the measured plans (applied: a plan that fell back ran XLA's default compile, not itself), the
+Kendall tau between predicted and measured step time (:func:`kendall_tau`: 1 when the predictions
+order the plans as the measurements do, -1 when reversed) and the median relative error
+(:func:`median_relative_error`). Each row's prediction is the one made *before* that plan was
+measured (:attr:`~disco.optimizer.PlanRow.predicted_s`), so a plan's own measurement never counts
+in it; :attr:`~disco.optimizer.PlanRow.predicted_by` says where it came from.
+
+TVM's meta-schedule judges its cost models by ranking quality as well as error: a model that is
+off by a constant factor still picks the right plan; one that ranks badly does not.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from disco.optimizer._choice import PlanRow
+
+# where a prediction came from: the fast tier's emulated fusion priced by the cost model
+# (roofline: "emulated"; the GNN: "gnn"; profiled kernel times: "profiled"), the compiled tier, or
+# any of them through the machine's correction fitted from measurements ("corrected")
+SOURCES = ("emulated", "gnn", "compiled", "profiled", "corrected")
+_BY_COST_MODEL = {"analytic": "emulated", "analytic-summed": "emulated", "gnn": "gnn", "table": "profiled"}
+
+
+def source_of(cost_model: str) -> str:
+    """The :data:`SOURCES` entry of a prediction by the simulator with cost model ``cost_model``
+    (its ``name``); an unknown cost model's own name."""
+    return _BY_COST_MODEL.get(cost_model, cost_model)
+
+
+def _check_pairs(predicted: Sequence[float], measured: Sequence[float], what: str) -> None:
+    if len(predicted) != len(measured):
+        raise ValueError(f"{what}: expected as many predictions as measurements, got {len(predicted)} "
+                         f"and {len(measured)}")
+    bad = [v for v in (*predicted, *measured) if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)]
+    if bad:
+        raise ValueError(f"{what}: expected positive finite step times, got {bad[0]!r}")
+
+
+def kendall_tau(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
+    """Kendall's tau-b between ``predicted`` and ``measured`` (:func:`scipy.stats.kendalltau`);
+    None for fewer than 2 pairs or when either side is all ties (undefined).
+
+    Raises:
+      ValueError: for sequences of different lengths or a time that is not positive and finite.
+    """
+    _check_pairs(predicted, measured, "kendall_tau")
+    if len(predicted) < 2 or len(set(predicted)) < 2 or len(set(measured)) < 2:
+        return None
+    from scipy.stats import kendalltau
+
+    tau = float(kendalltau(predicted, measured).statistic)
+    return None if math.isnan(tau) else tau
+
+
+def median_relative_error(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
+    """The median over pairs of ``|predicted - measured| / measured``; None for no pairs.
+
+    Raises:
+      ValueError: as :func:`kendall_tau`.
+    """
+    _check_pairs(predicted, measured, "median_relative_error")
+    if not predicted:
+        return None
+    return statistics.median(abs(p - m) / m for p, m in zip(predicted, measured))
+
+
+class Accuracy(NamedTuple):
+    """The predictions against the measurements over the measured, applied plans.
+
+    Attributes:
+      plans: how many plans were compared.
+      tau: Kendall tau between the predictions made before each plan was measured and the
+        measured medians; None below 2 plans.
+      median_error: the median relative error of those predictions; None without plans.
+      sources: how many of the predictions came from each source (:data:`SOURCES`).
+      simulated_tau, simulated_median_error: the same for the simulator's own times (before any
+        correction; equal to the above when nothing was corrected).
+      paired_tau, paired_median_error: the predictions against drift-free times: xla_default's
+        median over each plan's paired speedup in its own rounds (plans measured in different rounds,
+        under a load that changes, compare on one scale); None without xla_default's row.
+    """
+
+    plans: int
+    tau: float | None
+    median_error: float | None
+    sources: dict[str, int]
+    simulated_tau: float | None = None
+    simulated_median_error: float | None = None
+    paired_tau: float | None = None
+    paired_median_error: float | None = None
+
+    def line(self) -> str:
+        """One line: ``predicted vs measured over 13 plans: Kendall tau 0.070, median error 58.1% ...``."""
+        def fmt(tau: float | None, err: float | None) -> str:
+            t = "-" if tau is None else f"{tau:.3f}"
+            e = "-" if err is None else f"{err * 100:.1f}%"
+            return f"Kendall tau {t}, median error {e}"
+
+        by = ", ".join(f"{k} {v}" for k, v in sorted(self.sources.items()))
+        text = (f"predicted vs measured over {self.plans} measured plans: {fmt(self.tau, self.median_error)} "
+                f"(each plan's prediction made before it was measured; predicted by: {by or 'none'})")
+        if self.sources.get("corrected"):
+            text += f"; the simulator alone: {fmt(self.simulated_tau, self.simulated_median_error)}"
+        paired = fmt(self.paired_tau, self.paired_median_error)
+        if paired != fmt(self.tau, self.median_error):  # said only where it says something else
+            text += f"; against drift-free times (xla_default's median over each plan's paired speedup): {paired}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plans": self.plans, "kendall_tau": self.tau, "median_relative_error": self.median_error,
+                "predicted_by": dict(self.sources), "simulated_kendall_tau": self.simulated_tau,
+                "simulated_median_relative_error": self.simulated_median_error,
+                "paired_kendall_tau": self.paired_tau, "paired_median_relative_error": self.paired_median_error}
+
+
+def compared(rows: Sequence[PlanRow]) -> list[PlanRow]:
+    """The rows whose prediction is judged: measured and applied (a fallback ran XLA's default compile)."""
+    return [r for r in rows if r.median_s is not None and r.applied]
+
+
+def accuracy(rows: Sequence[PlanRow]) -> Accuracy:
+    """:class:`Accuracy` of ``rows`` (:func:`compared`'s: measured and applied), each judged by its
+    ``predicted_s`` (made before it was measured) against its ``median_s``."""
+    judged = compared(rows)
+    pred = [r.predicted_s for r in judged]
+    meas = [r.median_s for r in judged]
+    sim = [r.simulator_s for r in judged]
+    base = next((r.median_s for r in judged if r.name == "xla_default"), None)
+    paired = [(r.predicted_s, base / r.speedup) for r in judged if base is not None and r.speedup]
+    ptau = perr = None
+    if paired and len(paired) == len(judged):
+        ptau = kendall_tau([p for p, _ in paired], [m for _, m in paired])
+        perr = median_relative_error([p for p, _ in paired], [m for _, m in paired])
+    return Accuracy(len(judged), kendall_tau(pred, meas), median_relative_error(pred, meas),
+                    dict(Counter(r.predicted_by for r in judged)), kendall_tau(sim, meas),
+                    median_relative_error(sim, meas), ptau, perr)

@@ -1,0 +1,207 @@
+"""The funnel: search on the model, measure what it ranks on top, correct the model, search again.
+
+TVM Ansor's loop (its cost model's update/predict) for ``optimize``. Each of
+``config.measure_rounds`` rounds:
+
+1. the search (:func:`~disco.optimizer._candidates.run_search`, ``budget_s / measure_rounds``
+   seconds) runs on the current model (:class:`~disco.optimizer._learn.Predictor`: the simulator
+   through this machine's correction) and its best plans join the pool, each with its bucket-only
+   projection (``config.measure_buckets_only``); the first round also pools the best baseline by
+   prediction and the ``even_<k>`` sweep (``config.bucket_sweep``): candidates the model ranks
+   like any other, not measurements made regardless;
+2. the ``config.measure_top_k`` unmeasured plans of the pool that the model ranks fastest are
+   predicted (that prediction is the one the report judges: made before the plan is measured) and
+   measured with xla_default in interleaved rounds (the first round also measures the references:
+   :data:`~disco.optimizer.REPORTED_BASELINES` and, on CPU devices, ``reduce_fusion``, whose
+   YNNPACK calls the simulator does not model; and the communication-free bound);
+3. every newly measured, applied plan becomes a point of the correction, which is refit
+   (:func:`disco.calibrate.correction.update`) before the next round searches. A point's time is
+   xla_default's first-round median over the plan's paired speedup in its own rounds: under load
+   a machine's speed drifts between rounds, and the pairing with xla_default cancels the drift
+   (the rows and the report keep each plan's own median).
+
+A row's paired speedup is over xla_default in the rounds it was measured in; the first choice is
+the largest (:func:`~disco.optimizer._choice.verdict`), and the run-off and the confirmation follow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+from disco.calibrate import correction as corr
+from disco.optimizer._accuracy import accuracy
+from disco.optimizer._candidates import (
+    REPORTED_BASELINES,
+    Candidates,
+    SearchSummary,
+    bucket_projection,
+    predicted_row,
+    references,
+    run_search,
+)
+from disco.optimizer._choice import PlanRow, verdict
+from disco.optimizer._config import OptimizeConfig, Progress, no_progress
+from disco.optimizer._learn import Predictor
+from disco.optimizer._measure import Bound, Measured, measured_row
+from disco.optimizer._prepare import Target
+from disco.optimizer._runners import InProcessRunner, Runner
+from disco.plans.plan import FusionPlan
+from xla_hooks.measure import paired_speedup
+
+
+class FunnelRound(NamedTuple):
+    """One round of the funnel.
+
+    Attributes:
+      index: 0 for the first.
+      evals: plans the round's search evaluated.
+      measured: the rows measured in the round (xla_default aside, after the first).
+      pooled: the plans in the pool after the round's search (measured or not).
+      points: the points the correction held after the round's refit.
+      tau, median_error: the round's plans' predictions (made before they were measured) against
+        their measurements (:func:`~disco.optimizer._accuracy.accuracy`); None when undefined.
+    """
+
+    index: int
+    evals: int
+    measured: tuple[str, ...]
+    pooled: int
+    points: int
+    tau: float | None
+    median_error: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.index + 1, "evals": self.evals, "measured": list(self.measured),
+                "pooled": self.pooled, "points": self.points,
+                "kendall_tau": self.tau, "median_relative_error": self.median_error}
+
+
+@dataclasses.dataclass
+class _Pool:
+    """The plans found so far (mutable, local to :func:`funnel`): by digest, their kind, origin,
+    plan and, for a bucket-only projection, its searched plan's digest."""
+
+    entries: dict[str, tuple[str, str, FusionPlan, str | None]] = dataclasses.field(default_factory=dict)
+    names: dict[str, str] = dataclasses.field(default_factory=dict)  # digest -> row name, once named
+    searched: int = 0
+
+    def add(self, kind: str, origin: str, plan: FusionPlan, parent: str | None = None) -> None:
+        self.entries.setdefault(plan.digest(), (kind, origin, plan, parent))
+
+    def name(self, digest: str) -> str:
+        """The row name of a pooled plan: a baseline's own, ``disco_<n>`` for the n-th searched plan
+        named, ``<its searched plan>_buckets`` for a projection."""
+        if digest in self.names:
+            return self.names[digest]
+        kind, origin, plan, parent = self.entries[digest]
+        if parent is not None:
+            name = f"{self.name(parent)}_buckets"
+        elif origin.startswith("searched"):
+            self.searched += 1
+            name = f"disco_{self.searched}"
+        else:
+            name = plan.name or digest[:12]
+        while name in self.names.values():  # two plans of one name (e.g. a start plan found twice)
+            name += "'"
+        self.names[digest] = name
+        return name
+
+    def origin(self, digest: str) -> str:
+        kind, origin, plan, parent = self.entries[digest]
+        return f"{self.name(parent)} without its fusion groups" if parent is not None else origin
+
+
+def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progress,
+           runner: Runner | None = None, state: corr.Correction | None = None
+           ) -> tuple[Candidates, Measured]:
+    """The module doc's rounds on ``runner`` (default :class:`~disco.optimizer.InProcessRunner`),
+    starting from correction ``state`` (default: none, the simulator as it is; with
+    ``config.learn`` off it is never refit). Reports phases "search" and "measure".
+
+    Returns:
+      The candidates measured (with the search summary of all rounds together) and what was measured: the rows in measuring order, the first choice, the
+      bound, the compiled steps, the rounds and the final correction.
+    """
+    runner = runner or InProcessRunner()
+    predictor = Predictor.of(target.simulator, state)
+    rounds = config.measure_rounds
+    budget = config.budget_s / rounds
+    pool = _Pool()
+    forced: list[str] = []  # digests the first round measures whatever the model says
+    xla = None
+    for name, kind, origin, plan in references(target, config, predictor.predict):
+        if name == "xla_default":
+            xla = plan.replace(name=name)
+            continue
+        pool.add(kind, origin, plan.replace(name=name))
+        if name in REPORTED_BASELINES or name == "reduce_fusion":
+            forced.append(plan.digest())
+    assert xla is not None
+    rows: dict[str, PlanRow] = {}  # measured, in measuring order
+    measured = {xla.digest()}
+    compiled: dict[str, Any] = {}
+    first_trials = bound = None
+    done: list[FunnelRound] = []
+    evals, elapsed, trace, strategy = 0, 0.0, [], config.strategy
+    for r in range(rounds):
+        def on_step(n: int, t: float, best: float, r: int = r) -> None:
+            progress("search", min(1.0, (r + min(1.0, t / budget)) / rounds),
+                     f"round {r + 1}/{rounds}: {n} plans, best {best * 1e3:.3f} ms (predicted)")
+
+        found = run_search(target, config, predictor.cost, budget_s=budget, max_evals=config.max_evals,
+                           seed=config.seed + r, on_step=on_step)
+        strategy = found.strategy
+        trace += [(evals + e, elapsed + t, c) for e, t, c in found.trace]
+        evals += found.evals
+        elapsed += found.elapsed_s
+        for _, p in found.top:
+            pool.add("search", f"searched from {p.name}", p)
+            projected = bucket_projection(p) if config.measure_buckets_only else None
+            if projected is not None:
+                pool.add("search", "", projected, parent=p.digest())
+        picks = [d for d in dict.fromkeys(forced) if d not in measured] if r == 0 else []
+        ranked = sorted((d for d in pool.entries if d not in measured and d not in picks),
+                        key=lambda d: predictor.cost(pool.entries[d][2]))
+        picks += ranked[:config.measure_top_k]
+        if not picks:
+            break
+        batch = {}
+        for d in picks:
+            kind, _, plan, _ = pool.entries[d]
+            name = pool.name(d)
+            batch[name] = predicted_row(name, kind, pool.origin(d), plan.replace(name=name), predictor.predict)
+        if r == 0:  # xla_default's row: predicted before its first measurement like every other
+            batch = {"xla_default": predicted_row("xla_default", "baseline", "xla_default", xla,
+                                                  predictor.predict), **batch}
+        plans = {"xla_default": xla, **{n: row.plan for n, row in batch.items()}}
+        asked_bound = r == 0 and config.measure_bound and runner.measures_bound
+        progress("measure", r / rounds, f"round {r + 1}/{rounds}: measuring {len(plans)} plans")
+        trials = runner.run(
+            target, plans, rounds=config.rounds, steps=config.steps, bound=asked_bound, compiled=compiled,
+            on_compile=lambda n, r=r: progress("measure", r / rounds, f"round {r + 1}/{rounds}: compiled {n}"),
+            on_round=lambda i, r=r: progress("measure", (r + (i + 1) / config.rounds) / rounds,
+                                             f"round {r + 1}/{rounds}: {i + 1}/{config.rounds}"))
+        compiled.update(trials.compiled)
+        base = trials.by_name["xla_default"].times
+        if r == 0:
+            first_trials = trials
+            if trials.bound is not None:
+                bound = Bound(trials.bound.span(), paired_speedup(base, trials.bound.times))
+        new = {n: measured_row(row, trials.by_name[n], base) for n, row in batch.items() if n in trials.by_name}
+        rows.update(new)
+        measured |= {d for d in picks}
+        if config.learn:  # each time on the first round's scale (module doc)
+            scale = rows["xla_default"].median_s
+            points = [predictor.point(row.plan, scale / row.speedup) for row in new.values()
+                      if row.applied and row.speedup]
+            predictor = predictor.with_state(corr.update(predictor.state, points))
+        acc = accuracy(tuple(new.values()))
+        done.append(FunnelRound(r, found.evals, tuple(new), len(pool.entries), len(predictor.state.points), acc.tau, acc.median_error))
+    measured_rows = tuple(rows.values())
+    chosen, why = verdict(measured_rows)
+    summary = SearchSummary(strategy, evals, evals / elapsed if elapsed > 0 else 0.0, elapsed, tuple(trace))
+    return (Candidates(measured_rows, summary),
+            Measured(measured_rows, chosen, why, bound, compiled, first_trials, tuple(done), predictor.state))
+
+

@@ -1,0 +1,138 @@
+"""The per-machine correction: a pure fit over explicit points, and the file that keeps it."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from disco.calibrate import correction, kept
+from disco.calibrate.correction import FEATURES, Point
+
+pytestmark = pytest.mark.fast
+
+
+def _machine(compute, exposed, comm, n):
+    """A machine whose steps take 4.5 x compute + exposed + 0.8 ms per all-reduce (CPU devices: the
+    roofline several times too fast, a fixed cost per all-reduce the simulator does not charge)."""
+    return 4.5 * compute + exposed + 0.8e-3 * n
+
+
+def _points(n, seed=0, graph="g"):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        c, e, k = 0.008 + rng.random() * 0.002, rng.random() * 0.004, rng.randint(1, 60)
+        out.append(Point(graph, f"p{i}", (c, e, e + 0.001, k * 1e-3), _machine(c, e, e + 0.001, k)))
+    return out
+
+
+def test_without_points_it_predicts_the_simulators_step_time():
+    c = correction.init()
+    assert c.weights == correction.PRIOR and c.points == () and c.kept == 0
+    assert c.predict((0.007, 0.002, 0.005, 0.003)) == pytest.approx(0.009)  # compute + exposed
+
+
+def test_one_point_fixes_the_scale_and_keeps_the_ranking():
+    p = _points(1)[0]
+    c = correction.update(correction.init(), [p])
+    assert c.predict(p.features) == pytest.approx(p.measured_s, rel=1e-6)
+    assert c.weights[2] == pytest.approx(0) and c.weights[3] == pytest.approx(0)  # one point cannot tell them apart
+    assert c.weights[1] == pytest.approx(1)  # the communication as simulated, the compute rescaled
+
+
+def test_two_or_three_points_do_not_explode():
+    for n in (2, 3):
+        c = correction.update(correction.init(), _points(n))
+        assert all(0 <= w < 20 for w in c.weights), c
+        for p in _points(5, seed=1):  # other plans of the same machine: within a factor of 2
+            assert 0.5 < c.predict(p.features) / p.measured_s < 2
+
+
+def test_many_points_learn_the_machine_and_fix_the_ranking():
+    c = correction.update(correction.init(), _points(30))
+    assert c.weights[3] > 0.3  # it found the cost per all-reduce (0.8 ms; compute and it trade off in one graph)
+    held_out = _points(10, seed=7)
+    errors = [abs(c.predict(p.features) - p.measured_s) / p.measured_s for p in held_out]
+    assert max(errors) < 0.10
+    from scipy.stats import kendalltau
+
+    tau = kendalltau([c.predict(p.features) for p in held_out], [p.measured_s for p in held_out]).statistic
+    sim = kendalltau([p.features[0] + p.features[1] for p in held_out], [p.measured_s for p in held_out]).statistic
+    assert tau > 0.9 > sim
+
+
+def test_weights_stay_non_negative():
+    # more all-reduces measured *faster*: the fit holds that weight at 0 instead of going negative
+    pts = [Point("g", f"p{k}", (0.01, 0.0, 0.0, k * 1e-3), 0.05 - k * 1e-3) for k in range(1, 8)]
+    c = correction.update(correction.init(), pts)
+    assert min(c.weights) >= 0 and c.weights[3] == 0
+
+
+def test_a_plans_own_point_is_left_out_of_its_prediction_when_asked():
+    pts = _points(6)
+    odd = pts[0]._replace(measured_s=pts[0].measured_s * 3)  # an outlier
+    c = correction.update(correction.init(), [odd, *pts[1:]])
+    without = correction.update(correction.init(), pts[1:])
+    assert c.predict(odd.features, exclude=odd.key) == pytest.approx(without.predict(odd.features))
+    assert c.predict(odd.features) != pytest.approx(without.predict(odd.features))
+    assert c.predict(odd.features, exclude=("g", "other")) == c.predict(odd.features)
+
+
+def test_a_newer_measurement_replaces_the_older_and_kept_points_are_counted():
+    pts = _points(4)
+    c = correction.init(pts)
+    assert c.kept == 4 and len(c.points) == 4
+    c2 = correction.update(c, [pts[0]._replace(measured_s=1.0), *_points(2, graph="h")])
+    assert len(c2.points) == 6 and c2.kept == 3
+    assert [p.measured_s for p in c2.points if p.key == pts[0].key] == [1.0]
+    assert c.points == tuple(pts)  # the state is immutable
+
+
+@pytest.mark.parametrize("bad, match", [
+    (Point("g", "p", (0.1, 0.2), 0.1), "expected 4 features"),
+    (Point("g", "p", (0.1, -1, 0, 0), 0.1), "finite features >= 0"),
+    (Point("g", "p", (0.1, 0, 0, 0), 0.0), "measured time > 0 s, got 0.0"),
+])
+def test_bad_points_are_named(bad, match):
+    with pytest.raises(ValueError, match=match):
+        correction.update(correction.init(), [bad])
+
+
+def test_the_file_round_trips_per_machine(tmp_path):
+    path = str(tmp_path / "sub" / "corrections.json")
+    pts = tuple(_points(3))
+    a = kept.machine_key("cpu", 8, {"runner": "in-process"}, "analytic", host="h")
+    b = kept.machine_key("cpu", 8, {"runner": "processes", "processes": 2}, "analytic", host="h")
+    assert a != b and "8 x cpu on h" in a
+    assert kept.load(path, a) == ()
+    kept.save(path, a, pts)
+    kept.save(path, b, pts[:1])
+    assert kept.load(path, a) == pts and kept.load(path, b) == pts[:1]
+    data = json.loads((tmp_path / "sub" / "corrections.json").read_text())
+    assert data["format"] == kept.FORMAT and data["version"] == kept.VERSION and set(data["machines"]) == {a, b}
+
+
+@pytest.mark.parametrize("text", ["{not json", json.dumps({"format": "other"}),
+                                  json.dumps({"format": kept.FORMAT, "version": 99, "features": list(FEATURES),
+                                              "machines": {}}),
+                                  json.dumps({"format": kept.FORMAT, "version": kept.VERSION,
+                                              "features": list(FEATURES), "machines": {"k": {"points": [[1]]}}})])
+def test_an_unreadable_file_is_moved_aside_with_a_warning_never_lost(tmp_path, text):
+    path = tmp_path / "corrections.json"
+    path.write_text(text)
+    with pytest.warns(kept.KeptCorrectionWarning, match="moved to .*unreadable-"):
+        assert kept.load(str(path), "k") == ()
+    (aside,) = tmp_path.glob("corrections.json.unreadable-*")
+    assert aside.read_text() == text and not path.exists()
+    kept.save(str(path), "k", tuple(_points(1)))  # and the run starts a fresh file
+    assert len(kept.load(str(path), "k")) == 1
+
+
+def test_the_path_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(kept.ENV, str(tmp_path / "x.json"))
+    assert kept.default_path() == str(tmp_path / "x.json")
+    monkeypatch.delenv(kept.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert kept.default_path() == str(tmp_path / "disco" / "corrections.json")
