@@ -98,19 +98,14 @@ def fit(points: Sequence[Point], prior_points: float = PRIOR_POINTS) -> tuple[fl
     w0[0] = statistics.median(ratios) if ratios else 1.0
     xr = x / y[:, None]  # relative: the target is 1 for every point
     spread = np.sqrt((xr ** 2).mean(axis=0))  # each feature's typical size, relative to the step
-    active = [j for j in range(len(FEATURES)) if spread[j] > 0]
-    w = w0.copy()
-    while active:
-        a = xr[:, active]
-        pen = prior_points * np.diag(spread[active] ** 2)
-        rhs = a.T @ (1.0 - xr @ np.where(np.isin(np.arange(len(w)), active), 0.0, w)) + pen @ w0[active]
-        sol = np.linalg.solve(a.T @ a + pen, rhs)
-        if (sol >= 0).all():
-            w[active] = sol
-            break
-        worst = active[int(np.argmin(sol))]  # the most negative weight is held at 0, the rest refit
-        w[worst] = 0.0
-        active.remove(worst)
+    # ridge towards w0, prior_points pseudo-points strong per feature (a feature no point has stays at
+    # w0), with every weight >= 0: a bounded linear least-squares problem on the augmented system
+    strength = np.sqrt(prior_points) * np.where(spread > 0, spread, 1.0)
+    a = np.vstack([xr, np.diag(strength)])
+    b = np.concatenate([np.ones(len(y)), strength * w0])
+    from scipy.optimize import lsq_linear
+
+    w = lsq_linear(a, b, bounds=(0.0, np.inf), method="bvls").x  # exact (an active set) at this size
     return tuple(float(v) for v in w)
 
 
