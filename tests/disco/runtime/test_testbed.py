@@ -472,7 +472,9 @@ def test_disco_optimize_across_an_emulated_link(tmp_path):
     assert out["cluster"] == "testbed-2x1" and out["calibration"]["processes"] == 2
     assert out["fingerprints_match"]
     names = {row["plan"] for row in out["rows"]}
-    assert {"xla_default", "per_tensor", "horovod", "ddp", "even_2"} <= names
+    # the references every funnel measures in its first round; even_2 is a candidate the model ranks
+    assert {"xla_default", "per_tensor", "horovod", "ddp"} <= names
+    assert out["learning"]["rounds"] and out["learning"]["points"] >= 4
     assert out["chosen"] in names and out["speedup"] > 0
     assert json.loads(plan.read_text())["name"] == out["chosen"]
     # the spec is fitted from chained all-reduces and the search's compute scaled to the measured floor
