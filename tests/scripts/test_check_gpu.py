@@ -3,7 +3,6 @@ every plan, and without a GPU it runs only when asked to."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.support.paths import REPO
+from tests.support.paths import REPO, load_script
 
 ROOT = REPO
 
@@ -48,10 +47,7 @@ def test_without_a_gpu_it_runs_only_when_asked(tmp_path):
 
 
 def _check_gpu():
-    spec = importlib.util.spec_from_file_location("check_gpu", ROOT / "scripts" / "tools" / "check_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "tools" / "check_gpu.py")
 
 
 @pytest.mark.fast
@@ -93,10 +89,7 @@ def test_only_keeps_the_rows_named():
 
 
 def _gpu_truth():
-    spec = importlib.util.spec_from_file_location("gpu_truth", ROOT / "scripts" / "tools" / "gpu_truth.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "tools" / "gpu_truth.py")
 
 
 @pytest.mark.fast

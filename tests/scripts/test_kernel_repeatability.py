@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from tests.support.paths import REPO
+from tests.support.paths import REPO, load_script
 
 pytestmark = pytest.mark.fast
 
-_SPEC = importlib.util.spec_from_file_location(
-    "kernel_repeatability", REPO / "scripts" / "experiments" / "kernel_repeatability.py")
-assert _SPEC is not None and _SPEC.loader is not None
-kr = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(kr)
+kr = load_script(REPO / "scripts" / "experiments" / "kernel_repeatability.py")
 
 
 def _k(stream: str, op: str, ns: float, launches: float) -> dict:

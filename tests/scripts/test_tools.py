@@ -4,12 +4,11 @@ line (``--help``, in-process: no compile, no child process)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
 
-from tests.support.paths import REPO
+from tests.support.paths import REPO, load_script
 
 pytestmark = pytest.mark.fast
 
@@ -33,10 +32,7 @@ def test_every_script_has_one_readme_line(folder):
 @pytest.mark.parametrize("path", [p for p in SCRIPTS if p.name not in NOT_COMMANDS],
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_command_prints_its_help(path, capsys):
-    spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(path, f"script_{path.stem}")
     with pytest.raises(SystemExit) as exit_:
         module.main(["--help"])
     assert exit_.value.code == 0

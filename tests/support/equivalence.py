@@ -30,3 +30,25 @@ def assert_close(a, b, rtol=1e-5, floor=1e-7):
         x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
         err, scale = float(np.max(np.abs(x64 - y64), initial=0.0)), float(np.max(np.abs(y64), initial=0.0))
         assert err <= rtol * scale + floor, f"{jax.tree_util.keystr(path)}: max abs error {err:.3g}, scale {scale:.3g}"
+
+
+def compiled_all_reduces(applied) -> int:
+    """The all-reduces (sync or async start) in an applied step's compiled module."""
+    text = applied.compiled_text()
+    return text.count(" all-reduce(") + text.count(" all-reduce-start(")
+
+
+def assert_buckets_apply_and_keep_the_numbers(plan, step, args, reference):
+    """``xla_hooks.apply(plan, step, *args)`` with every warning an error: the plan applied, the compiled
+    collectives its buckets (XLA's combiner would have merged them into one), and three steps within
+    :func:`assert_close` of ``reference``'s."""
+    import warnings
+
+    import xla_hooks
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        applied = xla_hooks.apply(plan, step, *args)
+    assert applied.applied, applied.fallback_reason
+    assert compiled_all_reduces(applied) == len(plan.buckets)
+    assert_close(three_steps(applied, args), three_steps(reference, args))

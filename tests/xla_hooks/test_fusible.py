@@ -7,11 +7,9 @@ fails the test instead of killing pytest.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import pytest
-from tests.support.paths import REPO
+from tests.support.paths import REPO, load_script
 
 ROOT = REPO
 
@@ -23,11 +21,7 @@ SAMPLE = ("markers", "add", "multiply", "tanh", "select", "convert", "compare", 
 
 @pytest.fixture(scope="module")
 def measure_fusible():
-    spec = importlib.util.spec_from_file_location("measure_fusible", ROOT / "scripts" / "tools" / "measure_fusible.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("measure_fusible", mod)  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "scripts" / "tools" / "measure_fusible.py")
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,12 @@ from disco.ir.graph import HloGraph
 from disco.ir.replica_groups import explicit_replica_groups
 from disco.ir.step_checks import all_reduce_dependencies, check_data_parallel, double_reductions
 from disco.plans import baselines
-from tests.support.equivalence import assert_close, three_steps
+from tests.support.equivalence import (
+    assert_buckets_apply_and_keep_the_numbers,
+    assert_close,
+    compiled_all_reduces,
+    three_steps,
+)
 from tests.support.paths import REPO
 
 DEVICES = 4
@@ -106,11 +111,6 @@ def nnx_step():
 STEPS = {"linen": (linen_step, 6), "nnx": (nnx_step, 4)}  # builder, parameter tensors
 
 
-def _compiled_all_reduces(applied) -> int:
-    text = applied.compiled_text()
-    return text.count(" all-reduce(") + text.count(" all-reduce-start(")
-
-
 @pytest.mark.parametrize("style", sorted(STEPS))
 def test_the_graph_holds_one_all_reduce_per_gradient_found_by_dataflow(style):
     build, n_params = STEPS[style]
@@ -135,20 +135,13 @@ def test_bucket_plans_reach_a_gspmd_step_and_train_as_xla_default(style, plan_na
     build, _ = STEPS[style]
     step, args = build()
     graph = disco.extract(step, *args)
-    plan = baselines.make(plan_name, graph)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        applied = xla_hooks.apply(plan, step, *args)
-    assert applied.applied, applied.fallback_reason
-    # the compiled collectives are the plan's buckets (XLA's combiner would have merged them into one)
-    assert _compiled_all_reduces(applied) == len(plan.buckets)
-    assert_close(three_steps(applied, args), three_steps(step, args))
+    assert_buckets_apply_and_keep_the_numbers(baselines.make(plan_name, graph), step, args, step)
 
 
 def test_xla_default_merges_the_gspmd_all_reduces_so_per_tensor_is_a_real_change():
     step, args = linen_step()
     default = xla_hooks.apply(None, step, *args)
-    assert _compiled_all_reduces(default) == 1
+    assert compiled_all_reduces(default) == 1
 
 
 def test_fusion_groups_and_cuts_reach_a_gspmd_step():
@@ -181,7 +174,7 @@ def test_xla_hooks_jit_plans_a_gspmd_step_in_process(style):
         out = three_steps(fast, args)
     (applied,) = fast.applied.values()
     assert applied.applied, applied.fallback_reason
-    assert _compiled_all_reduces(applied) >= 1
+    assert compiled_all_reduces(applied) >= 1
     assert_close(out, three_steps(step, args))
 
 
@@ -278,7 +271,7 @@ def _zoo_gspmd_plans_apply(model):
         # plus the all-reduces XLA's partitioner put inside loop bodies (gpt2 and rnnlm scan over
         # layers): out of the buckets' reach, compiled as they are
         in_loops = sum(len(lp.body.all_reduces()) for lp in graph.loops)
-        assert _compiled_all_reduces(applied) == len(plan.buckets) + in_loops
+        assert compiled_all_reduces(applied) == len(plan.buckets) + in_loops
         assert_close(three_steps(applied, args), reference, rtol=1e-4, floor=1e-6)
     return graph
 
