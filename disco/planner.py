@@ -128,15 +128,21 @@ def simulate_baselines(graph: HloGraph, sim: Any, on_each: Callable[[int, int, s
 
 
 def search_plans(graph: HloGraph, sim: Any, strategy: str, *, budget_s: float, max_evals: int | None, seed: int,
-                 on_step: Callable[[int, float, float], None] | None = None) -> Any:
+                 on_step: Callable[[int, float, float], None] | None = None,
+                 cost: Callable[[Any], float] | None = None) -> Any:
     """:func:`disco.search.run` of ``strategy`` ("auto": the search's best-first strategy, the
-    Disco paper's) on ``sim.step_time``: the search both the planner and ``disco.optimize`` run.
-    ``on_step(evals, elapsed_s, best_s)`` reports its progress."""
+    Disco paper's) on ``sim.step_time``, or on ``cost`` (``disco.optimize``'s corrected model) from
+    the same start plans and on the simulator's backend: the search both the planner and
+    ``disco.optimize`` run. ``on_step(evals, elapsed_s, best_s)`` reports its progress."""
     from disco import search
+    from disco.plans import moves
 
     name = "best_first" if strategy == "auto" else strategy
-    return search.run(search.make(name), graph, sim.step_time, budget_s=budget_s, max_evals=max_evals, seed=seed,
-                      progress=on_step)
+    # the start plans and the backend come from the simulator whatever the cost: search.run finds
+    # them itself only when the cost is a simulator's bound method
+    starts = None if cost is None else search.default_starts(graph, sim, moves.context(graph, sim.backend))
+    return search.run(search.make(name), graph, cost or sim.step_time, budget_s=budget_s, max_evals=max_evals,
+                      seed=seed, starts=starts, progress=on_step, backend=sim.backend)
 
 
 def _call_search(mod: Any, graph: HloGraph, sim: Any, options: Mapping[str, Any],

@@ -54,19 +54,6 @@ class Candidates(NamedTuple):
         return f"Candidates({len(self.rows)} rows, {self.search!r})"
 
 
-def run_search(target: Target, config: OptimizeConfig, cost: Callable[[FusionPlan], float], *,
-               budget_s: float, max_evals: int | None, seed: int,
-               on_step: Callable[[int, float, float], None] | None = None) -> Any:
-    """:func:`disco.search.run` of ``config.strategy`` on ``cost`` (the simulator's step time, or
-    the corrected model's), from the search's default start plans for the target's simulator."""
-    from disco.plans import moves
-
-    graph, sim = target.graph, target.simulator
-    starts = search.default_starts(graph, sim, moves.context(graph, sim.backend))
-    return search.run(search.make(config.strategy), graph, cost, budget_s=budget_s, max_evals=max_evals,
-                      seed=seed, starts=starts, progress=on_step, backend=sim.backend)
-
-
 def summary_of(result: Any) -> SearchSummary:
     """The :class:`SearchSummary` of one search's result."""
     return SearchSummary(result.strategy, result.evals, result.evals_per_s, result.elapsed_s, tuple(result.trace))
@@ -95,8 +82,9 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
         progress("search", search.done_fraction(elapsed, config.budget_s, evals, config.max_evals),
                  f"{evals} plans, best {best * 1e3:.3f} ms (predicted)")
 
-    result = run_search(target, config, lambda p: predict(p)[0], budget_s=config.budget_s,
-                        max_evals=config.max_evals, seed=config.seed, on_step=on_step)
+    result = planner.search_plans(target.graph, sim, config.strategy, budget_s=config.budget_s,
+                                  max_evals=config.max_evals, seed=config.seed, on_step=on_step,
+                                  cost=lambda p: predict(p)[0])
     rows: dict[str, PlanRow] = {}
     seen: set[str] = set()
 

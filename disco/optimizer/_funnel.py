@@ -3,7 +3,7 @@
 TVM Ansor's loop (its cost model's update/predict) for ``optimize``. Each of
 ``config.measure_rounds`` rounds:
 
-1. the search (:func:`~disco.optimizer._candidates.run_search`, ``budget_s / measure_rounds``
+1. the search (:func:`disco.planner.search_plans`, ``budget_s / measure_rounds``
    seconds) runs on the current model (:class:`~disco.optimizer._learn.Predictor`: the simulator
    through this machine's correction) and its best plans join the pool, each with its bucket-only
    projection (``config.measure_buckets_only``); the first round also pools the best baseline by
@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from disco import planner
 from disco.calibrate import correction as corr
 from disco.optimizer._accuracy import accuracy
 from disco.optimizer._candidates import (
@@ -38,7 +39,6 @@ from disco.optimizer._candidates import (
     bucket_projection,
     predicted_row,
     references,
-    run_search,
 )
 from disco.optimizer._choice import PlanRow, verdict
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
@@ -149,8 +149,9 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
             progress("search", min(1.0, (r + min(1.0, t / budget)) / rounds),
                      f"round {r + 1}/{rounds}: {n} plans, best {best * 1e3:.3f} ms (predicted)")
 
-        found = run_search(target, config, predictor.cost, budget_s=budget, max_evals=config.max_evals,
-                           seed=config.seed + r, on_step=on_step)
+        found = planner.search_plans(target.graph, target.simulator, config.strategy, budget_s=budget,
+                                     max_evals=config.max_evals, seed=config.seed + r, on_step=on_step,
+                                     cost=predictor.cost)
         strategy = found.strategy
         trace += [(evals + e, elapsed + t, c) for e, t, c in found.trace]
         evals += found.evals
