@@ -92,19 +92,23 @@ test-hooks: $(HOOKS_VENV)/.installed
 	$(HOOKS_VENV)/bin/python -m pytest $(HOOK_TESTS)
 
 # Deviceless XLA:GPU compilation (the simulator's compiled tier for GPU clusters, from a machine
-# without a GPU): Python 3.12, jax[cuda12] at the 0.12.0.1 lock (about 4.5 GB of NVIDIA wheels),
-# disco installed editable with its `disco` command. disco finds it at $(GPU_VENV)/bin/python
-# (override: DISCO_GPU_PYTHON). `make test-gpu-compile` runs the tests marked gpu_compile in it.
+# without a GPU): Python 3.12, jax[cuda12] at the GPU image's jax (GPU_JAX: the jax the shipped H100
+# data were measured with, so that XLA forms the same kernels and reads the shipped autotuning
+# results; about 4.5 GB of NVIDIA wheels), disco installed editable with its `disco` command. disco
+# finds it at $(GPU_VENV)/bin/python (override: DISCO_GPU_PYTHON). `make test-gpu-compile` runs the
+# tests marked gpu_compile in it.
 GPU_VENV ?= .venv-gpu
-GPU_LOCK := constraints/jax-0.12.0.1.txt
-GPU_CUDA_LOCK := constraints/jax-0.12.0.1-cuda12.txt
+GPU_JAX ?= 0.11.2
+GPU_LOCK := constraints/jax-$(GPU_JAX).txt
+GPU_CUDA_LOCK := constraints/jax-$(GPU_JAX)-cuda12.txt
 GPU_TESTS ?= tests/xla_hooks/test_deviceless.py
 
 $(GPU_VENV)/.installed: setup.cfg pyproject.toml $(GPU_LOCK) $(GPU_CUDA_LOCK)
-	@test -n "$(HOOKS_PYTHON)" || { echo "make install-gpu: no Python 3.12 found (jax 0.12.0.1 needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }
+	@test -n "$(HOOKS_PYTHON)" || { echo "make install-gpu: no Python 3.12 found (jax $(GPU_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }
 	$(HOOKS_PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(GPU_VENV)/bin/python -m pip install --quiet -c $(GPU_LOCK) -c $(GPU_CUDA_LOCK) -e '.[test]' 'jax[cuda12]==0.12.0.1'
+	$(GPU_VENV)/bin/python -m pip install --quiet -c $(GPU_LOCK) -c $(GPU_CUDA_LOCK) -e '.[test]' 'jax[cuda12]==$(GPU_JAX)'
+	$(GPU_VENV)/bin/python -c "import jax; assert jax.__version__ == '$(GPU_JAX)', jax.__version__"
 	touch $@
 
 install-gpu: $(GPU_VENV)/.installed

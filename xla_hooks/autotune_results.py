@@ -12,13 +12,14 @@ otherwise takes the first candidate that compiles. This module is the one reader
       results {
         device: "CUDA: 9.0, Cores: 132, GPU clock: 1.98 GHz, Memory bandwidth: 3352 GB/s, L2 cache: 50 MB, DNN version: 9.8.0"
         hlo: "{\\n  tmp_0 = f32[8,64,128]{2,1,0} parameter(0)\\n ...}"
-        result { triton { block_m: 64 ... } }      # or gemm { algorithm: ... } (cuBLAS), algorithm { ... } (cuDNN)
+        result { triton { block_m: 64 ... } }      # or gemm { algorithm: ... } (cuBLAS), algorithm { ... } (cuDNN),
+                                                   # other { name: "BLOCK_LEVEL_EMITTER" config { [type...] { ... } } }
       }
 
   Each entry is keyed by ``device`` (the device's description) and ``hlo`` (the canonical text of
   the instruction's fused computation, as XLA prints it for the autotuner). Only the text form is
   read (the binary form needs XLA's proto classes, which jaxlib does not ship).
-* the device key of a deviceless compile is not the device's: jax 0.12.0.1's XLA builds it from
+* the device key of a deviceless compile is not the device's: XLA (jax 0.11.2 and 0.12.0.1) builds it from
   the target config but with ``DNN version: 0.0.0`` (measured: the compile logs its cache misses
   with ``TF_CPP_VMODULE=autotuner_cache=2``), so results written on a real H100 (its cuDNN version in
   the key) never match. :func:`for_target` rewrites every entry's ``device`` to the deviceless
@@ -35,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 from collections import Counter
@@ -60,7 +62,8 @@ DESCRIBE = ("XLA's AutotuneResults textproto (version 3, as --xla_gpu_dump_autot
 class Entry(NamedTuple):
     """One autotuning result: the device it was tuned on, the canonical HLO it is keyed by, which
     kind of choice it holds (a key of :data:`RESULT_KINDS`), and the key's version when the entry
-    states one (jax 0.12.0.1's XLA keys with version 56 and reads an entry without one as its own)."""
+    states one (jax 0.11.2's XLA keys with version 52, 0.12.0.1's with 56, and each reads an entry without
+    one as its own; an entry of another version never matches, and each version's XLA forms other fusions)."""
 
     device: str
     hlo: str
@@ -159,8 +162,12 @@ def _structure(text: str, where: str) -> tuple[int | None, list[dict[str, object
             if not stack:
                 raise ValueError(f"{at}: '}}' closes nothing")
             stack.pop()
+            if not stack:
+                blocks[-1]["end"] = no
             continue
-        m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:?\s*\{$", line)
+        # a message field, or an Any's expansion ("[type.googleapis.com/xla.autotuner.BackendConfig] {",
+        # as jax 0.11.2's XLA writes an "other" result's config)
+        m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*|\[[A-Za-z0-9_.]+(?:/[A-Za-z0-9_.]+)*\])\s*:?\s*\{$", line)
         if m:
             name = m.group(1)
             if not stack and name != "results":
@@ -233,7 +240,7 @@ def parse(text: str, *, where: str = "autotune results") -> tuple[Entry, ...]:
 
 
 def read(path: str | os.PathLike[str]) -> AutotuneResults:
-    """Reads and checks an AutotuneResults textproto.
+    """Reads and checks an AutotuneResults textproto (gzipped when the name ends in ``.gz``).
 
     Raises:
       ValueError: for a missing file, a name XLA would read as binary, or a malformed file (:func:`parse`).
@@ -242,7 +249,10 @@ def read(path: str | os.PathLike[str]) -> AutotuneResults:
     if not p.is_file():
         raise ValueError(f"autotune results {str(path)!r}: no such file; expected {DESCRIBE}")
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, EOFError) as e:  # a damaged .gz
+        raise ValueError(f"autotune results {str(path)!r}: cannot gunzip ({e})") from None
     except UnicodeDecodeError:
         raise ValueError(f"autotune results {str(path)!r}: not UTF-8 text (a binary AutotuneResults?); "
                          f"expected {DESCRIBE}") from None
@@ -306,6 +316,31 @@ def for_target(results: AutotuneResults, target_config: str) -> str:
         indent = _STRING_FIELD.match(lines[no - 1]).group("indent")
         lines[no - 1] = f'{indent}device: "{_escape(key)}"'
     return "\n".join(lines) + "\n"
+
+
+def merge(*results: AutotuneResults) -> str:
+    """One AutotuneResults text holding every entry of ``results`` once: an entry whose key (device,
+    HLO, version) an earlier one has is dropped (a device compile dumps every result of its process,
+    so two dumps of one session overlap), the others keep their text as written.
+
+    Raises:
+      ValueError: for no results, or results of more than one device (naming them).
+    """
+    if not results:
+        raise ValueError("merge: no autotune results given")
+    devices = tuple(dict.fromkeys(d for r in results for d in r.devices))
+    if len(devices) > 1:
+        raise ValueError(f"merge: results of {len(devices)} devices ({'; '.join(devices)}); expected one device's")
+    seen: set[tuple[str, str, int | None]] = set()
+    out = [f"version: {FORMAT_VERSION}"]
+    for r in results:
+        lines = r.text.splitlines()
+        _, blocks = _structure(r.text, r.path)
+        for entry, b in zip(r.entries, blocks):
+            if (entry.device, entry.hlo, entry.version) not in seen:
+                seen.add((entry.device, entry.hlo, entry.version))
+                out.extend(lines[b["line"] - 1:b["end"]])
+    return "\n".join(out) + "\n"
 
 
 def load_options(path: str) -> dict[str, object]:

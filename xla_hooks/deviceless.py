@@ -4,7 +4,9 @@ XLA:GPU compiles for an H100 on a machine without a GPU (``../shared/GPU_NOTES.m
 jax's CUDA plugin describes a target from its ``target_config`` (``targets/h100.txtpb``) and a
 topology, and compiles for the topology's compile-only devices; the result is XLA's optimised,
 scheduled module (its fusions, combined collectives and schedule), not an executable. It needs
-Python 3.12 and ``jax[cuda12]`` at the 0.12.0.1 lock, which disco's main environment lacks, so the
+Python 3.12 and ``jax[cuda12]`` at the GPU image's jax (0.11.2, the jax the shipped H100 kernel times and
+autotuning results were measured with: the same XLA forms the same kernels and reads the same autotune
+keys), which disco's main environment lacks, so the
 compile runs in a child process of that environment: ``make install-gpu`` makes it at ``.venv-gpu``
 (:func:`gpu_python` finds it; ``DISCO_GPU_PYTHON`` overrides). Only the child's environment gets
 ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` (without it the plugin's start-up check calls ``cuInit`` and
@@ -19,6 +21,8 @@ Both take ``autotune_results``: a file of XLA's autotuning results (as a device 
 with ``--xla_gpu_dump_autotune_results_to``), read and keyed for the target by
 :mod:`xla_hooks.autotune_results` and loaded by the child's compile, so that the GEMMs (and
 convolutions) it names get the kernels the device chose instead of the first candidate that compiles.
+:func:`shipped_autotune_results` is the file measured on an H100 for the zoo's steps (``targets/``),
+for a child whose jax is the one that wrote it (another XLA keys its results otherwise).
 
 Results are cached on disk (``DISCO_COMPILE_CACHE``, default ``~/.cache/disco/compiled``) by the
 module's digest, the target, the devices, the compile options, the autotune results loaded and the
@@ -52,7 +56,10 @@ GPU_PYTHON_ENV = "DISCO_GPU_PYTHON"
 CACHE_ENV = "DISCO_COMPILE_CACHE"
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"h100": Path(__file__).with_name("targets") / "h100.txtpb"}
-INSTALL_HINT = "run `make install-gpu` (Python 3.12 and jax[cuda12]==0.12.0.1 in .venv-gpu)"
+# target -> (autotuning results dumped on that device for the zoo's steps, the jax that dumped them):
+# measured on one H100 80GB HBM3, 2026-11-28 (scripts/tools/gpu_truth.py; targets/README.md)
+SHIPPED_AUTOTUNE = {"h100": (Path(__file__).with_name("targets") / "h100_autotune.textproto.gz", "0.11.2")}
+INSTALL_HINT = "run `make install-gpu` (Python 3.12 and jax[cuda12]==0.11.2 in .venv-gpu)"
 
 
 class DevicelessUnavailable(RuntimeError):
@@ -74,6 +81,17 @@ def gpu_python() -> Path | None:
 def available() -> bool:
     """Whether deviceless compilation can run here."""
     return gpu_python() is not None
+
+
+def shipped_autotune_results(target: str) -> Path | None:
+    """The autotuning results shipped for ``target`` when the deviceless environment's jax is the
+    one that wrote them (None otherwise: no file for the target, no environment, or another jax,
+    whose XLA keys its results by other fusions and key versions, so that they would not apply)."""
+    shipped = SHIPPED_AUTOTUNE.get(target)
+    py = gpu_python()
+    if shipped is None or py is None or child_jax_version(py) != shipped[1]:
+        return None
+    return shipped[0]
 
 
 def child_jax_version(python: Path) -> str:

@@ -47,9 +47,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: none, XLA's defaults)")
     g.add_argument("--autotune-results", metavar="FILE", default=None,
                    help="XLA's autotuning results (an AutotuneResults textproto, as a GPU compile writes it with "
-                        "--xla_gpu_dump_autotune_results_to=FILE.textproto) for the deviceless XLA:GPU compile of a "
-                        "GPU cluster (--hlo, or --tier compiled): its GEMMs and convolutions get the kernels the "
-                        "device chose (default: none, the first candidate that compiles)")
+                        "--xla_gpu_dump_autotune_results_to=FILE.textproto; .gz read too) for the deviceless XLA:GPU "
+                        "compile of a GPU cluster (--hlo, or --tier compiled): its GEMMs, convolutions and fusion "
+                        "emitters get the kernels the device chose. Default: the results shipped for the cluster's "
+                        "device (measured on an H100 for the zoo's steps) when the deviceless environment has the jax "
+                        "that wrote them; 'none': no results (XLA takes the first candidate that compiles)")
+
+
+NO_RESULTS = "none"  # --autotune-results none: compile without autotuning results
+
+
+def autotune_file(arg: str | None, device: str) -> str | None:
+    """The autotuning results a deviceless compile for ``device`` loads: the file named, none for
+    ``none`` or a CPU, else the ones shipped for the device when they apply
+    (:func:`xla_hooks.deviceless.shipped_autotune_results`)."""
+    if arg == NO_RESULTS or device == "cpu":
+        return None
+    if arg is not None:
+        return arg
+    from xla_hooks import deviceless
+
+    shipped = deviceless.shipped_autotune_results(device)
+    return str(shipped) if shipped is not None else None
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -72,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     spec = cluster.resolve(args.cluster, args.devices)  # before the compile: a bad --cluster costs nothing
     note_device_mismatch(args.devices, spec, "disco simulate")
     note_placeholder_costs(spec, "disco simulate")
-    if args.autotune_results is not None and (args.tier != "compiled" or spec.device == "cpu"):
+    if args.autotune_results not in (None, NO_RESULTS) and (args.tier != "compiled" or spec.device == "cpu"):
         raise CliError(f"--autotune-results: XLA:GPU's autotuning results are loaded by the deviceless compile of a "
                        f"GPU cluster (--tier compiled); got --tier {args.tier} on cluster {spec.name!r} "
                        f"({spec.device}){' (XLA:CPU does not autotune)' if spec.device == 'cpu' else ''}")
@@ -102,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:  # the convention of every table and --json: xla_default's time over the plan's
         r["speedup_vs_xla_default"] = round(base / r["step_time_ms"], 4) if base and r["step_time_ms"] else None
     lb = sim.lower_bound()
-    out = {**model_label(args), "cluster": spec.name, "tier": args.tier, "autotune_results": args.autotune_results,
+    autotune = autotune_file(args.autotune_results, spec.device) if args.tier == "compiled" else None
+    out = {**model_label(args), "cluster": spec.name, "tier": args.tier, "autotune_results": autotune,
            "cost_model": cm.name, "cost_model_info": cm_info, "simulated": True, "lower_bound_ms": round(lb * 1e3, 4),
            "results": rows}
     if args.json:
@@ -158,7 +178,8 @@ def _gpu_compiled_rows(args: argparse.Namespace, plans: dict[str, Any], cm: Any,
         try:
             _, text = deviceless.compile_zoo_step(args.model, args.preset, target=spec.device,
                                                   devices=spec.num_devices, options=plan.compiler_options("gpu"),
-                                                  autotune_results=args.autotune_results)
+                                                  autotune_results=autotune_file(args.autotune_results,
+                                                                                 spec.device))
         except (ValueError, deviceless.DevicelessUnavailable) as e:
             raise CliError(f"--tier compiled, plan {name!r} on {spec.name!r}: {e}") from None
         rows.append({"plan": name, **compiled.price(text, cm, spec, backend="gpu").summary()})
@@ -224,7 +245,7 @@ def run_hlo(args: argparse.Namespace) -> int:
     options = parse_compile_options(args.compile_option or [])
     text = read_hlo_file(args.hlo)
     spec = cluster.resolve(args.cluster, args.devices if args.cluster in (None, "local") else None)
-    if args.autotune_results is not None and hlo_parse.is_scheduled(text):
+    if args.autotune_results not in (None, NO_RESULTS) and hlo_parse.is_scheduled(text):
         raise CliError(f"--autotune-results: --hlo {args.hlo} is an optimised module already (XLA chose its "
                        "kernels); expected a pre-optimisation module to compile with the results")
     note_placeholder_costs(spec, "disco simulate")
@@ -232,6 +253,7 @@ def run_hlo(args: argparse.Namespace) -> int:
     cm_info = {**cm_info, "device": spec.device}
     n = spec.num_devices
     compiled_text = text if hlo_parse.is_scheduled(text) else None
+    autotune = autotune_file(args.autotune_results, spec.device) if compiled_text is None else None
     fallback = None
     if compiled_text is None:
         if spec.device == "cpu":
@@ -240,7 +262,7 @@ def run_hlo(args: argparse.Namespace) -> int:
             from xla_hooks.compile_for import compile_for
 
             compiled_text = compile_for(text, device=spec.device, devices=n, options=options,
-                                        autotune_results=args.autotune_results)
+                                        autotune_results=autotune)
         except deviceless.DevicelessUnavailable as e:
             if deviceless.available():  # the environment is there: the compile itself failed
                 raise CliError(f"--hlo {args.hlo}: {e}") from None
@@ -262,7 +284,7 @@ def run_hlo(args: argparse.Namespace) -> int:
     except ValueError as e:  # hlo_parse.HloParseError among them
         raise CliError(f"--hlo {args.hlo}: {e}") from None
     out = {"hlo": args.hlo, "cluster": spec.name, "devices": n, "compile_options": options,
-           "autotune_results": args.autotune_results,
+           "autotune_results": autotune,
            "cost_model": cm.name, "cost_model_info": cm_info, "simulated": True, "results": [row]}
     if fallback:
         out["warning"] = fallback

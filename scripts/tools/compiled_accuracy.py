@@ -26,7 +26,7 @@ Writes a JSON file (``--out``) after every model and prints markdown tables.
 Usage::
 
   PYTHONPATH=. python scripts/tools/compiled_accuracy.py [--models mlp,gpt2] [--out /tmp/compiled_accuracy.json]
-      [--no-8] [--fusion-match]
+      [--no-8] [--fusion-match] [--autotune-results FILE]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def read(paths: list[str], preset: str) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def h100_rows(model: str, recs: dict[str, dict[str, Any]], costs: dict[str, Any],
-              variants: tuple[str, ...] = VARIANTS) -> list[dict[str, Any]]:
+              variants: tuple[str, ...] = VARIANTS, autotune: str | None = None) -> list[dict[str, Any]]:
     spec = dcluster.preset("h100-1")
     pre = recs["default"]["pre_optimization_hlo"]
     rows = []
@@ -80,7 +80,8 @@ def h100_rows(model: str, recs: dict[str, dict[str, Any]], costs: dict[str, Any]
         if rec is None:
             continue
         t0 = time.perf_counter()
-        text = deviceless.compile_hlo(pre, target="h100", devices=1, options=rec["compile_options"])
+        text = deviceless.compile_hlo(pre, target="h100", devices=1, options=rec["compile_options"],
+                                      autotune_results=autotune)
         compile_s = time.perf_counter() - t0
         _, measured = kernel_data.labels_of(rec)
         row = {"model": model, "variant": variant, "measured_ms": measured * 1e3, "compile_s": round(compile_s, 1)}
@@ -99,9 +100,9 @@ def h100_rows(model: str, recs: dict[str, dict[str, Any]], costs: dict[str, Any]
     return rows
 
 
-def sxm8_row(model: str, preset: str, gnn: Any) -> dict[str, Any]:
+def sxm8_row(model: str, preset: str, gnn: Any, autotune: str | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
-    _, text = deviceless.compile_zoo_step(model, preset, target="h100", devices=8)
+    _, text = deviceless.compile_zoo_step(model, preset, target="h100", devices=8, autotune_results=autotune)
     compile_s = time.perf_counter() - t0
     r = compiled.price(text, gnn, dcluster.preset("h100-sxm-8"))
     s = r.summary()
@@ -112,12 +113,12 @@ def sxm8_row(model: str, preset: str, gnn: Any) -> dict[str, Any]:
             "all_reduce_mib": sum(c.nbytes * c.executions for c in ars) / 2**20}
 
 
-def fusion_rows(model: str, recs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def fusion_rows(model: str, recs: dict[str, dict[str, Any]], autotune: str | None = None) -> dict[str, Any]:
     from scripts.tools.gpu_sim_tables import _record_graph, compiled_signatures, fusion_match, prediction
 
     rec = recs["default"]
     text = deviceless.compile_hlo(rec["pre_optimization_hlo"], target="h100", devices=1,
-                                  options=rec["compile_options"])
+                                  options=rec["compile_options"], autotune_results=autotune)
     import collections
 
     vs_device = fusion_match(rec)
@@ -149,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list (default: all three)")
     ap.add_argument("--no-8", dest="eight", action="store_false", help="skip the h100-sxm-8 compiles")
     ap.add_argument("--fusion-match", action="store_true")
+    ap.add_argument("--autotune-results", metavar="FILE", default=None,
+                    help="XLA's autotuning results from the device (xla_hooks.autotune_results) for every compile")
     args = ap.parse_args(argv)
     if not deviceless.available():
         print(f"deviceless XLA:GPU is not available: {deviceless.INSTALL_HINT}", file=sys.stderr)
@@ -159,12 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     costs = {"gnn": gnn, "gnn_nc": kernel_costs.KernelCosts(gnn.model, device="h100", corrections={}),
              "roofline": device_costs.analytic("h100")}
     out: dict[str, Any] = {"preset": args.preset, "data": args.data or DEFAULT_DATA, "gnn": gnn.describe(),
+                           "autotune_results": args.autotune_results, "deviceless_jax": deviceless.child_jax_version(
+                               deviceless.gpu_python()),
                            "h100_1": [], "h100_sxm_8": [], "fusion": [], "order": {}}
     for m in models:
         if m not in data or "default" not in data[m]:
             print(f"{m}: no default record at preset {args.preset}", file=sys.stderr)
             continue
-        rows = h100_rows(m, data[m], costs, tuple(args.variants.split(",")))
+        rows = h100_rows(m, data[m], costs, tuple(args.variants.split(",")), args.autotune_results)
         out["h100_1"] += rows
         by_meas = [r["variant"] for r in sorted(rows, key=lambda r: r["measured_ms"])]
         by_gnn = [r["variant"] for r in sorted(rows, key=lambda r: r["gnn_ms"])]
@@ -172,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         out["order"][m] = {"measured": by_meas, "gnn": by_gnn, "roofline": by_roof}
         if args.eight:
             try:
-                out["h100_sxm_8"].append(sxm8_row(m, args.preset, gnn))
+                out["h100_sxm_8"].append(sxm8_row(m, args.preset, gnn, args.autotune_results))
                 print(f"  {m} h100-sxm-8: {out['h100_sxm_8'][-1]}", flush=True)
             except deviceless.DevicelessUnavailable as e:
                 print(f"  {m} h100-sxm-8: failed: {str(e)[-300:]}", flush=True)
         if args.fusion_match:
-            out["fusion"].append(fusion_rows(m, data[m]))
+            out["fusion"].append(fusion_rows(m, data[m], args.autotune_results))
             print(f"  {m} fusion: {out['fusion'][-1]}", flush=True)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1, default=str)

@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="gpu_truth")
     ap.add_argument("--budget-s", type=float, default=480.0, help="seconds for all phases after jax starts")
     ap.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {', '.join(PHASES)}")
+    ap.add_argument("--shares", default="", help="phase=share,... of the budget, over the defaults "
+                    + ", ".join(f"{k}={v}" for k, v in SHARES.items()) + " (the last phase gets the rest)")
     ap.add_argument("--models", default=None, help="zoo models of the autotune phases (default: all)")
     ap.add_argument("--baseline-models", default=",".join(BASELINE_MODELS))
     ap.add_argument("--numerics-models", default=",".join(NUMERICS_MODELS))
@@ -235,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     if not phases or set(phases) - set(PHASES):
         ap.error(f"--phases {args.phases!r}: expected a comma list of {', '.join(PHASES)}")
+    shares = dict(SHARES)
+    for item in filter(None, (x.strip() for x in args.shares.split(","))):
+        name, _, value = item.partition("=")
+        try:
+            shares[name] = float(value) if name in PHASES else ap.error(f"--shares: unknown phase {name!r}")
+        except ValueError:
+            ap.error(f"--shares {item!r}: expected phase=fraction, e.g. autotune=0.6")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -256,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     preset, small = ("tiny", "tiny") if cpu else ("paper", "small")
     pick = (lambda ms: list(DRY_RUN_MODELS)) if cpu else list
     for phase in phases:
-        clock.begin(SHARES[phase], rest=phase == phases[-1])
+        clock.begin(shares[phase], rest=phase == phases[-1])
         print(f"\n== {phase}: {clock.phase_left():.0f} s of {clock.left():.0f} s left", flush=True)
         if phase == "autotune":
             autotune_phase(pick(models), preset, out / "autotune", clock, report)

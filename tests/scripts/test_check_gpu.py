@@ -101,6 +101,15 @@ def test_gpu_truth_refuses_an_unknown_phase(capsys):
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("shares, message", [("bogus=0.5", "--shares: unknown phase 'bogus'"),
+                                             ("autotune=lots", "--shares 'autotune=lots': expected phase=fraction")])
+def test_gpu_truth_refuses_a_bad_share(capsys, tmp_path, shares, message):
+    with pytest.raises(SystemExit) as e:
+        _gpu_truth().main(["--shares", shares, "--out", str(tmp_path / "out")])
+    assert e.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.fast
 def test_gpu_truth_budget_gives_each_phase_its_share_and_the_last_the_rest():
     clock = _gpu_truth().Clock(100.0)
     assert 41 < clock.begin(0.42) <= 42

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from xla_hooks import autotune_results as A
-from xla_hooks.deviceless import TARGETS
+from xla_hooks.deviceless import SHIPPED_AUTOTUNE, TARGETS
 
 pytestmark = pytest.mark.fast
 
@@ -44,7 +44,7 @@ def test_the_committed_files_read_with_their_kinds():
 
 
 def test_the_h100_deviceless_key_is_read_from_its_target_config():
-    # what jax 0.12.0.1's deviceless compile for targets/h100.txtpb looked results up by (its cache-miss log)
+    # what jax 0.11.2's and 0.12.0.1's deviceless compiles for targets/h100.txtpb looked results up by (cache-miss logs)
     assert A.target_device_key(TARGETS["h100"].read_text()) == H100_KEY
 
 
@@ -93,3 +93,78 @@ def test_comments_and_escapes_are_read():
     assert A.parse('# a comment\nversion: 3  # trailing\nresults {\n  device: "a \\"q\\" #1"\n'
                    '  hlo: "x\\303\\251"\n  version: 56\n  result {\n    triton {\n    }\n  }\n}\n') == (
         A.Entry('a "q" #1', "xé", "triton", 56),)
+
+
+ANY_ENTRY = """results {
+  device: "dev"
+  hlo: "{\\n  ROOT tmp_0 = f32[4]{0} parameter(0)\\n}"
+  result {
+    other {
+      name: "NATIVE_EMITTER"
+      config {
+        [type.googleapis.com/xla.autotuner.BackendConfig] {
+          native_emitter {
+          }
+        }
+      }
+    }
+  }
+  version: 52
+}
+"""
+
+
+def test_an_other_result_with_an_any_config_is_read():
+    # jax 0.11.2's XLA writes the fusion-emitter choices so (an Any's expansion inside "other")
+    assert A.parse("version: 3\n" + ANY_ENTRY) == (A.Entry("dev", "{\n  ROOT tmp_0 = f32[4]{0} parameter(0)\n}",
+                                                          "other", 52),)
+
+
+def test_merge_keeps_each_key_once_in_order(tmp_path):
+    a = A.read(_file(tmp_path, "version: 3\n" + ENTRY.format(device="d", n=0, kind="gemm")
+                     + ENTRY.format(device="d", n=1, kind="triton"), "a.textproto"))
+    b = A.read(_file(tmp_path, "version: 3\n" + ENTRY.format(device="d", n=1, kind="triton")
+                     + ENTRY.format(device="d", n=2, kind="algorithm"), "b.textproto"))
+    merged = A.parse(A.merge(a, b))
+    assert [(e.hlo[-20:], e.kind) for e in merged] == [(e.hlo[-20:], e.kind) for e in a.entries + b.entries[1:]]
+    with pytest.raises(ValueError, match=r"merge: results of 2 devices"):
+        A.merge(a, A.read(_file(tmp_path, "version: 3\n" + ENTRY.format(device="e", n=0, kind="gemm"), "c.textproto")))
+    with pytest.raises(ValueError, match=r"merge: no autotune results given"):
+        A.merge()
+
+
+def test_a_gzipped_file_is_read_and_a_damaged_one_refused(tmp_path):
+    import gzip
+
+    text = "version: 3\n" + ENTRY.format(device="d", n=0, kind="gemm")
+    good = tmp_path / "r.textproto.gz"
+    good.write_bytes(gzip.compress(text.encode()))
+    assert A.read(good).entries == A.parse(text) and A.read(good).text == text
+    bad = tmp_path / "bad.textproto.gz"
+    bad.write_bytes(gzip.compress(text.encode())[:-12])
+    with pytest.raises(ValueError, match=r"bad.textproto.gz.*cannot gunzip"):
+        A.read(bad)
+
+
+def test_the_shipped_h100_results_are_one_h100s():
+    path, jax_version = SHIPPED_AUTOTUNE["h100"]
+    results = A.read(path)
+    assert jax_version == "0.11.2" and results.versions() == {52: len(results.entries)}  # jax 0.11.2's key version
+    assert results.devices == (H100_KEY.replace("0.0.0", "9.19.0"),)
+    assert set(results.counts()) == {"gemm", "triton", "algorithm", "other"} and len(results.entries) > 1000
+    assert A.parse(A.for_target(results, TARGETS["h100"].read_text()))[0].device == H100_KEY
+
+
+def test_the_shipped_results_apply_only_with_the_jax_that_wrote_them(tmp_path, monkeypatch):
+    from xla_hooks import deviceless
+
+    for version, expected in (("0.11.2", SHIPPED_AUTOTUNE["h100"][0]), ("0.12.0.1", None)):
+        site = tmp_path / version / "lib" / "python3.12" / "site-packages"
+        (site / f"jax-{version}.dist-info").mkdir(parents=True)
+        (tmp_path / version / "bin").mkdir()
+        (tmp_path / version / "bin" / "python").write_text("")
+        monkeypatch.setenv(deviceless.GPU_PYTHON_ENV, str(tmp_path / version / "bin" / "python"))
+        assert deviceless.shipped_autotune_results("h100") == expected
+        assert deviceless.shipped_autotune_results("a100") is None
+    monkeypatch.setenv(deviceless.GPU_PYTHON_ENV, str(tmp_path / "nothing"))
+    assert deviceless.shipped_autotune_results("h100") is None

@@ -190,11 +190,43 @@ def test_cli_hlo_loads_autotune_results(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
     pre = tmp_path / "pre.hlo"
     pre.write_text(PRE)
-    rows = {}
-    for name, extra in (("default", []), ("cublas", ["--autotune-results", str(AUTOTUNE / "h100_pre_dot_cublas.textproto")])):
+    rows, cublas_file = {}, str(AUTOTUNE / "h100_pre_dot_cublas.textproto")
+    shipped = deviceless.shipped_autotune_results("h100")  # the default: the H100's results, for this jax
+    for name, extra, loaded in (("default", [], str(shipped) if shipped else None),
+                                ("none", ["--autotune-results", "none"], None),
+                                ("cublas", ["--autotune-results", cublas_file], cublas_file)):
         rc = disco_main(["simulate", "--hlo", str(pre), "--cluster", "h100-1", "--json", *extra])
         out = json.loads(capsys.readouterr().out)
-        assert rc == 0 and out["autotune_results"] == (extra[1] if extra else None)
+        assert rc == 0 and out["autotune_results"] == loaded
         rows[name] = out["results"][0]
+    assert rows["default"]["kernels"] == rows["none"]["kernels"]  # the H100's results hold no entry for PRE's dot
     # the Triton GEMM fusion (its producer fused in) against a cuBLAS call with its producer a fusion of its own
     assert (rows["default"]["kernels"], rows["cublas"]["kernels"]) == (2, 3)
+
+
+def test_the_shipped_h100_results_reproduce_the_module_xla_built_on_the_h100(tmp_path, monkeypatch):
+    """gpt2's training step (preset paper, one H100, command buffers off), compiled deviceless from the
+    pre-optimisation HLO the H100 compile started from (gnn/data's record, measured 2026-11-24): with
+    the autotuning results measured on an H100 (2026-11-28), its kernels are the device module's
+    (every signature but the two reductions XLA emitted with Triton's block-level emitter there);
+    without them, XLA takes other GEMM kernels."""
+    import gzip
+
+    from scripts.tools.kernel_match import match
+
+    shipped = deviceless.shipped_autotune_results("h100")
+    if shipped is None:
+        pytest.skip(f"the shipped results are for jax {deviceless.SHIPPED_AUTOTUNE['h100'][1]}; this environment has "
+                    f"{deviceless.child_jax_version(deviceless.gpu_python())}")
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    data = Path(__file__).resolve().parents[2] / "gnn" / "data" / "h100_kernels_2026-11-24.jsonl.gz"
+    with gzip.open(data, "rt") as f:
+        rec = next(r for r in map(json.loads, f)
+                   if (r["model"], r["preset"], r["variant"]) == ("gpt2", "paper", "default"))
+    compiles = {name: deviceless.compile_hlo(rec["pre_optimization_hlo"], target="h100", devices=1,
+                                             options=rec["compile_options"], autotune_results=results)
+                for name, results in (("with", shipped), ("without", None))}
+    m = {name: match(rec["compiled_hlo"], text) for name, text in compiles.items()}
+    assert m["with"]["coarse_match"] == 1.0 and m["with"]["match"] >= 0.98
+    assert m["with"]["deviceless_kernels"] == m["with"]["device_kernels"] == 207
+    assert m["without"]["match"] < m["with"]["match"]
