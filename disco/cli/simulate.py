@@ -48,8 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--autotune-results", metavar="FILE", default=None,
                    help="XLA's autotuning results (an AutotuneResults textproto, as a GPU compile writes it with "
                         "--xla_gpu_dump_autotune_results_to=FILE.textproto; .gz read too) for the deviceless XLA:GPU "
-                        "compile of a GPU cluster (--hlo, or --tier compiled): its GEMMs, convolutions and fusion "
-                        "emitters get the kernels the device chose. Default: the results shipped for the cluster's "
+                        "compile of a GPU cluster (--hlo, or --tier compiled): its GEMMs and convolutions get the "
+                        "kernels the device chose. Default: the results shipped for the cluster's "
                         "device (measured on an H100 for the zoo's steps) when the deviceless environment has the jax "
                         "that wrote them; 'none': no results (XLA takes the first candidate that compiles)")
 

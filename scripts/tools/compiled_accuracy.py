@@ -26,7 +26,7 @@ Writes a JSON file (``--out``) after every model and prints markdown tables.
 Usage::
 
   PYTHONPATH=. python scripts/tools/compiled_accuracy.py [--models mlp,gpt2] [--out /tmp/compiled_accuracy.json]
-      [--no-8] [--fusion-match] [--autotune-results FILE]
+      [--no-8] [--fusion-match] [--autotune-results FILE] [--lomo-dir DIR]
 """
 
 from __future__ import annotations
@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list (default: all three)")
     ap.add_argument("--no-8", dest="eight", action="store_false", help="skip the h100-sxm-8 compiles")
     ap.add_argument("--fusion-match", action="store_true")
+    ap.add_argument("--lomo-dir", metavar="DIR", default=None,
+                    help="price each model with DIR/without_<model>.msgpack (scripts/tools/kernel_lomo.py --save-dir: "
+                         "the GNN that never saw the model) instead of the shipped GNN: held-out figures")
     ap.add_argument("--autotune-results", metavar="FILE", default=None,
                     help="XLA's autotuning results from the device (xla_hooks.autotune_results) for every compile")
     args = ap.parse_args(argv)
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     costs = {"gnn": gnn, "gnn_nc": kernel_costs.KernelCosts(gnn.model, device="h100", corrections={}),
              "roofline": device_costs.analytic("h100")}
     out: dict[str, Any] = {"preset": args.preset, "data": args.data or DEFAULT_DATA, "gnn": gnn.describe(),
+                           "lomo_dir": args.lomo_dir,
                            "autotune_results": args.autotune_results, "deviceless_jax": deviceless.child_jax_version(
                                deviceless.gpu_python()),
                            "h100_1": [], "h100_sxm_8": [], "fusion": [], "order": {}}
@@ -169,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         if m not in data or "default" not in data[m]:
             print(f"{m}: no default record at preset {args.preset}", file=sys.stderr)
             continue
+        if args.lomo_dir:  # the fold's GNN: never trained on m (its table of measured kernels neither)
+            held = kernel_costs.KernelCosts.load(os.path.join(args.lomo_dir, f"without_{m}.msgpack"))
+            costs = {**costs, "gnn": held, "gnn_nc": kernel_costs.KernelCosts(held.model, device="h100", corrections={})}
         rows = h100_rows(m, data[m], costs, tuple(args.variants.split(",")), args.autotune_results)
         out["h100_1"] += rows
         by_meas = [r["variant"] for r in sorted(rows, key=lambda r: r["measured_ms"])]
@@ -177,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         out["order"][m] = {"measured": by_meas, "gnn": by_gnn, "roofline": by_roof}
         if args.eight:
             try:
-                out["h100_sxm_8"].append(sxm8_row(m, args.preset, gnn, args.autotune_results))
+                out["h100_sxm_8"].append(sxm8_row(m, args.preset, costs["gnn"], args.autotune_results))
                 print(f"  {m} h100-sxm-8: {out['h100_sxm_8'][-1]}", flush=True)
             except deviceless.DevicelessUnavailable as e:
                 print(f"  {m} h100-sxm-8: failed: {str(e)[-300:]}", flush=True)

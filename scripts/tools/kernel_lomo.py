@@ -18,6 +18,7 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-weight", type=float, default=None, help="pairwise ranking loss weight (default: TrainConfig)")
     p.add_argument("--models", help="comma-separated models to hold out (default: all)")
     p.add_argument("--json", help="also write the metrics here")
+    p.add_argument("--save-dir", help="also write each fold's GNN here, as without_<model>.msgpack (the checkpoint "
+                                      "that never saw <model>: scripts/tools/compiled_accuracy.py --lomo-dir reads them)")
     args = p.parse_args(argv)
     try:
         return _lomo(p, args)
@@ -53,6 +56,8 @@ def _lomo(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from gnn import kernel_train as KT
 
     check_output_file(args.json, "--json")  # before the folds' training
+    if args.save_dir:
+        Path(args.save_dir).mkdir(parents=True, exist_ok=True)
     cfg = KT.train_config(steps=args.steps, members=args.members, rank_weight=args.rank_weight)
     records = [r for path in args.kernels for r in KD.load_records(path, cache_dir=args.cache, device=args.device)]
     base = roofline_config(args.device)
@@ -86,6 +91,14 @@ def _lomo(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         secs = time.perf_counter() - t0
         w = KM.weights(model)
         corrections = KT.measured_corrections(w, ex)
+        if args.save_dir:
+            from gnn.kernel_costs import KernelCosts
+
+            KernelCosts(model, device=args.device, corrections=corrections, meta={
+                "data": {"files": [Path(f).name for f in args.kernels], "held_out": m,
+                         "models": sorted({r.model for r in train}), "kernels": len(ex)},
+                "train_config": dataclasses.asdict(cfg), "train_seconds": secs,
+                "measured_kernels": len(corrections)}).save(Path(args.save_dir) / f"without_{m}.msgpack")
         g_ms, n_ms, a_ms = [], [], []
         for r in test:
             net = KT.predict_log_seconds(w, list(r.graphs))
