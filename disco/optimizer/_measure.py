@@ -38,6 +38,8 @@ class Measured:
         first round).
       rounds: the funnel's rounds (:class:`~disco.optimizer._funnel.FunnelRound`); () when measured in one run.
       correction: the machine's correction after the last round's refit, or None.
+      prices: the funnel's compiled stage (:class:`~disco.optimizer._compiled.Prices`: the plans
+        compiled and priced, by digest), or None when it did not run.
     """
 
     rows: tuple[PlanRow, ...]
@@ -49,6 +51,7 @@ class Measured:
     trials: Trials | None = dataclasses.field(default=None, repr=False, compare=False)
     rounds: tuple[Any, ...] = ()
     correction: Correction | None = None
+    prices: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         bound = "" if self.bound is None else f", bound {self.bound.speedup:.3f}x"

@@ -43,7 +43,7 @@ def optimize(
       costs: the cost model (default: the cluster's device kind's, ``disco.sim.costs.device_costs.analytic(cluster.device)``:
         the CPU roofline, or ``SummedCosts`` on an H100 cluster).
       config: the options (default ``OptimizeConfig()``).
-      progress: called as ``progress(phase, fraction, message)``; phases "extract", "search",
+      progress: called as ``progress(phase, fraction, message)``; phases "extract", "search", "compile",
         "measure", "run-off", "confirm".
       runner: what measures the plans (default :class:`~disco.optimizer.InProcessRunner`: this
         process's devices; :class:`~disco.optimizer.ProcessRunner`: worker processes, whose step
