@@ -22,9 +22,11 @@ compiles only the plans not priced yet (by digest: a plan is compiled once per r
 plan that fails to compile out of the ranking with a :class:`CompiledStageWarning`, never failing
 the run; :func:`learn`, which refits the compiled tier's correction after a round's measurements.
 
-CPU devices only: a GPU cluster would need deviceless XLA:GPU compiles of plans with buckets
-(:mod:`xla_hooks.deviceless`), which the compiled tier refuses today (``disco simulate --tier
-compiled`` prices plans of compile options only there); :func:`available` says whether the stage runs.
+CPU devices only, for now: the stage compiles the plan applied to the jax step on this process's
+backend. A GPU cluster would need deviceless XLA:GPU compiles (:mod:`xla_hooks.deviceless`) of plans
+with buckets, and the compiled tier refuses those there (it compiles a zoo step with compile options
+only: ``disco simulate --tier compiled`` refuses a plan with buckets or groups on a GPU cluster).
+:func:`available` says whether the stage runs.
 """
 
 from __future__ import annotations

@@ -68,8 +68,9 @@ class FunnelRound(NamedTuple):
       points: the points the correction held after the round's refit.
       tau, median_error: the round's plans' predictions (made before they were measured) against
         their measurements (:func:`~disco.optimizer._accuracy.accuracy`); None when undefined.
-      compiled: how many plans the compiled stage ranked in the round (compiled then or before).
-      compile_failed: how many plans it left out because they did not compile.
+      compiled: the digests of the plans the compiled stage ranked in the round, fastest first by
+        their compiled price (the first ``measure_top_k`` of them were measured); () when it did not run.
+      compile_failed: how many plans of the round's window it left out because they did not compile.
     """
 
     index: int
@@ -79,14 +80,14 @@ class FunnelRound(NamedTuple):
     points: int
     tau: float | None
     median_error: float | None
-    compiled: int = 0
+    compiled: tuple[str, ...] = ()
     compile_failed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"round": self.index + 1, "evals": self.evals, "measured": list(self.measured),
                 "pooled": self.pooled, "points": self.points,
                 "kendall_tau": self.tau, "median_relative_error": self.median_error,
-                "compiled": self.compiled, "compile_failed": self.compile_failed}
+                "compiled": len(self.compiled), "compile_failed": self.compile_failed}
 
 
 @dataclasses.dataclass
@@ -192,19 +193,17 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
         picks = [d for d in dict.fromkeys(forced) if d not in measured] if r == 0 else []
         ranked = sorted((d for d in pool.entries if d not in measured and d not in picks),
                         key=lambda d: predictor.cost(pool.entries[d][2]))
-        by_compiled: dict[str, tuple[float, str, float]] = {}
+        by_compiled: dict[str, tuple[float, str, float]] = {}  # digest -> compiled prediction, fastest first
+        failed = 0
         if stage:
             window = {d: pool.entries[d][2] for d in ranked[:config.compiled_top_k]}
             progress("compile", r / rounds, f"round {r + 1}/{rounds}: compiling and pricing {len(window)} plans")
-            failed = len(prices.failed)
             prices = _compiled.price_plans(prices, window.values(), price_fn)
             by_compiled = dict(_compiled.ranked(prices, window, predictor))
+            failed = sum(d in prices.failed for d in window)
             ranked = [*by_compiled, *(d for d in ranked if d not in window)]  # a failed compile drops out
-            stage_counts = (len(by_compiled), sum(d in prices.failed for d in window))
             progress("compile", (r + 1) / rounds, f"round {r + 1}/{rounds}: {len(by_compiled)} priced"
-                     f"{f', {len(prices.failed) - failed} failed' if len(prices.failed) > failed else ''}")
-        else:
-            stage_counts = (0, 0)
+                     + (f", {failed} did not compile" if failed else ""))
         picks += ranked[:config.measure_top_k]
         if not picks:
             break
@@ -245,7 +244,7 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
             predictor = predictor.with_state(corr.update(predictor.state, points))
         acc = accuracy(tuple(new.values()))
         done.append(FunnelRound(r, found.evals, tuple(new), len(pool.entries), len(predictor.state.points), acc.tau,
-                                acc.median_error, *stage_counts))
+                                acc.median_error, tuple(by_compiled), failed))
     measured_rows = tuple(rows.values())
     chosen, why = verdict(measured_rows)
     summary = SearchSummary(strategy, evals, evals / elapsed if elapsed > 0 else 0.0, elapsed, tuple(trace))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disco.calibrate.correction import Correction
 from disco.optimizer._candidates import Candidates
@@ -13,6 +13,9 @@ from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._prepare import Target
 from disco.optimizer._runners import InProcessRunner, Runner, Trial, Trials
 from xla_hooks.measure import paired_speedup
+
+if TYPE_CHECKING:
+    from disco.optimizer._compiled import Prices
 
 
 class Bound(NamedTuple):
@@ -51,7 +54,7 @@ class Measured:
     trials: Trials | None = dataclasses.field(default=None, repr=False, compare=False)
     rounds: tuple[Any, ...] = ()
     correction: Correction | None = None
-    prices: Any = dataclasses.field(default=None, repr=False, compare=False)
+    prices: Prices | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         bound = "" if self.bound is None else f", bound {self.bound.speedup:.3f}x"
