@@ -15,7 +15,8 @@ TVM Ansor's loop (its cost model's update/predict) for ``optimize``. Each of
    through the correction, and that price ranks them; a plan that does not compile drops out;
 3. the ``config.measure_top_k`` unmeasured plans ranked fastest (by the compiled price where the
    stage ran, then by the model) are predicted (that prediction is the one the report judges: made
-   before the plan is measured; a compiled plan's is its compiled price) and measured with xla_default in interleaved rounds (the first round also measures the references:
+   before the plan is measured; a compiled plan's is its compiled price) and measured with
+   xla_default in interleaved rounds (the first round also measures the references:
    :data:`~disco.optimizer.REPORTED_BASELINES` and, on CPU devices, ``reduce_fusion``, whose
    YNNPACK calls the simulator does not model; and the communication-free bound);
 4. every newly measured, applied plan becomes a point of the correction, which is refit
@@ -236,7 +237,7 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
         if config.learn:  # each time on the first round's scale (module doc)
             scale = rows["xla_default"].median_s
             learned = [row for row in new.values() if row.applied and row.speedup]
-            if stage:  # before the emulated refit: each point's key is the predictor's
+            if stage:  # the compiled tier's correction, from the same measurements
                 prices = _compiled.learn(prices, predictor, [(row.plan, scale / row.speedup,
                                                               trials.compiled.get(row.name)) for row in learned],
                                          target)
