@@ -128,6 +128,7 @@ def test_compiled_origins_are_reported(capsys):
             "cost_model_info": {"name": "analytic"}, "cluster_spec": {}}
     optimize_cli._print_table(res, info)
     out = capsys.readouterr().out
+    assert max(len(ln) for ln in out.splitlines()) <= 120  # the table's width (tests/disco/cli/test_cli.py)
     cells = {ln.split("│")[1].strip().rstrip(" *"): ln.split("│")[3].split()[-1] for ln in out.splitlines()
              if ln.startswith("│") and ln.split("│")[1].strip().rstrip(" *") in by}
     assert cells == {"xla_default": "emu", "ddp": "cmp", "horovod": "cmp+cor"}
