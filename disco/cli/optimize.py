@@ -69,6 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measure-rounds", type=int, default=None, metavar="N",
                    help="rounds of the funnel: search on the model, measure its top plans, refit the machine's "
                         "correction (default 3; 2 with --processes, where every round recompiles every plan)")
+    p.add_argument("--compiled-top-k", type=int, default=None, metavar="N",
+                   help="the funnel's compiled stage: in each round, the N plans the model ranks fastest are "
+                        "compiled by XLA and priced by the compiled tier, and that price picks the ones measured "
+                        "(CPU devices only; default 0: off)")
     p.add_argument("--no-learn", dest="learn", action="store_false",
                    help="no correction: the simulator alone ranks the plans of every round")
     p.add_argument("--correction", default=None, metavar="FILE",
@@ -123,7 +127,8 @@ def _check(args: argparse.Namespace) -> None:
 
 # the command's flag for each OptimizeConfig field it sets (an error names the flag)
 _FLAGS = {"budget_s": "--budget", "max_evals": "--max-evals", "strategy": "--strategy",
-          "measure_top_k": "--measure-top-k", "measure_rounds": "--measure-rounds", "learn": "--no-learn",
+          "measure_top_k": "--measure-top-k", "measure_rounds": "--measure-rounds",
+          "compiled_top_k": "--compiled-top-k", "learn": "--no-learn",
           "correction_file": "--correction", "seed": "--seed", "rounds": "--rounds", "steps": "--steps",
           "bucket_sweep": "--bucket-sweep", "finalists": "--finalists", "confirm_rounds": "--confirm-rounds",
           "measure_bound": "--no-bound", "confirm": "--no-confirm"}
@@ -146,6 +151,7 @@ def config_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
                               measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds, steps=args.steps,
                               measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
                               finalists=args.finalists, confirm=args.confirm, confirm_rounds=args.confirm_rounds,
+                              **({} if args.compiled_top_k is None else {"compiled_top_k": args.compiled_top_k}),
                               **{"measure_rounds": 3 if args.measure_rounds is None else args.measure_rounds,
                                  "learn": args.learn, "correction_file": correction_file(args), **fixed})
     except ValueError as e:
@@ -267,7 +273,8 @@ def _describe_costs(info: dict[str, Any]) -> str:
 
 
 # the table's "(by)": where a row's prediction came from (disco.optimizer._accuracy.SOURCES), short
-_SHORT_SOURCES = {"emulated": "emu", "corrected": "cor", "compiled": "comp", "profiled": "prof", "gnn": "gnn"}
+_SHORT_SOURCES = {"emulated": "emu", "corrected": "cor", "compiled": "cmp", "compiled-corrected": "cmp+cor",
+                  "profiled": "prof", "gnn": "gnn"}
 
 
 def _print_table(result: Any, info: dict[str, Any]) -> None:
@@ -315,7 +322,8 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
     print_note(console, "by: where the prediction came from, made before the plan was measured: emu the simulator "
                         "(emulated fusion, the cost model's kernel times), gnn its GNN kernel times, prof profiled "
                         "kernel times, cor the simulator through this machine's correction fitted from other "
-                        "plans' measurements")
+                        "plans' measurements, cmp the compiled tier (the module XLA built for the plan, "
+                        "--compiled-top-k), cmp+cor the compiled tier through the correction")
     s = result.search
     print_note(console, f"simulated lower bound {lb * 1e3:.3f} ms; search: {s.strategy}, {s.evals} plans "
                   f"in {s.seconds:.1f} s ({s.evals_per_s:.0f} evaluations/s)")

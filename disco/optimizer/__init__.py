@@ -8,7 +8,9 @@ The pipeline is a few pure steps, each with its own small result (the shape of
    machine's correction, :mod:`disco.calibrate.correction`), measurement of the ``measure_top_k``
    plans it ranks fastest among those not measured yet (searched plans, their bucket-only
    projections, the best baseline by prediction, the ``even_<k>`` sweep of bucket counts), and a
-   refit of the correction from every plan measured, before the next round searches; the first
+   refit of the correction from every plan measured, before the next round searches (with
+   ``compiled_top_k``, on CPU devices, the model's top plans are first compiled by XLA and priced
+   by the compiled tier, and that price picks the ones measured); the first
    round also measures xla_default, ``per_tensor``, ``horovod``, ``ddp`` and, on CPU devices,
    ``reduce_fusion``. Plans are measured in interleaved rounds on a runner: this process's devices
    (:class:`InProcessRunner`, the default; :func:`disco.bench.run_bench`) or worker processes on
@@ -78,6 +80,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
         relation_to_baselines,
         runoff_choice,
     )
+    from disco.optimizer._compiled import CompiledStageWarning
     from disco.optimizer._funnel import FunnelRound, funnel
     from disco.optimizer._pipeline import optimize
     from disco.optimizer._process import ProcessRunner
@@ -93,6 +96,7 @@ _MODULES = {
     "_accuracy": ("Accuracy", "accuracy", "kendall_tau", "median_relative_error"),
     "_choice": ("PlanRow", "Span", "confirmed_winner", "fastest_baseline", "regroup_sources",
                 "relation_to_baselines", "runoff_choice"),
+    "_compiled": ("CompiledStageWarning",),
     "_funnel": ("FunnelRound", "funnel"),
     "_pipeline": ("optimize",),
     "_process": ("ProcessRunner",),
@@ -107,7 +111,7 @@ _MODULES = {
 _EXPORTS = {name: f"disco.optimizer.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = [
-    "REPORTED_BASELINES", "Accuracy", "Bound", "Candidates", "Confirmation", "FunnelRound", "InProcessRunner", "Measured", "OptimizeConfig",
+    "REPORTED_BASELINES", "Accuracy", "Bound", "Candidates", "CompiledStageWarning", "Confirmation", "FunnelRound", "InProcessRunner", "Measured", "OptimizeConfig",
     "OptimizeResult", "PlanRow", "ProcessRunner", "Progress", "RunOff", "Runner", "SearchSummary", "Setting",
     "Span", "Target", "Trial", "Trials", "accuracy", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
     "fastest_baseline", "funnel", "fusion_decisions", "kendall_tau", "make_result", "measure", "median_relative_error", "no_progress", "optimize", "prepare",

@@ -23,9 +23,13 @@ if TYPE_CHECKING:
     from disco.optimizer._choice import PlanRow
 
 # where a prediction came from: the fast tier's emulated fusion priced by the cost model
-# (roofline: "emulated"; the GNN: "gnn"; profiled kernel times: "profiled"), the compiled tier, or
-# any of them through the machine's correction fitted from measurements ("corrected")
-SOURCES = ("emulated", "gnn", "compiled", "profiled", "corrected")
+# (roofline: "emulated"; the GNN: "gnn"; profiled kernel times: "profiled"), the compiled tier (the
+# module XLA built for the plan, the funnel's compiled stage: "compiled"), the fast tier through the
+# machine's correction fitted from measurements ("corrected"), or the compiled tier through it
+# ("compiled-corrected")
+SOURCES = ("emulated", "gnn", "compiled", "profiled", "corrected", "compiled-corrected")
+# the sources of the simulator's fast tier alone (no correction, no compile)
+_FAST_TIER = ("emulated", "gnn", "profiled")
 _BY_COST_MODEL = {"analytic": "emulated", "analytic-summed": "emulated", "gnn": "gnn", "table": "profiled"}
 
 
@@ -81,8 +85,8 @@ class Accuracy(NamedTuple):
         measured medians; None below 2 plans.
       median_error: the median relative error of those predictions; None without plans.
       sources: how many of the predictions came from each source (:data:`SOURCES`).
-      simulated_tau, simulated_median_error: the same for the simulator's own times (before any
-        correction; equal to the above when nothing was corrected).
+      simulated_tau, simulated_median_error: the same for the simulator's own times (its fast tier,
+        before any correction or compile; equal to the above when nothing was corrected or compiled).
       paired_tau, paired_median_error: the predictions against drift-free times: xla_default's
         median over each plan's paired speedup in its own rounds (plans measured in different rounds,
         under a load that changes, compare on one scale); None without xla_default's row.
@@ -107,7 +111,7 @@ class Accuracy(NamedTuple):
         by = ", ".join(f"{k} {v}" for k, v in sorted(self.sources.items()))
         text = (f"predicted vs measured over {self.plans} measured plans: {fmt(self.tau, self.median_error)} "
                 f"(each plan's prediction made before it was measured; predicted by: {by or 'none'})")
-        if self.sources.get("corrected"):
+        if set(self.sources) - set(_FAST_TIER):  # corrected or compiled: the fast tier alone beside it
             text += f"; the simulator alone: {fmt(self.simulated_tau, self.simulated_median_error)}"
         paired = fmt(self.paired_tau, self.paired_median_error)
         if paired != fmt(self.tau, self.median_error):  # said only where it says something else

@@ -52,8 +52,10 @@ class PlanRow:
       all_reduces: the all-reduces in the compiled step, where the runner counted them.
       measured_in: "run-off" for a plan measured in the run-off only; None otherwise.
       predicted_by: where ``predicted_s`` came from (:data:`disco.optimizer._accuracy.SOURCES`:
-        "emulated" for the fast tier priced by the roofline, "gnn", "profiled", "corrected").
-      simulated_s: the simulator's own step time when ``predicted_s`` is corrected; None: the same.
+        "emulated" for the fast tier priced by the roofline, "gnn", "profiled", "corrected",
+        "compiled" for the compiled tier, "compiled-corrected").
+      simulated_s: the simulator's own (fast tier's) step time when ``predicted_s`` is corrected or
+        compiled; None: the same.
     """
 
     name: str

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from disco import search
 
-# progress(phase, fraction done in [0, 1], message); phases: "extract", "search", "measure",
+# progress(phase, fraction done in [0, 1], message); phases: "extract", "search", "compile", "measure",
 # "run-off", "confirm" (each step reports its own fraction)
 Progress = Callable[[str, float, str], None]
 
@@ -37,6 +37,11 @@ class OptimizeConfig:
       measure_rounds: the funnel's rounds (search on the model, measure its top plans, refit the
         correction): the measurement budget, about ``measure_rounds * measure_top_k`` plans besides
         the references of the first round. The search's ``budget_s`` is shared among them.
+      compiled_top_k: the funnel's compiled stage (:mod:`disco.optimizer._compiled`): in each round,
+        this many unmeasured plans the emulated model ranks fastest are compiled by XLA and priced
+        by the compiled tier, and the ``measure_top_k`` measured are those that price ranks fastest
+        (each compiled once per run; a plan that does not compile drops out with a warning). 0: off
+        (the emulated ranking picks). CPU devices only (a warning says it did not run elsewhere).
       learn: refit the machine's correction of the simulator after every round from the plans
         measured (:mod:`disco.calibrate.correction`); False: the simulator alone ranks every round.
       correction_file: where the machine's correction is kept between runs
@@ -72,7 +77,7 @@ class OptimizeConfig:
 
     Raises:
       ValueError: for an unknown strategy, a budget that is not positive, ``measure_top_k``
-        below 0, ``measure_rounds`` below 1, a ``correction_file`` that is not a path, a flag that is not a bool, a seed that is not an integer, a bucket count below 1, ``finalists`` below 1, rounds/steps below 1 or
+        below 0, ``compiled_top_k`` below 0, ``measure_rounds`` below 1, a ``correction_file`` that is not a path, a flag that is not a bool, a seed that is not an integer, a bucket count below 1, ``finalists`` below 1, rounds/steps below 1 or
         ``confirm_rounds`` below 1, naming the value received.
     """
 
@@ -81,6 +86,7 @@ class OptimizeConfig:
     strategy: str = "best_first"
     measure_top_k: int = 3
     measure_rounds: int = 3
+    compiled_top_k: int = 0
     learn: bool = True
     correction_file: str | None = None
     seed: int = 0
@@ -111,6 +117,8 @@ class OptimizeConfig:
             raise ValueError(f"seed: expected an integer, got {self.seed!r}")
         if not _is_int(self.measure_top_k) or self.measure_top_k < 0:
             raise ValueError(f"measure_top_k: expected an integer >= 0, got {self.measure_top_k!r}")
+        if not _is_int(self.compiled_top_k) or self.compiled_top_k < 0:
+            raise ValueError(f"compiled_top_k: expected an integer >= 0, got {self.compiled_top_k!r}")
         if not _is_int(self.measure_rounds) or self.measure_rounds < 1:
             raise ValueError(f"measure_rounds: expected an integer >= 1, got {self.measure_rounds!r}")
         if self.correction_file is not None and (not isinstance(self.correction_file, str)

@@ -9,16 +9,22 @@ TVM Ansor's loop (its cost model's update/predict) for ``optimize``. Each of
    projection (``config.measure_buckets_only``); the first round also pools the best baseline by
    prediction and the ``even_<k>`` sweep (``config.bucket_sweep``): candidates the model ranks
    like any other, not measurements made regardless;
-2. the ``config.measure_top_k`` unmeasured plans of the pool that the model ranks fastest are
-   predicted (that prediction is the one the report judges: made before the plan is measured) and
-   measured with xla_default in interleaved rounds (the first round also measures the references:
+2. with the compiled stage on (``config.compiled_top_k`` > 0, CPU devices:
+   :mod:`disco.optimizer._compiled`), the ``compiled_top_k`` unmeasured plans of the pool that the
+   model ranks fastest are compiled by XLA (once per plan in a run) and priced by the compiled tier
+   through the correction, and that price ranks them; a plan that does not compile drops out;
+3. the ``config.measure_top_k`` unmeasured plans ranked fastest (by the compiled price where the
+   stage ran, then by the model) are predicted (that prediction is the one the report judges: made
+   before the plan is measured; a compiled plan's is its compiled price) and measured with
+   xla_default in interleaved rounds (the first round also measures the references:
    :data:`~disco.optimizer.REPORTED_BASELINES` and, on CPU devices, ``reduce_fusion``, whose
    YNNPACK calls the simulator does not model; and the communication-free bound);
-3. every newly measured, applied plan becomes a point of the correction, which is refit
+4. every newly measured, applied plan becomes a point of the correction, which is refit
    (:func:`disco.calibrate.correction.update`) before the next round searches. A point's time is
    xla_default's first-round median over the plan's paired speedup in its own rounds: under load
    a machine's speed drifts between rounds, and the pairing with xla_default cancels the drift
-   (the rows and the report keep each plan's own median).
+   (the rows and the report keep each plan's own median). With the compiled stage on, the compiled
+   tier's own correction is refit too, from the measured plans' compiled modules.
 
 A row's paired speedup is over xla_default in the rounds it was measured in; the first choice is
 the largest (:func:`~disco.optimizer._choice.verdict`), and the run-off and the confirmation follow.
@@ -27,10 +33,12 @@ the largest (:func:`~disco.optimizer._choice.verdict`), and the run-off and the 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, NamedTuple
 
 from disco import planner
 from disco.calibrate import correction as corr
+from disco.optimizer import _compiled
 from disco.optimizer._accuracy import accuracy
 from disco.optimizer._candidates import (
     REPORTED_BASELINES,
@@ -61,6 +69,9 @@ class FunnelRound(NamedTuple):
       points: the points the correction held after the round's refit.
       tau, median_error: the round's plans' predictions (made before they were measured) against
         their measurements (:func:`~disco.optimizer._accuracy.accuracy`); None when undefined.
+      compiled: the digests of the plans the compiled stage ranked in the round, fastest first by
+        their compiled price (the first ``measure_top_k`` of them were measured); () when it did not run.
+      compile_failed: how many plans of the round's window it left out because they did not compile.
     """
 
     index: int
@@ -70,11 +81,14 @@ class FunnelRound(NamedTuple):
     points: int
     tau: float | None
     median_error: float | None
+    compiled: tuple[str, ...] = ()
+    compile_failed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"round": self.index + 1, "evals": self.evals, "measured": list(self.measured),
                 "pooled": self.pooled, "points": self.points,
-                "kendall_tau": self.tau, "median_relative_error": self.median_error}
+                "kendall_tau": self.tau, "median_relative_error": self.median_error,
+                "compiled": len(self.compiled), "compile_failed": self.compile_failed}
 
 
 @dataclasses.dataclass
@@ -113,17 +127,33 @@ class _Pool:
 
 
 def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progress,
-           runner: Runner | None = None, state: corr.Correction | None = None
-           ) -> tuple[Candidates, Measured]:
+           runner: Runner | None = None, state: corr.Correction | None = None,
+           price_fn: _compiled.PriceFn | None = None) -> tuple[Candidates, Measured]:
     """The module doc's rounds on ``runner`` (default :class:`~disco.optimizer.InProcessRunner`),
     starting from correction ``state`` (default: none, the simulator as it is; with
-    ``config.learn`` off it is never refit). Reports phases "search" and "measure".
+    ``config.learn`` off it is never refit). Reports phases "search", "compile" (the compiled
+    stage, when on) and "measure".
+
+    Args:
+      price_fn: what compiles and prices a plan for the compiled stage (default
+        :func:`~disco.optimizer._compiled.compiler` of ``target``).
+
+    Warns:
+      CompiledStageWarning: for each plan the compiled stage could not compile, and once when the
+        stage is asked for on a backend other than the CPU (it does not run there).
 
     Returns:
       The candidates measured (with the search summary of all rounds together) and what was measured: the rows in measuring order, the first choice, the
-      bound, the compiled steps, the rounds and the final correction.
+      bound, the compiled steps, the rounds, the final correction and the compiled stage's prices.
     """
     runner = runner or InProcessRunner()
+    stage = config.compiled_top_k > 0
+    if stage and price_fn is None and (why := _compiled.available()) is not None:
+        warnings.warn(f"compiled_top_k={config.compiled_top_k}: {why}; the emulated ranking picks",
+                      _compiled.CompiledStageWarning, stacklevel=2)
+        stage = False
+    price_fn = price_fn or (_compiled.compiler(target) if stage else None)
+    prices = _compiled.init()
     predictor = Predictor.of(target.simulator, state)
     rounds = config.measure_rounds
     budget = config.budget_s / rounds
@@ -164,6 +194,17 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
         picks = [d for d in dict.fromkeys(forced) if d not in measured] if r == 0 else []
         ranked = sorted((d for d in pool.entries if d not in measured and d not in picks),
                         key=lambda d: predictor.cost(pool.entries[d][2]))
+        by_compiled: dict[str, tuple[float, str, float]] = {}  # digest -> compiled prediction, fastest first
+        failed = 0
+        if stage:
+            window = {d: pool.entries[d][2] for d in ranked[:config.compiled_top_k]}
+            progress("compile", r / rounds, f"round {r + 1}/{rounds}: compiling and pricing {len(window)} plans")
+            prices = _compiled.price_plans(prices, window.values(), price_fn)
+            by_compiled = dict(_compiled.ranked(prices, window, predictor))
+            failed = sum(d in prices.failed for d in window)
+            ranked = [*by_compiled, *(d for d in ranked if d not in window)]  # a failed compile drops out
+            progress("compile", (r + 1) / rounds, f"round {r + 1}/{rounds}: {len(by_compiled)} priced"
+                     + (f", {failed} did not compile" if failed else ""))
         picks += ranked[:config.measure_top_k]
         if not picks:
             break
@@ -171,7 +212,8 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
         for d in picks:
             kind, _, plan, _ = pool.entries[d]
             name = pool.name(d)
-            batch[name] = predicted_row(name, kind, pool.origin(d), plan.replace(name=name), predictor.predict)
+            predict = (lambda p, d=d: by_compiled[d]) if d in by_compiled else predictor.predict
+            batch[name] = predicted_row(name, kind, pool.origin(d), plan.replace(name=name), predict)
         if r == 0:  # xla_default's row: predicted before its first measurement like every other
             batch = {"xla_default": predicted_row("xla_default", "baseline", "xla_default", xla,
                                                   predictor.predict), **batch}
@@ -194,15 +236,21 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
         measured |= {d for d in picks}
         if config.learn:  # each time on the first round's scale (module doc)
             scale = rows["xla_default"].median_s
-            points = [predictor.point(row.plan, scale / row.speedup) for row in new.values()
-                      if row.applied and row.speedup]
+            learned = [row for row in new.values() if row.applied and row.speedup]
+            if stage:  # the compiled tier's correction, from the same measurements
+                prices = _compiled.learn(prices, predictor, [(row.plan, scale / row.speedup,
+                                                              trials.compiled.get(row.name)) for row in learned],
+                                         target)
+            points = [predictor.point(row.plan, scale / row.speedup) for row in learned]
             predictor = predictor.with_state(corr.update(predictor.state, points))
         acc = accuracy(tuple(new.values()))
-        done.append(FunnelRound(r, found.evals, tuple(new), len(pool.entries), len(predictor.state.points), acc.tau, acc.median_error))
+        done.append(FunnelRound(r, found.evals, tuple(new), len(pool.entries), len(predictor.state.points), acc.tau,
+                                acc.median_error, tuple(by_compiled), failed))
     measured_rows = tuple(rows.values())
     chosen, why = verdict(measured_rows)
     summary = SearchSummary(strategy, evals, evals / elapsed if elapsed > 0 else 0.0, elapsed, tuple(trace))
     return (Candidates(measured_rows, summary),
-            Measured(measured_rows, chosen, why, bound, compiled, first_trials, tuple(done), predictor.state))
+            Measured(measured_rows, chosen, why, bound, compiled, first_trials, tuple(done), predictor.state,
+                     prices if stage else None))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disco.calibrate.correction import Correction
 from disco.optimizer._candidates import Candidates
@@ -13,6 +13,9 @@ from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._prepare import Target
 from disco.optimizer._runners import InProcessRunner, Runner, Trial, Trials
 from xla_hooks.measure import paired_speedup
+
+if TYPE_CHECKING:
+    from disco.optimizer._compiled import Prices
 
 
 class Bound(NamedTuple):
@@ -38,6 +41,8 @@ class Measured:
         first round).
       rounds: the funnel's rounds (:class:`~disco.optimizer._funnel.FunnelRound`); () when measured in one run.
       correction: the machine's correction after the last round's refit, or None.
+      prices: the funnel's compiled stage (:class:`~disco.optimizer._compiled.Prices`: the plans
+        compiled and priced, by digest), or None when it did not run.
     """
 
     rows: tuple[PlanRow, ...]
@@ -49,6 +54,7 @@ class Measured:
     trials: Trials | None = dataclasses.field(default=None, repr=False, compare=False)
     rounds: tuple[Any, ...] = ()
     correction: Correction | None = None
+    prices: Prices | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         bound = "" if self.bound is None else f", bound {self.bound.speedup:.3f}x"

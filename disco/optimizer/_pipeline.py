@@ -10,6 +10,7 @@ from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._result import OptimizeResult, make_result
 from disco.optimizer._runners import InProcessRunner, Runner
 from disco.calibrate.correction import Correction
+from disco.optimizer._compiled import Prices
 from disco.optimizer._funnel import funnel
 from disco.optimizer._learn import Keeping, keep, keeping, kept_state
 from disco.optimizer._confirm import confirm
@@ -43,7 +44,7 @@ def optimize(
       costs: the cost model (default: the cluster's device kind's, ``disco.sim.costs.device_costs.analytic(cluster.device)``:
         the CPU roofline, or ``SummedCosts`` on an H100 cluster).
       config: the options (default ``OptimizeConfig()``).
-      progress: called as ``progress(phase, fraction, message)``; phases "extract", "search",
+      progress: called as ``progress(phase, fraction, message)``; phases "extract", "search", "compile",
         "measure", "run-off", "confirm".
       runner: what measures the plans (default :class:`~disco.optimizer.InProcessRunner`: this
         process's devices; :class:`~disco.optimizer.ProcessRunner`: worker processes, whose step
@@ -99,4 +100,12 @@ def learning(config: OptimizeConfig, where: Keeping, start: Correction | None, m
             "weights": None if end is None else end.describe()["weights"],
             "kept": bool(config.learn and where.path is not None and not_kept is None and end is not None
                          and end.points),
-            "not_kept": not_kept, "rounds": [r.to_dict() for r in measured.rounds]}
+            "not_kept": not_kept, "rounds": [r.to_dict() for r in measured.rounds],
+            "compiled_stage": None if measured.prices is None else compiled_stage(measured.prices)}
+
+
+def compiled_stage(prices: Prices) -> dict[str, Any]:
+    """What the funnel's compiled stage did, JSON-able: its compiles, the plans that did not compile
+    (digest: why), the compiled tier's correction (points, weights)."""
+    return {"compiles": prices.compiles, "failed": dict(prices.failed),
+            "priced_from_executables": len(prices.executables), **prices.correction.describe()}

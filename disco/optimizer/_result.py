@@ -72,8 +72,9 @@ class OptimizeResult:
       learning: what the funnel learned (``optimize``; empty for a result built otherwise): the
         kept-corrections ``file`` and this ``machine``'s key in it, ``kept_points_used`` (the
         points of a kept correction the first round started from; 0: it started from the
-        simulator), ``points`` and ``weights`` at the end, whether they were ``kept``, and the
-        funnel's ``rounds``.
+        simulator), ``points`` and ``weights`` at the end, whether they were ``kept``, the
+        funnel's ``rounds`` and its ``compiled_stage`` (compiles, failures, the compiled tier's
+        correction; None when the stage did not run).
     """
 
     plan: FusionPlan
@@ -242,7 +243,10 @@ class OptimizeResult:
                  "started from the simulator (no kept correction)")
         where = (f"kept in {info['file']}" if info.get("kept") else
                  f"not kept ({info['not_kept']})" if info.get("not_kept") else "not kept (no file)")
-        return f"funnel: {per}; correction {start}, {info.get('points')} points at the end, {where}"
+        stage = info.get("compiled_stage")
+        compiled = (f"; compiled stage: {stage['compiles']} plans compiled, {len(stage['failed'])} did not compile"
+                    if stage else "")
+        return f"funnel: {per}; correction {start}, {info.get('points')} points at the end, {where}{compiled}"
 
     def bound_note(self) -> str | None:
         """What the measured communication-free bound says and what it does not, or None."""
