@@ -240,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     shares = dict(SHARES)
     for item in filter(None, (x.strip() for x in args.shares.split(","))):
         name, _, value = item.partition("=")
+        if name not in PHASES:
+            ap.error(f"--shares: unknown phase {name!r}")
         try:
-            shares[name] = float(value) if name in PHASES else ap.error(f"--shares: unknown phase {name!r}")
+            shares[name] = float(value)
         except ValueError:
             ap.error(f"--shares {item!r}: expected phase=fraction, e.g. autotune=0.6")
     out = Path(args.out)
