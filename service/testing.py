@@ -92,8 +92,11 @@ class ServerProcess:
             env.update({"DISCO_SERVICE_DB": self.db, "DISCO_SERVICE_WORKERS": str(self.workers)})
             if self.token:
                 env["DISCO_SERVICE_TOKEN"] = self.token
+            # --no-control-socket: gunicorn (25+) puts one at ~/.gunicorn/gunicorn.ctl by default, shared by
+            # every test server at once and unlinked by whichever master exits first
             cmd = [sys.executable, "-m", "gunicorn", "-w", str(self.gunicorn_workers), "-b",
-                   f"127.0.0.1:{self.port}", "--threads", str(self.gunicorn_threads), "service:create_app()"]
+                   f"127.0.0.1:{self.port}", "--threads", str(self.gunicorn_threads), "--no-control-socket",
+                   "service:create_app()"]
         else:
             cmd = [sys.executable, "-m", "disco", "serve", "--host", self.host, "--port", str(self.port),
                    "--db", self.db, "--workers", str(self.workers), *self.extra_args]
