@@ -10,18 +10,21 @@ points of :mod:`disco.calibrate.correction`::
 
 A file that cannot be read as that (corrupt, another version, other features) is never lost silently:
 it is moved aside to ``<file>.unreadable-<UTC time>``, a :class:`KeptCorrectionWarning` names both
-paths, and the run starts fresh. Writes go to a temporary file renamed over the old one.
+paths, and the run starts fresh. Writes go to a temporary file renamed over the old one, under an
+exclusive lock (``<file>.lock``, ``flock``): two runs that keep at once both keep their points, a
+machine's points from another run since this one loaded are merged, not dropped (:func:`save`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from disco.calibrate.correction import FEATURES, MAX_POINTS, Point, check_point
@@ -115,19 +118,57 @@ def load(path: str, key: str) -> tuple[Point, ...]:
         return ()
 
 
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<path>.lock`` for a read-modify-write of ``path`` (where ``fcntl``
+    exists: every POSIX system)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system: no lock
+        yield
+        return
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def merged(kept_points: tuple[Point, ...], points: tuple[Point, ...]) -> tuple[Point, ...]:
+    """What :func:`save` keeps for a machine: the points already kept for plans ``points`` does not
+    measure (another run's, kept since this one loaded), then ``points`` (this run's own and what it
+    loaded: for a plan both hold, this run's measurement is the newer); the newest
+    :data:`~disco.calibrate.correction.MAX_POINTS`."""
+    mine = {(p.graph, p.plan) for p in points}
+    return (tuple(p for p in kept_points if (p.graph, p.plan) not in mine) + tuple(points))[-MAX_POINTS:]
+
+
 def save(path: str, key: str, points: tuple[Point, ...]) -> None:
-    """Keeps ``points`` (the newest :data:`~disco.calibrate.correction.MAX_POINTS`) for machine
-    ``key`` in ``path``, beside the other machines' (atomically: a temporary file renamed over it).
+    """Keeps ``points`` for machine ``key`` in ``path``, merged with what the file holds for it
+    (:func:`merged`), beside the other machines' (under the file's lock; atomically: a temporary
+    file renamed over it).
 
     Raises:
       OSError: when the file or its directory cannot be written.
     """
-    machines = _read(path) or {}
-    machines[key] = {"updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "points": [[p.graph, p.plan, list(p.features), p.measured_s] for p in points[-MAX_POINTS:]]}
-    data = {"format": FORMAT, "version": VERSION, "features": list(FEATURES), "machines": machines}
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
+    with _locked(path):
+        machines = _read(path) or {}
+        try:
+            before = _points(machines[key]) if key in machines else ()
+        except ValueError as e:  # damaged since this run loaded: kept aside as load() does, and a fresh file
+            _moved_aside(path, f"machine {key!r}: {e}")
+            machines, before = {}, ()
+        machines[key] = {"updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         "points": [[p.graph, p.plan, list(p.features), p.measured_s]
+                                    for p in merged(before, points)]}
+        _write(path, folder, {"format": FORMAT, "version": VERSION, "features": list(FEATURES),
+                              "machines": machines})
+
+
+def _write(path: str, folder: str, data: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".corrections-", suffix=".json", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -136,3 +136,34 @@ def test_the_path_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(kept.ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert kept.default_path() == str(tmp_path / "disco" / "corrections.json")
+
+
+def test_saving_merges_what_another_run_kept_meanwhile(tmp_path):
+    """Two runs load the same kept points, each measures its own plans and keeps: the file ends with
+    both runs' points, and for a plan both measured, the later save's measurement."""
+    path = str(tmp_path / "c.json")
+    old = tuple(_points(2))
+    kept.save(path, "k", old)
+    first = old + (correction.Point("g", "p_a", old[0].features, 1.0),)
+    second = (old[0], correction.Point(old[1].graph, old[1].plan, old[1].features, 9.0),
+              correction.Point("g", "p_b", old[0].features, 2.0))
+    kept.save(path, "k", first)
+    kept.save(path, "k", second)  # the second run never saw p_a, and re-measured old[1]
+    got = kept.load(path, "k")
+    assert {(p.plan, p.measured_s) for p in got} == {(old[0].plan, old[0].measured_s), (old[1].plan, 9.0),
+                                                     ("p_a", 1.0), ("p_b", 2.0)}
+    assert len(got) == 4 and got[-1].plan == "p_b"  # this run's points last: the newest are kept
+    many = tuple(correction.Point("g", f"q{i}", old[0].features, 1.0) for i in range(correction.MAX_POINTS))
+    assert kept.merged(got, many) == many  # at most MAX_POINTS, the newest
+
+
+def test_a_machine_entry_damaged_before_saving_is_moved_aside(tmp_path):
+    path = tmp_path / "c.json"
+    kept.save(str(path), "k", tuple(_points(1)))
+    data = json.loads(path.read_text())
+    data["machines"]["k"]["points"] = [["only", "three", "fields"]]
+    path.write_text(json.dumps(data))
+    with pytest.warns(kept.KeptCorrectionWarning, match="machine 'k'.*moved to .*unreadable-"):
+        kept.save(str(path), "k", tuple(_points(2)))
+    assert len(kept.load(str(path), "k")) == 2 and len(list(tmp_path.glob("c.json.unreadable-*"))) == 1
+
