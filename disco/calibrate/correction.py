@@ -57,13 +57,17 @@ class Point(NamedTuple):
         return (self.graph, self.plan)
 
 
+def features(compute_s: float, exposed_s: float, comm_s: float, collectives: int) -> tuple[float, ...]:
+    """The :data:`FEATURES` of a step: its compute, exposed and total communication seconds and the
+    number of all-reduces it makes (in thousands, on the scale of the times)."""
+    return (float(compute_s), float(exposed_s), float(comm_s), collectives * 1e-3)
+
+
 def features_of(result: object, collectives: int) -> tuple[float, ...]:
     """The :data:`FEATURES` of a plan from its simulated result (a ``disco.sim.SimResult``: step,
     compute, comm and exposed times) and the number of all-reduces it makes."""
-    compute = float(result.compute_time)  # type: ignore[attr-defined]
-    exposed = float(result.exposed_comm)  # type: ignore[attr-defined]
-    comm = float(result.comm_time)  # type: ignore[attr-defined]
-    return (compute, exposed, comm, collectives * 1e-3)
+    return features(result.compute_time, result.exposed_comm, result.comm_time,  # type: ignore[attr-defined]
+                    collectives)
 
 
 def check_point(p: Point) -> Point:

@@ -97,15 +97,20 @@ def available() -> str | None:
             "compiles of plans with buckets, which the compiled tier refuses")
 
 
+def _priced(text: str, target: Target) -> CompiledStep:
+    """An XLA:CPU module of ``target``'s step priced with its cost model on its cluster."""
+    from disco.sim import compiled
+
+    return compiled.price(text, target.costs, target.cluster, backend="cpu")
+
+
 def compiler(target: Target) -> PriceFn:
     """The :data:`PriceFn` of ``target``: its step compiled with the plan on this process's CPU
     devices, priced with its cost model on its cluster."""
-    from disco.sim import compiled
     from xla_hooks.compile_for import compiled_plan_text
 
     def price(plan: FusionPlan) -> CompiledStep:
-        text = compiled_plan_text(plan, target.step_fn, *target.args)
-        return compiled.price(text, target.costs, target.cluster, backend="cpu")
+        return _priced(compiled_plan_text(plan, target.step_fn, *target.args), target)
 
     return price
 
@@ -136,7 +141,7 @@ def features(step: CompiledStep) -> tuple[float, ...]:
     """The correction's features (:data:`disco.calibrate.correction.FEATURES`) of a compiled module:
     its kernels' time, its exposed and total communication, its all-reduces (each execution)."""
     all_reduces = sum(c.executions for c in step.collectives if c.kind == "all-reduce")
-    return (step.compute_s, step.exposed_comm_s, step.comm_s, all_reduces * 1e-3)
+    return corr.features(step.compute_s, step.exposed_comm_s, step.comm_s, all_reduces)
 
 
 def predict(predictor: Predictor, prices: Prices, plan: FusionPlan, step: CompiledStep
@@ -167,10 +172,8 @@ def executable_step(executable: object, target: Target) -> CompiledStep | None:
     text_of = getattr(executable, "compiled_text", None)
     if not callable(text_of):
         return None
-    from disco.sim import compiled
-
     try:
-        return compiled.price(text_of(), target.costs, target.cluster, backend="cpu")
+        return _priced(text_of(), target)
     except Exception:  # noqa: BLE001 - a module the tier cannot read adds no point, it never fails the run
         return None
 

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-import trax_models
 from disco import optimizer as opt
 from disco.calibrate import correction as corr
 from disco.optimizer import _compiled
@@ -155,12 +154,6 @@ def test_the_compiled_stage_flag_makes_the_config():
 # -- the funnel with the stage on, real XLA:CPU compiles -------------------------------------------
 CONFIG = opt.OptimizeConfig(budget_s=5, max_evals=60, measure_top_k=2, measure_rounds=3, rounds=3, steps=1,
                             compiled_top_k=4)
-
-
-@pytest.fixture(scope="module")
-def target():
-    step, args = trax_models.make_train_step("mlp", "tiny", devices=2, optimizer="sgd")
-    return opt.prepare(step, args)
 
 
 @pytest.fixture(scope="module")

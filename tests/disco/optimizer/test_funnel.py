@@ -8,7 +8,6 @@ import hashlib
 
 import pytest
 
-import trax_models
 from disco import optimizer as opt
 from disco.calibrate import correction as corr
 from disco.optimizer._learn import Keeping, Predictor, collectives, keep, kept_state
@@ -48,12 +47,6 @@ class FormulaRunner:
         by_name = {n: opt.Trial(Measurement((machine_s(target.simulator, p),) * rounds), True)
                    for n, p in plans.items()}
         return opt.Trials(by_name, None, {n: None for n in plans})
-
-
-@pytest.fixture(scope="module")
-def target():
-    step, args = trax_models.make_train_step("mlp", "tiny", devices=2, optimizer="sgd")
-    return opt.prepare(step, args)
 
 
 @pytest.fixture(scope="module")
