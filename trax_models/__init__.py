@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trax_models._random import is_random, random_names
 from trax_models._registry import PRESETS, STYLES, config, names, presets
 from trax_models._train_state import TrainState
 
@@ -39,11 +40,13 @@ __all__ = [
     "build_train_step",
     "config",
     "data_parallel_mesh",
+    "is_random",
     "make_train_step",
     "make_trax_train_step",
     "model_info",
     "names",
     "presets",
+    "random_names",
 ]
 
 

@@ -115,7 +115,8 @@ def make_train_step(
       >>> state, loss = jax.jit(step)(state, batch)
 
     Args:
-      name: A model of ``trax_models.names()``.
+      name: A model of ``trax_models.names()``, or a random network of the cost model's corpus
+        (``random_<family>_<seed>``: ``trax_models.random_names``).
       preset: ``"tiny"`` (tests), ``"small"`` (CPU benchmarks) or ``"paper"``.
       devices: Data-parallel devices; ``None`` uses all of ``jax.devices()``.
       optimizer: ``"adamw"``, ``"adam"`` or ``"sgd"``.
@@ -142,12 +143,20 @@ def make_train_step(
         ``seed`` outside ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
     """
     style = check_style(style)
-    config = _registry.config(name, preset)
-    _registry.check_optimizer(optimizer)
-    devices = check_devices(devices)
-    task = _registry.model_module(name).task(config)
+    from trax_models import _random
+
+    if _random.is_random(name):  # a drawn network of the cost model's corpus (trax_models._random)
+        net = _random.draw(name, preset)
+        _registry.check_optimizer(optimizer)
+        devices = check_devices(devices)
+        task, global_batch = _random.task(net), max(devices, net.global_batch // devices * devices)
+    else:
+        config = _registry.config(name, preset)
+        _registry.check_optimizer(optimizer)
+        devices = check_devices(devices)
+        task, global_batch = _registry.model_module(name).task(config), config.batch_for(devices)
     return build_train_step(
-        task, config.batch_for(devices), devices=devices, optimizer=optimizer,
+        task, global_batch, devices=devices, optimizer=optimizer,
         seed=seed, learning_rate=learning_rate, abstract=abstract,
         name=f"{name}_{preset}_train_step", style=style,
     )

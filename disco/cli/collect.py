@@ -23,7 +23,8 @@ from disco.cli.common import CliError, check_output_dir
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments (read by :func:`config_from_args`)."""
-    p.add_argument("--models", required=True, help="comma list of zoo models, e.g. mlp,transformer_lm")
+    p.add_argument("--models", required=True, help="comma list of zoo models, e.g. mlp,transformer_lm; with "
+                   "--kernels also random:N (N random networks of the cost model's corpus, seeds 0..N-1)")
     p.add_argument("--preset", default="tiny", help="tiny | small | paper (default tiny)")
     p.add_argument("--devices", type=int, default=None,
                    help="data-parallel CPU devices (default 4); with --kernels, default 1 (no all-reduce, as in the shared data)")
@@ -46,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--presets", default=None, help="with --kernels: comma list of presets (default: --preset)")
     g.add_argument("--variants", default=None,
                    help="with --kernels: comma list of compile-option variants (default: all of the backend's)")
+    g.add_argument("--budget-s", type=float, default=None,
+                   help="with --kernels: start no record after this many seconds (a rerun resumes)")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -90,7 +93,8 @@ def _check_mode(args: argparse.Namespace) -> None:
     """Refuses the options of one mode given to the other (they did nothing there, without a word)."""
     plans = {"--random": args.random, "--profile": args.profile or None, "--baselines": args.baselines,
              "--interleave": args.interleave}
-    kernels = {"--presets": getattr(args, "presets", None), "--variants": getattr(args, "variants", None)}
+    kernels = {"--presets": getattr(args, "presets", None), "--variants": getattr(args, "variants", None),
+               "--budget-s": getattr(args, "budget_s", None)}
     if getattr(args, "kernels", False):
         given = [flag for flag, v in plans.items() if v is not None]
         if given:
@@ -112,10 +116,14 @@ def _run_kernels(args: argparse.Namespace) -> int:
         return tuple(x.strip() for x in (v or "").split(",") if x.strip())
 
     # --devices and --steps as given (an explicit --devices 4 was taken as 1, --steps below 5 as 5)
-    cfg = kernel_collect.KernelCollectConfig(
-        models=split(args.models), presets=split(args.presets) or (args.preset,), out=args.out,
-        variants=split(args.variants) or None, devices=1 if args.devices is None else args.devices,
-        steps=5 if args.steps is None else args.steps, rounds=args.rounds, optimizer=args.optimizer)
+    try:
+        cfg = kernel_collect.KernelCollectConfig(
+            models=expand_models(split(args.models)), presets=split(args.presets) or (args.preset,), out=args.out,
+            variants=split(args.variants) or None, devices=1 if args.devices is None else args.devices,
+            steps=5 if args.steps is None else args.steps, rounds=args.rounds, optimizer=args.optimizer,
+            budget_s=args.budget_s)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     setup_devices(cfg.devices)  # virtual CPU devices for --devices above 1, before jax's backend starts
     show = None if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
     try:
@@ -124,6 +132,26 @@ def _run_kernels(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     print(json.dumps(dataclasses.asdict(summary), sort_keys=True))
     return 0
+
+
+def expand_models(models: Sequence[str]) -> tuple[str, ...]:
+    """``--models`` with each ``random:N`` replaced by N random networks' names (seeds 0..N-1).
+
+    Raises:
+      CliError: for a ``random:`` item whose count is not an int >= 1.
+    """
+    out: list[str] = []
+    for m in models:
+        if m.startswith("random:"):
+            count = m.partition(":")[2]
+            if not count.isdigit() or int(count) < 1:
+                raise CliError(f"--models item {m!r}: expected random:N with N an int >= 1 (N random networks)")
+            import trax_models
+
+            out += trax_models.random_names(int(count))
+        else:
+            out.append(m)
+    return tuple(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

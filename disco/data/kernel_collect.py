@@ -29,6 +29,10 @@ per record goes to ``progress``.
 Example::
 
   disco collect --kernels --models mlp,bert --presets paper --out /tmp/h100_kernels
+  disco collect --kernels --models random:40 --presets paper --variants default --out /tmp/corpus
+
+Models are zoo models or random networks of the cost model's corpus (``random_<family>_<seed>``,
+:mod:`trax_models._random`; ``random:N`` on the command line names N of them).
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ class KernelCollectConfig:
       rounds: timed rounds of ``round_steps`` steps for ``wall_step_ms``.
       round_steps: steps per timed round.
       optimizer: the zoo step's optimizer.
+      budget_s: no record starts once this many seconds have passed (None: no limit); a rerun
+        resumes with the rest.
     """
 
     models: tuple[str, ...]
@@ -82,6 +88,7 @@ class KernelCollectConfig:
     rounds: int = 3
     round_steps: int = 20
     optimizer: str = "adamw"
+    budget_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.models or not self.presets:
@@ -91,15 +98,20 @@ class KernelCollectConfig:
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"KernelCollectConfig.{field}: expected an integer >= 1, got {v!r}")
+        b = self.budget_s
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0):
+            raise ValueError(f"KernelCollectConfig.budget_s: expected seconds > 0 or None, got {b!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelCollectSummary:
-    """What one run did: records written and skipped (already there), lines dropped."""
+    """What one run did: records written and skipped (already there), lines dropped, records left
+    undone when the time budget ran out."""
 
     written: int
     skipped: int
     dropped_lines: int
+    left: int = 0
 
 
 def variant_options(backend: str, variant: str) -> dict[str, Any]:
@@ -253,9 +265,10 @@ def collect_kernels(config: KernelCollectConfig, *, progress: Callable[[str], No
 
     import trax_models
 
-    bad = [m for m in config.models if m not in trax_models.names()]
+    bad = [m for m in config.models if m not in trax_models.names() and not trax_models.is_random(m)]
     if bad:
-        raise ValueError(f"unknown models {bad}; expected some of {', '.join(trax_models.names())}")
+        raise ValueError(f"unknown models {bad}; expected some of {', '.join(trax_models.names())}, or random "
+                         "networks random_<family>_<seed> (trax_models.random_names)")
     bad = [p for p in config.presets if p not in trax_models.presets()]
     if bad:
         raise ValueError(f"unknown presets {bad}; expected some of {', '.join(trax_models.presets())}")
@@ -286,8 +299,15 @@ def collect_kernels(config: KernelCollectConfig, *, progress: Callable[[str], No
         done = {record_id(r) for r in existing}
         todo = [(m, p, v) for m in config.models for p in config.presets for v in variants]
         written = skipped = 0
+        started = time.perf_counter()
         for i, (m, p, v) in enumerate(todo, 1):
             rid = f"{m}/{p}/{v}"
+            if config.budget_s is not None and rid not in done and time.perf_counter() - started > config.budget_s:
+                left = sum(f"{a}/{b}/{c}" not in done for a, b, c in todo[i - 1:])
+                if progress:
+                    progress(f"[{i}/{len(todo)}] the budget of {config.budget_s:g} s is spent: {left} records "
+                             "left for a rerun")
+                return KernelCollectSummary(written=written, skipped=skipped, dropped_lines=dropped, left=left)
             if rid in done:
                 skipped += 1
                 if progress:

@@ -1,7 +1,7 @@
 """Applies bucket, cut and compile-option plans on a real GPU (a manual check: CI has no GPU).
 
     python scripts/tools/check_gpu.py [--models transformer_lm,resnet50] [--preset paper] [--out DIR]
-        [--only ROWS] [--precision highest] [--deterministic-ops]
+        [--only ROWS] [--precision highest] [--deterministic-ops] [--numerics-steps N] [--dump-modules]
 
 Runs with the jax the machine has (the GPU image's 0.11.2) and no extra flags. Per model, on
 one device, through ``xla_hooks.apply`` exactly as a user's step gets them:
@@ -25,8 +25,8 @@ one device, through ``xla_hooks.apply`` exactly as a user's step gets them:
 two references, to fit a short GPU lease; ``scripts/tools/gpu_truth.py`` runs it that way.
 
 Reports per plan: applied or fell back (with the reason), compiled fusion and all-reduce
-counts, step-time medians over interleaved rounds, and its numbers after 3 SGD steps against two
-references, ``xla_default`` and ``xla_default_rt``: the largest relative leaf error and the
+counts, step-time medians over interleaved rounds, and its numbers after 3 SGD steps
+(``--numerics-steps``) against two references, ``xla_default`` and ``xla_default_rt``: the largest relative leaf error and the
 tolerance ratio, the largest abs error over the test suite's allowance (``tests/support/equivalence.py``:
 max |a - b| <= 1e-5 * max |b| + 1e-7, so <= 1 is within tolerance), with its leaf. A GPU's
 reference moves by itself, so per model it also reports the same program's spread (ratio of
@@ -137,7 +137,8 @@ def row_names(names: list[str], only: set[str] | None) -> list[str]:
 
 
 def check_model(model: str, preset: str, rounds: int, steps: int, pipelined: bool = False,
-                only: set[str] | None = None, pgle_runs: int = 3) -> dict:
+                only: set[str] | None = None, pgle_runs: int = 3, numerics_steps: int = 3,
+                dump_modules: Path | None = None) -> dict:
     import jax
     import numpy as np
 
@@ -173,9 +174,9 @@ def check_model(model: str, preset: str, rounds: int, steps: int, pipelined: boo
     kept = ["xla_default", *row_names(list(plans)[1:], only)]
     plans = {name: plans[name] for name in kept}
 
-    def three_steps(fn):
+    def three_steps(fn):  # numerics_steps SGD steps (3 unless --numerics-steps says otherwise)
         state, batch = example
-        for _ in range(3):
+        for _ in range(numerics_steps):
             state, _ = fn(state, batch)
         return jax.tree.map(np.asarray, state)
 
@@ -191,6 +192,12 @@ def check_model(model: str, preset: str, rounds: int, steps: int, pipelined: boo
             elif applied is None:
                 applied = apply_plan.apply(plans[name], step, *example)
         fusions, all_reduces = compiled_counts(applied.compiled_text())
+        if dump_modules is not None:  # the module the device built, to diff two rows' (autotuning choices too)
+            import gzip
+
+            dump_modules.mkdir(parents=True, exist_ok=True)
+            with gzip.open(dump_modules / f"{model}_{name}.hlo.txt.gz", "wt") as f:
+                f.write(applied.compiled_text())
         final = three_steps(applied)
         if name == "xla_default":  # the reference, and its own spread: one executable run twice
             refs[name] = final
@@ -249,7 +256,13 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma list of the rows to measure beside xla_default and xla_default_rt, of: "
                          f"{', '.join(ROWS)}, or one threshold of the sweep, e.g. xla_tuned_16mb (default: all)")
     ap.add_argument("--pgle-runs", type=int, default=3, help="auto_pgle's profiled runs (jax's default 3)")
+    ap.add_argument("--numerics-steps", type=int, default=3,
+                    help="SGD steps before each row's numbers are compared (default 3)")
+    ap.add_argument("--dump-modules", action="store_true",
+                    help="write each row's compiled module to OUT/modules/<model>_<row>.hlo.txt.gz")
     args = ap.parse_args(argv)
+    if args.numerics_steps < 1:
+        ap.error(f"--numerics-steps: expected an int >= 1, got {args.numerics_steps}")
     only = None if args.only is None else {r.strip() for r in args.only.split(",") if r.strip()}
     if only is not None and (not only or {r for r in only if r not in ROWS and not re.fullmatch(r"xla_tuned_\d+mb", r)}):
         ap.error(f"--only {args.only!r}: expected a comma list of {', '.join(ROWS)} (or one xla_tuned_<N>mb)")
@@ -276,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = jax.default_backend() == "gpu"
     failed = []
     for model in [m for m in args.models.split(",") if m]:
-        res = check_model(model, args.preset, args.rounds, args.steps, args.pipelined, only, args.pgle_runs)
+        res = check_model(model, args.preset, args.rounds, args.steps, args.pipelined, only, args.pgle_runs,
+                          args.numerics_steps, out / "modules" if args.dump_modules else None)
         report["models"].append(res)
         (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
         for name, row in res["plans"].items():

@@ -20,9 +20,14 @@ Runs with the jax the GPU machine has, on one device. Each phase stops at its sh
    autotuning results in XLA's cache): step times interleaved, and each row's numbers after 3 SGD steps
    against the references (the numerics follow-up "as is").
 3. ``numerics`` (preset paper; unet, transformer, gpt2, bert): ``check_gpu.py --precision highest
-   --deterministic-ops --only per_tensor,ddp --rounds 1 --steps 1`` in a child process (the flag is read
-   when jax starts), its JSON and log in ``OUT/numerics/``.
+   --deterministic-ops --only per_tensor,ddp --rounds 1 --steps 1 --numerics-steps 1 --dump-modules`` in a
+   child process (the flag is read when jax starts), its JSON, log and the modules each row compiled to
+   on the device in ``OUT/numerics/``.
 4. ``autotune_small``: phase 1 at preset small, with the time left.
+5. ``kernels``: per-kernel device times of random networks (``trax_models.random_names``, preset
+   paper, default variant, command buffers off) for the per-kernel GNN's corpus, as
+   ``disco collect --kernels --models random:N`` writes them, until its share is spent:
+   ``OUT/kernels/kernels.jsonl``.
 
 Prints a table per phase and writes ``OUT/gpu_truth.json``. Afterwards, on the CPU machine (deviceless
 XLA:GPU: ``make install-gpu``), the kernel-signature match per model, without and with the results::
@@ -49,9 +54,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-PHASES = ("autotune", "baselines", "numerics", "autotune_small")
+PHASES = ("autotune", "baselines", "numerics", "autotune_small", "kernels")
 # Each phase's share of the budget (the time a phase leaves unused goes to the next).
-SHARES = {"autotune": 0.38, "baselines": 0.40, "numerics": 0.22, "autotune_small": 0.0}
+SHARES = {"autotune": 0.38, "baselines": 0.40, "numerics": 0.22, "autotune_small": 0.0, "kernels": 0.0}
+KERNELS_NETS = 400  # the kernels phase's random networks to try (it stops at its share of the budget)
+KERNELS_MARGIN_S = 25.0  # no random network starts with less than this left in the phase (one takes 5-20 s)
 BASELINE_ROWS = ("per_tensor", "ddp", "xla_tuned_16mb", "xla_o1", "auto_pgle")
 NUMERICS_MODELS = ("unet", "transformer", "gpt2", "bert")
 BASELINE_MODELS = ("transformer", "gpt2", "bert", "unet")
@@ -196,7 +203,8 @@ def numerics_phase(models: list[str], preset: str, out: Path, clock: Clock, allo
         return
     cmd = [sys.executable, str(Path(__file__).with_name("check_gpu.py")), "--models", ",".join(models),
            "--preset", preset, "--rounds", "1", "--steps", "1", "--precision", "highest", "--deterministic-ops",
-           "--only", "per_tensor,ddp", "--out", str(out)] + (["--allow-cpu"] if allow_cpu else [])
+           "--only", "per_tensor,ddp", "--numerics-steps", "1", "--dump-modules",
+           "--out", str(out)] + (["--allow-cpu"] if allow_cpu else [])
     timeout = min(max(NUMERICS_MIN_S, clock.phase_left()), clock.left())
     report["numerics"] = {"command": " ".join(cmd[1:]), "timeout_s": round(timeout)}
     t0 = time.perf_counter()
@@ -210,6 +218,33 @@ def numerics_phase(models: list[str], preset: str, out: Path, clock: Clock, allo
     tail = (out / "log.txt").read_text().splitlines()
     start = next((i for i, ln in enumerate(tail) if ln.startswith("| model | plan |")), max(0, len(tail) - 40))
     print("\n".join(tail[max(0, start - 2):]), flush=True)
+
+
+def kernels_phase(preset: str, out: Path, clock: Clock, report: dict) -> None:
+    """Per-kernel device times of random networks (the GNN's corpus): ``disco collect --kernels``'s
+    records, default variant, until the phase's time is spent."""
+    import trax_models
+    from disco.data import kernel_collect as KC
+
+    budget = clock.phase_left() - KERNELS_MARGIN_S
+    if budget <= 0:
+        report["kernels"] = {"skipped": f"out of time ({clock.phase_left():.0f} s of the phase left)"}
+        return
+    t0 = time.perf_counter()
+    written, errors = 0, {}
+    for name in trax_models.random_names(KERNELS_NETS):  # one at a time: a network that fails is reported, skipped
+        spent = time.perf_counter() - t0
+        if spent > budget:
+            break
+        cfg = KC.KernelCollectConfig(models=(name,), presets=(preset,), out=str(out), variants=("default",),
+                                     steps=3, rounds=2, round_steps=5)
+        try:
+            written += KC.collect_kernels(cfg, progress=lambda line: print(line, flush=True)).written
+        except Exception as e:  # e.g. out of memory: the next network
+            errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(name, errors[name], flush=True)
+    report["kernels"] = {"preset": preset, "budget_s": round(budget), "seconds": round(time.perf_counter() - t0, 1),
+                         "written": written, "errors": errors, "records": str(out / KC.RECORDS)}
 
 
 def print_autotune(report: dict) -> None:
@@ -276,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         elif phase == "autotune_small":
             autotune_phase(pick(models), small, out / "autotune", clock, report)
             print_autotune(report)
+        elif phase == "kernels":
+            kernels_phase(preset, out / "kernels", clock, report)
+            print(json.dumps(report["kernels"]), flush=True)
         elif phase == "baselines":
             baselines_phase(pick(args.baseline_models.split(",")), preset, args.rounds, args.steps, clock, report)
             from scripts.tools.check_gpu import print_table

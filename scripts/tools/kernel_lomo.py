@@ -1,8 +1,8 @@
 """Leave-one-model-out for the per-kernel GNN and the analytic roofline, side by side.
 
 For each zoo model in the dataset: train the GNN on the other models' records (all presets and
-fusion variants), refit the analytic model's launch term on them, and judge both on the held-out
-model's records (the GNN with its measured corrections, :mod:`gnn.kernel_corrections`, fitted on
+fusion variants, and every random network's: ``gnn/data/h100_random_kernels_*``, never held out),
+refit the analytic model's launch term on them, and judge both on the held-out model's records (the GNN with its measured corrections, :mod:`gnn.kernel_corrections`, fitted on
 the fold's training records as the shipped checkpoint's are, and the network alone): per-kernel
 Kendall tau, median and p90 relative error of seconds per launch, each record's step device time
 (kernels summed) predicted vs measured, and whether each (model, preset)'s variants are ranked as
@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="training steps per fold (default: TrainConfig)")
     p.add_argument("--members", type=int, default=None, help="ensemble members (default: TrainConfig)")
     p.add_argument("--rank-weight", type=float, default=None, help="pairwise ranking loss weight (default: TrainConfig)")
-    p.add_argument("--models", help="comma-separated models to hold out (default: all)")
+    p.add_argument("--models", help="comma-separated models to hold out (default: every model but the random "
+                                    "networks, which train every fold)")
     p.add_argument("--json", help="also write the metrics here")
     p.add_argument("--save-dir", help="also write each fold's GNN here, as without_<model>.msgpack (the checkpoint "
                                       "that never saw <model>: scripts/tools/compiled_accuracy.py --lomo-dir reads them)")
@@ -64,7 +65,12 @@ def _lomo(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     models = sorted({r.model for r in records})
     if len(models) < 2:
         p.error(f"leave-one-model-out needs the records of at least two models; {args.kernels} hold {models}")
-    held_out = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else models
+    # By default every zoo model is held out in turn; random networks (trax_models.random_names: the
+    # corpus drawn for the cost model) are never held out, they train every fold.
+    from trax_models import is_random
+
+    held_out = ([m.strip() for m in args.models.split(",") if m.strip()] if args.models
+                else [m for m in models if not is_random(m)])
     unknown = sorted(set(held_out) - set(models))
     if unknown or not held_out:
         raise CliError(f"--models {args.models!r}: {unknown or 'none'} not in the records; expected some of "

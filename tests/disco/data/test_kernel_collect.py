@@ -174,3 +174,37 @@ def test_a_second_collector_on_the_directory_is_refused(tmp_path):
                                                                      r"one collector per directory"):
         kernel_collect.collect_kernels(cfg, progress=None, measure=lambda *a: measured.append(a) or {})
     assert measured == [] and not os.path.exists(os.path.join(tmp_path, kernel_collect.RECORDS))
+
+
+@pytest.mark.fast
+def test_random_networks_are_models_and_the_budget_stops_between_records(tmp_path, monkeypatch):
+    """A fake measure and a fake clock (10 s a record): with a 25 s budget three records are written
+    (the third starts at 20 s), the rest are left for a rerun, which resumes."""
+    clock = [0.0]
+    monkeypatch.setattr(kernel_collect.time, "perf_counter", lambda: clock[0])
+
+    def measure(model, preset, variant, config):
+        clock[0] += 10.0
+        return {"record_id": f"{model}/{preset}/{variant}", "model": model, "preset": preset, "variant": variant,
+                "device_kind": "cpu", "kernels_trace_a": [], "wall_step_ms": 1.0, "compile_s": 0.1}
+
+    monkeypatch.setattr("jax.devices", lambda: [type("D", (), {"device_kind": "cpu"})()])
+    names = tuple(__import__("trax_models").random_names(5))
+    cfg = kernel_collect.KernelCollectConfig(models=names, presets=("tiny",), out=str(tmp_path),
+                                             variants=("default",), budget_s=25)
+    s = kernel_collect.collect_kernels(cfg, progress=None, measure=measure)
+    assert (s.written, s.left) == (3, 2)
+    s = kernel_collect.collect_kernels(cfg, progress=None, measure=measure)
+    assert (s.written, s.skipped, s.left) == (2, 3, 0)
+    with pytest.raises(ValueError, match="budget_s: expected seconds > 0 or None, got 0"):
+        kernel_collect.KernelCollectConfig(models=names, presets=("tiny",), out=str(tmp_path), budget_s=0)
+
+
+@pytest.mark.fast
+def test_cli_expands_random_models():
+    from disco.cli.collect import expand_models
+    from disco.cli.common import CliError
+
+    assert expand_models(("mlp", "random:2")) == ("mlp", "random_mlp_0", "random_cnn_1")
+    with pytest.raises(CliError, match="expected random:N with N an int >= 1"):
+        expand_models(("random:0",))
