@@ -3,13 +3,16 @@
 Per-kernel GNN from kernel profiles (writes the shipped checkpoint ``gnn/kernel_h100.msgpack``):
 
     PYTHONPATH=. python scripts/tools/train_gnn.py --kernels ../shared/data/h100_kernels/per_instruction.jsonl.gz \\
+        --kernels gnn/data/h100_kernels_2026-11-24.jsonl.gz \\
+        --kernels gnn/data/h100_random_kernels_2026-11-28.jsonl.gz \\
         --device h100 --out gnn/kernel_h100.msgpack --overwrite-shipped
 
 A file shipped in the ``gnn`` package (``--cost-model gnn`` loads it) is written over only with
 ``--overwrite-shipped``, as in ``disco train-gnn``.
 
-``--kernels`` may be repeated (e.g. adding ``gnn/data/h100_kernels_2026-11-24.jsonl.gz``, the four
-newer zoo models collected by ``disco collect --kernels``).
+``--kernels`` may be repeated: the command above (the one that wrote the shipped file) reads the 7
+original zoo models, the four newer ones and 21 random networks (``trax_models.random_names``), the
+last two collected by ``disco collect --kernels``.
 
 Without ``--kernels``: the step-level GNN, exactly as ``disco train-gnn`` (``--data DIR ...``; the
 shipped ``gnn/default_checkpoint.msgpack`` is written over only with ``--overwrite-shipped``).
