@@ -21,14 +21,7 @@ import numpy as np
 
 from gnn import kernel_data as KD
 from gnn import kernel_features as KF
-
-
-def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
-    from scipy.stats import kendalltau
-
-    if len(a) < 2:
-        return float("nan")
-    return float(kendalltau(np.asarray(a), np.asarray(b))[0])
+from gnn.metrics import kendall_tau
 
 
 def record_metrics(record: KD.Record, per_launch_s: np.ndarray) -> dict[str, Any]:
