@@ -4,8 +4,9 @@ A kernel cost model learns from profiled kernels; the zoo's 11 models give a few
 distinct kernels at two sizes each, so a GNN trained on them prices the GEMMs, convolutions and
 reductions of a model it has not seen poorly (``docs/results.md``). As TVM's Tenset does for
 its cost model, this module draws networks at random, built from the layer types the zoo's
-models are made of: dense stacks, convolution stacks, attention encoders and decoders, routed
-mixtures of experts, recurrent cells, and patch-embedding vision encoders, at random widths,
+models are made of: dense stacks, convolution stacks, bottleneck residual stages, attention
+encoders and decoders, routed mixtures of experts, recurrent cells, and patch-embedding vision
+encoders, at random widths,
 depths, batch and sequence sizes, activations and normalisations. They are written here from
 flax's generic layers (none of the zoo's modules is reused), so a zoo model held out of a
 cost model's training never has its own configuration in the corpus.
@@ -30,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-FAMILIES: tuple[str, ...] = ("mlp", "cnn", "transformer", "moe", "rnn", "vit")
+# Append only: a family's index seeds its draws, so reordering would change what every name means
+# (the recorded corpus, gnn/data/h100_random_kernels_*, holds names).
+FAMILIES: tuple[str, ...] = ("mlp", "cnn", "transformer", "moe", "rnn", "vit", "resnet")
 # Width and batch scale per preset (``paper`` is the GPU scale the draws are written for).
 _SCALE = {"paper": 1.0, "small": 0.25, "tiny": 1 / 16}
 _NAME = re.compile(r"^random_([a-z]+)_([0-9]+)$")
@@ -200,5 +203,19 @@ def _draw_vit(rng: np.random.Generator) -> tuple[dict[str, Any], int]:
     return spec, max(2, int(2 ** rng.uniform(10.5, 13.5) / tokens) // 2 * 2)
 
 
+def _draw_resnet(rng: np.random.Generator) -> tuple[dict[str, Any], int]:
+    """Bottleneck stages (1x1, kxk, 1x1 expanding by 4, projection shortcuts), as ResNet-50 builds them."""
+    image = _choice(rng, (56, 64, 96, 112, 128, 224))
+    batch = max(4, int(2 ** rng.uniform(16, 20.5) / image ** 2) // 4 * 4)
+    features = _dim(rng, 16, 96, 16)
+    stages = [{"features": features * 2 ** i, "blocks": int(rng.integers(1, 4)),
+               "kernel": _choice(rng, (3, 5), (0.85, 0.15)), "down": "stride" if i else "none",
+               "residual": True} for i in range(int(rng.integers(2, 5)))]
+    spec = {"image": image, "channels": 3, "stem": _choice(rng, (3, 7)), "stages": stages, "bottleneck": True,
+            "norm_groups": _choice(rng, (0, 16, 32)), "activation": _choice(rng, ("relu", "silu")),
+            "classes": _dim(rng, 10, 1000, 10)}
+    return spec, batch
+
+
 _DRAWS = {"mlp": _draw_mlp, "cnn": _draw_cnn, "transformer": _draw_transformer, "moe": _draw_moe,
-          "rnn": _draw_rnn, "vit": _draw_vit}
+          "rnn": _draw_rnn, "vit": _draw_vit, "resnet": _draw_resnet}

@@ -58,6 +58,36 @@ class ConvStack(nn.Module):
         return nn.Dense(s["classes"])(jnp.mean(x, axis=(1, 2)))
 
 
+class BottleneckStack(nn.Module):
+    """A stem convolution, then stages of bottleneck blocks (1x1, kxk strided, 1x1 to 4x the width)
+    with a projected shortcut where the shape changes."""
+
+    spec: dict[str, Any]
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        s = self.spec
+        act = _ACT[s["activation"]]
+        groups = s["norm_groups"]
+
+        def conv(y: jax.Array, f: int, k: int, stride: int = 1) -> jax.Array:
+            y = nn.Conv(f, (k, k), strides=(stride, stride), use_bias=not groups)(y)
+            return nn.GroupNorm(num_groups=math.gcd(groups, f))(y) if groups else y
+
+        k0 = s["stem"]
+        x = act(conv(x, s["stages"][0]["features"], k0, 2 if k0 == 7 else 1))
+        for st in s["stages"]:
+            f = st["features"]
+            for b in range(st["blocks"]):
+                stride = 2 if st["down"] == "stride" and b == 0 else 1
+                y = act(conv(x, f, 1))
+                y = act(conv(y, f, st["kernel"], stride))
+                y = conv(y, 4 * f, 1)
+                shortcut = conv(x, 4 * f, 1, stride) if (stride != 1 or x.shape[-1] != 4 * f) else x
+                x = act(y + shortcut)
+        return nn.Dense(s["classes"])(jnp.mean(x, axis=(1, 2)))
+
+
 class Experts(nn.Module):
     """Top-k routed feed-forward experts over ``[batch, length, d]`` (dense one-hot dispatch)."""
 
@@ -165,8 +195,8 @@ def task(family: str, spec: dict[str, Any]) -> Task:
                     "labels": rng.integers(0, spec["classes"], size=(global_batch,)).astype(np.int32)}
 
         return Task(init=init, loss=loss, make_batch=make_batch)
-    if family in ("cnn", "vit"):
-        model = ConvStack(spec) if family == "cnn" else VisionEncoder(spec)
+    if family in ("cnn", "vit", "resnet"):
+        model = {"cnn": ConvStack, "vit": VisionEncoder, "resnet": BottleneckStack}[family](spec)
 
         def init(key: jax.Array):
             return model.init(key, np.zeros((1, spec["image"], spec["image"], spec["channels"]), np.float32))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -10,14 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trax_models
+from tests.support.paths import REPO
 from trax_models import _random
+
+CORPUS = REPO / "gnn" / "data" / "h100_random_kernels_2026-11-28.jsonl.gz"
 
 
 @pytest.mark.fast
 def test_names_cycle_the_families_and_name_their_seeds():
-    names = trax_models.random_names(8, seed=3)
-    assert names[:7] == ["random_mlp_3", "random_cnn_4", "random_transformer_5", "random_moe_6", "random_rnn_7",
-                         "random_vit_8", "random_mlp_9"]
+    names = trax_models.random_names(9, seed=3)
+    assert names[:8] == ["random_mlp_3", "random_cnn_4", "random_transformer_5", "random_moe_6", "random_rnn_7",
+                         "random_vit_8", "random_resnet_9", "random_mlp_10"]
     assert all(trax_models.is_random(n) for n in names)
     assert trax_models.random_names(2, families=("cnn",)) == ["random_cnn_0", "random_cnn_1"]
     for not_random in ("mlp", "random_mlp", "random_gan_3", "random_mlp_-1", "random_mlp_3x", None, 7):
@@ -109,3 +115,34 @@ def test_the_global_batch_is_a_multiple_of_the_devices():
     net = _random.draw("random_cnn_0", "tiny")
     _, (_, batch) = trax_models.make_train_step("random_cnn_0", "tiny", devices=3, abstract=True)
     assert batch["images"].shape[0] == net.global_batch // 3 * 3 and net.global_batch % 3
+
+
+def _entry_parameters(hlo: str) -> str:
+    """The entry computation's parameter shapes (layouts and index comments dropped)."""
+    m = re.search(r"entry_computation_layout=\{\((.*?)\)->", hlo)
+    return re.sub(r"\{[0-9,]*\}", "", re.sub(r"/\*index=\d+\*/", "", m.group(1)))
+
+
+def _recorded() -> list[dict]:
+    with gzip.open(CORPUS, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("slow", [pytest.param(False), pytest.param(True, marks=pytest.mark.slow)])
+def test_the_recorded_corpus_is_what_its_names_build(slow):
+    """Each network profiled on the H100 (gnn/data) lowers here, from its name alone, to a step with the
+    recorded step's parameters (shapes, in order): the draws have not moved since they were profiled.
+    One network a family by default, all of them with -m slow."""
+    import jax
+
+    records = _recorded()
+    seen: set[str] = set()
+    for rec in records:
+        family = rec["model"].split("_")[1]
+        if not slow and family in seen:
+            continue
+        seen.add(family)
+        step, args = trax_models.make_train_step(rec["model"], rec["preset"], devices=1, abstract=True)
+        lowered = jax.jit(step).lower(*args).as_text(dialect="hlo")
+        assert _entry_parameters(lowered) == _entry_parameters(rec["pre_optimization_hlo"]), rec["model"]
+    assert len(seen) == 6 and len(records) == 21
