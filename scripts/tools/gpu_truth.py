@@ -26,8 +26,8 @@ Runs with the jax the GPU machine has, on one device. Each phase stops at its sh
 4. ``autotune_small``: phase 1 at preset small, with the time left.
 5. ``kernels``: per-kernel device times of random networks (``trax_models.random_names``, preset
    paper, default variant, command buffers off) for the per-kernel GNN's corpus, as
-   ``disco collect --kernels --models random:N`` writes them, until its share is spent:
-   ``OUT/kernels/kernels.jsonl``.
+   ``disco collect --kernels --models random:N`` writes them (skipping those
+   ``gnn/data/h100_random_kernels_*`` already holds), until its share is spent: ``OUT/kernels/kernels.jsonl``.
 
 Prints a table per phase and writes ``OUT/gpu_truth.json``. Afterwards, on the CPU machine (deviceless
 XLA:GPU: ``make install-gpu``), the kernel-signature match per model, without and with the results::
@@ -220,6 +220,16 @@ def numerics_phase(models: list[str], preset: str, out: Path, clock: Clock, allo
     print("\n".join(tail[max(0, start - 2):]), flush=True)
 
 
+def recorded_random_networks(preset: str) -> set[str]:
+    """The random networks the shipped corpus (``gnn/data/h100_random_kernels_*.jsonl.gz``) already
+    holds at ``preset``: the kernels phase profiles others."""
+    from disco.data.kernel_collect import read_records
+
+    data = Path(__file__).resolve().parents[2] / "gnn" / "data"
+    return {r["model"] for path in sorted(data.glob("h100_random_kernels_*.jsonl.gz"))
+            for r in read_records(str(path))[0] if r.get("preset") == preset}
+
+
 def kernels_phase(preset: str, out: Path, clock: Clock, report: dict) -> None:
     """Per-kernel device times of random networks (the GNN's corpus): ``disco collect --kernels``'s
     records, default variant, until the phase's time is spent."""
@@ -232,7 +242,9 @@ def kernels_phase(preset: str, out: Path, clock: Clock, report: dict) -> None:
         return
     t0 = time.perf_counter()
     written, errors = 0, {}
-    for name in trax_models.random_names(KERNELS_NETS):  # one at a time: a network that fails is reported, skipped
+    have = recorded_random_networks(preset)
+    todo = [n for n in trax_models.random_names(KERNELS_NETS) if n not in have]
+    for name in todo:  # one at a time: a network that fails is reported, skipped
         spent = time.perf_counter() - t0
         if spent > budget:
             break
