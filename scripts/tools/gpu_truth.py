@@ -1,4 +1,6 @@
-"""Issue 44's GPU items in one run of under 9 minutes on one H100: autotune results, GPU baselines, numerics.
+"""The GPU items of issues 40 and 44 in one run of under 9 minutes on one H100.
+
+Autotune results, GPU baselines, numerics, and kernel times of random networks.
 
     python scripts/tools/gpu_truth.py --out gpu_truth            # on the GPU machine, PYTHONPATH=.
 
