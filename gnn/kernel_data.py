@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -252,6 +253,19 @@ def load_records(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[s
     return out
 
 
+@functools.cache
+def features_code_digest() -> str:
+    """A digest of the code that turns a module into features (``gnn.kernel_features`` and
+    ``disco.sim.compiled_kernels``, which reads the kernels): part of the feature cache's key, so a
+    change to either, version bumped or not, never reads features an earlier version of it wrote."""
+    from disco.sim import compiled_kernels
+
+    h = hashlib.sha256()
+    for module in (KF, compiled_kernels):
+        h.update(Path(module.__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _record(rec: dict[str, Any], cache: Path | None, device: str | None) -> Record:
     """One line's record, its features from ``cache`` where they are there (and put there if not)."""
     on = profiled_on(rec)
@@ -261,7 +275,7 @@ def _record(rec: dict[str, Any], cache: Path | None, device: str | None) -> Reco
     hlo = rec.get("compiled_hlo", "")
     if not isinstance(hlo, str):
         raise ValueError(f"record {'/'.join(_which(rec).values())}: expected 'compiled_hlo' text")
-    h = hashlib.sha256(f"{KF.FEATURE_VERSION}\n{hlo}".encode()).hexdigest()[:20]
+    h = hashlib.sha256(f"{KF.FEATURE_VERSION}\n{features_code_digest()}\n{hlo}".encode()).hexdigest()[:20]
     f = cache / f"{h}.npz" if cache is not None else None
     r = _cached(f)
     if r is not None:

@@ -224,6 +224,17 @@ def test_the_feature_cache_gives_back_the_same_records(tmp_path: Path, record: K
 
 
 @pytest.mark.fast
+def test_features_written_by_other_feature_code_are_not_read(tmp_path: Path, monkeypatch):
+    """The cache key holds a digest of the feature code: features another version of it cached (same
+    FEATURE_VERSION, other code) are computed again, not read."""
+    KD.load_records(RECORD, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+    monkeypatch.setattr(KD, "features_code_digest", lambda: "another feature code")
+    KD.load_records(RECORD, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 2
+
+
+@pytest.mark.fast
 def test_batch_rejects_sizes_too_small(record: KD.Record):
     with pytest.raises(ValueError, match="cannot hold"):
         KF.batch(record.graphs[:4], n_node=2)
