@@ -50,6 +50,11 @@ class RandomNet:
     global_batch: int
     spec: dict[str, Any]
 
+    def batch_for(self, devices: int) -> int:
+        """The global batch on ``devices`` data-parallel devices: the drawn batch rounded down to a
+        multiple of them (at least one example a device)."""
+        return max(devices, self.global_batch // devices * devices)
+
 
 def is_random(name: object) -> bool:
     """Whether ``name`` names a random network (``random_<family>_<seed>``, family in ``FAMILIES``)."""

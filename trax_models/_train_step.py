@@ -145,18 +145,13 @@ def make_train_step(
     style = check_style(style)
     from trax_models import _random
 
-    if _random.is_random(name):  # a drawn network of the cost model's corpus (trax_models._random)
-        net = _random.draw(name, preset)
-        _registry.check_optimizer(optimizer)
-        devices = check_devices(devices)
-        task, global_batch = _random.task(net), max(devices, net.global_batch // devices * devices)
-    else:
-        config = _registry.config(name, preset)
-        _registry.check_optimizer(optimizer)
-        devices = check_devices(devices)
-        task, global_batch = _registry.model_module(name).task(config), config.batch_for(devices)
+    drawn = _random.is_random(name)  # a drawn network of the cost model's corpus (trax_models._random)
+    config = _random.draw(name, preset) if drawn else _registry.config(name, preset)
+    _registry.check_optimizer(optimizer)
+    devices = check_devices(devices)
+    task = _random.task(config) if drawn else _registry.model_module(name).task(config)
     return build_train_step(
-        task, global_batch, devices=devices, optimizer=optimizer,
+        task, config.batch_for(devices), devices=devices, optimizer=optimizer,
         seed=seed, learning_rate=learning_rate, abstract=abstract,
         name=f"{name}_{preset}_train_step", style=style,
     )

@@ -72,10 +72,6 @@ class Prices(NamedTuple):
         """How many compiles the stage made (one per digest)."""
         return len(self.steps) + len(self.failed)
 
-    def step(self, digest: str) -> CompiledStep | None:
-        """The priced module of a plan, compiled by the stage or measured, or None."""
-        return self.steps.get(digest) or self.executables.get(digest)
-
     def __repr__(self) -> str:
         return (f"Prices({len(self.steps)} priced, {len(self.failed)} failed, {len(self.executables)} from "
                 f"executables, {len(self.correction.points)} points)")

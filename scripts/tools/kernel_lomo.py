@@ -2,8 +2,9 @@
 
 For each zoo model in the dataset: train the GNN on the other models' records (all presets and
 fusion variants, and every random network's: ``gnn/data/h100_random_kernels_*``, never held out),
-refit the analytic model's launch term on them, and judge both on the held-out model's records (the GNN with its measured corrections, :mod:`gnn.kernel_corrections`, fitted on
-the fold's training records as the shipped checkpoint's are, and the network alone): per-kernel
+refit the analytic model's launch term on them, and judge both on the held-out model's records
+(the GNN with its measured corrections, :mod:`gnn.kernel_corrections`, fitted on the fold's
+training records as the shipped checkpoint's are, and the network alone): per-kernel
 Kendall tau, median and p90 relative error of seconds per launch, each record's step device time
 (kernels summed) predicted vs measured, and whether each (model, preset)'s variants are ranked as
 measured. Prints a markdown table.
