@@ -110,6 +110,25 @@ def paired_speedup(base: Measurement, other: Measurement) -> float:
     return statistics.median(b / o for b, o in zip(base.samples, other.samples))
 
 
+def paired_halves(base: Measurement, other: Measurement) -> tuple[float, float] | None:
+    """:func:`paired_speedup` over the even-numbered rounds and over the odd-numbered ones
+    (rounds 0, 2, 4, ... and 1, 3, 5, ...); None below 2 rounds.
+
+    Two measurements of the same plans from one run: how far the measured ranking agrees with
+    itself says how far any prediction's ranking against it can be judged.
+
+    Raises:
+      ValueError: as :func:`paired_speedup`.
+    """
+    if len(base.samples) != len(other.samples):
+        raise ValueError(f"paired_halves needs two measurements of one interleaved run, got {len(base.samples)} "
+                         f"and {len(other.samples)} rounds")
+    if len(base.samples) < 2:
+        return None
+    return (paired_speedup(Measurement(base.samples[0::2]), Measurement(other.samples[0::2])),
+            paired_speedup(Measurement(base.samples[1::2]), Measurement(other.samples[1::2])))
+
+
 def paired_interval(base: Measurement, other: Measurement, level: float = 0.9,
                     draws: int = 2000) -> tuple[float, float]:
     """A percentile bootstrap interval, at confidence ``level``, of :func:`paired_speedup`

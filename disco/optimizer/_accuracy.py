@@ -9,6 +9,11 @@ in it; :attr:`~disco.optimizer.PlanRow.predicted_by` says where it came from.
 
 TVM's meta-schedule judges its cost models by ranking quality as well as error: a model that is
 off by a constant factor still picks the right plan; one that ranks badly does not.
+
+A ranking can only be judged as far as the measurements rank the plans reliably: where plans lie
+within the measurement's noise of each other, a perfect prediction scores a low tau too. So the
+measurements are also judged against themselves (:attr:`Accuracy.repeat_tau`): the plans' drift-free
+times from the even-numbered rounds against those from the odd-numbered rounds of the same run.
 """
 
 from __future__ import annotations
@@ -90,6 +95,10 @@ class Accuracy(NamedTuple):
       paired_tau, paired_median_error: the predictions against drift-free times: xla_default's
         median over each plan's paired speedup in its own rounds (plans measured in different rounds,
         under a load that changes, compare on one scale); None without xla_default's row.
+      repeat_tau, repeat_median_error: the measurements against themselves: each plan's drift-free
+        time from its even-numbered rounds against that from its odd-numbered rounds (its
+        :attr:`~disco.optimizer.PlanRow.halves`); a tau well below 1 says the measured ranking is
+        mostly noise, and no prediction can be judged to rank better; None below 2 rounds.
     """
 
     plans: int
@@ -100,6 +109,8 @@ class Accuracy(NamedTuple):
     simulated_median_error: float | None = None
     paired_tau: float | None = None
     paired_median_error: float | None = None
+    repeat_tau: float | None = None
+    repeat_median_error: float | None = None
 
     def line(self) -> str:
         """One line: ``predicted vs measured over 13 plans: Kendall tau 0.070, median error 58.1% ...``."""
@@ -116,13 +127,17 @@ class Accuracy(NamedTuple):
         paired = fmt(self.paired_tau, self.paired_median_error)
         if paired != fmt(self.tau, self.median_error):  # said only where it says something else
             text += f"; against drift-free times (xla_default's median over each plan's paired speedup): {paired}"
+        if self.repeat_tau is not None or self.repeat_median_error is not None:
+            text += (f"; the measurements against themselves (even against odd rounds): "
+                     f"{fmt(self.repeat_tau, self.repeat_median_error)}")
         return text
 
     def to_dict(self) -> dict[str, Any]:
         return {"plans": self.plans, "kendall_tau": self.tau, "median_relative_error": self.median_error,
                 "predicted_by": dict(self.sources), "simulated_kendall_tau": self.simulated_tau,
                 "simulated_median_relative_error": self.simulated_median_error,
-                "paired_kendall_tau": self.paired_tau, "paired_median_relative_error": self.paired_median_error}
+                "paired_kendall_tau": self.paired_tau, "paired_median_relative_error": self.paired_median_error,
+                "repeat_kendall_tau": self.repeat_tau, "repeat_median_relative_error": self.repeat_median_error}
 
 
 def compared(rows: Sequence[PlanRow]) -> list[PlanRow]:
@@ -143,6 +158,12 @@ def accuracy(rows: Sequence[PlanRow]) -> Accuracy:
     if paired and len(paired) == len(judged):
         ptau = kendall_tau([p for p, _ in paired], [m for _, m in paired])
         perr = median_relative_error([p for p, _ in paired], [m for _, m in paired])
+    halves = [(1 / r.halves[0], 1 / r.halves[1]) for r in judged
+              if r.halves is not None and min(r.halves) > 0 and all(map(math.isfinite, r.halves))]
+    rtau = rerr = None
+    if halves and len(halves) == len(judged):
+        rtau = kendall_tau([a for a, _ in halves], [b for _, b in halves])
+        rerr = median_relative_error([a for a, _ in halves], [b for _, b in halves])
     return Accuracy(len(judged), kendall_tau(pred, meas), median_relative_error(pred, meas),
                     dict(Counter(r.predicted_by for r in judged)), kendall_tau(sim, meas),
-                    median_relative_error(sim, meas), ptau, perr)
+                    median_relative_error(sim, meas), ptau, perr, rtau, rerr)

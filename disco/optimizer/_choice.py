@@ -49,6 +49,8 @@ class PlanRow:
       applied: whether the plan was applied (False: it fell back to XLA's default compile).
       fallback_reason: why it fell back, or None.
       speedup: the paired speedup over xla_default in the same rounds; None when not measured.
+      halves: the paired speedups over xla_default in the even-numbered and in the odd-numbered
+        rounds (:func:`xla_hooks.measure.paired_halves`); None when not measured or below 2 rounds.
       all_reduces: the all-reduces in the compiled step, where the runner counted them.
       measured_in: "run-off" for a plan measured in the run-off only; None otherwise.
       predicted_by: where ``predicted_s`` came from (:data:`disco.optimizer._accuracy.SOURCES`:
@@ -69,6 +71,7 @@ class PlanRow:
     applied: bool = True
     fallback_reason: str | None = None
     speedup: float | None = None
+    halves: tuple[float, float] | None = None
     all_reduces: int | None = None
     measured_in: str | None = None
     predicted_by: str = "emulated"
@@ -92,6 +95,7 @@ class PlanRow:
                 "simulated_ms": ms(self.simulator_s), "measured_median_ms": ms(self.median_s),
                 "measured_min_ms": ms(self.min_s), "measured_max_ms": ms(self.max_s),
                 "speedup_vs_xla_default": self.speedup,
+                "speedup_halves": None if self.halves is None else list(self.halves),
                 "applied": self.applied, "fallback_reason": self.fallback_reason,
                 "plan_digest": self.plan.digest(), "plan_summary": self.plan.summary(),
                 # the keys the optimizer across processes wrote (scripts/tools/zoo_links.py reads them)

@@ -12,7 +12,7 @@ from disco.optimizer._choice import PlanRow, Span, verdict
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._prepare import Target
 from disco.optimizer._runners import InProcessRunner, Runner, Trial, Trials
-from xla_hooks.measure import paired_speedup
+from xla_hooks.measure import paired_halves, paired_speedup
 
 if TYPE_CHECKING:
     from disco.optimizer._compiled import Prices
@@ -88,8 +88,9 @@ def measure(target: Target, cands: Candidates, config: OptimizeConfig, progress:
 
 
 def measured_row(row: PlanRow, trial: Trial, base: Any) -> PlanRow:
-    """``row`` with ``trial``'s times and its paired speedup over ``base`` (xla_default's times there)."""
+    """``row`` with ``trial``'s times and its paired speedup over ``base`` (xla_default's times there),
+    over all rounds and over each half of them."""
     s = trial.span()
     return dataclasses.replace(row, median_s=s.median, min_s=s.min, max_s=s.max, applied=trial.applied,
                                fallback_reason=trial.fallback_reason, speedup=paired_speedup(base, trial.times),
-                               all_reduces=trial.all_reduces)
+                               halves=paired_halves(base, trial.times), all_reduces=trial.all_reduces)

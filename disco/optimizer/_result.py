@@ -154,6 +154,22 @@ class OptimizeResult:
             return None
         return c.vs_baseline_interval
 
+    def headroom_closed(self, name: str | None = None) -> float | None:
+        """The share of the headroom from xla_default to the measured communication-free bound
+        that a plan closed: ``(1 - 1/s) / (1 - 1/b)``, with ``b`` the bound's paired speedup over
+        xla_default in the first run and ``s`` the plan's (``name``'s in the first run; by default
+        the answer's, confirmed when confirmed): 0 for xla_default, 1 at the bound, above 1 for a
+        plan that also gains from compute. None without the bound, or when it measured no faster
+        than xla_default.
+
+        Raises:
+          KeyError: for a ``name`` that is not a row.
+        """
+        if self.bound is None or self.bound.speedup <= 1.0:
+            return None
+        s = self.speedup if name is None else self.row(name).gain(self.row("xla_default"))
+        return (1.0 - 1.0 / s) / (1.0 - 1.0 / self.bound.speedup)
+
     def row(self, name: str) -> PlanRow:
         """The row called ``name``.
 
@@ -191,6 +207,8 @@ class OptimizeResult:
             "runoff_ms": spans_ms(None if self.runoff is None else self.runoff.times),
             "comm_free_bound_ms": None if self.bound is None else self.bound.times.to_ms_dict(),
             "comm_free_bound_speedup": None if self.bound is None else self.bound.speedup,
+            "headroom_closed": {"answer": self.headroom_closed(),
+                                "best_baseline": self.headroom_closed(self.best_baseline)},
             # the keys the optimizer across processes wrote (scripts/tools/zoo_links.py reads them)
             "plan_json": self.plan.replace(name=self.chosen).to_json(), "speedup": self.speedup,
             "best_baseline": self.best_baseline, "relation": self.relation,
@@ -257,6 +275,10 @@ class OptimizeResult:
                 f"({b.times.min * 1e3:.3f}-{b.times.max * 1e3:.3f}), {b.speedup:.3f}x over xla_default in the "
                 "first run: the step with its all-reduces replaced by copies and XLA's default fusion, what "
                 "removing communication alone would gain here")
+        closed = self.headroom_closed()
+        if closed is not None:
+            text += (f"; of the headroom from xla_default to it, the answer closed {closed * 100:.0f}%, the best "
+                     f"baseline ({self.best_baseline}) {self.headroom_closed(self.best_baseline) * 100:.0f}%")
         if self.chosen != "xla_default" and self.speedup > b.speedup:
             text += (f"; the answer's {self.speedup:.3f}x exceeds it, so its gain is not from communication "
                      "alone: a plan also changes XLA's compile around the all-reduces (the combiner off, "

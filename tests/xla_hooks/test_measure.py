@@ -60,6 +60,15 @@ def test_paired_speedup_is_the_median_of_per_round_ratios():
         measure.paired_speedup(base, measure.Measurement((1.0, 1.0)))
 
 
+def test_paired_halves_pair_the_even_rounds_and_the_odd_rounds():
+    base = measure.Measurement((4.0, 6.0, 4.0, 6.0, 4.0))
+    other = measure.Measurement((2.0, 3.0, 1.0, 6.0, 2.0))  # even rounds 2x, 4x, 2x; odd 2x, 1x
+    assert measure.paired_halves(base, other) == pytest.approx((2.0, 1.5))
+    assert measure.paired_halves(measure.Measurement((1.0,)), measure.Measurement((1.0,))) is None
+    with pytest.raises(ValueError, match="one interleaved run"):
+        measure.paired_halves(base, measure.Measurement((1.0, 1.0)))
+
+
 def test_paired_interval_brackets_the_paired_speedup_and_repeats():
     base = measure.Measurement((1.0, 1.1, 0.9, 1.2, 1.0, 1.05, 0.95))
     other = measure.Measurement((0.8, 1.0, 0.85, 1.0, 0.9, 1.0, 0.9))

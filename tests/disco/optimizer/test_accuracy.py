@@ -110,3 +110,22 @@ def test_drift_free_times_put_every_round_on_xla_defaults_scale():
     assert acc.paired_tau == pytest.approx(1.0) and acc.paired_median_error == pytest.approx(0.0)
     assert "against drift-free times" in acc.line() and acc.to_dict()["paired_kendall_tau"] == acc.paired_tau
     assert opt.accuracy(rows[1:]).paired_tau is None  # no xla_default row: no scale
+
+
+@pytest.mark.fast
+def test_the_measurements_are_judged_against_themselves_from_their_halves():
+    # even rounds rank p1 < p2 < p3 (faster first), odd rounds p2 < p1 < p3: one pair of 6 swapped
+    rows = (dataclasses.replace(row("xla_default", 0.10, speedup=1.0), halves=(1.0, 1.0)),
+            dataclasses.replace(row("p1", 0.05, speedup=2.0), halves=(2.2, 1.8)),
+            dataclasses.replace(row("p2", 0.05, speedup=2.0), halves=(1.9, 2.0)),
+            dataclasses.replace(row("p3", 0.08, speedup=1.25), halves=(1.2, 1.3)))
+    acc = opt.accuracy(rows)
+    assert acc.repeat_tau == pytest.approx(4 / 6)
+    # the even rounds' drift-free times against the odd rounds': 0, 1/2.2 vs 1/1.8, 1/1.9 vs 1/2.0, ...
+    errs = sorted([0.0, abs(1 / 2.2 - 1 / 1.8) * 1.8, abs(1 / 1.9 - 1 / 2.0) * 2.0, abs(1 / 1.2 - 1 / 1.3) * 1.3])
+    assert acc.repeat_median_error == pytest.approx((errs[1] + errs[2]) / 2)
+    assert "the measurements against themselves (even against odd rounds): Kendall tau 0.667" in acc.line()
+    assert acc.to_dict()["repeat_kendall_tau"] == acc.repeat_tau
+    # a row without halves (one round): the measurements cannot be judged against themselves
+    single = opt.accuracy((*rows[:3], dataclasses.replace(rows[3], halves=None)))
+    assert single.repeat_tau is None and "against themselves" not in single.line()

@@ -493,7 +493,8 @@ def test_summary_and_repr_of_a_built_result():
         "confirmation: ddp 1.250x paired over 27 rounds",
         "communication-free bound (not a plan): 60.000 ms (50.000-70.000), 1.600x over xla_default in the first "
         "run: the step with its all-reduces replaced by copies and XLA's default fusion, what removing "
-        "communication alone would gain here",
+        "communication alone would gain here; of the headroom from xla_default to it, the answer closed 53%, the "
+        "best baseline (ddp) 62%",
         "chosen: ddp (1.250x)",
         "* the answer: ddp: the fastest in the first run, confirmed against xla_default in fresh rounds",
         "verdict: ddp measured 1.300x faster",
@@ -504,6 +505,12 @@ def test_summary_and_repr_of_a_built_result():
                                     "ddp": {"median": 80.0, "min": 70.0, "max": 90.0}}
     assert d["comm_free_bound_ms"] == {"median": 60.0, "min": 50.0, "max": 70.0} and d["runoff_ms"] is None
     assert d["comm_free_bound_speedup"] == 1.6 and d["measurement"] == {"rounds": 9, "steps_per_round": 3}
+    # (1 - 1/1.25) / (1 - 1/1.6): the confirmed answer; (1 - 1/1.3) / (1 - 1/1.6): ddp in the first run
+    assert d["headroom_closed"] == pytest.approx({"answer": 0.2 / 0.375, "best_baseline": (1 - 1 / 1.3) / 0.375})
+    assert result.headroom_closed("xla_default") == 0.0
+    assert dataclasses.replace(result, bound=opt.Bound(opt.Span(0.1, 0.1, 0.1), 0.98)).headroom_closed() is None
+    with pytest.raises(KeyError, match="no row 'nope'"):
+        result.headroom_closed("nope")
     with pytest.raises(ValueError, match="carries its simulator"):
         opt.chrome_trace(result)
 
