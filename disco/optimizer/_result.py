@@ -157,17 +157,24 @@ class OptimizeResult:
     def headroom_closed(self, name: str | None = None) -> float | None:
         """The share of the headroom from xla_default to the measured communication-free bound
         that a plan closed: ``(1 - 1/s) / (1 - 1/b)``, with ``b`` the bound's paired speedup over
-        xla_default in the first run and ``s`` the plan's (``name``'s in the first run; by default
-        the answer's, confirmed when confirmed): 0 for xla_default, 1 at the bound, above 1 for a
-        plan that also gains from compute. None without the bound, or when it measured no faster
-        than xla_default.
+        xla_default in the first run and ``s`` the plan's: by default the answer's (confirmed when
+        confirmed), else ``name``'s in the confirmation when it measured that plan beside the
+        answer (the best baseline), so the two compare in one run, and in the first run otherwise.
+        0 for xla_default, 1 at the bound, above 1 for a plan that also gains from compute. None
+        without the bound, or when it measured no faster than xla_default.
 
         Raises:
           KeyError: for a ``name`` that is not a row.
         """
         if self.bound is None or self.bound.speedup <= 1.0:
             return None
-        s = self.speedup if name is None else self.row(name).gain(self.row("xla_default"))
+        c = self.confirmation
+        if name is None:
+            s = self.speedup
+        elif c is not None and name == c.baseline and c.baseline_speedup is not None:
+            s = c.baseline_speedup
+        else:
+            s = self.row(name).gain(self.row("xla_default"))
         return (1.0 - 1.0 / s) / (1.0 - 1.0 / self.bound.speedup)
 
     def row(self, name: str) -> PlanRow:

@@ -156,7 +156,8 @@ def load_results(paths: list[str], models: list[str]) -> dict:
                 results[m] = {**res["optimize"], "_share": res.get("share"), "_best_baseline": res.get("best_baseline")}
             else:
                 results[m] = res
-    return {m: results[m] for m in models if m in results}
+    # a --twice file's second runs are "<model> (run 2)": kept with their model, in the file's order
+    return {label: res for label, res in results.items() if label.split(" (run ")[0] in models}
 
 
 def best_baseline(res: dict) -> dict | None:

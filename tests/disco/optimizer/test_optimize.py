@@ -508,6 +508,10 @@ def test_summary_and_repr_of_a_built_result():
     # (1 - 1/1.25) / (1 - 1/1.6): the confirmed answer; (1 - 1/1.3) / (1 - 1/1.6): ddp in the first run
     assert d["headroom_closed"] == pytest.approx({"answer": 0.2 / 0.375, "best_baseline": (1 - 1 / 1.3) / 0.375})
     assert result.headroom_closed("xla_default") == 0.0
+    # a baseline the confirmation measured beside the answer: its speedup there, (1 - 1/1.2) / (1 - 1/1.6)
+    beside = dataclasses.replace(result, confirmation=result.confirmation._replace(
+        candidate="horovod", baseline="ddp", baseline_speedup=1.2))
+    assert beside.headroom_closed("ddp") == pytest.approx((1 - 1 / 1.2) / 0.375)
     assert dataclasses.replace(result, bound=opt.Bound(opt.Span(0.1, 0.1, 0.1), 0.98)).headroom_closed() is None
     with pytest.raises(KeyError, match="no row 'nope'"):
         result.headroom_closed("nope")
