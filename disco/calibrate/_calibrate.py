@@ -20,7 +20,8 @@ def calibrate(runner: Runner, *, sizes: Sequence[int] | None = None, reps: int |
     The lone fit (:func:`fit`) prices one all-reduce per call; with ``chain``, the chained fit
     (:func:`fit_chained`: ``t(k, n) = c + k (a + b n)``) gives the latency and bandwidth instead,
     ``a + b n`` being what each all-reduce of a multi-all-reduce executable costs. The per-operand
-    cost is ``(t_variadic - t_concat) / (operands - 1)``.
+    cost is ``(t_variadic - t_concat) / (operands - 1)``; the ``rs_ag`` scale is a reduce-scatter
+    plus all-gather of a buffer over one all-reduce of it, timed side by side.
 
     Args:
       runner: where the all-reduces run (:class:`InProcessRunner`: this process's devices;
@@ -56,6 +57,9 @@ def calibrate(runner: Runner, *, sizes: Sequence[int] | None = None, reps: int |
     lone = fit(t.devices, t.sizes, t.medians_s)
     c = dataclasses.replace(lone, operand_latency=max(0.0, (t.variadic_s - t.concat_s) / (t.operands - 1)),
                             variadic_s=t.variadic_s, concat_s=t.concat_s)
+    if t.rs_ag_s is not None and t.rs_ag_all_reduce_s:  # what an rs_ag bucket costs over its all-reduce
+        c = dataclasses.replace(c, rs_ag_scale=t.rs_ag_s / t.rs_ag_all_reduce_s, rs_ag_s=t.rs_ag_s,
+                                rs_ag_all_reduce_s=t.rs_ag_all_reduce_s)
     chained = fit_chained(t.devices, t.sizes, t.chain, t.chain_medians_s) if t.chain else None
     if chained is not None:
         c = dataclasses.replace(c, latency=chained.latency, bandwidth=chained.bandwidth, fit_a=chained.fit_a,
@@ -90,7 +94,7 @@ def cluster_spec(cal: CrossCalibration) -> ClusterSpec:
               if cal.chained else "latency and bandwidth of one all-reduce per call")
     return ClusterSpec(name=f"testbed-{cal.processes}x{cal.devices_per_process}", nodes=cal.processes,
                        devices_per_node=cal.devices_per_process, intra=link, inter=link, algorithm="ring",
-                       operand_latency=c.operand_latency, overlap=False,
+                       operand_latency=c.operand_latency, rs_ag_scale=c.rs_ag_scale, overlap=False,
                        description=f"{cal.processes} processes x {cal.devices_per_process} CPU devices over {over}; "
                                    f"{fitted}",
                        label=f"calibrated across processes on {over}")

@@ -24,9 +24,14 @@ class Calibration:
     variadic_s: float | None = None  # the OPERANDS-operand variadic all-reduce, median
     concat_s: float | None = None  # the same bytes as one buffer, median
     floored: tuple[str, ...] = ()  # the fitted terms raised to their floor (floor_fit)
+    # a reduce-scatter plus all-gather of a buffer over one all-reduce of it, measured (1.0: not timed)
+    rs_ag_scale: float = 1.0
+    rs_ag_s: float | None = None  # the pair, median
+    rs_ag_all_reduce_s: float | None = None  # the all-reduce beside it, median
 
     def as_preset_calibration(self) -> dict[str, float]:
-        return {"latency": self.latency, "bandwidth": self.bandwidth, "operand_latency": self.operand_latency}
+        return {"latency": self.latency, "bandwidth": self.bandwidth, "operand_latency": self.operand_latency,
+                "rs_ag_scale": self.rs_ag_scale}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

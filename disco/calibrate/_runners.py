@@ -38,6 +38,8 @@ class Timings(NamedTuple):
       chain: the chain lengths timed (``()``: none).
       chain_medians_s: ``chain_medians_s[i][j]``: seconds per call for ``sizes[i]`` and ``chain[j]``.
       switch: the emulated switch's statistics of the run, or None.
+      rs_ag_all_reduce_s, rs_ag_s: one all-reduce against a reduce-scatter plus all-gather of the
+        same buffer (:func:`~disco.runtime.allreduce_timing.measure_rs_ag`), or None (not timed).
     """
 
     devices: int
@@ -49,6 +51,8 @@ class Timings(NamedTuple):
     chain: tuple[int, ...] = ()
     chain_medians_s: tuple[tuple[float, ...], ...] = ()
     switch: dict[str, Any] | None = None
+    rs_ag_all_reduce_s: float | None = None
+    rs_ag_s: float | None = None
 
     def __repr__(self) -> str:
         chain = "" if not self.chain else f", chains {'/'.join(map(str, self.chain))}"
@@ -83,9 +87,11 @@ def timings(devices: int, results: Sequence[dict[str, Any]], switch: dict[str, A
     chain_medians: tuple[tuple[float, ...], ...] = ()
     if r0.get("chain"):
         _, chain, chain_medians = chained_medians(results)
+    rs_ag = [(r["rs_ag_all_reduce_s"], r["rs_ag_s"]) for r in results if r.get("rs_ag_s") is not None]
     return Timings(devices, sizes, tuple(max(r["medians_s"][i] for r in results) for i in range(len(sizes))),
                    max(r["variadic_s"] for r in results), max(r["concat_s"] for r in results), r0["operands"],
-                   chain, chain_medians, switch)
+                   chain, chain_medians, switch,
+                   max(a for a, _ in rs_ag) if rs_ag else None, max(b for _, b in rs_ag) if rs_ag else None)
 
 
 class Runner(Protocol):
@@ -207,7 +213,7 @@ class CrossCalibration:
             "processes": self.processes, "devices_per_process": self.devices_per_process,
             "link": self.link.to_dict() if self.link else "loopback", **c.to_dict(),
             "fitted_bandwidth_bps": c.bandwidth * 8, "fitted_latency_us": c.latency * 1e6,
-            "operand_latency_us": c.operand_latency * 1e6, "switch": self.switch,
+            "operand_latency_us": c.operand_latency * 1e6, "rs_ag_scale": c.rs_ag_scale, "switch": self.switch,
             "fit": "chained" if self.chained else "lone",
             "chained": self.chained.to_dict() if self.chained else None,
             "lone": ({"latency_us": self.lone.latency * 1e6, "bandwidth_bps": self.lone.bandwidth * 8,

@@ -79,9 +79,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"variadic all-reduce of {timing.OPERANDS} operands ({timing.OPERAND_BYTES:,d} bytes in all) "
               f"{c.variadic_s * 1e6:.1f} us, the same bytes concatenated {c.concat_s * 1e6:.1f} us: "
               f"operand latency {c.operand_latency * 1e6:.1f} us")
+        print(rs_ag_line(c))
         if args.out:
             print(f"wrote {args.out}")
     return 0
+
+
+def rs_ag_line(c: Any) -> str:
+    """One line: the all-reduce against the reduce-scatter plus all-gather of the same buffer, and the
+    scale an ``rs_ag`` bucket is priced with."""
+    if c.rs_ag_s is None:
+        return "reduce-scatter plus all-gather: not timed (rs_ag buckets priced as the links price them)"
+    from disco.runtime import allreduce_timing as timing
+
+    return (f"all-reduce of {timing.RS_AG_BYTES:,d} bytes per device {c.rs_ag_all_reduce_s * 1e6:.1f} us, a "
+            f"reduce-scatter plus all-gather of it {c.rs_ag_s * 1e6:.1f} us: rs_ag scale {c.rs_ag_scale:.3f}")
 
 
 # -- across processes, maybe over an emulated link ----------------------------------------------
@@ -129,6 +141,7 @@ def run_across(args: argparse.Namespace) -> int:
               + (f", fitted latency / delay {c.latency / link.delay_s:.2f}" if link.delay_s else ""))
     print(f"variadic all-reduce {c.variadic_s * 1e6:.1f} us, concatenated {c.concat_s * 1e6:.1f} us: operand latency "
           f"{c.operand_latency * 1e6:.1f} us")
+    print(rs_ag_line(c))
     if "baselines" in out:
         b = out["baselines"]
         f = b["compute_floor"]  # the step with its all-reduces replaced by copies, same rounds

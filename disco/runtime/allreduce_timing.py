@@ -18,6 +18,7 @@ from typing import Any
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 24)
 OPERANDS = 32
 OPERAND_BYTES = 1 << 20  # total bytes of the variadic/concat pair
+RS_AG_BYTES = 1 << 22  # bytes per device of the all-reduce / reduce-scatter + all-gather pair
 
 
 def _data_parallel(devices: int, fns: Sequence[Any], per_device: int) -> tuple[list[Any], Any]:
@@ -109,6 +110,27 @@ def measure_variadic(devices: int, operands: int = OPERANDS, nbytes: int = OPERA
     return variadic_s, concat_s
 
 
+def measure_rs_ag(devices: int, nbytes: int = RS_AG_BYTES, reps: int = 20) -> tuple[float, float]:
+    """Median seconds of (one all-reduce of ``nbytes`` per device, a reduce-scatter of the same
+    buffer followed by an all-gather of its shards), interleaved rep by rep: what an ``rs_ag``
+    bucket costs here against the all-reduce it replaces. On a ring the two move the same bytes in
+    the same steps; a backend may run them otherwise (measured 1.13x over 8 in-process CPU devices,
+    1.07x across 2 processes on the emulated 10 Gbit/s + 50 us link, both at 4 MiB;
+    docs/archive/lab-notebook.md, "The measurements against themselves")."""
+    import jax
+
+    def all_reduce(x):
+        return jax.lax.psum(x, "dp")
+
+    def rs_ag(x):
+        return jax.lax.all_gather(jax.lax.psum_scatter(x, "dp", tiled=True), "dp", tiled=True)
+
+    per_device = max(devices, nbytes // 4 // devices * devices)  # a multiple of the devices, to scatter
+    fns, x = _data_parallel(devices, [all_reduce, rs_ag], per_device)
+    all_reduce_s, rs_ag_s = _medians(fns, x, reps)
+    return all_reduce_s, rs_ag_s
+
+
 def time_chained(devices: int, sizes: Sequence[int], chain: Sequence[int], reps: int = 20) -> dict[str, Any]:
     """Executables of k chained all-reduces per size (:func:`measure_chained`): ``chain_medians_s[size][k]``
     (seconds per call) and the all-reduces XLA kept in each (``chain_all_reduces``, k expected)."""
@@ -120,8 +142,10 @@ def time_chained(devices: int, sizes: Sequence[int], chain: Sequence[int], reps:
 def time_all_reduces(devices: int, sizes: Sequence[int], reps: int, chain: Sequence[int] = ()) -> dict[str, Any]:
     """One calibration's times over ``devices`` devices: the median seconds of one all-reduce per
     call for each of ``sizes`` bytes per device (``medians_s``; the chain of one when ``chain``
-    holds 1), the chained timings when ``chain`` is given (:func:`time_chained`), and the variadic
-    all-reduce of ``OPERANDS`` parts against their concatenation (``variadic_s``, ``concat_s``)."""
+    holds 1), the chained timings when ``chain`` is given (:func:`time_chained`), the variadic
+    all-reduce of ``OPERANDS`` parts against their concatenation (``variadic_s``, ``concat_s``), and
+    one all-reduce of ``RS_AG_BYTES`` against a reduce-scatter plus all-gather of the same buffer
+    (``rs_ag_all_reduce_s``, ``rs_ag_s``: :func:`measure_rs_ag`)."""
     chain = tuple(chain)
     out: dict[str, Any] = time_chained(devices, sizes, chain, reps) if chain else {}
     if 1 in chain:  # the lone all-reduce per call is the chain of one
@@ -129,5 +153,7 @@ def time_all_reduces(devices: int, sizes: Sequence[int], reps: int, chain: Seque
     else:
         medians = [measure_allreduce(devices, s, reps) for s in sizes]
     variadic_s, concat_s = measure_variadic(devices, reps=reps)
+    rs_ag_all_reduce_s, rs_ag_s = measure_rs_ag(devices, reps=reps)
     return {**out, "sizes": list(sizes), "medians_s": medians, "variadic_s": variadic_s, "concat_s": concat_s,
-            "operands": OPERANDS, "operand_bytes": OPERAND_BYTES}
+            "operands": OPERANDS, "operand_bytes": OPERAND_BYTES, "rs_ag_all_reduce_s": rs_ag_all_reduce_s,
+            "rs_ag_s": rs_ag_s, "rs_ag_bytes": RS_AG_BYTES}

@@ -34,7 +34,7 @@ H100_IB_LATENCY = 5e-6
 LOCAL_BANDWIDTH = 5e9
 LOCAL_LATENCY = 20e-6
 LOCAL_DEVICES = 8
-_CALIBRATION_KEYS = frozenset({"bandwidth", "latency", "compute_speed", "operand_latency"})
+_CALIBRATION_KEYS = frozenset({"bandwidth", "latency", "compute_speed", "operand_latency", "rs_ag_scale"})
 
 
 def preset(name: str, devices: int | None = None, calibration: Mapping[str, float] | None = None) -> ClusterSpec:
@@ -45,7 +45,8 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
         ``--xla_force_host_platform_device_count=8``), one node; link costs are
         placeholders (5 GB/s, 20 us) unless ``calibration`` gives measured
         ``bandwidth`` (bytes/s), ``latency`` (s), ``operand_latency`` (s per extra operand of a
-        variadic all-reduce) and/or ``compute_speed``.
+        variadic all-reduce), ``rs_ag_scale`` (a reduce-scatter plus all-gather over one
+        all-reduce of the same buffer) and/or ``compute_speed``.
       dgx-a100-8: 1 node x 8 GPUs, NVLink 300 GB/s per direction, 5 us; ring.
       2x8-100gbe: 2 nodes x 8 GPUs, NVLink inside, 100 Gb/s Ethernet between (15 us); hierarchical.
       16x8-ib: 16 nodes x 8 GPUs, NVLink inside, 8 x 200 Gb/s InfiniBand per node (200 GB/s, 5 us);
@@ -85,6 +86,7 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
         return ClusterSpec(name="local", nodes=1, devices_per_node=n, intra=link, inter=link,
                            algorithm="ring", compute_speed=float(cal.get("compute_speed", 1.0)),
                            operand_latency=float(cal.get("operand_latency", 0.0)),
+                           rs_ag_scale=float(cal.get("rs_ag_scale", 1.0)),
                            overlap=False,  # the device threads that compute also reduce
                            description=f"{n} virtual CPU devices of this machine",
                            label="calibrated on this machine" if measured else LOCAL_LABEL)

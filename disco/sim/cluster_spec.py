@@ -16,6 +16,7 @@ Our own YAML format (``ClusterSpec.to_yaml`` / ``ClusterSpec.from_yaml``)::
     algorithm: hierarchical                     # ring | tree | hierarchical
     compute_speed: 1.0                          # optional, default 1.0
     operand_latency: 0us                        # optional: per extra operand of a variadic all-reduce
+    rs_ag_scale: 1.0                            # optional: an rs_ag bucket's time over what the links price
     overlap: true                               # optional: collectives beside compute (false: one stream)
     device: cpu                                 # optional: the device kind that prices kernels (cpu | h100)
     description: ...                            # optional free text
@@ -58,6 +59,7 @@ GPU_DEVICES: frozenset[str] = frozenset({"h100"})
 MIN_BANDWIDTH = 1.0  # bytes/s of a link
 MAX_LATENCY = 3600.0  # seconds per message of a link, and operand_latency
 MIN_COMPUTE_SPEED = 1e-6  # relative to the profiled device
+MAX_RS_AG_SCALE = 1000.0  # a reduce-scatter plus all-gather over what the links price for them
 MAX_DEVICES = 2**31  # nodes * devices_per_node
 # Bytes of a cluster file: a SuperScaler-style file of a thousand servers is a few MB; more is the
 # wrong file (a checkpoint, /dev/zero, a JSON data set: JSON is YAML, which PyYAML reads at about 150 kB/s).
@@ -198,6 +200,19 @@ class LinkSpec:
         return {"bandwidth": float(self.bandwidth), "latency": float(self.latency)}
 
 
+def check_rs_ag_scale(value: Any, where: str) -> float:
+    """``value`` as an ``rs_ag_scale``: a finite number in (0, ``MAX_RS_AG_SCALE``].
+
+    Raises:
+      ValueError: naming ``where``, what was given and what was expected.
+    """
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not (math.isfinite(_as_float(value)) and 0 < value <= MAX_RS_AG_SCALE)):
+        raise ValueError(f"{where}: expected a number > 0 and at most {MAX_RS_AG_SCALE:g} (a reduce-scatter plus "
+                         f"all-gather over what the links price for them), got {shown(value)}")
+    return float(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterSpec:
     """A homogeneous data-parallel cluster.
@@ -215,6 +230,13 @@ class ClusterSpec:
         by ``disco calibrate`` (XLA:CPU runs a variadic all-reduce operand by operand, while one
         concatenated buffer of the same bytes costs about one operand; docs/archive/lab-notebook.md, "Calibration: all-reduce
         alpha/beta of this machine").
+      rs_ag_scale: an ``rs_ag`` bucket's time (a reduce-scatter and an all-gather of its buffer)
+        over what the links price for the pair (on a ring, what they price for one all-reduce of
+        the buffer). 1.0 for the public shapes (not measured there); measured by ``disco calibrate``
+        as the pair's time over one all-reduce's, side by side (1.13x over 8 in-process CPU devices
+        at 4 MiB; docs/archive/lab-notebook.md, "The measurements against themselves"). It scales
+        the fast tier's ``rs_ag`` buckets; the compiled tier prices each collective of a compiled
+        module by its kind, unscaled.
       overlap: whether a collective runs beside compute (its own stream, as on GPUs with NCCL).
         False for devices whose collectives are run by the same threads that compute (in-process
         virtual CPU devices: measured, one all-reduce per gradient is the slowest plan there), so
@@ -233,6 +255,7 @@ class ClusterSpec:
     algorithm: Algorithm = "ring"
     compute_speed: float = 1.0
     operand_latency: float = 0.0
+    rs_ag_scale: float = 1.0
     overlap: bool = True
     description: str = dataclasses.field(default="", compare=False)
     label: str = dataclasses.field(default="", compare=False)
@@ -244,7 +267,8 @@ class ClusterSpec:
             return f"{spec.bandwidth / 1e9:.4g} GB/s {spec.latency * 1e6:.4g} us"
 
         extra = [f"{f}={getattr(self, f)!r}" for f, default in
-                 (("algorithm", "ring"), ("compute_speed", 1.0), ("operand_latency", 0.0), ("overlap", True))
+                 (("algorithm", "ring"), ("compute_speed", 1.0), ("operand_latency", 0.0), ("rs_ag_scale", 1.0),
+                  ("overlap", True))
                  if getattr(self, f) != default]
         links = f"link {link(self.intra)}" + ("" if self.inter == self.intra else f", inter {link(self.inter)}")
         return (f"ClusterSpec({self.name[:40]!r}, {self.nodes} x {self.devices_per_node} {self.device}, {links}"
@@ -278,6 +302,7 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec.operand_latency: expected a non-negative number of seconds, got {shown(ol)}")
         if ol > MAX_LATENCY:
             raise ValueError(f"ClusterSpec.operand_latency: expected at most {MAX_LATENCY:g} s, got {shown(ol)}")
+        check_rs_ag_scale(self.rs_ag_scale, "ClusterSpec.rs_ag_scale")
 
     @property
     def is_gpu(self) -> bool:
@@ -301,6 +326,8 @@ class ClusterSpec:
         }
         if self.operand_latency:
             out["operand_latency"] = float(self.operand_latency)
+        if self.rs_ag_scale != 1.0:
+            out["rs_ag_scale"] = float(self.rs_ag_scale)
         if not self.overlap:
             out["overlap"] = False
         if self.device != "cpu":
@@ -327,7 +354,7 @@ class ClusterSpec:
         if not isinstance(data, Mapping):
             raise ValueError(f"{where}: expected a mapping of cluster fields, got {type(data).__name__}")
         known = {"name", "nodes", "devices_per_node", "intra", "inter", "algorithm", "compute_speed",
-                 "operand_latency", "overlap", "description", "label", "device"}
+                 "operand_latency", "rs_ag_scale", "overlap", "description", "label", "device"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{where}: unknown fields {shown(unknown)}; expected some of {sorted(known)}")
@@ -356,6 +383,7 @@ class ClusterSpec:
             raise ValueError(f"{where}.compute_speed: expected a finite number >= {MIN_COMPUTE_SPEED:g}, "
                              f"got {shown(speed)}")
         operand_latency = parse_latency(data.get("operand_latency", 0.0), f"{where}.operand_latency")
+        rs_ag_scale = check_rs_ag_scale(data.get("rs_ag_scale", 1.0), f"{where}.rs_ag_scale")
         overlap = data.get("overlap", True)
         if not isinstance(overlap, bool):
             raise ValueError(f"{where}.overlap: expected true or false, got {shown(overlap)}")
@@ -367,7 +395,7 @@ class ClusterSpec:
             raise ValueError(f"{where}.device: expected one of {', '.join(DEVICES)}, got {shown(device)}")
         return cls(name=data.get("name", f"{nodes}x{dpn}"), nodes=nodes, devices_per_node=dpn,
                    intra=intra, inter=inter, algorithm=algorithm, compute_speed=float(speed),
-                   operand_latency=operand_latency, overlap=overlap, device=device,
+                   operand_latency=operand_latency, rs_ag_scale=rs_ag_scale, overlap=overlap, device=device,
                    description=data.get("description", ""), label=data.get("label", ""))
 
     @classmethod

@@ -80,3 +80,47 @@ def test_calibrate_refuses_bad_arguments_before_measuring(kw, match, monkeypatch
     kw = {"devices": 2, "sizes": (1 << 10, 1 << 12), "reps": 1, **kw}
     with pytest.raises(ValueError, match=match):
         calibrate.calibrate(calibrate.InProcessRunner(kw.pop("devices")), **kw)
+
+
+def test_the_rs_ag_pair_is_measured_next_to_its_all_reduce():
+    from disco.runtime.allreduce_timing import measure_rs_ag
+
+    all_reduce_s, rs_ag_s = measure_rs_ag(4, nbytes=1 << 12, reps=3)
+    assert all_reduce_s > 0 and rs_ag_s > 0
+
+
+class _Timed:
+    """A calibration runner that returns fixed timings (nothing is measured)."""
+
+    devices, sizes, reps, chain = 8, (1 << 10, 1 << 20), 1, ()
+
+    def __init__(self, timings):
+        self.timings = timings
+
+    def check_devices(self):
+        pass
+
+    def time(self, sizes, reps, chain):
+        return self.timings
+
+    def result(self, calibration, chained, lone, timed):
+        return calibration
+
+
+@pytest.mark.fast
+def test_the_rs_ag_scale_is_the_pair_over_its_all_reduce_and_reaches_the_spec():
+    from disco.calibrate._runners import timings
+
+    worker = {"sizes": [1 << 10, 1 << 20], "medians_s": [2e-4, 1e-3], "variadic_s": 3e-3, "concat_s": 1e-3,
+              "operands": 32}
+    slow = {**worker, "rs_ag_all_reduce_s": 4e-3, "rs_ag_s": 6e-3}
+    # the slowest worker's per cell: 4 ms and 6 ms, not one worker's ratio
+    t = timings(8, [{**worker, "rs_ag_all_reduce_s": 2e-3, "rs_ag_s": 6.5e-3}, slow])
+    assert (t.rs_ag_all_reduce_s, t.rs_ag_s) == (4e-3, 6.5e-3)
+    c = calibrate.calibrate(_Timed(t))
+    assert c.rs_ag_scale == pytest.approx(6.5 / 4) and c.rs_ag_s == 6.5e-3
+    spec = cluster.preset("local", devices=8, calibration=c.as_preset_calibration())
+    assert spec.rs_ag_scale == pytest.approx(6.5 / 4)
+    # workers of an older disco time no pair: rs_ag buckets are priced as the links price them
+    old = calibrate.calibrate(_Timed(timings(8, [worker])))
+    assert old.rs_ag_scale == 1.0 and old.rs_ag_s is None

@@ -89,6 +89,9 @@ def test_calibration_across_two_processes_fits_a_cluster_spec():
     spec = calibrate.cluster_spec(cal)
     assert (spec.nodes, spec.devices_per_node, spec.algorithm, spec.overlap) == (2, 1, "ring", False)
     assert spec.inter.bandwidth == c.bandwidth and spec.operand_latency == c.operand_latency
+    # the reduce-scatter plus all-gather pair timed beside its all-reduce in every worker
+    assert c.rs_ag_s > 0 and c.rs_ag_scale == pytest.approx(c.rs_ag_s / c.rs_ag_all_reduce_s)
+    assert spec.rs_ag_scale == c.rs_ag_scale and cal.to_dict()["rs_ag_scale"] == c.rs_ag_scale
     assert "127.0.0.1" in spec.label
     assert cal.to_dict()["link"] == "loopback"
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from disco.sim.cluster import (ALGORITHMS, DEVICES, PRESETS, ClusterSpec, LinkSpec, load_cluster, parse_bandwidth,
                                parse_latency, preset, resolve)
-from disco.sim.cluster_spec import MAX_DEVICES, MAX_LATENCY, MIN_BANDWIDTH, MIN_COMPUTE_SPEED
+from disco.sim.cluster_spec import MAX_DEVICES, MAX_LATENCY, MAX_RS_AG_SCALE, MIN_BANDWIDTH, MIN_COMPUTE_SPEED
 
 SUPERSCALER = """\
 Server:
@@ -107,7 +107,7 @@ _SPECS = st.builds(
     ClusterSpec, name=st.text(max_size=20), nodes=st.integers(1, 2**16), devices_per_node=st.integers(1, 2**15),
     intra=_LINKS, inter=_LINKS, algorithm=st.sampled_from(ALGORITHMS),
     compute_speed=st.floats(min_value=MIN_COMPUTE_SPEED, max_value=1e300), operand_latency=_LATENCIES,
-    overlap=st.booleans(), description=st.text(max_size=30), label=st.text(max_size=30),
+    rs_ag_scale=st.floats(min_value=1e-300, max_value=MAX_RS_AG_SCALE), overlap=st.booleans(), description=st.text(max_size=30), label=st.text(max_size=30),
     device=st.sampled_from(DEVICES))
 
 
@@ -353,6 +353,9 @@ def test_spec_validation():
     ("intra: {bandwidth: 1, latency: 1e300}", r"c.yaml.intra.latency: expected a latency of at most 3600 s, got 1e\+300"),
     (_LINK + "operand_latency: 2h", r"c.yaml.operand_latency: unknown unit 'h'"),
     (_LINK + "operand_latency: 1e4", r"c.yaml.operand_latency: expected a latency of at most 3600 s"),
+    (_LINK + "rs_ag_scale: 0", r"c.yaml.rs_ag_scale: expected a number > 0 and at most 1000 \(a reduce-scatter "),
+    (_LINK + "rs_ag_scale: .inf", r"c.yaml.rs_ag_scale: expected a number > 0 and at most 1000 .*got inf"),
+    (_LINK + "rs_ag_scale: fast", r"c.yaml.rs_ag_scale: expected a number > 0 .*got 'fast'"),
     (_LINK + "compute_speed: 1e-320", r"c.yaml.compute_speed: expected a finite number >= 1e-06, got 1e-320"),
     (_LINK + "compute_speed: 1e400", r"c.yaml.compute_speed: expected a finite number >= 1e-06, got inf"),
     (_LINK.replace("intra", "inter") + _LINK + "nodes: 65536\ndevices_per_node: 65536",
@@ -490,3 +493,16 @@ def test_a_long_run_of_digits_is_refused_in_linear_time(value):
     with pytest.raises(ValueError, match=r"^x: expected a latency such as 5us"):
         parse_latency(value, "x")
     assert time.perf_counter() - t0 < 1.0
+
+
+@pytest.mark.fast
+def test_rs_ag_scale_round_trips_defaults_to_one_and_comes_from_a_calibration():
+    text = "nodes: 1\ndevices_per_node: 8\nintra: {bandwidth: 1GB/s, latency: 6us}\nrs_ag_scale: 1.3\n"
+    spec = ClusterSpec.from_yaml(text)
+    assert spec.rs_ag_scale == 1.3 and ClusterSpec.from_yaml(spec.to_yaml()) == spec
+    assert "rs_ag_scale=1.3" in repr(spec)
+    plain = ClusterSpec.from_yaml(text.replace("rs_ag_scale: 1.3\n", ""))
+    assert plain.rs_ag_scale == 1.0 and "rs_ag_scale" not in plain.to_dict() and plain != spec
+    assert preset("local", devices=8, calibration={"rs_ag_scale": 1.3}).rs_ag_scale == 1.3
+    with pytest.raises(ValueError, match=r"ClusterSpec.rs_ag_scale: expected a number > 0"):
+        plain.replace(rs_ag_scale=True)

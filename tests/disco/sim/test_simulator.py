@@ -250,6 +250,17 @@ def test_rs_ag_buckets_are_a_reduce_scatter_then_an_all_gather():
 
 
 @pytest.mark.fast
+def test_a_calibrated_rs_ag_scale_prices_rs_ag_buckets_and_nothing_else():
+    g = graph_of(GRADS)
+    costs = FixedCosts(GRAD_TIMES)
+    plan = FusionPlan(buckets=(Bucket(("ar1",), "rs_ag"), Bucket(("ar2",), "concat")))
+    base = Simulator(g, costs, CLUSTER).result(plan)
+    scaled = Simulator(g, costs, CLUSTER.replace(rs_ag_scale=2.0)).result(plan)
+    # the rs_ag bucket's reduce-scatter and all-gather (2 + 2) twice, ar2's all-reduce (2) once
+    assert (base.comm_time, scaled.comm_time) == (4 + 2, 8 + 2)
+
+
+@pytest.mark.fast
 def test_buckets_none_splits_dependent_all_reduces_by_level():
     # ar2 depends on ar1 (through k2): one bucket would deadlock, the combiner makes two.
     g = graph_of([("p", "parameter", []), ("k1", "dot", ["p"]), ("ar1", "all-reduce", ["k1"], 1),
