@@ -107,7 +107,8 @@ _SPECS = st.builds(
     ClusterSpec, name=st.text(max_size=20), nodes=st.integers(1, 2**16), devices_per_node=st.integers(1, 2**15),
     intra=_LINKS, inter=_LINKS, algorithm=st.sampled_from(ALGORITHMS),
     compute_speed=st.floats(min_value=MIN_COMPUTE_SPEED, max_value=1e300), operand_latency=_LATENCIES,
-    rs_ag_scale=st.floats(min_value=1e-300, max_value=MAX_RS_AG_SCALE), overlap=st.booleans(), description=st.text(max_size=30), label=st.text(max_size=30),
+    rs_ag_scale=st.floats(min_value=1e-300, max_value=MAX_RS_AG_SCALE), overlap=st.booleans(),
+    description=st.text(max_size=30), label=st.text(max_size=30),
     device=st.sampled_from(DEVICES))
 
 
