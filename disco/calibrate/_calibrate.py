@@ -57,9 +57,7 @@ def calibrate(runner: Runner, *, sizes: Sequence[int] | None = None, reps: int |
     lone = fit(t.devices, t.sizes, t.medians_s)
     c = dataclasses.replace(lone, operand_latency=max(0.0, (t.variadic_s - t.concat_s) / (t.operands - 1)),
                             variadic_s=t.variadic_s, concat_s=t.concat_s)
-    if t.rs_ag_s is not None and t.rs_ag_all_reduce_s:  # what an rs_ag bucket costs over its all-reduce
-        c = dataclasses.replace(c, rs_ag_scale=t.rs_ag_s / t.rs_ag_all_reduce_s, rs_ag_s=t.rs_ag_s,
-                                rs_ag_all_reduce_s=t.rs_ag_all_reduce_s)
+    c = dataclasses.replace(c, rs_ag_s=t.rs_ag_s, rs_ag_all_reduce_s=t.rs_ag_all_reduce_s)  # its rs_ag_scale
     chained = fit_chained(t.devices, t.sizes, t.chain, t.chain_medians_s) if t.chain else None
     if chained is not None:
         c = dataclasses.replace(c, latency=chained.latency, bandwidth=chained.bandwidth, fit_a=chained.fit_a,

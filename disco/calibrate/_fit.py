@@ -24,17 +24,22 @@ class Calibration:
     variadic_s: float | None = None  # the OPERANDS-operand variadic all-reduce, median
     concat_s: float | None = None  # the same bytes as one buffer, median
     floored: tuple[str, ...] = ()  # the fitted terms raised to their floor (floor_fit)
-    # a reduce-scatter plus all-gather of a buffer over one all-reduce of it, measured (1.0: not timed)
-    rs_ag_scale: float = 1.0
-    rs_ag_s: float | None = None  # the pair, median
-    rs_ag_all_reduce_s: float | None = None  # the all-reduce beside it, median
+    rs_ag_s: float | None = None  # a reduce-scatter plus all-gather of a buffer, median
+    rs_ag_all_reduce_s: float | None = None  # one all-reduce of it beside the pair, median
+
+    @property
+    def rs_ag_scale(self) -> float:
+        """The reduce-scatter plus all-gather over the all-reduce of the same buffer; 1.0 when not timed."""
+        if self.rs_ag_s is None or not self.rs_ag_all_reduce_s:
+            return 1.0
+        return self.rs_ag_s / self.rs_ag_all_reduce_s
 
     def as_preset_calibration(self) -> dict[str, float]:
         return {"latency": self.latency, "bandwidth": self.bandwidth, "operand_latency": self.operand_latency,
                 "rs_ag_scale": self.rs_ag_scale}
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "rs_ag_scale": self.rs_ag_scale}
 
 
 def fit(devices: int, sizes: Sequence[int], times: Sequence[float]) -> Calibration:

@@ -213,7 +213,7 @@ class CrossCalibration:
             "processes": self.processes, "devices_per_process": self.devices_per_process,
             "link": self.link.to_dict() if self.link else "loopback", **c.to_dict(),
             "fitted_bandwidth_bps": c.bandwidth * 8, "fitted_latency_us": c.latency * 1e6,
-            "operand_latency_us": c.operand_latency * 1e6, "rs_ag_scale": c.rs_ag_scale, "switch": self.switch,
+            "operand_latency_us": c.operand_latency * 1e6, "switch": self.switch,
             "fit": "chained" if self.chained else "lone",
             "chained": self.chained.to_dict() if self.chained else None,
             "lone": ({"latency_us": self.lone.latency * 1e6, "bandwidth_bps": self.lone.bandwidth * 8,

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from disco import calibrate
@@ -59,7 +61,7 @@ def test_variadic_all_reduce_is_measured_next_to_its_concatenation():
 @pytest.mark.fast
 def test_calibration_feeds_the_operand_latency_into_the_local_preset():
     c = calibrate.fit(8, [1 << 10, 1 << 20], [2e-4, 1e-3])
-    c = c.__class__(**{**c.to_dict(), "operand_latency": 2e-4})
+    c = dataclasses.replace(c, operand_latency=2e-4)
     spec = cluster.preset("local", devices=8, calibration=c.as_preset_calibration())
     assert spec.operand_latency == 2e-4 and spec.label == "calibrated on this machine"
 
