@@ -145,25 +145,24 @@ def compared(rows: Sequence[PlanRow]) -> list[PlanRow]:
     return [r for r in rows if r.median_s is not None and r.applied]
 
 
+def _judged(pairs: Sequence[tuple[float, float]], whole: int) -> tuple[float | None, float | None]:
+    """(:func:`kendall_tau`, :func:`median_relative_error`) of ``(predicted, measured)`` pairs; (None,
+    None) unless there is one pair for each of the ``whole`` rows."""
+    if not pairs or len(pairs) != whole:
+        return None, None
+    xs, ys = [a for a, _ in pairs], [b for _, b in pairs]
+    return kendall_tau(xs, ys), median_relative_error(xs, ys)
+
+
 def accuracy(rows: Sequence[PlanRow]) -> Accuracy:
     """:class:`Accuracy` of ``rows`` (:func:`compared`'s: measured and applied), each judged by its
     ``predicted_s`` (made before it was measured) against its ``median_s``."""
     judged = compared(rows)
-    pred = [r.predicted_s for r in judged]
-    meas = [r.median_s for r in judged]
-    sim = [r.simulator_s for r in judged]
     base = next((r.median_s for r in judged if r.name == "xla_default"), None)
-    paired = [(r.predicted_s, base / r.speedup) for r in judged if base is not None and r.speedup]
-    ptau = perr = None
-    if paired and len(paired) == len(judged):
-        ptau = kendall_tau([p for p, _ in paired], [m for _, m in paired])
-        perr = median_relative_error([p for p, _ in paired], [m for _, m in paired])
-    halves = [(1 / r.halves[0], 1 / r.halves[1]) for r in judged
-              if r.halves is not None and min(r.halves) > 0 and all(map(math.isfinite, r.halves))]
-    rtau = rerr = None
-    if halves and len(halves) == len(judged):
-        rtau = kendall_tau([a for a, _ in halves], [b for _, b in halves])
-        rerr = median_relative_error([a for a, _ in halves], [b for _, b in halves])
-    return Accuracy(len(judged), kendall_tau(pred, meas), median_relative_error(pred, meas),
-                    dict(Counter(r.predicted_by for r in judged)), kendall_tau(sim, meas),
-                    median_relative_error(sim, meas), ptau, perr, rtau, rerr)
+    n = len(judged)
+    return Accuracy(n, *_judged([(r.predicted_s, r.median_s) for r in judged], n),
+                    dict(Counter(r.predicted_by for r in judged)),
+                    *_judged([(r.simulator_s, r.median_s) for r in judged], n),
+                    *_judged([(r.predicted_s, base / r.speedup) for r in judged if base is not None and r.speedup], n),
+                    *_judged([(1 / r.halves[0], 1 / r.halves[1]) for r in judged if r.halves is not None
+                              and min(r.halves) > 0 and all(map(math.isfinite, r.halves))], n))
