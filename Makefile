@@ -33,8 +33,12 @@ install-test: $(VENV)/.installed-test
 run: install
 	$(BIN)/disco optimize --model $(MODEL) --preset $(PRESET) --devices $(DEVICES) --budget $(BUDGET)
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist): 2 keeps it under 15 minutes on the 2-core
+# machine it is meant for; TEST_WORKERS=0 runs it in this process (for a debugger).
+TEST_WORKERS ?= 2
+
 test: install-test
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The tests marked `fast`: no XLA compile and no process (tests/conftest.py fails a fast test that
 # compiles or starts one, naming it), for the edit loop; `make test` runs them too.
@@ -89,7 +93,7 @@ $(HOOKS_VENV)/.installed: setup.cfg pyproject.toml $(HOOKS_LOCK)
 
 test-hooks: $(HOOKS_VENV)/.installed
 	$(HOOKS_VENV)/bin/python -c "import jax; assert jax.__version__ == '$(HOOKS_JAX)', jax.__version__"
-	$(HOOKS_VENV)/bin/python -m pytest $(HOOK_TESTS)
+	$(HOOKS_VENV)/bin/python -m pytest -n $(TEST_WORKERS) $(HOOK_TESTS)
 
 # Deviceless XLA:GPU compilation (the simulator's compiled tier for GPU clusters, from a machine
 # without a GPU): Python 3.12, jax[cuda12] at the GPU image's jax (GPU_JAX: the jax the shipped H100

@@ -18,11 +18,14 @@ import pytest
 # Before anything imports jax.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # `disco optimize` keeps this machine's correction in the per-user cache; the tests' runs (and the
-# commands they start) keep theirs in a file of this session, never the user's
-if "DISCO_CORRECTIONS" not in os.environ:
+# commands they start) keep theirs in a file of this test process, never the user's. Each pytest-xdist
+# worker makes its own: a worker inherits the file its controller made (marked by
+# DISCO_TESTS_CORRECTIONS), and two workers' runs sharing one would learn from each other.
+if os.environ.get("DISCO_CORRECTIONS", "") in ("", os.environ.get("DISCO_TESTS_CORRECTIONS")):
     import tempfile
 
-    os.environ["DISCO_CORRECTIONS"] = os.path.join(tempfile.mkdtemp(prefix="disco-tests-"), "corrections.json")
+    os.environ["DISCO_CORRECTIONS"] = os.environ["DISCO_TESTS_CORRECTIONS"] = os.path.join(
+        tempfile.mkdtemp(prefix="disco-tests-"), "corrections.json")
 
 # jax's compile entry points, per version: backend_compile_and_load (jax 0.8.3 to 0.12.0.1), and
 # backend_compile (0.8.3 only); compile_or_get_cached and xla_hooks call them through the module.

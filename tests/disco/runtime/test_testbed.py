@@ -294,11 +294,30 @@ def test_teardown_after_a_worker_is_killed():
     assert _left(res.testbed_prefix) == {}
 
 
+def _pids_in(namespace: str) -> set[int]:
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    kids = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state is the parent
+            kids.add(int(entry))
+    return kids
+
+
 def _prefix_of(pid: int) -> str:
     """The testbed prefix of the namespace process ``pid`` runs in."""
     for _ in range(200):
         for ns in testbed.leftovers()["namespaces"]:
-            if str(pid) in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            if pid in _pids_in(ns):
                 return ns.rsplit("-", 1)[0]
         time.sleep(0.05)
     raise AssertionError(f"process {pid} is in no testbed namespace")
@@ -390,9 +409,12 @@ def test_teardown_when_the_cli_is_interrupted(sig):
         signal.signal(signal.SIGINT, old_sigint)
     deadline = time.monotonic() + 120
     mine: list[str] = []
-    # worker namespaces only (<prefix>-w<i>): the CLI's permission probe briefly adds one too
+    # worker namespaces only (<prefix>-w<i>: the CLI's permission probe briefly adds one too) that
+    # hold a process the CLI started (another test process's testbeds come and go meanwhile)
     while time.monotonic() < deadline and not mine and proc.poll() is None:
-        mine = sorted(n for n in set(testbed.leftovers()["namespaces"]) - before if "-w" in n)
+        kids = _children(proc.pid)
+        mine = sorted(n for n in set(testbed.leftovers()["namespaces"]) - before
+                      if "-w" in n and kids & _pids_in(n))
         time.sleep(0.1)
     assert mine, f"no testbed namespace appeared; the CLI exited with {proc.poll()}"
     prefix = mine[0].rsplit("-", 1)[0]
