@@ -6,7 +6,8 @@
 * Each bucket becomes one all-reduce: ``tuple`` builds a variadic all-reduce;
   ``concat`` reshapes every member to 1-D, concatenates, reduces once and
   slices the result back; ``rs_ag`` does the same with a reduce-scatter and an
-  all-gather in place of the all-reduce.
+  all-gather in place of the all-reduce, the concatenation ending with zeros up to
+  a multiple of the replica group size.
 
 * Each cut (producer, consumer) makes the consumer read the producer through an
   ``opt-barrier``: XLA does not fuse across a barrier (XLA:CPU only with
@@ -94,38 +95,37 @@ def _shape_without_layout(shape: str) -> str:
     return re.sub(r"\{[^{}]*\}", "", shape)
 
 
-def _scatter_gather(name: str, flat: str, dtype: str, total: int, attrs: list[tuple[str, str]],
-                    order: float) -> list[_Line]:
-    """An all-reduce of ``flat`` (``dtype[total]``) as reduce-scatter + all-gather, result named ``name``.
-
-    The buffer is zero-padded to a multiple of the replica group size ``p``; each device reduces
-    one ``1/p`` slice and the all-gather rebuilds the whole (padded) buffer, which ``name``
-    slices back to ``total`` elements. The reduce-scatter keeps the all-reduce's attributes
-    (channel, groups, reduction); the all-gather drops ``to_apply``.
-    """
+def _group_size(name: str, attrs: list[tuple[str, str]]) -> int:
     from disco.ir.replica_groups import replica_group_size
 
     p = replica_group_size(dict(attrs).get("replica_groups"))
     if p is None:  # plan validation rejects this; guard the text all the same
         raise ValueError(f"bucket {name}: rs_ag needs replica groups of one known size")
-    padded = -(-total // p) * p
-    lines = []
-    src = flat
-    if padded != total:
-        zero, src = f"{name}.zero", f"{name}.padded"
-        lines.append(_Line(zero, f"{dtype}[]", "constant", [], [], literal="0", order=order))
-        lines.append(_Line(src, f"{dtype}[{padded}]", "pad", [flat, zero],
-                           [("padding", f"0_{padded - total}")], order=order))
+    return p
+
+
+def _zero_tail(name: str, dtype: str, n: int, order: float) -> list[_Line]:
+    """``n`` zeros of ``dtype``, named ``name``.tail: the padding an ``rs_ag`` bucket's
+    concatenation ends with, so that no pad copies the whole buffer once more."""
+    zero = f"{name}.zero"
+    return [_Line(zero, f"{dtype}[]", "constant", [], [], literal="0", order=order),
+            _Line(f"{name}.tail", f"{dtype}[{n}]", "broadcast", [zero], [("dimensions", "{}")], order=order)]
+
+
+def _scatter_gather(name: str, cat: str, dtype: str, padded: int, p: int, attrs: list[tuple[str, str]],
+                    order: float) -> list[_Line]:
+    """An all-reduce of ``cat`` (``dtype[padded]``, ``padded`` a multiple of the replica group
+    size ``p``) as reduce-scatter + all-gather, result named ``name`` (``dtype[padded]``).
+
+    Each device reduces one ``1/p`` slice and the all-gather rebuilds the whole buffer. The
+    reduce-scatter keeps the all-reduce's attributes (channel, groups, reduction); the all-gather
+    drops ``to_apply``.
+    """
     dims = [("dimensions", "{0}")]
     scattered = f"{name}.scatter"
-    gathered = name if padded == total else f"{name}.gather"
-    lines.append(_Line(scattered, f"{dtype}[{padded // p}]", "reduce-scatter", [src], attrs + dims, order=order))
-    lines.append(_Line(gathered, f"{dtype}[{padded}]", "all-gather", [scattered],
-                       [(key, v) for key, v in attrs if key != "to_apply"] + dims, order=order))
-    if padded != total:
-        lines.append(_Line(name, f"{dtype}[{total}]", "slice", [gathered], [("slice", f"{{[0:{total}]}}")],
-                           order=order))
-    return lines
+    return [_Line(scattered, f"{dtype}[{padded // p}]", "reduce-scatter", [cat], attrs + dims, order=order),
+            _Line(name, f"{dtype}[{padded}]", "all-gather", [scattered],
+                  [(key, v) for key, v in attrs if key != "to_apply"] + dims, order=order)]
 
 
 def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], builds: Sequence[str],
@@ -167,10 +167,18 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
                 offsets.append((total, n))
                 total += n
             cat = f"{PREFIX}.bucket.{k}.concat"
-            out.append(_Line(cat, f"{dtype}[{total}]", "concatenate", flats, [("dimensions", "{0}")], order=order))
-            if build == "rs_ag":
-                out.extend(_scatter_gather(bname, cat, dtype, total, attrs, order))
+            if build == "rs_ag":  # zeros up to a multiple of the group size end the concatenation
+                p = _group_size(bname, attrs)
+                padded = -(-total // p) * p
+                if padded != total:
+                    out.extend(_zero_tail(bname, dtype, padded - total, order))
+                    flats.append(f"{bname}.tail")
+                out.append(_Line(cat, f"{dtype}[{padded}]", "concatenate", flats, [("dimensions", "{0}")],
+                                 order=order))
+                out.extend(_scatter_gather(bname, cat, dtype, padded, p, attrs, order))
             else:
+                out.append(_Line(cat, f"{dtype}[{total}]", "concatenate", flats, [("dimensions", "{0}")],
+                                 order=order))
                 out.append(_Line(bname, f"{dtype}[{total}]", "all-reduce", [cat], attrs, order=order))
             for j, (a, (off, n)) in enumerate(zip(ars, offsets)):
                 sname = f"{PREFIX}.bucket.{k}.slice.{j}"

@@ -9,8 +9,9 @@ not pay for). The correction maps a plan's simulated *features* to its measured 
 
 - ``compute_s``: the simulated kernels' summed time; ``exposed_s``: the simulated time the compute
   stream waits for collectives (step - compute); ``comm_s``: the collectives' summed time, exposed or
-  not; ``collectives_ms``: the number of all-reduces the plan makes, times 1 ms (so its weight is
-  milliseconds per all-reduce).
+  not; ``collectives_ms``: the number of collectives the plan makes for the step's all-reduces
+  (an ``rs_ag`` bucket's reduce-scatter and all-gather count two), times 1 ms (so its weight is
+  milliseconds per collective).
 - The prior is the simulator with its compute rescaled: ``w0 = (r, 1, 0, 0)``, ``r`` the median over
   the points of (measured - exposed) / compute (on CPU devices the roofline prices compute several
   times too fast, while the all-reduces are priced by a calibration on this machine), so one point
@@ -59,13 +60,13 @@ class Point(NamedTuple):
 
 def features(compute_s: float, exposed_s: float, comm_s: float, collectives: int) -> tuple[float, ...]:
     """The :data:`FEATURES` of a step: its compute, exposed and total communication seconds and the
-    number of all-reduces it makes (in thousands, on the scale of the times)."""
+    number of collectives it makes (in thousands, on the scale of the times)."""
     return (float(compute_s), float(exposed_s), float(comm_s), collectives * 1e-3)
 
 
 def features_of(result: object, collectives: int) -> tuple[float, ...]:
     """The :data:`FEATURES` of a plan from its simulated result (a ``disco.sim.SimResult``: step,
-    compute, comm and exposed times) and the number of all-reduces it makes."""
+    compute, comm and exposed times) and the number of collectives it makes."""
     return features(result.compute_time, result.exposed_comm, result.comm_time,  # type: ignore[attr-defined]
                     collectives)
 

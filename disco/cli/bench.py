@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_link_arg(p)
     p.add_argument("--bound", action="store_true",
                    help="also measure the communication-free bound: the step with its all-reduces replaced "
-                        "by copies (not a plan; in-process only)")
+                        "by copies (not a plan; across processes, each round the slowest process's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_strict_arg(p)
     add_progress_arg(p)
@@ -68,8 +68,6 @@ def run(args: argparse.Namespace) -> int:
     """Runs ``disco bench``; returns the exit status."""
     _check(args)
     if across_processes(args):
-        if args.bound:
-            raise CliError("--bound is measured in-process only; drop --bound or use --processes 1")
         return _run_processes(args)
 
     from disco import bench
@@ -137,7 +135,8 @@ def _run_processes(args: argparse.Namespace) -> int:
     if "xla_default" not in names:
         names = ("xla_default",) + names
     spec = multiprocess.WorkerSpec(model=args.model, preset=args.preset, plans=names,
-                                   rounds=args.rounds, steps=args.steps, optimizer=args.optimizer)
+                                   rounds=args.rounds, steps=args.steps, optimizer=args.optimizer,
+                                   comm_free_bound=args.bound)
     res = multiprocess.launch(args.processes, args.devices_per_process, spec, timeout_s=args.timeout,
                               link=parse_link_arg(args))  # --link
     res.raise_if_failed("multi-process bench")
@@ -158,8 +157,8 @@ def _run_processes(args: argparse.Namespace) -> int:
     why = Footnotes()  # the fallback reasons, under the table (cells as in the table above)
     for r in rows:
         t.add_row(escape(r["plan"]), f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
-                  _speedup(r), _paired(r), str(r["all_reduces"]),
-                  "yes" if r["applied"] else f"no {why.mark(r['fallback_reason'])}")
+                  _speedup(r), _paired(r), str(r["all_reduces"]), "bound, not a plan" if r["plan_digests"] == [None]
+                  else "yes" if r["applied"] else f"no {why.mark(r['fallback_reason'])}")
     console = table_console(120)
     console.print(t)
     why.print(console)

@@ -22,13 +22,16 @@ from disco.sim.simulator import Simulator
 
 
 def collectives(graph: HloGraph | int, plan: FusionPlan) -> int:
-    """How many all-reduces ``plan`` makes: its buckets and the all-reduces in none, or 1 for XLA's
-    combiner (``buckets=None``). ``graph``: the step's graph, or its number of all-reduces."""
+    """How many collectives ``plan`` makes for the step's all-reduces: one per bucket, two per
+    ``rs_ag`` bucket (a reduce-scatter and an all-gather, each a point where every device waits
+    for the others), one per all-reduce in no bucket, or 1 for XLA's combiner (``buckets=None``).
+    ``graph``: the step's graph, or its number of all-reduces."""
     if plan.buckets is None:
         return 1
     total = graph if isinstance(graph, int) else len(graph.all_reduces())
     in_buckets = sum(len(b.members) for b in plan.buckets)
-    return len(plan.buckets) + max(0, total - in_buckets)
+    made = sum(2 if b.build == "rs_ag" else 1 for b in plan.buckets)
+    return made + max(0, total - in_buckets)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,7 +76,7 @@ class ProcessRunner:
 
     name = "processes"
     reuses_compiles = False
-    measures_bound = False
+    measures_bound = True
 
     def __post_init__(self) -> None:
         for f in ("processes", "devices_per_process"):
@@ -133,15 +133,18 @@ class ProcessRunner:
             compiled: Mapping[str, Callable[..., Any]] | None = None,
             on_compile: OnCompile | None = None, on_round: OnRound | None = None) -> Trials:
         """One launch: every plan compiled by every worker and measured in ``rounds`` interleaved
-        rounds (``bound``, ``measure_fallbacks`` and ``compiled`` do not apply: the bound is not
-        measured here, and whether a plan falls back is known after the launch)."""
+        rounds, with the communication-free bound last in each round when ``bound`` (each round's
+        time the slowest worker's, as the plans'). ``measure_fallbacks`` and ``compiled`` do not
+        apply: whether a plan falls back is known after the launch, and every launch compiles."""
+        from disco.bench import COMM_FREE_BOUND
         from disco.runtime import multiprocess
 
         tmp = tempfile.mkdtemp(prefix="disco-runner-")
         try:
             items = [_item(name, plan, target, tmp) for name, plan in plans.items()]
             spec = multiprocess.WorkerSpec(model=self.model, preset=self.preset, plans=tuple(items), rounds=rounds,
-                                           steps=steps, optimizer=self.optimizer, style=self.style)
+                                           steps=steps, optimizer=self.optimizer, style=self.style,
+                                           comm_free_bound=bound)
             launched = multiprocess.launch(self.processes, self.devices_per_process, spec, link=self.link,
                                            timeout_s=self.timeout_s)
             launched.raise_if_failed("measuring across processes")
@@ -150,10 +153,14 @@ class ProcessRunner:
         if on_round is not None:  # the workers report only at the end
             for r in range(rounds):
                 on_round(r)
-        trials = trials_of(multiprocess.combine(launched), plans)
+        rows = multiprocess.combine(launched)
+        trials = trials_of(rows, plans)
+        # absent when a worker could not compile the bound (bench warns and measures the plans anyway)
+        found = trials_of(rows, [COMM_FREE_BOUND])[COMM_FREE_BOUND] if bound and any(
+            r["plan"] == COMM_FREE_BOUND for r in rows) else None
         info = {"link": launched.link_info(),
                 "fingerprints_match": {r["fingerprint"] for r in launched.results} == {target.graph.fingerprint}}
-        return Trials(trials, None, {}, info)
+        return Trials(trials, found, {}, info)
 
 
 def trials_of(rows: Iterable[Mapping[str, Any]], names: Iterable[str]) -> dict[str, Trial]:

@@ -107,12 +107,6 @@ def test_too_few_devices():
     assert r.returncode == 2 and "--devices must be 1 to 4,096 (virtual CPU devices in this process), got 0" in r.stderr
 
 
-def test_bound_across_processes_is_refused_clearly():
-    r = run_cli("bench", "--model", "mlp", "--processes", "2", "--bound")
-    assert r.returncode == 2 and "--bound is measured in-process only" in r.stderr
-    assert "Traceback" not in r.stderr
-
-
 def test_unparsable_hlo_file(tmp_path):
     bad = tmp_path / "bad.hlo"
     bad.write_text("this is not hlo")
@@ -668,7 +662,7 @@ def test_loopback_in_any_spelling_is_no_link(link, across):
 def test_link_loopback_with_one_process_runs_in_process():
     """--link loopback means 127.0.0.1, as no --link does: with --processes 1 calibrate refused ('needs at least
     2 devices in all, got 1 processes x 1 devices') instead of calibrating --devices in this process, and bench
-    refused --bound telling the user to 'use --processes 1'."""
+    refused --bound, which it measured in-process only then."""
     r = run_cli("calibrate", "--link", "loopback", "--devices", "2", "--reps", "1", "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["devices"] == 2
@@ -681,7 +675,8 @@ def test_link_loopback_with_one_process_runs_in_process():
 def test_valued_baselines_run_across_processes_with_the_rows_of_one_process(tmp_path):
     """--processes refused every valued item but even:K ("with --processes only even:K (K >= 1) takes a
     value"), and named even:K's row even_K where one process named it even:K. A plan that falls back
-    there says why, as in one process (the rows said only applied: false)."""
+    there says why, as in one process (the rows said only applied: false). --bound adds the
+    communication-free bound's row last, as in one process (it was refused across processes)."""
     import dataclasses
 
     from disco.cli.common import resolve_plans
@@ -699,12 +694,13 @@ def test_valued_baselines_run_across_processes_with_the_rows_of_one_process(tmp_
     stale.write_text(dataclasses.replace(baselines.make("per_tensor", graph), name="stale",
                                          graph_fingerprint="0" * 32).to_json())
     r = run_cli("bench", "--model", "mlp", "--preset", "tiny", "--processes", "2", "--devices-per-process", "1",
-                "--plans", f"{items},{stale}", "--rounds", "1", "--steps", "1", "--json", timeout=600)
+                "--plans", f"{items},{stale}", "--rounds", "1", "--steps", "1", "--bound", "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["fingerprints"] == [graph.fingerprint]
     rows = {row["plan"]: row for row in out["results"]}
-    assert list(rows) == ["xla_default", *expected, "stale"]
+    assert list(rows) == ["xla_default", *expected, "stale", "comm_free_bound"]
+    assert rows["comm_free_bound"]["plan_digests"] == [None] and rows["comm_free_bound"]["all_reduces"] == 0
     for name, plan in expected.items():
         assert rows[name]["applied"] and rows[name]["fallback_reason"] is None, rows[name]
         assert rows[name]["plan_digests"] == [plan.digest()], rows[name]

@@ -152,7 +152,10 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     # measured as the in-process optimize measures it on CPU: mlp's loss reductions give groups
     assert rows["reduce_fusion"].kind == "search" and rows["reduce_fusion"].applied
     assert res.runner["runner"] == "processes" and res.runner["fingerprints_match"]
-    assert res.runner["link"] == {"link": "loopback"} and res.bound is None
+    assert res.runner["link"] == {"link": "loopback"}
+    # the bound, measured in the first launch's rounds: the headroom each plan closed is reported
+    assert res.bound is not None and res.bound.speedup > 1.0
+    assert res.headroom_closed() == pytest.approx((1 - 1 / res.speedup) / (1 - 1 / res.bound.speedup))
     assert res.best_baseline == "xla_default" or rows[res.best_baseline].kind == "baseline"
     # Across processes a concat bucket beats XLA's variadic all-reduce many times over
     # (docs/archive/lab-notebook.md, issue 17), so an answer other than xla_default is chosen and confirmed.
@@ -222,6 +225,29 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert rows["horovod"].predicted_s == pytest.approx(sim.step_time(baselines.make("horovod", graph)))
     unscaled = Simulator(graph, AnalyticCosts(), cluster).step_time(baselines.make("horovod", graph))
     assert rows["horovod"].predicted_s != pytest.approx(unscaled)
+
+
+def test_the_bound_is_measured_across_processes_in_the_plans_rounds(mlp_graph):
+    """Real processes over 127.0.0.1 (mlp/tiny, 2 x 1 device): asked for the bound, one launch
+    measures the step with its all-reduces replaced by copies in the plans' rounds (each round the
+    slowest worker's), beside the plans and not as one of them; not asked, it is not measured."""
+    from disco.bench import COMM_FREE_BOUND
+    from disco.plans import baselines
+    from disco.sim.costs import AnalyticCosts
+    from disco.sim.simulator import Simulator
+
+    target = opt.Target(None, (), mlp_graph, Simulator(mlp_graph, AnalyticCosts(), _cluster()))
+    plans = {"xla_default": baselines.make("xla_default", mlp_graph),
+             "even_2": baselines.make("even", mlp_graph, k=2).replace(name="even_2")}
+    runner = opt.ProcessRunner("mlp", "tiny", 2, 1, None, optimizer="sgd", timeout_s=600)
+    trials = runner.run(target, plans, rounds=3, steps=1, bound=True)
+    assert set(trials.by_name) == set(plans) and trials.bound is not None
+    bound = trials.bound
+    assert bound.record["plan"] == COMM_FREE_BOUND and bound.record["plan_digests"] == [None]
+    assert bound.all_reduces == 0 and trials.by_name["even_2"].all_reduces == 2
+    assert len(bound.times.samples) == 3 == len(trials.by_name["xla_default"].times.samples)
+    assert bound.times.samples == tuple(v * 1e-3 for v in bound.record["samples_ms"])
+    assert runner.run(target, plans, rounds=1, steps=1).bound is None
 
 
 def test_the_run_off_measures_the_regrouped_plan_in_fresh_processes(mlp_graph):
