@@ -167,18 +167,15 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
                 offsets.append((total, n))
                 total += n
             cat = f"{PREFIX}.bucket.{k}.concat"
-            if build == "rs_ag":  # zeros up to a multiple of the group size end the concatenation
-                p = _group_size(bname, attrs)
-                padded = -(-total // p) * p
-                if padded != total:
-                    out.extend(_zero_tail(bname, dtype, padded - total, order))
-                    flats.append(f"{bname}.tail")
-                out.append(_Line(cat, f"{dtype}[{padded}]", "concatenate", flats, [("dimensions", "{0}")],
-                                 order=order))
-                out.extend(_scatter_gather(bname, cat, dtype, padded, p, attrs, order))
+            p = _group_size(bname, attrs) if build == "rs_ag" else 1
+            size = -(-total // p) * p  # rs_ag: zeros up to a multiple of the group size end the concatenation
+            if size != total:
+                out.extend(_zero_tail(bname, dtype, size - total, order))
+                flats.append(f"{bname}.tail")
+            out.append(_Line(cat, f"{dtype}[{size}]", "concatenate", flats, [("dimensions", "{0}")], order=order))
+            if build == "rs_ag":
+                out.extend(_scatter_gather(bname, cat, dtype, size, p, attrs, order))
             else:
-                out.append(_Line(cat, f"{dtype}[{total}]", "concatenate", flats, [("dimensions", "{0}")],
-                                 order=order))
                 out.append(_Line(bname, f"{dtype}[{total}]", "all-reduce", [cat], attrs, order=order))
             for j, (a, (off, n)) in enumerate(zip(ars, offsets)):
                 sname = f"{PREFIX}.bucket.{k}.slice.{j}"
