@@ -155,9 +155,9 @@ class ProcessRunner:
                 on_round(r)
         rows = multiprocess.combine(launched)
         trials = trials_of(rows, plans)
-        # absent when a worker could not compile the bound (bench warns and measures the plans anyway)
-        found = trials_of(rows, [COMM_FREE_BOUND])[COMM_FREE_BOUND] if bound and any(
-            r["plan"] == COMM_FREE_BOUND for r in rows) else None
+        # no row when a worker could not compile the bound (bench warns and measures the plans anyway)
+        has_bound = bound and any(r["plan"] == COMM_FREE_BOUND for r in rows)
+        found = trials_of(rows, [COMM_FREE_BOUND])[COMM_FREE_BOUND] if has_bound else None
         info = {"link": launched.link_info(),
                 "fingerprints_match": {r["fingerprint"] for r in launched.results} == {target.graph.fingerprint}}
         return Trials(trials, found, {}, info)

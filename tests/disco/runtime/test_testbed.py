@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from disco.runtime import multiprocess, testbed
 from disco.runtime.testbed import LinkSpec, parse_link
+from disco.runtime.testbed._netns import _namespace_pids
 from disco.runtime.testbed._switch import schedule
 from tests.support.paths import REPO
 
@@ -294,11 +295,6 @@ def test_teardown_after_a_worker_is_killed():
     assert _left(res.testbed_prefix) == {}
 
 
-def _pids_in(namespace: str) -> set[int]:
-    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
-
-
 def _children(pid: int) -> set[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
     kids = set()
@@ -317,7 +313,7 @@ def _prefix_of(pid: int) -> str:
     """The testbed prefix of the namespace process ``pid`` runs in."""
     for _ in range(200):
         for ns in testbed.leftovers()["namespaces"]:
-            if pid in _pids_in(ns):
+            if pid in _namespace_pids(ns):
                 return ns.rsplit("-", 1)[0]
         time.sleep(0.05)
     raise AssertionError(f"process {pid} is in no testbed namespace")
@@ -414,7 +410,7 @@ def test_teardown_when_the_cli_is_interrupted(sig):
     while time.monotonic() < deadline and not mine and proc.poll() is None:
         kids = _children(proc.pid)
         mine = sorted(n for n in set(testbed.leftovers()["namespaces"]) - before
-                      if "-w" in n and kids & _pids_in(n))
+                      if "-w" in n and kids & set(_namespace_pids(n)))
         time.sleep(0.1)
     assert mine, f"no testbed namespace appeared; the CLI exited with {proc.poll()}"
     prefix = mine[0].rsplit("-", 1)[0]
