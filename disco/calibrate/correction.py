@@ -15,7 +15,15 @@ not pay for). The correction maps a plan's simulated *features* to its measured 
 - The prior is the simulator with its compute rescaled: ``w0 = (r, 1, 0, 0)``, ``r`` the median over
   the points of (measured - exposed) / compute (on CPU devices the roofline prices compute several
   times too fast, while the all-reduces are priced by a calibration on this machine), so one point
-  fixes the scale without inventing a ranking of its own. The weights
+  fixes the scale without inventing a ranking of its own.
+- One machine's points come from several steps (graphs). How far the cost model is off on a step's
+  compute is the step's own (its kernels'); what a collective costs is the machine's. So, fitted for
+  one graph (``graph``), the compute weight is that graph's own -- its prior ``r`` from its own
+  points, or, for a graph with none yet, the median over the other graphs' ``r`` (one vote each) --
+  while the other weights are shared by every point. Without ``graph`` every point shares one
+  compute weight (measured on CPU across processes, where the runner already scales each step's
+  compute to its own measured floor: one shared compute weight carried mlp's residual, 1.54, to
+  transformer, whose median error was 45% against the simulator's own 16%). The weights
   are a ridge regression towards ``w0`` on relative residuals (``(measured - w.x) / measured``, so
   small and large steps count alike), the penalty ``PRIOR_POINTS`` pseudo-points strong per
   feature, with every weight kept >= 0 (a negative cost per all-reduce would send the search to
@@ -89,21 +97,35 @@ def check_point(p: Point) -> Point:
     return p
 
 
-def fit(points: Sequence[Point], prior_points: float = PRIOR_POINTS) -> tuple[float, ...]:
-    """The weights of :data:`FEATURES` fitted to ``points`` (the module doc); :data:`PRIOR` without points."""
+def fit(points: Sequence[Point], prior_points: float = PRIOR_POINTS, graph: str | None = None
+        ) -> tuple[float, ...]:
+    """The weights of :data:`FEATURES` fitted to ``points`` (the module doc), for the step ``graph``
+    (its own compute weight; None: one compute weight for every graph); :data:`PRIOR` without points."""
     if not points:
         return PRIOR
     import numpy as np
 
-    x = np.array([p.features for p in points], dtype=float)
     y = np.array([p.measured_s for p in points], dtype=float)
-    # the prior: the communication as simulated, the compute scaled to what is left of the measurement
-    ratios = [max(m - e, 0.1 * m) / c for (c, e, *_), m in zip(x, y) if c > 0]
-    w0 = np.array(PRIOR)
-    w0[0] = statistics.median(ratios) if ratios else 1.0
+    group = [p.graph if graph is not None else None for p in points]  # whose compute weight each point fits
+    graphs = sorted({*group, graph}) if graph is not None else [None]
+    column = {g: i for i, g in enumerate(graphs)}
+    # the design: one compute column per graph (one in all without ``graph``), then the shared features
+    x = np.zeros((len(points), len(graphs) + len(FEATURES) - 1))
+    for row, (p, g) in enumerate(zip(points, group)):
+        x[row, column[g]] = p.features[0]
+        x[row, len(graphs):] = p.features[1:]
+    # the prior: the communication as simulated, each compute scaled to what is left of the measurement
+    ratios: dict[str | None, list[float]] = {}
+    for p, g in zip(points, group):
+        c, e = p.features[0], p.features[1]
+        if c > 0:
+            ratios.setdefault(g, []).append(max(p.measured_s - e, 0.1 * p.measured_s) / c)
+    own = {g: statistics.median(r) for g, r in ratios.items()}
+    pooled = statistics.median(own.values()) if own else 1.0
+    w0 = np.array([own.get(g, pooled) for g in graphs] + list(PRIOR[1:]))
     xr = x / y[:, None]  # relative: the target is 1 for every point
-    spread = np.sqrt((xr ** 2).mean(axis=0))  # each feature's typical size, relative to the step
-    # ridge towards w0, prior_points pseudo-points strong per feature (a feature no point has stays at
+    spread = np.sqrt((xr ** 2).mean(axis=0))  # each column's typical size, relative to the step
+    # ridge towards w0, prior_points pseudo-points strong per column (a column no point has stays at
     # w0), with every weight >= 0: a bounded linear least-squares problem on the augmented system
     strength = np.sqrt(prior_points) * np.where(spread > 0, spread, 1.0)
     a = np.vstack([xr, np.diag(strength)])
@@ -111,7 +133,7 @@ def fit(points: Sequence[Point], prior_points: float = PRIOR_POINTS) -> tuple[fl
     from scipy.optimize import lsq_linear
 
     w = lsq_linear(a, b, bounds=(0.0, np.inf), method="bvls").x  # exact (an active set) at this size
-    return tuple(float(v) for v in w)
+    return (float(w[column[graph]]), *(float(v) for v in w[len(graphs):]))
 
 
 class Correction(NamedTuple):
@@ -121,18 +143,21 @@ class Correction(NamedTuple):
       points: the points, at most one per (graph, plan): a newer measurement replaces an older.
       weights: :func:`fit` of ``points``.
       kept: how many of ``points`` came from a kept correction (an earlier run).
+      graph: the step it prices (its compute weight is that graph's own, :func:`fit`); None: one
+        compute weight for every graph's points.
     """
 
     points: tuple[Point, ...] = ()
     weights: tuple[float, ...] = PRIOR
     kept: int = 0
+    graph: str | None = None
 
     def predict(self, features: Sequence[float], exclude: tuple[str, str] | None = None) -> float:
         """The corrected step time of a plan with ``features``; with ``exclude`` (graph, plan), the
         weights refitted without that plan's own point, if it holds one."""
         w = self.weights
         if exclude is not None and any(p.key == exclude for p in self.points):
-            w = fit([p for p in self.points if p.key != exclude])
+            w = fit([p for p in self.points if p.key != exclude], graph=self.graph)
         return float(sum(a * b for a, b in zip(w, features)))
 
     def describe(self) -> dict[str, object]:
@@ -142,17 +167,19 @@ class Correction(NamedTuple):
 
     def __repr__(self) -> str:
         w = ", ".join(f"{n}={v:.3g}" for n, v in zip(FEATURES, self.weights))
-        return f"Correction({len(self.points)} points, {self.kept} kept; {w})"
+        of = "" if self.graph is None else f" for {self.graph[:12]}"
+        return f"Correction({len(self.points)} points, {self.kept} kept{of}; {w})"
 
 
-def init(kept: Iterable[Point] = ()) -> Correction:
-    """A correction fitted to ``kept`` points (an earlier run's; none: the simulator as it is).
+def init(kept: Iterable[Point] = (), graph: str | None = None) -> Correction:
+    """A correction for the step ``graph`` fitted to ``kept`` points (an earlier run's, of any graph;
+    none: the simulator as it is).
 
     Raises:
       ValueError: for a point that is not valid (:func:`check_point`).
     """
     points = _merge((), kept)
-    return Correction(points, fit(points), len(points))
+    return Correction(points, fit(points, graph=graph), len(points), graph)
 
 
 def update(state: Correction, new: Iterable[Point]) -> Correction:
@@ -165,7 +192,7 @@ def update(state: Correction, new: Iterable[Point]) -> Correction:
     points = _merge(state.points, new)
     replaced = {p.key for p in new}
     kept = sum(1 for p in state.points[:state.kept] if p.key not in replaced)
-    return Correction(points, fit(points), kept)
+    return Correction(points, fit(points, graph=state.graph), kept, state.graph)
 
 
 def _merge(old: Sequence[Point], new: Iterable[Point]) -> tuple[Point, ...]:

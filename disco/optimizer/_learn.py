@@ -54,7 +54,7 @@ class Predictor:
     @classmethod
     def of(cls, simulator: Simulator, state: corr.Correction | None = None) -> Predictor:
         costs = simulator.costs
-        return cls(simulator, state or corr.init(), source_of(getattr(costs, "name", type(costs).__name__)),
+        return cls(simulator, state or corr.init(graph=simulator.graph.fingerprint), source_of(getattr(costs, "name", type(costs).__name__)),
                    len(simulator.graph.all_reduces()))
 
     def with_state(self, state: corr.Correction) -> Predictor:
@@ -107,11 +107,13 @@ def keeping(path: str | None, simulator: Simulator, runner: Mapping[str, Any]) -
                                           runner, model))
 
 
-def kept_state(where: Keeping) -> corr.Correction:
-    """The correction fitted to the points kept for this machine (none without a file)."""
+def kept_state(where: Keeping, graph: str | None = None) -> corr.Correction:
+    """The correction for the step ``graph`` (its fingerprint) fitted to the points kept for this
+    machine (none without a file): its compute weight is that step's own, the rest shared by the
+    machine's steps (:func:`disco.calibrate.correction.fit`)."""
     if where.path is None:
-        return corr.init()
-    return corr.init(kept.load(where.path, where.key))
+        return corr.init(graph=graph)
+    return corr.init(kept.load(where.path, where.key), graph)
 
 
 def keep(where: Keeping, state: corr.Correction) -> str | None:

@@ -74,7 +74,7 @@ def optimize(
     target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)
     target, fitted = runner.fit(target, config, report)
     where = keeping(config.correction_file, target.simulator, machine_of(runner))
-    state = kept_state(where) if config.learn else None
+    state = kept_state(where, target.simulator.graph.fingerprint) if config.learn else None
     cands, measured = funnel(target, config, report, runner, state)
     runoff = run_off(target, measured, config, report, runner)
     confirmation = confirm(target, measured, config, runoff, report, runner)

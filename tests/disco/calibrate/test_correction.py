@@ -6,6 +6,8 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from disco.calibrate import correction, kept
 from disco.calibrate.correction import FEATURES, Point
@@ -61,6 +63,58 @@ def test_many_points_learn_the_machine_and_fix_the_ranking():
     tau = kendalltau([c.predict(p.features) for p in held_out], [p.measured_s for p in held_out]).statistic
     sim = kendalltau([p.features[0] + p.features[1] for p in held_out], [p.measured_s for p in held_out]).statistic
     assert tau > 0.9 > sim
+
+
+def _step(graph, scale, seed, n):
+    """``n`` plans of a step whose compute the cost model prices ``scale`` x too fast, on one machine
+    (the same exposed communication and 0.8 ms per all-reduce for every step; 1-8 all-reduces a plan)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        c, e, k = 0.008 + rng.random() * 0.002, rng.random() * 0.004, rng.randint(1, 8)
+        out.append(Point(graph, f"{graph}{i}", (c, e, e + 0.001, k * 1e-3), scale * c + e + 0.8e-3 * k))
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 2**16))
+def test_for_one_graph_its_own_compute_weight_is_the_shared_one(n, seed):
+    points = _points(n, seed)
+    assert correction.fit(points, graph="g") == correction.fit(points)
+    assert correction.init(points, "g").weights == correction.init(points).weights
+
+
+def test_a_steps_compute_weight_is_its_own_and_the_machines_collectives_are_shared():
+    """Another step's many points teach the cost per all-reduce; they do not carry that step's
+    compute residual (4.5x) to a step the cost model prices better (1.2x) once it has points of its own."""
+    mlp, transformer = _step("mlp", 4.5, 0, 30), _step("transformer", 1.2, 1, 6)
+    own = correction.init(mlp + transformer[:3], graph="transformer")
+    shared = correction.init(mlp + transformer[:3])
+    assert own.graph == "transformer" and own.weights[0] == pytest.approx(1.2, rel=0.15), own
+    assert own.weights[3] > 0.3  # the cost per all-reduce, learned mostly from mlp's points
+    assert shared.weights[0] > 2.5, shared  # one compute weight for both: mostly mlp's
+    for p in transformer[3:]:
+        assert abs(own.predict(p.features) - p.measured_s) / p.measured_s < 0.05
+        assert abs(shared.predict(p.features) - p.measured_s) / p.measured_s > 0.2
+    # the graph it prices stays through updates and through leaving a point out
+    later = correction.update(own, transformer[3:5])
+    assert later.graph == "transformer" and later.kept == len(mlp) + 3
+    p = transformer[4]
+    assert later.predict(p.features, exclude=p.key) == pytest.approx(
+        correction.init(mlp + transformer[:4], "transformer").predict(p.features), rel=1e-9)
+
+
+def test_a_step_without_points_starts_from_the_other_steps_median_compute_scale():
+    """One vote per step: the new step's prior is the median of the other steps' scales, whatever
+    their numbers of points."""
+    import statistics
+
+    steps = {"a": _step("a", 2.0, 0, 20), "b": _step("b", 3.0, 1, 2), "c": _step("c", 5.0, 2, 2)}
+    scale = {g: statistics.median((p.measured_s - p.features[1]) / p.features[0] for p in ps)
+             for g, ps in steps.items()}  # each step's own: its compute scale plus its all-reduces' share
+    c = correction.init([p for ps in steps.values() for p in ps], graph="new")
+    assert c.weights[0] == pytest.approx(scale["b"], rel=1e-6), (c, scale)  # no points of its own: the prior
+    assert 3.0 < scale["b"] < 4.0  # b's 3x, not a's 2x, which has most of the points
 
 
 def test_weights_stay_non_negative():

@@ -114,8 +114,11 @@ def test_a_kept_correction_starts_the_next_run_without_its_plans_own_points(targ
     _, _, measured = first
     where = Keeping(str(tmp_path / "corrections.json"), "test machine")
     assert kept_state(where).points == () and keep(where, measured.correction) is None
-    start = kept_state(where)
+    start = kept_state(where, target.graph.fingerprint)
     assert start.points == measured.correction.points and start.kept == len(start.points)
+    # the correction prices its own step (its own compute weight); with one step's points, as the pooled one
+    assert measured.correction.graph == start.graph == target.graph.fingerprint
+    assert start.weights == kept_state(where).weights and kept_state(where).graph is None
     runner = FormulaRunner()
     _, again = opt.funnel(target, CONFIG, runner=runner, state=start)
     assert again.rounds[0].points > len(start.points) or again.rounds[0].points == len(start.points)
