@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from disco.calibrate import kept
-from disco.calibrate.correction import Point
+from tests.support.corrections import step_points
 from tests.support.paths import REPO, load_script
 
 pytestmark = pytest.mark.fast
-
-
-def _step(graph, scale, seed, n):
-    """``n`` plans of a step whose compute is priced ``scale`` x too fast; 0.8 ms per all-reduce."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        c, e, k = 0.008 + rng.random() * 0.002, rng.random() * 0.004, rng.randint(1, 8)
-        out.append(Point(graph, f"{graph}{i}", (c, e, e + 0.001, k * 1e-3), scale * c + e + 0.8e-3 * k))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +20,7 @@ def replay():
 
 def test_a_step_priced_unlike_the_others_is_predicted_by_its_own_compute_weight(tmp_path, replay, capsys):
     path = str(tmp_path / "corrections.json")
-    kept.save(path, "machine", _step("a", 4.5, 0, 20) + _step("b", 1.2, 1, 8))
+    kept.save(path, "machine", step_points("a", 4.5, 0, 20) + step_points("b", 1.2, 1, 8))
     assert replay.main([path]) == 0
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| a") or line.startswith("| b")}
@@ -41,7 +30,7 @@ def test_a_step_priced_unlike_the_others_is_predicted_by_its_own_compute_weight(
 
 
 def test_the_first_runs_are_replayed_round_by_round(tmp_path, replay):
-    points = _step("a", 4.5, 0, 11) + _step("b", 1.2, 1, 11)
+    points = step_points("a", 4.5, 0, 11) + step_points("b", 1.2, 1, 11)
     path = str(tmp_path / "corrections.json")
     kept.save(path, "machine", points)
     table = replay.first_runs(replay._points(path, None), [[8, 3], [3, 8]])

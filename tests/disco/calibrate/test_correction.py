@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from disco.calibrate import correction, kept
 from disco.calibrate.correction import FEATURES, Point
+from tests.support.corrections import step_points
 
 pytestmark = pytest.mark.fast
 
@@ -65,17 +66,6 @@ def test_many_points_learn_the_machine_and_fix_the_ranking():
     assert tau > 0.9 > sim
 
 
-def _step(graph, scale, seed, n):
-    """``n`` plans of a step whose compute the cost model prices ``scale`` x too fast, on one machine
-    (the same exposed communication and 0.8 ms per all-reduce for every step; 1-8 all-reduces a plan)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        c, e, k = 0.008 + rng.random() * 0.002, rng.random() * 0.004, rng.randint(1, 8)
-        out.append(Point(graph, f"{graph}{i}", (c, e, e + 0.001, k * 1e-3), scale * c + e + 0.8e-3 * k))
-    return out
-
-
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 12), st.integers(0, 2**16))
 def test_for_one_graph_its_own_compute_weight_is_the_shared_one(n, seed):
@@ -87,7 +77,7 @@ def test_for_one_graph_its_own_compute_weight_is_the_shared_one(n, seed):
 def test_a_steps_compute_weight_is_its_own_and_the_machines_collectives_are_shared():
     """Another step's many points teach the cost per all-reduce; they do not carry that step's
     compute residual (4.5x) to a step the cost model prices better (1.2x) once it has points of its own."""
-    mlp, transformer = _step("mlp", 4.5, 0, 30), _step("transformer", 1.2, 1, 6)
+    mlp, transformer = step_points("mlp", 4.5, 0, 30), step_points("transformer", 1.2, 1, 6)
     own = correction.init(mlp + transformer[:3], graph="transformer")
     shared = correction.init(mlp + transformer[:3])
     assert own.graph == "transformer" and own.weights[0] == pytest.approx(1.2, rel=0.15), own
@@ -109,7 +99,7 @@ def test_a_step_without_points_starts_from_the_other_steps_median_compute_scale(
     their numbers of points."""
     import statistics
 
-    steps = {"a": _step("a", 2.0, 0, 20), "b": _step("b", 3.0, 1, 2), "c": _step("c", 5.0, 2, 2)}
+    steps = {"a": step_points("a", 2.0, 0, 20), "b": step_points("b", 3.0, 1, 2), "c": step_points("c", 5.0, 2, 2)}
     scale = {g: statistics.median((p.measured_s - p.features[1]) / p.features[0] for p in ps)
              for g, ps in steps.items()}  # each step's own: its compute scale plus its all-reduces' share
     c = correction.init([p for ps in steps.values() for p in ps], graph="new")
