@@ -54,7 +54,8 @@ class Predictor:
     @classmethod
     def of(cls, simulator: Simulator, state: corr.Correction | None = None) -> Predictor:
         costs = simulator.costs
-        return cls(simulator, state or corr.init(graph=simulator.graph.fingerprint), source_of(getattr(costs, "name", type(costs).__name__)),
+        state = state or corr.init(graph=simulator.graph.fingerprint)  # its own step's compute weight
+        return cls(simulator, state, source_of(getattr(costs, "name", type(costs).__name__)),
                    len(simulator.graph.all_reduces()))
 
     def with_state(self, state: corr.Correction) -> Predictor:
