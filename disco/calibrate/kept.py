@@ -6,7 +6,14 @@ key (:func:`machine_key`: device kind and count, host, how the plans were measur
 points of :mod:`disco.calibrate.correction`::
 
     {"format": "disco-corrections", "version": 1, "features": [...],
-     "machines": {"<key>": {"updated": "<UTC time>", "points": [[graph, plan, [features], measured_s], ...]}}}
+     "machines": {"<key>": {"updated": "<UTC time>", "points": [[graph, plan, [features], measured_s], ...],
+                            "floors": {"<graph>": floor_ms, ...}}}}
+
+``floors`` (optional) holds each step's compute floor, where the runner scaled the simulator's
+compute to one (:class:`disco.optimizer.ProcessRunner`): the points' features were priced at that
+scale, so the next run of the step reuses it (:func:`floor`) rather than measure a new one, which
+moved by up to 20% between runs of one model on the 2-core VM and would put the new features on
+another scale than the kept points'.
 
 A file that cannot be read as that (corrupt, another version, other features) is never lost silently:
 it is moved aside to ``<file>.unreadable-<UTC time>``, a :class:`KeptCorrectionWarning` names both
@@ -118,6 +125,22 @@ def load(path: str, key: str) -> tuple[Point, ...]:
         return ()
 
 
+def floor(path: str, key: str, graph: str) -> float | None:
+    """The compute floor (ms) kept for step ``graph`` on machine ``key`` in ``path``; None when
+    none is kept or the file could not be used (moved aside, with a :class:`KeptCorrectionWarning`)."""
+    machines = _read(path)
+    if not machines or key not in machines:
+        return None
+    value = (machines[key].get("floors") or {}).get(graph) if isinstance(machines[key], dict) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        warnings.warn(f"kept corrections {path}: machine {key!r}: the floor of {graph[:12]} is {value!r}, "
+                      "expected a positive number of ms; measuring a new one", KeptCorrectionWarning, stacklevel=2)
+        return None
+    return float(value)
+
+
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
     """An exclusive ``flock`` on ``<path>.lock`` for a read-modify-write of ``path`` (where ``fcntl``
@@ -144,10 +167,10 @@ def merged(kept_points: tuple[Point, ...], points: tuple[Point, ...]) -> tuple[P
     return (tuple(p for p in kept_points if (p.graph, p.plan) not in mine) + tuple(points))[-MAX_POINTS:]
 
 
-def save(path: str, key: str, points: tuple[Point, ...]) -> None:
+def save(path: str, key: str, points: tuple[Point, ...], floors: Mapping[str, float] | None = None) -> None:
     """Keeps ``points`` for machine ``key`` in ``path``, merged with what the file holds for it
     (:func:`merged`), beside the other machines' (under the file's lock; atomically: a temporary
-    file renamed over it).
+    file renamed over it); ``floors`` (step -> compute floor in ms) join the floors kept for it.
 
     Raises:
       OSError: when the file or its directory cannot be written.
@@ -161,9 +184,14 @@ def save(path: str, key: str, points: tuple[Point, ...]) -> None:
         except ValueError as e:  # damaged since this run loaded: kept aside as load() does, and a fresh file
             _moved_aside(path, f"machine {key!r}: {e}")
             machines, before = {}, ()
-        machines[key] = {"updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                         "points": [[p.graph, p.plan, list(p.features), p.measured_s]
-                                    for p in merged(before, points)]}
+        kept_floors = machines.get(key, {}).get("floors") if isinstance(machines.get(key), dict) else None
+        entry = {"updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "points": [[p.graph, p.plan, list(p.features), p.measured_s] for p in merged(before, points)]}
+        all_floors = {**(kept_floors if isinstance(kept_floors, dict) else {}),
+                      **{g: float(ms) for g, ms in (floors or {}).items()}}
+        if all_floors:
+            entry["floors"] = all_floors
+        machines[key] = entry
         _write(path, folder, {"format": FORMAT, "version": VERSION, "features": list(FEATURES),
                               "machines": machines})
 

@@ -117,13 +117,19 @@ def kept_state(where: Keeping, graph: str | None = None) -> corr.Correction:
     return corr.init(kept.load(where.path, where.key), graph)
 
 
-def keep(where: Keeping, state: corr.Correction) -> str | None:
-    """Writes ``state``'s points for this machine; None when written (or nothing to keep), else why not
-    (a warning says so too: a run's answer is not lost because its correction could not be kept)."""
+def kept_floor(where: Keeping, graph: str) -> float | None:
+    """The compute floor (ms) kept for the step ``graph`` on this machine (:func:`disco.calibrate.kept.floor`)."""
+    return None if where.path is None else kept.floor(where.path, where.key, graph)
+
+
+def keep(where: Keeping, state: corr.Correction, floors: Mapping[str, float] | None = None) -> str | None:
+    """Writes ``state``'s points for this machine, and ``floors`` (step -> the compute floor in ms
+    its features were priced at); None when written (or nothing to keep), else why not (a warning
+    says so too: a run's answer is not lost because its correction could not be kept)."""
     if where.path is None or not state.points:
         return None
     try:
-        kept.save(where.path, where.key, state.points)
+        kept.save(where.path, where.key, state.points, floors)
     except OSError as e:
         why = f"cannot write {where.path}: {e.strerror}"
         warnings.warn(f"the correction was not kept: {why}", kept.KeptCorrectionWarning, stacklevel=2)

@@ -12,7 +12,7 @@ from disco.optimizer._runners import InProcessRunner, Runner
 from disco.calibrate.correction import Correction
 from disco.optimizer._compiled import Prices
 from disco.optimizer._funnel import funnel
-from disco.optimizer._learn import Keeping, keep, keeping, kept_state
+from disco.optimizer._learn import Keeping, keep, keeping, kept_floor, kept_state
 from disco.optimizer._confirm import confirm
 from disco.optimizer._measure import Measured
 from disco.optimizer._prepare import prepare
@@ -72,16 +72,34 @@ def optimize(
     report = progress or no_progress
     runner = runner or InProcessRunner()
     target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)
-    target, fitted = runner.fit(target, config, report)
     where = keeping(config.correction_file, target.simulator, machine_of(runner))
-    state = kept_state(where, target.simulator.graph.fingerprint) if config.learn else None
+    graph = target.graph.fingerprint
+    runner, floor_kept = with_kept_floor(runner, where, graph) if config.learn else (runner, False)
+    target, fitted = runner.fit(target, config, report)
+    if floor_kept and isinstance(fitted.get("compute_floor"), dict):
+        fitted = {**fitted, "compute_floor": {**fitted["compute_floor"], "kept": True}}
+    state = kept_state(where, graph) if config.learn else None
     cands, measured = funnel(target, config, report, runner, state)
     runoff = run_off(target, measured, config, report, runner)
     confirmation = confirm(target, measured, config, runoff, report, runner)
-    not_kept = keep(where, measured.correction) if config.learn and measured.correction is not None else None
+    floor = (fitted.get("compute_floor") or {}).get("median_ms")
+    not_kept = (keep(where, measured.correction, {graph: floor} if floor else None)
+                if config.learn and measured.correction is not None else None)
     info = {**runner.describe(), **fitted, **(measured.trials.info if measured.trials is not None else {})}
     learned = learning(config, where, state, measured, not_kept)
     return make_result(target, config, cands, measured, runoff, confirmation, info, learned)
+
+
+def with_kept_floor(runner: Runner, where: Keeping, graph: str) -> tuple[Runner, bool]:
+    """``runner`` given the compute floor kept for ``graph`` on this machine, and whether it was:
+    a runner that scales the simulator's compute to a measured floor (``compute_floor_ms``, as
+    :class:`~disco.optimizer.ProcessRunner`) and was given none then prices this run's plans at the
+    scale the kept points were priced at, and measures no new floor."""
+    if (getattr(runner, "compute_floor_ms", False) is not None or not getattr(runner, "scale_compute", False)
+            or not dataclasses.is_dataclass(runner)):
+        return runner, False
+    ms = kept_floor(where, graph)
+    return (runner, False) if ms is None else (dataclasses.replace(runner, compute_floor_ms=ms), True)
 
 
 def machine_of(runner: Runner) -> dict[str, Any]:

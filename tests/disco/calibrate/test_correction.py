@@ -211,3 +211,32 @@ def test_a_machine_entry_damaged_before_saving_is_moved_aside(tmp_path):
         kept.save(str(path), "k", tuple(_points(2)))
     assert len(kept.load(str(path), "k")) == 2 and len(list(tmp_path.glob("c.json.unreadable-*"))) == 1
 
+
+
+def test_each_steps_floor_is_kept_beside_its_points(tmp_path):
+    """The compute floor a run scaled the simulator to is kept per step, so the next run prices its
+    plans at the scale of the points it reads; other steps' and other machines' floors stay."""
+    path = str(tmp_path / "corrections.json")
+    a = kept.machine_key("cpu", 2, {"runner": "processes", "processes": 2}, "analytic", host="h")
+    b = kept.machine_key("cpu", 8, {"runner": "in-process"}, "analytic", host="h")
+    assert kept.floor(path, a, "mlp") is None  # no file
+    kept.save(path, a, tuple(step_points("mlp", 1.2, 0, 3)), {"mlp": 7.95})
+    kept.save(path, b, tuple(step_points("mlp", 2.0, 1, 2)))
+    kept.save(path, a, tuple(step_points("moe", 1.1, 2, 3)), {"moe": 90.9})
+    assert kept.floor(path, a, "mlp") == 7.95 and kept.floor(path, a, "moe") == 90.9
+    assert kept.floor(path, b, "mlp") is None and kept.floor(path, a, "vit") is None
+    assert len(kept.load(path, a)) == 6  # the points are kept as before
+    kept.save(path, a, (), {"mlp": 8.5})  # a step measured again: its newer floor
+    assert kept.floor(path, a, "mlp") == 8.5
+
+
+@pytest.mark.parametrize("value", [-1.0, 0, "7 ms", True])
+def test_a_damaged_floor_is_named_and_not_used(tmp_path, value):
+    path = tmp_path / "corrections.json"
+    kept.save(str(path), "m", tuple(step_points("mlp", 1.2, 0, 2)), {"mlp": 7.0})
+    data = json.loads(path.read_text())
+    data["machines"]["m"]["floors"]["mlp"] = value
+    path.write_text(json.dumps(data))
+    with pytest.warns(kept.KeptCorrectionWarning, match="the floor of mlp is .*expected a positive number of ms"):
+        assert kept.floor(str(path), "m", "mlp") is None
+    assert len(kept.load(str(path), "m")) == 2  # the points are still read: nothing is lost
