@@ -271,7 +271,10 @@ class OptimizeResult:
         stage = info.get("compiled_stage")
         compiled = (f"; compiled stage: {stage['compiles']} plans compiled, {len(stage['failed'])} did not compile"
                     if stage else "")
-        return f"funnel: {per}; correction {start}, {info.get('points')} points at the end, {where}{compiled}"
+        floor = (self.runner or {}).get("compute_floor") or {}
+        scale = (f"; the simulator's compute scaled to the floor kept with it ({floor['median_ms']:.3f} ms), "
+                 "not measured again" if floor.get("kept") else "")
+        return f"funnel: {per}; correction {start}{scale}, {info.get('points')} points at the end, {where}{compiled}"
 
     def bound_note(self) -> str | None:
         """What the measured communication-free bound says and what it does not, or None."""

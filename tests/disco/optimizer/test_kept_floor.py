@@ -38,3 +38,17 @@ def test_a_floor_is_not_taken_where_there_is_none_or_the_runner_has_its_own(wher
     assert with_kept_floor(unscaled, where, "mlp") == (unscaled, False)  # it prices the cluster as given
     in_process = opt.InProcessRunner()
     assert with_kept_floor(in_process, where, "mlp") == (in_process, False)  # it scales to no floor
+
+
+def test_the_learning_line_says_the_floor_was_kept_not_measured():
+    import dataclasses
+
+    from tests.support.optimize_results import built_result
+
+    learning = {"learn": True, "kept_points_used": 11, "points": 22, "kept": True, "file": "c.json",
+                "rounds": [{"round": 1, "measured": ["a", "b"], "kendall_tau": 0.5}]}
+    base = dataclasses.replace(built_result(), learning=learning)
+    kept_floor = dataclasses.replace(base, runner={"compute_floor": {"median_ms": 7.95, "kept": True}})
+    measured = dataclasses.replace(base, runner={"compute_floor": {"median_ms": 7.95}})
+    assert "floor kept with it (7.950 ms), not measured again" in kept_floor.learning_note()
+    assert "floor kept" not in measured.learning_note() and "floor kept" not in base.learning_note()
