@@ -92,11 +92,12 @@ def optimize(
 
 def with_kept_floor(runner: Runner, where: Keeping, graph: str) -> tuple[Runner, bool]:
     """``runner`` given the compute floor kept for ``graph`` on this machine, and whether it was:
-    a runner that scales the simulator's compute to a measured floor (``compute_floor_ms``, as
-    :class:`~disco.optimizer.ProcessRunner`) and was given none then prices this run's plans at the
+    a :class:`~disco.optimizer.ProcessRunner` that scales the simulator's compute to a measured floor
+    and was given none (``compute_floor_ms``) then prices this run's plans at the
     scale the kept points were priced at, and measures no new floor."""
-    if (getattr(runner, "compute_floor_ms", False) is not None or not getattr(runner, "scale_compute", False)
-            or not dataclasses.is_dataclass(runner)):
+    from disco.optimizer._process import ProcessRunner
+
+    if not isinstance(runner, ProcessRunner) or runner.compute_floor_ms is not None or not runner.scale_compute:
         return runner, False
     ms = kept_floor(where, graph)
     return (runner, False) if ms is None else (dataclasses.replace(runner, compute_floor_ms=ms), True)
