@@ -5,7 +5,9 @@
 starts enough virtual CPU devices first), on a GPU kind (``h100``) with deviceless XLA:GPU in the
 ``.venv-gpu`` child (:mod:`xla_hooks.deviceless`). The simulator's compiled tier
 (:mod:`disco.sim.compiled`) prices what it returns. :func:`compiled_plan_text` is the same for a
-plan applied to a jax step on this process's backend (:func:`xla_hooks.apply_plan.compile_plan`).
+plan applied to a jax step on this process's backend (:func:`xla_hooks.apply_plan.compile_plan`);
+:func:`plan_text_for`, for a plan applied to a pre-optimisation module's text and compiled for any
+device kind :func:`compile_for` targets (a GPU cluster's plans, priced from a machine without its GPUs).
 
 Example:
   >>> text = compile_for(pre_text, device="h100", devices=8)  # doctest: +SKIP
@@ -56,6 +58,32 @@ def compile_for(text: str, *, device: str, devices: int = 1, options: Mapping[st
     if len(local) < devices:
         raise ValueError(f"compile_for: the module needs {devices} CPU devices, this process has {len(local)}")
     return _jax_private.compile_text_for(text, local[:devices], dict(options or {}))
+
+
+def plan_text_for(text: str, plan: FusionPlan, *, device: str, devices: int = 1,
+                  autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True) -> str:
+    """The compiled module of pre-optimisation ``text`` with ``plan`` applied, for ``devices`` of ``device``.
+
+    The plan's buckets and cuts are written into the text (:func:`xla_hooks.rewrite.apply_plan_to_text`:
+    concatenated or reduce-scatter + all-gather buckets, an ``opt-barrier`` per cut producer) and its
+    compile options, with the passes its decisions need off for the device's backend, go to
+    :func:`compile_for`. The plan must have been validated against ``text``'s graph.
+
+    Raises:
+      ValueError: for a plan with fusion groups on a GPU kind (``mhlo.fusion`` cannot reach XLA:GPU:
+        ../shared/GPU_NOTES.md), and what :func:`compile_for` raises.
+      deviceless.DevicelessUnavailable: as :func:`compile_for`.
+    """
+    from xla_hooks.rewrite import apply_plan_to_text
+
+    backend = "cpu" if device == "cpu" else "gpu"
+    if plan.groups and backend == "gpu":
+        raise ValueError(f"plan {plan.name or plan.digest()!r} has {len(plan.groups)} fusion group(s), which cannot "
+                         f"reach XLA:GPU (jax's PJRT plugin takes StableHLO, where mhlo.fusion has no form); "
+                         f"a GPU plan holds buckets, cuts and compile options")
+    return compile_for(apply_plan_to_text(text, plan), device=device, devices=devices,
+                       options=plan.compiler_options(backend), autotune_results=autotune_results,
+                       use_cache=use_cache)
 
 
 def compiled_plan_text(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any) -> str:

@@ -35,8 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tier", choices=("emulated", "compiled"), default="emulated",
                    help="emulated: the Python emulation of XLA's fusion (fast); compiled: each plan compiled and "
                         "its real kernels priced: with XLA:CPU on a CPU cluster, with deviceless XLA:GPU on a GPU "
-                        "cluster (`make install-gpu`; plans of compile options only, e.g. xla_default,xla_o1; the "
-                        "zoo model's GSPMD step, adamw) (default emulated)")
+                        "cluster (`make install-gpu`; the step as built for --devices, each plan's buckets and cuts "
+                        "written into it, its compile options passed; no fusion groups) (default emulated)")
     g = p.add_argument_group("compiled tier (instead of --model: price the module XLA builds)")
     g.add_argument("--hlo", metavar="FILE",
                    help="a pre-optimisation HLO module (as jax.jit(f).lower(...).as_text(dialect='hlo') prints it), "
@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
                        f"GPU cluster (--tier compiled); got --tier {args.tier} on cluster {spec.name!r} "
                        f"({spec.device}){' (XLA:CPU does not autotune)' if spec.device == 'cpu' else ''}")
     step, example = make_step(args)
-    graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
+    text = extractor.hlo_text(step, *example)
+    graph = HloGraph.from_hlo_text(text)
     plans = resolve_plans(args.plans, graph, strict=args.strict, simulated=True)
     if "xla_default" not in plans:  # the reference of the speedup column, as disco bench adds it
         plans = {"xla_default": resolve_plans("xla_default", graph)["xla_default"], **plans}
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     sim = simulator.Simulator(graph, cm, spec)
     rows = []
     if args.tier == "compiled" and spec.device != "cpu":
-        rows += _gpu_compiled_rows(args, plans, cm, spec)
+        rows += _gpu_compiled_rows(args, text, plans, cm, spec)
     elif args.tier == "compiled":
         from disco.sim import compiled
         from xla_hooks.compile_for import compiled_plan_text
@@ -133,6 +134,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _groups(plan: Any) -> str:
+    n = len(plan.groups)
+    return f"{n} fusion group{'' if n == 1 else 's'}"
+
+
 def check_plans_for(plans: dict[str, Any], device: str, tier: str) -> None:
     """Refuses a plan the cluster's backend cannot run (``xla_o1`` on CPU, with the reason) or the
     tier cannot price (XLA:GPU's optimization level in the emulated tier, which does not model it).
@@ -153,36 +159,38 @@ def check_plans_for(plans: dict[str, Any], device: str, tier: str) -> None:
                            "O1 turns on); price it with --tier compiled on a GPU cluster (deviceless XLA:GPU)")
 
 
-def _gpu_compiled_rows(args: argparse.Namespace, plans: dict[str, Any], cm: Any, spec: Any) -> list[dict[str, Any]]:
-    """The compiled tier on a GPU cluster: the zoo model's GSPMD step compiled deviceless per plan (its
-    compile options), priced.
+def _gpu_compiled_rows(args: argparse.Namespace, text: str, plans: dict[str, Any], cm: Any,
+                       spec: Any) -> list[dict[str, Any]]:
+    """The compiled tier on a GPU cluster: the step's pre-optimisation ``text`` with each plan applied
+    (its buckets and cuts written in, :func:`xla_hooks.compile_for.plan_text_for`) compiled deviceless
+    for the cluster's devices with the plan's compile options, and priced.
 
     Raises:
-      CliError: for a plan that is more than compile options, a --trax-model, an optimizer other than
-        adamw (the deviceless step's), or a deviceless compile that is unavailable or fails.
+      CliError: for a step built for another device count than the cluster's, a plan with fusion
+        groups (they cannot reach XLA:GPU), or a deviceless compile that is unavailable or fails.
     """
-    from disco.plans.plan import decisions
     from disco.sim import compiled
     from xla_hooks import deviceless
+    from xla_hooks.compile_for import plan_text_for
 
-    if getattr(args, "trax_model", None) or args.optimizer != "adamw":
-        raise CliError(f"--tier compiled on GPU cluster {spec.name!r} compiles a zoo model's GSPMD step with adamw "
-                       "(--model, --optimizer adamw)")
+    if args.devices != spec.num_devices:
+        raise CliError(f"--tier compiled on GPU cluster {spec.name!r} compiles the step as built, for --devices "
+                       f"{args.devices}; the cluster has {spec.num_devices} devices (expected --devices "
+                       f"{spec.num_devices})")
     for name, plan in plans.items():  # every plan checked before the first compile
-        if plan.groups or plan.buckets is not None or plan.cuts:
-            raise CliError(f"plan {name!r}: --tier compiled on GPU cluster {spec.name!r} prices plans of compile "
-                           f"options only (e.g. --plans xla_default,xla_o1); this one has "
-                           f"{', '.join(decisions(plan)) or 'buckets'}, which reach XLA through the jax step")
+        if plan.groups:
+            raise CliError(f"plan {name!r}: --tier compiled on GPU cluster {spec.name!r} prices buckets, cuts and "
+                           f"compile options; this one has {_groups(plan)}, which cannot reach "
+                           "XLA:GPU (jax's PJRT plugin takes StableHLO, where mhlo.fusion has no form)")
+    results = autotune_file(args.autotune_results, spec.device)
     rows = []
     for name, plan in plans.items():
         try:
-            _, text = deviceless.compile_zoo_step(args.model, args.preset, target=spec.device,
-                                                  devices=spec.num_devices, options=plan.compiler_options("gpu"),
-                                                  autotune_results=autotune_file(args.autotune_results,
-                                                                                 spec.device))
+            compiled_text = plan_text_for(text, plan, device=spec.device, devices=spec.num_devices,
+                                          autotune_results=results)
         except (ValueError, deviceless.DevicelessUnavailable) as e:
             raise CliError(f"--tier compiled, plan {name!r} on {spec.name!r}: {e}") from None
-        rows.append({"plan": name, **compiled.price(text, cm, spec, backend="gpu").summary()})
+        rows.append({"plan": name, **compiled.price(compiled_text, cm, spec, backend="gpu").summary()})
     return rows
 
 

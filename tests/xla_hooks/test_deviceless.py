@@ -4,6 +4,7 @@ runs them there, and they skip, saying why, where it is missing."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -230,3 +231,42 @@ def test_the_shipped_h100_results_reproduce_the_module_xla_built_on_the_h100(tmp
     assert m["with"]["coarse_match"] == 1.0 and m["with"]["match"] >= 0.98
     assert m["with"]["deviceless_kernels"] == m["with"]["device_kernels"] == 207
     assert m["without"]["match"] < m["with"]["match"]
+
+
+def test_cli_prices_bucket_and_cut_plans_for_eight_h100s_from_the_step_as_built(tmp_path, monkeypatch, capsys):
+    """A GPU cluster's compiled tier takes the plans a GPU search makes: the step's own text with each
+    plan's buckets (and cuts: opt-barriers) written in, compiled deviceless for 8 H100s."""
+    from disco.cli import main as disco_main
+    from disco.cli.common import make_step
+    from disco.ir import extractor
+    from disco.plans.plan import FusionPlan
+
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+
+    step, example = make_step(argparse.Namespace(model="mlp", preset="tiny", devices=8, optimizer="adamw",
+                                                 style="shard_map", trax_model=None))
+    graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
+    # a cut between a dot and the elementwise op that reads it: XLA:GPU fuses that pair (an epilogue) otherwise
+    dots = {n.name for n in graph.nodes if n.opcode == "dot"}
+    user = next(n for n in graph.nodes if n.opcode == "add" and set(n.operands) & dots)
+    dot = next(o for o in user.operands if o in dots)
+    cut = FusionPlan(cuts=((dot, user.name),), name="cut").validate(graph, "gpu")
+    (tmp_path / "cut.json").write_text(cut.to_json())
+    rc = disco_main(["simulate", "--model", "mlp", "--preset", "tiny", "--devices", "8", "--cluster", "h100-sxm-8",
+                     "--tier", "compiled", "--plans", f"xla_default,horovod,even:4,per_tensor,{tmp_path / 'cut.json'}",
+                     "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    rows = {r["plan"]: r for r in out["results"]}
+    assert {(r["kernels_from"], r["backend"]) for r in rows.values()} == {("compiled", "gpu")}
+    n_grads = len(baselines.make("per_tensor", graph).buckets)
+    # XLA's combiner makes xla_default's one all-reduce; a plan's buckets are kept as planned (combiner off)
+    assert {name: r["collectives"] for name, r in rows.items()} == {
+        "xla_default": 1, "horovod": 1, "even_4": 4, "per_tensor": n_grads, "cut": 1}
+    assert len({r["all_reduce_bytes"] for r in rows.values()}) == 1  # the same gradients in every plan
+    # the cut reaches XLA:GPU (its barrier changes the fusions XLA forms, then goes): another module
+    from xla_hooks.compile_for import plan_text_for
+
+    text = extractor.hlo_text(step, *example)
+    assert plan_text_for(text, cut, device="h100", devices=8) != plan_text_for(text, FusionPlan(), device="h100", devices=8)
+    assert rows["cut"]["kernels"] != rows["xla_default"]["kernels"]

@@ -255,8 +255,13 @@ def test_cli_gpu_baselines_are_refused_with_the_reason(capsys):
     with pytest.raises(CliError, match=r"^auto_pgle is jax's profile-guided latency estimator.*"
                                        r"check_gpu.py \(its auto_pgle row\)"):
         resolve_plans("xla_default,auto_pgle", graph)
-    bucketed = {"xla_default": baselines.make("xla_default", graph), "one_bucket": baselines.make("one_bucket", graph)}
-    args = argparse.Namespace(trax_model=None, optimizer="adamw", model="mlp", preset="tiny", autotune_results=None)
-    with pytest.raises(CliError, match="plan 'one_bucket': --tier compiled on GPU cluster 'h100-sxm-8' prices plans "
-                                       "of compile options only"):
-        _gpu_compiled_rows(args, bucketed, None, preset("h100-sxm-8"))
+    grouped = {"xla_default": baselines.make("xla_default", graph),
+               "grouped": baselines.make("xla_default", graph).replace(groups=(("sine.3", "multiply.5"),))}
+    args = argparse.Namespace(devices=8, autotune_results=None)
+    with pytest.raises(CliError, match="plan 'grouped': --tier compiled on GPU cluster 'h100-sxm-8' prices buckets, "
+                                       "cuts and compile options; this one has 1 fusion group, which cannot reach XLA:GPU"):
+        _gpu_compiled_rows(args, _pre_optimization_text(), grouped, None, preset("h100-sxm-8"))
+    with pytest.raises(CliError, match=r"compiles the step as built, for --devices 2; the cluster has 8 devices "
+                                       r"\(expected --devices 8\)"):
+        _gpu_compiled_rows(argparse.Namespace(devices=2, autotune_results=None), _pre_optimization_text(),
+                           {"xla_default": grouped["xla_default"]}, None, preset("h100-sxm-8"))
