@@ -116,3 +116,13 @@ def postgres():
     pg = PostgresServer().start()
     yield pg
     pg.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _eight_devices_for_the_session():
+    """Starts jax's CPU backend with the 8 devices above before the first test: a test that runs a
+    command in-process (``disco simulate --devices 2`` sets ``jax_num_cpu_devices``) must not leave a
+    fresh pytest-xdist worker with fewer devices for the tests after it, whatever order they run in."""
+    import jax
+
+    jax.devices()

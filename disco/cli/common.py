@@ -510,18 +510,6 @@ def note_placeholder_costs(spec: Any, command: str) -> None:
               file=sys.stderr)
 
 
-def note_measured_elsewhere(spec: Any, command: str) -> None:
-    """Says on stderr when plans priced for a GPU cluster are measured on CPU devices (call it
-    after jax's backend has started: it asks jax which devices it runs on)."""
-    import jax
-
-    platform = jax.devices()[0].platform
-    if spec.device != "cpu" and platform == "cpu":
-        print(f"{command}: note: cluster {spec.name!r} prices plans for {spec.device} devices, but they are "
-              "measured on this machine's CPU devices: the measured speedups are the CPU's, and GPU compile "
-              "options change nothing there", file=sys.stderr)
-
-
 # The widest line a command's table and notes print: a terminal wider than this, or a file or a
 # pipe, still gets lines of at most this many columns (issue 39: the optimize table was 250 wide).
 MAX_WIDTH = 120

@@ -29,7 +29,6 @@ from disco.cli.common import (
     model_label,
     note_device_mismatch,
     note_floors,
-    note_measured_elsewhere,
     note_placeholder_costs,
     over_label,
     parse_link_arg,
@@ -187,7 +186,10 @@ def run(args: argparse.Namespace) -> int:
     calibration = None
     if cluster is None:
         cluster, calibration = this_machine(args.devices, "disco optimize")
-    note_measured_elsewhere(cluster, "disco optimize")
+    from disco.optimizer._predicted import measures_here
+
+    if not measures_here(cluster):
+        return run_predicted(args, step, example, cluster, config)
     note_placeholder_costs(cluster, "disco optimize")
     costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
     from disco.optimizer import optimize
@@ -202,6 +204,78 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_table(result, info)
     return 0
+
+
+def run_predicted(args: argparse.Namespace, step: Any, example: tuple[Any, ...], cluster: Any, config: Any) -> int:
+    """``disco optimize`` for a cluster whose devices are not here (a GPU cluster from a CPU machine):
+    the answer chosen by prediction (:func:`disco.optimizer.predict`), nothing measured."""
+    import jax
+
+    for flag in ("trace", "plot"):
+        if getattr(args, flag):
+            raise CliError(f"--{flag}: draws the timelines of a measured run; cluster {cluster.name!r} is of "
+                           f"{cluster.device} devices and this machine runs jax on {jax.default_backend()}, so "
+                           "nothing is measured here (`disco simulate --cluster ... --trace` draws a plan's)")
+    print(f"disco optimize: cluster {cluster.name!r} is of {cluster.device} devices and this machine runs jax on "
+          f"{jax.default_backend()}: measuring here would time the wrong devices, so the answer is chosen by "
+          "prediction (the compiled tier where it runs, else the emulated one) and nothing is measured; "
+          "measure it on the cluster (xla_hooks.jit(step, service=..., trials=n))", file=sys.stderr)
+    costs, cost_info = load_cost_model(args.cost_model, device=cluster.device)
+    from disco.optimizer import predict
+
+    with progress_reporter(not args.no_progress) as progress:
+        result = predict(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
+    try:
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(result.plan.to_json(indent=2) + "\n")
+    except OSError as e:
+        raise CliError(f"cannot write {e.filename!r}: {e.strerror}") from None
+    info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info,
+            "cluster_spec": cluster.to_dict()}
+    if args.json:
+        print_json({**info, **result.to_dict()})
+        return 0
+    _print_predicted(result, info)
+    return 0
+
+
+def _print_predicted(result: Any, info: dict[str, Any]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=(f"disco optimize {info['model']}/{info['preset']} for cluster {result.cluster!r}"
+                     f"{_cluster_note(info)}: predicted with the {_describe_costs(info)} cost model, not measured"))
+    for c in ("plan", "from", "emulated ms", "compiled ms", "speedup vs\nxla_default\n(predicted)", "kernels",
+              "all-reduces"):
+        t.add_column(c, justify="left" if c in ("plan", "from") else "right")
+    notes: dict[str, int] = {}
+    base = result.row("xla_default").predicted_s(result.tier)
+    for r in result.rows:
+        origin = r.origin if r.kind == "search" else "baseline"
+        mark = f"[{notes.setdefault(origin, len(notes) + 1)}]" if r.kind == "search" else origin
+        mine = r.predicted_s(result.tier)
+        t.add_row(escape(r.name + (" *" if r.name == result.chosen else "")), escape(mark), f"{r.emulated_s * 1e3:.3f}",
+                  "-" if r.compiled_s is None else f"{r.compiled_s * 1e3:.3f}",
+                  f"{base / mine:.3f}x" if base and mine else "-",
+                  "-" if r.compiled is None else str(r.compiled.get("kernels")),
+                  "-" if r.compiled is None else str(r.compiled.get("collectives")))
+    console = table_console()
+    console.print(t)
+    for origin, i in notes.items():
+        print_note(console, f"[{i}] {origin}")
+    print_note(console, f"* the answer: {result.chosen}, the fastest by the {result.tier} tier")
+    if result.tier_note:
+        print_note(console, f"ranked by the emulated tier: {result.tier_note}")
+    print_note(console, "emulated: the simulator's step time (Python emulation of XLA's fusion); compiled: the module "
+                        "the real compiler builds for the cluster's devices, its kernels and collectives priced on the "
+                        "cluster; '-': not compiled (or it failed: --json says why)")
+    s = result.search
+    print_note(console, f"simulated lower bound {result.lower_bound_s * 1e3:.3f} ms; search: {s.strategy}, {s.evals} "
+                        f"plans in {s.seconds:.1f} s")
+    print_note(console, f"the answer is {result.chosen}, predicted {result.speedup:.3f}x faster than xla_default on "
+                        f"{result.cluster!r} ({result.tier} tier); nothing was measured", bold="the answer")
+    _print_plan_lines(console, result.chosen, result.rows)
 
 
 def this_machine(devices: int, command: str) -> tuple[Any, Any]:
@@ -349,10 +423,15 @@ def _print_table(result: Any, info: dict[str, Any]) -> None:
         print_note(console, note)
     _print_verdict(console, result.verdict)
     print_note(console, f"the answer is {result.relation}")
-    for r in [result.row(result.chosen)] + [r for r in result.rows if r.name == "disco_1" and r.name != result.chosen]:
+    _print_plan_lines(console, result.chosen, result.rows)
+
+
+def _print_plan_lines(console: Any, chosen: str, rows: Any) -> None:
+    """The answer's plan, and the search's best (disco_1) when it is another, one line each."""
+    for r in [next(r for r in rows if r.name == chosen)] + [r for r in rows if r.name == "disco_1" and r.name != chosen]:
         p = r.plan
         opts = ", ".join(f"{k}={v}" for k, v in p.compile_options) or "XLA's defaults"
-        print_note(console, f"{'chosen' if r.name == result.chosen else 'search best'} {r.name}: "
+        print_note(console, f"{'chosen' if r.name == chosen else 'search best'} {r.name}: "
                       f"{counted(len(p.groups), 'fusion group')}, {counted(len(p.cuts), 'cut')}, "
                       f"{'XLA combiner' if p.buckets is None else counted(len(p.buckets), 'bucket')}"
                       f"; compile options: {opts}")
@@ -466,6 +545,10 @@ def run_across(args: argparse.Namespace) -> int:
     cal = None
     if args.cluster:  # "local": the devices of all the processes, as in one process
         cluster = resolve(args.cluster, runner.devices)
+        if cluster.device != "cpu":
+            raise CliError(f"--processes measures plans in CPU worker processes; cluster {cluster.name!r} is of "
+                           f"{cluster.device} devices, whose times those are not. Without --processes, disco "
+                           "optimize chooses its plan by prediction")
     else:
         cal = calibrate.calibrate(calibrate.ProcessRunner(args.processes, args.devices_per_process, link,
                                                           timeout_s=args.timeout))

@@ -83,6 +83,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from disco.optimizer._compiled import CompiledStageWarning
     from disco.optimizer._funnel import FunnelRound, funnel
     from disco.optimizer._pipeline import optimize
+    from disco.optimizer._predicted import PredictedResult, PredictedRow, measures_here, predict
     from disco.optimizer._process import ProcessRunner
     from disco.optimizer._result import OptimizeResult, Setting, chrome_trace, make_result
     from disco.optimizer._runners import InProcessRunner, Runner, Trial, Trials
@@ -99,6 +100,7 @@ _MODULES = {
     "_compiled": ("CompiledStageWarning",),
     "_funnel": ("FunnelRound", "funnel"),
     "_pipeline": ("optimize",),
+    "_predicted": ("PredictedResult", "PredictedRow", "measures_here", "predict"),
     "_process": ("ProcessRunner",),
     "_result": ("OptimizeResult", "Setting", "chrome_trace", "make_result"),
     "_runners": ("InProcessRunner", "Runner", "Trial", "Trials"),
@@ -112,9 +114,9 @@ _EXPORTS = {name: f"disco.optimizer.{module}" for module, names in _MODULES.item
 
 __all__ = [
     "REPORTED_BASELINES", "Accuracy", "Bound", "Candidates", "CompiledStageWarning", "Confirmation", "FunnelRound", "InProcessRunner", "Measured", "OptimizeConfig",
-    "OptimizeResult", "PlanRow", "ProcessRunner", "Progress", "RunOff", "Runner", "SearchSummary", "Setting",
+    "OptimizeResult", "PlanRow", "PredictedResult", "PredictedRow", "ProcessRunner", "Progress", "RunOff", "Runner", "SearchSummary", "Setting",
     "Span", "Target", "Trial", "Trials", "accuracy", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
-    "fastest_baseline", "funnel", "fusion_decisions", "kendall_tau", "make_result", "measure", "median_relative_error", "no_progress", "optimize", "prepare",
+    "fastest_baseline", "funnel", "fusion_decisions", "kendall_tau", "make_result", "measure", "measures_here", "median_relative_error", "no_progress", "optimize", "predict", "prepare",
     "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "relation_to_baselines",
     "run_off", "runoff_choice", "validate",
 ]

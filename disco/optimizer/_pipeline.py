@@ -56,7 +56,9 @@ def optimize(
       The OptimizeResult.
 
     Raises:
-      ValueError: for a bad option (:class:`OptimizeConfig` names it), before anything runs.
+      ValueError: for a bad option (:class:`OptimizeConfig` names it), or a ``cluster`` of another device
+        kind than the one plans are measured on here (:func:`~disco.optimizer.predict` is for that),
+        before anything runs.
       TypeError: for an option that is not an :class:`OptimizeConfig` field, or a ``config``,
         ``cluster`` or ``costs`` of the wrong type (before the graph is extracted).
       RuntimeError: when the runner fails (worker processes: their messages).
@@ -69,6 +71,16 @@ def optimize(
         raise TypeError(f"config: expected an OptimizeConfig or None, got {type(config).__name__} "
                         "(pass options as keywords: optimize(step, *args, budget_s=30))")
     config = dataclasses.replace(config or OptimizeConfig(), **options)
+    if isinstance(cluster, ClusterSpec):  # another type is refused by prepare, saying what was expected
+        from disco.optimizer._predicted import measures_here
+
+        if not measures_here(cluster):
+            import jax
+
+            raise ValueError(f"optimize measures plans on this process's {jax.default_backend()} devices, but cluster "
+                             f"{cluster.name!r} is of {cluster.device} devices: those times would not be the "
+                             "cluster's; disco.optimizer.predict chooses a plan for a cluster whose devices are not "
+                             "here, by prediction")
     report = progress or no_progress
     runner = runner or InProcessRunner()
     target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)

@@ -270,3 +270,21 @@ def test_cli_prices_bucket_and_cut_plans_for_eight_h100s_from_the_step_as_built(
     text = extractor.hlo_text(step, *example)
     assert plan_text_for(text, cut, device="h100", devices=8) != plan_text_for(text, FusionPlan(), device="h100", devices=8)
     assert rows["cut"]["kernels"] != rows["xla_default"]["kernels"]
+
+
+def test_predict_ranks_a_gpu_clusters_candidates_by_their_deviceless_modules(tmp_path, monkeypatch):
+    """``disco optimize`` for 8 H100s from this CPU machine: every candidate compiled deviceless and the
+    answer the fastest compiled module, nothing measured."""
+    import trax_models
+    from disco.optimizer import predict
+
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    step, args = trax_models.make_train_step("mlp", preset="tiny", devices=8)
+    r = predict(step, *args, cluster=preset("h100-sxm-8"), budget_s=600.0, max_evals=300, measure_top_k=2,
+                bucket_sweep=(2,))
+    assert r.tier == "compiled" and r.tier_note is None
+    assert all(row.compiled_s is not None and row.compiled["backend"] == "gpu" for row in r.rows)
+    assert [row.compiled_s for row in r.rows] == sorted(row.compiled_s for row in r.rows)
+    assert r.chosen == r.rows[0].name and not r.plan.groups
+    assert (r.row("xla_default").compiled["collectives"], r.row("horovod").compiled["collectives"],
+            r.row("even_2").compiled["collectives"]) == (1, 1, 2)

@@ -1,0 +1,92 @@
+"""``disco.optimizer.predict``: the answer for a cluster whose devices are not here, by prediction alone,
+and ``optimize`` refusing to measure such a cluster on this process's devices. Real jax steps and real
+XLA:CPU compiles; the deviceless XLA:GPU run is in tests/xla_hooks/test_deviceless.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import trax_models
+from disco.optimizer import CompiledStageWarning, measures_here, optimize, predict
+from disco.sim.cluster import preset
+from xla_hooks import deviceless
+
+FEW = {"budget_s": 600.0, "max_evals": 300, "measure_top_k": 2, "bucket_sweep": (2,)}
+
+
+@pytest.fixture(scope="module")
+def mlp2():
+    return trax_models.make_train_step("mlp", preset="tiny", devices=2)
+
+
+def test_a_gpu_cluster_is_not_measured_on_cpu_devices(mlp2):
+    step, args = mlp2
+    assert measures_here(preset("local", devices=2)) and not measures_here(preset("h100-sxm-8"))
+    with pytest.raises(ValueError, match=r"optimize measures plans on this process's cpu devices, but cluster "
+                                         r"'h100-1' is of h100 devices.*disco.optimizer.predict"):
+        optimize(step, *args, cluster=preset("h100-1"), budget_s=1.0)
+
+
+def test_without_deviceless_xla_the_emulated_tier_ranks_and_says_why(mlp2, monkeypatch, tmp_path):
+    step, args = mlp2
+    monkeypatch.setenv(deviceless.GPU_PYTHON_ENV, str(tmp_path / "none"))
+    with pytest.warns(deviceless.DevicelessFallbackWarning, match="no deviceless XLA:GPU environment"):
+        r = predict(step, *args, cluster=preset("h100-1"), **FEW)
+    assert r.tier == "emulated" and "make install-gpu" in r.tier_note
+    assert all(row.compiled_s is None for row in r.rows)
+    times = [row.emulated_s for row in r.rows]
+    assert times == sorted(times) and r.chosen == r.rows[0].name and r.plan.name == r.chosen
+    assert r.speedup == pytest.approx(r.row("xla_default").emulated_s / times[0])
+    assert not any(row.plan.groups for row in r.rows)  # a GPU cluster's candidates hold no fusion groups
+    d = r.to_dict()
+    assert d["measured"] is False and d["chosen"] == r.chosen and len(d["rows"]) == len(r.rows)
+
+
+def test_the_compiled_tier_prices_every_candidate_and_a_failed_compile_drops_out(mlp2):
+    """On a CPU cluster the real compiler here is XLA:CPU: every candidate compiled and priced from its
+    module; one whose compile fails keeps its emulated price, is ranked after every compiled one, and
+    says why."""
+    from xla_hooks.compile_for import plan_text_for
+
+    step, args = mlp2
+    from disco.ir import extractor
+
+    text = extractor.hlo_text(step, *args)
+
+    def compile_fn(plan):
+        if plan.name == "per_tensor":
+            raise RuntimeError("refused for the test")
+        return plan_text_for(text, plan, device="cpu", devices=2)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = predict(step, *args, cluster=preset("local", devices=2), compile_fn=compile_fn, **FEW)
+    assert any(issubclass(w.category, CompiledStageWarning) and "per_tensor" in str(w.message) for w in caught)
+    assert r.tier == "compiled" and r.tier_note is None
+    failed = r.row("per_tensor")
+    assert failed.compiled_s is None and failed.why == "RuntimeError: refused for the test"
+    assert r.rows[-1].name == "per_tensor"  # unpriced by the tier: last
+    priced = [row for row in r.rows if row.compiled_s is not None]
+    assert len(priced) == len(r.rows) - 1 and [p.compiled_s for p in priced] == sorted(p.compiled_s for p in priced)
+    assert all(p.compiled["kernels_from"] == "compiled" and p.compiled["backend"] == "cpu" for p in priced)
+    assert r.chosen == priced[0].name
+    # a plan's buckets reach the compiled module: horovod's one all-reduce against even_2's two
+    assert (r.row("horovod").compiled["collectives"], r.row("even_2").compiled["collectives"]) == (1, 2)
+
+
+def test_compiled_top_k_compiles_the_emulated_tiers_fastest_and_xla_default(mlp2):
+    step, args = mlp2
+    asked = []
+
+    def compile_fn(plan):
+        asked.append(plan.name)
+        raise RuntimeError("not compiled")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompiledStageWarning)
+        r = predict(step, *args, cluster=preset("local", devices=2), compile_fn=compile_fn, compiled_top_k=2, **FEW)
+    fastest = sorted(r.rows, key=lambda row: row.emulated_s)[:2]
+    assert set(asked) == {row.name for row in fastest} | {"xla_default"}
+    assert r.tier == "emulated" and "the compiled tier priced no xla_default" in r.tier_note
