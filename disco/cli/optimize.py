@@ -71,7 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compiled-top-k", type=int, default=None, metavar="N",
                    help="the funnel's compiled stage: in each round, the N plans the model ranks fastest are "
                         "compiled by XLA and priced by the compiled tier, and that price picks the ones measured "
-                        "(CPU devices only; default 0: off)")
+                        "(CPU devices only; default 0: off). For a cluster whose devices are not here (a GPU cluster from a "
+                        "CPU machine) nothing is measured: every candidate is compiled (deviceless XLA:GPU) and "
+                        "priced, or with N only the N fastest by the emulated tier and xla_default")
     p.add_argument("--no-learn", dest="learn", action="store_false",
                    help="no correction: the simulator alone ranks the plans of every round")
     p.add_argument("--correction", default=None, metavar="FILE",
@@ -211,6 +213,9 @@ def run_predicted(args: argparse.Namespace, step: Any, example: tuple[Any, ...],
     the answer chosen by prediction (:func:`disco.optimizer.predict`), nothing measured."""
     import jax
 
+    if args.devices != cluster.num_devices:
+        raise CliError(f"--devices {args.devices}: cluster {cluster.name!r} has {cluster.num_devices} devices, and its "
+                       f"plans are compiled for them from the step as built (expected --devices {cluster.num_devices})")
     for flag in ("trace", "plot"):
         if getattr(args, flag):
             raise CliError(f"--{flag}: draws the timelines of a measured run; cluster {cluster.name!r} is of "

@@ -32,6 +32,11 @@ The pipeline is a few pure steps, each with its own small result (the shape of
    by default). The answer and its reported speedup come from that run: the faster of the choice
    and that baseline if it beats ``xla_default`` there, else ``xla_default``.
 
+For a cluster whose devices are not here (a GPU cluster planned from a CPU machine), nothing can be
+measured: :func:`predict` runs the search, compiles the candidates for the cluster's devices
+(deviceless XLA:GPU) and answers with the one the compiled tier prices fastest, as a prediction
+(:mod:`disco.optimizer._predicted`); :func:`optimize` refuses such a cluster (:func:`measures_here`).
+
 The steps make every decision and a runner only measures (:mod:`disco.optimizer._runners`), so
 one pipeline serves both; where fresh processes make a step dearer (every run recompiles every
 plan), the runner says so and the step does less (:func:`run_off`). The options are one

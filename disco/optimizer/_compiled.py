@@ -23,10 +23,10 @@ plan that fails to compile out of the ranking with a :class:`CompiledStageWarnin
 the run; :func:`learn`, which refits the compiled tier's correction after a round's measurements.
 
 CPU devices only, for now: the stage compiles the plan applied to the jax step on this process's
-backend. A GPU cluster would need deviceless XLA:GPU compiles (:mod:`xla_hooks.deviceless`) of plans
-with buckets, and the compiled tier refuses those there (it compiles a zoo step with compile options
-only: ``disco simulate --tier compiled`` refuses a plan with buckets or groups on a GPU cluster).
-:func:`available` says whether the stage runs.
+backend, and measures on it. A GPU cluster planned from a machine without its GPUs is not measured at
+all: :func:`disco.optimizer.predict` compiles its candidates deviceless
+(:func:`xla_hooks.compile_for.plan_text_for`) and the compiled price decides. On a GPU machine the
+stage does not run yet. :func:`available` says whether the stage runs.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def available() -> str | None:
     backend = jax.default_backend()
     if backend == "cpu":
         return None
-    return (f"the compiled stage runs on CPU devices only, not on {backend!r}: a GPU cluster needs deviceless "
-            "compiles of plans with buckets, which the compiled tier refuses")
+    return (f"the compiled stage runs on CPU devices only, not on {backend!r} (a GPU cluster planned from a "
+            "machine without its GPUs is priced by disco.optimizer.predict's compiled tier instead)")
 
 
 def _priced(text: str, target: Target) -> CompiledStep:

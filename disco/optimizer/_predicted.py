@@ -42,7 +42,7 @@ from disco.optimizer._candidates import SearchSummary, candidates
 from disco.optimizer._choice import PlanRow
 from disco.optimizer._compiled import CompiledStageWarning
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
-from disco.optimizer._prepare import Target, prepare
+from disco.optimizer._prepare import Target, prepare, step_devices
 from disco.plans.plan import FusionPlan, decisions
 from disco.sim.cluster import ClusterSpec
 from disco.sim.costs import CostModel
@@ -170,6 +170,11 @@ def predict(step_fn: Callable[..., Any], *args: Any, cluster: ClusterSpec, costs
     config = dataclasses.replace(config or OptimizeConfig(), **options, measure_reduce_fusion=False)
     report = progress or no_progress
     target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)
+    n = step_devices(target.graph, target.args)
+    if n != cluster.num_devices:
+        raise ValueError(f"predict: the step runs on {n} devices and cluster {cluster.name!r} has "
+                         f"{cluster.num_devices}; build the step for {cluster.num_devices} devices (its module is "
+                         "what the compiled tier compiles for the cluster)")
     cands = candidates(target, config, report)
     rows = [_emulated(r) for r in cands.rows]
     compile_fn, note = (compile_fn, None) if compile_fn is not None else compiler(target)

@@ -63,9 +63,15 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
     progress("extract", 0.0, "extracting the HLO graph")
     graph = extract(step_fn, *args)
     check_data_parallel(graph)
-    if cluster is None:  # a pmap step takes host arrays: its all-reduces' groups say how many devices
-        spans = [replica_group_size(n.replica_groups) or 1 for n in graph.all_reduces()]
-        cluster = preset("local", devices=max([devices_of(args), *spans]))
+    if cluster is None:
+        cluster = preset("local", devices=step_devices(graph, args))
     sim = Simulator(graph, costs or device_costs.analytic(cluster.device), cluster)
     progress("extract", 1.0, f"{len(graph.nodes)} nodes, {len(graph.all_reduces())} all-reduces")
     return Target(step_fn, tuple(args), graph, sim)
+
+
+def step_devices(graph: HloGraph, args: tuple[Any, ...]) -> int:
+    """The devices a step runs on: those its arguments are sharded over, or its all-reduces' replica
+    groups span when more (a pmap step takes host arrays, which are on none)."""
+    spans = [replica_group_size(n.replica_groups) or 1 for n in graph.all_reduces()]
+    return max([devices_of(args), *spans])

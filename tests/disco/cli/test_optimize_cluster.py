@@ -69,3 +69,5 @@ def test_optimize_for_a_gpu_cluster_refuses_what_needs_measurements(tmp_path, no
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--cluster", "h100-sxm-8", "--processes", "2",
                 "--devices-per-process", "1", timeout=300)
     assert r.returncode == 2 and "--processes measures plans in CPU worker processes" in r.stderr, r.stderr[-1000:]
+    r = run_cli(*[a if a != "8" else "4" for a in ARGS], timeout=300)
+    assert r.returncode == 2 and "--devices 4: cluster 'h100-sxm-8' has 8 devices" in r.stderr, r.stderr[-1000:]

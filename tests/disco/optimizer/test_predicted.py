@@ -29,11 +29,11 @@ def test_a_gpu_cluster_is_not_measured_on_cpu_devices(mlp2):
         optimize(step, *args, cluster=preset("h100-1"), budget_s=1.0)
 
 
-def test_without_deviceless_xla_the_emulated_tier_ranks_and_says_why(mlp2, monkeypatch, tmp_path):
-    step, args = mlp2
+def test_without_deviceless_xla_the_emulated_tier_ranks_and_says_why(monkeypatch, tmp_path):
+    step, args = trax_models.make_train_step("mlp", preset="tiny", devices=8)
     monkeypatch.setenv(deviceless.GPU_PYTHON_ENV, str(tmp_path / "none"))
     with pytest.warns(deviceless.DevicelessFallbackWarning, match="no deviceless XLA:GPU environment"):
-        r = predict(step, *args, cluster=preset("h100-1"), **FEW)
+        r = predict(step, *args, cluster=preset("h100-sxm-8"), **FEW)
     assert r.tier == "emulated" and "make install-gpu" in r.tier_note
     assert all(row.compiled_s is None for row in r.rows)
     times = [row.emulated_s for row in r.rows]
@@ -90,3 +90,10 @@ def test_compiled_top_k_compiles_the_emulated_tiers_fastest_and_xla_default(mlp2
     fastest = sorted(r.rows, key=lambda row: row.emulated_s)[:2]
     assert set(asked) == {row.name for row in fastest} | {"xla_default"}
     assert r.tier == "emulated" and "the compiled tier priced no xla_default" in r.tier_note
+
+
+def test_a_step_for_another_device_count_than_the_clusters_is_refused(mlp2):
+    step, args = mlp2
+    with pytest.raises(ValueError, match=r"the step runs on 2 devices and cluster 'h100-sxm-8' has 8; build the step "
+                                         r"for 8 devices"):
+        predict(step, *args, cluster=preset("h100-sxm-8"), **FEW)
