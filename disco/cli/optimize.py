@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     calibration = None
     if cluster is None:
         cluster, calibration = this_machine(args.devices, "disco optimize")
-    from disco.optimizer._predicted import measures_here
+    from disco.optimizer import measures_here
 
     if not measures_here(cluster):
         return run_predicted(args, step, example, cluster, config)
