@@ -106,7 +106,8 @@ class PredictedResult:
       cluster: the cluster's name; device: its device kind.
       rows: the candidates, fastest first by ``tier``, then those ``tier`` did not price.
       chosen: the answer's row name; plan: its plan (named after the row).
-      tier: "compiled" when the compiled tier priced xla_default and the answer, else "emulated".
+      tier: "compiled" when the compiled tier priced xla_default (the answer is then a compiled
+        module too: those rank first), else "emulated".
       tier_note: why the emulated tier ranked (None when the compiled one did).
       search: the search's summary; lower_bound_s: the simulator's lower bound for the graph.
     """
@@ -167,7 +168,8 @@ def predict(step_fn: Callable[..., Any], *args: Any, cluster: ClusterSpec, costs
     unknown = sorted(set(options) - set(OptimizeConfig.field_names()))
     if unknown:
         raise TypeError(f"predict: unknown options {unknown}; expected OptimizeConfig fields")
-    config = dataclasses.replace(config or OptimizeConfig(), **options, measure_reduce_fusion=False)
+    # no reduce_fusion candidate: its fusion groups are a CPU measurement's reference, never a GPU plan
+    config = dataclasses.replace(config or OptimizeConfig(), **{**options, "measure_reduce_fusion": False})
     report = progress or no_progress
     target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)
     n = step_devices(target.graph, target.args)
@@ -183,7 +185,8 @@ def predict(step_fn: Callable[..., Any], *args: Any, cluster: ClusterSpec, costs
     priced = [r for r in rows if r.compiled_s is not None]
     tier = "compiled" if any(r.name == "xla_default" for r in priced) else "emulated"
     if tier == "emulated" and note is None:
-        note = "the compiled tier priced no xla_default: " + (rows[0].why or "not compiled")
+        base = next(r for r in rows if r.name == "xla_default")
+        note = "the compiled tier priced no xla_default: " + (base.why or "not compiled")
     ranked = sorted(rows, key=lambda r: (r.predicted_s(tier) is None, r.predicted_s(tier) or 0.0))
     best = ranked[0]
     return PredictedResult(cluster.name, cluster.device, tuple(ranked), best.name,
