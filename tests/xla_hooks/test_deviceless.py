@@ -272,14 +272,16 @@ def test_cli_prices_bucket_and_cut_plans_for_eight_h100s_from_the_step_as_built(
     assert rows["cut"]["kernels"] != rows["xla_default"]["kernels"]
 
 
-def test_predict_ranks_a_gpu_clusters_candidates_by_their_deviceless_modules(tmp_path, monkeypatch):
+@pytest.mark.parametrize("style", ["shard_map", "gspmd"])
+def test_predict_ranks_a_gpu_clusters_candidates_by_their_deviceless_modules(tmp_path, monkeypatch, style):
     """``disco optimize`` for 8 H100s from this CPU machine: every candidate compiled deviceless and the
-    answer the fastest compiled module, nothing measured."""
+    answer the fastest compiled module, nothing measured; a ``jax.jit`` step over sharded arguments
+    (gspmd: its partitioned program carries the all-reduces the buckets name) as a shard_map one."""
     import trax_models
     from disco.optimizer import predict
 
     monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
-    step, args = trax_models.make_train_step("mlp", preset="tiny", devices=8)
+    step, args = trax_models.make_train_step("mlp", preset="tiny", devices=8, style=style)
     r = predict(step, *args, cluster=preset("h100-sxm-8"), budget_s=600.0, max_evals=300, measure_top_k=2,
                 bucket_sweep=(2,))
     assert r.tier == "compiled" and r.tier_note is None
