@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 from disco.optimizer._candidates import SearchSummary, candidates
 from disco.optimizer._choice import PlanRow
-from disco.optimizer._compiled import CompiledStageWarning
+from disco.optimizer._compiled import init, price_plans
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._prepare import Target, prepare, step_devices
 from disco.plans.plan import FusionPlan, decisions
@@ -224,28 +224,31 @@ def _emulated(row: PlanRow) -> PredictedRow:
 def _compiled(rows: list[PredictedRow], compile_fn: CompileFn, target: Target, top_k: int,
               progress: Progress) -> list[PredictedRow]:
     """``rows`` with compiled prices: all of them, or with ``top_k`` > 0 the ``top_k`` fastest by the
-    emulated tier and xla_default."""
+    emulated tier and xla_default. A plan that does not compile keeps its emulated price and says why
+    (:func:`disco.optimizer._compiled.price_plans`, the funnel's compiled stage's rule)."""
     from disco.sim import compiled
 
     order = sorted(rows, key=lambda r: r.emulated_s)
-    asked = {r.name for r in (order[:top_k] if top_k > 0 else order)} | {"xla_default"}
+    names = {r.name for r in (order[:top_k] if top_k > 0 else order)} | {"xla_default"}
+    asked = [r for r in rows if r.name in names]
     backend = "cpu" if target.cluster.device == "cpu" else "gpu"
-    out, done = [], 0
+    done = [0]
+
+    def price(plan: FusionPlan) -> compiled.CompiledStep:
+        progress("compile", done[0] / len(asked), f"compiling {plan.name} for {target.cluster.name}")
+        done[0] += 1
+        return compiled.price(compile_fn(plan), target.costs, target.cluster, backend=backend)
+
+    prices = price_plans(init(), [r.plan for r in asked], price)
+    progress("compile", 1.0, f"{len(asked)} plans compiled for {target.cluster.name}")
+    out = []
     for r in rows:
-        if r.name not in asked:
+        digest = r.plan.digest()
+        if r.name not in names:
             out.append(r)
-            continue
-        progress("compile", done / len(asked), f"compiling {r.name} for {target.cluster.name}")
-        done += 1
-        try:
-            step = compiled.price(compile_fn(r.plan), target.costs, target.cluster, backend=backend)
-        except Exception as e:  # noqa: BLE001 - a plan that does not compile drops out, never the run
-            text = str(e).strip()
-            why = f"{type(e).__name__}: {text.splitlines()[-1][:200] if text else ''}"
-            warnings.warn(f"the compiled tier: plan {r.name!r} did not compile ({why}); left out of the compiled "
-                          "ranking", CompiledStageWarning, stacklevel=3)
-            out.append(r._replace(why=why))
-            continue
-        out.append(r._replace(compiled_s=step.step_time_s, compiled=step.summary()))
-    progress("compile", 1.0, f"{done} plans compiled for {target.cluster.name}")
+        elif digest in prices.steps:
+            step = prices.steps[digest]
+            out.append(r._replace(compiled_s=step.step_time_s, compiled=step.summary()))
+        else:
+            out.append(r._replace(why=prices.failed[digest]))
     return out
