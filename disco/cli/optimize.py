@@ -230,12 +230,7 @@ def run_predicted(args: argparse.Namespace, step: Any, example: tuple[Any, ...],
 
     with progress_reporter(not args.no_progress) as progress:
         result = predict(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
-    try:
-        if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write(result.plan.to_json(indent=2) + "\n")
-    except OSError as e:
-        raise CliError(f"cannot write {e.filename!r}: {e.strerror}") from None
+    _write_outputs(args, result)  # --out only: --trace and --plot were refused above
     info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info,
             "cluster_spec": cluster.to_dict()}
     if args.json:

@@ -12,6 +12,7 @@ from disco.cli.common import (
     add_plans_arg,
     add_strict_arg,
     check_devices,
+    counted,
     load_cost_model,
     make_step,
     model_label,
@@ -134,11 +135,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _groups(plan: Any) -> str:
-    n = len(plan.groups)
-    return f"{n} fusion group{'' if n == 1 else 's'}"
-
-
 def check_plans_for(plans: dict[str, Any], device: str, tier: str) -> None:
     """Refuses a plan the cluster's backend cannot run (``xla_o1`` on CPU, with the reason) or the
     tier cannot price (XLA:GPU's optimization level in the emulated tier, which does not model it).
@@ -180,7 +176,7 @@ def _gpu_compiled_rows(args: argparse.Namespace, text: str, plans: dict[str, Any
     for name, plan in plans.items():  # every plan checked before the first compile
         if plan.groups:
             raise CliError(f"plan {name!r}: --tier compiled on GPU cluster {spec.name!r} prices buckets, cuts and "
-                           f"compile options; this one has {_groups(plan)}, which cannot reach "
+                           f"compile options; this one has {counted(len(plan.groups), 'fusion group')}, which cannot reach "
                            "XLA:GPU (jax's PJRT plugin takes StableHLO, where mhlo.fusion has no form)")
     results = autotune_file(args.autotune_results, spec.device)
     rows = []
