@@ -105,13 +105,13 @@ GPU_VENV ?= .venv-gpu
 GPU_JAX ?= 0.11.2
 GPU_LOCK := constraints/jax-$(GPU_JAX).txt
 GPU_CUDA_LOCK := constraints/jax-$(GPU_JAX)-cuda12.txt
-GPU_TESTS ?= tests/xla_hooks/test_deviceless.py
+GPU_TESTS ?= tests/xla_hooks/test_deviceless.py tests/service/test_service_tiers.py
 
 $(GPU_VENV)/.installed: setup.cfg pyproject.toml $(GPU_LOCK) $(GPU_CUDA_LOCK)
 	@test -n "$(HOOKS_PYTHON)" || { echo "make install-gpu: no Python 3.12 found (jax $(GPU_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }
 	$(HOOKS_PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(GPU_VENV)/bin/python -m pip install --quiet -c $(GPU_LOCK) -c $(GPU_CUDA_LOCK) -e '.[test]' 'jax[cuda12]==$(GPU_JAX)'
+	$(GPU_VENV)/bin/python -m pip install --quiet -c $(GPU_LOCK) -c $(GPU_CUDA_LOCK) -e '.[test,service]' 'jax[cuda12]==$(GPU_JAX)'
 	$(GPU_VENV)/bin/python -c "import jax; assert jax.__version__ == '$(GPU_JAX)', jax.__version__"
 	touch $@
 

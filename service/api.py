@@ -183,15 +183,15 @@ def create_plan():
     cluster = inputs.parse_cluster(req.cluster, req.devices)
     program = _program(req)
     environment = None if req.environment is None else req.environment.model_dump()
-    key = planner.plan_key(program.identity, cluster, planner.default_costs(cluster.device), req.options.model_dump(),
-                           environment)
+    options = inputs.planner_options(req, cluster)
+    key = planner.plan_key(program.identity, cluster, planner.default_costs(cluster.device), options, environment)
     store = db.get_store()
     measured = store.measured(key)
     if measured is not None:
         stored = store.get_plan(key)
         if stored is not None:
             return jsonify(_answer(key, stored, req.candidates, measured)), 200
-    row, created = store.submit(key, inputs.stored_request(req, cluster, program.fingerprint))
+    row, created = store.submit(key, inputs.stored_request(req, cluster, program.fingerprint, options))
     if created:
         limit = int(current_app.config["QUEUE_SIZE"])
         if store.backlog() > limit:  # this job counted: more than QUEUE_SIZE wait for a worker

@@ -92,15 +92,50 @@ def parse_cluster(cluster: Any, devices: int | None) -> ClusterSpec:
     return spec
 
 
-def stored_request(req: PlanRequest, cluster: ClusterSpec, fingerprint: str) -> dict[str, Any]:
+def compiled_tier_unavailable(has_text: bool, cluster: ClusterSpec) -> str | None:
+    """Why the compiled tier cannot rank plans on ``cluster`` in this process, or None.
+
+    Args:
+      has_text: whether the request posted HLO text (the module the tier compiles), not graph JSON.
+    """
+    from xla_hooks import compile_for
+
+    if not has_text:
+        return "the request posts a graph JSON, not hlo_text: the compiled tier compiles the step's HLO module"
+    if cluster.device == "cpu":
+        return ("the cluster's devices are CPUs: their compiled prices need a correction fitted from "
+                "measurements (disco optimize measures them), so the emulated tier ranks CPU plans")
+    return compile_for.unavailable(cluster.device)
+
+
+def planner_options(req: PlanRequest, cluster: ClusterSpec) -> dict[str, Any]:
+    """The request's planner options, ``tier`` resolved: "compiled" where it asks for it or for "auto"
+    and the compiled tier runs here, else None (emulated: the options a plan key held before tiers
+    existed, so the plans stored then keep their keys).
+
+    Raises:
+      ApiError: 400 for tier "compiled" where it cannot run, saying why.
+    """
+    options = req.options.model_dump()
+    problem = compiled_tier_unavailable(req.hlo_text is not None, cluster) if options["tier"] != "emulated" else None
+    if options["tier"] == "compiled" and problem is not None:
+        raise ApiError(400, "invalid_request", f"options.tier: 'compiled' cannot run here: {problem}; "
+                       "expected 'auto' or 'emulated' for this request", "options.tier")
+    options["tier"] = "compiled" if options["tier"] != "emulated" and problem is None else None
+    return options
+
+
+def stored_request(req: PlanRequest, cluster: ClusterSpec, fingerprint: str,
+                   options: dict[str, Any]) -> dict[str, Any]:
     """What a job stores to run (and to be resumed after a restart).
 
     Args:
       req: the validated request.
       cluster: its cluster.
       fingerprint: the server's fingerprint of the program (stored into a graph JSON).
+      options: the planner options (:func:`planner_options`).
     """
-    out: dict[str, Any] = {"cluster": cluster.to_dict(), "options": req.options.model_dump()}
+    out: dict[str, Any] = {"cluster": cluster.to_dict(), "options": dict(options)}
     if req.environment is not None:  # echoed in the plan's report (service.jobs)
         out["environment"] = req.environment.model_dump()
     if req.hlo_text is not None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from flask import Flask, current_app
 
@@ -171,7 +173,15 @@ class JobRunner:
 
             options = dict(request["options"])
             options["budget_s"] = min(float(options["budget_s"]), 0.8 * self.job_timeout_s)
-            plan, report = planner.plan_for_graph(graph, cluster, options, progress)
+            compile_fn = None
+            if options.get("tier") == "compiled":  # resolved when the job was queued (inputs.planner_options)
+                # compiles stop short of the job's deadline, so the plans compiled by then still rank
+                compile_fn = compiler(request, cluster, deadline - max(5.0, 0.05 * self.job_timeout_s))
+            plan, report = planner.plan_for_graph(graph, cluster, options, progress, compile_fn=compile_fn,
+                                                  compile_limit=limits.MAX_CANDIDATES)
+            if options.get("tier") is None:  # an emulated request: why the compiled tier did not rank it
+                report["tier_note"] = (inputs.compiled_tier_unavailable("hlo_text" in request, cluster)
+                                       or "the request asked for the emulated tier")
             if "environment" in request:  # part of the key: the client checks its plan was made for it
                 report = {**report, "environment": request["environment"]}
             # what a job that runs trials measures (POST /v1/plans answers as many as it asks for)
@@ -182,11 +192,33 @@ class JobRunner:
             store.finish_job(job_id, job["key"], graph.fingerprint, plan.to_dict(), report, tl)
         except JobTimeout as e:
             store.fail_job(job_id, "timeout", str(e))
+        except NoCompiler as e:
+            store.fail_job(job_id, "no_compiler", str(e))
         except ValueError as e:
             store.fail_job(job_id, "invalid_input", str(e))
         except Exception as e:  # noqa: BLE001 - the job fails, the server stays up
             log.exception("job %s failed", job_id)
             store.fail_job(job_id, "internal", f"{type(e).__name__}: {e}")
+
+
+class NoCompiler(RuntimeError):
+    """A job queued for the compiled tier runs where that tier cannot (another plan worker's host)."""
+
+
+def compiler(request: dict[str, Any], cluster: Any, deadline: float) -> Callable[[Any], str]:
+    """The compile function of a job queued for the compiled tier: its stored HLO text compiled for the
+    cluster's device (:func:`xla_hooks.compile_for.plan_compiler`), no compile begun past ``deadline``.
+
+    Raises:
+      NoCompiler: the compiled tier cannot run in this process (the job was queued where it could).
+    """
+    from xla_hooks import compile_for
+
+    problem = inputs.compiled_tier_unavailable("hlo_text" in request, cluster)
+    if problem is not None:
+        raise NoCompiler(f"the job asks for the compiled tier, which cannot run on this plan worker: {problem}")
+    return compile_for.plan_compiler(request["hlo_text"], device=cluster.device, devices=cluster.num_devices,
+                                     deadline=deadline)
 
 
 def _report_progress(store: Store, job_id: str, frac: float, msg: str) -> None:

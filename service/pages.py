@@ -62,7 +62,16 @@ all-reduces, fingerprint <code>{{ report.graph.fingerprint }}</code>) on cluster
 model {{ report.cost_model.name }} v{{ report.cost_model.version }}. All times are simulated, not measured.</p>
 <h2>Plan</h2>
 <table>{% for k, v in summary.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
-<h2>Simulated step time</h2>
+{% if compiled %}<h2>Compiled step time</h2>
+<p>Ranked by the compiled tier: each plan compiled for the cluster's device and its module priced as built
+(simulated, not measured).</p>
+<table><tr><th>plan</th><th>ms</th><th>speedup vs xla_default (higher is faster)</th></tr>
+{% for name, ms in compiled %}<tr{% if name == report.chosen %} class="chosen"{% endif %}><td>{{ name }}</td>
+<td class="num">{{ "%.4f"|format(ms) }}</td><td class="num">{{ compiled_speedup(ms) }}</td></tr>{% endfor %}
+{% for name, why in not_compiled %}<tr><td>{{ name }}</td><td colspan="2">not compiled: {{ why }}</td></tr>{% endfor %}
+</table>
+<h2>Emulated step time</h2>{% else %}
+<h2>Simulated step time</h2>{% endif %}
 <table><tr><th>plan</th><th>ms</th><th>speedup vs xla_default (higher is faster)</th></tr>
 <tr class="chosen"><td>this plan ({{ report.chosen }})</td><td class="num">{{ "%.4f"|format(report.plan_ms) }}</td>
 <td class="num">{{ speedup(report.plan_ms) }}</td></tr>
@@ -146,8 +155,14 @@ def plan_page(key: str):
     if stored is None:
         raise ApiError(404, "not_found", f"no plan with key {key!r}", "key")
     report = stored["report"]
-    summary = {**report.get("plan_summary", {}), "method": report.get("method"),
-               "speedup vs xla_default (simulated)": f"{report.get('speedup_vs_xla_default', 1.0):.3f}x"}
+    tier = report.get("tier", "emulated")
+    priced = report.get("compiled") if tier == "compiled" else None
+    summary = {**report.get("plan_summary", {}), "method": report.get("method"), "ranked by": f"the {tier} tier",
+               f"speedup vs xla_default ({'emulated' if priced else 'simulated'})": f"{report.get('speedup_vs_xla_default', 1.0):.3f}x"}
+    if priced is not None:
+        summary["speedup vs xla_default (compiled)"] = f"{priced['speedup_vs_xla_default']:.3f}x"
+    if report.get("tier_note"):
+        summary["tier"] = report["tier_note"]
     search = report.get("search") or {}
     if "evals" in search:
         summary["search"] = (f"{search.get('strategy')}: {search['evals']} plans in {search.get('elapsed_s', 0):.1f} s")
@@ -156,5 +171,8 @@ def plan_page(key: str):
     base = report["baselines_ms"].get("xla_default") or report["plan_ms"] or 1.0
     return _html(render_template_string(_PAGE, style=_STYLE, key=key, report=report, summary=summary,
                                         speedup=lambda ms: _speedup(base, ms),
+                                        compiled=[(n, priced["ms"][n]) for n in priced["ranked"]] if priced else [],
+                                        not_compiled=sorted((priced or {}).get("not_compiled", {}).items()),
+                                        compiled_speedup=lambda ms: _speedup(priced["ms"]["xla_default"], ms),
                                         baselines=sorted(report["baselines_ms"].items(), key=lambda kv: kv[1]),
                                         svg=timeline_svg(stored["timeline"])))

@@ -40,6 +40,12 @@ class PlanOptions(_Strict):
     max_evals: int | None = Field(None, ge=1, le=10_000_000,
                                   description="also stop after this many plan evaluations; with a budget_s the "
                                               "search does not reach, the same request always gives the same plan")
+    tier: Literal["auto", "emulated", "compiled"] = Field(
+        "auto", description="which tier of the simulator ranks the answer: emulated (XLA's fusion emulated, "
+                            "the search's own), compiled (the answer, xla_default and the baselines compiled for "
+                            "the cluster's device, deviceless XLA:GPU for a GPU cluster, and priced as built; needs "
+                            "hlo_text, a GPU cluster and `make install-gpu` on the server), or auto: compiled where "
+                            "it can run, else emulated")
 
 
 class Environment(_Strict):

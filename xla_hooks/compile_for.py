@@ -26,12 +26,14 @@ if TYPE_CHECKING:
 
 
 def compile_for(text: str, *, device: str, devices: int = 1, options: Mapping[str, Any] | None = None,
-                autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True) -> str:
+                autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True,
+                timeout: float = deviceless.COMPILE_TIMEOUT_S) -> str:
     """The compiled module of HLO ``text`` for ``devices`` devices of kind ``device``.
 
     Args:
       autotune_results: for a GPU kind, a file of XLA's autotuning results whose GEMM and convolution
         choices the deviceless compile takes (:mod:`xla_hooks.autotune_results`).
+      timeout: seconds a deviceless compile may take (a compile on this process's CPU has none).
 
     Raises:
       ValueError: for a device kind no compiler here targets, too few local CPU devices, autotune
@@ -43,7 +45,7 @@ def compile_for(text: str, *, device: str, devices: int = 1, options: Mapping[st
     """
     if device in deviceless.TARGETS:
         return deviceless.compile_hlo(text, target=device, devices=devices, options=options,
-                                      autotune_results=autotune_results, use_cache=use_cache)
+                                      autotune_results=autotune_results, use_cache=use_cache, timeout=timeout)
     if device != "cpu":
         raise ValueError(f"compile_for: device kind {device!r}; expected 'cpu' or one of "
                          f"{sorted(deviceless.TARGETS)} (deviceless)")
@@ -61,7 +63,8 @@ def compile_for(text: str, *, device: str, devices: int = 1, options: Mapping[st
 
 
 def plan_text_for(text: str, plan: FusionPlan, *, device: str, devices: int = 1,
-                  autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True) -> str:
+                  autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True,
+                  timeout: float = deviceless.COMPILE_TIMEOUT_S) -> str:
     """The compiled module of pre-optimisation ``text`` with ``plan`` applied, for ``devices`` of ``device``.
 
     The plan's buckets and cuts are written into the text (:func:`xla_hooks.rewrite.apply_plan_to_text`:
@@ -83,7 +86,57 @@ def plan_text_for(text: str, plan: FusionPlan, *, device: str, devices: int = 1,
                          f"a GPU plan holds buckets, cuts and compile options")
     return compile_for(apply_plan_to_text(text, plan), device=device, devices=devices,
                        options=plan.compiler_options(backend), autotune_results=autotune_results,
-                       use_cache=use_cache)
+                       use_cache=use_cache, timeout=timeout)
+
+
+class DeadlinePassed(RuntimeError):
+    """A :func:`plan_compiler`'s deadline passed before a compile began."""
+
+
+def unavailable(device: str) -> str | None:
+    """Why plans for ``device`` cannot be compiled here, or None: a GPU kind needs the deviceless
+    environment (``make install-gpu``); a kind no compiler here targets is named."""
+    if device == "cpu":
+        return None
+    if device not in deviceless.TARGETS:
+        return (f"no compiler here targets device kind {device!r} (expected 'cpu' or one of "
+                f"{sorted(deviceless.TARGETS)})")
+    if not deviceless.available():
+        return f"no deviceless XLA:GPU environment here: {deviceless.INSTALL_HINT}"
+    return None
+
+
+def plan_compiler(text: str, *, device: str, devices: int,
+                  deadline: float | None = None) -> Callable[[FusionPlan], str]:
+    """plan -> :func:`plan_text_for` of ``text`` for ``devices`` of ``device`` (with the autotuning
+    results shipped for a GPU kind, where the deviceless environment's jax wrote them): the compile
+    function of :func:`disco.planner.plan_for_graph`'s compiled tier and of ``disco.optimizer.predict``.
+
+    Args:
+      deadline: a ``time.monotonic()`` time: a compile gets the time left as its timeout, and none
+        begins after it (:class:`DeadlinePassed`).
+
+    Raises:
+      ValueError: what :func:`unavailable` says, for a device kind that cannot be compiled here.
+    """
+    import time
+
+    problem = unavailable(device)
+    if problem is not None:
+        raise ValueError(f"plan_compiler: {problem}")
+    results = deviceless.shipped_autotune_results(device) if device != "cpu" else None
+
+    def compile_plan(plan: FusionPlan) -> str:
+        timeout = deviceless.COMPILE_TIMEOUT_S
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+            if timeout <= 0:
+                raise DeadlinePassed(f"not compiled: the deadline passed {-timeout:.1f} s before plan "
+                                     f"{plan.name or plan.digest()[:12]!r} would begin")
+        return plan_text_for(text, plan, device=device, devices=devices, autotune_results=results,
+                             timeout=timeout)
+
+    return compile_plan
 
 
 def compiled_plan_text(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any) -> str:

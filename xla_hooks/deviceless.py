@@ -59,6 +59,7 @@ TARGETS = {"h100": Path(__file__).with_name("targets") / "h100.txtpb"}
 # target -> (autotuning results dumped on that device for the zoo's steps, the jax that dumped them):
 # measured on one H100 80GB HBM3, 2026-11-28 (scripts/tools/gpu_truth.py; targets/README.md)
 SHIPPED_AUTOTUNE = {"h100": (Path(__file__).with_name("targets") / "h100_autotune.textproto.gz", "0.11.2")}
+COMPILE_TIMEOUT_S = 900.0  # a deviceless compile's default timeout, seconds
 INSTALL_HINT = "run `make install-gpu` (Python 3.12 and jax[cuda12]==0.11.2 in .venv-gpu)"
 
 
@@ -190,7 +191,7 @@ def _cached_compile(request: dict[str, Any], key_text: str, *, use_cache: bool, 
 
 def compile_hlo(text: str, *, target: str = "h100", devices: int = 1, options: Mapping[str, Any] | None = None,
                 autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True,
-                timeout: float = 900.0) -> str:
+                timeout: float = COMPILE_TIMEOUT_S) -> str:
     """XLA:GPU's optimised, scheduled module for pre-optimisation HLO ``text`` on ``devices`` of ``target``.
 
     Args:
@@ -213,7 +214,7 @@ def compile_hlo(text: str, *, target: str = "h100", devices: int = 1, options: M
 def compile_zoo_step(model: str, preset: str, *, target: str = "h100", devices: int = 1,
                      options: Mapping[str, Any] | None = None,
                      autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True,
-                     timeout: float = 900.0) -> tuple[str, str]:
+                     timeout: float = COMPILE_TIMEOUT_S) -> tuple[str, str]:
     """(pre-optimisation text, compiled text) of the zoo model's GSPMD training step (adamw) for
     ``devices`` of ``target``, lowered and compiled in the child (``autotune_results``: as
     :func:`compile_hlo`).

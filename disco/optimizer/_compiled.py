@@ -115,22 +115,18 @@ def price_plans(prices: Prices, plans: Iterable[FusionPlan], price_fn: PriceFn) 
     """``prices`` with every plan of ``plans`` not compiled yet compiled and priced by ``price_fn``.
 
     A plan that fails (any exception: XLA's, the rewrite's, the tier's) is recorded in
-    :attr:`Prices.failed` with a :class:`CompiledStageWarning`; the run goes on.
+    :attr:`Prices.failed` with a :class:`CompiledStageWarning`; the run goes on
+    (:func:`disco.planner._compiled.price_each`, the planner's rule too).
     """
-    steps, failed = dict(prices.steps), dict(prices.failed)
-    for plan in plans:
-        digest = plan.digest()
-        if digest in steps or digest in failed:
-            continue
-        try:
-            steps[digest] = price_fn(plan)
-        except Exception as e:  # noqa: BLE001 - a plan that does not compile drops out, never the run
-            text = str(e).strip()
-            why = f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
-            failed[digest] = why
-            warnings.warn(f"the compiled stage: plan {plan.name or digest[:12]!r} did not compile ({why}); "
-                          "left out of the compiled ranking", CompiledStageWarning, stacklevel=2)
-    return prices._replace(steps=steps, failed=failed)
+    from disco.planner._compiled import Priced, price_each
+
+    def warn(plan: FusionPlan, failed: str | None) -> None:
+        if failed is not None:
+            warnings.warn(f"the compiled stage: plan {plan.name or plan.digest()[:12]!r} did not compile ({failed}); "
+                          "left out of the compiled ranking", CompiledStageWarning, stacklevel=4)
+
+    done = price_each(plans, price_fn, Priced(prices.steps, prices.failed), on_each=warn)
+    return prices._replace(steps=done.steps, failed=done.failed)
 
 
 def features(step: CompiledStep) -> tuple[float, ...]:

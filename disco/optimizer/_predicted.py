@@ -198,23 +198,16 @@ def compiler(target: Target) -> tuple[CompileFn | None, str | None]:
     """(plan -> the module the real compiler builds for ``target``'s cluster, None) where one runs here,
     else (None, why not): deviceless XLA:GPU for a GPU kind needs the ``.venv-gpu`` environment."""
     from disco.ir import extractor
-    from xla_hooks import deviceless
-    from xla_hooks.compile_for import plan_text_for
+    from xla_hooks import compile_for, deviceless
 
     cluster = target.cluster
-    if cluster.device != "cpu" and not deviceless.available():
-        why = (f"no deviceless XLA:GPU environment, so the emulated tier alone ranks the plans for "
-               f"{cluster.name!r}: {deviceless.INSTALL_HINT}")
+    problem = compile_for.unavailable(cluster.device)
+    if problem is not None:
+        why = f"the emulated tier alone ranks the plans for {cluster.name!r}: {problem}"
         warnings.warn(why, deviceless.DevicelessFallbackWarning, stacklevel=3)
         return None, why
     text = extractor.hlo_text(target.step_fn, *target.args)
-    results = deviceless.shipped_autotune_results(cluster.device) if cluster.device != "cpu" else None
-
-    def compile_plan(plan: FusionPlan) -> str:
-        return plan_text_for(text, plan, device=cluster.device, devices=cluster.num_devices,
-                             autotune_results=results)
-
-    return compile_plan, None
+    return compile_for.plan_compiler(text, device=cluster.device, devices=cluster.num_devices), None
 
 
 def _emulated(row: PlanRow) -> PredictedRow:

@@ -15,6 +15,12 @@ A plan slower (simulated) than the best baseline is never handed out. The report
 lists the method, the simulated time of every baseline and of the plan, the lower
 bound and the cost model.
 
+``options["tier"]`` says which tier of the simulator ranks the answer: None or "emulated" (the
+search's own, XLA's fusion emulated), or "compiled": the search's answer, XLA's default and the
+baselines are compiled by the caller's ``compile_fn`` (the real compiler for the cluster's device,
+deviceless XLA:GPU for an H100 cluster) and the fastest compiled module is the answer
+(:mod:`disco.planner._compiled`). The report's ``tier`` says which ranked it.
+
 Example:
   >>> plan, report = plan_for_graph(graph, preset("local", devices=4), {"budget_s": 1})  # doctest: +SKIP
   >>> report["method"], report["plan_ms"]                                               # doctest: +SKIP
@@ -40,7 +46,10 @@ ProgressFn = Callable[[float, str], None]
 class Cancelled(Exception):
     """Raised by a progress callback to stop planning (e.g. past a deadline); never swallowed."""
 BUILTIN_STRATEGIES = ("auto", "baselines", "random")
-DEFAULT_OPTIONS: dict[str, Any] = {"budget_s": 10.0, "strategy": "auto", "seed": 0, "max_evals": None}
+DEFAULT_OPTIONS: dict[str, Any] = {"budget_s": 10.0, "strategy": "auto", "seed": 0, "max_evals": None,
+                                   "tier": None}
+TIERS = ("emulated", "compiled")  # options["tier"]; None is "emulated"
+COMPILED_CANDIDATES = 8  # plans the compiled tier compiles per request (xla_default, the answer, baselines)
 MAX_TIMELINE_EVENTS = 20000
 
 
@@ -189,6 +198,8 @@ def _check_options(opts: Mapping[str, Any]) -> None:
     seed = opts["seed"]
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"options.seed: expected an integer >= 0, got {seed!r}")
+    if opts["tier"] is not None and opts["tier"] not in TIERS:
+        raise ValueError(f"options.tier: expected one of {', '.join(TIERS)} (or null: emulated), got {opts['tier']!r}")
 
 
 def plan_for_graph(
@@ -198,6 +209,8 @@ def plan_for_graph(
     progress_cb: ProgressFn | None = None,
     *,
     costs: CostModel | None = None,
+    compile_fn: Callable[[FusionPlan], str] | None = None,
+    compile_limit: int = COMPILED_CANDIDATES,
 ) -> tuple[FusionPlan, dict[str, Any]]:
     """Chooses a plan for ``graph`` on ``cluster``.
 
@@ -208,25 +221,37 @@ def plan_for_graph(
         ("auto": the search's best-first strategy; "baselines";
         "random": best of baselines and random valid plans within the budget; or a
         strategy of ``disco.search``), ``seed``, ``max_evals`` (also stop after this
-        many simulated plans; a search that stops there gives the same plan every time).
+        many simulated plans; a search that stops there gives the same plan every time),
+        ``tier`` (None or "emulated"; "compiled" needs ``compile_fn``).
       progress_cb: called as ``progress_cb(fraction, message)``; it may raise
         :class:`Cancelled` (or a subclass) to stop planning.
       costs: the cost model (default :func:`default_costs` of the cluster's device kind).
+      compile_fn: for tier "compiled", plan -> the module the real compiler builds for ``cluster``
+        with the plan applied (``xla_hooks.compile_for.plan_compiler``).
+      compile_limit: how many plans the compiled tier compiles.
 
     Returns:
       ``(plan, report)``: the plan (validated against ``graph``) and a JSON-able report:
-      method, strategy, cost model, cluster, simulated ms of every baseline and of the
-      plan, the lower bound, elapsed seconds.
+      method, strategy, tier, cost model, cluster, simulated ms of every baseline and of the
+      plan, the lower bound, elapsed seconds; with the compiled tier, its prices
+      (:func:`disco.planner._compiled.choose`).
 
     Raises:
-      ValueError: for unknown options or a graph the simulator cannot price.
+      ValueError: for unknown options, tier "compiled" without ``compile_fn``, or a graph the
+        simulator cannot price.
       Cancelled: from ``progress_cb``.
     """
     from disco import search
     from disco.sim.simulator import Simulator
 
     opts = check_options(options)
+    compiled_tier = opts["tier"] == "compiled"
+    if compiled_tier and compile_fn is None:
+        raise ValueError("options.tier 'compiled': expected a compile_fn (the real compiler for the cluster's device, "
+                         "e.g. xla_hooks.compile_for.plan_compiler of the step's HLO text), got none")
     progress = progress_cb or (lambda frac, msg: None)
+    # the search's share of the progress bar: the compiles take the rest
+    share = 0.5 if compiled_tier else 0.85
     costs = costs or default_costs(cluster.device)
     t0 = time.perf_counter()
     progress(0.0, "simulating baselines")
@@ -238,7 +263,7 @@ def plan_for_graph(
     if opts["strategy"] not in ("baselines", "random"):
         method = "search"  # the search's own strategy name is in report["search"]["strategy"]
         try:
-            plan, info = _call_search(search, graph, sim, opts, lambda frac, msg: progress(0.1 + 0.85 * frac, msg))
+            plan, info = _call_search(search, graph, sim, opts, lambda frac, msg: progress(0.1 + share * frac, msg))
             plan.validate(graph, sim.backend)
         except Cancelled:
             raise
@@ -248,7 +273,7 @@ def plan_for_graph(
     elif opts["strategy"] == "random":
         method = "random"
         plan, info = _random_search(graph, sim, candidates[best_baseline], simulated[best_baseline], opts,
-                                    progress)
+                                    progress, share)
     else:
         method = "baselines"
         plan = candidates[best_baseline]
@@ -256,10 +281,10 @@ def plan_for_graph(
     if plan_s > simulated[best_baseline]:  # never hand out a plan slower than a baseline
         method, plan, plan_s = f"{method}->baseline", candidates[best_baseline], simulated[best_baseline]
     lower = sim.lower_bound()
-    progress(1.0, "done")
     report = {
         "method": method,
         "strategy": opts["strategy"],
+        "tier": "emulated",
         "options": opts,
         "chosen": plan.name or plan.digest(),
         "best_baseline": best_baseline,
@@ -273,14 +298,22 @@ def plan_for_graph(
                   "all_reduces": len(graph.all_reduces())},
         "plan_summary": plan.summary(),
         "search": _jsonable(info),
-        "elapsed_s": time.perf_counter() - t0,
     }
+    if compiled_tier:
+        from disco.planner import _compiled
+
+        assert compile_fn is not None
+        plan, report = _compiled.choose(graph, cluster, costs, plan, report, compile_fn, limit=compile_limit,
+                                        progress=lambda frac, msg: progress(0.1 + share + (0.9 - share) * frac, msg))
+    progress(1.0, "done")
+    report["elapsed_s"] = time.perf_counter() - t0
     return plan, report
 
 
 def candidates(graph: HloGraph, plan: FusionPlan, report: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
     """The ``n`` plans a job should measure, predicted best first: ``plan`` (the planner's answer),
-    then the baselines by the simulated times in ``report["baselines_ms"]``, each plan once.
+    then the baselines by the simulated times in ``report["baselines_ms"]``, each plan once; after
+    the compiled tier ranked them (``report["tier"] == "compiled"``), its candidates in its order.
 
     A job that runs trials (``xla_hooks.jit(..., trials=n)``) compiles and measures these; the
     baselines are rebuilt from ``graph`` (deterministic), so the report holds their times only.
@@ -299,6 +332,8 @@ def candidates(graph: HloGraph, plan: FusionPlan, report: Mapping[str, Any], n: 
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"candidates: expected a count >= 1, got {n!r}")
+    if report.get("tier") == "compiled":
+        return [dict(c) for c in report["candidates"][:n]]
     simulated = dict(report.get("baselines_ms") or {})
     out = [{"name": plan.name or plan.digest(), "predicted_ms": float(report.get("plan_ms", 0.0)),
             "plan": plan.to_dict()}]
@@ -315,7 +350,7 @@ def candidates(graph: HloGraph, plan: FusionPlan, report: Mapping[str, Any], n: 
 
 
 def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, opts: Mapping[str, Any],
-                   progress: ProgressFn) -> tuple[FusionPlan, dict[str, Any]]:
+                   progress: ProgressFn, share: float) -> tuple[FusionPlan, dict[str, Any]]:
     """Random valid plans (on a GPU cluster without fusion groups) until the budget runs out; the
     fastest by simulated time wins."""
     from disco import search
@@ -332,7 +367,7 @@ def _random_search(graph: HloGraph, sim: Any, best: FusionPlan, best_s: float, o
         t = sim.step_time(plan)
         if t < best_s:
             best, best_s = plan, t
-        progress(0.1 + 0.85 * search.done_fraction(time.perf_counter() - t0, budget, tried, max_evals),
+        progress(0.1 + share * search.done_fraction(time.perf_counter() - t0, budget, tried, max_evals),
                  f"random plans tried: {tried}")
     return best, {"random_plans_tried": tried}
 
