@@ -72,18 +72,20 @@ def price_each(plans: Iterable[FusionPlan], price_fn: PriceFn, done: Priced | No
     return Priced(steps, failed)
 
 
-def _named(graph: HloGraph, plan: FusionPlan, report: Mapping[str, Any], limit: int) -> list[tuple[str, FusionPlan]]:
-    """The plans to compile, each plan once: xla_default, the planner's answer, then the other
-    baselines by their emulated step time; ``limit`` in all."""
+def _named(graph: HloGraph, plan: FusionPlan, report: Mapping[str, Any], limit: int
+           ) -> list[tuple[str, FusionPlan, float]]:
+    """The plans to compile, each plan once, with their emulated step ms: xla_default, the planner's
+    answer, then the other baselines by their emulated step time; ``limit`` in all. Each is named by
+    its plan's own name (``even_2``, ``xla_threshold_<bytes>``), else its baseline's."""
     from disco.plans import baselines
 
     emulated = dict(report["baselines_ms"])
-    answer = report["chosen"]
-    out: list[tuple[str, FusionPlan]] = []
+    order: list[tuple[str, FusionPlan | None, float]] = [
+        (XLA_DEFAULT, None, emulated[XLA_DEFAULT]), (report["chosen"], plan, report["plan_ms"])]
+    order += [(b, None, emulated[b]) for b in sorted(emulated, key=lambda b: (emulated[b], b)) if b != XLA_DEFAULT]
+    out: list[tuple[str, FusionPlan, float]] = []
     seen: set[str] = set()
-    order = [(XLA_DEFAULT, None), (answer, plan)]
-    order += [(b, None) for b in sorted(emulated, key=lambda b: (emulated[b], b)) if b != XLA_DEFAULT]
-    for name, p in order:
+    for name, p, ms in order:
         if len(out) >= limit:
             break
         if p is None:
@@ -93,7 +95,10 @@ def _named(graph: HloGraph, plan: FusionPlan, report: Mapping[str, Any], limit: 
         if p.digest() in seen:
             continue
         seen.add(p.digest())
-        out.append((name, p.replace(name=name)))
+        label = p.name or name
+        if any(label == n for n, _, _ in out):  # a searched plan named as a baseline: names key the prices
+            label = f"{label}@{p.digest()[:8]}"
+        out.append((label, p.replace(name=label), ms))
     return out
 
 
@@ -114,8 +119,8 @@ def choose(graph: HloGraph, cluster: ClusterSpec, costs: CostModel, plan: Fusion
       ``(plan, report)``: the plan with the lowest compiled step time (named after its candidate), and
       ``report`` with ``tier`` "compiled" and ``compiled``: ``{"chosen", "plan_ms",
       "speedup_vs_xla_default", "ranked" (the compiled candidates' names, fastest first), "ms" (name:
-      compiled step ms), "not_compiled" (name: why), "modules" (name: the module's summary)}``; ``chosen``, ``plan_ms``, ``plan_summary`` and
-      ``speedup_vs_xla_default`` are then the answer's (``plan_ms`` the emulated tier's time, as
+      compiled step ms), "not_compiled" (name: why), "modules" (name: the module's summary)}``;
+      ``chosen``, ``plan_ms``, ``plan_summary`` and ``speedup_vs_xla_default`` are then the answer's (``plan_ms`` the emulated tier's time, as
       ``baselines_ms``: one tier per field), ``emulated`` holds the emulated tier's own answer, and
       ``candidates`` every plan compiled, as :func:`disco.planner.candidates` lists them (the compiled
       ones fastest first, ``predicted_ms`` their compiled time; then the others, ``predicted_ms``
@@ -136,10 +141,10 @@ def choose(graph: HloGraph, cluster: ClusterSpec, costs: CostModel, plan: Fusion
             progress(done[0] / len(named), f"compiled {done[0]}/{len(named)}: {p.name}"
                      + (f" (did not compile: {failed})" if failed else ""))
 
-    priced = price_each((p for _, p in named), lambda p: compiled.price(compile_fn(p), costs, cluster,
-                                                                       backend=backend), on_each=on_each)
-    ms = {n: priced.steps[p.digest()].step_time_s * 1e3 for n, p in named if p.digest() in priced.steps}
-    not_compiled = {n: priced.failed[p.digest()] for n, p in named if p.digest() in priced.failed}
+    priced = price_each((p for _, p, _ in named), lambda p: compiled.price(compile_fn(p), costs, cluster,
+                                                                          backend=backend), on_each=on_each)
+    ms = {n: priced.steps[p.digest()].step_time_s * 1e3 for n, p, _ in named if p.digest() in priced.steps}
+    not_compiled = {n: priced.failed[p.digest()] for n, p, _ in named if p.digest() in priced.failed}
     out = dict(report)
     if XLA_DEFAULT not in ms:
         out.update(tier="emulated", tier_note="the compiled tier priced no xla_default ("
@@ -149,8 +154,7 @@ def choose(graph: HloGraph, cluster: ClusterSpec, costs: CostModel, plan: Fusion
     ranked = sorted(ms, key=lambda n: (ms[n], n != XLA_DEFAULT, n))
     rank = {n: i for i, n in enumerate(ranked)}
     best = ranked[0]
-    best_plan = dict(named)[best]
-    emulated_ms = report["plan_ms"] if best == report["chosen"] else report["baselines_ms"][best]
+    best_plan, emulated_ms = next((p, e) for n, p, e in named if n == best)
     out.update(
         tier="compiled", chosen=best, plan_ms=emulated_ms, plan_summary=best_plan.summary(),
         speedup_vs_xla_default=report["baselines_ms"][XLA_DEFAULT] / emulated_ms if emulated_ms > 0 else 1.0,
@@ -158,10 +162,10 @@ def choose(graph: HloGraph, cluster: ClusterSpec, costs: CostModel, plan: Fusion
                   "speedup_vs_xla_default": report["speedup_vs_xla_default"]},
         compiled={"chosen": best, "plan_ms": ms[best], "speedup_vs_xla_default": ms[XLA_DEFAULT] / ms[best],
                   "ranked": ranked, "ms": ms, "not_compiled": not_compiled,
-                  "modules": {n: priced.steps[p.digest()].summary() for n, p in named if n in ms}},
+                  "modules": {n: priced.steps[p.digest()].summary() for n, p, _ in named if n in ms}},
         # what a job that runs trials measures: the compiled plans fastest first, then the others
         # (predicted_ms None: the ranking tier has no time for them)
         candidates=[{"name": n, "predicted_ms": ms.get(n), "plan": p.to_dict()}
-                    for n, p in sorted(named, key=lambda item: rank.get(item[0], len(rank)))])
+                    for n, p, _ in sorted(named, key=lambda item: rank.get(item[0], len(rank)))])
     return best_plan, out
 
