@@ -197,7 +197,6 @@ def predict(step_fn: Callable[..., Any], *args: Any, cluster: ClusterSpec, costs
 def compiler(target: Target) -> tuple[CompileFn | None, str | None]:
     """(plan -> the module the real compiler builds for ``target``'s cluster, None) where one runs here,
     else (None, why not): deviceless XLA:GPU for a GPU kind needs the ``.venv-gpu`` environment."""
-    from disco.ir import extractor
     from xla_hooks import compile_for, deviceless
 
     cluster = target.cluster
@@ -206,8 +205,10 @@ def compiler(target: Target) -> tuple[CompileFn | None, str | None]:
         why = f"the emulated tier alone ranks the plans for {cluster.name!r}: {problem}"
         warnings.warn(why, deviceless.DevicelessFallbackWarning, stacklevel=3)
         return None, why
-    text = extractor.hlo_text(target.step_fn, *target.args)
-    return compile_for.plan_compiler(text, device=cluster.device, devices=cluster.num_devices), None
+    if target.text is None:
+        raise ValueError("predict's compiled tier: the target holds no HLO text (built from a graph alone); "
+                         "expected one from disco.optimizer.prepare")
+    return compile_for.plan_compiler(target.text, device=cluster.device, devices=cluster.num_devices), None
 
 
 def _emulated(row: PlanRow) -> PredictedRow:

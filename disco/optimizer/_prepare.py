@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from disco.ir.arguments import devices_of
-from disco.ir.extractor import extract
+from disco.ir.extractor import hlo_text
 from disco.ir.graph import HloGraph
 from disco.ir.replica_groups import replica_group_size
 from disco.ir.step_checks import check_data_parallel
@@ -20,12 +20,15 @@ from disco.sim.simulator import Simulator
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """What is optimised: the step, its example arguments, its graph and the simulator pricing it."""
+    """What is optimised: the step, its example arguments, its graph and the simulator pricing it, and
+    the pre-optimisation HLO text the graph was read from (None where a target was built from a graph
+    alone): the text plans are written into for a compile (``predict``'s compiled tier)."""
 
     step_fn: Callable[..., Any]
     args: tuple[Any, ...] = dataclasses.field(repr=False)
     graph: HloGraph = dataclasses.field(repr=False)
     simulator: Simulator = dataclasses.field(repr=False)
+    text: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def cluster(self) -> ClusterSpec:
@@ -61,13 +64,14 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
     require_cluster(cluster, or_none=True)
     require_cost_model(costs, or_none=True)
     progress("extract", 0.0, "extracting the HLO graph")
-    graph = extract(step_fn, *args)
+    text = hlo_text(step_fn, *args)
+    graph = HloGraph.from_hlo_text(text)
     check_data_parallel(graph)
     if cluster is None:
         cluster = preset("local", devices=step_devices(graph, args))
     sim = Simulator(graph, costs or device_costs.analytic(cluster.device), cluster)
     progress("extract", 1.0, f"{len(graph.nodes)} nodes, {len(graph.all_reduces())} all-reduces")
-    return Target(step_fn, tuple(args), graph, sim)
+    return Target(step_fn, tuple(args), graph, sim, text)
 
 
 def step_devices(graph: HloGraph, args: tuple[Any, ...]) -> int:
