@@ -214,8 +214,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning(warning)
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"disco serve: listening on http://{args.host}:{server.server_port} "
-          f"(database {backend(app.config['DATABASE']).describe(app.config['DATABASE'])})", file=sys.stderr,
-          flush=True)
+          f"(database {backend(app.config['DATABASE']).describe(app.config['DATABASE'])}); {_tiers()}",
+          file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -224,6 +224,16 @@ def run(args: argparse.Namespace) -> int:
         server.server_close()
         stop_runner(app, timeout=2.0)
     return 0
+
+
+def _tiers() -> str:
+    """Which tier ranks a GPU cluster's plans in this process (``options.tier`` auto), for the start line."""
+    from xla_hooks import compile_for, deviceless
+
+    problem = compile_for.unavailable("h100")
+    if problem is None:
+        return f"GPU clusters' plans ranked by the compiled tier (deviceless XLA:GPU: {deviceless.gpu_python()})"
+    return f"GPU clusters' plans ranked by the emulated tier ({problem})"
 
 
 def _run_workers(config: dict[str, Any]) -> int:
@@ -240,7 +250,7 @@ def _run_workers(config: dict[str, Any]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     runner.start()
     print(f"disco serve: plan workers on {where}: {config['WORKERS']} threads, lease {config['JOB_LEASE_S']:g} s, "
-          "no HTTP", file=sys.stderr, flush=True)
+          f"no HTTP; {_tiers()}", file=sys.stderr, flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

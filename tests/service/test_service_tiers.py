@@ -99,6 +99,14 @@ def test_a_job_queued_for_the_compiled_tier_fails_where_it_cannot_compile(monkey
         compiler({"hlo_text": mlp_hlo()}, preset("h100-sxm-8"), time.monotonic() + 60)
 
 
+def test_the_server_says_at_start_which_tier_ranks_gpu_plans(tmp_path):
+    hidden = {deviceless.GPU_PYTHON_ENV: str(tmp_path / "missing" / "python")}
+    with ServerProcess(tmp_path / "start.sqlite", env=hidden) as server:
+        line = next(ln for ln in server.tail().splitlines() if "listening on" in ln)
+    assert "GPU clusters' plans ranked by the emulated tier (no deviceless XLA:GPU environment here: run " \
+           "`make install-gpu`" in line, line
+
+
 def test_the_report_page_shows_the_compiled_prices_beside_the_emulated_ones(client):
     report = {"graph": {"name": "g", "nodes": 3, "all_reduces": 1, "fingerprint": "f"},
               "cluster": {"name": "h100-sxm-8", "devices": 8}, "method": "search", "strategy": "auto",
