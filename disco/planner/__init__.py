@@ -303,7 +303,8 @@ def plan_for_graph(
         from disco.planner import _compiled
 
         assert compile_fn is not None
-        plan, report = _compiled.choose(graph, cluster, costs, plan, report, compile_fn, limit=compile_limit,
+        plan, report = _compiled.choose(graph, plan, report, _compiled.pricer(compile_fn, costs, cluster),
+                                        limit=compile_limit,
                                         progress=lambda frac, msg: progress(0.1 + share + (0.9 - share) * frac, msg))
     progress(1.0, "done")
     report["elapsed_s"] = time.perf_counter() - t0

@@ -102,16 +102,24 @@ def _named(graph: HloGraph, plan: FusionPlan, report: Mapping[str, Any], limit: 
     return out
 
 
-def choose(graph: HloGraph, cluster: ClusterSpec, costs: CostModel, plan: FusionPlan, report: Mapping[str, Any],
-           compile_fn: CompileFn, *, limit: int,
+def pricer(compile_fn: CompileFn, costs: CostModel, cluster: ClusterSpec) -> PriceFn:
+    """plan -> its module from ``compile_fn``, priced by the compiled tier (:func:`disco.sim.compiled.price`)
+    with ``costs`` on ``cluster``."""
+    from disco.sim import compiled
+
+    backend = "cpu" if cluster.device == "cpu" else "gpu"
+    return lambda plan: compiled.price(compile_fn(plan), costs, cluster, backend=backend)
+
+
+def choose(graph: HloGraph, plan: FusionPlan, report: Mapping[str, Any], price_fn: PriceFn, *, limit: int,
            progress: Callable[[float, str], None] | None = None) -> tuple[FusionPlan, dict[str, Any]]:
     """The fastest of the planner's candidates by the compiled tier, and the report with its prices.
 
     Args:
-      graph, cluster, costs: what the planner planned for and priced with.
+      graph: the step's graph (the baselines are built from it).
       plan, report: the emulated tier's answer (:func:`disco.planner.plan_for_graph`'s).
-      compile_fn: plan -> its compiled module's text for ``cluster`` (raises for a plan that does not compile;
-        a caller past its deadline raises too: the plans left keep no compiled price).
+      price_fn: plan -> its compiled module, priced (:func:`pricer`); it raises for a plan that does not
+        compile (a caller past its deadline raises too: the plans left keep no compiled price).
       limit: how many plans to compile (at least 1: xla_default).
       progress: ``progress(fraction, message)`` after each compile.
 
@@ -127,11 +135,8 @@ def choose(graph: HloGraph, cluster: ClusterSpec, costs: CostModel, plan: Fusion
       None). When xla_default has no compiled price, the emulated answer stands: ``tier`` "emulated",
       ``tier_note`` says why, and no ``candidates``.
     """
-    from disco.sim import compiled
-
     if limit < 1:
         raise ValueError(f"choose: expected a limit >= 1 plans to compile, got {limit!r}")
-    backend = "cpu" if cluster.device == "cpu" else "gpu"
     named = _named(graph, plan, report, limit)
     done = [0]
 
@@ -141,8 +146,7 @@ def choose(graph: HloGraph, cluster: ClusterSpec, costs: CostModel, plan: Fusion
             progress(done[0] / len(named), f"compiled {done[0]}/{len(named)}: {p.name}"
                      + (f" (did not compile: {failed})" if failed else ""))
 
-    priced = price_each((p for _, p, _ in named), lambda p: compiled.price(compile_fn(p), costs, cluster,
-                                                                          backend=backend), on_each=on_each)
+    priced = price_each((p for _, p, _ in named), price_fn, on_each=on_each)
     ms = {n: priced.steps[p.digest()].step_time_s * 1e3 for n, p, _ in named if p.digest() in priced.steps}
     not_compiled = {n: priced.failed[p.digest()] for n, p, _ in named if p.digest() in priced.failed}
     out = dict(report)

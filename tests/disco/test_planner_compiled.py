@@ -8,10 +8,13 @@ import functools
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from disco import planner
 from disco.ir.graph import HloGraph
 from disco.plans import baselines
+from disco.plans.plan import FusionPlan
 from xla_hooks import compile_for
 
 
@@ -113,3 +116,60 @@ def test_a_compiler_for_a_device_no_compiler_here_targets_is_refused():
     with pytest.raises(ValueError, match="no compiler here targets device kind 'tpu'"):
         compile_for.plan_compiler("HloModule m", device="tpu", devices=1)
     assert compile_for.unavailable("cpu") is None
+
+
+def _grads_text(sizes: list[int]) -> str:
+    """A module whose gradients are ``sizes`` f32 elements, each reduced by its own all-reduce."""
+    lines = ["HloModule g, entry_computation_layout={(" + ", ".join(f"f32[{n}]{{0}}" for n in sizes) + ")->f32[]}",
+             "", "add {", "  a = f32[] parameter(0)", "  b = f32[] parameter(1)", "  ROOT s = f32[] add(a, b)", "}",
+             "", "ENTRY main {"]
+    for i, n in enumerate(sizes):
+        lines += [f"  p{i} = f32[{n}]{{0}} parameter({i})", f"  g{i} = f32[{n}]{{0}} multiply(p{i}, p{i})",
+                  f"  r{i} = f32[{n}]{{0}} all-reduce(g{i}), replica_groups={{}}, to_apply=add"]
+    lines += ["  z = f32[] constant(0)", "  ROOT t = f32[] reduce(r0, z), dimensions={0}, to_apply=add", "}"]
+    return "\n".join(lines)
+
+
+@pytest.mark.fast
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4_000_000), min_size=1, max_size=6), limit=st.integers(1, 10),
+       answer=st.sampled_from(baselines.NAMES), data=st.data())
+def test_the_compiled_choice_is_the_fastest_priced_plan_whatever_compiles(sizes, limit, answer, data):
+    """Any prices and failures: each plan compiled once, xla_default first, at most ``limit``; the answer
+    the fastest compiled module (never slower than xla_default's), the candidates in that order, the
+    failed ones last without a time; no price for xla_default leaves the emulated answer."""
+    from disco.planner import _compiled
+    from disco.sim.compiled import CompiledStep
+
+    graph = HloGraph.from_hlo_text(_grads_text(sizes))
+    made = baselines.make_all(graph)
+    plan = made[answer].replace(name="disco_1")  # the search's answer: here a baseline's buckets, renamed
+    emulated = {n: data.draw(st.floats(0.1, 10.0), label=f"emulated {n}") for n in made}
+    report = {"chosen": "disco_1", "plan_ms": emulated[answer], "baselines_ms": emulated,
+              "speedup_vs_xla_default": emulated["xla_default"] / emulated[answer]}
+    asked: list[str] = []
+
+    def price(p):
+        asked.append(p.name)
+        t = data.draw(st.one_of(st.none(), st.floats(0.01, 100.0)), label=f"compiled {p.name}")
+        if t is None:
+            raise RuntimeError(f"{p.name} does not compile")
+        return CompiledStep("gpu", (), (), t * 1e-3, 0.0, t * 1e-3)
+
+    chosen, out = _compiled.choose(graph, plan, report, price, limit=limit)
+    distinct = {p.digest() for p in made.values()} | {plan.digest()}
+    assert asked[0] == "xla_default" and len(asked) == len(set(asked)) == min(limit, len(distinct))
+    priced = out["compiled"]
+    ms, failed = priced["ms"], priced["not_compiled"]
+    assert sorted([*ms, *failed]) == sorted(asked)
+    if "xla_default" not in ms:
+        assert out["tier"] == "emulated" and chosen == plan and "candidates" not in out
+        assert "does not compile" in out["tier_note"]
+        return
+    assert out["tier"] == "compiled" and chosen.name == out["chosen"] == priced["ranked"][0]
+    assert ms[chosen.name] == min(ms.values()) <= ms["xla_default"]
+    cands = out["candidates"]
+    assert [c["name"] for c in cands] == priced["ranked"] + [n for n in asked if n in failed]
+    assert [c["predicted_ms"] for c in cands] == [ms[n] for n in priced["ranked"]] + [None] * len(failed)
+    assert len({FusionPlan.from_dict(c["plan"]).digest() for c in cands}) == len(cands)
+    assert FusionPlan.from_dict(cands[0]["plan"]).digest() == chosen.digest()
