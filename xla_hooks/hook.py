@@ -522,7 +522,8 @@ class PlannedStep:
                     raise _NoPlan(f"the job has an unknown state {state!r}")
                 if time.monotonic() + delay > deadline:
                     raise _NoPlan(f"the plan job was not done within timeout_s={self.timeout_s:g} "
-                                  f"(state {state}, progress {job.get('progress')})")
+                                  f"(state {state}, progress {job.get('progress')}); it goes on in the service, "
+                                  "and a later run of this step gets its plan (or give timeout_s more)")
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.5)
         elif status != 200:
@@ -678,9 +679,11 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
       cluster: a preset name ("local" uses the step's device count) or a ClusterSpec; "auto" (the
         default): the devices the step runs on, "local" on CPU and the H100 preset of that many GPUs
         (``h100-1``, ``h100-sxm-8``; other GPUs fall back with a warning asking for a cluster).
-      timeout_s: how long planning may take in all (requests, job, polling).
+      timeout_s: how long planning may take in all (requests, job, polling). A service job that takes
+        longer goes on there; a later run of the step gets its plan. A GPU cluster's job on a server with
+        the compiled tier compiles up to 8 plans deviceless first (minutes: docs/guides/plan-service.md).
       token: bearer token for the service's write endpoints (surrounding whitespace is dropped).
-      options: planner options (budget_s, strategy, seed, max_evals) sent with the request.
+      options: planner options (budget_s, strategy, seed, max_evals, tier) sent with the request.
       agree_timeout_s: in a multi-process job (``jax.process_count() > 1``), how long a process waits
         for another's report that the plan applied, or for process 0's decision (twice this); the
         others wait ``timeout_s + agree_timeout_s`` for process 0's plan. Process 0 alone obtains the

@@ -62,6 +62,24 @@ def test_round_trip_through_a_real_service(server, strategy):
     assert len(fast.applied) == 1
 
 
+def test_a_job_past_timeout_s_falls_back_and_a_later_run_gets_its_plan(server):
+    step, args, reference = setup()
+    options = {"strategy": "random", "budget_s": 6.0, "seed": 17}
+    slow = xla_hooks.jit(step, service=server.url, cluster="local", timeout_s=1.5, token="tok", options=options)
+    with pytest.warns(PlanServiceWarning, match=r"the plan job was not done within timeout_s=1\.5 .*it goes on in "
+                                                r"the service, and a later run of this step gets its plan"):
+        assert_close(three_steps(slow, args), reference)
+    (applied,) = slow.applied.values()
+    assert applied.plan.name == "xla_default" and list(slow.reports.values()) == [None]  # XLA's default
+    time.sleep(8.0)  # the job's search runs out its 6 s budget
+    later = xla_hooks.jit(step, service=server.url, cluster="local", timeout_s=60, token="tok", options=options)
+    assert_close(three_steps(later, args), reference)
+    (applied,) = later.applied.values()
+    (report,) = later.reports.values()
+    assert applied.applied and report["search"]["random_plans_tried"] > 0, (applied.fallback_reason, report)
+    assert applied.plan.digest() == report["plan_summary"]["digest"]
+
+
 def test_a_token_read_from_a_file_keeps_its_newline_out_of_the_header(server, tmp_path):
     """A trailing newline made http.client raise 'Invalid header value' at the first step."""
     step, args, reference = setup()
