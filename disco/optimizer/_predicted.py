@@ -220,18 +220,19 @@ def _compiled(rows: list[PredictedRow], compile_fn: CompileFn, target: Target, t
     """``rows`` with compiled prices: all of them, or with ``top_k`` > 0 the ``top_k`` fastest by the
     emulated tier and xla_default. A plan that does not compile keeps its emulated price and says why
     (:func:`disco.optimizer._compiled.price_plans`, the funnel's compiled stage's rule)."""
+    from disco.planner._compiled import pricer
     from disco.sim import compiled
 
     order = sorted(rows, key=lambda r: r.emulated_s)
     names = {r.name for r in (order[:top_k] if top_k > 0 else order)} | {"xla_default"}
     asked = [r for r in rows if r.name in names]
-    backend = "cpu" if target.cluster.device == "cpu" else "gpu"
+    price_plan = pricer(compile_fn, target.costs, target.cluster)
     done = [0]
 
     def price(plan: FusionPlan) -> compiled.CompiledStep:
         progress("compile", done[0] / len(asked), f"compiling {plan.name} for {target.cluster.name}")
         done[0] += 1
-        return compiled.price(compile_fn(plan), target.costs, target.cluster, backend=backend)
+        return price_plan(plan)
 
     prices = price_plans(init(), [r.plan for r in asked], price)
     progress("compile", 1.0, f"{len(asked)} plans compiled for {target.cluster.name}")
