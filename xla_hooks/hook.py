@@ -66,6 +66,10 @@ class _NoPlan(Exception):
     """Why no plan was obtained (turned into a PlanServiceWarning)."""
 
 
+class _TimedOut(_NoPlan):
+    """A request to the service that timeout_s ran out before or during."""
+
+
 @dataclasses.dataclass(frozen=True)
 class _Answer:
     """What process 0 obtained: the plan (None: none, ``reason`` why), its report, the service's
@@ -506,9 +510,13 @@ class PlannedStep:
             if not isinstance(job_id, str):
                 raise _NoPlan(f"the service answered 202 without a job id: {str(data)[:200]}")
             delay = 0.05
+            state, progress = "queued", None
             while True:
                 query = f"?candidates={self.trial_count}" if self.trial_count > 1 else ""
-                status, job = self._request("GET", f"/v1/jobs/{job_id}{query}", None, deadline)
+                try:
+                    status, job = self._request("GET", f"/v1/jobs/{job_id}{query}", None, deadline)
+                except _TimedOut:  # the deadline passed while polling: the job is not done, as below
+                    raise _NoPlan(self._job_not_done(state, progress)) from None
                 if status != 200:
                     raise _NoPlan(f"GET /v1/jobs/{job_id} answered {status}")
                 state = job.get("state")
@@ -520,10 +528,9 @@ class PlannedStep:
                     raise _NoPlan(f"the plan job failed: {err.get('message', err)}")
                 if state not in ("queued", "running"):
                     raise _NoPlan(f"the job has an unknown state {state!r}")
+                progress = job.get("progress")
                 if time.monotonic() + delay > deadline:
-                    raise _NoPlan(f"the plan job was not done within timeout_s={self.timeout_s:g} "
-                                  f"(state {state}, progress {job.get('progress')}); it goes on in the service, "
-                                  "and a later run of this step gets its plan (or give timeout_s more)")
+                    raise _NoPlan(self._job_not_done(state, progress))
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.5)
         elif status != 200:
@@ -548,11 +555,17 @@ class PlannedStep:
         offered = data.get("candidates") if isinstance(data.get("candidates"), list) else None
         return plan, report, key, offered
 
+    def _job_not_done(self, state: str, progress: Any) -> str:
+        return (f"the plan job was not done within timeout_s={self.timeout_s:g} (state {state}, progress "
+                f"{progress}); it goes on in the service, and a later run of this step gets its plan "
+                "(or give timeout_s more)")
+
     def _request(self, method: str, path: str, body: Any, deadline: float) -> tuple[int, Any]:
-        """One HTTP request within the deadline; returns (status, parsed JSON)."""
+        """One HTTP request within the deadline; returns (status, parsed JSON). Raises _TimedOut
+        where the deadline passes before or during it."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise _NoPlan(f"timed out after timeout_s={self.timeout_s:g} before {method} {path}")
+            raise _TimedOut(f"timed out after timeout_s={self.timeout_s:g} before {method} {path}")
         headers = {"Accept": "application/json"}
         data = None
         if body is not None:
@@ -575,7 +588,7 @@ class PlannedStep:
                     reason = getattr(e, "reason", e)
                     raise _NoPlan(f"{method} {path} failed: {type(reason).__name__}: {reason}") from None
         if deadline_left.passed:  # its sockets were shut: what was read is cut short
-            raise _NoPlan(f"{method} {path} did not finish within timeout_s={self.timeout_s:g}")
+            raise _TimedOut(f"{method} {path} did not finish within timeout_s={self.timeout_s:g}")
         try:
             parsed = json.loads(raw)
         except (ValueError, RecursionError):
