@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from disco.ir import gspmd
+from disco.ir import gspmd, loop_collectives
 from disco.ir.graph import HloGraph
 from disco.ir.hlo_parse import parse_module
 
@@ -89,10 +89,14 @@ def plan_text(lowered: Any, *, debug_info: bool = True) -> str:
     compile of the step with XLA's dump of the ``spmd-partitioning`` pass, memoised per module
     and devices. Falls back to the plain text (which has no all-reduce, so the step checks then
     say why) when the step cannot be wrapped, with a :class:`GspmdWarning` naming the reason.
+
+    In either, the all-reduces a ``while`` loop only accumulates or writes slice by slice into
+    its output are moved after the loop (:mod:`disco.ir.loop_collectives`), where buckets reach
+    them. XLA's default compile never reads this text: only a plan's does.
     """
     text = lowered.as_text(dialect="hlo", debug_info=debug_info)
     if "all-reduce" in text or "xla.sdy.meshes" not in text:
-        return text  # written collectives (shard_map, pmap), or no mesh: nothing to partition
+        return _out_of_loops(text)  # written collectives (shard_map, pmap), or no mesh: nothing to partition
     try:
         plain = text if not debug_info else lowered.as_text(dialect="hlo")
         key = (hashlib.sha256(plain.encode()).hexdigest(), _device_key())
@@ -222,7 +226,14 @@ def _manual_text(lowered: Any, text: str) -> str:
     structs = [jax.ShapeDtypeStruct(p.dims, jnp.dtype(p.dtype), sharding=NamedSharding(mesh, s))
                for p, s in zip(params, in_specs)]
     wrapper_text = jax.jit(wrapper, keep_unused=True).lower(*structs).as_text(dialect="hlo")
-    return gspmd.manual_module(wrapper_text, partitioned, name=parse_module(text).name)
+    return _out_of_loops(gspmd.manual_module(wrapper_text, partitioned, name=parse_module(text).name))
+
+
+def _out_of_loops(text: str) -> str:
+    """``text`` with the all-reduces :mod:`disco.ir.loop_collectives` covers moved out of their loops."""
+    if " while(" not in text or " all-reduce(" not in text:
+        return text
+    return loop_collectives.hoist_all(text).text
 
 
 def extract(

@@ -1,0 +1,207 @@
+"""All-reduces moved out of ``while`` loops: which ones move (text), and that a plan over the moved
+ones compiles and keeps the step's numbers (real jax steps that scan over layers and accumulate
+gradients over micro-batches, written as ``jax.jit`` over shardings)."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import xla_hooks
+from disco.ir import extractor, loop_collectives
+from disco.ir.graph import HloGraph
+from disco.ir.hlo_parse import parse_module
+from disco.plans import baselines
+from tests.support.equivalence import assert_close, compiled_all_reduces, three_steps
+
+DEVICES = 4
+
+# One carry of a loop, by how its all-reduce reaches the loop's output.
+MOVABLE = ("accumulate", "write", "accumulate_through_moves", "accumulate_through_a_sum")
+KEPT = ("nonzero_init", "read_by_condition", "read_again", "max_reduction", "read_by_its_own_body",
+        "through_a_sum_from_one")
+
+
+def _carry(k: int, kind: str) -> tuple[list[str], str, str, str]:
+    """(body lines, the root's element, the init's element, the condition line or "") for carry
+    ``k`` (tuple index k + 1) of kind ``kind``; the carry is f32[4] except a written one, f32[3,4]."""
+    idx = k + 1
+    shape = "f32[3,4]" if kind == "write" else "f32[4]"
+    red = "%max" if kind == "max_reduction" else "%add"
+    lines = [f"  %c{k} = {shape} get-tuple-element(%p), index={idx}",
+             f"  %x{k} = f32[4] broadcast(%fi), dimensions={{}}",
+             f"  %ar{k} = f32[4] all-reduce(%x{k}), channel_id={k + 1}, replica_groups={{{{0,1}}}}, to_apply={red}"]
+    init, cond = f"%z{k}", ""
+    if kind == "write":
+        lines += [f"  %r{k} = f32[1,4] reshape(%ar{k})",
+                  f"  %n{k} = {shape} dynamic-update-slice(%c{k}, %r{k}, %i, %zero)"]
+    elif kind == "accumulate_through_moves":
+        lines += [f"  %r{k} = f32[2,2] reshape(%ar{k})", f"  %t{k} = f32[2,2] transpose(%r{k}), dimensions={{1,0}}",
+                  f"  %b{k} = f32[4] reshape(%t{k})", f"  %n{k} = f32[4] add(%c{k}, %b{k})"]
+    elif kind in ("accumulate_through_a_sum", "through_a_sum_from_one"):
+        start = "%zf" if kind == "accumulate_through_a_sum" else "%of"
+        lines += [f"  %r{k} = f32[2,4] broadcast(%ar{k}), dimensions={{1}}",
+                  f"  %s{k} = f32[4] reduce(%r{k}, {start}), dimensions={{0}}, to_apply=%add",
+                  f"  %n{k} = f32[4] add(%c{k}, %s{k})"]
+    elif kind == "read_again":  # the carry is also read by something else in the body
+        lines += [f"  %n{k} = f32[4] add(%c{k}, %ar{k})", f"  %again{k} = f32[4] multiply(%c{k}, %c{k})"]
+    elif kind == "read_by_its_own_body":  # the reduced value feeds the body's other work too
+        lines += [f"  %n{k} = f32[4] add(%c{k}, %ar{k})", f"  %again{k} = f32[4] negate(%ar{k})"]
+    else:
+        lines += [f"  %n{k} = f32[4] add(%c{k}, %ar{k})"]
+    if kind == "nonzero_init":
+        init = f"%one{k}"
+    if kind == "read_by_condition":
+        cond = f"  %cc{k} = f32[4] get-tuple-element(%q), index={idx}"
+    return lines, f"%n{k}", init, cond
+
+
+def _module(kinds: tuple[str, ...]) -> str:
+    shapes = ["s32[]"] + ["f32[3,4]" if k == "write" else "f32[4]" for k in kinds]
+    tup = "(" + ", ".join(shapes) + ")"
+    body, roots, inits, conds = [], [], [], []
+    for k, kind in enumerate(kinds):
+        b, r, i, c = _carry(k, kind)
+        body += b
+        roots.append(r)
+        inits.append(i)
+        conds += [c] if c else []
+    entry = []
+    for k, kind in enumerate(kinds):
+        shape = shapes[k + 1]
+        entry += [f"  %z{k} = {shape} broadcast(%zc), dimensions={{}}", f"  %one{k} = {shape} broadcast(%oc), dimensions={{}}"]
+    gtes = [f"  %g{k} = {shapes[k + 1]} get-tuple-element(%w), index={k + 1}" for k in range(len(kinds))]
+    out_shape = "(" + ", ".join(shapes[1:]) + ")"
+    return "\n".join([
+        "HloModule m", "",
+        "%add (a: f32[], b: f32[]) -> f32[] {", "  %a = f32[] parameter(0)", "  %b = f32[] parameter(1)",
+        "  ROOT %s = f32[] add(%a, %b)", "}", "",
+        "%max (a.1: f32[], b.1: f32[]) -> f32[] {", "  %a.1 = f32[] parameter(0)", "  %b.1 = f32[] parameter(1)",
+        "  ROOT %s.1 = f32[] maximum(%a.1, %b.1)", "}", "",
+        f"%body (p: {tup}) -> {tup} {{", f"  %p = {tup} parameter(0)", "  %i = s32[] get-tuple-element(%p), index=0",
+        "  %fi = f32[] convert(%i)", "  %zero = s32[] constant(0)", "  %zf = f32[] constant(0)",
+        "  %of = f32[] constant(1)", "  %inc = s32[] constant(1)",
+        "  %next = s32[] add(%i, %inc)", *body,
+        f"  ROOT %out = {tup} tuple(%next, {', '.join(roots)})", "}", "",
+        f"%cond (q: {tup}) -> pred[] {{", f"  %q = {tup} parameter(0)", "  %qi = s32[] get-tuple-element(%q), index=0",
+        *conds, "  %three = s32[] constant(3)", "  ROOT %lt = pred[] compare(%qi, %three), direction=LT", "}", "",
+        "ENTRY %main () -> " + out_shape + " {", "  %zc = f32[] constant(0)", "  %oc = f32[] constant(1)",
+        "  %start = s32[] constant(0)", *entry, f"  %init = {tup} tuple(%start, {', '.join(inits)})",
+        f"  %w = {tup} while(%init), condition=%cond, body=%body", *gtes,
+        f"  ROOT %res = {out_shape} tuple({', '.join(f'%g{k}' for k in range(len(kinds)))})", "}", ""])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(MOVABLE + KEPT), min_size=1, max_size=5).map(tuple))
+def test_exactly_the_covered_all_reduces_move_and_the_module_stays_whole(kinds):
+    text = _module(kinds)
+    hoisted = loop_collectives.hoist(text)
+    moved = {m.all_reduce for m in hoisted.moved}
+    assert moved == {f"ar{k}" for k, kind in enumerate(kinds) if kind in MOVABLE}
+    module = parse_module(hoisted.text)  # parses: every name it reads is defined
+    body, entry = module.computation("body"), module.entry
+    assert {i.name for i in body.instructions if i.opcode == "all-reduce"} == \
+        {f"ar{k}" for k, kind in enumerate(kinds) if kind not in MOVABLE}
+    after = {i.name: i for i in entry.instructions if i.opcode == "all-reduce"}
+    assert set(after) == {f"g{k}" for k, kind in enumerate(kinds) if kind in MOVABLE}
+    for k, kind in enumerate(kinds):
+        if kind in MOVABLE:  # the loop's output is read through the new all-reduce, its users unchanged
+            assert after[f"g{k}"].operands == (f"g{k}{loop_collectives.SUFFIX}",)
+            assert "replica_groups={{0,1}}" in hoisted.text.split(f"%g{k} = ")[1].split("\n")[0]
+            assert {m.all_reduce: m for m in hoisted.moved}[f"ar{k}"].carries == ((k + 1, kind != "write"),)
+    channels = [int(c) for c in re.findall(r"channel_id=(\d+)", hoisted.text)]
+    assert len(channels) == len(set(channels))  # the new all-reduces take new channel ids
+    assert entry.root.operands == tuple(f"g{k}" for k in range(len(kinds)))
+    assert loop_collectives.hoist(hoisted.text).moved == ()  # nothing more to move
+    if not moved:
+        assert hoisted.text == text
+
+
+def test_a_loop_whose_output_is_read_whole_is_left_alone():
+    text = _module(("accumulate",))
+    text = text.replace("  ROOT %res", "  %whole = (s32[], f32[4]) copy(%w)\n  ROOT %res")
+    assert "%whole" in text and loop_collectives.hoist(text).moved == ()
+
+
+def _mesh():
+    return jax.make_mesh((DEVICES,), ("dp",), devices=jax.devices()[:DEVICES], axis_types=(jax.sharding.AxisType.Auto,))
+
+
+@functools.cache
+def looped_step(kind: str):
+    """A GSPMD step with a loop: ``scan`` applies 3 stacked layers (their gradients written slice by
+    slice), or ``accumulate`` sums the gradients of 4 micro-batches in a fori_loop."""
+    mesh, tx = _mesh(), optax.sgd(0.1)
+    keys = jax.random.split(jax.random.key(0), 3)
+    params = {"w": jax.random.normal(keys[0], (3, 16, 16)) * 0.3, "b": jnp.zeros((3, 16)),
+              "out": jax.random.normal(keys[1], (16, 4)) * 0.3}
+    x = jax.random.normal(keys[2], (32, 16))
+    y = jnp.tanh(x[:, :4])
+
+    def loss(p, xb, yb):
+        def layer(h, wb):
+            return jnp.tanh(h @ wb[0] + wb[1]), None
+
+        h, _ = jax.lax.scan(layer, xb, (p["w"], p["b"]))
+        return jnp.mean((h @ p["out"] - yb) ** 2)
+
+    def grads(p, xb, yb):
+        if kind == "scan":
+            return jax.grad(loss)(p, xb, yb)
+        # micro-batch i is rows 4j + i: each micro-batch stays split over the devices as the batch is
+        micro = tuple(jax.lax.with_sharding_constraint(a.reshape(-1, 4, a.shape[1]).swapaxes(0, 1),
+                                                       NamedSharding(mesh, P(None, "dp"))) for a in (xb, yb))
+
+        def body(i, acc):
+            g = jax.grad(loss)(p, micro[0][i], micro[1][i])
+            return jax.tree.map(jnp.add, acc, g)
+
+        return jax.lax.fori_loop(0, 4, body, jax.tree.map(jnp.zeros_like, p))
+
+    @jax.jit
+    def step(state, batch):
+        p, opt = state
+        g = grads(p, *batch)
+        updates, opt = tx.update(g, opt, p)
+        return (optax.apply_updates(p, updates), opt), jnp.float32(0)
+
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("dp"))
+    state = jax.device_put((params, tx.init(params)), replicated)
+    batch = (jax.device_put(x, split), jax.device_put(y, split))
+    return step, (state, batch)
+
+
+def _in_loop_all_reduces(text: str) -> int:
+    module = parse_module(text)
+    bodies = {i.attrs["body"].lstrip("%") for c in module.computations for i in c.instructions if i.opcode == "while"}
+    return sum(i.opcode == "all-reduce" for c in module.computations if c.name in bodies for i in c.instructions)
+
+
+@pytest.mark.parametrize("kind", ["scan", "accumulate"])
+def test_a_looped_steps_all_reduces_leave_the_loop_and_a_bucket_plan_keeps_the_numbers(kind):
+    step, args = looped_step(kind)
+    lowered = extractor.lower(step, *args)
+    plain = lowered.as_text(dialect="hlo")
+    text = extractor.plan_text(lowered, debug_info=False)
+    assert _in_loop_all_reduces(text) == 0
+    graph = HloGraph.from_hlo_text(extractor.plan_text(lowered, debug_info=True))
+    # every parameter's gradient is now an all-reduce a bucket can take: the loop's and the head's
+    assert len(graph.all_reduces()) >= 3 and "all-reduce" not in plain
+    plan = baselines.make("one_bucket", graph)
+    applied = xla_hooks.apply(plan, step, *args)
+    assert applied.applied, applied.fallback_reason
+    assert compiled_all_reduces(applied) == 1
+    assert _in_loop_all_reduces(applied.compiled_text()) == 0
+    reference = three_steps(step, args)
+    assert_close(three_steps(applied, args), reference)
+    # XLA:CPU's own compile reduces inside the loop: what the plan changed
+    assert _in_loop_all_reduces(lowered.compile().as_text()) > 0
