@@ -82,7 +82,7 @@ HOOKS_PYTHON ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyen
 	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 HOOKS_VENV := .venv-jax$(HOOKS_JAX)
 HOOKS_LOCK := constraints/jax-$(HOOKS_JAX).txt
-HOOK_TESTS ?= tests/xla_hooks/test_apply_plan.py tests/xla_hooks/test_hook.py tests/xla_hooks/test_agreement.py tests/xla_hooks/test_trials.py tests/xla_hooks/test_trials_job.py tests/disco/ir/test_gspmd.py tests/disco/plans/test_cuts.py tests/xla_hooks/test_profiling.py tests/disco/data/test_kernel_collect.py
+HOOK_TESTS ?= tests/xla_hooks/test_apply_plan.py tests/xla_hooks/test_hook.py tests/xla_hooks/test_agreement.py tests/xla_hooks/test_trials.py tests/xla_hooks/test_trials_job.py tests/disco/ir/test_gspmd.py tests/disco/plans/test_cuts.py tests/xla_hooks/test_profiling.py tests/disco/data/test_kernel_collect.py tests/disco/ir/test_loop_collectives.py
 
 $(HOOKS_VENV)/.installed: setup.cfg pyproject.toml $(HOOKS_LOCK)
 	@test -n "$(HOOKS_PYTHON)" || { echo "make test-hooks: no Python 3.12 found (jax $(HOOKS_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }
@@ -105,7 +105,7 @@ GPU_VENV ?= .venv-gpu
 GPU_JAX ?= 0.11.2
 GPU_LOCK := constraints/jax-$(GPU_JAX).txt
 GPU_CUDA_LOCK := constraints/jax-$(GPU_JAX)-cuda12.txt
-GPU_TESTS ?= tests/xla_hooks/test_deviceless.py tests/service/test_service_tiers.py
+GPU_TESTS ?= tests/xla_hooks/test_deviceless.py tests/service/test_service_tiers.py tests/disco/ir/test_loop_collectives.py
 
 $(GPU_VENV)/.installed: setup.cfg pyproject.toml $(GPU_LOCK) $(GPU_CUDA_LOCK)
 	@test -n "$(HOOKS_PYTHON)" || { echo "make install-gpu: no Python 3.12 found (jax $(GPU_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }

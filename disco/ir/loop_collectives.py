@@ -112,16 +112,26 @@ def _is_zero(comp: Computation, name: str) -> bool:
     return ins.opcode == "constant" and bool(_ZERO_RE.match(ins.raw_operands))
 
 
-def _carry_reads(comp: Computation) -> dict[int, list[Instruction]]:
-    """Per tuple index, the get-tuple-elements of ``comp``'s parameter (its only one)."""
+def _carry_reads(comp: Computation) -> dict[int, list[Instruction]] | None:
+    """Per tuple index, the get-tuple-elements of ``comp``'s parameter (its only one); None when
+    the parameter is read otherwise too (whole, by a call or a tuple), so any element may be."""
     params = [i for i in comp.instructions if i.opcode == "parameter"]
-    reads: dict[int, list[Instruction]] = {}
     if len(params) != 1:
-        return reads
+        return None
+    reads: dict[int, list[Instruction]] = {}
     for ins in comp.instructions:
-        if ins.opcode == "get-tuple-element" and ins.operands == (params[0].name,):
-            reads.setdefault(int(ins.attrs.get("index", "-1")), []).append(ins)
+        if params[0].name not in ins.operands:
+            continue
+        if ins.opcode != "get-tuple-element" or ins.operands != (params[0].name,):
+            return None
+        reads.setdefault(int(ins.attrs.get("index", "-1")), []).append(ins)
     return reads
+
+
+def _whole_line(line: str | None, ins: Instruction) -> bool:
+    """``line`` holds all of ``ins`` (brackets balanced), so it can be replaced alone."""
+    return line is not None and f"%{ins.name} " in line and all(
+        line.count(a) == line.count(b) for a, b in ("()", "{}", "[]"))
 
 
 def _sums(module: Module, comp: Computation, ins: Instruction, source: str) -> bool:
@@ -135,9 +145,9 @@ def _reach(module: Module, body: Computation, users: Mapping[str, list[Instructi
     """The carries ``start`` (an all-reduce in the loop's body) reaches, each accumulated (True)
     or written (False); None when any path from it leads elsewhere."""
     root = body.root
-    if root.opcode != "tuple":
-        return None
     reads = _carry_reads(body)
+    if root.opcode != "tuple" or reads is None:
+        return None
     carries: dict[int, bool] = {}
     stack = [start]
     while stack:
@@ -181,7 +191,9 @@ def _loop_plan(module: Module, comp: Computation, loop: Instruction, callers: Ma
     if any(u.opcode != "get-tuple-element" for u in loop_users):
         return []
     body = module.computation(body_name)
-    cond_reads = set(_carry_reads(module.computation(cond_name))) if cond_name else set()
+    cond_reads = _carry_reads(module.computation(cond_name)) if cond_name else {}
+    if cond_reads is None:
+        return []
     users = _users(body)
     taken: set[int] = set()
     out = []
@@ -189,7 +201,7 @@ def _loop_plan(module: Module, comp: Computation, loop: Instruction, callers: Ma
         if not _is_sum(module, ins):
             continue
         carries = _reach(module, body, users, ins)
-        if not carries or set(carries) & (cond_reads | taken):
+        if not carries or set(carries) & (set(cond_reads) | taken):
             continue
         if not all(k < len(init.operands) and _is_zero(comp, init.operands[k]) for k in carries):
             continue
@@ -228,6 +240,8 @@ def hoist(text: str, module: Module | None = None) -> Hoisted:
                 continue
             body = module.computation(loop.attrs["body"].lstrip("%"))
             outs = [u for u in _users(comp).get(loop.name, [])]
+            if not all(_whole_line(lines[i.line - 1], i) for i in [ar for ar, _ in plan] + outs):
+                continue  # an instruction written over several lines: left as it is
             body_lines = range(min(i.line for i in body.instructions) - 1, max(i.line for i in body.instructions))
             for ar, carries in plan:
                 source = ar.operands[0]
@@ -241,15 +255,17 @@ def hoist(text: str, module: Module | None = None) -> Hoisted:
                 for gte in outs:
                     if int(gte.attrs.get("index", "-1")) not in carries:
                         continue
-                    channel += 1
+                    ids = []
+                    if "channel_id" in ar.attrs:  # a cross-partition all-reduce; without one, cross-replica
+                        channel += 1
+                        ids = [f"channel_id={channel}"]
                     local = gte.name + SUFFIX
                     line = str(lines[gte.line - 1]).replace(f"%{gte.name} =", f"%{local} =", 1)
                     indent = line[:len(line) - len(line.lstrip())]
                     root = "ROOT " if gte.is_root else ""
                     lines[gte.line - 1] = line.replace("ROOT ", "", 1) if root else line
                     inserts.setdefault(gte.line - 1, []).append(
-                        f"{indent}{root}%{gte.name} = {gte.shape} all-reduce(%{local}), channel_id={channel}, "
-                        + ", ".join(attrs))
+                        f"{indent}{root}%{gte.name} = {gte.shape} all-reduce(%{local}), " + ", ".join(ids + attrs))
                     after.append(gte.name)
                 moved.append(Moved(ar.name, loop.name, tuple(sorted(carries.items())), tuple(after)))
     if not moved:

@@ -26,9 +26,10 @@ from tests.support.equivalence import assert_close, compiled_all_reduces, three_
 DEVICES = 4
 
 # One carry of a loop, by how its all-reduce reaches the loop's output.
-MOVABLE = ("accumulate", "write", "accumulate_through_moves", "accumulate_through_a_sum")
+MOVABLE = ("accumulate", "write", "accumulate_through_moves", "accumulate_through_a_sum", "cross_replica")
 KEPT = ("nonzero_init", "read_by_condition", "read_again", "max_reduction", "read_by_its_own_body",
-        "through_a_sum_from_one")
+        "through_a_sum_from_one", "the_body_reads_its_whole_state")
+WHOLE = "the_body_reads_its_whole_state"  # every carry of that loop stays
 
 
 def _carry(k: int, kind: str) -> tuple[list[str], str, str, str]:
@@ -37,9 +38,12 @@ def _carry(k: int, kind: str) -> tuple[list[str], str, str, str]:
     idx = k + 1
     shape = "f32[3,4]" if kind == "write" else "f32[4]"
     red = "%max" if kind == "max_reduction" else "%add"
+    channel = "" if kind == "cross_replica" else f"channel_id={k + 1}, "
     lines = [f"  %c{k} = {shape} get-tuple-element(%p), index={idx}",
              f"  %x{k} = f32[4] broadcast(%fi), dimensions={{}}",
-             f"  %ar{k} = f32[4] all-reduce(%x{k}), channel_id={k + 1}, replica_groups={{{{0,1}}}}, to_apply={red}"]
+             f"  %ar{k} = f32[4] all-reduce(%x{k}), {channel}replica_groups={{{{0,1}}}}, to_apply={red}"]
+    if kind == WHOLE:
+        lines.append(f"  %state{k} = (s32[]) tuple(%p)")
     init, cond = f"%z{k}", ""
     if kind == "write":
         lines += [f"  %r{k} = f32[1,4] reshape(%ar{k})",
@@ -106,17 +110,19 @@ def test_exactly_the_covered_all_reduces_move_and_the_module_stays_whole(kinds):
     text = _module(kinds)
     hoisted = loop_collectives.hoist(text)
     moved = {m.all_reduce for m in hoisted.moved}
-    assert moved == {f"ar{k}" for k, kind in enumerate(kinds) if kind in MOVABLE}
+    movable = set() if WHOLE in kinds else {k for k, kind in enumerate(kinds) if kind in MOVABLE}
+    assert moved == {f"ar{k}" for k in movable}
     module = parse_module(hoisted.text)  # parses: every name it reads is defined
     body, entry = module.computation("body"), module.entry
     assert {i.name for i in body.instructions if i.opcode == "all-reduce"} == \
-        {f"ar{k}" for k, kind in enumerate(kinds) if kind not in MOVABLE}
+        {f"ar{k}" for k in range(len(kinds)) if k not in movable}
     after = {i.name: i for i in entry.instructions if i.opcode == "all-reduce"}
-    assert set(after) == {f"g{k}" for k, kind in enumerate(kinds) if kind in MOVABLE}
+    assert set(after) == {f"g{k}" for k in movable}
     for k, kind in enumerate(kinds):
-        if kind in MOVABLE:  # the loop's output is read through the new all-reduce, its users unchanged
+        if k in movable:  # the loop's output is read through the new all-reduce, its users unchanged
             assert after[f"g{k}"].operands == (f"g{k}{loop_collectives.SUFFIX}",)
             assert "replica_groups={{0,1}}" in hoisted.text.split(f"%g{k} = ")[1].split("\n")[0]
+            assert ("channel_id" in after[f"g{k}"].attrs) == (kind != "cross_replica")
             assert {m.all_reduce: m for m in hoisted.moved}[f"ar{k}"].carries == ((k + 1, kind != "write"),)
     channels = [int(c) for c in re.findall(r"channel_id=(\d+)", hoisted.text)]
     assert len(channels) == len(set(channels))  # the new all-reduces take new channel ids
@@ -205,3 +211,28 @@ def test_a_looped_steps_all_reduces_leave_the_loop_and_a_bucket_plan_keeps_the_n
     assert_close(three_steps(applied, args), reference)
     # XLA:CPU's own compile reduces inside the loop: what the plan changed
     assert _in_loop_all_reduces(lowered.compile().as_text()) > 0
+
+
+@pytest.mark.gpu_compile
+def test_the_moved_all_reduces_reach_xla_gpu_as_one_bucket_after_the_loop(tmp_path, monkeypatch):
+    """Deviceless XLA:GPU for 4 H100s (``make test-gpu-compile``): the scanned step's plan keeps its one
+    bucket after the loop, where XLA's own compile for the GPU reduces inside it."""
+    from xla_hooks import deviceless
+    from xla_hooks.compile_for import compile_for, plan_text_for
+
+    if not deviceless.available():
+        pytest.skip(f"no deviceless XLA:GPU environment: {deviceless.INSTALL_HINT}")
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    step, args = looped_step("scan")
+    lowered = extractor.lower(step, *args)
+    text = extractor.plan_text(lowered, debug_info=False)
+    plan = baselines.make("one_bucket", HloGraph.from_hlo_text(text))
+    planned = plan_text_for(text, plan, device="h100", devices=DEVICES)
+    default = compile_for(lowered.as_text(dialect="hlo"), device="h100", devices=DEVICES)
+
+    def all_reduces(module: str) -> tuple[int, int]:  # (in loop bodies, everywhere)
+        starts = module.count(" all-reduce-start(") or module.count(" all-reduce(")
+        return _in_loop_all_reduces(module.replace(" all-reduce-start(", " all-reduce(")), starts
+
+    assert all_reduces(planned) == (0, 1)
+    assert all_reduces(default)[0] > 0
