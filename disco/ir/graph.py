@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from disco.ir import flops as _flops
 from disco.ir import loops as _loops
 from disco.ir import opcodes as _opcodes
+from disco.ir.loop_collectives import SUFFIX as LOCAL_SUFFIX
 from disco.ir.opcodes import ALL_REDUCE_OPCODES
 from disco.ir import hlo_module, hlo_parse
 
@@ -248,6 +249,8 @@ class HloGraph:
             "while_loops": len(self.loops),
             "loop_trip_counts": {lp.node: lp.trip_count for lp in self.loops},
             "loops_unknown_trips": [lp.node for lp in self.loops if lp.trip_count is None],
+            # all-reduces disco.ir.loop_collectives moved after their loops (they read the loop's local sums)
+            "all_reduces_after_loops": sum(any(o.endswith(LOCAL_SUFFIX) for o in n.operands) for n in ars),
             "opcodes": self.opcode_histogram(),
         }
 
