@@ -45,8 +45,14 @@ def check_version() -> str:
     return jax.__version__
 
 
-def hlo_text_to_mlir_bytes(text: str) -> bytes:
-    """HLO text -> StableHLO bytecode (via jaxlib's HLO parser and converter)."""
+def hlo_text_to_mlir_bytes(text: str, platform: str = "cpu") -> bytes:
+    """HLO text -> StableHLO bytecode (via jaxlib's HLO parser and converter); for a platform other
+    than the CPU, copies are written as reshapes first (:func:`xla_hooks.rewrite.copies_as_reshapes`:
+    the GPU plugin takes StableHLO, which has no copy)."""
+    if platform != "cpu" and " copy(" in text:
+        from xla_hooks.rewrite import copies_as_reshapes
+
+        text = copies_as_reshapes(text)
     try:
         from jaxlib import _jax
     except ImportError as e:  # pragma: no cover - depends on the installed jaxlib
@@ -110,8 +116,19 @@ def compile_rewritten(lowered: Any, text: str, compiler_options: dict[str, Any] 
 
     ``compiler_options`` are the plan's; they win over :func:`rewritten_module_options`.
     """
-    rewritten = with_module(lowered, hlo_text_to_mlir_bytes(text))
+    rewritten = with_module(lowered, hlo_text_to_mlir_bytes(text, _platform(lowered)))
     return rewritten.compile(compiler_options={**rewritten_module_options(), **(compiler_options or {})})
+
+
+def _platform(lowered: Any) -> str:
+    """The platform ``lowered`` is compiled for ("cpu", "cuda", ...); jax's default backend where
+    its device list is out of reach."""
+    try:
+        return str(lowered._lowering._device_list[0].platform)
+    except (AttributeError, TypeError, IndexError):
+        import jax
+
+        return jax.default_backend()
 
 
 def device_count(lowered: Any) -> int:
@@ -138,7 +155,7 @@ def compile_text_standalone(text: str, num_devices: int, compiler_options: dict[
         from jax._src.lib.mlir import ir
     except ImportError as e:
         raise PrivateApiError(f"jax's compiler internals moved: {e}") from None
-    mlir_bytes = hlo_text_to_mlir_bytes(text)
+    mlir_bytes = hlo_text_to_mlir_bytes(text, jax.default_backend())
     devices = jax.devices()[:num_devices]
     if len(devices) < num_devices:
         raise RuntimeError(f"the probe has {len(devices)} devices, the module needs {num_devices}")
@@ -170,8 +187,8 @@ def compile_text_for(text: str, devices: Any, compiler_options: dict[str, Any]) 
         from jax._src.lib.mlir import ir
     except ImportError as e:
         raise PrivateApiError(f"jax's compiler internals moved: {e}") from None
-    mlir_bytes = hlo_text_to_mlir_bytes(text)
     devices = tuple(devices)
+    mlir_bytes = hlo_text_to_mlir_bytes(text, str(getattr(devices[0], "platform", "cpu")) if devices else "cpu")
     n = len(devices)
     with jmlir.make_ir_context():
         module = ir.Module.parse(mlir_bytes)

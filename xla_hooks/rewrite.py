@@ -342,6 +342,23 @@ def _splice(text: str, module: Module, new_comps: dict[str, str], extra: dict[st
     return "\n".join(out) + "\n"
 
 
+def copies_as_reshapes(text: str) -> str:
+    """``text`` with each ``copy`` of an array written as a ``reshape`` to the same shape.
+
+    Both are the identity on values before layout assignment. jaxlib's HLO -> MLIR conversion
+    turns a copy into ``mhlo.copy``, which has no StableHLO form: the GPU's PJRT plugin, which
+    takes StableHLO, refused a partitioned GSPMD step for it ("failed to legalize operation
+    'mhlo.copy'", deviceless XLA:GPU, jax 0.11.2), where XLA:CPU compiles it.
+    """
+    module = parse_module(text)
+    lines = text.split("\n")
+    for comp in module.computations:
+        for ins in comp.instructions:
+            if ins.opcode == "copy" and not ins.shape.startswith("(") and ins.line:
+                lines[ins.line - 1] = lines[ins.line - 1].replace(" copy(", " reshape(", 1)
+    return "\n".join(lines)
+
+
 def count_ops(text: str, opcodes: Iterable[str]) -> dict[str, int]:
     """Counts instructions by opcode in a module text (all computations)."""
     wanted = set(opcodes)

@@ -308,3 +308,18 @@ def test_a_compile_option_that_changes_results_is_refused_and_falls_back():
                                        ("xla_gpu_enable_latency_hiding_scheduler", "True")))
     step = xla_hooks.apply(kept, biggest, x, strict=True)
     assert step.applied and np.isnan(step(x))
+
+
+def test_copies_are_written_as_reshapes_for_the_gpu_plugin():
+    """StableHLO has no copy: XLA:GPU's plugin refused a partitioned GSPMD step's ``mhlo.copy``."""
+    from disco.ir.hlo_parse import parse_module
+    from xla_hooks.rewrite import copies_as_reshapes
+
+    text = ("HloModule m\n\nENTRY %main (p: f32[2,3]) -> (f32[2,3], (f32[2,3])) {\n"
+            "  %p = f32[2,3]{1,0} parameter(0)\n  %c = f32[2,3]{1,0} copy(%p), metadata={op_name=\"copy(x)\"}\n"
+            "  %t = (f32[2,3]{1,0}) tuple(%c)\n  %tc = (f32[2,3]{1,0}) copy(%t)\n"
+            "  ROOT %r = (f32[2,3]{1,0}, (f32[2,3]{1,0})) tuple(%c, %tc)\n}\n")
+    out = {i.name: i for i in parse_module(copies_as_reshapes(text)).entry.instructions}
+    assert out["c"].opcode == "reshape" and out["c"].operands == ("p",) and out["c"].shape == "f32[2,3]{1,0}"
+    assert 'op_name="copy(x)"' in copies_as_reshapes(text)  # only the opcode changes
+    assert out["tc"].opcode == "copy"  # a tuple has no reshape

@@ -218,7 +218,9 @@ def test_a_looped_steps_all_reduces_leave_the_loop_and_a_bucket_plan_keeps_the_n
 @pytest.mark.gpu_compile
 def test_the_moved_all_reduces_reach_xla_gpu_as_one_bucket_after_the_loop(tmp_path, monkeypatch):
     """Deviceless XLA:GPU for 4 H100s (``make test-gpu-compile``): the scanned step's plan keeps its one
-    bucket after the loop, where XLA's own compile for the GPU reduces inside it."""
+    bucket after the loop, as XLA:GPU's own compile moves the all-reduces out of the loop too. The
+    partitioned program holds copies, which the GPU plugin takes only written as reshapes
+    (``xla_hooks.rewrite.copies_as_reshapes``; before, this compile failed on ``mhlo.copy``)."""
     from xla_hooks import deviceless
     from xla_hooks.compile_for import compile_for, plan_text_for
 
@@ -228,6 +230,7 @@ def test_the_moved_all_reduces_reach_xla_gpu_as_one_bucket_after_the_loop(tmp_pa
     step, args = looped_step("scan")
     lowered = extractor.lower(step, *args)
     text = extractor.plan_text(lowered, debug_info=False)
+    assert " copy(" in text
     plan = baselines.make("one_bucket", HloGraph.from_hlo_text(text))
     planned = plan_text_for(text, plan, device="h100", devices=DEVICES)
     default = compile_for(lowered.as_text(dialect="hlo"), device="h100", devices=DEVICES)
@@ -237,4 +240,4 @@ def test_the_moved_all_reduces_reach_xla_gpu_as_one_bucket_after_the_loop(tmp_pa
         return _in_loop_all_reduces(module.replace(" all-reduce-start(", " all-reduce(")), starts
 
     assert all_reduces(planned) == (0, 1)
-    assert all_reduces(default)[0] > 0
+    assert all_reduces(default)[0] == 0  # XLA:GPU (jax 0.11.2) moves them itself; XLA:CPU does not (above)
