@@ -92,7 +92,9 @@ def plan_text(lowered: Any, *, debug_info: bool = True) -> str:
 
     In either, the all-reduces a ``while`` loop only accumulates or writes slice by slice into
     its output are moved after the loop (:mod:`disco.ir.loop_collectives`), where buckets reach
-    them. XLA's default compile never reads this text: only a plan's does.
+    them: in practice a GSPMD step's (jax's own text of a shard_map step reaches its loop bodies
+    through ``call`` instructions, which the patterns do not follow). XLA's default compile never reads this
+    text: only a plan's does.
     """
     text = lowered.as_text(dialect="hlo", debug_info=debug_info)
     if "all-reduce" in text or "xla.sdy.meshes" not in text:
