@@ -77,9 +77,10 @@ def plan_text_for(text: str, plan: FusionPlan, *, device: str, devices: int = 1,
         ../shared/GPU_NOTES.md), and what :func:`compile_for` raises.
       deviceless.DevicelessUnavailable: as :func:`compile_for`.
     """
+    from disco.sim.cluster_spec import backend_of
     from xla_hooks.rewrite import apply_plan_to_text
 
-    backend = "cpu" if device == "cpu" else "gpu"
+    backend = backend_of(device)
     if plan.groups and backend == "gpu":
         raise ValueError(f"plan {plan.name or plan.digest()!r} has {len(plan.groups)} fusion group(s), which cannot "
                          f"reach XLA:GPU (jax's PJRT plugin takes StableHLO, where mhlo.fusion has no form); "

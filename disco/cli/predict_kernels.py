@@ -69,9 +69,9 @@ def predict(hlo: Any, costs: Any, backend: str | None = None) -> dict[str, float
 
 def _backend(device: str) -> str:
     """The compiler whose modules ``--device`` prices: "gpu" for a GPU kind, else "cpu"."""
-    from disco.sim.cluster_spec import GPU_DEVICES
+    from disco.sim.cluster_spec import backend_of
 
-    return "gpu" if device in GPU_DEVICES else "cpu"
+    return backend_of(device)
 
 
 def read_module(path: str, device: str, module: str | None = None) -> Any:

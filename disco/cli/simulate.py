@@ -143,8 +143,9 @@ def check_plans_for(plans: dict[str, Any], device: str, tier: str) -> None:
       CliError: naming the plan.
     """
     from disco.plans import options as plan_options
+    from disco.sim.cluster_spec import backend_of
 
-    backend = "cpu" if device == "cpu" else "gpu"
+    backend = backend_of(device)
     for name, plan in plans.items():
         try:
             plan_options.check(plan.compile_options, backend)
@@ -244,6 +245,7 @@ def run_hlo(args: argparse.Namespace) -> int:
 
     from disco.ir import hlo_parse
     from disco.sim import cluster, compiled
+    from disco.sim.cluster_spec import backend_of
     from xla_hooks import deviceless
 
     options = parse_compile_options(args.compile_option or [])
@@ -281,7 +283,7 @@ def run_hlo(args: argparse.Namespace) -> int:
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     try:
         if compiled_text is not None:
-            backend = hlo_parse.compiled_backend(compiled_text) or ("cpu" if spec.device == "cpu" else "gpu")
+            backend = hlo_parse.compiled_backend(compiled_text) or backend_of(spec.device)
             row = {"plan": "xla_default", **compiled.price(compiled_text, cm, spec, backend=backend).summary()}
         else:
             row = _emulated_row(text, cm, spec)

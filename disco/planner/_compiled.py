@@ -106,8 +106,9 @@ def pricer(compile_fn: CompileFn, costs: CostModel, cluster: ClusterSpec) -> Pri
     """plan -> its module from ``compile_fn``, priced by the compiled tier (:func:`disco.sim.compiled.price`)
     with ``costs`` on ``cluster``."""
     from disco.sim import compiled
+    from disco.sim.cluster_spec import backend_of
 
-    backend = "cpu" if cluster.device == "cpu" else "gpu"
+    backend = backend_of(cluster.device)
     return lambda plan: compiled.price(compile_fn(plan), costs, cluster, backend=backend)
 
 

@@ -53,6 +53,11 @@ ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical")
 # an NVIDIA H100 SXM (disco.sim.gpu_fusion, and the H100 cost model).
 DEVICES: tuple[str, ...] = ("cpu", "h100")
 GPU_DEVICES: frozenset[str] = frozenset({"h100"})
+
+
+def backend_of(device: str) -> str:
+    """The compiler a device kind's modules come from: "gpu" for a GPU kind (XLA:GPU), else "cpu"."""
+    return "gpu" if device in GPU_DEVICES else "cpu"
 # What a spec may hold, wide enough for any real cluster and narrow enough that the simulator's
 # times stay finite (a bandwidth of 1e-320 B/s made every collective infinite and the scheduler
 # fail; 10**400 devices overflowed a float). The service's limits (service/limits.py) are narrower.
@@ -307,7 +312,7 @@ class ClusterSpec:
     @property
     def is_gpu(self) -> bool:
         """True when the device kind is a GPU (XLA:GPU's fusion, a GPU cost model)."""
-        return self.device in GPU_DEVICES
+        return backend_of(self.device) == "gpu"
 
     @property
     def num_devices(self) -> int:
