@@ -18,8 +18,9 @@ into the loop's output, through two patterns:
   after the loop instead of inside it, the same sums.
 
 ``f`` is a chain of ``transpose``, ``reshape``, ``bitcast``, ``copy``, ``slice`` and ``broadcast``
-(each moves or copies elements, and a sum of moved elements is the moved sum) and of ``reduce`` sums from zero (a sum
-of sums; over more than one element, in another order); an all-reduce may feed several carries
+(each moves or copies elements, and a sum of moved elements is the moved sum), of
+``dynamic-update-slice`` into zeros (the gradient of ``params[i]``: the same), and of ``reduce``
+sums from zero (a sum of sums; over more than one element, in another order); an all-reduce may feed several carries
 (one slice each). A carry qualifies only if its initial value is zeros (the reduction of the
 final carry then adds nothing else), nothing else in the body or the loop condition reads it,
 and the all-reduce sums (its reduction computation is one ``add``). After the loop, each use of
@@ -140,6 +141,13 @@ def _sums(module: Module, comp: Computation, ins: Instruction, source: str) -> b
             and ins.operands[1] != source and _is_zero(comp, ins.operands[1]) and _adds(module, ins))
 
 
+def _placed(comp: Computation, ins: Instruction, source: str) -> bool:
+    """``ins`` writes ``source`` into zeros (a ``dynamic-update-slice`` of a zero array, at indices
+    that do not read ``source``): the gradient of an indexed read, ``params[i]``."""
+    return (ins.opcode == "dynamic-update-slice" and len(ins.operands) >= 3 and ins.operands[1] == source
+            and source not in (ins.operands[0], *ins.operands[2:]) and _is_zero(comp, ins.operands[0]))
+
+
 def _reach(module: Module, body: Computation, users: Mapping[str, list[Instruction]], start: Instruction
            ) -> dict[int, bool] | None:
     """The carries ``start`` (an all-reduce in the loop's body) reaches, each accumulated (True)
@@ -153,7 +161,8 @@ def _reach(module: Module, body: Computation, users: Mapping[str, list[Instructi
     while stack:
         ins = stack.pop()
         for user in users.get(ins.name, []):
-            if (user.opcode in MOVES and len(user.operands) == 1) or _sums(module, body, user, ins.name):
+            if (user.opcode in MOVES and len(user.operands) == 1) or _sums(module, body, user, ins.name) \
+                    or _placed(body, user, ins.name):
                 stack.append(user)
                 continue
             slots = [k for k, op in enumerate(root.operands) if op == user.name]

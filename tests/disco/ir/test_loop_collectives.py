@@ -26,9 +26,10 @@ from tests.support.equivalence import assert_close, compiled_all_reduces, three_
 DEVICES = 4
 
 # One carry of a loop, by how its all-reduce reaches the loop's output.
-MOVABLE = ("accumulate", "write", "accumulate_through_moves", "accumulate_through_a_sum", "cross_replica")
+MOVABLE = ("accumulate", "write", "accumulate_through_moves", "accumulate_through_a_sum", "cross_replica",
+           "accumulate_a_zero_update")
 KEPT = ("nonzero_init", "read_by_condition", "read_again", "max_reduction", "read_by_its_own_body",
-        "through_a_sum_from_one", "the_body_reads_its_whole_state")
+        "through_a_sum_from_one", "the_body_reads_its_whole_state", "an_update_of_ones")
 WHOLE = "the_body_reads_its_whole_state"  # every carry of that loop stays
 
 
@@ -56,6 +57,11 @@ def _carry(k: int, kind: str) -> tuple[list[str], str, str, str]:
         lines += [f"  %r{k} = f32[2,4] broadcast(%ar{k}), dimensions={{1}}",
                   f"  %s{k} = f32[4] reduce(%r{k}, {start}), dimensions={{0}}, to_apply=%add",
                   f"  %n{k} = f32[4] add(%c{k}, %s{k})"]
+    elif kind in ("accumulate_a_zero_update", "an_update_of_ones"):  # the gradient of params[i]
+        base = "%zb" if kind == "accumulate_a_zero_update" else "%ob"
+        lines += [f"  %r{k} = f32[1,4] reshape(%ar{k})", f"  %u{k} = f32[3,4] dynamic-update-slice({base}, %r{k}, %i, %zero)",
+                  f"  %s{k} = f32[1,4] slice(%u{k}), slice={{[0:1], [0:4]}}", f"  %t{k} = f32[4] reshape(%s{k})",
+                  f"  %n{k} = f32[4] add(%c{k}, %t{k})"]
     elif kind == "read_again":  # the carry is also read by something else in the body
         lines += [f"  %n{k} = f32[4] add(%c{k}, %ar{k})", f"  %again{k} = f32[4] multiply(%c{k}, %c{k})"]
     elif kind == "read_by_its_own_body":  # the reduced value feeds the body's other work too
@@ -93,7 +99,8 @@ def _module(kinds: tuple[str, ...]) -> str:
         "  ROOT %s.1 = f32[] maximum(%a.1, %b.1)", "}", "",
         f"%body (p: {tup}) -> {tup} {{", f"  %p = {tup} parameter(0)", "  %i = s32[] get-tuple-element(%p), index=0",
         "  %fi = f32[] convert(%i)", "  %zero = s32[] constant(0)", "  %zf = f32[] constant(0)",
-        "  %of = f32[] constant(1)", "  %inc = s32[] constant(1)",
+        "  %of = f32[] constant(1)", "  %zb = f32[3,4] broadcast(%zf), dimensions={}",
+        "  %ob = f32[3,4] broadcast(%of), dimensions={}", "  %inc = s32[] constant(1)",
         "  %next = s32[] add(%i, %inc)", *body,
         f"  ROOT %out = {tup} tuple(%next, {', '.join(roots)})", "}", "",
         f"%cond (q: {tup}) -> pred[] {{", f"  %q = {tup} parameter(0)", "  %qi = s32[] get-tuple-element(%q), index=0",
@@ -213,6 +220,60 @@ def test_a_looped_steps_all_reduces_leave_the_loop_and_a_bucket_plan_keeps_the_n
     assert_close(three_steps(applied, args), reference)
     # XLA:CPU's own compile reduces inside the loop: what the plan changed
     assert _in_loop_all_reduces(lowered.compile().as_text()) > 0
+
+
+def _random_step(layers: int, micro: int, width: int, bias: bool):
+    """A GSPMD step: ``layers`` stacked tanh layers in a ``scan``, gradients summed over ``micro``
+    micro-batches in a fori_loop (none for 1), sgd."""
+    mesh, tx = _mesh(), optax.sgd(0.05)
+    keys = jax.random.split(jax.random.key(layers * 100 + micro * 10 + width), 3)
+    params = {"w": jax.random.normal(keys[0], (layers, width, width)) / width ** 0.5,
+              "out": jax.random.normal(keys[1], (width, 2)) / width ** 0.5}
+    if bias:
+        params["b"] = jnp.full((layers, width), 0.1)
+    x = jax.random.normal(keys[2], (8 * micro * DEVICES // 2, width))
+    y = jnp.tanh(x[:, :2])
+
+    def loss(p, xb, yb):
+        def layer(h, i):
+            h = h @ p["w"][i] + (p["b"][i] if bias else 0.0)
+            return jnp.tanh(h), None
+
+        h, _ = jax.lax.scan(layer, xb, jnp.arange(layers))
+        return jnp.mean((h @ p["out"] - yb) ** 2)
+
+    def grads(p, xb, yb):
+        if micro == 1:
+            return jax.grad(loss)(p, xb, yb)
+        parts = tuple(jax.lax.with_sharding_constraint(a.reshape(-1, micro, a.shape[1]).swapaxes(0, 1),
+                                                       NamedSharding(mesh, P(None, "dp"))) for a in (xb, yb))
+        return jax.lax.fori_loop(0, micro, lambda i, acc: jax.tree.map(
+            jnp.add, acc, jax.grad(loss)(p, parts[0][i], parts[1][i])), jax.tree.map(jnp.zeros_like, p))
+
+    @jax.jit
+    def step(state, batch):
+        p, opt = state
+        updates, opt = tx.update(grads(p, *batch), opt, p)
+        return (optax.apply_updates(p, updates), opt), jnp.float32(0)
+
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("dp"))
+    return step, (jax.device_put((params, tx.init(params)), replicated),
+                  (jax.device_put(x, split), jax.device_put(y, split)))
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([8, 16]), st.booleans(), st.sampled_from(["one_bucket", "per_tensor", "ddp"]))
+def test_random_looped_steps_keep_their_numbers_under_a_bucket_plan(layers, micro, width, bias, baseline):
+    step, args = _random_step(layers, micro, width, bias)
+    lowered = extractor.lower(step, *args)
+    text = extractor.plan_text(lowered, debug_info=False)
+    assert _in_loop_all_reduces(text) == 0
+    plan = baselines.make(baseline, HloGraph.from_hlo_text(text))
+    applied = xla_hooks.apply(plan, step, *args)
+    assert applied.applied, applied.fallback_reason
+    assert compiled_all_reduces(applied) == len(plan.buckets)
+    assert_close(three_steps(applied, args), three_steps(step, args))
 
 
 @pytest.mark.gpu_compile
