@@ -3,16 +3,17 @@
 XLA's SPMD partitioner puts a gradient's all-reduce where the gradient is computed. In a step
 that loops (``lax.scan`` over layers, a recurrent cell over time steps, gradient accumulation
 over micro-batches) that is inside the loop's body: one all-reduce per gradient per iteration,
-out of the reach of disco's buckets, and on CPU (which has no collective pipeliner) each paying
-its per-message cost every iteration. XLA's own ``WhileLoopAllReduceCodeMotion`` does the same
-motion, but XLA:CPU does not run it.
+out of the reach of disco's buckets, and each paying its per-message cost every iteration. XLA has
+a pass for the accumulate pattern below (``while-loop-all-reduce-code-motion``); XLA:CPU's compile
+leaves these all-reduces in the loop (its compiled modules, jax 0.10.2), XLA:GPU's moves them out
+(deviceless for H100s, jax 0.11.2).
 
 :func:`hoist` moves such an all-reduce out of the loop when the loop only carries its result
 into the loop's output, through two patterns:
 
 * **accumulate**: the carry ``k`` is ``carry_k + f(all-reduce(x))``: the loop then sums the
   local ``f(x)`` and one all-reduce of the final carry follows the loop. A sum's terms are then
-  added in another order (rounding-level differences, as XLA's own pass makes on TPU).
+  added in another order (rounding-level differences, as XLA's pass makes them).
 * **write**: the carry ``k`` is ``dynamic-update-slice(carry_k, f(all-reduce(x)), i...)`` (what
   the transpose of ``lax.scan`` writes each layer's gradient with): each slice is reduced once
   after the loop instead of inside it, the same sums.
@@ -20,8 +21,8 @@ into the loop's output, through two patterns:
 ``f`` is a chain of ``transpose``, ``reshape``, ``bitcast``, ``copy``, ``slice`` and ``broadcast``
 (each moves or copies elements, and a sum of moved elements is the moved sum), of
 ``dynamic-update-slice`` into zeros (the gradient of ``params[i]``: the same), and of ``reduce``
-sums from zero (a sum of sums; over more than one element, in another order); an all-reduce may feed several carries
-(one slice each). A carry qualifies only if its initial value is zeros (the reduction of the
+sums from zero (a sum of sums; over more than one element, in another order); an all-reduce may
+feed several carries (one slice each). A carry qualifies only if its initial value is zeros (the reduction of the
 final carry then adds nothing else), nothing else in the body or the loop condition reads it,
 and the all-reduce sums (its reduction computation is one ``add``). After the loop, each use of
 the carry reads the new all-reduce (same replica groups, a new channel id), named as the loop's
