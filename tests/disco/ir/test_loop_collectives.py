@@ -43,8 +43,6 @@ def _carry(k: int, kind: str) -> tuple[list[str], str, str, str]:
     lines = [f"  %c{k} = {shape} get-tuple-element(%p), index={idx}",
              f"  %x{k} = f32[4] broadcast(%fi), dimensions={{}}",
              f"  %ar{k} = f32[4] all-reduce(%x{k}), {channel}replica_groups={{{{0,1}}}}, to_apply={red}"]
-    if kind == WHOLE:
-        lines.append(f"  %state{k} = (s32[]) tuple(%p)")
     init, cond = f"%z{k}", ""
     if kind == "write":
         lines += [f"  %r{k} = f32[1,4] reshape(%ar{k})",
@@ -85,6 +83,8 @@ def _module(kinds: tuple[str, ...]) -> str:
         roots.append(r)
         inits.append(i)
         conds += [c] if c else []
+    if WHOLE in kinds:  # the body reads its whole state: any carry may be read
+        body.append(f"  %state = {tup} copy(%p)")
     entry = []
     for k, kind in enumerate(kinds):
         shape = shapes[k + 1]
