@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
         step, example = make_step(args)
         lowered = extractor.lower(step, *example)
-        text = lowered.as_text(dialect="hlo", debug_info=True)
+        text = extractor.plan_text(lowered, debug_info=True)  # a GSPMD step: its partitioned program
         optimized_text = lowered.compile().as_text() if args.optimized else None
         source = model_label(args)
     try:
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]disco graph[/bold] {what} ({'post' if optimized else 'pre'}-optimisation HLO)")
     t = Table(show_header=False)
     for key in ("name", "fingerprint", "nodes", "edges", "all_reduces", "gradient_all_reduces",
-                "gradient_bytes", "flops", "extract_seconds"):
+                "all_reduces_after_loops", "gradient_bytes", "flops", "extract_seconds"):
         val = summary[key]
         t.add_row(key, f"{val:,.0f}" if isinstance(val, float) and key == "flops" else str(val))
     console.print(t)

@@ -177,6 +177,22 @@ def test_deferred_model_defaults_are_the_documented_ones():
     assert model_args_given(deferred.parse_args([])) == []
 
 
+def test_graph_of_a_gspmd_step_is_its_partitioned_program_the_one_plans_use():
+    """It showed jax's text before the partitioner: no all-reduce, and another fingerprint than the
+    one plans are made for."""
+    r = run_cli("graph", "--model", "rnnlm", "--devices", "4", "--style", "gspmd", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["all_reduces"] > out["all_reduces_after_loops"] > 0  # its loops' gradients, moved out
+    import trax_models
+    from disco.ir import extractor
+    from disco.ir.graph import HloGraph
+
+    step, args = trax_models.make_train_step("rnnlm", "tiny", devices=4, optimizer="adamw", style="gspmd")
+    planned = HloGraph.from_hlo_text(extractor.plan_text(extractor.lower(step, *args), debug_info=True))
+    assert planned.fingerprint == out["fingerprint"]
+
+
 def test_graph_table():
     r = run_cli("graph", "--model", "mlp", "--devices", "2")
     assert r.returncode == 0, r.stderr
