@@ -90,15 +90,15 @@ def plan_text(lowered: Any, *, debug_info: bool = True) -> str:
     and devices. Falls back to the plain text (which has no all-reduce, so the step checks then
     say why) when the step cannot be wrapped, with a :class:`GspmdWarning` naming the reason.
 
-    In either, the all-reduces a ``while`` loop only accumulates or writes slice by slice into
-    its output are moved after the loop (:mod:`disco.ir.loop_collectives`), where buckets reach
-    them: in practice a GSPMD step's (jax's own text of a shard_map step reaches its loop bodies
-    through ``call`` instructions, which the patterns do not follow). XLA's default compile never reads this
-    text: only a plan's does.
+    In a GSPMD step's, the all-reduces a ``while`` loop only accumulates or writes slice by slice
+    into its output are moved after the loop (:mod:`disco.ir.loop_collectives`), where buckets
+    reach them (jax's own text of a shard_map step reaches its loop bodies through ``call``
+    instructions, which the patterns do not follow: it is left as jax wrote it). XLA's default
+    compile never reads this text: only a plan's does.
     """
     text = lowered.as_text(dialect="hlo", debug_info=debug_info)
     if "all-reduce" in text or "xla.sdy.meshes" not in text:
-        return _out_of_loops(text)  # written collectives (shard_map, pmap), or no mesh: nothing to partition
+        return text  # written collectives (shard_map, pmap), or no mesh: nothing to partition
     try:
         plain = text if not debug_info else lowered.as_text(dialect="hlo")
         key = (hashlib.sha256(plain.encode()).hexdigest(), _device_key())

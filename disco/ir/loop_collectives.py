@@ -75,12 +75,20 @@ class Hoisted(NamedTuple):
     moved: tuple[Moved, ...]
 
 
-def _users(comp: Computation) -> dict[str, list[Instruction]]:
+class _Scope(NamedTuple):
+    """A computation with its instructions by name and each one's users, built once per computation."""
+
+    comp: Computation
+    names: dict[str, Instruction]
+    users: dict[str, list[Instruction]]
+
+
+def _scope(comp: Computation) -> _Scope:
     users: dict[str, list[Instruction]] = {ins.name: [] for ins in comp.instructions}
     for ins in comp.instructions:
         for op in dict.fromkeys(ins.operands):
             users.setdefault(op, []).append(ins)
-    return users
+    return _Scope(comp, comp.by_name(), users)
 
 
 def _is_sum(module: Module, ins: Instruction) -> bool:
@@ -102,15 +110,16 @@ def _adds(module: Module, ins: Instruction) -> bool:
     return root.opcode == "add" and len(params) == 2 and sorted(root.operands) == sorted(params)
 
 
-def _is_zero(comp: Computation, name: str) -> bool:
-    """``name`` in ``comp`` is zeros: a constant of zeros, or a broadcast of one (copies looked through)."""
-    ins = comp.by_name().get(name)
+def _is_zero(names: Mapping[str, Instruction], name: str) -> bool:
+    """``name`` (of a computation whose instructions are ``names``) is zeros: a constant of zeros, or
+    a broadcast of one (copies looked through)."""
+    ins = names.get(name)
     while ins is not None and ins.opcode == "copy":
-        ins = comp.by_name().get(ins.operands[0])
+        ins = names.get(ins.operands[0])
     if ins is None:
         return False
     if ins.opcode == "broadcast":
-        return _is_zero(comp, ins.operands[0])
+        return _is_zero(names, ins.operands[0])
     return ins.opcode == "constant" and bool(_ZERO_RE.match(ins.raw_operands))
 
 
@@ -136,34 +145,32 @@ def _whole_line(line: str | None, ins: Instruction) -> bool:
         line.count(a) == line.count(b) for a, b in ("()", "{}", "[]"))
 
 
-def _sums(module: Module, comp: Computation, ins: Instruction, source: str) -> bool:
+def _sums(module: Module, names: Mapping[str, Instruction], ins: Instruction, source: str) -> bool:
     """``ins`` sums ``source`` over some of its dimensions from zero (a ``reduce`` with an add)."""
     return (ins.opcode == "reduce" and len(ins.operands) == 2 and ins.operands[0] == source
-            and ins.operands[1] != source and _is_zero(comp, ins.operands[1]) and _adds(module, ins))
+            and ins.operands[1] != source and _is_zero(names, ins.operands[1]) and _adds(module, ins))
 
 
-def _placed(comp: Computation, ins: Instruction, source: str) -> bool:
+def _placed(names: Mapping[str, Instruction], ins: Instruction, source: str) -> bool:
     """``ins`` writes ``source`` into zeros (a ``dynamic-update-slice`` of a zero array, at indices
     that do not read ``source``): the gradient of an indexed read, ``params[i]``."""
     return (ins.opcode == "dynamic-update-slice" and len(ins.operands) >= 3 and ins.operands[1] == source
-            and source not in (ins.operands[0], *ins.operands[2:]) and _is_zero(comp, ins.operands[0]))
+            and source not in (ins.operands[0], *ins.operands[2:]) and _is_zero(names, ins.operands[0]))
 
 
-def _reach(module: Module, body: Computation, users: Mapping[str, list[Instruction]], start: Instruction
+def _reach(module: Module, body: _Scope, reads: Mapping[int, list[Instruction]], start: Instruction
            ) -> dict[int, bool] | None:
     """The carries ``start`` (an all-reduce in the loop's body) reaches, each accumulated (True)
-    or written (False); None when any path from it leads elsewhere."""
-    root = body.root
-    reads = _carry_reads(body)
-    if root.opcode != "tuple" or reads is None:
-        return None
+    or written (False); None when any path from it leads elsewhere. ``reads``: the body's
+    :func:`_carry_reads`."""
+    root, users = body.comp.root, body.users
     carries: dict[int, bool] = {}
     stack = [start]
     while stack:
         ins = stack.pop()
         for user in users.get(ins.name, []):
-            if (user.opcode in MOVES and len(user.operands) == 1) or _sums(module, body, user, ins.name) \
-                    or _placed(body, user, ins.name):
+            if (user.opcode in MOVES and len(user.operands) == 1) or _sums(module, body.names, user, ins.name) \
+                    or _placed(body.names, user, ins.name):
                 stack.append(user)
                 continue
             slots = [k for k, op in enumerate(root.operands) if op == user.name]
@@ -187,33 +194,33 @@ def _reach(module: Module, body: Computation, users: Mapping[str, list[Instructi
     return carries or None
 
 
-def _loop_plan(module: Module, comp: Computation, loop: Instruction, callers: Mapping[str, int]
+def _loop_plan(module: Module, parent: _Scope, loop: Instruction, callers: Mapping[str, int]
                ) -> list[tuple[Instruction, dict[int, bool]]]:
-    """The all-reduces of ``loop``'s body that can move after it, with the carries each reaches."""
+    """The all-reduces of ``loop``'s body (``loop`` in ``parent``) that can move after it, with the
+    carries each reaches."""
     body_name = loop.attrs.get("body", "").lstrip("%")
     cond_name = loop.attrs.get("condition", "").lstrip("%")
     if callers.get(body_name, 0) != 1 or len(loop.operands) != 1:
         return []
-    init = comp.by_name().get(loop.operands[0])
+    init = parent.names.get(loop.operands[0])
     if init is None or init.opcode != "tuple":
         return []
-    loop_users = _users(comp).get(loop.name, [])
-    if any(u.opcode != "get-tuple-element" for u in loop_users):
+    if any(u.opcode != "get-tuple-element" for u in parent.users.get(loop.name, [])):
         return []
-    body = module.computation(body_name)
+    body = _scope(module.computation(body_name))
+    reads = _carry_reads(body.comp)
     cond_reads = _carry_reads(module.computation(cond_name)) if cond_name else {}
-    if cond_reads is None:
+    if body.comp.root.opcode != "tuple" or reads is None or cond_reads is None:
         return []
-    users = _users(body)
     taken: set[int] = set()
     out = []
-    for ins in body.instructions:
+    for ins in body.comp.instructions:
         if not _is_sum(module, ins):
             continue
-        carries = _reach(module, body, users, ins)
+        carries = _reach(module, body, reads, ins)
         if not carries or set(carries) & (set(cond_reads) | taken):
             continue
-        if not all(k < len(init.operands) and _is_zero(comp, init.operands[k]) for k in carries):
+        if not all(k < len(init.operands) and _is_zero(parent.names, init.operands[k]) for k in carries):
             continue
         taken |= set(carries)
         out.append((ins, carries))
@@ -242,14 +249,16 @@ def hoist(text: str, module: Module | None = None) -> Hoisted:
     moved: list[Moved] = []
     inserts: dict[int, list[str]] = {}  # 0-based line -> lines to put after it
     for comp in module.computations:
-        for loop in comp.instructions:
-            if loop.opcode != "while":
-                continue
-            plan = _loop_plan(module, comp, loop, callers)
+        loops = [i for i in comp.instructions if i.opcode == "while"]
+        if not loops:
+            continue
+        parent = _scope(comp)
+        for loop in loops:
+            plan = _loop_plan(module, parent, loop, callers)
             if not plan:
                 continue
             body = module.computation(loop.attrs["body"].lstrip("%"))
-            outs = [u for u in _users(comp).get(loop.name, [])]
+            outs = parent.users.get(loop.name, [])
             if not all(_whole_line(lines[i.line - 1], i) for i in [ar for ar, _ in plan] + outs):
                 continue  # an instruction written over several lines: left as it is
             body_lines = range(min(i.line for i in body.instructions) - 1, max(i.line for i in body.instructions))

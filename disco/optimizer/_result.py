@@ -157,9 +157,10 @@ class OptimizeResult:
     def headroom_closed(self, name: str | None = None) -> float | None:
         """The share of the headroom from xla_default to the measured communication-free bound
         that a plan closed: ``(1 - 1/s) / (1 - 1/b)``, with ``b`` the bound's paired speedup over
-        xla_default in the first run and ``s`` the plan's: by default (and for the answer's own name) the
-        answer's (confirmed when confirmed), else ``name``'s in the confirmation when it measured that plan beside the
-        answer (the best baseline), so the two compare in one run, and in the first run otherwise.
+        xla_default in the first run and ``s`` the plan's: by default (and for the answer's own name)
+        the answer's (confirmed when confirmed), else ``name``'s in the confirmation when it measured
+        that plan beside the answer (the best baseline), so the two compare in one run, and in the
+        first run otherwise.
         0 for xla_default, 1 at the bound, above 1 for a plan that also gains from compute. None
         without the bound, or when it measured no faster than xla_default.
 
@@ -287,12 +288,12 @@ class OptimizeResult:
                 "removing communication alone would gain here")
         closed = self.headroom_closed()
         if closed is not None:
+            text += "; of the headroom from xla_default to it, the answer"
             if self.best_baseline == self.chosen:
-                text += (f"; of the headroom from xla_default to it, the answer (the best baseline) closed "
-                         f"{closed * 100:.0f}%")
+                text += f" (the best baseline) closed {closed * 100:.0f}%"
             else:
-                text += (f"; of the headroom from xla_default to it, the answer closed {closed * 100:.0f}%, the "
-                         f"best baseline ({self.best_baseline}) {self.headroom_closed(self.best_baseline) * 100:.0f}%")
+                text += (f" closed {closed * 100:.0f}%, the best baseline ({self.best_baseline}) "
+                         f"{self.headroom_closed(self.best_baseline) * 100:.0f}%")
         if self.chosen != "xla_default" and self.speedup > b.speedup:
             text += (f"; the answer's {self.speedup:.3f}x exceeds it, so its gain is not from communication "
                      "alone: a plan also changes XLA's compile around the all-reduces (the combiner off, "
