@@ -21,11 +21,17 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # commands they start) keep theirs in a file of this test process, never the user's. Each pytest-xdist
 # worker makes its own: a worker inherits the file its controller made (marked by
 # DISCO_TESTS_CORRECTIONS), and two workers' runs sharing one would learn from each other.
+# The process that makes a folder removes it when it exits.
 if os.environ.get("DISCO_CORRECTIONS", "") in ("", os.environ.get("DISCO_TESTS_CORRECTIONS")):
+    import atexit
+    import shutil
     import tempfile
 
+    _corrections_dir, _maker = tempfile.mkdtemp(prefix="disco-tests-"), os.getpid()
+    # A forked child inherits the handler; only the maker removes the folder.
+    atexit.register(lambda: os.getpid() == _maker and shutil.rmtree(_corrections_dir, ignore_errors=True))
     os.environ["DISCO_CORRECTIONS"] = os.environ["DISCO_TESTS_CORRECTIONS"] = os.path.join(
-        tempfile.mkdtemp(prefix="disco-tests-"), "corrections.json")
+        _corrections_dir, "corrections.json")
 
 # jax's compile entry points, per version: backend_compile_and_load (jax 0.8.3 to 0.12.0.1), and
 # backend_compile (0.8.3 only); compile_or_get_cached and xla_hooks call them through the module.

@@ -60,6 +60,30 @@ def measure(fn: Callable[..., Any], args: Sequence[Any], rounds: int = 5, steps:
     return Measurement(tuple(_run(fn, args, steps) for _ in range(rounds)))
 
 
+def round_orders(n: int) -> tuple[tuple[int, ...], ...]:
+    """The rows of a Williams design over ``n`` items: a Latin square (each item once at each place
+    over the rows) in which each ordered pair of items is adjacent equally often (once over ``n``
+    rows for an even ``n``; twice over ``2 n`` rows, the rows and their reverses, for an odd one).
+    Row 0 is ``0, 1, n-1, 2, n-2, ...``; row ``i`` adds ``i`` to it, modulo ``n``.
+
+    Raises:
+      ValueError: for ``n`` below 1.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"round_orders: expected an item count >= 1, got {n!r}")
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [tuple((x + i) % n for x in first) for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return tuple(rows)
+
+
 def measure_interleaved(
     fns: Mapping[str, Callable[..., Any]],
     args: Sequence[Any],
@@ -69,23 +93,30 @@ def measure_interleaved(
 ) -> dict[str, Measurement]:
     """Times several callables round by round, so drift hits all alike.
 
-    One untimed warm-up round first; then round ``r`` starts at the ``r``-th callable (A B C,
-    B C A, C A B, ...), and every step is waited for before the next is dispatched. Both matter
-    on CPU: with a fixed order and the steps of a round dispatched asynchronously, copies of one
-    executable measured up to 20% apart in one run, the one right after xla_default slower
-    (docs/archive/lab-notebook.md, its opening note "Measurement method").
+    One untimed warm-up round in the given order first; then round ``r`` runs them in the order
+    of row ``r`` of a Williams design (:func:`round_orders`): every callable comes at every place
+    of a round, and right after every other callable, equally often over the design's rows. Every
+    step is waited for before the next is dispatched. Both matter on CPU: with a fixed order and
+    the steps of a round dispatched asynchronously, copies of one executable measured up to 20%
+    apart in one run, the one right after xla_default slower (docs/archive/lab-notebook.md, its
+    opening note "Measurement method"). The rotation used before (A B C, B C A, ...) put B right
+    after A in every round but one, so any carry-over from a neighbour fell on one plan; two
+    handles of one executable measured 0.973-1.028x of each other under either order, with no
+    sign of it at that noise ("Which plan follows which", 2026-11-29). The order depends only on
+    the names' order, so processes measuring the same names run their collectives in step.
     """
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps must be >= 1, got rounds={rounds}, steps={steps}")
+    if not fns:
+        raise ValueError("measure_interleaved: expected at least one callable to measure, got none")
     names = list(fns)
     for name in names:  # warm-up: one untimed round
         _run(fns[name], args, steps)
     samples: dict[str, list[float]] = {k: [] for k in fns}
+    orders = round_orders(len(names))
     for r in range(rounds):
-        # Each round starts one plan further on, so no plan is always the one measured right
-        # after the same neighbour (or first in the round).
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(_run(fns[name], args, steps))
+        for i in orders[r % len(orders)]:
+            samples[names[i]].append(_run(fns[names[i]], args, steps))
         if on_round:
             on_round(r)
     return {k: Measurement(tuple(v)) for k, v in samples.items()}

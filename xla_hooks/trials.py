@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from xla_hooks.measure import round_orders
+
 DEFAULT_TRIAL_STEPS = 5
 XLA_DEFAULT = "xla_default"
 
@@ -79,8 +81,10 @@ def with_default(candidates: Sequence[Candidate], report: dict[str, Any] | None)
 
 
 class TrialRun:
-    """The step of one signature while trials run: call ``i`` runs candidate ``i % len(candidates)``
-    (round ``i // len(candidates)``), waited for and timed; after the last, ``finish(samples)`` is
+    """The step of one signature while trials run: round ``i // len(candidates)`` runs every
+    candidate once, the first in the given order and each later one in the order of a row of
+    :func:`xla_hooks.measure.round_orders` (every candidate after every other equally often), each
+    call waited for and timed; after the last, ``finish(samples)`` is
     called once (``samples[c]``: candidate ``c``'s step times in ms, the first round left out when
     there are more: it also paid for each executable's first run and the job's first collectives).
 
@@ -103,6 +107,7 @@ class TrialRun:
         self.steps = steps
         self.finish = finish
         self.samples: list[list[float]] = [[] for _ in candidates]
+        self.orders = round_orders(len(candidates))
         self.calls = 0
 
     def __repr__(self) -> str:
@@ -116,7 +121,8 @@ class TrialRun:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import jax
 
-        i = self.calls % len(self.candidates)
+        rnd, place = divmod(self.calls, len(self.candidates))
+        i = place if rnd == 0 else self.orders[(rnd - 1) % len(self.orders)][place]
         t0 = time.perf_counter()
         out = self.compiled[i](*args, **kwargs)
         jax.block_until_ready(out)

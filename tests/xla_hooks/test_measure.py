@@ -1,6 +1,8 @@
-"""xla_hooks.measure: interleaved rounds, a warm-up round, rotation, per-step blocking."""
+"""xla_hooks.measure: interleaved rounds, a warm-up round, a Williams design's orders, per-step blocking."""
 
 from __future__ import annotations
+
+import collections
 
 import pytest
 from hypothesis import given, settings
@@ -22,15 +24,46 @@ def recorder():
     return calls, make
 
 
-def test_interleaved_rounds_warm_up_then_rotate_the_order():
+def test_interleaved_rounds_warm_up_then_follow_the_williams_rows():
     calls, make = recorder()
     fns = {n: make(n) for n in "abc"}
-    out = measure.measure_interleaved(fns, (1.0,), rounds=4, steps=2)
-    assert {k: len(m.samples) for k, m in out.items()} == {"a": 4, "b": 4, "c": 4}
-    rounds = [calls[i:i + 6:2] for i in range(0, len(calls), 6)]  # one entry per plan per round
-    assert rounds == [["a", "b", "c"],  # the untimed warm-up round
-                      ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    out = measure.measure_interleaved(fns, (1.0,), rounds=7, steps=2)
+    assert {k: len(m.samples) for k, m in out.items()} == {"a": 7, "b": 7, "c": 7}
+    rounds = ["".join(calls[i:i + 6:2]) for i in range(0, len(calls), 6)]  # one entry per plan per round
+    # the untimed warm-up round, then the 6 rows of the design and its first row again
+    assert rounds == ["abc", "abc", "bca", "cab", "cba", "acb", "bac", "abc"]
     assert calls[:2] == ["a", "a"]  # steps of one plan run back to back
+
+
+def test_no_plan_always_follows_the_same_one():
+    # the confirmation's order: xla_default, the candidate, the baseline. A rotation put the
+    # candidate right after xla_default in 2 of every 3 rounds and the baseline in none.
+    calls, make = recorder()
+    fns = {n: make(n) for n in ("xla_default", "candidate", "baseline")}
+    measure.measure_interleaved(fns, (1.0,), rounds=6, steps=1)
+    rounds = [calls[i:i + 3] for i in range(3, len(calls), 3)]
+    after = collections.Counter(b for r in rounds for a, b in zip(r, r[1:]) if a == "xla_default")
+    assert after["candidate"] == after["baseline"] > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 24))
+def test_round_orders_are_a_williams_design(n):
+    rows = measure.round_orders(n)
+    assert len(rows) == (n if n % 2 == 0 else 2 * n)
+    assert rows[0][:3] == (0, 1, n - 1)[:n]
+    per_place = len(rows) // n
+    for place in range(n):  # a Latin square: every item at every place equally often
+        assert collections.Counter(row[place] for row in rows) == {i: per_place for i in range(n)}
+    adjacent = collections.Counter((row[j], row[j + 1]) for row in rows for j in range(n - 1))
+    assert set(adjacent) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert set(adjacent.values()) <= {per_place}  # each ordered pair adjacent equally often
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.0, True])
+def test_round_orders_refuse_what_is_not_a_count(n):
+    with pytest.raises(ValueError, match="expected an item count >= 1"):
+        measure.round_orders(n)
 
 
 def test_every_step_is_waited_for(monkeypatch):
@@ -45,6 +78,8 @@ def test_every_step_is_waited_for(monkeypatch):
 def test_bad_counts_are_named():
     with pytest.raises(ValueError, match="rounds and steps must be >= 1"):
         measure.measure_interleaved({"a": lambda: 0}, (), rounds=0)
+    with pytest.raises(ValueError, match="expected at least one callable to measure, got none"):
+        measure.measure_interleaved({}, ())
 
 
 def test_paired_speedup_is_the_median_of_per_round_ratios():

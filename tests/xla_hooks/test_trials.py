@@ -129,7 +129,7 @@ def test_trial_steps_go_round_the_candidates_and_finish_once():
     x = 0
     for _ in range(6):
         x = run(x)
-    assert x == 6 and calls == ["a", "b", "a", "b", "a", "b"]  # in rounds
+    assert x == 6 and calls == ["a", "b", "a", "b", "b", "a"]  # in rounds: the given order, then the design's rows
     (samples,) = finished
     assert [len(s) for s in samples] == [2, 2] and all(t > 0 for s in samples for t in s)  # first round untimed
     with pytest.raises(ValueError, match="expected one compiled step per candidate, got 2 candidates and 1"):
