@@ -104,12 +104,15 @@ def optimize(
 
 def with_kept_floor(runner: Runner, where: Keeping, graph: str) -> tuple[Runner, bool]:
     """``runner`` given the compute floor kept for ``graph`` on this machine, and whether it was:
-    a :class:`~disco.optimizer.ProcessRunner` that scales the simulator's compute to a measured floor
-    and was given none (``compute_floor_ms``) then prices this run's plans at the
+    a runner that scales the simulator's compute to a measured floor (a
+    :class:`~disco.optimizer.ProcessRunner`, or an :class:`~disco.optimizer.InProcessRunner` on CPU
+    devices) and was given none (``compute_floor_ms``) then prices this run's plans at the
     scale the kept points were priced at, and measures no new floor."""
     from disco.optimizer._process import ProcessRunner
 
-    if not isinstance(runner, ProcessRunner) or runner.compute_floor_ms is not None or not runner.scale_compute:
+    scales = (runner.scales() if isinstance(runner, InProcessRunner)
+              else isinstance(runner, ProcessRunner) and runner.scale_compute)
+    if not scales or runner.compute_floor_ms is not None:
         return runner, False
     ms = kept_floor(where, graph)
     return (runner, False) if ms is None else (dataclasses.replace(runner, compute_floor_ms=ms), True)

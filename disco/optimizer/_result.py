@@ -274,7 +274,10 @@ class OptimizeResult:
                     if stage else "")
         floor = (self.runner or {}).get("compute_floor") or {}
         scale = (f"; the simulator's compute scaled to the floor kept with it ({floor['median_ms']:.3f} ms), "
-                 "not measured again" if floor.get("kept") else "")
+                 "not measured again" if floor.get("kept") else
+                 f"; the simulator's compute scaled to the step's compute floor measured for this run "
+                 f"({floor['median_ms']:.3f} ms; the cost model priced {floor['predicted_ms']:.3f} ms)"
+                 if floor.get("median_ms") and floor.get("predicted_ms") else "")
         return f"funnel: {per}; correction {start}{scale}, {info.get('points')} points at the end, {where}{compiled}"
 
     def bound_note(self) -> str | None:

@@ -123,22 +123,67 @@ class Runner(Protocol):
         """What the runner is, for results (JSON-able)."""
 
 
+@dataclasses.dataclass(frozen=True)
 class InProcessRunner:
     """Measures plans on this process's devices (:func:`disco.bench.run_bench`,
-    :func:`xla_hooks.measure.measure_interleaved`), reusing the executables of earlier runs."""
+    :func:`xla_hooks.measure.measure_interleaved`), reusing the executables of earlier runs.
+
+    On CPU devices, :meth:`fit` first scales the cluster's compute to the step's compute floor
+    (the step with its all-reduces replaced by copies, :func:`xla_hooks.bound.compile_comm_free`,
+    timed on these devices), as :class:`~disco.optimizer.ProcessRunner` does across processes: the
+    CPU roofline prices a step's compute 2-6x too fast, by a factor of the step's own (0.7 for
+    rnnlm's loop of small kernels; docs/results.md, "The whole zoo in GSPMD style"), so a step
+    with no measured plans of its own is priced at its own scale from its first round. On other
+    devices the cost model is the device kind's own and the cluster is used as given.
+
+    Attributes:
+      scale_compute: scale the compute on CPU devices (above); False: the cluster as given.
+      compute_floor_ms: that floor, when measured already (a kept one); None: timed in :meth:`fit`.
+    """
+
+    scale_compute: bool = True
+    compute_floor_ms: float | None = None
 
     name = "in-process"
     reuses_compiles = True
     measures_bound = True
 
     def __repr__(self) -> str:
-        return "InProcessRunner()"
+        floor = "" if self.compute_floor_ms is None else f"compute_floor_ms={self.compute_floor_ms:.4g}"
+        return f"InProcessRunner({'scale_compute=False' if not self.scale_compute else floor})"
+
+    def scales(self) -> bool:
+        """Whether :meth:`fit` scales the compute: ``scale_compute`` and this process's devices are CPUs."""
+        import jax
+
+        return self.scale_compute and jax.default_backend() == "cpu"
 
     def fit(self, target: Target, config: OptimizeConfig, progress: Progress) -> tuple[Target, dict[str, Any]]:
-        return target, {}
+        """``target`` with its cluster's compute scaled to the step's compute floor where
+        :meth:`scales`; returns it and ``{"compute_floor": ..., "compute_speed": ...}`` ({} where it
+        does not scale; ``{"compute_floor": None, ...}`` with a warning when the floor could not be timed)."""
+        from disco import calibrate
+        from disco.sim.simulator import Simulator
+
+        if not self.scales():
+            return target, {}
+        cluster, costs = target.cluster, target.costs
+        if self.compute_floor_ms is None:
+            progress("extract", 1.0, "timing the compute floor on this process's devices")
+            floor = _floor_here(target, config.rounds, config.steps)
+            if floor is None:
+                return target, {"compute_floor": None, "compute_speed": cluster.compute_speed}
+        else:
+            floor = {"median_ms": self.compute_floor_ms}
+        floor["predicted_ms"] = calibrate.predicted_compute_s(target.graph, cluster, costs) * 1e3
+        cluster = calibrate.with_compute_floor(cluster, target.graph, floor["median_ms"] / 1e3, costs,
+                                               what="this step")
+        fitted = dataclasses.replace(target, simulator=Simulator(target.graph, costs, cluster))
+        return fitted, {"compute_floor": floor, "compute_speed": cluster.compute_speed}
 
     def describe(self) -> dict[str, Any]:
-        return {"runner": self.name}
+        # a scaled run's points are priced at another scale than an unscaled one's: another machine key
+        return {"runner": self.name, **({"compute": "floor"} if self.scales() else {})}
 
     def run(self, target: Target, plans: Mapping[str, FusionPlan], *, rounds: int, steps: int,
             bound: bool = False, measure_fallbacks: bool = True,
@@ -190,3 +235,19 @@ class InProcessRunner:
         unmeasured = {n: s for n, s in new.items() if n not in times}
         info = {"unmeasured": {n: s.fallback_reason for n, s in unmeasured.items()}} if unmeasured else {}
         return Trials(trials, None, {**execs}, info)
+
+
+def _floor_here(target: Target, rounds: int, steps: int) -> dict[str, Any] | None:
+    """The step's compute floor on this process's devices: the step with its all-reduces replaced
+    by copies (not a plan: it changes the numbers), ``rounds`` samples of ``steps`` steps; None,
+    with a ``RuntimeWarning`` saying why, when it does not compile."""
+    from xla_hooks import bound, measure
+
+    try:
+        fn = bound.compile_comm_free(target.step_fn, *target.args)
+    except Exception as e:  # noqa: BLE001 - the cluster is then priced as given, and the run goes on
+        warnings.warn(f"disco: the compute floor was not timed ({type(e).__name__}: {e}); the simulator's compute "
+                      "is not scaled to this step", RuntimeWarning, stacklevel=3)
+        return None
+    m = measure.measure(fn, target.args, rounds=rounds, steps=steps)
+    return {"median_ms": m.median * 1e3, "min_ms": m.min * 1e3, "max_ms": m.max * 1e3}

@@ -36,7 +36,7 @@ def test_a_floor_is_not_taken_where_there_is_none_or_the_runner_has_its_own(wher
     assert with_kept_floor(own, where, "mlp") == (own, False)  # given by the caller: it stands
     unscaled = opt.ProcessRunner("mlp", "tiny", 2, 1, scale_compute=False)
     assert with_kept_floor(unscaled, where, "mlp") == (unscaled, False)  # it prices the cluster as given
-    in_process = opt.InProcessRunner()
+    in_process = opt.InProcessRunner(scale_compute=False)
     assert with_kept_floor(in_process, where, "mlp") == (in_process, False)  # it scales to no floor
 
 
@@ -49,6 +49,8 @@ def test_the_learning_line_says_the_floor_was_kept_not_measured():
                 "rounds": [{"round": 1, "measured": ["a", "b"], "kendall_tau": 0.5}]}
     base = dataclasses.replace(built_result(), learning=learning)
     kept_floor = dataclasses.replace(base, runner={"compute_floor": {"median_ms": 7.95, "kept": True}})
-    measured = dataclasses.replace(base, runner={"compute_floor": {"median_ms": 7.95}})
+    measured = dataclasses.replace(base, runner={"compute_floor": {"median_ms": 7.95, "predicted_ms": 2.5}})
     assert "floor kept with it (7.950 ms), not measured again" in kept_floor.learning_note()
     assert "floor kept" not in measured.learning_note() and "floor kept" not in base.learning_note()
+    assert "compute floor measured for this run (7.950 ms; the cost model priced 2.500 ms)" in measured.learning_note()
+    assert "compute floor" not in base.learning_note()
