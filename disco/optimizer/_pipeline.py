@@ -108,11 +108,8 @@ def with_kept_floor(runner: Runner, where: Keeping, graph: str) -> tuple[Runner,
     :class:`~disco.optimizer.ProcessRunner`, or an :class:`~disco.optimizer.InProcessRunner` on CPU
     devices) and was given none (``compute_floor_ms``) then prices this run's plans at the
     scale the kept points were priced at, and measures no new floor."""
-    from disco.optimizer._process import ProcessRunner
-
-    scales = (runner.scales() if isinstance(runner, InProcessRunner)
-              else isinstance(runner, ProcessRunner) and runner.scale_compute)
-    if not scales or runner.compute_floor_ms is not None:
+    scales = getattr(runner, "scales", None)  # a runner of the Runner protocol alone has no floor
+    if scales is None or not scales() or runner.compute_floor_ms is not None:
         return runner, False
     ms = kept_floor(where, graph)
     return (runner, False) if ms is None else (dataclasses.replace(runner, compute_floor_ms=ms), True)

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from disco.optimizer._runners import OnCompile, OnRound, Trial, Trials
+from disco.optimizer._runners import OnCompile, OnRound, Trial, Trials, scaled_to_floor
 from disco.plans import baselines
 from disco.plans.plan import FusionPlan
 from xla_hooks.measure import Measurement
@@ -109,11 +109,9 @@ class ProcessRunner:
         workers (unless ``scale_compute`` is off); returns it and ``{"compute_floor": ...,
         "compute_speed": ...}``."""
         from disco import calibrate
-        from disco.sim.simulator import Simulator
 
-        cluster, costs = target.cluster, target.costs
         if not self.scale_compute:
-            return target, {"compute_floor": None, "compute_speed": cluster.compute_speed}
+            return target, {"compute_floor": None, "compute_speed": target.cluster.compute_speed}
         if self.compute_floor_ms is None:
             progress("extract", 1.0, f"measuring the compute floor across {self.processes} processes")
             floor = calibrate.measure_compute_floor(
@@ -122,11 +120,11 @@ class ProcessRunner:
                 timeout_s=self.timeout_s)
         else:
             floor = {"median_ms": self.compute_floor_ms}
-        floor["predicted_ms"] = calibrate.predicted_compute_s(target.graph, cluster, costs) * 1e3
-        cluster = calibrate.with_compute_floor(cluster, target.graph, floor["median_ms"] / 1e3, costs,
-                                                  what=f"{self.model}/{self.preset}")
-        fitted = dataclasses.replace(target, simulator=Simulator(target.graph, costs, cluster))
-        return fitted, {"compute_floor": floor, "compute_speed": cluster.compute_speed}
+        return scaled_to_floor(target, floor, f"{self.model}/{self.preset}")
+
+    def scales(self) -> bool:
+        """Whether :meth:`fit` scales the compute to a floor: ``scale_compute``."""
+        return self.scale_compute
 
     def run(self, target: Target, plans: Mapping[str, FusionPlan], *, rounds: int, steps: int,
             bound: bool = False, measure_fallbacks: bool = True,

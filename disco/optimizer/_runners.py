@@ -162,24 +162,16 @@ class InProcessRunner:
         """``target`` with its cluster's compute scaled to the step's compute floor where
         :meth:`scales`; returns it and ``{"compute_floor": ..., "compute_speed": ...}`` ({} where it
         does not scale; ``{"compute_floor": None, ...}`` with a warning when the floor could not be timed)."""
-        from disco import calibrate
-        from disco.sim.simulator import Simulator
-
         if not self.scales():
             return target, {}
-        cluster, costs = target.cluster, target.costs
         if self.compute_floor_ms is None:
             progress("extract", 1.0, "timing the compute floor on this process's devices")
             floor = _floor_here(target, config.rounds, config.steps)
             if floor is None:
-                return target, {"compute_floor": None, "compute_speed": cluster.compute_speed}
+                return target, {"compute_floor": None, "compute_speed": target.cluster.compute_speed}
         else:
             floor = {"median_ms": self.compute_floor_ms}
-        floor["predicted_ms"] = calibrate.predicted_compute_s(target.graph, cluster, costs) * 1e3
-        cluster = calibrate.with_compute_floor(cluster, target.graph, floor["median_ms"] / 1e3, costs,
-                                               what="this step")
-        fitted = dataclasses.replace(target, simulator=Simulator(target.graph, costs, cluster))
-        return fitted, {"compute_floor": floor, "compute_speed": cluster.compute_speed}
+        return scaled_to_floor(target, floor, "this step")
 
     def describe(self) -> dict[str, Any]:
         # a scaled run's points are priced at another scale than an unscaled one's: another machine key
@@ -235,6 +227,21 @@ class InProcessRunner:
         unmeasured = {n: s for n, s in new.items() if n not in times}
         info = {"unmeasured": {n: s.fallback_reason for n, s in unmeasured.items()}} if unmeasured else {}
         return Trials(trials, None, {**execs}, info)
+
+
+def scaled_to_floor(target: Target, floor: dict[str, Any], what: str) -> tuple[Target, dict[str, Any]]:
+    """``target`` with its cluster's compute scaled so that the simulator prices xla_default's compute
+    at ``floor["median_ms"]`` (:func:`disco.calibrate.with_compute_floor`), and what a runner's ``fit``
+    reports: ``{"compute_floor": floor`` with the cost model's own price added as ``predicted_ms``,
+    ``"compute_speed"}``. ``what`` names the measurement in the cluster's description."""
+    from disco import calibrate
+    from disco.sim.simulator import Simulator
+
+    cluster, costs = target.cluster, target.costs
+    floor = {**floor, "predicted_ms": calibrate.predicted_compute_s(target.graph, cluster, costs) * 1e3}
+    cluster = calibrate.with_compute_floor(cluster, target.graph, floor["median_ms"] / 1e3, costs, what=what)
+    fitted = dataclasses.replace(target, simulator=Simulator(target.graph, costs, cluster))
+    return fitted, {"compute_floor": floor, "compute_speed": cluster.compute_speed}
 
 
 def _floor_here(target: Target, rounds: int, steps: int) -> dict[str, Any] | None:
