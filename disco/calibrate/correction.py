@@ -31,7 +31,8 @@ not pay for). The correction maps a plan's simulated *features* to its measured 
 
 The state is explicit and immutable (:class:`Correction`): :func:`init` from kept points,
 :func:`update` with new ones (refit), :func:`predict`; a plan's own point can be left out of its
-prediction (``exclude``), so a report never judges a prediction that saw its measurement.
+prediction (``exclude``), or a batch's points out of the batch's (:meth:`Correction.without`), so a
+report never judges a prediction that saw its measurement.
 
 Example::
 
@@ -159,6 +160,22 @@ class Correction(NamedTuple):
         if exclude is not None and any(p.key == exclude for p in self.points):
             w = fit([p for p in self.points if p.key != exclude], graph=self.graph)
         return float(sum(a * b for a, b in zip(w, features)))
+
+    def without(self, keys: Iterable[tuple[str, str]]) -> Correction:
+        """This correction refitted without the points of ``keys`` ((graph, plan) pairs): the state a
+        batch of plans is predicted from, none of them seeing a measurement of its own.
+
+        One state for the whole batch, rather than each plan's own point left out in turn: plans
+        the features cannot tell apart then get one prediction, where leaving out each one's own
+        point moves its prediction away from its measurement (the others' mean), which ranks such
+        plans against their measurements (measured on CPU: docs/results.md, "The second run in one
+        process")."""
+        drop = set(keys)
+        if not any(p.key in drop for p in self.points):
+            return self
+        points = tuple(p for p in self.points if p.key not in drop)
+        kept = sum(1 for p in self.points[:self.kept] if p.key not in drop)
+        return Correction(points, fit(points, graph=self.graph), kept, self.graph)
 
     def describe(self) -> dict[str, object]:
         """JSON-able: the points held, how many were kept from before, the weights by feature."""

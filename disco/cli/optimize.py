@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -99,6 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="FILE", help="write the chosen plan's simulated timeline (Chrome trace)")
     p.add_argument("--plot", metavar="FILE", help="draw xla_default's and the chosen plan's timelines (PNG)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--samples", metavar="DIR",
+                   help="append the plans measured in the rounds to this dataset directory (disco.samples/1 "
+                        "lines, one group per run), training data for `disco train-gnn --data DIR --init shipped`")
     add_progress_arg(p)
     add_process_args(p)  # --processes, --devices-per-process, --timeout, --link
 
@@ -118,6 +122,9 @@ def _check(args: argparse.Namespace) -> None:
     path must not cost the run) and matplotlib for --plot."""
     for flag in ("out", "trace", "plot"):
         check_output_file(getattr(args, flag), f"--{flag}")
+    samples = getattr(args, "samples", None)
+    if samples and os.path.exists(samples) and not os.path.isdir(samples):
+        raise CliError(f"--samples {samples!r} is a file; expected a dataset directory (made when missing)")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -199,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     with progress_reporter(not args.no_progress) as progress:
         result = optimize(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
     _write_outputs(args, result)
+    _write_samples(args, result, **model_label(args))
     info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info,
             "cluster_spec": cluster.to_dict(), "calibration": calibration.to_dict() if calibration else None}
     if args.json:
@@ -216,6 +224,11 @@ def run_predicted(args: argparse.Namespace, step: Any, example: tuple[Any, ...],
     if args.devices != cluster.num_devices:
         raise CliError(f"--devices {args.devices}: cluster {cluster.name!r} has {cluster.num_devices} devices, and its "
                        f"plans are compiled for them from the step as built (expected --devices {cluster.num_devices})")
+    if getattr(args, "samples", None):
+        raise CliError(f"--samples: keeps the plans a run measured; cluster {cluster.name!r} is of {cluster.device} "
+                       f"devices and this machine runs jax on {jax.default_backend()}, so nothing is measured here "
+                       "(xla_hooks.jit(step, service=..., trials=n) measures on the cluster; `disco train-gnn "
+                       "--trials DB` trains on those)")
     for flag in ("trace", "plot"):
         if getattr(args, flag):
             raise CliError(f"--{flag}: draws the timelines of a measured run; cluster {cluster.name!r} is of "
@@ -331,6 +344,20 @@ def _write_outputs(args: argparse.Namespace, result: Any) -> None:
         raise CliError(f"cannot write {e.filename!r}: {e.strerror}") from None
     if args.plot:
         plot_timelines(result, args.plot)
+
+
+def _write_samples(args: argparse.Namespace, result: Any, *, model: str, preset: str, devices: int) -> None:
+    """``--samples DIR``: the plans measured in the rounds as training samples (:mod:`disco.data.runs`)."""
+    if not getattr(args, "samples", None):
+        return
+    from disco.data import runs
+
+    try:
+        n = runs.export(result, args.samples, model=model, preset=preset, devices=devices)
+    except OSError as e:
+        raise CliError(f"--samples: cannot write {e.filename!r}: {e.strerror}") from None
+    print(f"disco optimize: {n} measured plan{'s' if n != 1 else ''} appended to {args.samples} "
+          f"(disco train-gnn --data {args.samples} --init shipped fine-tunes on them)", file=sys.stderr)
 
 
 def _cluster_note(info: dict[str, Any]) -> str:
@@ -561,6 +588,7 @@ def run_across(args: argparse.Namespace) -> int:
         result = optimize(step, *example, cluster=cluster, costs=costs, config=config, progress=progress,
                           runner=runner)
     _write_outputs(args, result)
+    _write_samples(args, result, model=args.model, preset=args.preset, devices=runner.devices)
     info = {"model": args.model, "preset": args.preset, "devices": runner.devices, "device_kind": "cpu",
             "processes": args.processes, "devices_per_process": args.devices_per_process,
             "over": over_label(link), "cost_model_info": cost_info, "cluster_spec": cluster.to_dict(),

@@ -9,6 +9,11 @@ samples. The model written is the one trained on the ``plans`` split (best valid
 metrics JSON (``--metrics``; default ``<out stem>_metrics.json``, ``default_metrics.json`` next
 to a ``default_checkpoint.msgpack``).
 
+With ``--init CHECKPOINT`` (``shipped``: the package's own) the training starts from that
+checkpoint's weights and normalisation instead of a fresh model: a fine-tune, e.g. of the shipped
+model on the step times jobs measured since (``--trials DB``). Its held-out figures then judge a
+model that started from weights trained on data of its own; the log and the metrics name that data.
+
 The files shipped in the ``gnn`` package (the checkpoint ``--cost-model gnn`` loads and its
 metrics) are written over only with ``--overwrite-shipped``; retraining the shipped checkpoint::
 
@@ -24,11 +29,12 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from disco.cli.common import CliError, check_output_file, counted
 
 DEFAULT_OUT = "gnn_checkpoint.msgpack"
+ARCHITECTURE = {"hidden": 32, "edge_hidden": 8, "layers": 3}  # a fresh model's, where a flag is not given
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -50,13 +56,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite-shipped", action="store_true",
                    help="allow --out/--metrics to write over files shipped in the gnn package "
                         "(gnn/default_checkpoint.msgpack, which --cost-model gnn loads, and its metrics)")
+    p.add_argument("--init", metavar="CHECKPOINT",
+                   help="fine-tune: start from this checkpoint's weights (a path, or 'shipped' for "
+                        "gnn/default_checkpoint.msgpack) instead of a fresh model; its architecture is kept")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and the initialisation (default 0)")
     p.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
     p.add_argument("--lomo-epochs", type=int, default=None,
                    help="epochs per leave-one-model-out run (default: --epochs)")
-    p.add_argument("--hidden", type=int, default=32, help="node hidden width (default 32)")
-    p.add_argument("--edge-hidden", type=int, default=8, help="edge hidden width (default 8)")
-    p.add_argument("--layers", type=int, default=3, help="message-passing layers (default 3)")
+    # None: not given (the defaults, or --init's checkpoint's own; ARCHITECTURE)
+    p.add_argument("--hidden", type=int, help=f"node hidden width (default {ARCHITECTURE['hidden']})")
+    p.add_argument("--edge-hidden", type=int, help=f"edge hidden width (default {ARCHITECTURE['edge_hidden']})")
+    p.add_argument("--layers", type=int, help=f"message-passing layers (default {ARCHITECTURE['layers']})")
     p.add_argument("--batch", type=int, default=32, help="graphs per batch (default 32)")
     p.add_argument("--node-budget", type=int, default=16384, help="padded nodes per batch (default 16384)")
     p.add_argument("--lr", type=float, default=2e-3, help="learning rate (default 0.002)")
@@ -104,7 +114,48 @@ def check_args(args: argparse.Namespace) -> tuple[Path, Path]:
         raise CliError(f"--metrics {str(mp)!r} is the checkpoint --out; expected another file")
     for flag, path in (("--out", out), ("--metrics", mp)):
         check_not_shipped(path, flag, args.overwrite_shipped)
+    if getattr(args, "init", None) and args.lomo:
+        raise CliError("--lomo with --init: every leave-one-model-out run would start from weights trained "
+                       "on the model it leaves out; run --lomo without --init")
     return out, mp
+
+
+class Start(NamedTuple):
+    """What ``--init`` starts the training from: the checkpoint's model, where it is, its digest and meta."""
+
+    model: Any
+    path: Path
+    digest: str
+    meta: dict[str, Any]
+
+
+def start_from(init: str | None, args: argparse.Namespace) -> tuple[Start | None, dict[str, int]]:
+    """The checkpoint ``--init`` names (None without it) and the architecture to train: the
+    checkpoint's, or the flags' (:data:`ARCHITECTURE` where one is not given).
+
+    Raises:
+      CliError: for a checkpoint that is missing or not a disco GNN checkpoint, or an architecture
+        flag that differs from the checkpoint's (a fine-tune cannot change the architecture).
+    """
+    given = {k: getattr(args, k) for k in ARCHITECTURE}
+    if not init:
+        return None, {k: ARCHITECTURE[k] if v is None else v for k, v in given.items()}
+    from gnn import checkpoint, cost_model
+
+    path = cost_model.DEFAULT_CHECKPOINT if init == "shipped" else Path(init)
+    if not path.is_file():
+        raise CliError(f"--init {init!r}: no such file; expected a checkpoint `disco train-gnn` wrote "
+                       f"(.msgpack) or 'shipped' ({cost_model.DEFAULT_CHECKPOINT})")
+    try:
+        model, meta, digest = checkpoint.load(path)
+    except ValueError as e:
+        raise CliError(f"--init {init!r}: {e}") from None
+    for k, v in given.items():
+        have = getattr(model.config, k)
+        if v is not None and v != have:
+            raise CliError(f"--{k.replace('_', '-')} {v}: the --init checkpoint has {have}; leave the flag out "
+                           "(a fine-tune keeps the checkpoint's architecture)")
+    return Start(model, path, digest, meta), {k: getattr(model.config, k) for k in ARCHITECTURE}
 
 
 def check_not_shipped(path: Path, flag: str, overwrite_shipped: bool) -> None:
@@ -162,7 +213,8 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     """Runs the whole pipeline for parsed ``args``; returns the metrics written.
 
     Raises:
-      CliError: for bad arguments or output paths (:func:`check_args`), before any training.
+      CliError: for bad arguments or output paths (:func:`check_args`) or a checkpoint ``--init`` cannot
+        start from (:func:`start_from`), before any data is read or training done.
     """
     import dataclasses
 
@@ -171,6 +223,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     from gnn.params import write_atomic
 
     out, mp = check_args(args)
+    start, arch = start_from(getattr(args, "init", None), args)  # before --trials appends to --data
     t0 = time.time()
     if getattr(args, "trials", None):
         from service.trials import export
@@ -179,14 +232,19 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     ds = train.load_dataset(args.data, limit=args.limit)
     log(f"data: {len(ds.samples)} samples, {len(ds.groups())} groups, models {', '.join(ds.models())}, "
         f"{counted(ds.skipped, 'line')} skipped, digest {ds.digest()}")
-    cfg = train.TrainConfig(hidden=args.hidden, edge_hidden=args.edge_hidden, layers=args.layers,
+    if start is not None:
+        seen = start.meta.get("data", {})
+        log(f"init: {start.path} (digest {start.digest}), trained on {seen.get('samples', '?')} samples of "
+            f"{', '.join(seen.get('models', [])) or 'unnamed models'}: held-out plans below may be among them")
+    cfg = train.TrainConfig(**arch, opcode_dim=start.model.config.opcode_dim if start else train.TrainConfig.opcode_dim,
                             epochs=args.epochs, batch=args.batch, node_budget=args.node_budget, lr=args.lr,
                             loss=args.loss, seed=args.seed)
     # A bar on a terminal; one line per epoch on stderr when redirected (a bar there is noise).
     progress = not args.quiet and sys.stderr.isatty()
     epoch_log = None if args.quiet or progress else _stderr_line
     tr, va, te = train.split(ds, "plans", seed=args.seed)
-    model, hist = train.fit(ds, tr, va, cfg, progress=progress, log=epoch_log)
+    model, hist = train.fit(ds, tr, va, cfg, progress=progress, log=epoch_log,
+                            init_model=start.model if start else None)
     held = {"gnn": evaluate.evaluate_gnn(model, ds, te), "analytic": evaluate.evaluate_analytic(ds, te),
             "gnn_simulated": evaluate.evaluate_gnn_simulated(GnnCosts(model), ds, te),
             "noise_ceiling_tau": evaluate.noise_ceiling(ds, te)["mean"],
@@ -208,6 +266,8 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
     meta = {"train_config": dataclasses.asdict(cfg), "data": {"source": ds.source, "samples": len(ds.samples),
                                                               "digest": ds.digest(), "models": ds.models()},
             "split": "plans", "metrics_summary": {"heldout_plans": evaluate.summary(held["gnn"])}}
+    if start is not None:  # what the weights started from, and the data that trained them
+        meta["init"] = {"checkpoint": str(start.path), "digest": start.digest, "data": start.meta.get("data", {})}
     digest = checkpoint.save(out, model, meta)
     metrics = {"checkpoint": str(out), "checkpoint_digest": digest, "model": {"name": "gnn", "version": "1",
                "config": model.config.to_dict()}, **meta, "heldout_plans": held, "leave_one_model_out": lomo,

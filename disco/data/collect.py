@@ -79,7 +79,8 @@ class CollectSummary:
 
 
 # -- environment -------------------------------------------------------------------------------
-def _environment() -> tuple[dict[str, str], dict[str, Any]]:
+def environment() -> tuple[dict[str, str], dict[str, Any]]:
+    """The versions (jax, jaxlib, python, numpy) and the device (platform, kind, host) a sample records."""
     import jax
     import jaxlib
     import numpy
@@ -172,7 +173,7 @@ def collect(config: CollectConfig, *, log: Callable[[str], None] | None = None,
         if existing:
             log(f"resuming: {len(done)} samples already in {path}")
         _setup_devices(config.devices)
-        versions, device = _environment()
+        versions, device = environment()
         device["count"] = config.devices
         from disco.plans import baselines
 

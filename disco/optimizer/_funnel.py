@@ -15,7 +15,8 @@ TVM Ansor's loop (its cost model's update/predict) for ``optimize``. Each of
    through the correction, and that price ranks them; a plan that does not compile drops out;
 3. the ``config.measure_top_k`` unmeasured plans ranked fastest (by the compiled price where the
    stage ran, then by the model) are predicted (that prediction is the one the report judges: made
-   before the plan is measured; a compiled plan's is its compiled price) and measured with
+   before the plan is measured, from one state of the correction for the whole round, without any
+   point a plan of the round left in the kept correction; a compiled plan's is its compiled price) and measured with
    xla_default in interleaved rounds (the first round also measures the references:
    :data:`~disco.optimizer.REPORTED_BASELINES` and, on CPU devices, ``reduce_fusion``, whose
    YNNPACK calls the simulator does not model; and the communication-free bound);
@@ -209,14 +210,16 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
         if not picks:
             break
         batch = {}
+        # the round's predictions from one state without any of its plans' kept points (a second run's)
+        judge = predictor.for_batch([*(pool.entries[d][2] for d in picks), *([xla] if r == 0 else [])])
         for d in picks:
             kind, _, plan, _ = pool.entries[d]
             name = pool.name(d)
-            predict = (lambda p, d=d: by_compiled[d]) if d in by_compiled else predictor.predict
+            predict = (lambda p, d=d: by_compiled[d]) if d in by_compiled else judge.predict
             batch[name] = predicted_row(name, kind, pool.origin(d), plan.replace(name=name), predict)
         if r == 0:  # xla_default's row: predicted before its first measurement like every other
             batch = {"xla_default": predicted_row("xla_default", "baseline", "xla_default", xla,
-                                                  predictor.predict), **batch}
+                                                  judge.predict), **batch}
         plans = {"xla_default": xla, **{n: row.plan for n, row in batch.items()}}
         asked_bound = r == 0 and config.measure_bound and runner.measures_bound
         progress("measure", r / rounds, f"round {r + 1}/{rounds}: measuring {len(plans)} plans")

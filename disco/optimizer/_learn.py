@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from disco.calibrate import correction as corr
@@ -81,6 +81,11 @@ class Predictor:
         if not any(p.key != key for p in self.state.points):
             return simulated, self.source, simulated
         return self.state.predict(self.features(plan), exclude=key), "corrected", simulated
+
+    def for_batch(self, plans: Iterable[FusionPlan]) -> Predictor:
+        """This predictor without any point of ``plans`` (:meth:`~disco.calibrate.correction.Correction.without`):
+        what a batch measured together is predicted from, one state for all of them."""
+        return self.with_state(self.state.without(self.key(p) for p in plans))
 
     def point(self, plan: FusionPlan, measured_s: float) -> corr.Point:
         return corr.Point(*self.key(plan), self.features(plan), measured_s)

@@ -405,6 +405,54 @@ def test_train_gnn_rejects_bad_hyperparameters_up_front(
     assert "train-gnn: epoch" not in err and not out.exists()
 
 
+def _params(path: Path) -> dict[str, np.ndarray]:
+    from flax import nnx
+
+    from gnn.params import flat
+
+    return {k: np.asarray(v) for k, v in flat(nnx.to_pure_dict(nnx.state(checkpoint.load(path)[0]))).items()}
+
+
+def test_train_gnn_init_fine_tunes_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--init CK`` starts from CK's weights: at a learning rate too small to move them the result
+    is CK's weights (a fresh model at that rate is not), with CK's architecture, and the metrics name CK."""
+    ck1, ck2, fresh = (tmp_path / f"{n}.msgpack" for n in ("ck1", "ck2", "fresh"))
+    rc, _, err = _train_gnn([*_FAST, "--limit", "40", "--out", str(ck1), "--no-progress"], capsys)
+    assert rc == 0, err
+    still = ["--epochs", "1", "--batch", "8", "--node-budget", "4096", "--limit", "40", "--lr", "1e-12", "--no-progress"]
+    rc, out, err = _train_gnn([*still, "--init", str(ck1), "--out", str(ck2)], capsys)
+    assert rc == 0, err
+    digest = checkpoint.load(ck1)[2]
+    assert f"init: {ck1} (digest {digest}), trained on " in out, out
+    a, b = _params(ck1), _params(ck2)
+    assert a.keys() == b.keys() and all(np.allclose(a[k], b[k], atol=1e-6) for k in a)
+    meta = json.loads((tmp_path / "ck2_metrics.json").read_text())
+    assert meta["init"]["digest"] == digest
+    assert meta["init"]["data"] == json.loads((tmp_path / "ck1_metrics.json").read_text())["data"]  # what trained ck1
+    assert (meta["train_config"]["hidden"], meta["train_config"]["layers"]) == (8, 1)  # the checkpoint's, not the defaults
+    rc, _, err = _train_gnn([*still, "--hidden", "8", "--edge-hidden", "4", "--layers", "1", "--out", str(fresh)], capsys)
+    assert rc == 0, err
+    c = _params(fresh)
+    assert not all(np.allclose(a[k], c[k], atol=1e-6) for k in a)  # training from scratch does not land on ck1
+    # the architecture cannot change in a fine-tune
+    rc, _, err = _train_gnn([*still, "--init", str(ck1), "--hidden", "16", "--out", str(tmp_path / "x.msgpack")], capsys)
+    assert rc == 2 and "--hidden 16: the --init checkpoint has 8; leave the flag out" in err, err
+    assert not (tmp_path / "x.msgpack").exists()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("extra, says", [
+    (["--init", "nowhere.msgpack"], "--init 'nowhere.msgpack': no such file; expected a checkpoint"),
+    (["--init", "shipped", "--lomo"], "--lomo with --init: every leave-one-model-out run would start from weights"),
+])
+def test_train_gnn_init_refuses_what_it_cannot_fine_tune(extra: list[str], says: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ck.msgpack"
+    rc, _, err = _train_gnn([*_FAST, "--limit", "40", "--out", str(out), *extra], capsys)
+    assert rc == 2 and err.count("\n") == 1 and says in err, err
+    assert "train-gnn: epoch" not in err and not out.exists()
+
+
 def test_train_gnn_says_why_tau_is_undefined_on_too_few_samples(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """4 samples of one group: one held-out sample, so no tau and no noise ceiling; said in words,

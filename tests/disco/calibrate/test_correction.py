@@ -124,6 +124,17 @@ def test_a_plans_own_point_is_left_out_of_its_prediction_when_asked():
     assert c.predict(odd.features, exclude=("g", "other")) == c.predict(odd.features)
 
 
+def test_a_batch_is_predicted_without_any_of_its_own_points():
+    pts = _points(8)
+    c = correction.init(pts[:3])
+    c = correction.update(c, pts[3:])
+    batch = c.without([pts[1].key, pts[5].key, ("g", "not held")])
+    rest = [p for i, p in enumerate(pts) if i not in (1, 5)]
+    assert batch.points == tuple(rest) and batch.kept == 2 and batch.graph == c.graph
+    assert batch.weights == correction.fit(rest)
+    assert c.without([("g", "not held")]) is c
+
+
 def test_a_newer_measurement_replaces_the_older_and_kept_points_are_counted():
     pts = _points(4)
     c = correction.init(pts)

@@ -341,6 +341,7 @@ def _main_in_a_subprocess(argv, pre=""):
     (["optimize", "--model", "mlp", "--trace", "{missing}/t.json"], "--trace '{missing}/t.json': the directory"),
     (["optimize", "--model", "mlp", "--plot", "{missing}/p.png"], "--plot '{missing}/p.png': the directory"),
     (["optimize", "--model", "mlp", "--out", "{tmp}"], "--out '{tmp}' is a directory"),
+    (["optimize", "--model", "mlp", "--samples", "{file}"], "--samples '{file}' is a file; expected a dataset directory"),
     (["calibrate", "--out", "{missing}/c.yaml"], "--out '{missing}/c.yaml': the directory"),
     (["graph", "--model", "mlp", "--dump", "{file}/sub"], "is a file, so the directory cannot be created"),
     (["collect", "--models", "mlp", "--out", "{file}"], "--out '{file}' is a file; expected a directory"),
@@ -732,13 +733,16 @@ def _too_wide(text):
     return [ln for ln in text.splitlines() if len(ln) > WIDTH]
 
 
-def test_optimize_prints_within_120_columns_with_the_origins_as_footnotes():
+def test_optimize_prints_within_120_columns_with_the_origins_as_footnotes(tmp_path):
     """The table was about 250 columns wide into a pipe (the `from` column alone 70): the origins are
-    footnotes now, and every note is cut to 120 columns; nothing printed is lost."""
+    footnotes now, and every note is cut to 120 columns; nothing printed is lost. ``--samples DIR``
+    keeps the plans measured in the rounds as training data the GNN's loader reads."""
+    data = tmp_path / "data"
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--devices", "4", "--cluster", "local",
                 "--budget", "1", "--max-evals", "300", "--rounds", "1", "--steps", "1", "--confirm-rounds", "1",
-                "--measure-rounds", "1", "--no-progress")  # one funnel round: its searched rows suffice here
+                "--measure-rounds", "1", "--no-progress", "--samples", str(data))  # one funnel round suffices here
     assert r.returncode == 0, r.stderr[-2000:]
+    _check_samples(data, r.stderr)
     assert not _too_wide(r.stdout), _too_wide(r.stdout)
     notes = re.findall(r"^\[(\d+)\] (.*)$", r.stdout, re.M)
     assert notes and [int(n) for n, _ in notes] == list(range(1, len(notes) + 1)), r.stdout
@@ -747,6 +751,29 @@ def test_optimize_prints_within_120_columns_with_the_origins_as_footnotes():
     assert rows and all(re.search(r"│ \[\d+\] +│", ln) for ln in rows), rows  # each searched row names its note
     text = " ".join(r.stdout.split())
     assert "verdict: " in text and "speedup vs xla_default: per round" in text and "search best disco_1: " in text
+
+
+def _check_samples(data, stderr):
+    """The measured rows of an optimize table as the samples ``--samples`` appended: one group, every
+    row of the rounds once (a plan of two names once), xla_default the reference."""
+    from disco.data import dataset
+
+    samples = dataset.read(dataset.samples_path(data)).samples
+    names = {s["plan_name"] for s in samples}
+    assert re.search(rf"{len(samples)} measured plans? appended to {re.escape(str(data))}", " ".join(stderr.split()))
+    assert "xla_default" in names and any(n.startswith("disco_") for n in names), names
+    assert len({s["plan_digest"] for s in samples}) == len(samples)
+    assert {dataset.group_key(s) for s in samples} == {dataset.group_key(samples[0])}
+    ref = next(s for s in samples if s["plan_name"] == "xla_default")
+    assert ref["ratio_to_reference"] == 1.0 and all(
+        s["reference_xla_default_median_ms"] == ref["measured"]["median_ms"] for s in samples)
+    assert all(s["kind"] == "optimize" and s["predicted_by"] and s["measured"]["min_ms"] <= s["measured"]["median_ms"]
+               <= s["measured"]["max_ms"] for s in samples)
+    pytest.importorskip("flax")
+    from gnn import train
+
+    ds = train.load_dataset(data)  # what `disco train-gnn --data` reads
+    assert len(ds.samples) == sum(s["applied"] for s in samples) and len(ds.groups()) == 1
 
 
 def test_bench_prints_within_120_columns_with_fallback_reasons_as_footnotes(tmp_path):

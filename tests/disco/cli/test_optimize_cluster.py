@@ -66,6 +66,9 @@ def test_optimize_for_a_gpu_cluster_json_holds_every_candidate_predicted(tmp_pat
 def test_optimize_for_a_gpu_cluster_refuses_what_needs_measurements(tmp_path, no_deviceless):
     r = run_cli(*ARGS, "--trace", str(tmp_path / "t.json"), timeout=900)
     assert r.returncode == 2 and "--trace: draws the timelines of a measured run" in r.stderr, r.stderr[-1000:]
+    r = run_cli(*ARGS, "--samples", str(tmp_path / "data"), timeout=900)
+    assert r.returncode == 2 and "--samples: keeps the plans a run measured" in r.stderr, r.stderr[-1000:]
+    assert not (tmp_path / "data").exists()
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--cluster", "h100-sxm-8", "--processes", "2",
                 "--devices-per-process", "1", timeout=300)
     assert r.returncode == 2 and "--processes measures plans in CPU worker processes" in r.stderr, r.stderr[-1000:]

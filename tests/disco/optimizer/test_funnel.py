@@ -123,10 +123,12 @@ def test_a_kept_correction_starts_the_next_run_without_its_plans_own_points(targ
     _, again = opt.funnel(target, CONFIG, runner=runner, state=start)
     assert again.rounds[0].points > len(start.points) or again.rounds[0].points == len(start.points)
     predictor = Predictor.of(target.simulator, start)
-    for row in (r for r in again.rows if r.name in again.rounds[0].measured):
+    first_round = [r for r in again.rows if r.name in again.rounds[0].measured]
+    # the round is predicted from one state: the kept points without any of the round's plans' own
+    others = corr.init([p for p in start.points if p.key not in {predictor.key(r.plan) for r in first_round}])
+    assert 0 < len(others.points) < len(start.points)
+    for row in first_round:  # so plans the features cannot tell apart get one prediction
         assert row.predicted_by == "corrected"  # calibrated from the first round on
-        own = predictor.key(row.plan)
-        others = corr.init([p for p in start.points if p.key != own])
         assert row.predicted_s == pytest.approx(others.predict(predictor.features(row.plan)), rel=1e-9)
     xla = next(r for r in again.rows if r.name == "xla_default")
     with_own = start.predict(predictor.features(xla.plan))
