@@ -156,9 +156,7 @@ class Correction(NamedTuple):
     def predict(self, features: Sequence[float], exclude: tuple[str, str] | None = None) -> float:
         """The corrected step time of a plan with ``features``; with ``exclude`` (graph, plan), the
         weights refitted without that plan's own point, if it holds one."""
-        w = self.weights
-        if exclude is not None and any(p.key == exclude for p in self.points):
-            w = fit([p for p in self.points if p.key != exclude], graph=self.graph)
+        w = self.weights if exclude is None else self.without((exclude,)).weights
         return float(sum(a * b for a, b in zip(w, features)))
 
     def without(self, keys: Iterable[tuple[str, str]]) -> Correction:

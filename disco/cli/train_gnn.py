@@ -131,7 +131,8 @@ class Start(NamedTuple):
 
 def start_from(init: str | None, args: argparse.Namespace) -> tuple[Start | None, dict[str, int]]:
     """The checkpoint ``--init`` names (None without it) and the architecture to train: the
-    checkpoint's, or the flags' (:data:`ARCHITECTURE` where one is not given).
+    checkpoint's (its opcode embedding width too), or the flags' (:data:`ARCHITECTURE` where one is
+    not given).
 
     Raises:
       CliError: for a checkpoint that is missing or not a disco GNN checkpoint, or an architecture
@@ -155,7 +156,7 @@ def start_from(init: str | None, args: argparse.Namespace) -> tuple[Start | None
         if v is not None and v != have:
             raise CliError(f"--{k.replace('_', '-')} {v}: the --init checkpoint has {have}; leave the flag out "
                            "(a fine-tune keeps the checkpoint's architecture)")
-    return Start(model, path, digest, meta), {k: getattr(model.config, k) for k in ARCHITECTURE}
+    return Start(model, path, digest, meta), {k: getattr(model.config, k) for k in (*ARCHITECTURE, "opcode_dim")}
 
 
 def check_not_shipped(path: Path, flag: str, overwrite_shipped: bool) -> None:
@@ -236,8 +237,7 @@ def train_and_report(args: argparse.Namespace, log: Any = print) -> dict[str, An
         seen = start.meta.get("data", {})
         log(f"init: {start.path} (digest {start.digest}), trained on {seen.get('samples', '?')} samples of "
             f"{', '.join(seen.get('models', [])) or 'unnamed models'}: held-out plans below may be among them")
-    cfg = train.TrainConfig(**arch, opcode_dim=start.model.config.opcode_dim if start else train.TrainConfig.opcode_dim,
-                            epochs=args.epochs, batch=args.batch, node_budget=args.node_budget, lr=args.lr,
+    cfg = train.TrainConfig(**arch, epochs=args.epochs, batch=args.batch, node_budget=args.node_budget, lr=args.lr,
                             loss=args.loss, seed=args.seed)
     # A bar on a terminal; one line per epoch on stderr when redirected (a bar there is noise).
     progress = not args.quiet and sys.stderr.isatty()
