@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from typing import Any
 
 from service import inputs
@@ -41,11 +40,7 @@ def export(database: str | os.PathLike[str], out: str | os.PathLike[str]) -> int
     from disco.data import dataset
     from disco.plans.plan import FusionPlan
 
-    out = os.fspath(out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"out: expected a dataset directory, got the file {out!r}")
-    os.makedirs(out, exist_ok=True)
-    have = {s["sample_id"] for s in dataset.read(dataset.samples_path(out)).samples}
+    out, have = dataset.output_dir(out)
     written = 0
     with Store(os.fspath(database)) as store:
         runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -63,27 +58,20 @@ def export(database: str | os.PathLike[str], out: str | os.PathLike[str]) -> int
             environment = trials[0]["environment"] or {}
             devices = int(environment.get("processes", 1)) * int(environment.get("devices_per_process", 1))
             reference = next((t["step_time_ms"] for t in trials if t["name"] == "xla_default"), None)
-            preset = f"trials-{run_id}"
             for t in trials:
-                plan = FusionPlan.from_dict(t["plan"])
-                sid = dataset.sample_id(graph.name, preset, devices, plan.digest())
-                if sid in have:
-                    continue
                 per_step = [max(step) for step in zip(*t["samples_ms"])]
-                dataset.append(dataset.samples_path(out), {
-                    "sample_id": sid, "schema": dataset.SCHEMA, "model": graph.name, "preset": preset,
-                    "devices": devices, "graph_fingerprint": t["fingerprint"], "kind": "trial",
-                    "plan_name": t["name"], "plan_digest": plan.digest(), "plan": plan.to_dict(),
-                    "measured": {"median_ms": t["step_time_ms"], "min_ms": min(per_step), "max_ms": max(per_step),
-                                 "samples_ms": per_step, "rounds": len(per_step), "steps": 1},
-                    "reference_xla_default_median_ms": reference,
-                    "ratio_to_reference": t["step_time_ms"] / reference if reference else None,
-                    "applied": True, "predicted_ms": t["predicted_ms"], "winner": t["winner"],
-                    "plan_key": key, "versions": environment,
-                    "device": environment.get("device_kind"),
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t["created_at"])),
-                })
-                have.add(sid)
+                line = dataset.sample(
+                    model=graph.name, preset=f"trials-{run_id}", devices=devices,
+                    graph_fingerprint=t["fingerprint"], kind="trial", plan=FusionPlan.from_dict(t["plan"]),
+                    measured={"median_ms": t["step_time_ms"], "min_ms": min(per_step), "max_ms": max(per_step),
+                              "samples_ms": per_step, "rounds": len(per_step), "steps": 1},
+                    reference_ms=reference, created=t["created_at"], plan_name=t["name"], applied=True,
+                    predicted_ms=t["predicted_ms"], winner=t["winner"], plan_key=key, versions=environment,
+                    device=environment.get("device_kind"))
+                if line["sample_id"] in have:
+                    continue
+                dataset.append(dataset.samples_path(out), line)
+                have.add(line["sample_id"])
                 written += 1
     return written
 

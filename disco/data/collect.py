@@ -262,19 +262,13 @@ def _collect_model(model: str, config: CollectConfig, path: str, done: set[str],
         ref = ms["__reference__"]
         for sid, kind, plan in chunk:
             m = ms[sid]
-            rec: dict[str, Any] = {
-                "schema": dataset.SCHEMA, "sample_id": sid, "model": model, "preset": config.preset,
-                "devices": config.devices, "optimizer": config.optimizer,
-                "graph_fingerprint": graph.fingerprint, "kind": kind, "plan_name": plan.name,
-                "plan_digest": plan.digest(), "plan": plan.to_dict(),
-                "measured": {"median_ms": m.median * 1e3, "min_ms": m.min * 1e3, "max_ms": m.max * 1e3,
-                             "samples_ms": [s * 1e3 for s in m.samples], "rounds": config.rounds,
-                             "steps": config.steps},
-                "reference_xla_default_median_ms": ref.median * 1e3,
-                "ratio_to_reference": m.median / ref.median if ref.median > 0 else None,
-                **meta[sid], "versions": versions, "device": device,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            }
+            rec = dataset.sample(
+                model=model, preset=config.preset, devices=config.devices, graph_fingerprint=graph.fingerprint,
+                kind=kind, plan=plan,
+                measured={"median_ms": m.median * 1e3, "min_ms": m.min * 1e3, "max_ms": m.max * 1e3,
+                          "samples_ms": [s * 1e3 for s in m.samples], "rounds": config.rounds, "steps": config.steps},
+                reference_ms=ref.median * 1e3 if ref.median > 0 else None, optimizer=config.optimizer,
+                **meta[sid], versions=versions, device=device)
             if config.profile:
                 rec["per_kernel"] = _profile_summary(compiled[sid], args, config.steps, graph)
             dataset.append(path, rec)

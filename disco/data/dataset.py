@@ -6,20 +6,23 @@ A dataset is a directory::
     DIR/graphs/<fingerprint>.json  each step's graph (:meth:`disco.ir.graph.HloGraph.to_json`), once
     DIR/.lock                      held by the one collector writing to DIR (:class:`DirLock`)
 
-A line of ``samples.jsonl`` (schema ``disco.samples/1``, written by :mod:`disco.data.collect`)::
+A line of ``samples.jsonl`` (schema ``disco.samples/1``; :func:`sample` makes every writer's: :mod:`disco.data.collect`,
+:mod:`disco.data.runs`, ``service.trials``)::
 
     sample_id        "<model>/<preset>/d<devices>/<plan digest>" (:func:`sample_id`); unique in a file
     schema           "disco.samples/1"
     model, preset, devices, optimizer     the zoo step that was measured
     graph_fingerprint                     its graph (the file under graphs/)
-    kind             "baseline", "random", "random_buckets" or "random_groups"
+    kind             "baseline", "random", "random_buckets" or "random_groups" (collect), "optimize"
+                     (a ``disco optimize`` run), "trial" (a service job)
     plan_name, plan_digest, plan          the plan (:meth:`disco.plans.plan.FusionPlan.to_dict`)
-    measured         {median_ms, min_ms, max_ms, samples_ms, rounds, steps}
-    reference_xla_default_median_ms       xla_default measured in the same rounds
+    measured         {median_ms, min_ms, max_ms, samples_ms (where kept), rounds, steps}
+    reference_xla_default_median_ms       xla_default measured in the same rounds (null: not measured)
     ratio_to_reference                    measured median / that reference
     compile_s, applied, fallback_reason   how the plan's compile went
     compiled         {fusions, all_reduces} in the compiled module
-    versions, device, created             the environment and a UTC timestamp
+    versions, device, created             the environment and a UTC timestamp (ISO 8601, ``Z``)
+    predicted_ms, predicted_by, winner, plan_key   (optimize, trial) the writer's own fields
     per_kernel       (optional, with --profile) traced per-kernel and per-collective times
 
 The tolerance rule (one for every reader): a line is a sample when it is a JSON object with
@@ -124,6 +127,57 @@ def read_graph_json(root: str | os.PathLike[str], fingerprint: str) -> str:
         raise ValueError(f"graph {fingerprint} is missing; expected {path}")
     with open(path, encoding="utf-8") as f:
         return f.read()
+
+
+def sample(*, model: str, preset: str, devices: int, graph_fingerprint: str, kind: str, plan: Any,
+           measured: Mapping[str, Any], reference_ms: float | None, created: float | None = None,
+           **fields: Any) -> dict[str, Any]:
+    """One sample line's object: the fields every writer sets, then ``fields`` beside them.
+
+    The one place a sample's id, plan fields and ratio are made (:mod:`disco.data.collect`,
+    :mod:`disco.data.runs`, ``service.trials``).
+
+    Args:
+      model, preset, devices: the step (:func:`step_id`); ``preset`` may name a run's group.
+      graph_fingerprint: the step's graph (its file under ``graphs/``).
+      kind: how the plan came to be measured ("baseline", "random", "optimize", "trial", ...).
+      plan: the :class:`~disco.plans.plan.FusionPlan` measured.
+      measured: ``{median_ms, min_ms, max_ms, rounds, steps}`` and, where kept, ``samples_ms``.
+      reference_ms: xla_default's median in the same rounds; None when it was not measured.
+      created: when it was measured (POSIX seconds; default now), written as UTC ISO 8601.
+      **fields: the writer's own fields (``applied``, ``versions``, ``predicted_ms``, ...).
+
+    Raises:
+      ValueError: ``measured`` has no positive finite ``median_ms``.
+    """
+    import math
+    import time
+
+    median = measured.get("median_ms")
+    if not (isinstance(median, (int, float)) and math.isfinite(median) and median > 0):
+        raise ValueError(f"a sample's measured median_ms: expected a positive finite time, got {median!r}")
+    digest = plan.digest()
+    stamp = time.time() if created is None else created
+    return {"schema": SCHEMA, "sample_id": sample_id(model, preset, devices, digest), "model": model,
+            "preset": preset, "devices": devices, "graph_fingerprint": graph_fingerprint, "kind": kind,
+            "plan_name": plan.name, "plan_digest": digest, "plan": plan.to_dict(), "measured": dict(measured),
+            "reference_xla_default_median_ms": reference_ms,
+            "ratio_to_reference": median / reference_ms if reference_ms else None,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp)), **fields}
+
+
+def output_dir(out: str | os.PathLike[str]) -> tuple[str, set[str]]:
+    """Opens a dataset directory to append to: made when missing; returns its path and the ids of
+    the samples already in it (a writer skips those).
+
+    Raises:
+      ValueError: ``out`` exists and is not a directory.
+    """
+    path = os.fspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"samples: expected a dataset directory, got the file {path!r}")
+    os.makedirs(path, exist_ok=True)
+    return path, {s["sample_id"] for s in read(samples_path(path)).samples}
 
 
 def is_sample(obj: Any) -> bool:

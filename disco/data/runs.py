@@ -55,40 +55,31 @@ def export(result: OptimizeResult, out: str | os.PathLike[str], *, model: str, p
     from disco.data import dataset
     from disco.data.collect import environment
 
-    out = os.fspath(out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"samples: expected a dataset directory, got the file {out!r}")
     graph = getattr(result.simulator, "graph", None)
     rows = [r for r in result.rows if r.median_s is not None and r.measured_in is None]
     reference = next((r.median_s for r in rows if r.name == "xla_default"), None)
     if graph is None or reference is None:
         raise ValueError("samples: this result measured no plan in its rounds (a predicted answer?); "
                          "expected the result of a run that measured xla_default and its candidates")
+    out, have = dataset.output_dir(out)
     run_id = run_id or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
     group = f"optimize-{preset}-{run_id}"
-    os.makedirs(out, exist_ok=True)
-    have = {s["sample_id"] for s in dataset.read(dataset.samples_path(out)).samples}
     dataset.write_graph(out, graph.fingerprint, graph.to_json())
-    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    created = time.time()
     versions, device = environment()
     written = 0
     for r in rows:
-        sid = dataset.sample_id(model, group, devices, r.plan.digest())
-        if sid in have:  # a plan measured twice in one run (two names): its first row
+        line = dataset.sample(
+            model=model, preset=group, devices=devices, graph_fingerprint=graph.fingerprint, kind=KIND,
+            plan=r.plan, measured={"median_ms": 1e3 * r.median_s, "min_ms": 1e3 * r.min_s, "max_ms": 1e3 * r.max_s,
+                                   "rounds": result.config.rounds, "steps": result.config.steps},
+            reference_ms=1e3 * (r.median_s * r.speedup if r.speedup else reference), created=created,
+            plan_name=r.name, applied=r.applied, fallback_reason=r.fallback_reason,
+            predicted_ms=1e3 * r.predicted_s, predicted_by=r.predicted_by,
+            compiled={"all_reduces": r.all_reduces}, versions=versions, device=device)
+        if line["sample_id"] in have:  # a plan measured twice in one run (two names): its first row
             continue
-        dataset.append(dataset.samples_path(out), {
-            "sample_id": sid, "schema": dataset.SCHEMA, "model": model, "preset": group, "devices": devices,
-            "graph_fingerprint": graph.fingerprint, "kind": KIND, "plan_name": r.name,
-            "plan_digest": r.plan.digest(), "plan": r.plan.to_dict(),
-            "measured": {"median_ms": 1e3 * r.median_s, "min_ms": 1e3 * r.min_s, "max_ms": 1e3 * r.max_s,
-                         "rounds": result.config.rounds, "steps": result.config.steps},
-            "reference_xla_default_median_ms": 1e3 * (r.median_s * r.speedup if r.speedup else reference),
-            "ratio_to_reference": 1 / r.speedup if r.speedup else r.median_s / reference,
-            "applied": r.applied, "fallback_reason": r.fallback_reason,
-            "predicted_ms": 1e3 * r.predicted_s, "predicted_by": r.predicted_by,
-            "compiled": {"all_reduces": r.all_reduces}, "versions": versions, "device": device,
-            "created": created,
-        })
-        have.add(sid)
+        dataset.append(dataset.samples_path(out), line)
+        have.add(line["sample_id"])
         written += 1
     return written

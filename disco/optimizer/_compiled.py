@@ -136,17 +136,20 @@ def features(step: CompiledStep) -> tuple[float, ...]:
     return corr.features(step.compute_s, step.exposed_comm_s, step.comm_s, all_reduces)
 
 
-def predict(predictor: Predictor, prices: Prices, plan: FusionPlan, step: CompiledStep
-            ) -> tuple[float, str, float]:
+def predict(predictor: Predictor, prices: Prices, plan: FusionPlan, step: CompiledStep,
+            batch: Iterable[FusionPlan] = ()) -> tuple[float, str, float]:
     """(prediction, where it came from, the simulator's own step time) of ``plan`` from its compiled
-    module ``step``, before the plan is measured (its own point, from an earlier round or run, left
-    out): through the compiled tier's correction when it holds points of other plans, else through
-    the emulated tier's (``predictor``'s) when that does, else the compiled tier's step time."""
+    module ``step``, before the plan is measured: through the compiled tier's correction when it
+    holds points of other plans, else through the emulated tier's (``predictor``'s) when that does,
+    else the compiled tier's step time. The points of ``plan`` and of the plans measured with it
+    (``batch``), from an earlier round or run, are left out: one state for the batch, as
+    :meth:`~disco.optimizer._learn.Predictor.for_batch` for the emulated tier."""
     simulated = predictor.simulator.step_time(plan)
-    key = predictor.key(plan)
+    keys = [predictor.key(p) for p in (plan, *batch)]
     for state in (prices.correction, predictor.state):
-        if any(p.key != key for p in state.points):
-            return state.predict(features(step), exclude=key), "compiled-corrected", simulated
+        rest = state.without(keys)
+        if rest.points:
+            return rest.predict(features(step)), "compiled-corrected", simulated
     return step.step_time_s, "compiled", simulated
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from functools import partial
 from typing import Any, NamedTuple
 
 from disco import planner
@@ -211,11 +212,14 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
             break
         batch = {}
         # the round's predictions from one state without any of its plans' kept points (a second run's)
-        judge = predictor.for_batch([*(pool.entries[d][2] for d in picks), *([xla] if r == 0 else [])])
+        together = [*(pool.entries[d][2] for d in picks), *([xla] if r == 0 else [])]
+        judge = predictor.for_batch(together)
         for d in picks:
             kind, _, plan, _ = pool.entries[d]
             name = pool.name(d)
-            predict = (lambda p, d=d: by_compiled[d]) if d in by_compiled else judge.predict
+            # a compiled plan is priced from its compiled module, through the same batch's state
+            predict = (partial(_compiled.predict, predictor, prices, step=prices.steps[d], batch=together)
+                       if d in by_compiled else judge.predict)
             batch[name] = predicted_row(name, kind, pool.origin(d), plan.replace(name=name), predict)
         if r == 0:  # xla_default's row: predicted before its first measurement like every other
             batch = {"xla_default": predicted_row("xla_default", "baseline", "xla_default", xla,

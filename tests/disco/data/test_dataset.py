@@ -139,3 +139,36 @@ def test_reading_a_dataset_imports_no_jax():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.fast
+def test_a_built_sample_names_its_plan_and_reference_and_keeps_the_writers_fields():
+    from disco.plans.plan import FusionPlan
+
+    plan = FusionPlan(groups=(("add.1", "mul.2"),), name="two")
+    line = dataset.sample(model="mlp", preset="g", devices=2, graph_fingerprint="abc", kind="optimize", plan=plan,
+                          measured={"median_ms": 4.0, "min_ms": 3.0, "max_ms": 5.0, "rounds": 9, "steps": 3},
+                          reference_ms=8.0, created=0.0, plan_name="disco_1", applied=True)
+    assert line["sample_id"] == dataset.sample_id("mlp", "g", 2, plan.digest())
+    assert line["plan"] == plan.to_dict() and line["plan_digest"] == plan.digest()
+    assert line["plan_name"] == "disco_1"  # the writer's name wins over the plan's own
+    assert line["ratio_to_reference"] == 0.5 and line["created"] == "1970-01-01T00:00:00Z"
+    assert line["applied"] is True and dataset.is_sample(json.loads(dataset.encode(line)))
+    assert dataset.sample(model="mlp", preset="g", devices=2, graph_fingerprint="abc", kind="trial", plan=plan,
+                          measured={"median_ms": 4.0}, reference_ms=None)["ratio_to_reference"] is None
+    for bad in (0.0, -1.0, float("nan"), None):
+        with pytest.raises(ValueError, match="median_ms: expected a positive finite time"):
+            dataset.sample(model="mlp", preset="g", devices=2, graph_fingerprint="abc", kind="trial", plan=plan,
+                           measured={"median_ms": bad}, reference_ms=8.0)
+
+
+@pytest.mark.fast
+def test_an_output_directory_is_made_and_lists_what_it_holds(tmp_path):
+    out, have = dataset.output_dir(tmp_path / "new")
+    assert os.path.isdir(out) and have == set()
+    dataset.append(dataset.samples_path(out), sample(1))
+    assert dataset.output_dir(out)[1] == {sample(1)["sample_id"]}
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="expected a dataset directory, got the file"):
+        dataset.output_dir(tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "x"

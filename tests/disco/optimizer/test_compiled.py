@@ -66,6 +66,24 @@ def test_the_compiled_price_goes_through_its_own_correction_else_the_emulated_on
 
 
 @pytest.mark.fast
+def test_a_batch_is_priced_without_the_points_of_any_of_its_plans():
+    """A later run measures again plans an earlier run kept: each of the batch's compiled predictions
+    leaves out every one of the batch's points, not only its own (one state for the batch)."""
+    plan, mate, other = _plan(0), _plan(1), _plan(2)
+    step = _step(2.0, compute_ms=1.5, all_reduces=2)
+    feats = _compiled.features(step)
+    points = [corr.Point("graph", mate.digest(), feats, 9e-3), corr.Point("graph", other.digest(), feats, 3e-3)]
+    prices = _compiled.init()._replace(correction=corr.init(points))
+    alone = _compiled.predict(_predictor(), prices, plan, step)
+    together = _compiled.predict(_predictor(), prices, plan, step, batch=[plan, mate])
+    assert alone[0] == pytest.approx(prices.correction.predict(feats))  # the mate's point counts alone
+    assert together == (pytest.approx(corr.init(points[1:]).predict(feats)), "compiled-corrected", 9e-3)
+    assert together[0] != pytest.approx(alone[0])
+    # the whole correction is the batch's: the emulated tier's, then the compiled tier's own time
+    assert _compiled.predict(_predictor(), prices, plan, step, batch=[mate, other]) == (2e-3, "compiled", 9e-3)
+
+
+@pytest.mark.fast
 def test_each_plan_is_compiled_once_per_digest():
     calls = []
 
@@ -227,6 +245,29 @@ def test_every_prediction_was_made_before_its_plan_was_measured_with_the_compile
                                                      [predictor.point(p, s) for p, s, _ in learned]))
     assert replay.correction.weights == prices.correction.weights
     assert predictor.state.weights == measured.correction.weights
+
+
+def test_a_second_run_prices_its_compiled_rows_without_any_of_the_rounds_kept_points(target, staged):
+    """A second run from the first's correction measures again some of the plans the first kept: each
+    compiled row of a round is priced from the kept points less every point of that round's plans."""
+    _, first = staged
+    start = first.correction
+    _, again = opt.funnel(target, CONFIG, runner=FormulaRunner(), price_fn=_compiled.compiler(target), state=start)
+    predictor = Predictor.of(target.simulator, start)
+    rows = {r.name: r for r in again.rows}
+    rnd = again.rounds[0]
+    batch = [rows[n].plan for n in rnd.measured]
+    keys = {predictor.key(p) for p in batch}
+    assert keys & {p.key for p in start.points}  # the round measures again plans the first run kept
+    others = start.without(keys)
+    compiled = [rows[n] for n in rnd.measured if rows[n].plan.digest() in rnd.compiled]
+    assert compiled and all(r.predicted_by == "compiled-corrected" for r in compiled)
+    alone = []  # what leaving out each plan's own point alone would have said
+    for row in compiled:
+        feats = _compiled.features(again.prices.steps[row.plan.digest()])
+        assert row.predicted_s == pytest.approx(others.predict(feats), rel=1e-9)
+        alone.append(start.without([predictor.key(row.plan)]).predict(feats))
+    assert [r.predicted_s for r in compiled] != pytest.approx(alone, rel=1e-6)
 
 
 def _price(predictor, prices, digest):
