@@ -14,8 +14,14 @@ BUDGET ?= 30
 
 .PHONY: run test test-fast test-trax test-hooks lint docs install install-test install-gpu test-gpu-compile clean
 
+# A PYTHON named on the command line must make the venv (a lock for jax >= 0.11 needs Python 3.12,
+# and another interpreter would only fail later in pip's resolver); the default falls back to python3.
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+ifeq ($(origin PYTHON),command line)
+	$(PYTHON) -m venv $(VENV) || { echo "make: PYTHON=$(PYTHON) could not make $(VENV); expected an interpreter on PATH or its full path (Python >= 3.12 for LOCK=constraints/jax-0.11.2.txt and newer)" >&2; exit 1; }
+else
+	$(PYTHON) -m venv $(VENV) || { echo "make: $(PYTHON) could not make $(VENV); using python3 ($$(python3 --version 2>&1))" >&2; python3 -m venv $(VENV); }
+endif
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml $(LOCK)
