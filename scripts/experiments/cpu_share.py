@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python scripts/experiments/cpu_share.py --model bert [--devices 8] [--rounds 9]
     PYTHONPATH=. python scripts/experiments/cpu_share.py --alone     # a psum alone, against a copy
+    PYTHONPATH=. python scripts/experiments/cpu_share.py --wait      # do waiting devices spin?
 
 XLA's default, horovod, horovod's text with its all-reduces made copies (its bucket's
 concatenation and slices kept), even_4, the sync floor (every all-reduce a copy but the scalar loss's: one
@@ -14,6 +15,9 @@ busier and uses less CPU time than a plan, the all-reduces both add work and lea
 
 With ``--alone``: a psum of 1 float and of 0.26, 1 and 4 MB per device, each beside the same array
 times 2 (a copy, no collective), 15 rounds of 20 calls: what an all-reduce costs outside a step.
+With ``--wait``: device 0 runs a single-threaded loop (3000 x tanh(w @ w), 48 x 48) while the others
+have nothing to do, then all meet at a psum, against the same without the psum: if the waiting
+devices spun, the psum would add CPU time.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--alone", action="store_true", help="time a psum alone against a copy instead")
+    ap.add_argument("--wait", action="store_true", help="time devices waiting at a psum for device 0 instead")
     args_ = ap.parse_args(argv)
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args_.devices}"
     import jax
 
     if args_.alone:
         return alone(args_.devices)
+    if args_.wait:
+        return wait(args_.devices)
 
     import disco
     import trax_models
@@ -112,6 +119,41 @@ def alone(devices: int) -> int:
             jax.block_until_ready(fn(x))
             wall, cpu = _timed(fn, x)
             print(f"{n * 4 / 1e6:6.3f} MB per device  {name:13s} wall {wall * 1e3:7.3f} ms  cpu {cpu * 1e3:7.3f} ms")
+    return 0
+
+
+def wait(devices: int) -> int:
+    """Device 0 computes alone while the others wait at a psum, against the same without the psum."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((devices,), ("dp",))
+    sharding = NamedSharding(mesh, P("dp"))
+    x = jax.device_put(np.ones((devices * 1024,), np.float32), sharding)
+    w = jax.device_put(np.tile(np.eye(48, dtype=np.float32) * 0.5, (devices, 1)), sharding)
+
+    def heavy(m):
+        return jax.lax.fori_loop(0, 3000, lambda i, m: jnp.tanh(m @ m), m)
+
+    def body(sync: bool):
+        def f(x, w):
+            c = jax.lax.cond(jax.lax.axis_index("dp") == 0, heavy, lambda m: m, w)
+            y = x + 0 * c[0, 0]
+            return (jax.lax.psum(y, "dp") if sync else y), c
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("dp"), P("dp")), out_specs=P("dp"),
+                                     check_vma=False))
+
+    fns = {"the others wait at a psum": body(True), "no psum": body(False)}
+    for f in fns.values():
+        jax.block_until_ready(f(x, w))
+    for _ in range(2):
+        for name, f in fns.items():
+            wall, cpu = _timed(lambda a: f(*a), (x, w), calls=5, rounds=9)
+            print(f"device 0 computes, {name:26s} wall {wall * 1e3:7.2f} ms  cpu {cpu * 1e3:7.2f} ms  "
+                  f"cores busy {cpu / wall:.2f}")
     return 0
 
 
