@@ -43,7 +43,9 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -150,9 +152,6 @@ def sample(*, model: str, preset: str, devices: int, graph_fingerprint: str, kin
     Raises:
       ValueError: ``measured`` has no positive finite ``median_ms``.
     """
-    import math
-    import time
-
     median = measured.get("median_ms")
     if not (isinstance(median, (int, float)) and math.isfinite(median) and median > 0):
         raise ValueError(f"a sample's measured median_ms: expected a positive finite time, got {median!r}")

@@ -70,13 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {n: [] for n in fns}
     for _ in range(args_.rounds):
         for n, f in fns.items():
-            ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            for _step in range(3):
-                out = f(*args)
-            jax.block_until_ready(out)
-            ru1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-            res[n].append(((t1 - t0) / 3, cpu / 3))
+            res[n].append(_once(f, args, calls=3))
     for n, v in res.items():
         wall = statistics.median(w for w, _ in v)
         cpu = statistics.median(c for _, c in v)
@@ -84,20 +78,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _timed(fn, x, calls: int = 20, rounds: int = 15) -> tuple[float, float]:
-    """Median wall and CPU seconds per call of ``fn(x)``."""
+def _once(fn, args, calls: int) -> tuple[float, float]:
+    """Wall and CPU seconds (this process's user plus system time) per call of ``fn(*args)``, over
+    ``calls`` calls."""
     import jax
 
-    wall, cpu = [], []
-    for _ in range(rounds):
-        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        for _call in range(calls):
-            out = fn(x)
-        jax.block_until_ready(out)
-        r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        wall.append((t1 - t0) / calls)
-        cpu.append(((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)) / calls)
-    return statistics.median(wall), statistics.median(cpu)
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _call in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    return (t1 - t0) / calls, ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)) / calls
+
+
+def _timed(fn, args, calls: int = 20, rounds: int = 15) -> tuple[float, float]:
+    """Median wall and CPU seconds per call of ``fn(*args)`` over ``rounds`` of :func:`_once`."""
+    times = [_once(fn, args, calls) for _ in range(rounds)]
+    return statistics.median(w for w, _ in times), statistics.median(c for _, c in times)
 
 
 def alone(devices: int) -> int:
@@ -117,7 +114,7 @@ def alone(devices: int) -> int:
         x = jax.device_put(np.ones((devices * n,), np.float32), NamedSharding(mesh, P("dp")))
         for name, fn in (("psum", psum), ("copy (x * 2)", copy)):
             jax.block_until_ready(fn(x))
-            wall, cpu = _timed(fn, x)
+            wall, cpu = _timed(fn, (x,))
             print(f"{n * 4 / 1e6:6.3f} MB per device  {name:13s} wall {wall * 1e3:7.3f} ms  cpu {cpu * 1e3:7.3f} ms")
     return 0
 
@@ -151,7 +148,7 @@ def wait(devices: int) -> int:
         jax.block_until_ready(f(x, w))
     for _ in range(2):
         for name, f in fns.items():
-            wall, cpu = _timed(lambda a: f(*a), (x, w), calls=5, rounds=9)
+            wall, cpu = _timed(f, (x, w), calls=5, rounds=9)
             print(f"device 0 computes, {name:26s} wall {wall * 1e3:7.2f} ms  cpu {cpu * 1e3:7.2f} ms  "
                   f"cores busy {cpu / wall:.2f}")
     return 0
