@@ -30,17 +30,11 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
-import http.client
-import json
-import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,10 +42,8 @@ from typing import Any
 from disco.ir.arguments import devices_of
 from xla_hooks.agreement import DEFAULT_AGREE_TIMEOUT_S
 from xla_hooks.apply_plan import PlanFallbackWarning
+from xla_hooks.service_client import NoPlan, ServiceClient, check_service_url, checked_token
 from xla_hooks.trials import DEFAULT_TRIAL_STEPS, Candidate, TrialReportWarning, TrialRun
-
-_MAX_RESPONSE = 64 * 1024 * 1024
-
 
 class PlanServiceWarning(PlanFallbackWarning):
     """No plan could be obtained from the plan service (or the local planner); XLA's default is used."""
@@ -60,14 +52,6 @@ class PlanServiceWarning(PlanFallbackWarning):
 class PlanAgreementWarning(PlanFallbackWarning):
     """In a multi-process job, the plan did not reach or did not apply on every process (or a wait for
     another process timed out): every process uses XLA's default."""
-
-
-class _NoPlan(Exception):
-    """Why no plan was obtained (turned into a PlanServiceWarning)."""
-
-
-class _TimedOut(_NoPlan):
-    """A request to the service that timeout_s ran out before or during."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +206,7 @@ class PlannedStep:
             try:
                 graph = HloGraph.from_hlo_text(text)
             except Exception as e:  # noqa: BLE001 - a step disco cannot read still trains, as XLA compiles it
-                raise _NoPlan(f"disco could not read the step's HLO ({type(e).__name__}: {e})") from None
+                raise NoPlan(f"disco could not read the step's HLO ({type(e).__name__}: {e})") from None
             if self.service is None:
                 plan, report = self._local_plan(graph, inputs)
                 if self.trial_count:
@@ -231,7 +215,7 @@ class PlannedStep:
                     offered = planner_candidates(graph, plan, report, self.trial_count)
             else:
                 plan, report, key, offered = self._service_plan(text, graph, inputs)
-        except _NoPlan as e:
+        except NoPlan as e:
             where = self.service or "the local planner"
             reason = " ".join(str(e).split())  # one line, whatever the service or http.client wrote
             warnings.warn(f"disco: no plan from {where} ({reason}); using XLA's default compile",
@@ -427,15 +411,16 @@ class PlannedStep:
 
         body = report_body(key, run.candidates, every, winner)
         try:
-            status, data = self._request("POST", "/v1/trials", body, time.monotonic() + self.timeout_s)
-            if status != 201:
-                raise _NoPlan(f"POST /v1/trials answered {status}: "
-                              f"{data.get('message', data) if isinstance(data, dict) else data}")
-        except _NoPlan as e:
+            self._client().report_trials(body)
+        except NoPlan as e:
             reason = " ".join(str(e).split())
             warnings.warn(f"disco: the trial measurements were not reported to {self.service} ({reason}); the job "
                           f"keeps {run.candidates[winner].name!r}, and the next job of this program runs trials again",
                           TrialReportWarning, stacklevel=5)
+
+    def _client(self) -> ServiceClient:
+        assert self.service is not None  # only called on the service's path
+        return ServiceClient(self.service, self.token, self.timeout_s)
 
     def _cluster(self, inputs: Any) -> Any:
         """``cluster`` as given, or for "auto" the preset of the devices the step runs on: "local"
@@ -449,7 +434,7 @@ class PlannedStep:
         first = jax.devices()[0]
         name = machine_preset(first.platform, first.device_kind, devices_of(inputs))
         if name is None:
-            raise _NoPlan(f"no cluster preset describes {devices_of(inputs)} x {first.device_kind!r}, whose kernels "
+            raise NoPlan(f"no cluster preset describes {devices_of(inputs)} x {first.device_kind!r}, whose kernels "
                           "the cost models were not trained for; pass cluster= a preset name or a ClusterSpec")
         return name
 
@@ -476,10 +461,10 @@ class PlannedStep:
             options = {"budget_s": max(0.1, min(10.0, self.timeout_s * 0.5)), **self.options}
             plan, report = plan_for_graph(graph, self._cluster_spec(inputs), options, progress)
             return plan.validate(graph), report
-        except _NoPlan:
+        except NoPlan:
             raise
         except Exception as e:  # noqa: BLE001 - any planner failure falls back
-            raise _NoPlan(f"{type(e).__name__}: {e}") from None
+            raise NoPlan(f"{type(e).__name__}: {e}") from None
 
     def _service_plan(self, text: str, graph: Any, inputs: Any
                       ) -> tuple[Any, dict[str, Any], str | None, list[Any] | None]:
@@ -489,7 +474,6 @@ class PlannedStep:
         from disco.plans.plan import FusionPlan
         from xla_hooks.environment import current as current_environment
 
-        deadline = time.monotonic() + self.timeout_s
         body: dict[str, Any] = {"hlo_text": text}
         cluster = self._cluster(inputs)
         if isinstance(cluster, ClusterSpec):
@@ -504,178 +488,26 @@ class PlannedStep:
         body["environment"] = environment
         if self.trial_count:
             body["candidates"] = self.trial_count
-        status, data = self._request("POST", "/v1/plans", body, deadline)
-        if status == 202:
-            job_id = data.get("job_id")
-            if not isinstance(job_id, str):
-                raise _NoPlan(f"the service answered 202 without a job id: {str(data)[:200]}")
-            delay = 0.05
-            state, progress = "queued", None
-            while True:
-                query = f"?candidates={self.trial_count}" if self.trial_count > 1 else ""
-                try:
-                    status, job = self._request("GET", f"/v1/jobs/{job_id}{query}", None, deadline)
-                except _TimedOut:  # the deadline passed while polling: the job is not done, as below
-                    raise _NoPlan(self._job_not_done(state, progress)) from None
-                if status != 200:
-                    raise _NoPlan(f"GET /v1/jobs/{job_id} answered {status}")
-                state = job.get("state")
-                if state == "done":
-                    data = job.get("result") or {}
-                    break
-                if state == "failed":
-                    err = job.get("error") or {}
-                    raise _NoPlan(f"the plan job failed: {err.get('message', err)}")
-                if state not in ("queued", "running"):
-                    raise _NoPlan(f"the job has an unknown state {state!r}")
-                progress = job.get("progress")
-                if time.monotonic() + delay > deadline:
-                    raise _NoPlan(self._job_not_done(state, progress))
-                time.sleep(delay)
-                delay = min(delay * 1.5, 0.5)
-        elif status != 200:
-            raise _NoPlan(f"POST /v1/plans answered {status}: {data.get('message', data) if isinstance(data, dict) else data}")
+        data = self._client().plan(body, self.trial_count)
         if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
-            raise _NoPlan(f"the service's answer holds no plan: {str(data)[:200]}")
+            raise NoPlan(f"the service's answer holds no plan: {str(data)[:200]}")
         try:
             plan = FusionPlan.from_dict(data["plan"])
         except (ValueError, TypeError) as e:
-            raise _NoPlan(f"the service's answer is not a valid plan: {e}") from None
+            raise NoPlan(f"the service's answer is not a valid plan: {e}") from None
         try:
             plan.validate(graph)
         except (ValueError, TypeError) as e:
-            raise _NoPlan(f"the service's plan does not fit this step: {e}") from None
+            raise NoPlan(f"the service's plan does not fit this step: {e}") from None
         report = data.get("report") if isinstance(data.get("report"), dict) else {}
         if report.get("environment") != environment:  # the key holds it: a plan for another key
-            raise _NoPlan(f"the service answered a plan made for another environment: "
+            raise NoPlan(f"the service answered a plan made for another environment: "
                           f"{str(report.get('environment'))[:300]}, this job's is {environment}")
         if isinstance(data.get("measured"), dict):
             report = {**report, "measured": data["measured"]}
         key = data.get("key") if isinstance(data.get("key"), str) else None
         offered = data.get("candidates") if isinstance(data.get("candidates"), list) else None
         return plan, report, key, offered
-
-    def _job_not_done(self, state: str, progress: Any) -> str:
-        return (f"the plan job was not done within timeout_s={self.timeout_s:g} (state {state}, progress "
-                f"{progress}); it goes on in the service, and a later run of this step gets its plan "
-                "(or give timeout_s more)")
-
-    def _request(self, method: str, path: str, body: Any, deadline: float) -> tuple[int, Any]:
-        """One HTTP request within the deadline; returns (status, parsed JSON). Raises _TimedOut
-        where the deadline passes before or during it."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise _TimedOut(f"timed out after timeout_s={self.timeout_s:g} before {method} {path}")
-        headers = {"Accept": "application/json"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(self.service + path, data=data, headers=headers, method=method)
-        with _Deadline(remaining) as deadline_left:
-            try:
-                try:
-                    with _opener(deadline_left).open(req, timeout=remaining) as resp:
-                        status, raw = resp.status, resp.read(_MAX_RESPONSE)
-                except urllib.error.HTTPError as e:
-                    with e:
-                        status, raw = e.code, e.read(_MAX_RESPONSE)
-            except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException) as e:
-                # HTTPException: an answer that is not HTTP (BadStatusLine, LineTooLong, IncompleteRead)
-                if not deadline_left.passed:
-                    reason = getattr(e, "reason", e)
-                    raise _NoPlan(f"{method} {path} failed: {type(reason).__name__}: {reason}") from None
-        if deadline_left.passed:  # its sockets were shut: what was read is cut short
-            raise _TimedOut(f"{method} {path} did not finish within timeout_s={self.timeout_s:g}")
-        try:
-            parsed = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise _NoPlan(f"{method} {path} answered {status} with a body that is not JSON: {raw[:80]!r}") from None
-        if not isinstance(parsed, dict):
-            raise _NoPlan(f"{method} {path} answered {status} with JSON that is not an object")
-        return status, parsed
-
-
-class _Deadline:
-    """Shuts down the sockets of one request when ``seconds`` have passed.
-
-    urlopen's ``timeout`` bounds each socket operation, not the request: a service that answers a
-    byte at a time held the step for as long as it kept sending. Shutting the sockets down ends
-    whatever read is blocked; ``passed`` then says why.
-    """
-
-    def __init__(self, seconds: float):
-        self.passed = False
-        self._socks: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-
-    def __enter__(self) -> _Deadline:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._timer.cancel()
-
-    def watch(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._socks.append(sock)
-            passed = self.passed
-        if passed:
-            _shut(sock)
-
-    def _expire(self) -> None:
-        with self._lock:
-            self.passed = True
-            socks = list(self._socks)
-        for sock in socks:
-            _shut(sock)
-
-
-def _shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-class _WatchedConnections:
-    """A urllib handler whose connections register their socket with a :class:`_Deadline`."""
-
-    deadline: _Deadline
-
-    def do_open(self, http_class: Any, req: Any, **kw: Any) -> Any:
-        deadline = self.deadline
-
-        def connection(host: str, **conn_kw: Any) -> Any:
-            conn = http_class(host, **conn_kw)
-            connect = conn.connect
-
-            def watched_connect() -> None:
-                connect()
-                deadline.watch(conn.sock)
-
-            conn.connect = watched_connect
-            return conn
-
-        return super().do_open(connection, req, **kw)  # type: ignore[misc]
-
-
-class _WatchedHTTP(_WatchedConnections, urllib.request.HTTPHandler):
-    pass
-
-
-class _WatchedHTTPS(_WatchedConnections, urllib.request.HTTPSHandler):
-    pass
-
-
-def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
-    """urllib's opener (proxies and redirects as urlopen's) with its connections under ``deadline``."""
-    handlers = [_WatchedHTTP(), _WatchedHTTPS()]
-    for h in handlers:
-        h.deadline = deadline
-    return urllib.request.build_opener(*handlers)
 
 
 def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = "auto",
@@ -743,8 +575,8 @@ def jit(step_fn: Callable[..., Any], service: str | None = None, cluster: Any = 
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
             raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
     if service is not None:
-        _check_service_url(service)
-    token = _checked_token(token)
+        check_service_url(service)
+    token = checked_token(token)
     _check_cluster(cluster)
     check_options(options)
     return PlannedStep(step_fn, service=service, cluster=cluster, timeout_s=timeout_s, token=token,
@@ -759,50 +591,6 @@ def _check_cluster(cluster: Any) -> None:
     if not isinstance(cluster, ClusterSpec) and not (isinstance(cluster, str) and cluster in (*PRESETS, "auto")):
         raise ValueError(f"cluster: expected a ClusterSpec, 'auto' or a preset name ({', '.join(PRESETS)}), "
                          f"got {cluster!r:.80}")
-
-
-def _checked_token(token: Any) -> str | None:
-    """The token as the ``Authorization`` header carries it: surrounding whitespace dropped (a
-    token read from a file ends in a newline; the service strips what it receives too).
-
-    Raises:
-      TypeError: for a token that is not a string.
-      ValueError: for one with characters an HTTP header cannot carry (the request raised at the
-        first step).
-    """
-    if token is None:
-        return None
-    if not isinstance(token, str):
-        raise TypeError(f"token: expected the service's bearer token as a str, got {type(token).__name__}")
-    token = token.strip()
-    bad = next((c for c in token if not " " <= c < "\x7f"), None)
-    if bad is not None:
-        raise ValueError(f"token: expected printable ASCII (what an HTTP header carries), got a token "
-                         f"holding {bad!r}")
-    return token
-
-
-def _check_service_url(url: Any) -> None:
-    """ValueError unless ``url`` is an http(s) base URL with a host (a wrong URL is a setup error,
-    raised at once, not a service outage to fall back from at the first step)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url) if isinstance(url, str) else None
-    expected = "service: expected the plan service's base URL, e.g. 'http://127.0.0.1:8000', got"
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{expected} {url!r}")
-    if not all(" " < c < "\x7f" for c in url):  # http.client refuses them at the first request
-        raise ValueError(f"{expected} {url!r}, which holds whitespace, control or non-ASCII characters "
-                         "(percent-encode them)")
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise ValueError(f"{expected} {url!r}, with a query or fragment (disco appends /v1/plans to the URL)")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(f"{expected} {url!r}, with a user name (the client sends no user:password; "
-                         "writes take token=)")
-    try:
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
-    except ValueError:
-        raise ValueError(f"service: the port of {url!r} is not a number in 0-65535") from None
 
 
 def _candidates(plan: Any, report: dict[str, Any] | None, offered: list[Any] | None, graph: Any,
