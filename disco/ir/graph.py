@@ -14,11 +14,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disco.ir import flops as _flops
@@ -27,6 +26,8 @@ from disco.ir import opcodes as _opcodes
 from disco.ir.loop_collectives import SUFFIX as LOCAL_SUFFIX
 from disco.ir.opcodes import ALL_REDUCE_OPCODES
 from disco.ir import hlo_module, hlo_parse
+from disco.ir.fingerprint import computation_hashes, fingerprint_of, strip_layout
+from disco.ir.gradients import dataflow_gradients
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -35,14 +36,6 @@ if TYPE_CHECKING:
 SCHEMA = "disco.graph/1"  # the file format's name; graphs written by earlier versions carry it too
 _GRAD_RE = re.compile(r"disco_grad\[(.*)\]")
 _LAYOUT_RE = re.compile(r"\]\{([0-9,]*)")
-_BRACES_RE = re.compile(r"\{[^{}]*\}")
-_BLOCK_COMMENT_RE = re.compile(r"/\*.*?\*/")
-_CANON_DROP_ATTRS = frozenset({"metadata", "channel_id", "origin", "statistics"})
-# Where jax traced an instruction from: metadata fields that the legacy attribute split can leave
-# inside another attribute's value (see _fingerprint_attrs), and that must not count.
-_LOCATION_FIELD_RE = re.compile(
-    r'\s*\b(?:stack_frame_id|source_line|source_end_line|source_column|source_end_column)=\d+'
-    r'|\s*\bsource_file="(?:[^"\\]|\\.)*"')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,51 +348,6 @@ def _nondefault_layout_of(shape: str) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=8192)
-def _strip_layout(shape: str) -> str:
-    return _BRACES_RE.sub("", _BLOCK_COMMENT_RE.sub("", shape)).replace(" ", "")
-
-
-def _inlinable(module: hlo_module.Module) -> set[str]:
-    """Computations called by exactly one ``call`` instruction (and by nothing else)."""
-    uses: collections.Counter[str] = collections.Counter()
-    for comp in module.computations:
-        for ins in comp.instructions:
-            for c in ins.called:
-                uses[(c, ins.opcode == "call")] += 1
-    return {c for (c, is_call), n in uses.items() if is_call and n == 1 and uses[(c, False)] == 0}
-
-
-def step_computations(module: hlo_module.Module, entry: hlo_module.Computation | None = None,
-                      inline: set[str] | None = None) -> list[hlo_module.Computation]:
-    """The entry computation and the computations inlined into it.
-
-    A computation is inlined when a single ``call`` instruction uses it (jax's
-    shard_map body); a computation called from several places (a nested
-    ``jax.jit``) stays behind its ``call`` nodes, which then count its flops.
-
-    Args:
-      module: the module.
-      entry: the computation to start from (default the module's entry; a loop body
-        for :class:`Loop` graphs).
-      inline: ``_inlinable(module)``, when the caller has it already.
-    """
-    comps = {c.name: c for c in module.computations}
-    inline = _inlinable(module) if inline is None else inline
-    out: list[hlo_module.Computation] = []
-
-    def visit(comp: hlo_module.Computation) -> None:
-        out.append(comp)
-        for ins in comp.instructions:
-            if ins.opcode == "call":
-                for c in ins.called:
-                    if c in comps and c in inline:
-                        visit(comps[c])
-
-    visit(module.entry if entry is None else entry)
-    return out
-
-
 def _grad_path(ins: hlo_module.Instruction) -> str | None:
     name = ins.op_name
     if not name:
@@ -415,97 +363,6 @@ def _reduction_opcode(module: hlo_module.Module, ins: hlo_module.Instruction) ->
         except KeyError:
             return None
     return None
-
-
-def _canonical_computation_hashes(module: hlo_module.Module) -> dict[str, str]:
-    memo: dict[str, str] = {}
-    comps = {c.name: c for c in module.computations}
-
-    def h(name: str) -> str:
-        if name in memo:
-            return memo[name]
-        memo[name] = "rec"
-        comp = comps.get(name)
-        memo[name] = _hash_lines(_canonical_lines(comp.instructions, h)) if comp else "missing"
-        return memo[name]
-
-    for c in module.computations:
-        h(c.name)
-    return memo
-
-
-def _canonical_lines(instrs: Iterable[hlo_module.Instruction], comp_hash) -> list[str]:
-    idx: dict[str, int] = {}
-    lines = []
-    for i, ins in enumerate(instrs):
-        idx[ins.name] = i
-        attrs = []
-        raw_attrs = _fingerprint_attrs(ins)
-        for k in sorted(raw_attrs):
-            if k in _CANON_DROP_ATTRS:
-                continue
-            v = raw_attrs[k]
-            if k in hlo_module.CALL_ATTRS:
-                v = ",".join(comp_hash(c) for c in ins.called)
-            attrs.append(f"{k}={v}")
-        ops = ",".join(str(idx.get(o, "?")) for o in ins.operands)
-        lit = (ins.fingerprint_literal or ins.raw_operands) if ins.opcode in ("constant", "parameter", "iota") else ""
-        lines.append(f"{ins.opcode}|{_strip_layout(ins.shape)}|{ops}|{lit}|{';'.join(attrs)}|{int(ins.is_root)}")
-    return lines
-
-
-def _fingerprint_attrs(ins: hlo_module.Instruction) -> dict[str, str]:
-    """The attributes as the fingerprint reads them: as the first parser split them.
-
-    That parser counted the ``<`` of ``<=`` (``sharding={devices=[2,1]<=[2]}``) as an
-    opening bracket, so an attribute list holding one read as fewer, longer attributes
-    (the later ones, metadata included, inside the earlier one's value), and it kept
-    XLA's ``/*index=N*/`` markers in values. Fingerprints already stored (plan service,
-    datasets) were computed that way, so the fingerprint keeps reading attributes that
-    way (other comments, and line breaks between attributes, do not count);
-    ``Instruction.attrs`` holds the correct split, comment-free.
-
-    Source locations inside such a value are dropped: the metadata that lands there can carry a
-    ``stack_frame_id`` (jax 0.8.3 gives the ``Sharding`` custom-calls of a ``shard_map`` step
-    one), which depends on the Python call stack that traced the step, so the same step traced
-    from two programs would otherwise get two fingerprints (measured: the coordinator and the
-    workers of ``disco.runtime.multiprocess``). No zoo step of jax 0.10.2 has one there, so their
-    fingerprints are unchanged.
-    """
-    if not ins.fingerprint_attrs:
-        return ins.attrs
-    out: dict[str, str] = {}
-    for part in hlo_parse.split_top_level(ins.fingerprint_attrs, angle_brackets=True):
-        key, eq, val = part.partition("=")
-        out[key.strip()] = _LOCATION_FIELD_RE.sub("", val.strip()) if eq else ""
-    return out
-
-
-def _hash_lines(lines: Sequence[str]) -> str:
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
-
-
-def fingerprint(module: hlo_module.Module) -> str:
-    """A hash of the canonical step program: names, metadata and channel ids left out.
-
-    Layouts do not count: two modules that differ only in the ``{1,0}`` layouts of their
-    shapes (or in the module header's ``entry_computation_layout``) have the same
-    fingerprint, because plans are written against the pre-optimisation program, whose
-    layouts are XLA's defaults; a non-default layout is kept on the node (``Node.layout``).
-    Comments and line breaks between tokens do not count either, with one exception kept
-    for compatibility with fingerprints already stored: XLA's ``/*index=N*/`` markers
-    inside attribute values and literals count, and an attribute list holding ``<=`` is
-    split as the first parser split it (see ``_fingerprint_attrs``), which puts the metadata
-    after such an attribute inside that attribute's value: there metadata does count, so the
-    same step's text with and without ``debug_info`` can differ in fingerprint (a shard_map
-    step's sharding custom-calls; measured on mlp tiny). Compare texts printed the same way,
-    as ``disco.extract`` and ``xla_hooks.apply`` (both with ``debug_info``) do.
-    """
-    return _fingerprint_of(_canonical_computation_hashes(module), step_computations(module))
-
-
-def _fingerprint_of(comp_hashes: dict[str, str], step: Iterable[hlo_module.Computation]) -> str:
-    return _hash_lines([f"computation {comp_hashes[comp.name]}" for comp in step])[:32]
 
 
 def _ordered_instructions(module: hlo_module.Module, entry: hlo_module.Computation,
@@ -564,9 +421,9 @@ def from_module(module: hlo_module.Module) -> HloGraph:
     count and its body and condition computations as graphs built the same way.
     """
     facts = _ModuleFacts(module=module, comps={c.name: c for c in module.computations},
-                         inline=_inlinable(module), flops=_flops.module_flops(module),
+                         inline=hlo_module.inlinable(module), flops=_flops.module_flops(module),
                          trips=_loops.trip_counts(module),
-                         comp_hashes=_canonical_computation_hashes(module))
+                         comp_hashes=computation_hashes(module))
     return _graph_of(facts, module.entry, module.name, depth=0)
 
 
@@ -576,7 +433,7 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
         raise hlo_parse.HloParseError(f"while loops nested more than 64 deep at computation {entry.name!r}")
     module = facts.module
     per_ins_flops = facts.flops
-    step = step_computations(module, entry, facts.inline)
+    step = hlo_module.step_computations(module, entry, facts.inline)
     by_comp = {c.name: c for c in step}
     ordered = _ordered_instructions(module, entry, facts.inline)
     names = _graph_names(ordered)
@@ -594,7 +451,7 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
         inlined = ins.opcode == "call" and ins.called and all(c in by_comp for c in ins.called)
         nodes.append(Node(
             name=names[key], opcode=ins.opcode, computation=ins.computation,
-            shape=_strip_layout(ins.shape), dtype=arrays[0].dtype if arrays else "token",
+            shape=strip_layout(ins.shape), dtype=arrays[0].dtype if arrays else "token",
             out_bytes=ins.out_bytes, out_elements=sum(a.elements for a in arrays),
             flops=0.0 if inlined else float(per_ins_flops.get(key, 0.0)), operands=operands,
             grad_bytes=_reduced_bytes(ins, scopes) if is_ar else 0,
@@ -645,122 +502,7 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
                           body=_graph_of(facts, body, f"{name}/{body.name}", depth + 1),
                           condition=_graph_of(facts, cond, f"{name}/{cond.name}", depth + 1)))
     return HloGraph(name=name, nodes=tuple(nodes), edges=tuple(edges),
-                    fingerprint=_fingerprint_of(facts.comp_hashes, step), loops=tuple(loops))
-
-
-# Ops that pass a value on to the step's outputs unchanged (the wrappers around a step's results).
-_PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "custom-call", "copy", "bitcast", "reshape", "call"})
-
-
-def predecessors(n_nodes: int, edges: Iterable[tuple[int, int]]) -> list[list[int]]:
-    """Each node's producers, from (producer, consumer) edges."""
-    preds: list[list[int]] = [[] for _ in range(n_nodes)]
-    for s, d in edges:
-        preds[d].append(s)
-    return preds
-
-
-def reaching(preds: Sequence[Sequence[int]], seeds: dict[int, int]) -> list[int]:
-    """Per node (in a topological order), the OR of the seed bits of itself and every node upstream.
-
-    ``seeds`` maps node indices to bits (one per node of interest); one linear pass.
-    """
-    out = [0] * len(preds)
-    for i, ps in enumerate(preds):
-        bits = seeds.get(i, 0)
-        for p in ps:
-            bits |= out[p]
-        out[i] = bits
-    return out
-
-
-def dataflow_gradients(nodes: Sequence[Node], edges: Sequence[tuple[int, int]], root: int,
-                       op_names: dict[int, str | None], numbers: dict[int, int]) -> dict[int, str]:
-    """The all-reduces that reduce gradients, found by dataflow: node index -> parameter path.
-
-    An all-reduce reduces a gradient when its result feeds the parameter update: it reaches a
-    step output of its own size (the updated parameter, or an optimizer state of the
-    parameter's shape; dtype and element count, as XLA's partitioner may reduce a transposed
-    gradient), and a parameter of that size reaches the same output. The loss's all-reduce
-    reaches only the loss, which no parameter of its size reaches (unless the model has a
-    scalar parameter of the loss's dtype), and an all-reduce that jax's metadata places in
-    a forward pass (``jvp(`` without ``transpose(``) is never one. The path is the matching
-    parameter's name as jax wrote it (``params['dense']['kernel']``), or its instruction name.
-
-    Args:
-      nodes, edges: the graph's nodes (in a topological order) and edges.
-      root: the index of the step's root node.
-      op_names: parameter and all-reduce node index -> the op_name jax gave it (None without).
-      numbers: parameter node index -> its parameter number.
-    """
-    preds = predecessors(len(nodes), edges)
-    outputs: set[int] = set()
-    stack, seen = [root], {root}
-    while stack:
-        i = stack.pop()
-        if nodes[i].opcode in _PASS_THROUGH:
-            for p in preds[i]:
-                if p not in seen:
-                    seen.add(p)
-                    stack.append(p)
-        else:
-            outputs.add(i)
-    ar_bit = {i: 1 << k for k, i in enumerate(i for i, n in enumerate(nodes) if n.is_all_reduce)}
-    params = [i for i, n in enumerate(nodes) if n.opcode == "parameter"]
-    param_bit = {i: 1 << k for k, i in enumerate(params)}
-    ars_of_shape: dict[tuple[str, int], int] = collections.defaultdict(int)
-    params_of_shape: dict[tuple[str, int], int] = collections.defaultdict(int)
-    for i, bit in ar_bit.items():
-        ars_of_shape[(nodes[i].dtype, nodes[i].out_elements)] |= bit
-    for i, bit in param_bit.items():
-        params_of_shape[(nodes[i].dtype, nodes[i].out_elements)] |= bit
-    reach_ar = reaching(preds, ar_bit)  # all-reduces upstream of a node, itself included
-    reach_param = reaching(preds, param_bit)
-    by_bit = {bit: i for i, bit in ar_bit.items()}
-    candidates = []
-    for o in outputs:
-        size = (nodes[o].dtype, nodes[o].out_elements)
-        grads = reach_ar[o] & ars_of_shape.get(size, 0)
-        if grads and reach_param[o] & params_of_shape.get(size, 0):
-            candidates.append((bin(grads).count("1"), o, grads))
-    best: dict[int, tuple[int, int, str]] = {}
-    for count, o, grads in candidates:  # the output fed by the fewest all-reduces, then the first parameter
-        rank = (count, *_updated_parameter(nodes, preds, o, op_names, numbers))
-        while grads:
-            bit = grads & -grads
-            grads ^= bit
-            i = by_bit[bit]
-            if i not in best or rank < best[i]:
-                best[i] = rank
-    found = {i: rank[2] for i, rank in best.items()}
-    return {i: path for i, path in found.items() if not _in_forward_pass(op_names.get(i))}
-
-
-def _updated_parameter(nodes: Sequence[Node], preds: list[list[int]], output: int,
-                       op_names: dict[int, str | None], numbers: dict[int, int]) -> tuple[int, str]:
-    """The parameter an output updates, as (parameter number, name): of the output's size,
-    reached back through elementwise ops (``p - lr * g``); the lowest-numbered one jax named."""
-    size = (nodes[output].dtype, nodes[output].out_elements)
-    stack, seen, found = [output], {output}, []
-    while stack:
-        i = stack.pop()
-        node = nodes[i]
-        if node.opcode == "parameter" and (node.dtype, node.out_elements) == size:
-            found.append(i)
-        if node.opcode in _PASS_THROUGH or node.opcode in _opcodes.ELEMENTWISE or node.opcode == "parameter":
-            for p in preds[i]:
-                if p not in seen:
-                    seen.add(p)
-                    stack.append(p)
-    named = sorted((numbers.get(i, 1 << 30), str(op_names[i])) for i in found if op_names.get(i))
-    if named:
-        return named[0]
-    return (1 << 30, nodes[min(found)].name if found else nodes[output].name)
-
-
-def _in_forward_pass(op_name: str | None) -> bool:
-    """jax's op_name places an instruction in a forward (linearised, not transposed) pass."""
-    return op_name is not None and "jvp(" in op_name and "transpose(" not in op_name
+                    fingerprint=fingerprint_of(facts.comp_hashes, step), loops=tuple(loops))
 
 
 def _reduced_bytes(ins: hlo_module.Instruction, scopes: dict[str, dict[str, hlo_module.Instruction]]) -> int:

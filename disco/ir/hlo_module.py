@@ -5,6 +5,7 @@ Plain frozen dataclasses, no parsing (:mod:`disco.ir.hlo_parse` builds them from
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -57,7 +58,7 @@ class Instruction:
     computation: str
     is_root: bool = False
     line: int = dataclasses.field(default=0, compare=False)  # 1-based line in the file
-    # What the fingerprint reads where it differs from the above (see graph.fingerprint): the
+    # What the fingerprint reads where it differs from the above (see disco.ir.fingerprint): the
     # attribute list and a literal with XLA's /*index=N*/ markers kept; "" when no different.
     fingerprint_attrs: str = dataclasses.field(default="", compare=False, repr=False)
     fingerprint_literal: str = dataclasses.field(default="", compare=False, repr=False)
@@ -126,3 +127,43 @@ class Module:
             if comp.name == name:
                 return comp
         raise KeyError(f"no computation named {name!r} in module {self.name!r}")
+
+
+def inlinable(module: Module) -> set[str]:
+    """Computations called by exactly one ``call`` instruction (and by nothing else)."""
+    uses: collections.Counter[str] = collections.Counter()
+    for comp in module.computations:
+        for ins in comp.instructions:
+            for c in ins.called:
+                uses[(c, ins.opcode == "call")] += 1
+    return {c for (c, is_call), n in uses.items() if is_call and n == 1 and uses[(c, False)] == 0}
+
+
+def step_computations(module: Module, entry: Computation | None = None,
+                      inline: set[str] | None = None) -> list[Computation]:
+    """The entry computation and the computations inlined into it.
+
+    A computation is inlined when a single ``call`` instruction uses it (jax's
+    shard_map body); a computation called from several places (a nested
+    ``jax.jit``) stays behind its ``call`` nodes, which then count its flops.
+
+    Args:
+      module: the module.
+      entry: the computation to start from (default the module's entry; a loop body
+        for :class:`disco.ir.graph.Loop` graphs).
+      inline: ``inlinable(module)``, when the caller has it already.
+    """
+    comps = {c.name: c for c in module.computations}
+    inline = inlinable(module) if inline is None else inline
+    out: list[Computation] = []
+
+    def visit(comp: Computation) -> None:
+        out.append(comp)
+        for ins in comp.instructions:
+            if ins.opcode == "call":
+                for c in ins.called:
+                    if c in comps and c in inline:
+                        visit(comps[c])
+
+    visit(module.entry if entry is None else entry)
+    return out

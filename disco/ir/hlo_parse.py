@@ -122,7 +122,7 @@ def split_top_level(text: str, sep: str = ",", *, angle_brackets: bool = False) 
     dynamic dimensions, iota replica groups) and ``->``. ``angle_brackets=True``
     counts them as brackets all the same (the ``>`` of ``->`` excepted): the split
     graph fingerprints were first computed with, which they keep
-    (``disco.ir.graph._fingerprint_attrs``).
+    (``disco.ir.fingerprint._fingerprint_attrs``).
     """
     opens, closes = ("([{<", ")]}>") if angle_brackets else ("([{", ")]}")
     parts: list[str] = []

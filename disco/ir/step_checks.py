@@ -7,7 +7,7 @@ with explicit all-reduces in the pre-optimisation HLO; a ``jax.jit`` step with s
 (:mod:`disco.ir.gspmd`). A step on one device has none, and a step that reduces a gradient
 twice (a ``pmean`` of a gradient jax already summed) has an all-reduce feeding another, which
 no bucketing can merge. Gradients are found by dataflow (an all-reduce whose result feeds the
-parameter update, :func:`disco.ir.graph.dataflow_gradients`), or named by a
+parameter update, :func:`disco.ir.gradients.dataflow_gradients`), or named by a
 ``jax.named_scope("disco_grad[...]")`` around their all-reduce, which wins where present; when
 neither finds one every all-reduce (the loss's too) is bucketed alike. The guide "Bring your own step"
 (docs/guides/your-own-step.md) shows steps that pass these checks.
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import warnings
 
-from disco.ir.graph import HloGraph, predecessors, reaching
+from disco.ir.gradients import predecessors, reaching
+from disco.ir.graph import HloGraph
 
 GUIDE_POINTER = "see docs/guides/your-own-step.md (Bring your own step)"
 
