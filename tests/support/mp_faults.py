@@ -55,13 +55,13 @@ def _kill(pid: int) -> None:
 
 
 def _kill_services(plan: dict[str, list]) -> None:
-    from xla_hooks import hook
+    from xla_hooks import hook, service_client
 
-    request, service_plan = hook.PlannedStep._request, hook.PlannedStep._service_plan
+    request, service_plan = service_client.ServiceClient.request, hook.PlannedStep._service_plan
 
     def killing_request(self, method, path, body, deadline):
         status, data = request(self, method, path, body, deadline)
-        pid, when = plan.get(self.service, (None, None))
+        pid, when = plan.get(self.base, (None, None))
         if when == "accepted" and method == "POST" and path == "/v1/plans" and status == 202:
             _kill(pid)
         return status, data
@@ -73,7 +73,7 @@ def _kill_services(plan: dict[str, list]) -> None:
             _kill(pid)
         return out
 
-    hook.PlannedStep._request = killing_request
+    service_client.ServiceClient.request = killing_request
     hook.PlannedStep._service_plan = killing_service_plan
 
 

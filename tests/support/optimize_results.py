@@ -4,6 +4,7 @@ CLI and the reprs."""
 from __future__ import annotations
 
 from disco import optimizer as opt
+from disco.optimizer import _choice  # noqa: F401 - opt._choice below, loaded whatever ran before
 from disco.plans.plan import FusionPlan
 from xla_hooks.measure import Measurement
 

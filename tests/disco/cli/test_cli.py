@@ -44,7 +44,8 @@ def test_the_commands_table_lists_every_subcommand_once():
 
 
 CLI_DIR = REPO / "disco" / "cli"
-COMMAND_MODULES = sorted(p.stem for p in CLI_DIR.glob("*.py") if p.stem not in ("__init__", "common"))
+# besides the commands: common (what several commands share) and a command's private helpers (_<command>_*)
+COMMAND_MODULES = sorted(p.stem for p in CLI_DIR.glob("*.py") if p.stem != "common" and not p.stem.startswith("_"))
 
 
 @pytest.mark.fast
@@ -57,8 +58,11 @@ def test_a_command_module_imports_no_other_command_module(module):
 
     assert module in {f.__module__.rsplit(".", 1)[-1] for f in cli.COMMANDS.values()}, module
     tree = ast.parse((CLI_DIR / f"{module}.py").read_text())
+    own = f"_{module.replace('-', '_')}_"
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("disco.cli"):
+        if isinstance(node, ast.ImportFrom) and node.module == "disco.cli":  # a helper module of its own only
+            assert all(a.name.startswith(own) for a in node.names), f"{module} imports {[a.name for a in node.names]}"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("disco.cli"):
             assert node.module == "disco.cli.common", f"{module} imports {node.module}"
             assert not [a.name for a in node.names if a.name.startswith("_")], f"{module}: private names"
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
@@ -797,7 +801,7 @@ def test_optimize_across_processes_prints_within_120_columns(capsys):
     import dataclasses
 
     from disco import optimizer as opt
-    from disco.cli import optimize as optimize_cli
+    from disco.cli import _optimize_report as optimize_report
     from tests.support.optimize_results import built_result
 
     def row(plan, kind, speedup):
@@ -819,7 +823,7 @@ def test_optimize_across_processes_prints_within_120_columns(capsys):
     info = {"model": "mlp", "preset": "tiny", "processes": 2, "devices_per_process": 4, "devices": 8,
             "device_kind": "cpu", "over": "127.0.0.1 (gloo)", "cost_model_info": {"name": "analytic"},
             "cluster_spec": {"label": "calibrated-across-2-processes-over-an-emulated-link"}}
-    optimize_cli._print_table(res, info)
+    optimize_report.print_table(res, info)
     out = capsys.readouterr().out
     assert not _too_wide(out), _too_wide(out)
     text = " ".join(out.split())

@@ -134,7 +134,7 @@ def test_the_stage_runs_on_cpu_devices_only(monkeypatch):
 def test_compiled_origins_are_reported(capsys):
     """The table's "(by)" says cmp and cmp+cor; the accuracy line counts them and puts the simulator
     alone beside them."""
-    from disco.cli import optimize as optimize_cli
+    from disco.cli import _optimize_report as optimize_report
 
     base = built_result()
     by = {"xla_default": "emulated", "ddp": "compiled", "horovod": "compiled-corrected"}
@@ -143,7 +143,7 @@ def test_compiled_origins_are_reported(capsys):
     res = dataclasses.replace(base, rows=rows)
     info = {"model": "mlp", "preset": "tiny", "devices": 8, "device_kind": "cpu",
             "cost_model_info": {"name": "analytic"}, "cluster_spec": {}}
-    optimize_cli._print_table(res, info)
+    optimize_report.print_table(res, info)
     out = capsys.readouterr().out
     assert max(len(ln) for ln in out.splitlines()) <= 120  # the table's width (tests/disco/cli/test_cli.py)
     cells = {ln.split("│")[1].strip().rstrip(" *"): ln.split("│")[3].split()[-1] for ln in out.splitlines()

@@ -19,6 +19,7 @@ import trax_models
 import xla_hooks
 from disco.plans import baselines
 from disco import optimizer as opt
+from disco.optimizer import _choice  # noqa: F401 - opt._choice below, whichever test runs first
 from disco.plans.plan import FusionPlan
 from tests.support.equivalence import assert_allclose_leaves, three_steps
 from tests.support.optimize_results import built_result, contradicting_result, m, row
@@ -220,12 +221,12 @@ def test_cli_writes_the_plan_trace_and_plot_from_a_result(pipeline, tmp_path):
 def test_the_plot_labels_each_measured_time_clear_of_its_whisker(pipeline):
     import matplotlib.pyplot as plt
 
-    from disco.cli import optimize as optimize_cli
+    from disco.cli import _optimize_report as optimize_report
 
-    fig = optimize_cli.draw_timelines(pipeline.result)
+    fig = optimize_report.draw_timelines(pipeline.result)
     try:
         bars = fig.axes[-1]
-        _, measured = optimize_cli.measured_times(pipeline.result)
+        _, measured = optimize_report.measured_times(pipeline.result)
         labels = {round(t.get_position()[1]): t for t in bars.texts}
         assert len(labels) == len(measured)
         for i, (median, _, high) in enumerate(measured.values()):
@@ -399,18 +400,18 @@ INFO = {"model": "mlp", "preset": "tiny", "devices": 4, "device_kind": "cpu", "c
 def test_the_verdict_prints_one_stage_per_line(capsys):
     """The first run, the run-off and the confirmation each on a line of their own (issue 20: one
     400-character sentence was the densest output a newcomer met); --json keeps the sentence whole."""
-    from disco.cli import optimize as optimize_cli
+    from disco.cli import _optimize_report as optimize_report
     from disco.cli.common import table_console
 
     verdict = ("reduce_fusion measured 1.527x faster than xla_default (44.151 vs 64.144 ms median) (in this run "
                "the min-max ranges overlap, so this run alone cannot tell the gain from noise); but disco_3 was the "
                "best in a run-off of 4 (disco_3 1.846x, reduce_fusion 1.790x); confirmed in a second run: 1.655x "
                "paired over 27 rounds; 48.375 vs 76.506 ms median; the best baseline, ddp, 1.627x")
-    stages = optimize_cli.verdict_stages(verdict)
+    stages = optimize_report.verdict_stages(verdict)
     assert [s.split()[0] for s in stages] == ["reduce_fusion", "but", "confirmed"]
     assert "; ".join(stages) == verdict  # nothing lost, nothing added
-    assert optimize_cli.verdict_stages("ddp measured 1.300x faster") == ["ddp measured 1.300x faster"]
-    optimize_cli._print_verdict(table_console(300), verdict)
+    assert optimize_report.verdict_stages("ddp measured 1.300x faster") == ["ddp measured 1.300x faster"]
+    optimize_report.print_verdict(table_console(300), verdict)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("verdict: reduce_fusion measured 1.527x")
     assert out[1].startswith("  but disco_3 was the best in a run-off of 4")
@@ -419,13 +420,13 @@ def test_the_verdict_prints_one_stage_per_line(capsys):
 
 @pytest.mark.fast
 def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
-    from disco.cli import optimize as optimize_cli
+    from disco.cli import _optimize_report as optimize_report
 
     result = built_result()
     assert result.speedup == 1.25 and result.to_dict()["confirmed_speedup"] == 1.25
     assert result.to_dict()["speedup_vs_xla_default"] == 1.25
     assert [r["speedup_vs_xla_default"] for r in result.to_dict()["rows"]] == [1.0, 1.30, 1.20]
-    optimize_cli._print_table(result, INFO)
+    optimize_report.print_table(result, INFO)
     out = capsys.readouterr().out
     assert "verdict: ddp measured 1.300x faster" in out
     lines = [ln for ln in out.splitlines() if ln.strip().startswith(("│ ddp", "│ horovod"))]
@@ -443,11 +444,11 @@ def test_the_table_shows_paired_speedups_and_the_confirmation(capsys):
 
 @pytest.mark.fast
 def test_the_printed_lines_agree_with_each_other(capsys):
-    from disco.cli import optimize as optimize_cli
+    from disco.cli import _optimize_report as optimize_report
 
     result = contradicting_result()
     assert result.chosen == "ddp" and result.speedup == pytest.approx(1.369)
-    optimize_cli._print_table(result, INFO)
+    optimize_report.print_table(result, INFO)
     out = capsys.readouterr().out
     rows = [ln.split()[1] for ln in out.splitlines() if ln.startswith("│ ") and "x" in ln]
     assert rows[:2] == ["ddp", "horovod"]  # the answer sits first: where it was found, the run-off
@@ -467,11 +468,11 @@ def test_the_printed_lines_agree_with_each_other(capsys):
 
 @pytest.mark.fast
 def test_the_plot_shows_the_measured_times_of_the_confirmation_run():
-    from disco.cli import optimize as optimize_cli
+    from disco.cli import _optimize_report as optimize_report
 
-    source, times = optimize_cli.measured_times(contradicting_result())
+    source, times = optimize_report.measured_times(contradicting_result())
     assert source == "confirmation run" and times == {"xla_default": (0.1369,) * 3, "ddp": (0.1,) * 3}
-    source, times = optimize_cli.measured_times(dataclasses.replace(built_result(), confirmation=None))
+    source, times = optimize_report.measured_times(dataclasses.replace(built_result(), confirmation=None))
     assert source == "first run" and times == {"xla_default": (0.1, 0.09, 0.12), "ddp": (0.08, 0.07, 0.09)}
 
 
@@ -761,7 +762,7 @@ def test_fusion_decisions_name_what_is_not_buckets():
 def test_the_answer_over_the_best_baseline_is_reported_with_its_interval(capsys):
     """The confirmation's direct pairing of the answer and the best baseline, and how far it can
     be trusted (a bootstrap interval over the rounds), reach the result, its JSON and the table."""
-    from disco.cli import optimize as optimize_cli
+    from disco.cli import _optimize_report as optimize_report
 
     confirm = {"xla_default": m(10.0, 10.0, 10.0, 10.0, 10.0), "disco_1": m(8.0, 8.2, 7.9, 8.1, 8.0),
                "horovod": m(8.4, 8.3, 8.5, 8.6, 8.4)}
@@ -779,7 +780,7 @@ def test_the_answer_over_the_best_baseline_is_reported_with_its_interval(capsys)
     d = json.loads(json.dumps(result.to_dict()))
     assert d["confirmed_vs_best_baseline"] == c.vs_baseline and d["confirmed_vs_best_baseline_interval"] == [lo, hi]
     assert f"disco_1 {c.vs_baseline:.3f}x of it (90% interval {lo:.3f}-{hi:.3f})" in result.summary()
-    optimize_cli._print_table(result, INFO)
+    optimize_report.print_table(result, INFO)
     text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert f"disco_1 {c.vs_baseline:.3f}x of horovod (90% interval {lo:.3f}-{hi:.3f})" in text
     # the baseline kept: the answer is that baseline (1.0), and the candidate's interval is not the answer's
