@@ -14,6 +14,8 @@ import pytest
 from tests.support.stubs import send, stub
 from xla_hooks.service_client import NoPlan, ServiceClient, TimedOut, check_service_url, checked_token
 
+pytestmark = pytest.mark.fast
+
 
 def test_a_202_job_is_polled_until_done_and_asks_for_the_candidates():
     seen: list[tuple[str, str, dict | None]] = []
