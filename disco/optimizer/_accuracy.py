@@ -13,7 +13,10 @@ off by a constant factor still picks the right plan; one that ranks badly does n
 A ranking can only be judged as far as the measurements rank the plans reliably: where plans lie
 within the measurement's noise of each other, a perfect prediction scores a low tau too. So the
 measurements are also judged against themselves (:attr:`Accuracy.repeat_tau`): the plans' drift-free
-times from the even-numbered rounds against those from the odd-numbered rounds of the same run.
+times from the even-numbered rounds against those from the odd-numbered rounds of the same run. And
+the predictions are judged over the pairs of plans the measurements do tell apart
+(:func:`resolved_tau`): the pairs whose measured difference exceeds what the two halves of the
+rounds disagree by.
 """
 
 from __future__ import annotations
@@ -81,6 +84,64 @@ def median_relative_error(predicted: Sequence[float], measured: Sequence[float])
     return statistics.median(abs(p - m) / m for p, m in zip(predicted, measured))
 
 
+RESOLVED_Z = 1.645  # a pair's difference beyond this many standard errors is told apart (two-sided 90%)
+
+
+def half_noise(halves: Sequence[tuple[float, float]]) -> float | None:
+    """The pooled standard deviation of one half's log speedup, from plans measured in both halves.
+
+    Each plan's paired speedup from the even-numbered rounds and from the odd-numbered ones
+    estimate one speedup twice: the variance of their log difference is twice a half's. Pass the
+    plans other than the reference (xla_default's halves are 1 by construction). None without any.
+    """
+    diffs = [math.log(a) - math.log(b) for a, b in halves]
+    return math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs))) if diffs else None
+
+
+def resolved_tau(predicted: Sequence[float], halves: Sequence[tuple[float, float]],
+                 noise: float) -> tuple[float | None, int]:
+    """Kendall's tau over the pairs of plans the measurements tell apart, and how many pairs that is.
+
+    A pair is told apart where the mean over the two halves (``halves``: each plan's paired speedups
+    over xla_default in the even- and in the odd-numbered rounds, higher is faster) of the log of
+    the two plans' speedup ratio exceeds :data:`RESOLVED_Z` times ``noise`` (:func:`half_noise`:
+    that mean's standard error for two plans of that noise each), so a pair of equal plans counts
+    one time in ten. Over those pairs: (concordant - discordant) / pairs, concordant where
+    ``predicted`` (step times) orders the pair as the measurements do, discordant where it orders
+    it the other way; a pair the predictions tie counts in neither, as in tau-a.
+
+    Returns:
+      (tau, pairs): tau is None where no pair is told apart.
+
+    Raises:
+      ValueError: for sequences of different lengths, a prediction or half that is not positive and
+        finite, or a negative or non-finite ``noise``.
+
+    Example:
+      >>> resolved_tau([1.0, 2.0, 3.0], [(3.0, 3.1), (2.0, 1.9), (1.95, 2.05)], noise=0.03)  # b, c too close
+      (1.0, 2)
+    """
+    if len(predicted) != len(halves):
+        raise ValueError(f"resolved_tau: expected as many predictions as halves, got {len(predicted)} "
+                         f"and {len(halves)}")
+    _check_pairs(predicted, predicted, "resolved_tau")
+    flat = [h for pair in halves for h in pair]
+    _check_pairs(flat, flat, "resolved_tau")
+    if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise >= 0):
+        raise ValueError(f"resolved_tau: expected the halves' noise as a finite number >= 0, got {noise!r}")
+    logs = [(math.log(a) + math.log(b)) / 2 for a, b in halves]  # each plan's mean log speedup
+    score = pairs = 0
+    for i in range(len(predicted)):
+        for j in range(i + 1, len(predicted)):
+            apart = logs[i] - logs[j]  # > 0: i measured faster
+            if abs(apart) <= RESOLVED_Z * noise:
+                continue
+            pairs += 1
+            measured = 1 if apart > 0 else -1
+            score += measured * ((predicted[i] < predicted[j]) - (predicted[i] > predicted[j]))
+    return (score / pairs if pairs else None), pairs
+
+
 class Accuracy(NamedTuple):
     """The predictions against the measurements over the measured, applied plans.
 
@@ -99,6 +160,10 @@ class Accuracy(NamedTuple):
         time from its even-numbered rounds against that from its odd-numbered rounds (its
         :attr:`~disco.optimizer.PlanRow.halves`); a tau well below 1 says the measured ranking is
         mostly noise, and no prediction can be judged to rank better; None below 2 rounds.
+      resolved_tau, resolved_pairs: the predictions over the pairs of plans the measurements tell
+        apart (:func:`resolved_tau`, with the noise of the halves of the plans other than
+        xla_default), and how many of the plans' pairs those are; None and 0 where a row has no
+        halves or no pair is told apart.
     """
 
     plans: int
@@ -111,6 +176,8 @@ class Accuracy(NamedTuple):
     paired_median_error: float | None = None
     repeat_tau: float | None = None
     repeat_median_error: float | None = None
+    resolved_tau: float | None = None
+    resolved_pairs: int = 0
 
     def line(self) -> str:
         """One line: ``predicted vs measured over 13 plans: Kendall tau 0.070, median error 58.1% ...``."""
@@ -130,6 +197,11 @@ class Accuracy(NamedTuple):
         if self.repeat_tau is not None or self.repeat_median_error is not None:
             text += (f"; the measurements against themselves (even against odd rounds): "
                      f"{fmt(self.repeat_tau, self.repeat_median_error)}")
+        if self.resolved_pairs:
+            every = self.plans * (self.plans - 1) // 2
+            text += (f"; over the {self.resolved_pairs} of {every} pairs of plans the measurements tell apart "
+                     f"(their difference beyond {RESOLVED_Z} times the halves' noise): Kendall tau "
+                     f"{self.resolved_tau:.3f}")
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,7 +209,8 @@ class Accuracy(NamedTuple):
                 "predicted_by": dict(self.sources), "simulated_kendall_tau": self.simulated_tau,
                 "simulated_median_relative_error": self.simulated_median_error,
                 "paired_kendall_tau": self.paired_tau, "paired_median_relative_error": self.paired_median_error,
-                "repeat_kendall_tau": self.repeat_tau, "repeat_median_relative_error": self.repeat_median_error}
+                "repeat_kendall_tau": self.repeat_tau, "repeat_median_relative_error": self.repeat_median_error,
+                "resolved_kendall_tau": self.resolved_tau, "resolved_pairs": self.resolved_pairs}
 
 
 def compared(rows: Sequence[PlanRow]) -> list[PlanRow]:
@@ -160,9 +233,12 @@ def accuracy(rows: Sequence[PlanRow]) -> Accuracy:
     judged = compared(rows)
     base = next((r.median_s for r in judged if r.name == "xla_default"), None)
     n = len(judged)
+    halved = [r for r in judged if r.halves is not None and min(r.halves) > 0 and all(map(math.isfinite, r.halves))]
+    noise = half_noise([r.halves for r in halved if r.name != "xla_default"])
+    resolved = (resolved_tau([r.predicted_s for r in halved], [r.halves for r in halved], noise)
+                if len(halved) == n and noise is not None else (None, 0))
     return Accuracy(n, *_judged([(r.predicted_s, r.median_s) for r in judged], n),
                     dict(Counter(r.predicted_by for r in judged)),
                     *_judged([(r.simulator_s, r.median_s) for r in judged], n),
                     *_judged([(r.predicted_s, base / r.speedup) for r in judged if base is not None and r.speedup], n),
-                    *_judged([(1 / r.halves[0], 1 / r.halves[1]) for r in judged if r.halves is not None
-                              and min(r.halves) > 0 and all(map(math.isfinite, r.halves))], n))
+                    *_judged([(1 / r.halves[0], 1 / r.halves[1]) for r in halved], n), *resolved)

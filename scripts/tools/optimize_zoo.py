@@ -232,6 +232,22 @@ def paired_accuracy(rows: list) -> dict:
     return {"paired_kendall_tau": kendall_tau(pred, meas), "paired_median_relative_error": median_relative_error(pred, meas)}
 
 
+def resolved_accuracy(rows: list) -> dict:
+    """The predictions over the pairs of plans the measurements tell apart, from a run's JSON rows,
+    as :func:`disco.optimizer.accuracy` computes it (:func:`disco.optimizer.resolved_tau`)."""
+    from disco.optimizer import half_noise, resolved_tau
+
+    judged = [r for r in rows if r.get("applied", True) and r.get("measured_median_ms")]
+    if not judged or not all(r.get("speedup_halves") and min(r["speedup_halves"]) > 0 for r in judged):
+        return {"resolved_kendall_tau": None, "resolved_pairs": 0}
+    noise = half_noise([tuple(r["speedup_halves"]) for r in judged if r["name"] != "xla_default"])
+    if noise is None:
+        return {"resolved_kendall_tau": None, "resolved_pairs": 0}
+    tau, pairs = resolved_tau([r["predicted_ms"] for r in judged], [tuple(r["speedup_halves"]) for r in judged],
+                              noise)
+    return {"resolved_kendall_tau": tau, "resolved_pairs": pairs}
+
+
 def accuracy_table(results: dict) -> None:
     """Prints, per run, how the predictions (each made before its plan was measured) ranked and priced
     the measured plans, the funnel's rounds and the kept correction it started from."""
@@ -240,13 +256,16 @@ def accuracy_table(results: dict) -> None:
         return
     fmt = (lambda v, f: "-" if v is None else format(v, f))  # noqa: E731
     print("\n| run | measured plans | Kendall tau | median error | drift-free times: tau, error | simulator alone: "
-          "tau, error | measurements against themselves (even vs odd rounds): tau, error | kept points at start | per round: measured, tau (cumulative measured) | answer (searched?) | "
+          "tau, error | measurements against themselves (even vs odd rounds): tau, error | over the pairs the "
+          "measurements tell apart: tau (pairs of all) | kept points at start | per round: measured, tau (cumulative measured) | answer (searched?) | "
           "answer vs best baseline (confirmed) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for m, res in runs.items():
         a, learn = dict(res["accuracy"]), res.get("learning") or {}
         if "paired_kendall_tau" not in a:  # a run saved before the report had it: from its rows
             a.update(paired_accuracy(res["rows"]))
+        if "resolved_pairs" not in a:
+            a.update(resolved_accuracy(res["rows"]))
         total, per = 0, []
         for rnd in learn.get("rounds") or []:
             total += len(rnd["measured"])
@@ -262,6 +281,7 @@ def accuracy_table(results: dict) -> None:
               f"{fmt(a['simulated_median_relative_error'] and a['simulated_median_relative_error'] * 100, '.1f')}% | "
               f"{fmt(a.get('repeat_kendall_tau'), '.3f')}, "
               f"{fmt(a.get('repeat_median_relative_error') and a['repeat_median_relative_error'] * 100, '.1f')}% | "
+              f"{fmt(a['resolved_kendall_tau'], '.3f')} ({a['resolved_pairs']} of {a['plans'] * (a['plans'] - 1) // 2}) | "
               f"{learn.get('kept_points_used', '-')} | {'; '.join(per) or '-'} | {res['chosen']} ({searched}) | "
               f"{fmt(vs, '.3f')}x |")
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from disco import optimizer as opt
 from tests.support.optimize_results import built_result, row
@@ -129,3 +132,66 @@ def test_the_measurements_are_judged_against_themselves_from_their_halves():
     # a row without halves (one round): the measurements cannot be judged against themselves
     single = opt.accuracy((*rows[:3], dataclasses.replace(rows[3], halves=None)))
     assert single.repeat_tau is None and "against themselves" not in single.line()
+
+
+@pytest.mark.fast
+def test_the_predictions_are_judged_over_the_pairs_the_measurements_tell_apart():
+    # p1 and p2 measure 2.0x and 1.95x over the halves, which disagree by about 10% on each: too close
+    # to tell apart, so a prediction is judged on the other 5 of the 6 pairs only
+    rows = (dataclasses.replace(row("xla_default", 0.10, speedup=1.0), halves=(1.0, 1.0), predicted_s=0.10),
+            dataclasses.replace(row("p1", 0.05, speedup=2.0), halves=(2.1, 1.9), predicted_s=0.040),
+            dataclasses.replace(row("p2", 0.05, speedup=2.0), halves=(1.85, 2.05), predicted_s=0.045),
+            dataclasses.replace(row("p3", 0.08, speedup=1.25), halves=(1.3, 1.2), predicted_s=0.030))
+    noise = opt.half_noise([r.halves for r in rows[1:]])  # xla_default's halves are 1 by construction
+    assert noise == pytest.approx(math.sqrt(sum(math.log(a / b) ** 2 for a, b in
+                                                 ((2.1, 1.9), (1.85, 2.05), (1.3, 1.2))) / 6))
+    acc = opt.accuracy(rows)
+    # p3 is predicted fastest but measured slower than p1 and p2: 2 discordant, 3 concordant of 5
+    assert acc.resolved_pairs == 5 and acc.resolved_tau == pytest.approx((3 - 2) / 5)
+    assert "over the 5 of 6 pairs of plans the measurements tell apart" in acc.line()
+    assert "Kendall tau 0.200" in acc.line().split("tell apart")[1]
+    assert acc.to_dict()["resolved_kendall_tau"] == acc.resolved_tau and acc.to_dict()["resolved_pairs"] == 5
+    # without halves on every row nothing is judged this way, and the line does not say it
+    single = opt.accuracy((*rows[:3], dataclasses.replace(rows[3], halves=None)))
+    assert single.resolved_tau is None and single.resolved_pairs == 0 and "tell apart" not in single.line()
+
+
+def _log_speedups(halves):
+    return [(math.log(a) + math.log(b)) / 2 for a, b in halves]
+
+
+@pytest.mark.fast
+@given(st.lists(st.tuples(st.floats(0.5, 2.0), st.floats(0.5, 2.0), st.floats(0.5, 2.0)), min_size=2, max_size=9),
+       st.floats(0.0, 0.5))
+def test_resolved_tau_judges_exactly_the_pairs_beyond_the_noise(plans, noise):
+    predicted = [p for p, _, _ in plans]
+    halves = [(e, o) for _, e, o in plans]
+    logs = _log_speedups(halves)
+    tau, pairs = opt.resolved_tau(predicted, halves, noise)
+    apart = [(i, j) for i, j in itertools.combinations(range(len(plans)), 2)
+             if abs(logs[i] - logs[j]) > opt.RESOLVED_Z * noise]
+    assert pairs == len(apart)
+    if not apart:
+        assert tau is None
+        return
+    assert -1.0 <= tau <= 1.0
+    # predictions made from the measurements (time = 1 / speedup) agree on every pair told apart
+    exact, _ = opt.resolved_tau([math.exp(-v) for v in logs], halves, noise)
+    assert exact == 1.0
+    # reversing the predictions reverses the verdict on every pair
+    flipped, _ = opt.resolved_tau([-p + 3 for p in predicted], halves, noise)
+    assert flipped == pytest.approx(-tau)
+    # more noise never tells more pairs apart
+    assert opt.resolved_tau(predicted, halves, noise * 2 + 0.01)[1] <= pairs
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("predicted, halves, noise, match", [
+    ([1.0], [(1.0, 1.0), (2.0, 2.0)], 0.1, "as many predictions as halves"),
+    ([1.0, -1.0], [(1.0, 1.0), (2.0, 2.0)], 0.1, "positive finite"),
+    ([1.0, 2.0], [(1.0, float("nan")), (2.0, 2.0)], 0.1, "positive finite"),
+    ([1.0, 2.0], [(1.0, 1.0), (2.0, 2.0)], -0.1, "noise as a finite number >= 0"),
+])
+def test_resolved_tau_names_bad_input(predicted, halves, noise, match):
+    with pytest.raises(ValueError, match=match):
+        opt.resolved_tau(predicted, halves, noise)
