@@ -45,6 +45,7 @@ from xla_hooks.apply_plan import PlanFallbackWarning
 from xla_hooks.service_client import NoPlan, ServiceClient, check_service_url, checked_token
 from xla_hooks.trials import DEFAULT_TRIAL_STEPS, Candidate, TrialReportWarning, TrialRun
 
+
 class PlanServiceWarning(PlanFallbackWarning):
     """No plan could be obtained from the plan service (or the local planner); XLA's default is used."""
 
@@ -435,7 +436,7 @@ class PlannedStep:
         name = machine_preset(first.platform, first.device_kind, devices_of(inputs))
         if name is None:
             raise NoPlan(f"no cluster preset describes {devices_of(inputs)} x {first.device_kind!r}, whose kernels "
-                          "the cost models were not trained for; pass cluster= a preset name or a ClusterSpec")
+                         "the cost models were not trained for; pass cluster= a preset name or a ClusterSpec")
         return name
 
     def _cluster_spec(self, inputs: Any) -> Any:
