@@ -1,6 +1,8 @@
 """What the HLO parser returns: a module of computations of instructions, with array shapes.
 
-Plain frozen dataclasses, no parsing (:mod:`disco.ir.hlo_parse` builds them from text).
+Plain frozen dataclasses, no parsing (:mod:`disco.ir.hlo_parse` builds them from text), and which
+of a module's computations make up the step (:func:`step_computations`: the entry and the bodies of
+calls inlined into it), which the graph and the fingerprint both read.
 """
 
 from __future__ import annotations
