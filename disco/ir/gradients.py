@@ -46,11 +46,12 @@ def dataflow_gradients(nodes: Sequence[Node], edges: Sequence[tuple[int, int]], 
     """The all-reduces that reduce gradients, found by dataflow: node index -> parameter path.
 
     An all-reduce reduces a gradient when its result feeds the parameter update: it reaches a
-    step output of its own size (the updated parameter, or an optimizer state of the
-    parameter's shape; dtype and element count, as XLA's partitioner may reduce a transposed
-    gradient), and a parameter of that size reaches the same output. The loss's all-reduce
-    reaches only the loss, which no parameter of its size reaches (unless the model has a
-    scalar parameter of the loss's dtype), and an all-reduce that jax's metadata places in
+    step output of its element count (the updated parameter, or an optimizer state of the
+    parameter's shape: XLA's partitioner may reduce a transposed gradient, and under mixed
+    precision it reduces the gradient in the compute dtype, bf16, before the convert to the
+    parameter's), and a parameter of the output's dtype and element count reaches the same output.
+    The loss's all-reduce reaches only the loss, which no parameter of its size reaches (unless
+    the model has a scalar parameter of the loss's dtype), and an all-reduce that jax's metadata places in
     a forward pass (``jvp(`` without ``transpose(``) is never one. The path is the matching
     parameter's name as jax wrote it (``params['dense']['kernel']``), or its instruction name.
 
@@ -75,10 +76,10 @@ def dataflow_gradients(nodes: Sequence[Node], edges: Sequence[tuple[int, int]], 
     ar_bit = {i: 1 << k for k, i in enumerate(i for i, n in enumerate(nodes) if n.is_all_reduce)}
     params = [i for i, n in enumerate(nodes) if n.opcode == "parameter"]
     param_bit = {i: 1 << k for k, i in enumerate(params)}
-    ars_of_shape: dict[tuple[str, int], int] = collections.defaultdict(int)
+    ars_of_size: dict[int, int] = collections.defaultdict(int)  # by element count, whatever the dtype
     params_of_shape: dict[tuple[str, int], int] = collections.defaultdict(int)
     for i, bit in ar_bit.items():
-        ars_of_shape[(nodes[i].dtype, nodes[i].out_elements)] |= bit
+        ars_of_size[nodes[i].out_elements] |= bit
     for i, bit in param_bit.items():
         params_of_shape[(nodes[i].dtype, nodes[i].out_elements)] |= bit
     reach_ar = reaching(preds, ar_bit)  # all-reduces upstream of a node, itself included
@@ -87,7 +88,7 @@ def dataflow_gradients(nodes: Sequence[Node], edges: Sequence[tuple[int, int]], 
     candidates = []
     for o in outputs:
         size = (nodes[o].dtype, nodes[o].out_elements)
-        grads = reach_ar[o] & ars_of_shape.get(size, 0)
+        grads = reach_ar[o] & ars_of_size.get(nodes[o].out_elements, 0)
         if grads and reach_param[o] & params_of_shape.get(size, 0):
             candidates.append((bin(grads).count("1"), o, grads))
     best: dict[int, tuple[int, int, str]] = {}
