@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 
+from disco.ir import opcodes as _opcodes
 from disco.ir.gradients import predecessors, reaching
 from disco.ir.graph import HloGraph
 
@@ -41,31 +42,71 @@ def all_reduce_dependencies(graph: HloGraph) -> dict[str, frozenset[str]]:
             for i in ars}
 
 
+# what a gradient reduced twice passes through between its two all-reduces: elementwise ops
+# (jax's pmean divides; a clip multiplies) and ops that only move or relabel the values
+_SAME_VALUES = _opcodes.ELEMENTWISE | {"copy", "bitcast", "reshape", "transpose"}
+
+
 def double_reductions(graph: HloGraph) -> list[tuple[str, str]]:
-    """(upstream, downstream) all-reduce pairs where the first one's result reaches the second, both
-    reduce as many elements of one dtype, and the second reduces a gradient (any all-reduce, when
-    the graph has no gradient disco recognises): a gradient reduced twice.
+    """(upstream, downstream) all-reduce pairs where the first one's result reaches the second through
+    elementwise ops alone (and copies, reshapes, transposes), both reduce as many elements of one
+    dtype, and the second reduces a gradient (any all-reduce, when the graph has no gradient disco
+    recognises): a gradient reduced twice.
 
     One pair per downstream all-reduce (the first such upstream one, in program order). Other
     all-reduces feeding one are no double reduction: the token count a GSPMD step's masked mean
-    divides by, which its gradients depend on, or the expert dispatch XLA's partitioner reduces in
-    a mixture-of-experts forward pass, feeding the next layer's. No bucket may hold both (plan
-    validation refuses the cycle), but nothing in the step is wrong.
+    divides by, which its gradients depend on, the expert dispatch XLA's partitioner reduces in a
+    mixture-of-experts forward pass, feeding the next layer's, or a batch norm's statistics, reduced
+    in the forward pass and broadcast over the batch before its parameters' gradients are summed
+    over it again. No bucket may hold both (plan validation refuses the cycle), but nothing in the
+    step is wrong.
     """
     deps = all_reduce_dependencies(graph)
     nodes = {n.name: n for n in graph.all_reduces()}
     order = {n.name: i for i, n in enumerate(graph.all_reduces())}
     any_gradient = any(n.is_gradient for n in nodes.values())
+    preds = predecessors(len(graph.nodes), graph.edges)
+    index = graph.index()
     pairs = []
     for name, ups in deps.items():
         node = nodes[name]
         if any_gradient and not node.is_gradient:
             continue
-        same = sorted((u for u in ups if (nodes[u].dtype, nodes[u].out_elements) == (node.dtype, node.out_elements)),
-                      key=order.__getitem__)
-        if same:
-            pairs.append((same[0], name))
+        same = {u for u in ups if (nodes[u].dtype, nodes[u].out_elements) == (node.dtype, node.out_elements)}
+        found = _reached_through_same_values(graph, preds, index[name], {index[u] for u in same})
+        if found:
+            pairs.append((min((graph.nodes[i].name for i in found), key=order.__getitem__), name))
     return sorted(pairs, key=lambda p: order[p[1]])
+
+
+def _reached_through_same_values(graph: HloGraph, preds: list[list[int]], start: int, targets: set[int]) -> set[int]:
+    """The ``targets`` reached from ``start``'s operands back through :data:`_SAME_VALUES` ops of
+    ``start``'s element count, and through the bodies of inlined calls (each target itself may be
+    reached, not passed)."""
+    if not targets:
+        return set()
+    size = graph.nodes[start].out_elements
+    found: set[int] = set()
+    stack, seen = list(preds[start]), set(preds[start])
+    while stack:
+        i = stack.pop()
+        if i in targets:
+            found.add(i)
+            continue
+        node = graph.nodes[i]
+        if node.out_elements != size:
+            continue
+        if node.opcode == "call":  # an inlined call (jnp.clip's nested jit): through its body, from its root
+            through = [p for p in preds[i] if graph.nodes[p].computation != node.computation]
+        elif node.opcode == "parameter" or node.opcode in _SAME_VALUES:  # an inlined body's parameter: its operand
+            through = preds[i]
+        else:
+            continue
+        for p in through:
+            if p not in seen:
+                seen.add(p)
+                stack.append(p)
+    return found
 
 
 def check_data_parallel(graph: HloGraph) -> None:

@@ -188,6 +188,62 @@ def test_gradients_reduced_in_bfloat16_under_mixed_precision_are_found_and_bucke
         assert_close(three_steps(applied, args), reference, rtol=1e-2)
 
 
+@functools.cache
+def batch_norm_step():
+    """A linen step with batch norm (its statistics a mutable collection, as flax's ResNet example
+    keeps them): XLA's partitioner reduces the batch's mean and variance in the forward pass, and
+    the backward pass sums over the batch again."""
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.BatchNorm(use_running_average=False)(nn.Dense(32)(x)))
+            return nn.Dense(10)(x)
+
+    model, tx, mesh = Net(), optax.sgd(0.1), _mesh()
+    x = jax.random.normal(jax.random.key(1), (32, 16))
+    y = jax.random.randint(jax.random.key(2), (32,), 0, 10)
+    variables = model.init(jax.random.key(0), x)
+
+    @jax.jit
+    def step(state, batch):
+        params, stats, opt_state = state
+        inputs, labels = batch
+
+        def loss_fn(p):
+            logits, new = model.apply({"params": p, "batch_stats": stats}, inputs, mutable=["batch_stats"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), new["batch_stats"]
+
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), stats, opt_state), loss
+
+    state = (variables["params"], variables["batch_stats"], tx.init(variables["params"]))
+    state = jax.device_put(state, NamedSharding(mesh, P()))
+    batch = jax.device_put((x, y), NamedSharding(mesh, P("dp")))
+    return step, (state, batch)
+
+
+def test_a_batch_norm_step_is_no_double_reduction_and_takes_bucket_plans():
+    # the statistics' all-reduces feed the gradients' (through a broadcast over the batch and its sum):
+    # that was taken for a gradient reduced twice, and disco.optimize refused the step
+    step, args = batch_norm_step()
+    graph = disco.extract(step, *args)
+    deps = all_reduce_dependencies(graph)
+    assert any(deps[n.name] for n in graph.all_reduces() if n.is_gradient)
+    assert double_reductions(graph) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_data_parallel(graph)
+    paths = {n.param_path for n in graph.all_reduces() if n.is_gradient}
+    assert {p.split("]", 1)[1] for p in paths} >= {f"['{layer}']['{leaf}']" for layer, leaf in (
+        ("Dense_0", "kernel"), ("Dense_0", "bias"), ("BatchNorm_0", "scale"), ("BatchNorm_0", "bias"),
+        ("Dense_1", "kernel"), ("Dense_1", "bias"))}, paths
+    for name in ("one_bucket", "ddp"):
+        assert_buckets_apply_and_keep_the_numbers(baselines.make(name, graph), step, args, step)
+
+
 @pytest.mark.parametrize("style", sorted(STEPS))
 @pytest.mark.parametrize("plan_name", ["per_tensor", "one_bucket", "ddp"])
 def test_bucket_plans_reach_a_gspmd_step_and_train_as_xla_default(style, plan_name):
