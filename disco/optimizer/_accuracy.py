@@ -47,13 +47,17 @@ def source_of(cost_model: str) -> str:
     return _BY_COST_MODEL.get(cost_model, cost_model)
 
 
+def _check_positive(values: Sequence[float], what: str) -> None:
+    bad = [v for v in values if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)]
+    if bad:
+        raise ValueError(f"{what}: expected positive finite step times, got {bad[0]!r}")
+
+
 def _check_pairs(predicted: Sequence[float], measured: Sequence[float], what: str) -> None:
     if len(predicted) != len(measured):
         raise ValueError(f"{what}: expected as many predictions as measurements, got {len(predicted)} "
                          f"and {len(measured)}")
-    bad = [v for v in (*predicted, *measured) if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)]
-    if bad:
-        raise ValueError(f"{what}: expected positive finite step times, got {bad[0]!r}")
+    _check_positive((*predicted, *measured), what)
 
 
 def kendall_tau(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
@@ -124,9 +128,7 @@ def resolved_tau(predicted: Sequence[float], halves: Sequence[tuple[float, float
     if len(predicted) != len(halves):
         raise ValueError(f"resolved_tau: expected as many predictions as halves, got {len(predicted)} "
                          f"and {len(halves)}")
-    _check_pairs(predicted, predicted, "resolved_tau")
-    flat = [h for pair in halves for h in pair]
-    _check_pairs(flat, flat, "resolved_tau")
+    _check_positive((*predicted, *(h for pair in halves for h in pair)), "resolved_tau")
     if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise >= 0):
         raise ValueError(f"resolved_tau: expected the halves' noise as a finite number >= 0, got {noise!r}")
     logs = [(math.log(a) + math.log(b)) / 2 for a, b in halves]  # each plan's mean log speedup

@@ -38,16 +38,22 @@ def _mesh():
 
 
 @functools.cache
-def linen_step():
-    """A data-parallel step as flax's examples write one: linen MLP, optax adam, jax.jit."""
+def linen_step(compute_dtype=None):
+    """A data-parallel step as flax's examples write one: linen MLP, optax adam, jax.jit.
+
+    With ``compute_dtype`` (e.g. ``jnp.bfloat16``) the same step under mixed precision, as GPU users
+    train: float32 parameters, each layer computing in that dtype (``nn.Dense(..., dtype=...)``).
+    """
     import flax.linen as nn
+    import jax.numpy as jnp
 
     class MLP(nn.Module):
         @nn.compact
         def __call__(self, x):
             for width in (64, 64):
-                x = nn.relu(nn.Dense(width)(x))
-            return nn.Dense(10)(x)
+                x = nn.relu(nn.Dense(width, dtype=compute_dtype)(x))
+            out = nn.Dense(10, dtype=compute_dtype)(x)
+            return out if compute_dtype is None else out.astype(jnp.float32)
 
     model, tx, mesh = MLP(), optax.adam(1e-2), _mesh()
     x = jax.random.normal(jax.random.key(1), (32, 16))
@@ -129,45 +135,11 @@ def test_the_graph_holds_one_all_reduce_per_gradient_found_by_dataflow(style):
     assert graph.name == step.lower(*args).as_text(dialect="hlo").split()[1].rstrip(",")
 
 
-@functools.cache
-def mixed_precision_step():
-    """The linen step under mixed precision, as GPU users train: float32 parameters, each layer
-    computing in bfloat16 (``nn.Dense(..., dtype=jnp.bfloat16)``). XLA's partitioner then reduces
-    each gradient in bfloat16, before its convert to the parameter's float32."""
-    import flax.linen as nn
+def test_gradients_reduced_in_bfloat16_under_mixed_precision_are_found_and_bucketed():
+    # XLA's partitioner reduces each gradient in bfloat16, before its convert to the parameter's float32
     import jax.numpy as jnp
 
-    class MLP(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            for width in (64, 64):
-                x = nn.relu(nn.Dense(width, dtype=jnp.bfloat16)(x))
-            return nn.Dense(10, dtype=jnp.bfloat16)(x).astype(jnp.float32)
-
-    model, tx, mesh = MLP(), optax.adam(1e-2), _mesh()
-    x = jax.random.normal(jax.random.key(1), (32, 16))
-    y = jax.random.randint(jax.random.key(2), (32,), 0, 10)
-    params = model.init(jax.random.key(0), x)
-
-    @jax.jit
-    def step(state, batch):
-        params, opt_state = state
-        inputs, labels = batch
-
-        def loss_fn(p):
-            return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, inputs), labels).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    state = jax.device_put((params, tx.init(params)), NamedSharding(mesh, P()))
-    batch = jax.device_put((x, y), NamedSharding(mesh, P("dp")))
-    return step, (state, batch)
-
-
-def test_gradients_reduced_in_bfloat16_under_mixed_precision_are_found_and_bucketed():
-    step, args = mixed_precision_step()
+    step, args = linen_step(jnp.bfloat16)
     graph = disco.extract(step, *args)
     grads = [n for n in graph.all_reduces() if n.is_gradient]
     # before: the all-reduce's dtype had to equal the updated parameter's, so none of them was found
