@@ -156,6 +156,13 @@ def test_the_predictions_are_judged_over_the_pairs_the_measurements_tell_apart()
     assert single.resolved_tau is None and single.resolved_pairs == 0 and "tell apart" not in single.line()
 
 
+def _ranks(values):
+    """Each value's rank among the distinct values, from 1 (equal values, equal ranks): positive times
+    in the values' order, exactly."""
+    distinct = sorted(set(values))
+    return [distinct.index(v) + 1 for v in values]
+
+
 def _log_speedups(halves):
     return [(math.log(a) + math.log(b)) / 2 for a, b in halves]
 
@@ -175,11 +182,12 @@ def test_resolved_tau_judges_exactly_the_pairs_beyond_the_noise(plans, noise):
         assert tau is None
         return
     assert -1.0 <= tau <= 1.0
-    # predictions made from the measurements (time = 1 / speedup) agree on every pair told apart
-    exact, _ = opt.resolved_tau([math.exp(-v) for v in logs], halves, noise)
+    # predictions made from the measurements (faster, the higher its mean log speedup) agree on every
+    # pair told apart; as ranks, so that no two distinct values round to one time
+    exact, _ = opt.resolved_tau(_ranks([-v for v in logs]), halves, noise)
     assert exact == 1.0
-    # reversing the predictions reverses the verdict on every pair
-    flipped, _ = opt.resolved_tau([-p + 3 for p in predicted], halves, noise)
+    # reversing the predictions' order (ties kept) reverses the verdict on every pair
+    flipped, _ = opt.resolved_tau(_ranks([-p for p in predicted]), halves, noise)
     assert flipped == pytest.approx(-tau)
     # more noise never tells more pairs apart
     assert opt.resolved_tau(predicted, halves, noise * 2 + 0.01)[1] <= pairs
