@@ -41,12 +41,22 @@ class Measurement:
 
 def _run(fn: Callable[..., Any], args: Sequence[Any], steps: int) -> float:
     """Mean seconds per call over ``steps`` calls, each waited for (as a training loop's steps,
-    which depend on each other, would be)."""
+    which depend on each other, would be).
+
+    A step that donates or updates its arguments (``fn.consumes_arguments``: a donating ``jax.jit``,
+    an ``nnx.jit``) gets fresh ones for every call (``fn.fresh_arguments``), made before the clock
+    starts: no call reuses a consumed buffer, and the caller's arguments stay as they were.
+    """
     import jax
 
+    if getattr(fn, "consumes_arguments", False):
+        calls = [fn.fresh_arguments(tuple(args)) for _ in range(steps)]
+        jax.block_until_ready(calls)
+    else:
+        calls = [(tuple(args), {})] * steps
     t0 = time.perf_counter()
-    for _ in range(steps):
-        jax.block_until_ready(fn(*args))
+    for a, kw in calls:
+        jax.block_until_ready(fn(*a, **kw))
     return (time.perf_counter() - t0) / steps
 
 
@@ -54,9 +64,7 @@ def measure(fn: Callable[..., Any], args: Sequence[Any], rounds: int = 5, steps:
     """Times ``fn(*args)``: ``rounds`` samples, each the mean of ``steps`` calls after one warm call."""
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps must be >= 1, got rounds={rounds}, steps={steps}")
-    import jax
-
-    jax.block_until_ready(fn(*args))  # warm-up, not timed
+    _run(fn, args, 1)  # warm-up, not timed
     return Measurement(tuple(_run(fn, args, steps) for _ in range(rounds)))
 
 

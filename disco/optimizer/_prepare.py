@@ -56,7 +56,8 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
     Raises:
       TypeError: for a ``cluster`` or ``costs`` of the wrong type (before extracting).
       ValueError: for a step disco cannot plan (no all-reduce in its pre-optimisation HLO, or a
-        gradient reduced twice; :func:`disco.ir.step_checks.check_data_parallel`).
+        gradient reduced twice; :func:`disco.ir.step_checks.check_data_parallel`), or a GSPMD step
+        whose partitioned program it cannot read (:class:`~disco.ir.gspmd.GspmdError`, saying why).
 
     Warns:
       NoGradientWarning: when no all-reduce is in a ``disco_grad[...]`` scope.
@@ -64,7 +65,7 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
     require_cluster(cluster, or_none=True)
     require_cost_model(costs, or_none=True)
     progress("extract", 0.0, "extracting the HLO graph")
-    text = hlo_text(step_fn, *args)
+    text = hlo_text(step_fn, *args, strict=True)
     graph = HloGraph.from_hlo_text(text)
     check_data_parallel(graph)
     if cluster is None:
