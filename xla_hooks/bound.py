@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from disco.ir.hlo_parse import split_top_level
@@ -58,7 +58,8 @@ def strip_all_reduces(text: str, keep_scalars: bool = False) -> str:
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
-def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: bool = False) -> Any:
+def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: bool = False,
+                      kwargs: Mapping[str, Any] | None = None) -> Any:
     """Compiles ``step_fn`` for ``args`` with its all-reduces replaced by copies (see the module doc).
 
     Args:
@@ -78,6 +79,6 @@ def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: boo
 
     _jax_private.check_version()
     form = check_step(step_fn)
-    lowering = form.lower_stage(args, {})
+    lowering = form.lower_stage(args, kwargs)
     text = strip_all_reduces(plan_text(lowering.lowered, debug_info=False), keep_scalars=keep_scalars)
     return form.bind(_jax_private.compile_rewritten(lowering.lowered, text), lowering)

@@ -122,8 +122,8 @@ def check_data_parallel(graph: HloGraph) -> None:
       NoGradientWarning: all-reduces but no gradient found (by dataflow or scope).
     """
     ars = graph.all_reduces()
-    others = Counter(n.opcode.removesuffix("-start") for n in graph.nodes
-                     if n.opcode.removesuffix("-start") in COLLECTIVES and n.opcode.removesuffix("-start") != "all-reduce")
+    others = Counter(n.opcode.removesuffix("-start") for n in graph.nodes if n.opcode in COLLECTIVES
+                     and not n.opcode.endswith("-done") and not n.opcode.startswith("all-reduce"))
     if not ars and others:
         shown = ", ".join(f"{k} {name}{'s' if k > 1 else ''}" for name, k in sorted(others.items()))
         raise ValueError(

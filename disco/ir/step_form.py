@@ -104,6 +104,8 @@ class StepForm:
         (``nnx.jit``; None otherwise) and the static arguments it was lowered for."""
         kwargs = dict(kwargs or {})
         statics = self.statics(args, kwargs)
+        if self.kind != NNX:
+            _check_no_graph_nodes(self, args, kwargs)
         if self.kind == NNX:
             stage = self.step_fn.lower(*args, **kwargs)
             return Lowering(stage.lowered, stage, statics)
@@ -134,6 +136,33 @@ class StepForm:
         if not self.donates:
             return tuple(args), kwargs
         return jax.tree.map(_copy, (tuple(args), kwargs))
+
+
+def _check_no_graph_nodes(form: StepForm, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """Raises for flax NNX objects passed to a step that is not an ``nnx.jit``: ``jax.jit`` would take
+    them as pytrees and drop the updates the step makes to them in place (an ``nnx.shard_map`` or
+    ``nnx.pmap`` function on its own, or a plain function)."""
+    import sys
+
+    if "flax.nnx" not in sys.modules:  # no NNX object can be among the arguments
+        return
+    import jax
+
+    from flax import nnx
+
+    def stateful(x: Any) -> bool:  # a Module or an Optimizer; a Variable in a State pytree is NNX's functional form
+        return _is_graph_node(x) and not isinstance(x, nnx.Variable)
+
+    found = [(f"argument {i}" if isinstance(i, int) else f"keyword {i!r}", type(x).__name__)
+             for i, value in [*enumerate(args), *kwargs.items()]
+             for x in jax.tree.leaves(value, is_leaf=stateful) if stateful(x)]
+    if found:
+        where, kind = found[0]
+        name = getattr(form.step_fn, "__name__", type(form.step_fn).__name__)
+        raise StepFormError(
+            f"step_fn: {where} is a flax NNX {kind}, but {name!r} is a {form.kind}, not an nnx.jit: "
+            "jax.jit would take the module as a pytree and drop what the step updates in place; expected "
+            "an nnx.jit step (nnx.jit(step), with nnx.shard_map or nnx.pmap inside it if the step uses them)")
 
 
 def _hashes(value: Any) -> bool:
@@ -267,7 +296,7 @@ def read(step_fn: Any) -> StepForm:
     if hasattr(step_fn, "lower") and hasattr(step_fn, "_jit_info"):
         nums, names, donates = _jit_arguments(step_fn)
         return StepForm(step_fn, JIT, nums, names, donates)
-    if hasattr(step_fn, "lower") and hasattr(step_fn, "trace"):  # a jit-like of another kind (jax.pmap)
+    if hasattr(step_fn, "lower") and not isinstance(step_fn, str):  # a jit-like of another kind (jax.pmap)
         return StepForm(step_fn, JIT)
     return StepForm(step_fn, FUNCTION)
 

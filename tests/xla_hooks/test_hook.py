@@ -360,13 +360,12 @@ def test_each_static_value_of_a_jitted_step_is_its_own_signature():
     static = jax.jit(scaled, static_argnums=1)
     planned = xla_hooks.jit(static)
     x = jnp.ones(3)
-    with pytest.warns(PlanServiceWarning, match="no all-reduce"):  # one device: nothing to plan
-        np.testing.assert_array_equal(planned(x, 0.5), static(x, 0.5))
+    np.testing.assert_array_equal(planned(x, 0.5), static(x, 0.5))
     np.testing.assert_array_equal(planned(x, 0.5), static(x, 0.5))
     assert len(planned.applied) == 1
-    with pytest.warns(PlanServiceWarning, match="no all-reduce"):
-        np.testing.assert_array_equal(planned(x, 2.0), static(x, 2.0))
+    np.testing.assert_array_equal(planned(x, 2.0), static(x, 2.0))
     assert len(planned.applied) == 2
+    assert [a.compiled.as_text().count("constant(2)") for a in planned.applied.values()] == [0, 1]
     with pytest.raises(StepFormError, match=r"static argument \(argument 1: list\) is not hashable"):
         planned(x, [0.5])
 

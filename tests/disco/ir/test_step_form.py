@@ -176,3 +176,15 @@ def test_a_flax_nnx_transform_without_an_nnx_jit_is_refused_naming_the_form_to_u
 
     with pytest.raises(StepFormError, match=r"a flax NNX NotAJit disco cannot lower.*nnx.jit\(step\)"):
         disco.extract(NotAJit(), jnp.ones(2))
+
+
+def test_nnx_modules_passed_to_a_step_that_is_not_an_nnx_jit_are_refused_naming_the_argument(mesh):
+    """jax.jit would take the modules as pytrees and drop what the step updates in place."""
+    model, optimizer = _nnx_state(mesh)
+
+    def plain(model, optimizer, x, y):  # nnx.jit's body, without nnx.jit
+        return _nnx_step.fun(model, optimizer, x, y)
+
+    with pytest.raises(StepFormError, match=r"argument 0 is a flax NNX _MLP, but 'plain' is a function, not an "
+                                            r"nnx.jit.*expected an nnx.jit step"):
+        disco.extract(plain, model, optimizer, _batch(mesh), jnp.ones((32, 1)))
