@@ -1,6 +1,9 @@
 """The corpus of user-written training steps (``tests/support/user_steps.py``) under plain jax, no disco:
 every entry builds fresh objects, trains, changes its parameters, repeats itself exactly from its
-seeds and donates what its jit says; every refused entry that jax itself refuses fails as expected."""
+seeds and donates what its jit says; every refused entry that jax itself refuses fails as expected.
+
+The entries' test is ``slow`` (about 140 s of CPU on 2 cores: two compiles per entry); the refused
+entries' runs in the default tier."""
 
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ def _assert_same(a, b):
         np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_an_entry_trains_repeats_itself_and_donates_what_it_says(name):
     a, b = CORPUS[name](), CORPUS[name]()
