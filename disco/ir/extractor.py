@@ -210,10 +210,16 @@ def _manual_text(lowered: Any, text: str) -> str:
     if any(0 in p.dims for p in params):
         raise gspmd.GspmdError("the step has an empty parameter")
 
+    def placeholder(dep: Any, o: Any, s: PartitionSpec) -> Any:
+        shape = NamedSharding(mesh, s).shard_shape(o.shape)
+        if jax.dtypes.issubdtype(o.dtype, jax.dtypes.prng_key):  # a typed key: its key data in the module
+            data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(o.shape, o.dtype))
+            return dep.astype(data.dtype) + jnp.zeros(shape + data.shape[len(o.shape):], data.dtype)
+        return dep.astype(o.dtype) + jnp.zeros(shape, o.dtype)
+
     def body(*shards: Any) -> Any:  # a placeholder of the right shapes that reads every argument
         dep = sum(a.reshape(-1)[0].astype(jnp.float32) for a in shards) * 0
-        return tuple(dep.astype(o.dtype) + jnp.zeros(NamedSharding(mesh, s).shard_shape(o.shape), o.dtype)
-                     for o, s in zip(out_info, out_specs))
+        return tuple(placeholder(dep, o, s) for o, s in zip(out_info, out_specs))
 
     def wrapper(*flat: Any) -> Any:
         return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*flat)

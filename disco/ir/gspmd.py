@@ -71,11 +71,14 @@ def mesh_axes(text: str) -> dict[str, int]:
         return {}
     # an empty mesh (``empty_mesh = #sdy.mesh<[]>``, which jax declares beside the step's for a typed
     # rng key or an unspecified sharding) has no axes to partition over
-    meshes = [axes for axes in re.findall(r"#sdy\.mesh<\[(.*?)\]", m.group(1)) if axes.strip()]
+    declared = re.findall(r"([\w.]+)\s*=\s*#sdy\.mesh<\[(.*?)\]", m.group(1))
+    meshes = [axes for _, axes in declared if axes.strip()]
     if not meshes:
         return {}
     if len(meshes) != 1:
-        raise GspmdError(f"the step's module declares {len(meshes)} sdy meshes; disco wraps a step over one mesh")
+        shown = ", ".join(f"{name} [{axes}]" for name, axes in declared if axes.strip())
+        raise GspmdError(f"the step's arguments or shardings are on {len(meshes)} meshes ({shown}); disco wraps a "
+                         "step over one mesh: place every argument and sharding constraint on the same mesh")
     return {name: int(size) for name, size in _MESH_AXES_RE.findall(meshes[0])}
 
 

@@ -248,7 +248,7 @@ def make_nnx_donate() -> UserStep:
 
         loss, grads = nnx.value_and_grad(loss_fn)(model)
         optimizer.update(model, grads)
-        return {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        return {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     batch = jax.device_put(_classification(4), NamedSharding(mesh, P("data")))
     return UserStep("nnx_donate", "google/flax flax/nnx/transforms/compilation.py (nnx.jit donate_argnums)",
@@ -580,7 +580,7 @@ def make_easylm_llama() -> UserStep:
         (loss, accuracy), grads = grad_fn(train_state.params)
         train_state = train_state.apply_gradients(grads=grads)
         metrics = dict(loss=loss, accuracy=accuracy, learning_rate=schedule(train_state.step),
-                       gradient_norm=optax.global_norm(grads), param_norm=optax.global_norm(train_state.params))
+                       gradient_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(train_state.params))
         return train_state, rng, metrics
 
     train_state_shapes = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
@@ -641,7 +641,7 @@ def make_big_vision_update_fn() -> UserStep:
         loss, grads = jax.value_and_grad(loss_fn)(params, images, labels, rng_model)
         updates, opt = tx.update(grads, opt, params)
         params = optax.apply_updates(params, updates)
-        measurements = {"training_loss": loss, "l2_grads": optax.global_norm(grads)}
+        measurements = {"training_loss": loss, "l2_grads": optax.tree.norm(grads)}
         return {"params": params, "opt": opt}, measurements
 
     batch = jax.device_put({"image": image, "labels": labels}, NamedSharding(mesh, P("data")))
@@ -968,7 +968,7 @@ def _maxtext_train_step(model, config, state, data, dropout_rng):
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     new_state = state.apply_gradients(grads=grads)
-    metrics = {"scalar": {"learning/loss": loss, "learning/grad_norm": optax.global_norm(grads)}}
+    metrics = {"scalar": {"learning/loss": loss, "learning/grad_norm": optax.tree.norm(grads)}}
     return new_state, metrics
 
 
@@ -1194,13 +1194,30 @@ def make_one_device_no_collective() -> UserStep:
                     jax.jit(_linen_train_step), (state, batch), {}, _thread_state, _state_params, "float32", (), "jit")
 
 
+def make_nnx_modules_without_nnx_jit() -> UserStep:
+    """nnx.jit's body passed as a plain function: jax.jit would drop what it updates in place."""
+    entry = make_nnx_stateful()
+
+    def train_step(model, optimizer, x, y):
+        return entry.step.fun(model, optimizer, x, y)
+
+    return entry._replace(name="nnx_modules_without_nnx_jit", source="a user's mistake: an NNX step without nnx.jit",
+                          step=train_step)
+
+
+# The state on one mesh and the batch on another of the same devices: jax lowers it over one mesh
+# (the replicated state names no axis), so disco reads and plans it like any GSPMD step.
+CORPUS["two_meshes"] = make_two_meshes
+
 REFUSED: dict[str, tuple[Callable[[], UserStep], str]] = {
-    # the error must name the two meshes' axes
-    "two_meshes": (make_two_meshes, r"(?s)(?=.*\bmesh)(?=.*\bdp\b)(?=.*\bworkers\b)"),
+    # disco: the argument that is an NNX module, and the form to use
+    "nnx_modules_without_nnx_jit": (make_nnx_modules_without_nnx_jit,
+                                    r"argument 0 is a flax NNX _NnxMLP, but 'train_step' is a function, not an nnx.jit"),
     # jax: "Received incompatible devices for jitted computation. Got argument state... and argument batch..."
     "two_meshes_disjoint_devices": (make_two_meshes_disjoint_devices, r"(?s)incompatible devices.*\bbatch\b"),
-    # jax: "Non-hashable static arguments are not supported..."
-    "unhashable_static_arg": (make_unhashable_static_arg, r"(?i)non-hashable static argument"),
+    # disco, before jax: the argument that does not hash, and what jax.jit requires
+    "unhashable_static_arg": (make_unhashable_static_arg,
+                              r"static argument \(argument 2: dict\) is not hashable; jax.jit requires"),
     # jax: "... of type <class 'str'> ... at path batch['split']"
     "str_traced_arg": (make_str_traced_arg, r"(?s)\bstr\b.*batch\['split'\]"),
     # the error must say that the step has no all-reduce (collective) to plan
@@ -1209,3 +1226,5 @@ REFUSED: dict[str, tuple[Callable[[], UserStep], str]] = {
 
 # The refused entries jax itself refuses when the step is called (the others run under plain jax).
 JAX_REFUSED = frozenset({"two_meshes_disjoint_devices", "unhashable_static_arg", "str_traced_arg"})
+# What jax's own error says where disco refuses such a step first, in its own words (REFUSED's pattern).
+JAX_PATTERNS: dict[str, str] = {"unhashable_static_arg": r"(?i)non-hashable static argument"}
