@@ -47,7 +47,8 @@ class StepForm:
       static_argnums: the positional arguments jax keeps static (resolved by jax from the jit's
         ``static_argnums`` and ``static_argnames``).
       static_argnames: the keyword arguments jax keeps static.
-      donates: whether the jit donates any argument (``donate_argnums`` / ``donate_argnames``).
+      donates: whether the jit declares donated arguments (``donate_argnums`` / ``donate_argnames``;
+        a lowering's own record, :attr:`Lowering.donates`, is what calls go by).
     """
 
     step_fn: Callable[..., Any] = dataclasses.field(repr=False)
@@ -108,32 +109,34 @@ class StepForm:
             _check_no_graph_nodes(self, args, kwargs)
         if self.kind == NNX:
             stage = self.step_fn.lower(*args, **kwargs)
-            return Lowering(stage.lowered, stage, statics)
-        return Lowering(self.jitted.lower(*args, **kwargs), None, statics)
+            return Lowering(stage.lowered, stage, statics, _donates(stage.lowered))
+        lowered = self.jitted.lower(*args, **kwargs)
+        return Lowering(lowered, None, statics, _donates(lowered))
 
     def bind(self, compiled: Any, lowering: Lowering) -> BoundStep:
         """``compiled`` (a ``jax.stages.Compiled`` of ``lowering.lowered``, or anything callable
         with its traced arguments) as a callable taking the user's arguments."""
         return BoundStep(compiled, self, lowering)
 
-    def fresh(self, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None,
+    def fresh(self, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None, *, donates: bool | None = None,
               ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Arguments for one more call that leave the user's untouched: an ``nnx.jit`` step's
-        objects cloned (the call updates them in place), and where the jit donates, every array
-        copied (a donated buffer is invalid after the call). Without either, the arguments themselves."""
+        objects cloned (the call updates them in place), and where the step donates (``donates``;
+        default: what the jit declares), every array copied (a donated buffer is invalid after the
+        call). Without either, the arguments themselves."""
         import jax
 
         kwargs = dict(kwargs or {})
+        donates = self.donates if donates is None else donates
         if self.kind == NNX:
             from flax import nnx
 
-            args, kwargs = nnx.clone((args, kwargs))
-            if not self.donates:
-                return args, kwargs
-            state = nnx.state((args, kwargs))
-            nnx.update((args, kwargs), jax.tree.map(_copy, state))
+            if not donates:
+                return nnx.clone((args, kwargs))
+            graphdef, state = nnx.split((args, kwargs))  # new objects holding copies of every array
+            args, kwargs = nnx.merge(graphdef, jax.tree.map(_copy, state))
             return jax.tree.map(_copy, (args, kwargs), is_leaf=_is_graph_node)
-        if not self.donates:
+        if not donates:
             return tuple(args), kwargs
         return jax.tree.map(_copy, (tuple(args), kwargs))
 
@@ -165,6 +168,14 @@ def _check_no_graph_nodes(form: StepForm, args: tuple[Any, ...], kwargs: Mapping
             "an nnx.jit step (nnx.jit(step), with nnx.shard_map or nnx.pmap inside it if the step uses them)")
 
 
+def _donates(lowered: Any) -> bool:
+    """Whether a lowering donates any argument (jax's ``args_info``: for a ``jax.pmap`` too, whose
+    ``donate_argnums`` no jit record holds)."""
+    import jax
+
+    return any(getattr(a, "donated", False) for a in jax.tree.leaves(lowered.args_info))
+
+
 def _hashes(value: Any) -> bool:
     try:
         hash(value)
@@ -188,11 +199,12 @@ def _is_graph_node(x: Any) -> bool:
 class Lowering(NamedTuple):
     """A step lowered for one call: jax's ``Lowered`` (what disco rewrites and compiles), flax's
     stage around it for an ``nnx.jit`` step (None otherwise), and the static arguments it was
-    lowered for (:meth:`StepForm.statics`)."""
+    lowered for (:meth:`StepForm.statics`), and whether it donates any argument."""
 
     lowered: Any
     stage: Any
     statics: tuple[Any, ...]
+    donates: bool = False
 
 
 class _Ready:
@@ -233,6 +245,7 @@ class BoundStep:
         self.compiled = compiled
         self.form = form
         self.statics = lowering.statics
+        self.donates = lowering.donates
         self._call: Callable[..., Any]
         if form.kind == NNX:
             stage = dataclasses.replace(lowering.stage, lowered=_Ready(_Traced(compiled, form)))
@@ -253,12 +266,12 @@ class BoundStep:
     @property
     def consumes_arguments(self) -> bool:
         """Whether a call donates or updates its arguments (measure it with :meth:`fresh_arguments`)."""
-        return self.form.donates or self.form.kind == NNX
+        return self.donates or self.form.kind == NNX
 
     def fresh_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None,
                         ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """:meth:`StepForm.fresh`: arguments for one more call that leave these usable."""
-        return self.form.fresh(args, kwargs)
+        return self.form.fresh(args, kwargs, donates=self.donates)
 
     def as_text(self) -> str:
         return self.compiled.as_text()

@@ -188,3 +188,33 @@ def test_nnx_modules_passed_to_a_step_that_is_not_an_nnx_jit_are_refused_naming_
     with pytest.raises(StepFormError, match=r"argument 0 is a flax NNX _MLP, but 'plain' is a function, not an "
                                             r"nnx.jit.*expected an nnx.jit step"):
         disco.extract(plain, model, optimizer, _batch(mesh), jnp.ones((32, 1)))
+
+
+def test_non_array_leaves_and_keyword_arguments_reach_the_planned_step(mesh):
+    """None and Python-number leaves in the state (jax traces a number as a weak-typed scalar), a
+    keyword argument traced and another static by name."""
+    def step(state, batch, *, key, scale):
+        def loss_fn(p):
+            h = jnp.tanh(batch @ p["w0"]) @ p["w1"] + 0.0 * jax.random.uniform(key, (32, 16))
+            return jnp.mean(h ** 2) * scale
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        params = jax.tree.map(lambda p, g: p - state["lr"] * g, state["params"], grads)
+        return {"params": params, "lr": state["lr"], "unused": None}, loss
+
+    jitted = jax.jit(step, static_argnames="scale")
+    state = {"params": {k: v for k, v in _params(mesh).items() if k in ("w0", "w1")}, "lr": 0.1, "unused": None}
+    kwargs = {"key": jax.random.key(3), "scale": 2.0}
+    batch = _batch(mesh)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph = disco.extract(jitted, state, batch, kwargs=kwargs)
+        plan = baselines.make("per_tensor", graph)
+        applied = xla_hooks.apply(plan, jitted, state, batch, kwargs=kwargs, strict=True)
+    assert compiled_all_reduces(applied) == len(plan.buckets) == 3
+    got, want = state, state
+    for _ in range(3):
+        got, _ = applied(got, batch, **kwargs)
+        want, _ = jitted(want, batch, **kwargs)
+    np.testing.assert_allclose(got["lr"], 0.1, rtol=1e-7)
+    assert got["unused"] is None
+    assert_close(got["params"], want["params"])
