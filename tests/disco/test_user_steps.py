@@ -49,8 +49,16 @@ def _three_steps(entry, fn):
 
 def _reference(name):
     """The step's parameters after 3 steps of its own jit, from a fresh copy."""
+    return _reference_run(name)[0]
+
+
+def _reference_run(name):
+    """:func:`_reference`, and how many programs the step's own jit compiled for those 3 calls
+    (jax's cache size; 1 where the jit does not report it, a pmap)."""
     ref = user_steps.CORPUS[name]()
-    return _three_steps(ref, ref.step)
+    params = _three_steps(ref, ref.step)
+    size = getattr(read(ref.step).jitted, "_cache_size", None)
+    return params, size() if size is not None else 1
 
 
 def _combiner_off(entry):
@@ -94,10 +102,11 @@ def _expected_all_reduces(graph, plan):
 
 
 def _donated_deleted(entry, fn):
-    """Whether every array of each donated argument is invalid after one call of ``fn``."""
+    """Whether every array each donated argument held before one call of ``fn`` is invalid after it
+    (read before the call: an nnx.jit step's modules hold new arrays after it)."""
+    held = [x for i in entry.donated for x in jax.tree.leaves(entry.args[i]) if isinstance(x, jax.Array)]
     entry.advance(fn, entry.args, entry.kwargs)
-    return all(x.is_deleted() for i in entry.donated for x in jax.tree.leaves(entry.args[i])
-               if isinstance(x, jax.Array))
+    return bool(held) and all(x.is_deleted() for x in held)
 
 
 @pytest.fixture
@@ -133,10 +142,11 @@ def test_a_user_step_trains_through_xla_hooks_jit_as_through_its_own_jit(entry):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         got = _three_steps(entry, planned)
-    assert len(planned.applied) == 1  # one signature: the three calls shared one compile
-    (applied,) = planned.applied.values()
-    assert applied.applied, applied.fallback_reason
-    want = _reference(name)
+    want, compiles = _reference_run(name)
+    # one compile per signature jax's own jit compiles (a key passed uncommitted, then returned
+    # committed, is two signatures to jax as to disco)
+    assert len(planned.applied) == compiles
+    assert all(a.applied for a in planned.applied.values()), [a.fallback_reason for a in planned.applied.values()]
     assert _relative_error(got, want) <= _tolerance(name)
 
 
