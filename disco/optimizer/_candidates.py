@@ -4,6 +4,7 @@ bucket-count sweep, the best searched plans): what each round of the funnel
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -16,6 +17,7 @@ from disco.optimizer._choice import PlanRow
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._prepare import Target
 from disco.plans import baselines
+from disco.plans.naming import content_name
 from disco.plans.plan import FusionPlan
 
 REPORTED_BASELINES = ("xla_default", "per_tensor", "horovod", "ddp")
@@ -88,11 +90,12 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
     rows: dict[str, PlanRow] = {}
     seen: set[str] = set()
 
-    def add(name: str, kind: str, origin: str, plan: FusionPlan) -> None:
+    def add(name: str, kind: str, origin: str, plan: FusionPlan, found_as: str = "") -> None:
         if plan.digest() in seen or name in rows:
             return
         seen.add(plan.digest())
-        rows[name] = predicted_row(name, kind, origin, plan.replace(name=name), predict)
+        rows[name] = dataclasses.replace(predicted_row(name, kind, origin, plan.replace(name=name), predict),
+                                         found_as=found_as or name)
 
     for name, kind, origin, plan in references(target, config, predict):
         add(name, kind, origin, plan)
@@ -103,10 +106,11 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
         if p.digest() in seen:
             continue
         rank += 1
-        add(f"disco_{rank}", "search", f"searched from {p.name}", p)
+        add(content_name(p), "search", f"searched from {p.name}", p, f"disco_{rank}")
         projected = bucket_projection(p) if config.measure_buckets_only else None
         if projected is not None:
-            add(f"disco_{rank}_buckets", "search", f"disco_{rank} without its fusion groups", projected)
+            add(content_name(projected), "search", f"{content_name(p)} without its fusion groups", projected,
+                f"disco_{rank}_buckets")
     return Candidates(tuple(rows.values()), summary_of(result))
 
 
