@@ -103,8 +103,8 @@ def apply_snippet(plan_file: str) -> list[str]:
     """The lines of Python that apply the plan kept in ``plan_file`` to a training script's
     ``step`` (plain or jitted) and its example ``args``."""
     return ["import disco, xla_hooks",
-            f"plan = disco.FusionPlan.from_json(open({plan_file!r}).read())",
-            "step = xla_hooks.apply(plan, step, *args)  # same pytrees in and out as jax.jit(step)"]
+            f"path = {plan_file!r}",
+            "step = xla_hooks.apply(disco.FusionPlan.from_json(open(path).read()), step, *args)"]
 
 
 def answer_lines(result: OptimizeResult, *, title: str, measured_on: str, plan_file: str | None = None,

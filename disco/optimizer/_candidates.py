@@ -4,7 +4,6 @@ bucket-count sweep, the best searched plans): what each round of the funnel
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -94,8 +93,7 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
         if plan.digest() in seen or name in rows:
             return
         seen.add(plan.digest())
-        rows[name] = dataclasses.replace(predicted_row(name, kind, origin, plan.replace(name=name), predict),
-                                         found_as=found_as or name)
+        rows[name] = predicted_row(name, kind, origin, plan.replace(name=name), predict, found_as)
 
     for name, kind, origin, plan in references(target, config, predict):
         add(name, kind, origin, plan)
@@ -118,11 +116,13 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
 Predict = Callable[[FusionPlan], tuple[float, str, float]]
 
 
-def predicted_row(name: str, kind: str, origin: str, plan: FusionPlan, predict: Predict) -> PlanRow:
-    """An unmeasured row of ``plan``, predicted now (before it is measured)."""
+def predicted_row(name: str, kind: str, origin: str, plan: FusionPlan, predict: Predict,
+                  found_as: str = "") -> PlanRow:
+    """An unmeasured row of ``plan``, predicted now (before it is measured); ``found_as``: its name
+    in the search's order (default: ``name``)."""
     value, by, simulated = predict(plan)
     return PlanRow(name, kind, origin, plan, value, predicted_by=by,
-                   simulated_s=None if simulated == value else simulated)
+                   simulated_s=None if simulated == value else simulated, found_as=found_as or name)
 
 
 def bucket_projection(plan: FusionPlan) -> FusionPlan | None:

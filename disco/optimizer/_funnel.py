@@ -236,8 +236,7 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
             # a compiled plan is priced from its compiled module, through the same batch's state
             predict = (partial(_compiled.predict, predictor, prices, step=prices.steps[d], batch=together)
                        if d in by_compiled else judge.predict)
-            batch[name] = dataclasses.replace(predicted_row(name, kind, pool.origin(d), plan.replace(name=name),
-                                                            predict), found_as=found_as)
+            batch[name] = predicted_row(name, kind, pool.origin(d), plan.replace(name=name), predict, found_as)
         if r == 0:  # xla_default's row: predicted before its first measurement like every other
             batch = {"xla_default": predicted_row("xla_default", "baseline", "xla_default", xla,
                                                   judge.predict), **batch}

@@ -100,10 +100,9 @@ def regrouped_row(target: Target, rows: tuple[PlanRow, ...], predict: Predict | 
     found_as = {r.name: r.found_as or r.name for r in rows}
     by = source_of(getattr(target.costs, "name", type(target.costs).__name__))
     predict = predict or (lambda p: (target.simulator.step_time(p), by, target.simulator.step_time(p)))
-    row = predicted_row(plan.name, "search",
-                        f"{fusing}'s {fusion_decisions(plan)} on {bucketing}'s buckets (measured in the run-off)",
-                        plan, predict)
-    return dataclasses.replace(row, found_as=f"{found_as[fusing]}_on_{found_as[bucketing]}")
+    return predicted_row(plan.name, "search",
+                         f"{fusing}'s {fusion_decisions(plan)} on {bucketing}'s buckets (measured in the run-off)",
+                         plan, predict, f"{found_as[fusing]}_on_{found_as[bucketing]}")
 
 
 def fusion_decisions(plan: FusionPlan) -> str:
