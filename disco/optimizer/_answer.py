@@ -148,7 +148,7 @@ def answer_lines(result: OptimizeResult, *, title: str, measured_on: str, plan_f
                 indent="    ")
     add(a.model)
     if plan_file is not None and a.chosen != "xla_default":
-        add(f"written to {plan_file}; in a training script:")
+        add("the plan is written to path; to apply it in a training script:")
         out.extend("    " + line for line in apply_snippet(plan_file))
     elif plan_file is not None:
         add(f"written to {plan_file} (XLA's default: applying it changes nothing)")

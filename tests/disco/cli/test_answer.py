@@ -43,9 +43,9 @@ def test_a_newcomer_reads_the_answer_in_15_lines_and_its_snippet_applies_the_pla
         pytest.skip("no plan beat xla_default in this run: no snippet to run")
     assert re.search(r"\d\.\d{3}x faster than XLA's default \(90% interval \d\.\d{3}-\d\.\d{3}: "
                      r"(beyond|within) noise\)", text), text
-    start = next(i for i, ln in enumerate(block) if ln.endswith("in a training script:")) + 1
+    start = next(i for i, ln in enumerate(block) if ln.endswith("to apply it in a training script:")) + 1
     snippet = [ln[4:] for ln in block[start:] if ln.startswith("    ")]
-    assert len(snippet) == 3 and str(out) in snippet[1], snippet
+    assert len(snippet) == 3 and snippet[1] == f"path = {str(out)!r}", snippet
 
     import jax
 
