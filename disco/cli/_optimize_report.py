@@ -203,7 +203,7 @@ def print_table(result: Any, info: dict[str, Any]) -> None:
 
 def _print_plan_lines(console: Any, chosen: str, rows: Any) -> None:
     """The answer's plan, and the search's best (found as disco_1) when it is another, one line each."""
-    for r in [next(r for r in rows if r.name == chosen)] + [r for r in rows if r.found_as == "disco_1"
+    for r in [next(r for r in rows if r.name == chosen)] + [r for r in rows if getattr(r, "found_as", "") == "disco_1"
                                                              and r.name != chosen]:
         p = r.plan
         opts = ", ".join(f"{k}={v}" for k, v in p.compile_options) or "XLA's defaults"

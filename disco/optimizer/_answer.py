@@ -85,15 +85,17 @@ def answer(result: OptimizeResult) -> Answer:
     interval = result.confirmed_interval
     rounds = result.config.confirmation_rounds if c is not None else result.config.rounds
     graph = result.simulator.graph if result.simulator is not None else None
+    # the baseline the confirmation measured beside the answer (the first run's best), else the first run's
+    baseline = c.baseline if c is not None and c.baseline is not None else result.best_baseline
     return Answer(result.chosen, describe(result.plan, graph), source, origin, result.speedup, interval,
-                  result.best_baseline, result.confirmed_vs_best_baseline,
+                  baseline, result.confirmed_vs_best_baseline,
                   result.confirmed_vs_best_baseline_interval, c is not None, rounds,
                   result.accuracy.decision_line())
 
 
-def _noise(interval: tuple[float, float] | None) -> str:
+def _noise(interval: tuple[float, float] | None, confirmed: bool = True) -> str:
     if interval is None:
-        return "no interval (no confirmation run)"
+        return "no interval: " + ("the run kept no per-round times" if confirmed else "no confirmation run")
     lo, hi = interval
     verdict = "beyond noise" if lo > 1.0 or hi < 1.0 else "within noise"
     return f"90% interval {lo:.3f}-{hi:.3f}: {verdict}"
@@ -102,14 +104,14 @@ def _noise(interval: tuple[float, float] | None) -> str:
 def apply_snippet(plan_file: str) -> list[str]:
     """The lines of Python that apply the plan kept in ``plan_file`` to a training script's
     ``step`` (plain or jitted) and its example ``args``."""
-    return ["import disco, xla_hooks",
+    return ["import pathlib, disco, xla_hooks",
             f"path = {plan_file!r}",
-            "step = xla_hooks.apply(disco.FusionPlan.from_json(open(path).read()), step, *args)"]
+            "step = xla_hooks.apply(disco.FusionPlan.from_json(pathlib.Path(path).read_text()), step, *args)"]
 
 
 def answer_lines(result: OptimizeResult, *, title: str, measured_on: str, plan_file: str | None = None,
                  more: str = "--details for every plan and the diagnostics, --json for everything",
-                 width: int = WIDTH) -> list[str]:
+                 width: int = WIDTH, command: str = "disco optimize") -> list[str]:
     """The answer in at most :data:`MAX_LINES` lines of at most ``width`` columns.
 
     Args:
@@ -118,6 +120,7 @@ def answer_lines(result: OptimizeResult, *, title: str, measured_on: str, plan_f
       measured_on: where it was measured ("CPU", "GPU"): every figure says so.
       plan_file: where the plan was written (the snippet reads it), or None (not written).
       more: the last line: where the rest is.
+      command: what the first line names (``disco.optimize`` from Python).
     """
     a = answer(result)
     out: list[str] = []
@@ -126,7 +129,7 @@ def answer_lines(result: OptimizeResult, *, title: str, measured_on: str, plan_f
         out.extend(textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ",
                                  break_on_hyphens=False, break_long_words=False))
 
-    add(f"disco optimize {title}: the answer is {a.chosen}", indent="")
+    add(f"{command} {title}: the answer is {a.chosen}", indent="")
     add(f"what it does: {a.plan}")
     add(f"from: {a.origin}")
     if a.chosen == "xla_default":
@@ -134,14 +137,15 @@ def answer_lines(result: OptimizeResult, *, title: str, measured_on: str, plan_f
     else:
         run = "in the confirmation's fresh rounds" if a.confirmed else "in the first run"
         add(f"measured on {measured_on} {run} ({a.rounds} rounds):")
-        add(f"{a.vs_default:.3f}x faster than XLA's default ({_noise(a.vs_default_interval)})", indent="    ")
+        add(f"{a.vs_default:.3f}x faster than XLA's default ({_noise(a.vs_default_interval, a.confirmed)})",
+            indent="    ")
         if a.baseline == "xla_default":
             add("no baseline beat XLA's default in the first run", indent="    ")
         elif a.baseline == a.chosen:
             add(f"the answer is the best baseline itself ({a.chosen})", indent="    ")
         elif a.vs_baseline is not None:
             add(f"{a.vs_baseline:.3f}x the speed of the best baseline, {a.baseline} "
-                f"({_noise(a.vs_baseline_interval)})", indent="    ")
+                f"({_noise(a.vs_baseline_interval, a.confirmed)})", indent="    ")
         else:
             b = result.row(a.baseline).gain(result.row("xla_default"))
             add(f"the best baseline, {a.baseline}, measured {b:.3f}x over XLA's default in the first run",

@@ -129,9 +129,10 @@ def verdict(rows: Sequence[PlanRow]) -> tuple[str, str]:
     others = [r for r in rows if r.name != "xla_default" and r.median_s is not None and r.applied]
     fastest = max(others, key=lambda r: r.gain(base), default=None)
     if fastest is None or fastest.gain(base) <= 1.0:
-        ref = fastest.base_median_s if fastest and fastest.base_median_s is not None else base.median_s
+        same = fastest is not None and fastest.base_median_s is not None
+        ref = fastest.base_median_s if same else base.median_s
         detail = (f"; the best other plan, {fastest.name}, measured {fastest.gain(base):.3f}x "
-                  f"({fastest.median_s * 1e3:.3f} vs {ref * 1e3:.3f} ms median in the same rounds)"
+                  f"({fastest.median_s * 1e3:.3f} vs {ref * 1e3:.3f} ms median{' in the same rounds' if same else ''})"
                   if fastest else "")
         return "xla_default", f"no plan beat xla_default when measured{detail}; keeping XLA's default compile"
     overlap = fastest.max_s is not None and base.min_s is not None and fastest.max_s >= base.min_s
@@ -139,9 +140,11 @@ def verdict(rows: Sequence[PlanRow]) -> tuple[str, str]:
             if overlap else "")
     # xla_default's median in the plan's own rounds: a funnel round measures it afresh, and its
     # first-round median beside a later round's plan made a ratio of medians of two runs
-    ref = fastest.base_median_s if fastest.base_median_s is not None else base.median_s
-    return fastest.name, (f"{fastest.name} measured {fastest.gain(base):.3f}x faster than xla_default, paired "
-                          f"({fastest.median_s * 1e3:.3f} vs {ref * 1e3:.3f} ms median in the same rounds){note}")
+    same = fastest.base_median_s is not None
+    ref = fastest.base_median_s if same else base.median_s
+    return fastest.name, (f"{fastest.name} measured {fastest.gain(base):.3f}x faster than xla_default "
+                          f"({fastest.median_s * 1e3:.3f} vs {ref * 1e3:.3f} ms median"
+                          f"{' in the same rounds' if same else ''}){note}")
 
 
 def finalists(rows: Sequence[PlanRow], n: int) -> list[str]:

@@ -193,13 +193,17 @@ class OptimizeResult:
         return (1.0 - 1.0 / s) / (1.0 - 1.0 / self.bound.speedup)
 
     def row(self, name: str) -> PlanRow:
-        """The row called ``name``.
+        """The row called ``name``, else the row found as ``name`` in the search's order
+        (:attr:`PlanRow.found_as`: ``disco_1``, ``disco_1_buckets``, ``disco_1_on_ddp``).
 
         Raises:
           KeyError: naming the rows there are.
         """
         for r in self.rows:
             if r.name == name:
+                return r
+        for r in self.rows:
+            if r.found_as == name:
                 return r
         raise KeyError(f"no row {name!r}; rows: {', '.join(r.name for r in self.rows)}")
 
@@ -347,7 +351,8 @@ class OptimizeResult:
         g = self.setting.graph
         lines = answer_lines(self, title=f"{str(g.get('name', '?'))[:40]} on cluster {self.setting.cluster[:30]!r}",
                              measured_on=jax.default_backend().upper(), plan_file=plan_file,
-                             more="summary(details=True) for every plan and the diagnostics, to_dict() for all")
+                             more="summary(details=True) for every plan and the diagnostics, to_dict() for all",
+                             command="disco.optimize")
         if not details:
             return "\n".join(lines)
         return self.details() + "\n" + "\n".join(lines)
