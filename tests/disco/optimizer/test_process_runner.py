@@ -212,7 +212,6 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     # the search priced plans on the cluster with its compute scaled to the measured floor
     from disco import calibrate
     from disco.plans import baselines
-    from disco.plans.naming import content_name
     from disco.sim.costs import AnalyticCosts
     from disco.sim.simulator import Simulator
 
@@ -234,7 +233,6 @@ def test_the_bound_is_measured_across_processes_in_the_plans_rounds(mlp_graph):
     slowest worker's), beside the plans and not as one of them; not asked, it is not measured."""
     from disco.bench import COMM_FREE_BOUND
     from disco.plans import baselines
-    from disco.plans.naming import content_name
     from disco.sim.costs import AnalyticCosts
     from disco.sim.simulator import Simulator
 
