@@ -91,9 +91,13 @@ def content_name(plan: FusionPlan) -> str:
     return "_".join(parts) + "_" + plan.digest()[:DIGEST_CHARS]
 
 
-def _mb(n: float) -> str:
-    mb = n / 1e6
-    return f"{mb:.0f}" if mb >= 10 else f"{mb:.1f}" if mb >= 0.1 else f"{mb:.2f}"
+def _size(n: float) -> str:
+    """Bytes in a few characters: "34 MB", "2.1 MB", "72 kB", "96 B" (10^3 steps)."""
+    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v >= 10 else f"{v:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def bucket_sizes(plan: FusionPlan, graph: HloGraph) -> list[int]:
@@ -108,7 +112,7 @@ def bucket_sizes(plan: FusionPlan, graph: HloGraph) -> list[int]:
 def describe(plan: FusionPlan, graph: HloGraph | None = None) -> str:
     """What the plan does, in words: "3 gradient buckets of 21-34 MB, 2 fusion groups, reductions
     kept out of YNNPACK"; "XLA's default compile" for a plan that asks for nothing. With ``graph``,
-    the buckets' sizes (MB: 10^6 bytes)."""
+    the buckets' sizes (kB and MB: 10^3 and 10^6 bytes)."""
     if plan.is_default:
         return "XLA's default compile"
     parts = []
@@ -119,8 +123,13 @@ def describe(plan: FusionPlan, graph: HloGraph | None = None) -> str:
         text = f"{n} gradient bucket{'' if n == 1 else 's'}"
         sizes = bucket_sizes(plan, graph) if graph is not None else []
         if sizes and max(sizes) > 0:
-            lo, hi = min(sizes), max(sizes)
-            text += f" of {_mb(lo)} MB" if _mb(lo) == _mb(hi) else f" of {_mb(lo)}-{_mb(hi)} MB"
+            lo, hi = _size(min(sizes)), _size(max(sizes))
+            if lo == hi:
+                text += f" of {lo}"
+            elif lo.split()[1] == hi.split()[1]:  # one unit: "21-34 MB"
+                text += f" of {lo.split()[0]}-{hi}"
+            else:
+                text += f" of {lo} to {hi}"
         builds = {b.build for b in plan.buckets}
         if builds == {"rs_ag"}:
             text += " (reduce-scatter + all-gather)"

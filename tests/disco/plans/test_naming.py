@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from disco.plans import baselines
@@ -37,7 +39,10 @@ def test_describe_says_what_a_plan_does_with_its_bucket_sizes(mlp_graph):
     sizes = bucket_sizes(ddp, mlp_graph)
     assert len(sizes) == len(ddp.buckets) and sum(sizes) == sum(n.grad_bytes for n in mlp_graph.all_reduces())
     text = describe(ddp, mlp_graph)
-    assert text.startswith(f"{len(ddp.buckets)} gradient bucket") and " MB" in text, text
+    assert re.fullmatch(rf"{len(ddp.buckets)} gradient buckets? of [\d.]+ [kM]?B", text), text
+    per_tensor = baselines.make("per_tensor", mlp_graph)  # one bucket per gradient: a range of sizes
+    assert re.fullmatch(rf"{len(per_tensor.buckets)} gradient buckets of [\d.]+( [kM]?B)?(-| to )[\d.]+ [kM]?B",
+                        describe(per_tensor, mlp_graph)), describe(per_tensor, mlp_graph)
     ynn = ddp.replace(compile_options=((plan_options.YNN_FUSION_TYPE, plan_options.YNN_NO_REDUCE),))
     assert describe(ynn, mlp_graph).endswith(", reductions kept out of YNNPACK")
     assert describe(FusionPlan(cuts=(("a", "b"),))) == "XLA's all-reduce combiner, 1 fusion cut"
