@@ -124,6 +124,7 @@ def test_nothing_points_at_the_moved_lab_notebook():
     """docs/benchmarks.md moved to docs/archive/lab-notebook.md (current figures: docs/results.md)."""
     files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.cfg", "*.yml", "Makefile"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
-    # CHANGELOG.md records the move itself
-    stale = [f for f in files if f not in ("CHANGELOG.md", "tests/docs/test_docs.py") and "docs/benchmarks.md" in _read(f)]
+    # CHANGELOG.md records the move itself, and archive/ keeps its texts as they were written
+    stale = [f for f in files if f not in ("CHANGELOG.md", "tests/docs/test_docs.py") and not f.startswith("archive/")
+             and "docs/benchmarks.md" in _read(f)]
     assert not stale, f"files still naming docs/benchmarks.md: {stale}"
