@@ -306,9 +306,11 @@ def default_plan_file(model: str, preset: str, devices: int) -> str:
     return os.path.join(folder, name + ".json")
 
 
-def _write_outputs(args: argparse.Namespace, result: Any, label: dict[str, Any]) -> str:
-    """Writes the answer's plan (``--out``, else :func:`default_plan_file`), the trace and the plot
-    asked for; returns the plan's file."""
+def _write_outputs(args: argparse.Namespace, result: Any, label: dict[str, Any] | None = None) -> str:
+    """Writes the answer's plan (``--out``, else :func:`default_plan_file` of ``label``: the model,
+    preset and devices), the trace and the plot asked for; returns the plan's file."""
+    if not args.out and label is None:
+        raise ValueError("_write_outputs: expected --out or the model's label for the default plan file")
     out = args.out or default_plan_file(str(label["model"]), str(label["preset"]), int(label["devices"]))
     try:
         if not args.out:

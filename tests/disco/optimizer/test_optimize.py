@@ -184,7 +184,7 @@ def test_result_is_short_to_print_and_makes_traces_on_request(pipeline):
     assert answer[0].endswith(f"the answer is {result.chosen}") and "model (simulated): " in "\n".join(answer)
     summary = result.details()
     lines = summary.splitlines()
-    assert len(lines) <= len(result.rows) + 10 and len(summary) < 4000
+    assert len(lines) <= len(result.rows) + 16 and len(summary) < 5000  # + the accuracy figures, one a line
     assert all(any(ln.strip().startswith(r.name) for ln in lines) for r in result.rows)
     assert [ln for ln in lines if ln.strip().startswith(result.chosen + " *")]
     assert lines[-1] == f"verdict: {result.verdict}"
@@ -211,7 +211,7 @@ def test_result_is_short_to_print_and_makes_traces_on_request(pipeline):
         opt.chrome_trace(dataclasses.replace(result, simulator=None))
 
 
-def test_cli_writes_the_plan_trace_and_plot_from_a_result(pipeline, tmp_path):
+def test_cli_writes_the_plan_trace_and_plot_from_a_result(pipeline, tmp_path, monkeypatch):
     from disco.cli import optimize as optimize_cli
 
     result = pipeline.result
@@ -221,6 +221,12 @@ def test_cli_writes_the_plan_trace_and_plot_from_a_result(pipeline, tmp_path):
     assert FusionPlan.from_json((tmp_path / "plan.json").read_text()).digest() == result.plan.digest()
     assert json.loads((tmp_path / "trace.json").read_text()) == opt.chrome_trace(result)
     assert (tmp_path / "timelines.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # without --out, the plan goes to $DISCO_PLANS (the tests' folder, tests/conftest.py)
+    monkeypatch.setenv("DISCO_PLANS", str(tmp_path / "plans"))
+    bare = types.SimpleNamespace(out=None, trace=None, plot=None)
+    written = optimize_cli._write_outputs(bare, result, {"model": "mlp", "preset": "tiny", "devices": 4})
+    assert written == str(tmp_path / "plans" / "mlp-tiny-4.json")
+    assert FusionPlan.from_json((tmp_path / "plans" / "mlp-tiny-4.json").read_text()).name == result.chosen
 
 
 def test_the_plot_labels_each_measured_time_clear_of_its_whisker(pipeline):
