@@ -738,7 +738,8 @@ def test_run_off_measures_the_fusing_plans_groups_on_the_fastest_measured_bucket
     first = opt.Measured(rows, "even_2", "even_2 measured 1.3x", None, measured.executables)
     config = dataclasses.replace(CONFIG, rounds=2, confirm_rounds=2)
     runoff = opt.run_off(target, first, config)
-    assert runoff is not None and [r.name for r in runoff.rows] == ["reduce_fusion_on_even_2"]
+    assert runoff is not None and [r.found_as for r in runoff.rows] == ["reduce_fusion_on_even_2"]
+    assert runoff.rows[0].name == content_name(runoff.rows[0].plan)  # named by content
     row = runoff.rows[0]
     assert row.applied and row.kind == "search"
     assert row.origin == (f"reduce_fusion's {len(rf.plan.groups)} fusion groups on even_2's buckets "
