@@ -50,21 +50,28 @@ def print_predicted(result: Any, info: dict[str, Any], *, details: bool = False)
     if details:
         print_predicted_table(result, info)
         print()
-    graph = result.simulator.graph if getattr(result, "simulator", None) is not None else None
+    import textwrap
+
     from disco.optimizer import apply_snippet
     from disco.plans.naming import describe
 
-    lines = [f"disco optimize {_title(info)}: the answer is {result.chosen} (predicted, not measured)",
-             f"  what it does: {describe(result.plan, graph)}",
-             f"  simulated on cluster {result.cluster!r} ({result.tier} tier): {result.speedup:.3f}x faster than "
-             "XLA's default",
-             "  nothing was measured: this machine's devices are not the cluster's; measure it there",
-             "    (xla_hooks.jit(step, service=..., trials=n))"]
+    graph = result.simulator.graph if getattr(result, "simulator", None) is not None else None
+    lines: list[str] = []
+
+    def add(text: str, indent: str = "  ") -> None:
+        lines.extend(textwrap.wrap(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ",
+                                   break_on_hyphens=False, break_long_words=False))
+
+    add(f"disco optimize {_title(info)}: the answer is {result.chosen} (predicted, not measured)", indent="")
+    add(f"what it does: {describe(result.plan, graph)}")
+    add(f"simulated on cluster {result.cluster!r} ({result.tier} tier): {result.speedup:.3f}x faster than "
+        "XLA's default")
+    add("nothing was measured: this machine's devices are not the cluster's; measure it there "
+        "(xla_hooks.jit(step, service=..., trials=n))")
     if info.get("plan_file") and result.chosen != "xla_default":
-        lines.append(f"  written to {info['plan_file']}; on the cluster, in a training script:")
-        lines += ["    " + line for line in apply_snippet(info["plan_file"])]
-    lines.append("  --details: every candidate and its prices; --json: everything" if not details
-                 else "  --json: everything")
+        add("the plan is written to path; to apply it on the cluster, in a training script:")
+        lines.extend("    " + line for line in apply_snippet(info["plan_file"]))
+    add("--details: every candidate and its prices; --json: everything" if not details else "--json: everything")
     for line in lines:
         print(line)
 
