@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from disco.ir.opcodes import ALL_REDUCE_OPCODES
@@ -80,10 +80,12 @@ def run_bench(
     steps: int = 3,
     progress: Callable[[str], None] | None = None,
     comm_free_bound: bool = False,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> list[PlanResult]:
     """Applies every plan, then measures them all round by round.
 
     Args:
+      kwargs: the step's keyword arguments, if it is called with some.
       comm_free_bound: also measure, in the same rounds, the step with its all-reduces replaced
         by copies (:mod:`xla_hooks.bound`); it comes last, named ``COMM_FREE_BOUND``, with
         ``plan=None``. When it cannot be compiled it is left out (a ``RuntimeWarning`` says why).
@@ -96,7 +98,7 @@ def run_bench(
     meta: dict[str, tuple] = {}
     for name, plan in plans.items():
         t0 = time.perf_counter()
-        step = apply_plan.apply(plan, step_fn, *args)
+        step = apply_plan.apply(plan, step_fn, *args, kwargs=kwargs)
         compile_s = time.perf_counter() - t0
         fus, ars = compiled_counts(step.compiled_text())
         applied[name] = step
@@ -107,7 +109,7 @@ def run_bench(
     if comm_free_bound:
         t0 = time.perf_counter()
         try:
-            fn = bound.compile_comm_free(step_fn, *args)
+            fn = bound.compile_comm_free(step_fn, *args, kwargs=kwargs)
         except Exception as e:  # noqa: BLE001 - the bound is optional; the plans are measured anyway
             warnings.warn(f"disco: the communication-free bound was not measured ({type(e).__name__}: {e})",
                           RuntimeWarning, stacklevel=2)
@@ -118,6 +120,6 @@ def run_bench(
             names[COMM_FREE_BOUND] = None
             if progress:
                 progress(f"compiled {COMM_FREE_BOUND}")
-    ms = measure.measure_interleaved(applied, args, rounds=rounds, steps=steps,
+    ms = measure.measure_interleaved(applied, args, rounds=rounds, steps=steps, kwargs=kwargs,
                                      on_round=(lambda r: progress(f"round {r + 1}/{rounds}")) if progress else None)
     return [PlanResult(name, plan, *meta[name], ms[name], applied[name]) for name, plan in names.items()]

@@ -85,6 +85,7 @@ def with_module(lowered: Any, mlir_bytes: bytes) -> Any:
 
     with old.context:
         new = ir.Module.parse(mlir_bytes)
+        _keep_buffer_donors(old, new)
     lowering = copy.copy(lowered._lowering)
     lowering._hlo = new
     if hasattr(lowering, "_executable"):
@@ -92,6 +93,45 @@ def with_module(lowered: Any, mlir_bytes: bytes) -> Any:
     out = copy.copy(lowered)
     out._lowering = lowering
     return out
+
+
+def _main(module: Any) -> Any:
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and str(op.attributes["sym_name"]).strip('"') == "main":
+            return op
+    raise PrivateApiError("a lowered module has no func.func @main")
+
+
+def _keep_buffer_donors(old: Any, new: Any) -> None:
+    """Gives ``new``'s entry arguments the donation ``old``'s have, where ``new`` lost it: jax marks a
+    donated argument ``tf.aliasing_output = k`` (aliased to output ``k``) or ``jax.buffer_donor``
+    (donated without an alias, a jit without out_shardings). A rewritten module keeps neither on two
+    paths (measured with jax 0.10.2): jaxlib's HLO -> StableHLO conversion drops the HLO text's
+    ``buffer_donor={...}``, and a GSPMD step's partitioned program gets its header from a wrapper
+    jit that could not alias. Without this the rewritten step would silently stop donating. The
+    outputs are the step's own, in jax's order, so an alias index means the same output in both."""
+    from jax._src.lib.mlir import ir
+
+    kinds = ("tf.aliasing_output", "jax.buffer_donor")
+    try:
+        old_main, new_main = _main(old), _main(new)
+        if "arg_attrs" not in old_main.attributes:
+            return
+        old_attrs = [ir.DictAttr(a) for a in old_main.attributes["arg_attrs"]]
+        new_attrs = [ir.DictAttr(a) for a in new_main.attributes["arg_attrs"]] if "arg_attrs" in new_main.attributes \
+            else []
+    except (KeyError, AttributeError, TypeError) as e:
+        raise PrivateApiError(f"a lowered module's arguments are no longer read as before: {e}") from None
+    donated = {i: {k: a[k] for k in kinds if k in a} for i, a in enumerate(old_attrs) if any(k in a for k in kinds)}
+    if not donated or len(new_attrs) != len(old_attrs):
+        return
+    out = []
+    for i, a in enumerate(new_attrs):
+        entries = {named.name: named.attr for named in a}
+        if i in donated and not any(k in entries for k in kinds):
+            entries.update(donated[i])
+        out.append(ir.DictAttr.get(entries))
+    new_main.attributes["arg_attrs"] = ir.ArrayAttr.get(out)
 
 
 def rewritten_module_options() -> dict[str, Any]:

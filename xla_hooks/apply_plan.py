@@ -36,6 +36,9 @@ class AppliedStep:
       requested: the plan that was asked for.
       fallback_reason: why the requested plan was not applied, or None.
       hlo: the HLO text that was compiled (pre-optimisation; rewritten if a plan applied).
+      call: ``compiled`` as a callable taking the step's own arguments
+        (:class:`disco.ir.step_form.BoundStep`: static arguments dropped, an ``nnx.jit`` step's
+        modules split and updated in place); None: ``compiled`` is called as it is.
     """
 
     compiled: Any
@@ -43,6 +46,7 @@ class AppliedStep:
     requested: FusionPlan
     fallback_reason: str | None = None
     hlo: str = ""
+    call: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         """One line: the plan in effect and whether it applied (not the HLO text, often 100 kB)."""
@@ -56,7 +60,20 @@ class AppliedStep:
         return self.fallback_reason is None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.compiled(*args, **kwargs)
+        return (self.call or self.compiled)(*args, **kwargs)
+
+    def fresh_arguments(self, args: Any, kwargs: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Arguments for one more call that leave ``args`` / ``kwargs`` usable: copies of what the
+        step donates, a clone of an ``nnx.jit`` step's modules (:meth:`disco.ir.step_form.StepForm.fresh`);
+        the arguments themselves where a call consumes and changes nothing."""
+        if self.call is None:
+            return tuple(args), dict(kwargs or {})
+        return self.call.fresh_arguments(tuple(args), kwargs)
+
+    @property
+    def consumes_arguments(self) -> bool:
+        """Whether a call donates or updates its arguments (measure it with :meth:`fresh_arguments`)."""
+        return self.call is not None and self.call.consumes_arguments
 
     def compiled_text(self) -> str:
         """The post-optimisation HLO XLA produced."""
@@ -95,15 +112,21 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
       PrivateApiError: a private jax API changed.
       Exception: whatever XLA raises when the rewritten module does not compile.
     """
-    from disco.ir.extractor import lower, plan_text
+    from disco.ir.extractor import check_step, plan_text
     from disco.ir.graph import HloGraph
     from xla_hooks import _jax_private
     from xla_hooks.rewrite import apply_plan_to_text
 
     from disco.plans import options as plan_options
 
-    lowered = lower(step_fn, *args, kwargs=kwargs)
+    form = check_step(step_fn)
+    lowering = form.lower_stage(args, kwargs)
+    lowered = lowering.lowered
     check_not_replicated(lowered)
+
+    def done(compiled: Any, hlo: str) -> AppliedStep:
+        return AppliedStep(compiled, plan, plan, None, hlo, form.bind(compiled, lowering))
+
     text = plan_text(lowered, debug_info=False)  # a GSPMD step: its partitioned program
     backend = _backend()
     plan_options.check(plan.compile_options, backend)  # also for a plan of options alone (validate skipped)
@@ -113,18 +136,18 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
         graph = HloGraph.from_hlo_text(plan_text(lowered, debug_info=True))
         check_fingerprint(plan, graph)
     if not plan.groups and plan.buckets is None and not plan.cuts and not roundtrip:
-        return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
+        return done(lowered.compile(compiler_options=options), text)
     plan.validate(graph or HloGraph.from_hlo_text(text), backend)
     _jax_private.check_version()
     if not plan.groups and not plan.buckets and not plan.cuts and not roundtrip:
         # nothing to rewrite (buckets=() fits only a step without all-reduces): XLA's compile as is
-        return AppliedStep(lowered.compile(compiler_options=options), plan, plan, None, text)
+        return done(lowered.compile(compiler_options=options), text)
     new_text = apply_plan_to_text(text, plan)
     if probe or (probe is None and (plan.groups or (plan.cuts and backend == "cpu"))):
         from xla_hooks import probe as _probe
 
         _probe.probe(new_text, _jax_private.device_count(lowered), options, platform=backend)
-    return AppliedStep(_jax_private.compile_rewritten(lowered, new_text, options), plan, plan, None, new_text)
+    return done(_jax_private.compile_rewritten(lowered, new_text, options), new_text)
 
 
 def check_fingerprint(plan: FusionPlan, graph: Any) -> None:
@@ -163,7 +186,8 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
 
     Args:
       plan: the plan (None means XLA's default compile).
-      step_fn: the training step, plain or jitted.
+      step_fn: the training step: a plain function, a ``jax.jit`` (static arguments, donation and
+        shardings as it has them) or an ``nnx.jit`` (called with the modules, updated in place).
       *args: example arguments; the returned callable takes arguments of the
         same shapes, dtypes and shardings and returns the same pytrees.
       kwargs: example keyword arguments, if the step is called with some (a mapping, so that
@@ -176,8 +200,8 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
       An :class:`AppliedStep`; ``.applied`` says whether the plan is in effect.
 
     Raises:
-      TypeError: ``plan`` is not a FusionPlan, ``step_fn`` is not callable, or it is a ``jax.jit``
-        with static arguments (usage errors, never a fallback).
+      TypeError: ``plan`` is not a FusionPlan, ``step_fn`` is not callable or not a form disco
+        can call, or a static argument does not hash (usage errors, never a fallback).
       ValueError, Exception: only with ``strict``: what :func:`compile_plan` raises.
 
     Example::
@@ -188,23 +212,21 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
     if plan is not None and not isinstance(plan, FusionPlan):
         hint = " (FusionPlan.from_dict or FusionPlan.from_json reads a plan's JSON)" if isinstance(plan, (dict, str)) else ""
         raise TypeError(f"plan: expected a disco FusionPlan or None, got {type(plan).__name__}{hint}")
-    from disco.ir.extractor import StaticArgumentsError, check_step
+    from disco.ir.extractor import check_step
 
-    check_step(step_fn)  # a usage error too: the fallback could not compile it either
+    form = check_step(step_fn)  # a usage error too: the fallback could not compile it either
+    form.statics(tuple(args), dict(kwargs or {}))  # an unhashable static argument: jax refuses it too
     plan = plan or DEFAULT_PLAN
     if strict:
         return compile_plan(plan, step_fn, *args, kwargs=kwargs)
     try:
         return compile_plan(plan, step_fn, *args, kwargs=kwargs)
-    except StaticArgumentsError:
-        raise  # a usage error: XLA's default compile could not take the step's arguments either
     except Exception as e:  # noqa: BLE001 - any failure must fall back, with its reason
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         warnings.warn(
             f"disco: plan {plan.name or plan.digest()!r} could not be applied ({reason}); "
             "using XLA's default compile", PlanFallbackWarning, stacklevel=2)
-        from disco.ir.extractor import lower
-
-        lowered = lower(step_fn, *args, kwargs=kwargs)
-        return AppliedStep(lowered.compile(), DEFAULT_PLAN, plan, reason,
-                           lowered.as_text(dialect="hlo"))
+        lowering = form.lower_stage(tuple(args), kwargs)
+        compiled = lowering.lowered.compile()
+        return AppliedStep(compiled, DEFAULT_PLAN, plan, reason, lowering.lowered.as_text(dialect="hlo"),
+                           form.bind(compiled, lowering))

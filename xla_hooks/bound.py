@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from disco.ir.hlo_parse import split_top_level
@@ -58,7 +58,8 @@ def strip_all_reduces(text: str, keep_scalars: bool = False) -> str:
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
-def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: bool = False) -> Any:
+def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: bool = False,
+                      kwargs: Mapping[str, Any] | None = None) -> Any:
     """Compiles ``step_fn`` for ``args`` with its all-reduces replaced by copies (see the module doc).
 
     Args:
@@ -66,16 +67,18 @@ def compile_comm_free(step_fn: Callable[..., Any], *args: Any, keep_scalars: boo
       keep_scalars: keep the all-reduces of scalars (the loss), as :func:`strip_all_reduces`.
 
     Returns:
-      A jax ``Compiled`` taking and returning the same pytrees as ``jax.jit(step_fn)``.
+      A callable taking and returning what the step does (:class:`disco.ir.step_form.BoundStep`;
+      ``.compiled`` is the jax ``Compiled``).
 
     Raises:
       ValueError: as :func:`strip_all_reduces`.
       PrivateApiError: the private jax API used to compile rewritten HLO changed.
     """
-    from disco.ir.extractor import lower, plan_text
+    from disco.ir.extractor import check_step, plan_text
     from xla_hooks import _jax_private
 
     _jax_private.check_version()
-    lowered = lower(step_fn, *args)
-    text = strip_all_reduces(plan_text(lowered, debug_info=False), keep_scalars=keep_scalars)
-    return _jax_private.compile_rewritten(lowered, text)
+    form = check_step(step_fn)
+    lowering = form.lower_stage(args, kwargs)
+    text = strip_all_reduces(plan_text(lowering.lowered, debug_info=False), keep_scalars=keep_scalars)
+    return form.bind(_jax_private.compile_rewritten(lowering.lowered, text), lowering)

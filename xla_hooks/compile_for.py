@@ -140,7 +140,8 @@ def plan_compiler(text: str, *, device: str, devices: int,
     return compile_plan
 
 
-def compiled_plan_text(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any) -> str:
+def compiled_plan_text(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
+                       kwargs: Mapping[str, Any] | None = None) -> str:
     """The optimised module XLA builds for ``step_fn`` with ``plan`` on this process's backend.
 
     Raises:
@@ -149,4 +150,4 @@ def compiled_plan_text(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any
     """
     from xla_hooks.apply_plan import compile_plan
 
-    return compile_plan(plan, step_fn, *args).compiled.as_text()
+    return compile_plan(plan, step_fn, *args, kwargs=kwargs).compiled.as_text()

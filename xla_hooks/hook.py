@@ -142,7 +142,10 @@ class PlannedStep:
                  timeout_s: float, token: str | None, options: Mapping[str, Any] | None,
                  agree_timeout_s: float = DEFAULT_AGREE_TIMEOUT_S, trials: int = 0,
                  trial_steps: int = DEFAULT_TRIAL_STEPS):
+        from disco.ir.step_form import read
+
         self.step_fn = step_fn
+        self.form = read(step_fn)
         self.service = service.rstrip("/") if service else None
         self.cluster = cluster
         self.timeout_s = float(timeout_s)
@@ -165,7 +168,9 @@ class PlannedStep:
                 f"{': ' + plans if plans else ''}{', ...' if len(self.applied) > 3 else ''})")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        sig = _signature((args, kwargs))
+        # the traced arguments' shapes, dtypes and shardings, and the static ones by value (as jax.jit keys its cache)
+        dyn_args, dyn_kwargs, _ = self.form.split(args, kwargs)
+        sig = (_signature((dyn_args, dyn_kwargs)), self.form.statics(args, kwargs))
         step = self.applied.get(sig)
         if step is None:
             with self._lock:

@@ -39,25 +39,34 @@ class Measurement:
                 "rounds": len(self.samples)}
 
 
-def _run(fn: Callable[..., Any], args: Sequence[Any], steps: int) -> float:
+def _run(fn: Callable[..., Any], args: Sequence[Any], steps: int, kwargs: Mapping[str, Any] | None = None) -> float:
     """Mean seconds per call over ``steps`` calls, each waited for (as a training loop's steps,
-    which depend on each other, would be)."""
+    which depend on each other, would be).
+
+    A step that donates or updates its arguments (``fn.consumes_arguments``: a donating ``jax.jit``,
+    an ``nnx.jit``) gets fresh ones for every call (``fn.fresh_arguments``), made before the clock
+    starts: no call reuses a consumed buffer, and the caller's arguments stay as they were.
+    """
     import jax
 
+    if getattr(fn, "consumes_arguments", False):
+        calls = [fn.fresh_arguments(tuple(args), kwargs) for _ in range(steps)]
+        jax.block_until_ready(calls)
+    else:
+        calls = [(tuple(args), dict(kwargs or {}))] * steps
     t0 = time.perf_counter()
-    for _ in range(steps):
-        jax.block_until_ready(fn(*args))
+    for a, kw in calls:
+        jax.block_until_ready(fn(*a, **kw))
     return (time.perf_counter() - t0) / steps
 
 
-def measure(fn: Callable[..., Any], args: Sequence[Any], rounds: int = 5, steps: int = 3) -> Measurement:
-    """Times ``fn(*args)``: ``rounds`` samples, each the mean of ``steps`` calls after one warm call."""
+def measure(fn: Callable[..., Any], args: Sequence[Any], rounds: int = 5, steps: int = 3,
+            kwargs: Mapping[str, Any] | None = None) -> Measurement:
+    """Times ``fn(*args, **kwargs)``: ``rounds`` samples, each the mean of ``steps`` calls after one warm call."""
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps must be >= 1, got rounds={rounds}, steps={steps}")
-    import jax
-
-    jax.block_until_ready(fn(*args))  # warm-up, not timed
-    return Measurement(tuple(_run(fn, args, steps) for _ in range(rounds)))
+    _run(fn, args, 1, kwargs)  # warm-up, not timed
+    return Measurement(tuple(_run(fn, args, steps, kwargs) for _ in range(rounds)))
 
 
 def round_orders(n: int) -> tuple[tuple[int, ...], ...]:
@@ -90,6 +99,7 @@ def measure_interleaved(
     rounds: int = 5,
     steps: int = 3,
     on_round: Callable[[int], None] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> dict[str, Measurement]:
     """Times several callables round by round, so drift hits all alike.
 
@@ -111,12 +121,12 @@ def measure_interleaved(
         raise ValueError("measure_interleaved: expected at least one callable to measure, got none")
     names = list(fns)
     for name in names:  # warm-up: one untimed round
-        _run(fns[name], args, steps)
+        _run(fns[name], args, steps, kwargs)
     samples: dict[str, list[float]] = {k: [] for k in fns}
     orders = round_orders(len(names))
     for r in range(rounds):
         for i in orders[r % len(orders)]:
-            samples[names[i]].append(_run(fns[names[i]], args, steps))
+            samples[names[i]].append(_run(fns[names[i]], args, steps, kwargs))
         if on_round:
             on_round(r)
     return {k: Measurement(tuple(v)) for k, v in samples.items()}

@@ -47,12 +47,23 @@ def compile_auto_pgle(step_fn: Callable[..., Any], *args: Any, runs: int = PROFI
         raise ValueError(f"{AUTO_PGLE_OFF_GPU} (this process runs on {jax.default_backend()})")
     if not isinstance(runs, int) or runs < 1:
         raise ValueError(f"auto_pgle: runs expected an integer >= 1, got {runs!r}")
-    lowered = jax.jit(step_fn).lower(*args)
-    default = lowered.compile()
+    from disco.ir.extractor import check_step
+
+    form = check_step(step_fn)
+    lowering = form.lower_stage(args, {})
+    lowered = lowering.lowered
+    default = form.bind(lowered.compile(), lowering)
     text = lowered.as_text(dialect="hlo")
     plan = FusionPlan(name=NAME)
+
+    def run() -> None:  # each profiled run on fresh arguments where the step donates or updates them
+        a, kw = default.fresh_arguments(tuple(args)) if default.consumes_arguments else (args, {})
+        jax.block_until_ready(default(*a, **kw))
+
     try:
-        profile = _jax_private.pgle_fdo_profile(lambda: jax.block_until_ready(default(*args)), runs)
+        profile = _jax_private.pgle_fdo_profile(run, runs)
     except _jax_private.PrivateApiError as e:
-        return AppliedStep(default, FusionPlan(name="xla_default"), plan, f"auto_pgle fell back: {e}", text)
-    return AppliedStep(lowered.compile(compiler_options={"fdo_profile": profile}), plan, plan, None, text)
+        return AppliedStep(default.compiled, FusionPlan(name="xla_default"), plan, f"auto_pgle fell back: {e}", text,
+                           default)
+    compiled = lowered.compile(compiler_options={"fdo_profile": profile})
+    return AppliedStep(compiled, plan, plan, None, text, form.bind(compiled, lowering))

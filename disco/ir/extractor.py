@@ -8,52 +8,35 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from disco.ir import gspmd, loop_collectives
+from disco.ir import gspmd, loop_collectives, step_form
 from disco.ir.graph import HloGraph
 from disco.ir.hlo_parse import parse_module
+from disco.ir.step_form import StepForm
 
 
-def check_step(step_fn: Any) -> None:
-    """Raises TypeError unless ``step_fn`` is callable (a str has a ``.lower`` too) and not an
-    ``nnx.jit`` object (its compiled form takes flax's split state, not the objects it is called with)."""
-    if not callable(step_fn):
-        raise TypeError(f"step_fn: expected the training step (a function or a jax.jit result), "
-                        f"got {type(step_fn).__name__}")
-    if type(step_fn).__module__.startswith("flax.nnx"):
-        raise TypeError(
-            f"step_fn: an nnx.jit step ({type(step_fn).__name__}), whose compiled form takes flax's split "
-            "state rather than the modules it is called with; expected its functional form: "
-            "graphdef, state = nnx.split((model, optimizer)); a jax.jit step(state, batch) that calls "
-            "nnx.merge(graphdef, state) and returns nnx.state((model, optimizer)) (docs/guides/your-own-step.md)")
+def check_step(step_fn: Any) -> StepForm:
+    """The step's :class:`~disco.ir.step_form.StepForm` (how it is called).
 
-
-class StaticArgumentsError(TypeError):
-    """The step is a ``jax.jit`` with static arguments, which disco's compiled steps cannot take."""
+    Raises:
+      StepFormError: (a TypeError) ``step_fn`` is not callable (a str has a ``.lower`` too) or is a
+        flax NNX transform disco cannot lower on its own (:func:`disco.ir.step_form.read`).
+    """
+    return step_form.read(step_fn)
 
 
 def lower(step_fn: Callable[..., Any], *args: Any, kwargs: Mapping[str, Any] | None = None) -> Any:
-    """``jax.jit(step_fn).lower(*args, **kwargs)``; accepts an already jitted function too.
+    """The step's ``jax.stages.Lowered`` for ``args`` / ``kwargs``: ``jax.jit(step_fn).lower(...)``
+    for a plain function, the user's own jit's for a ``jax.jit`` (its static arguments baked in,
+    its donation and shardings kept), and the inner jit's over the split state for an ``nnx.jit``.
 
-    ``kwargs`` are the step's keyword arguments (traced like the positional ones, as ``jax.jit``
-    traces them), passed as a mapping so that no name of theirs can clash with this function's.
+    ``kwargs`` are the step's keyword arguments, passed as a mapping so that no name of theirs can
+    clash with this function's.
 
     Raises:
-      TypeError: ``step_fn`` is not callable.
-      StaticArgumentsError: ``step_fn`` is a ``jax.jit`` with static arguments: the compiled step
-        takes the array arguments only, so it could not be called as the step is.
+      StepFormError: ``step_fn`` is not a step disco can call (:func:`check_step`).
+      StepFormError: a static argument does not hash (jax refuses it too).
     """
-    import jax
-
-    check_step(step_fn)
-    jitted = step_fn if hasattr(step_fn, "lower") else jax.jit(step_fn)
-    kwargs = dict(kwargs or {})
-    lowered = jitted.lower(*args, **kwargs)
-    if lowered.in_tree != jax.tree.structure((args, kwargs)):
-        raise StaticArgumentsError(
-            "step_fn: a jax.jit with static arguments (static_argnums/static_argnames), which a compiled step "
-            "cannot take; expected the plain step or a jax.jit without them: bind the static values with "
-            "functools.partial(step, ...)")
-    return lowered
+    return check_step(step_fn).lower(args, kwargs)
 
 
 def hlo_text(
@@ -62,13 +45,15 @@ def hlo_text(
     optimized: bool = False,
     compiler_options: Mapping[str, Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
+    strict: bool = False,
 ) -> str:
     """The step's HLO text: the text plans are written against (:func:`plan_text`, with metadata)
-    or the module as compiled by XLA."""
+    or the module as compiled by XLA. ``strict``: a GSPMD step disco cannot wrap raises
+    (:func:`plan_text`) instead of warning."""
     lowered = lower(step_fn, *args, kwargs=kwargs)
     if optimized:
         return lowered.compile(compiler_options=dict(compiler_options or {})).as_text()
-    return plan_text(lowered, debug_info=True)
+    return plan_text(lowered, debug_info=True, strict=strict)
 
 
 class GspmdWarning(UserWarning):
@@ -80,7 +65,7 @@ _PARTITIONED_LOCK = threading.Lock()
 _PARTITIONED_CACHE_SIZE = 16
 
 
-def plan_text(lowered: Any, *, debug_info: bool = True) -> str:
+def plan_text(lowered: Any, *, debug_info: bool = True, strict: bool = False) -> str:
     """The pre-optimisation HLO text of a lowered step that plans are written against.
 
     For a ``shard_map`` or ``pmap`` step, ``lowered.as_text(dialect="hlo")``: its collectives are
@@ -88,7 +73,9 @@ def plan_text(lowered: Any, *, debug_info: bool = True) -> str:
     adds later, the partitioned program as a manual computation (:mod:`disco.ir.gspmd`): one
     compile of the step with XLA's dump of the ``spmd-partitioning`` pass, memoised per module
     and devices. Falls back to the plain text (which has no all-reduce, so the step checks then
-    say why) when the step cannot be wrapped, with a :class:`GspmdWarning` naming the reason.
+    say why) when the step cannot be wrapped, with a :class:`GspmdWarning` naming the reason; with
+    ``strict``, raises :class:`~disco.ir.gspmd.GspmdError` with that reason instead (``disco.optimize``:
+    a step it cannot read is refused for what it could not read, not for the all-reduces it then lacks).
 
     In a GSPMD step's, the all-reduces a ``while`` loop only accumulates or writes slice by slice
     into its output are moved after the loop (:mod:`disco.ir.loop_collectives`), where buckets
@@ -114,9 +101,13 @@ def plan_text(lowered: Any, *, debug_info: bool = True) -> str:
                 _PARTITIONED_CACHE[key] = cached
         return cached
     except Exception as e:  # noqa: BLE001 - any failure leaves the step as jax lowered it, with the reason
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        if strict:
+            raise gspmd.GspmdError(
+                f"disco could not read the partitioned program of this jax.jit step with shardings ({reason}); "
+                "expected a step over one mesh whose arguments are arrays with NamedShardings or None") from e
         warnings.warn(f"disco: could not read the partitioned program of this jax.jit step with shardings "
-                      f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
-                      "its all-reduces stay out of disco's reach", GspmdWarning, stacklevel=2)
+                      f"({reason}); its all-reduces stay out of disco's reach", GspmdWarning, stacklevel=2)
         return text
 
 
@@ -208,6 +199,8 @@ def _manual_text(lowered: Any, text: str) -> str:
         raise gspmd.GspmdError("the step has no outputs or no parameters to wrap")
     if dict(mesh.shape) != gspmd.mesh_axes(text):
         raise gspmd.GspmdError(f"the outputs' mesh {dict(mesh.shape)} is not the step's {gspmd.mesh_axes(text)}")
+    params = _with_chosen_shardings(params, compiled, mesh)
+
     def spec(dims: tuple[tuple[str, ...], ...]) -> PartitionSpec:
         return PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in dims))
 
@@ -217,18 +210,56 @@ def _manual_text(lowered: Any, text: str) -> str:
     if any(0 in p.dims for p in params):
         raise gspmd.GspmdError("the step has an empty parameter")
 
+    def placeholder(dep: Any, o: Any, s: PartitionSpec) -> Any:
+        shape = NamedSharding(mesh, s).shard_shape(o.shape)
+        if jax.dtypes.issubdtype(o.dtype, jax.dtypes.prng_key):  # a typed key: its key data in the module
+            data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(o.shape, o.dtype))
+            return dep.astype(data.dtype) + jnp.zeros(shape + data.shape[len(o.shape):], data.dtype)
+        return dep.astype(o.dtype) + jnp.zeros(shape, o.dtype)
+
     def body(*shards: Any) -> Any:  # a placeholder of the right shapes that reads every argument
         dep = sum(a.reshape(-1)[0].astype(jnp.float32) for a in shards) * 0
-        return tuple(dep.astype(o.dtype) + jnp.zeros(NamedSharding(mesh, s).shard_shape(o.shape), o.dtype)
-                     for o, s in zip(out_info, out_specs))
+        return tuple(placeholder(dep, o, s) for o, s in zip(out_info, out_specs))
 
     def wrapper(*flat: Any) -> Any:
         return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*flat)
 
     structs = [jax.ShapeDtypeStruct(p.dims, jnp.dtype(p.dtype), sharding=NamedSharding(mesh, s))
                for p, s in zip(params, in_specs)]
-    wrapper_text = jax.jit(wrapper, keep_unused=True).lower(*structs).as_text(dialect="hlo")
+    # the step's donated parameters donated by the wrapper too, so the planned module aliases them as jax's does
+    donated = tuple(i for i, p in enumerate(params) if p.number in gspmd.donated_parameters(text))
+    wrapper_text = jax.jit(wrapper, keep_unused=True, donate_argnums=donated).lower(*structs).as_text(dialect="hlo")
     return _out_of_loops(gspmd.manual_module(wrapper_text, partitioned, name=parse_module(text).name))
+
+
+def _with_chosen_shardings(params: list[gspmd.Parameter], compiled: Any, mesh: Any) -> list[gspmd.Parameter]:
+    """``params`` with the sharding XLA's partitioner chose for each one the text leaves open (a
+    ``jax.jit`` whose ``in_shardings`` hold ``None`` for it: an rng key, a scalar), read from the
+    compiled step's input shardings (one per kept argument, in parameter order).
+
+    Raises:
+      GspmdError: an open parameter's chosen sharding is not a NamedSharding over the step's mesh.
+    """
+    from jax.sharding import NamedSharding
+
+    if all(p.spec is not None for p in params):
+        return params
+    import jax
+
+    chosen = [s for s in jax.tree.leaves(compiled.input_shardings, is_leaf=lambda x: x is None) if s is not None]
+    if len(chosen) != len(params):
+        raise gspmd.GspmdError(f"the compiled step has {len(chosen)} input shardings for {len(params)} entry "
+                               "parameters; expected one per parameter")
+    out = []
+    for p, s in zip(params, chosen):
+        if p.spec is None:
+            if not isinstance(s, NamedSharding) or s.mesh.shape != mesh.shape:
+                raise gspmd.GspmdError(f"entry parameter {p.number} (in_sharding None) was given {s!r} by XLA's "
+                                       "partitioner; expected a NamedSharding over the step's mesh")
+            dims = tuple(() if a is None else (a,) if isinstance(a, str) else tuple(a) for a in s.spec)
+            p = p._replace(spec=dims + ((),) * (len(p.dims) - len(dims)))
+        out.append(p)
+    return out
 
 
 def _out_of_loops(text: str) -> str:
@@ -243,12 +274,15 @@ def extract(
     *args: Any,
     optimized: bool = False,
     compiler_options: Mapping[str, Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> HloGraph:
     """Extracts the HLO graph of ``step_fn`` applied to ``args``.
 
     Args:
-      step_fn: the training step (a plain function or a ``jax.jit`` result).
-      *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+      step_fn: the training step as written: a plain function, a ``jax.jit`` (static arguments,
+        donation and shardings as the jit has them) or an ``nnx.jit`` (called with the modules).
+      *args: example arguments (arrays or ``jax.ShapeDtypeStruct``; an ``nnx.jit`` step's modules).
+      kwargs: example keyword arguments, as a mapping (so that no name of theirs clashes with these).
       optimized: False for the pre-optimisation HLO that plans are written
         against; True for the module XLA compiled (with its fusions).
       compiler_options: per-compile XLA options, used when ``optimized``.
@@ -263,4 +297,4 @@ def extract(
       print(graph.summary()["all_reduces"])
     """
     return HloGraph.from_hlo_text(
-        hlo_text(step_fn, *args, optimized=optimized, compiler_options=compiler_options))
+        hlo_text(step_fn, *args, optimized=optimized, compiler_options=compiler_options, kwargs=kwargs))

@@ -49,13 +49,14 @@ class Parameter(NamedTuple):
       number: its ``parameter(N)`` index.
       dims: the global shape.
       dtype: the numpy dtype name.
-      spec: per dimension, the mesh axes it is split over (``()`` for none): a PartitionSpec's entries.
+      spec: per dimension, the mesh axes it is split over (``()`` for none): a PartitionSpec's
+        entries; None where the module leaves it to the partitioner.
     """
 
     number: int
     dims: tuple[int, ...]
     dtype: str
-    spec: tuple[tuple[str, ...], ...]
+    spec: tuple[tuple[str, ...], ...] | None
 
 
 def mesh_axes(text: str) -> dict[str, int]:
@@ -68,9 +69,16 @@ def mesh_axes(text: str) -> dict[str, int]:
     m = _MESHES_RE.search(header)
     if not m:
         return {}
-    meshes = re.findall(r"#sdy\.mesh<\[(.*?)\]", m.group(1))
+    # an empty mesh (``empty_mesh = #sdy.mesh<[]>``, which jax declares beside the step's for a typed
+    # rng key or an unspecified sharding) has no axes to partition over
+    declared = re.findall(r"([\w.]+)\s*=\s*#sdy\.mesh<\[(.*?)\]", m.group(1))
+    meshes = [axes for _, axes in declared if axes.strip()]
+    if not meshes:
+        return {}
     if len(meshes) != 1:
-        raise GspmdError(f"the step's module declares {len(meshes)} sdy meshes; disco wraps a step over one mesh")
+        shown = ", ".join(f"{name} [{axes}]" for name, axes in declared if axes.strip())
+        raise GspmdError(f"the step's arguments or shardings are on {len(meshes)} meshes ({shown}); disco wraps a "
+                         "step over one mesh: place every argument and sharding constraint on the same mesh")
     return {name: int(size) for name, size in _MESH_AXES_RE.findall(meshes[0])}
 
 
@@ -88,10 +96,14 @@ def is_unpartitioned(text: str) -> bool:
     return not any(ins.opcode in COLLECTIVES for comp in module.computations for ins in comp.instructions)
 
 
-def _spec(attr: str, number: int) -> tuple[tuple[str, ...], ...]:
+def _spec(attr: str, number: int) -> tuple[tuple[str, ...], ...] | None:
+    """The PartitionSpec-like entries of a parameter's ``xla.sdy.sharding``; None where it has none
+    (the jit left it to the partitioner: ``in_shardings`` None for it)."""
+    if "xla.sdy.sharding" not in attr:
+        return None
     m = _SDY_SHARDING_RE.search(attr.replace('\\"', '"'))
     if not m:
-        raise GspmdError(f"entry parameter {number} has no sdy sharding disco reads ({attr[:120]!r})")
+        raise GspmdError(f"entry parameter {number} has an sdy sharding disco does not read ({attr[:120]!r})")
     dims = []
     for dim in re.findall(r"\{([^{}]*)\}", m.group(2)):
         axes = tuple(a.strip().strip('"') for a in dim.split(",") if a.strip() and a.strip() != "?")
@@ -119,11 +131,30 @@ def entry_parameters(text: str) -> list[Parameter]:
         if array.dtype not in _NUMPY_DTYPES:
             raise GspmdError(f"entry parameter {number} has dtype {array.dtype}, which disco does not wrap")
         spec = _spec(ins.attrs.get("frontend_attributes", ""), number)
-        if len(spec) != len(array.dims):
+        if spec is not None and len(spec) != len(array.dims):
             raise GspmdError(f"entry parameter {number}: its sharding has {len(spec)} dimensions, its shape "
                              f"{len(array.dims)}")
         out.append(Parameter(number, tuple(array.dims), _NUMPY_DTYPES[array.dtype], spec))
     return sorted(out, key=lambda p: p.number)
+
+
+_ALIAS_RE = re.compile(r"\binput_output_alias=\{(.*?)\}\s*(?:,\s*\w+=|$)")
+_DONOR_RE = re.compile(r"\bbuffer_donor=\{(.*?)\}\s*(?:,\s*\w+=|$)")
+
+
+def donated_parameters(text: str) -> frozenset[int]:
+    """The entry parameters a module's header donates: aliased to an output
+    (``input_output_alias={ {0}: (2, {}, may-alias), ... }``) or donated without one
+    (``buffer_donor={ (3, {}), ... }``)."""
+    header = text.split("\n", 1)[0]
+    out: set[int] = set()
+    m = _ALIAS_RE.search(header)
+    if m:
+        out |= {int(n) for n in re.findall(r":\s*\((\d+)\s*,", m.group(1))}
+    m = _DONOR_RE.search(header)
+    if m:
+        out |= {int(n) for n in re.findall(r"\((\d+)\s*,", m.group(1))}
+    return frozenset(out)
 
 
 def _strip_attr(line: str, key: str) -> str:

@@ -16,8 +16,10 @@ neither finds one every all-reduce (the loss's too) is bucketed alike. The guide
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 from disco.ir import opcodes as _opcodes
+from disco.ir.opcodes import COLLECTIVES
 from disco.ir.gradients import predecessors, reaching
 from disco.ir.graph import HloGraph
 
@@ -120,6 +122,14 @@ def check_data_parallel(graph: HloGraph) -> None:
       NoGradientWarning: all-reduces but no gradient found (by dataflow or scope).
     """
     ars = graph.all_reduces()
+    others = Counter(n.opcode.removesuffix("-start") for n in graph.nodes if n.opcode in COLLECTIVES
+                     and not n.opcode.endswith("-done") and not n.opcode.startswith("all-reduce"))
+    if not ars and others:
+        shown = ", ".join(f"{k} {name}{'s' if k > 1 else ''}" for name, k in sorted(others.items()))
+        raise ValueError(
+            f"no all-reduce in the program of {graph.name!r}, but {shown}: its parameters or batch are sharded "
+            f"in another way than data parallelism over replicated parameters (FSDP, tensor parallelism), whose "
+            f"collectives disco does not plan yet; expected replicated parameters and a sharded batch; {GUIDE_POINTER}")
     if not ars:
         raise ValueError(
             f"no all-reduce in the program of {graph.name!r}: a data-parallel step is expected (jax.jit with "

@@ -106,7 +106,7 @@ def compiler(target: Target) -> PriceFn:
     from xla_hooks.compile_for import compiled_plan_text
 
     def price(plan: FusionPlan) -> CompiledStep:
-        return _priced(compiled_plan_text(plan, target.step_fn, *target.args), target)
+        return _priced(compiled_plan_text(plan, target.step_fn, *target.args, kwargs=target.kwargs), target)
 
     return price
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
@@ -29,6 +29,7 @@ def optimize(
     config: OptimizeConfig | None = None,
     progress: Progress | None = None,
     runner: Runner | None = None,
+    kwargs: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> OptimizeResult:
     """Finds the fastest measured plan for ``step_fn`` on ``args`` (the module doc's steps, in order).
@@ -49,6 +50,8 @@ def optimize(
       runner: what measures the plans (default :class:`~disco.optimizer.InProcessRunner`: this
         process's devices; :class:`~disco.optimizer.ProcessRunner`: worker processes, whose step
         ``step_fn`` must be, :meth:`~disco.optimizer.ProcessRunner.make_step`).
+      kwargs: the step's example keyword arguments, if it is called with some (a mapping, so that
+        their names cannot clash with these options').
       **options: :class:`OptimizeConfig` fields (e.g. ``budget_s``, default 60 s; ``rounds``,
         default 9), applied over ``config``.
 
@@ -83,7 +86,10 @@ def optimize(
                              "here, by prediction")
     report = progress or no_progress
     runner = runner or InProcessRunner()
-    target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report)
+    if kwargs and not isinstance(runner, InProcessRunner):
+        raise ValueError(f"kwargs: the {runner.name} runner calls the zoo's steps positionally; measure a step "
+                         "with keyword arguments in this process (runner=None)")
+    target = prepare(step_fn, args, cluster=cluster, costs=costs, progress=report, kwargs=kwargs)
     where = keeping(config.correction_file, target.simulator, machine_of(runner))
     graph = target.graph.fingerprint
     runner, floor_kept = with_kept_floor(runner, where, graph) if config.learn else (runner, False)

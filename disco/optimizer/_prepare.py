@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from disco.ir.arguments import devices_of
@@ -29,6 +29,7 @@ class Target:
     graph: HloGraph = dataclasses.field(repr=False)
     simulator: Simulator = dataclasses.field(repr=False)
     text: str | None = dataclasses.field(default=None, repr=False)
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def cluster(self) -> ClusterSpec:
@@ -40,12 +41,14 @@ class Target:
 
 
 def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: ClusterSpec | None = None,
-            costs: CostModel | None = None, progress: Progress = no_progress) -> Target:
+            costs: CostModel | None = None, progress: Progress = no_progress,
+            kwargs: Mapping[str, Any] | None = None) -> Target:
     """Extracts the step's graph and sets up its simulator.
 
     Args:
       step_fn: the training step (plain or jitted).
       args: its example arguments (real arrays: the plans are measured).
+      kwargs: its example keyword arguments, if it is called with some.
       cluster: the cluster the simulator prices collectives with (default:
         ``preset("local", devices=<devices args are sharded over>)``, or over the devices the
         all-reduces' replica groups span when more: a pmap step's host arrays are on none).
@@ -56,7 +59,8 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
     Raises:
       TypeError: for a ``cluster`` or ``costs`` of the wrong type (before extracting).
       ValueError: for a step disco cannot plan (no all-reduce in its pre-optimisation HLO, or a
-        gradient reduced twice; :func:`disco.ir.step_checks.check_data_parallel`).
+        gradient reduced twice; :func:`disco.ir.step_checks.check_data_parallel`), or a GSPMD step
+        whose partitioned program it cannot read (:class:`~disco.ir.gspmd.GspmdError`, saying why).
 
     Warns:
       NoGradientWarning: when no all-reduce is in a ``disco_grad[...]`` scope.
@@ -64,14 +68,15 @@ def prepare(step_fn: Callable[..., Any], args: tuple[Any, ...], *, cluster: Clus
     require_cluster(cluster, or_none=True)
     require_cost_model(costs, or_none=True)
     progress("extract", 0.0, "extracting the HLO graph")
-    text = hlo_text(step_fn, *args)
+    kwargs = dict(kwargs or {})
+    text = hlo_text(step_fn, *args, strict=True, kwargs=kwargs)
     graph = HloGraph.from_hlo_text(text)
     check_data_parallel(graph)
     if cluster is None:
         cluster = preset("local", devices=step_devices(graph, args))
     sim = Simulator(graph, costs or device_costs.analytic(cluster.device), cluster)
     progress("extract", 1.0, f"{len(graph.nodes)} nodes, {len(graph.all_reduces())} all-reduces")
-    return Target(step_fn, tuple(args), graph, sim, text)
+    return Target(step_fn, tuple(args), graph, sim, text, kwargs)
 
 
 def step_devices(graph: HloGraph, args: tuple[Any, ...]) -> int:

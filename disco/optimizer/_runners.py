@@ -197,6 +197,7 @@ class InProcessRunner:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the trials instead
                 results = bench.run_bench(target.step_fn, target.args, dict(plans), rounds=rounds, steps=steps,
+                                          kwargs=target.kwargs,
                                           progress=progress, comm_free_bound=bound)
             trials = {m.name: Trial(m.measurement, m.applied, m.fallback_reason, all_reduces=m.all_reduces)
                       for m in results if not m.is_bound}
@@ -213,11 +214,12 @@ class InProcessRunner:
                 on_compile(name)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", PlanFallbackWarning)  # reported in the trial instead
-                step = apply_plan.apply(plan, target.step_fn, *target.args)
+                step = apply_plan.apply(plan, target.step_fn, *target.args, kwargs=target.kwargs)
             new[name] = step
             if step.applied or measure_fallbacks:
                 execs[name] = step
-        times = _measure.measure_interleaved(execs, target.args, rounds=rounds, steps=steps, on_round=on_round)
+        times = _measure.measure_interleaved(execs, target.args, rounds=rounds, steps=steps, on_round=on_round,
+                                             kwargs=target.kwargs)
         trials = {}
         for name in plans:
             step = new.get(name)
@@ -251,10 +253,10 @@ def _floor_here(target: Target, rounds: int, steps: int) -> dict[str, Any] | Non
     from xla_hooks import bound, measure
 
     try:
-        fn = bound.compile_comm_free(target.step_fn, *target.args)
+        fn = bound.compile_comm_free(target.step_fn, *target.args, kwargs=target.kwargs)
     except Exception as e:  # noqa: BLE001 - the cluster is then priced as given, and the run goes on
         warnings.warn(f"disco: the compute floor was not timed ({type(e).__name__}: {e}); the simulator's compute "
                       "is not scaled to this step", RuntimeWarning, stacklevel=3)
         return None
-    m = measure.measure(fn, target.args, rounds=rounds, steps=steps)
+    m = measure.measure(fn, target.args, rounds=rounds, steps=steps, kwargs=target.kwargs)
     return {"median_ms": m.median * 1e3, "min_ms": m.min * 1e3, "max_ms": m.max * 1e3}

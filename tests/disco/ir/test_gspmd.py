@@ -331,21 +331,6 @@ def test_a_wrapper_whose_body_does_not_match_the_partitioned_program_is_refused(
     np.testing.assert_equal(len(HloGraph.from_hlo_text(text).nodes), 5)
 
 
-def test_an_nnx_jit_step_is_refused_with_the_functional_form_to_use():
-    from flax import nnx
-
-    model = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
-
-    @nnx.jit
-    def step(model, x):
-        return model(x).sum()
-
-    with pytest.raises(TypeError, match=r"an nnx.jit step .*expected its functional form: .*nnx.split"):
-        disco.extract(step, model, np.ones((2, 4), np.float32))
-    with pytest.raises(TypeError, match=r"an nnx.jit step"):
-        xla_hooks.apply(None, step, model, np.ones((2, 4), np.float32))
-
-
 def _zoo_gspmd_plans_apply(model):
     # sgd: adam would scale the rounding noise of zero gradients (attention key biases) to its step size
     step, args = trax_models.make_train_step(model, "tiny", devices=DEVICES, style="gspmd", optimizer="sgd")

@@ -52,8 +52,21 @@ def test_the_guide_gspmd_example_runs_as_written():
     assert _run(code) == "2 gradients, 3 all-reduces; per_tensor applied: True"
 
 
-def test_the_guide_shard_map_example_runs_as_written():
+def test_the_guide_nnx_example_runs_as_written():
     code = guide_example(1)
+    assert "@nnx.jit" in code and "optimizer.update(model, grads)" in code and "nnx.split" not in code
+    assert _run(code) == "5 all-reduces; applied: True ; optimizer step 3"
+
+
+def test_the_guide_static_and_donated_train_state_example_runs_as_written():
+    code = guide_example(2)
+    assert "static_argnums=(2, 3, 4), donate_argnums=0" in code and "in_shardings=(rep, data, None)" in code
+    assert "functools.partial" not in code
+    assert _run(code) == "5 all-reduces; applied: True ; donated: True"
+
+
+def test_the_guide_shard_map_example_runs_as_written():
+    code = guide_example(3)
     assert "jax.named_scope(f\"disco_grad[" in code and "jax.lax.pcast" in code and "jax.shard_map" in code
     assert _run(code) == "2 gradients, 3 all-reduces; ddp applied: True"
 
