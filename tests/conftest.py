@@ -32,6 +32,8 @@ if os.environ.get("DISCO_CORRECTIONS", "") in ("", os.environ.get("DISCO_TESTS_C
     atexit.register(lambda: os.getpid() == _maker and shutil.rmtree(_corrections_dir, ignore_errors=True))
     os.environ["DISCO_CORRECTIONS"] = os.environ["DISCO_TESTS_CORRECTIONS"] = os.path.join(
         _corrections_dir, "corrections.json")
+    # and the plans `disco optimize` writes without --out, in the same folder
+    os.environ["DISCO_PLANS"] = os.path.join(_corrections_dir, "plans")
 
 # jax's compile entry points, per version: backend_compile_and_load (jax 0.8.3 to 0.12.0.1), and
 # backend_compile (0.8.3 only); compile_or_get_cached and xla_hooks call them through the module.

@@ -12,7 +12,71 @@ from typing import Any
 from disco.cli.common import CliError, Footnotes, counted, print_note, table_console
 
 
-def print_predicted(result: Any, info: dict[str, Any]) -> None:
+def measured_on(info: dict[str, Any]) -> str:
+    """Where a run's figures were measured, for every line that gives one: "CPU", "GPU", or "CPU
+    (2 processes over <link>)"."""
+    platform = str(info.get("device_kind") or "cpu").split(":")[0].upper()
+    if info.get("processes"):
+        return f"{platform} ({info['processes']} processes over {info.get('over', 'loopback')})"
+    return platform
+
+
+def _title(info: dict[str, Any]) -> str:
+    return f"{info['model']}/{info['preset']} on {info['devices']} devices"
+
+
+def print_measured(result: Any, info: dict[str, Any], *, details: bool = False) -> None:
+    """``disco optimize``'s output for a measured run: with ``details`` the table, the funnel and
+    the diagnostics (:func:`print_table`, the accuracy figures one per line), then the answer
+    (:func:`disco.optimizer.answer_lines`: at most 15 lines of 100 columns)."""
+    from disco.optimizer import answer_lines
+
+    if details:
+        print_table(result, info)
+        console = table_console()
+        for line in result.accuracy.detail_lines():
+            print_note(console, line, indent="  ")
+        print()
+    for line in answer_lines(result, title=_title(info), measured_on=measured_on(info),
+                             plan_file=info.get("plan_file"),
+                             more="--details: every plan measured and the diagnostics; --json: everything"
+                             if not details else "--json: everything"):
+        print(line)
+
+
+def print_predicted(result: Any, info: dict[str, Any], *, details: bool = False) -> None:
+    """``disco optimize``'s output for a run chosen by prediction (nothing measured): with
+    ``details`` the table of every candidate, then the answer in a few lines."""
+    if details:
+        print_predicted_table(result, info)
+        print()
+    import textwrap
+
+    from disco.optimizer import apply_snippet
+    from disco.plans.naming import describe
+
+    graph = result.simulator.graph if getattr(result, "simulator", None) is not None else None
+    lines: list[str] = []
+
+    def add(text: str, indent: str = "  ") -> None:
+        lines.extend(textwrap.wrap(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ",
+                                   break_on_hyphens=False, break_long_words=False))
+
+    add(f"disco optimize {_title(info)}: the answer is {result.chosen} (predicted, not measured)", indent="")
+    add(f"what it does: {describe(result.plan, graph)}")
+    add(f"simulated on cluster {result.cluster!r} ({result.tier} tier): {result.speedup:.3f}x faster than "
+        "XLA's default")
+    add("nothing was measured: this machine's devices are not the cluster's; measure it there "
+        "(xla_hooks.jit(step, service=..., trials=n))")
+    if info.get("plan_file") and result.chosen != "xla_default":
+        add("the plan is written to path; to apply it on the cluster, in a training script:")
+        lines.extend("    " + line for line in apply_snippet(info["plan_file"]))
+    add("--details: every candidate and its prices; --json: everything" if not details else "--json: everything")
+    for line in lines:
+        print(line)
+
+
+def print_predicted_table(result: Any, info: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -145,8 +209,9 @@ def print_table(result: Any, info: dict[str, Any]) -> None:
 
 
 def _print_plan_lines(console: Any, chosen: str, rows: Any) -> None:
-    """The answer's plan, and the search's best (disco_1) when it is another, one line each."""
-    for r in [next(r for r in rows if r.name == chosen)] + [r for r in rows if r.name == "disco_1" and r.name != chosen]:
+    """The answer's plan, and the search's best (found as disco_1) when it is another, one line each."""
+    for r in [next(r for r in rows if r.name == chosen)] + [r for r in rows if getattr(r, "found_as", "") == "disco_1"
+                                                             and r.name != chosen]:
         p = r.plan
         opts = ", ".join(f"{k}={v}" for k, v in p.compile_options) or "XLA's defaults"
         print_note(console, f"{'chosen' if r.name == chosen else 'search best'} {r.name}: "

@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure the communication-free bound: the step with its all-reduces replaced "
                         "by copies (not a plan; across processes, each round the slowest process's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--details", action="store_true",
+                   help="before the answer, the table of every plan (times, intervals, compile seconds, fusions, "
+                        "all-reduces, fallbacks)")
     add_strict_arg(p)
     add_progress_arg(p)
 
@@ -111,10 +114,61 @@ def run(args: argparse.Namespace) -> int:
                   _speedup(r), _paired(r), f"{r['compile_s']:.2f}", str(r["fusions"]),
                   str(r["all_reduces"]), "bound, not a plan" if r["plan_digest"] is None
                   else "yes" if r["applied"] else f"no {why.mark(r['fallback_reason'])}")
-    console = table_console(120)
-    console.print(t)
-    why.print(console)
+    if args.details:
+        console = table_console(120)
+        console.print(t)
+        why.print(console)
+        print()
+    title = (f"{info['model']}/{info['preset']} on {args.devices} devices, measured on "
+             f"{info['device_kind'].split(':')[0].upper()}")
+    for line in answer_lines(rows, title=title, rounds=args.rounds, plans=plans, graph=graph,
+                             details=args.details):
+        print(line)
     return 0
+
+
+def answer_lines(rows: list[dict[str, Any]], *, title: str, rounds: int, plans: dict[str, Any] | None = None,
+                 graph: Any = None, details: bool = False) -> list[str]:
+    """``disco bench``'s answer, a few lines of at most 100 columns: the fastest plan that applied,
+    its paired speedup over xla_default with its 90% interval and whether that is beyond noise,
+    what it does, and what fell back (``--details``: the table before it)."""
+    import textwrap
+
+    from disco.plans.naming import describe
+
+    out: list[str] = []
+
+    def add(text: str, indent: str = "  ") -> None:
+        out.extend(textwrap.wrap(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ",
+                                 break_on_hyphens=False, break_long_words=False))
+
+    add(f"disco bench {title} ({counted(rounds, 'round')}, interleaved):", indent="")
+    def is_bound(r: dict[str, Any]) -> bool:  # the communication-free bound's row (one process; processes)
+        return ("plan_digest" in r and r["plan_digest"] is None) or r.get("plan_digests") == [None]
+
+    measured = [r for r in rows if not is_bound(r)]
+    applied = [r for r in measured if r["applied"] and r["plan"] != "xla_default" and r.get("paired_speedup")]
+    best = max(applied, key=lambda r: r["paired_speedup"], default=None)
+    if best is None:
+        add("no plan other than xla_default applied and was measured")
+    else:
+        span = best.get("paired_interval")
+        noise = ("" if span is None else
+                 f" (90% interval {span[0]:.3f}-{span[1]:.3f}: "
+                 f"{'beyond noise' if span[0] > 1.0 or span[1] < 1.0 else 'within noise'})")
+        verb = "faster" if best["paired_speedup"] >= 1.0 else "the speed of"
+        add(f"fastest: {best['plan']}, {best['paired_speedup']:.3f}x {verb} XLA's default, paired{noise}")
+        if plans is not None and best["plan"] in plans:
+            add(f"what it does: {describe(plans[best['plan']], graph)}")
+    bound = next((r for r in rows if is_bound(r)), None)
+    if bound is not None and bound.get("paired_speedup"):
+        add(f"the communication-free bound (not a plan): {bound['paired_speedup']:.3f}x over XLA's default")
+    fell = [r["plan"] for r in measured if not r["applied"]]
+    if fell:
+        add(f"fell back to XLA's default compile: {', '.join(fell)}" + ("" if details else " (--details: why)"))
+    add(f"{counted(len(measured), 'plan')} measured; " + ("--json: everything" if details else
+                                                         "--details: the table; --json: everything"))
+    return out
 
 
 def _run_processes(args: argparse.Namespace) -> int:
@@ -159,9 +213,15 @@ def _run_processes(args: argparse.Namespace) -> int:
         t.add_row(escape(r["plan"]), f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
                   _speedup(r), _paired(r), str(r["all_reduces"]), "bound, not a plan" if r["plan_digests"] == [None]
                   else "yes" if r["applied"] else f"no {why.mark(r['fallback_reason'])}")
-    console = table_console(120)
-    console.print(t)
-    why.print(console)
+    if args.details:
+        console = table_console(120)
+        console.print(t)
+        why.print(console)
+        print()
+    title = (f"{args.model}/{args.preset}: {args.processes} processes x {args.devices_per_process} devices over "
+             f"{over_label(res.link)}, measured on CPU (a round: the slowest process)")
+    for line in answer_lines(rows, title=title, rounds=args.rounds, details=args.details):
+        print(line)
     return 0
 
 

@@ -93,7 +93,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-sweep", default="2,3,4", metavar="K,K,...",
                    help="bucket counts whose equal-bytes plans (even_K) are measured too (default 2,3,4; "
                         "'' for none)")
-    p.add_argument("--out", metavar="FILE", help="write the chosen plan as JSON")
+    p.add_argument("--out", metavar="FILE",
+                   help="write the chosen plan as JSON here (default: $DISCO_PLANS/<model>-<preset>-<devices>.json, "
+                        "$DISCO_PLANS defaulting to disco/plans in the per-user cache directory)")
+    p.add_argument("--details", action="store_true",
+                   help="before the answer, every plan measured (the table), the funnel and the diagnostics")
     p.add_argument("--trace", metavar="FILE", help="write the chosen plan's simulated timeline (Chrome trace)")
     p.add_argument("--plot", metavar="FILE", help="draw xla_default's and the chosen plan's timelines (PNG)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -202,14 +206,15 @@ def run(args: argparse.Namespace) -> int:
 
     with progress_reporter(not args.no_progress) as progress:
         result = optimize(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
-    _write_outputs(args, result)
+    plan_file = _write_outputs(args, result, model_label(args))
     _write_samples(args, result, **model_label(args))
     info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info,
-            "cluster_spec": cluster.to_dict(), "calibration": calibration.to_dict() if calibration else None}
+            "cluster_spec": cluster.to_dict(), "calibration": calibration.to_dict() if calibration else None,
+            "plan_file": plan_file}
     if args.json:
         print_json({**info, **result.to_dict()})
         return 0
-    report.print_table(result, info)
+    report.print_measured(result, info, details=args.details)
     return 0
 
 
@@ -240,13 +245,13 @@ def run_predicted(args: argparse.Namespace, step: Any, example: tuple[Any, ...],
 
     with progress_reporter(not args.no_progress) as progress:
         result = predict(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
-    _write_outputs(args, result)  # --out only: --trace and --plot were refused above
+    plan_file = _write_outputs(args, result, model_label(args))  # --trace and --plot were refused above
     info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info,
-            "cluster_spec": cluster.to_dict()}
+            "cluster_spec": cluster.to_dict(), "plan_file": plan_file}
     if args.json:
         print_json({**info, **result.to_dict()})
         return 0
-    report.print_predicted(result, info)
+    report.print_predicted(result, info, details=args.details)
     return 0
 
 
@@ -289,11 +294,29 @@ def this_machine(devices: int, command: str) -> tuple[Any, Any]:
     return preset(name), None
 
 
-def _write_outputs(args: argparse.Namespace, result: Any) -> None:
+PLANS_ENV = "DISCO_PLANS"
+
+
+def default_plan_file(model: str, preset: str, devices: int) -> str:
+    """Where ``disco optimize`` writes its answer without ``--out``: ``$DISCO_PLANS`` (a folder),
+    else ``disco/plans`` in the per-user cache directory, ``<model>-<preset>-<devices>.json`` there."""
+    folder = os.environ.get(PLANS_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "disco", "plans")
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in f"{model}-{preset}-{devices}")
+    return os.path.join(folder, name + ".json")
+
+
+def _write_outputs(args: argparse.Namespace, result: Any, label: dict[str, Any] | None = None) -> str:
+    """Writes the answer's plan (``--out``, else :func:`default_plan_file` of ``label``: the model,
+    preset and devices), the trace and the plot asked for; returns the plan's file."""
+    if not args.out and label is None:
+        raise ValueError("_write_outputs: expected --out or the model's label for the default plan file")
+    out = args.out or default_plan_file(str(label["model"]), str(label["preset"]), int(label["devices"]))
     try:
-        if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write(result.plan.replace(name=result.chosen).to_json(indent=2) + "\n")
+        if not args.out:
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(result.plan.replace(name=result.chosen).to_json(indent=2) + "\n")
         if args.trace:
             from disco.optimizer import chrome_trace
 
@@ -303,6 +326,7 @@ def _write_outputs(args: argparse.Namespace, result: Any) -> None:
         raise CliError(f"cannot write {e.filename!r}: {e.strerror}") from None
     if args.plot:
         report.plot_timelines(result, args.plot)
+    return out
 
 
 def _write_samples(args: argparse.Namespace, result: Any, *, model: str, preset: str, devices: int) -> None:
@@ -358,14 +382,15 @@ def run_across(args: argparse.Namespace) -> int:
     with progress_reporter(not args.no_progress) as progress:
         result = optimize(step, *example, cluster=cluster, costs=costs, config=config, progress=progress,
                           runner=runner)
-    _write_outputs(args, result)
-    _write_samples(args, result, model=args.model, preset=args.preset, devices=runner.devices)
-    info = {"model": args.model, "preset": args.preset, "devices": runner.devices, "device_kind": "cpu",
+    label = {"model": args.model, "preset": args.preset, "devices": runner.devices}
+    plan_file = _write_outputs(args, result, label)
+    _write_samples(args, result, **label)
+    info = {**label, "device_kind": "cpu",
             "processes": args.processes, "devices_per_process": args.devices_per_process,
             "over": over_label(link), "cost_model_info": cost_info, "cluster_spec": cluster.to_dict(),
-            "calibration": cal.to_dict() if cal else None}
+            "calibration": cal.to_dict() if cal else None, "plan_file": plan_file}
     if args.json:
         print_json({**info, **result.to_dict()})
         return 0
-    report.print_table(result, info)
+    report.print_measured(result, info, details=args.details)
     return 0

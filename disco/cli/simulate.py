@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plans_arg(p)
     p.add_argument("--cluster", help="a cluster YAML file or preset name (default: local with --devices)")
     add_cost_model_arg(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object (default: a table)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (default: the answer in a few lines)")
+    p.add_argument("--details", action="store_true", help="before the answer, the table of every plan's simulated times")
     add_strict_arg(p)
     p.add_argument("--tier", choices=("emulated", "compiled"), default="emulated",
                    help="emulated: the Python emulation of XLA's fusion (fast); compiled: each plan compiled and "
@@ -130,9 +131,48 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
         return 0
-    _print_table(f"simulated (cost model {cm.name}, cluster {spec.name}): {out['model']}/{out['preset']}, "
-                 f"lower bound {lb * 1e3:.3f} ms", rows)
+    if args.details:
+        _print_table(f"simulated (cost model {cm.name}, cluster {spec.name}): {out['model']}/{out['preset']}, "
+                     f"lower bound {lb * 1e3:.3f} ms", rows)
+        print()
+    for line in answer_lines(rows, plans, graph, title=f"{out['model']}/{out['preset']} on cluster {spec.name!r}",
+                             how=f"{args.tier} tier, {cm.name} costs", lower_bound_ms=lb * 1e3,
+                             details=args.details):
+        print(line)
     return 0
+
+
+def answer_lines(rows: list[dict[str, Any]], plans: dict[str, Any], graph: Any, *, title: str, how: str,
+                 lower_bound_ms: float | None = None, details: bool = False) -> list[str]:
+    """``disco simulate``'s answer, a few lines of at most 100 columns: the plan predicted fastest,
+    its simulated speedup over xla_default, what it does (``--details``: the table before it)."""
+    import textwrap
+
+    from disco.plans.naming import describe
+
+    out: list[str] = []
+
+    def add(text: str, indent: str = "  ") -> None:
+        out.extend(textwrap.wrap(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ",
+                                 break_on_hyphens=False, break_long_words=False))
+
+    add(f"disco simulate {title}: simulated ({how}), nothing measured", indent="")
+    timed = [r for r in rows if r.get("step_time_ms")]
+    best = min(timed, key=lambda r: r["step_time_ms"], default=None)
+    if best is not None:
+        gain = best.get("speedup_vs_xla_default")
+        vs = ("" if gain is None else f", {gain:.3f}x " + ("faster than" if gain >= 1 else "the speed of")
+              + " XLA's default (simulated)")
+        if best["plan"] == "xla_default":
+            vs = ": no plan priced faster than XLA's default"
+        add(f"fastest: {best['plan']}, {best['step_time_ms']:.3f} ms predicted{vs}")
+        if best["plan"] in plans:
+            add(f"what it does: {describe(plans[best['plan']], graph)}")
+    if lower_bound_ms is not None:
+        add(f"the simulator's lower bound for this graph: {lower_bound_ms:.3f} ms")
+    add(f"{counted(len(rows), 'plan')} priced; " + ("--json: everything" if details else
+                                                   "--details: the table; --json: everything"))
+    return out
 
 
 def check_plans_for(plans: dict[str, Any], device: str, tier: str) -> None:

@@ -76,6 +76,7 @@ from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports on first use
     from disco.optimizer._accuracy import Accuracy, accuracy, kendall_tau, RESOLVED_Z, half_noise, median_relative_error, resolved_tau
+    from disco.optimizer._answer import Answer, answer, answer_lines, apply_snippet
     from disco.optimizer._choice import (
         PlanRow,
         Span,
@@ -100,6 +101,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
 
 _MODULES = {
     "_accuracy": ("Accuracy", "accuracy", "kendall_tau", "median_relative_error", "half_noise", "resolved_tau", "RESOLVED_Z"),
+    "_answer": ("Answer", "answer", "answer_lines", "apply_snippet"),
     "_choice": ("PlanRow", "Span", "confirmed_winner", "fastest_baseline", "regroup_sources",
                 "relation_to_baselines", "runoff_choice"),
     "_compiled": ("CompiledStageWarning",),
@@ -118,9 +120,9 @@ _MODULES = {
 _EXPORTS = {name: f"disco.optimizer.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = [
-    "REPORTED_BASELINES", "RESOLVED_Z", "Accuracy", "Bound", "Candidates", "CompiledStageWarning", "Confirmation", "FunnelRound", "InProcessRunner", "Measured", "OptimizeConfig",
+    "REPORTED_BASELINES", "RESOLVED_Z", "Accuracy", "Answer", "Bound", "Candidates", "CompiledStageWarning", "Confirmation", "FunnelRound", "InProcessRunner", "Measured", "OptimizeConfig",
     "OptimizeResult", "PlanRow", "PredictedResult", "PredictedRow", "ProcessRunner", "Progress", "RunOff", "Runner", "SearchSummary", "Setting",
-    "Span", "Target", "Trial", "Trials", "accuracy", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
+    "Span", "Target", "Trial", "Trials", "accuracy", "answer", "answer_lines", "apply_snippet", "candidates", "chrome_trace", "confirm", "confirmed_winner", "devices_of",
     "fastest_baseline", "funnel", "fusion_decisions", "half_noise", "kendall_tau", "make_result", "measure", "measures_here", "median_relative_error", "no_progress", "optimize", "predict", "prepare",
     "reduce_fusion_row", "regroup_sources", "regrouped", "regrouped_plan", "regrouped_row", "relation_to_baselines",
     "resolved_tau", "run_off", "runoff_choice", "validate",

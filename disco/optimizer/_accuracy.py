@@ -166,6 +166,20 @@ class Accuracy(NamedTuple):
         apart (:func:`resolved_tau`, with the noise of the halves of the plans other than
         xla_default), and how many of the plans' pairs those are; None and 0 where a row has no
         halves or no pair is told apart.
+      best, best_rank: the plan measured fastest (the largest paired speedup over xla_default: the
+        drift-free order) and its rank in the predictions (1: the model's own pick); None without
+        measured plans.
+      top_k: the k of :attr:`in_top_k` (how many plans the run measured of the model's ranking in a
+        round, ``measure_top_k``); None when not given.
+      pick, regret: the model's own top pick among the measured plans and how much slower it
+        measured than the best (best's paired speedup over the pick's, minus 1; 0: the model
+        picked the best); None without measured plans.
+      best_ties: how many other plans the model predicted exactly as fast as the best (a tie
+        counts against the model: :func:`top_pick`).
+
+    What decides is :attr:`in_top_k` and :attr:`regret` (TVM's meta-schedule judges a cost model
+    by its top-k the same way): a model that ranks the rest badly still serves if the best plan
+    is among the few it sends to measurement.
     """
 
     plans: int
@@ -180,6 +194,54 @@ class Accuracy(NamedTuple):
     repeat_median_error: float | None = None
     resolved_tau: float | None = None
     resolved_pairs: int = 0
+    best: str | None = None
+    best_rank: int | None = None
+    top_k: int | None = None
+    pick: str | None = None
+    regret: float | None = None
+    best_ties: int = 0
+
+    @property
+    def in_top_k(self) -> bool | None:
+        """Whether the plan measured fastest was among the model's first :attr:`top_k` (by its
+        predictions over the measured plans); None without a k or measured plans."""
+        if self.top_k is None or self.best_rank is None:
+            return None
+        return self.best_rank <= self.top_k
+
+    def decision_line(self) -> str:
+        """The one line that says whether the model served: ``model (simulated): the measured best
+        ranked 2nd of 15 (in its top 3); its pick measured 4.1% slower (regret)``."""
+        if self.best_rank is None or self.regret is None:
+            return "model (simulated): no measured plans to judge it by"
+        top = "" if self.in_top_k is None else (f", in its top {self.top_k}" if self.in_top_k
+                                                else f", not in its top {self.top_k}")
+        ties = f" ({self.best_ties} tied)" if self.best_ties else ""
+        pick = ("its pick was the best (regret 0)" if self.regret == 0 else
+                f"its pick {self.regret * 100:.1f}% slower (regret)")
+        return f"model (simulated): the measured best ranked {_ordinal(self.best_rank)} of {self.plans}{ties}{top}; {pick}"
+
+    def detail_lines(self) -> list[str]:
+        """The other figures, one line each with what it means (``--details``)."""
+        def f(v: float | None, pct: bool = False) -> str:
+            return "-" if v is None else f"{v * 100:.1f}%" if pct else f"{v:.3f}"
+
+        by = ", ".join(f"{k} {v}" for k, v in sorted(self.sources.items())) or "none"
+        lines = [
+            f"Kendall tau {f(self.tau)}: predictions vs measured medians, 1 the same order, -1 reversed "
+            f"(over {self.plans} plans; predicted by: {by})",
+            f"median error {f(self.median_error, True)}: the typical |predicted - measured| / measured",
+            f"simulator alone: tau {f(self.simulated_tau)}, error {f(self.simulated_median_error, True)}: "
+            "the same before any correction or compile",
+            f"drift-free: tau {f(self.paired_tau)}, error {f(self.paired_median_error, True)}: against "
+            "xla_default's median over each plan's paired speedup (one scale for every round)",
+            f"repeat: tau {f(self.repeat_tau)}, error {f(self.repeat_median_error, True)}: the measurements "
+            "against themselves (even vs odd rounds), the most any model could score",
+        ]
+        every = self.plans * (self.plans - 1) // 2
+        lines.append(f"resolved: tau {f(self.resolved_tau)} over the {self.resolved_pairs} of {every} pairs "
+                     f"the measurements tell apart (beyond {RESOLVED_Z} x the halves' noise)")
+        return lines
 
     def line(self) -> str:
         """One line: ``predicted vs measured over 13 plans: Kendall tau 0.070, median error 58.1% ...``."""
@@ -212,7 +274,10 @@ class Accuracy(NamedTuple):
                 "simulated_median_relative_error": self.simulated_median_error,
                 "paired_kendall_tau": self.paired_tau, "paired_median_relative_error": self.paired_median_error,
                 "repeat_kendall_tau": self.repeat_tau, "repeat_median_relative_error": self.repeat_median_error,
-                "resolved_kendall_tau": self.resolved_tau, "resolved_pairs": self.resolved_pairs}
+                "resolved_kendall_tau": self.resolved_tau, "resolved_pairs": self.resolved_pairs,
+                "measured_best": self.best, "measured_best_rank": self.best_rank, "top_k": self.top_k,
+                "measured_best_in_top_k": self.in_top_k, "model_pick": self.pick, "regret": self.regret,
+                "measured_best_ties": self.best_ties}
 
 
 def compared(rows: Sequence[PlanRow]) -> list[PlanRow]:
@@ -229,9 +294,49 @@ def _judged(pairs: Sequence[tuple[float, float]], whole: int) -> tuple[float | N
     return kendall_tau(xs, ys), median_relative_error(xs, ys)
 
 
-def accuracy(rows: Sequence[PlanRow]) -> Accuracy:
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def top_pick(rows: Sequence[PlanRow]) -> tuple[str | None, int | None, str | None, float | None, int]:
+    """(the plan measured fastest, its rank in the predictions, the model's pick, the regret, the
+    plans tied with the best's prediction) over :func:`compared`'s rows.
+
+    Fastest by paired speedup over xla_default (drift-free; a row without one by its median), ranked
+    by ``predicted_s``. A tie goes against the model: the best ranks after the plans predicted as
+    fast as it, and the pick is the slowest measured of those predicted fastest. The regret is the
+    best's speedup over the pick's, minus 1. All None (and 0) without rows.
+
+    Example:
+      >>> from disco.optimizer._choice import PlanRow
+      >>> from disco.plans.plan import FusionPlan
+      >>> rows = [PlanRow(n, "search", "", FusionPlan(), p, median_s=m, speedup=1 / m)
+      ...         for n, p, m in (("a", 1.0, 2.0), ("b", 2.0, 1.0), ("c", 3.0, 1.5))]
+      >>> top_pick(rows)
+      ('b', 2, 'a', 1.0, 0)
+    """
+    judged = compared(rows)
+    if not judged:
+        return None, None, None, None, 0
+    base = next((r for r in judged if r.name == "xla_default"), None)
+
+    def speed(r: PlanRow) -> float:
+        if r.speedup is not None:
+            return r.speedup
+        return (base.median_s / r.median_s) if base is not None else 1.0 / r.median_s
+
+    best = max(judged, key=speed)
+    rank = sum(r.predicted_s <= best.predicted_s for r in judged)
+    ties = sum(r.predicted_s == best.predicted_s for r in judged) - 1
+    low = min(r.predicted_s for r in judged)
+    pick = min((r for r in judged if r.predicted_s == low), key=speed)
+    return best.name, rank, pick.name, speed(best) / speed(pick) - 1.0, ties
+
+
+def accuracy(rows: Sequence[PlanRow], top_k: int | None = None) -> Accuracy:
     """:class:`Accuracy` of ``rows`` (:func:`compared`'s: measured and applied), each judged by its
-    ``predicted_s`` (made before it was measured) against its ``median_s``."""
+    ``predicted_s`` (made before it was measured) against its ``median_s``; ``top_k``: the k of
+    :attr:`Accuracy.in_top_k`."""
     judged = compared(rows)
     base = next((r.median_s for r in judged if r.name == "xla_default"), None)
     n = len(judged)
@@ -243,4 +348,10 @@ def accuracy(rows: Sequence[PlanRow]) -> Accuracy:
                     dict(Counter(r.predicted_by for r in judged)),
                     *_judged([(r.simulator_s, r.median_s) for r in judged], n),
                     *_judged([(r.predicted_s, base / r.speedup) for r in judged if base is not None and r.speedup], n),
-                    *_judged([(1 / r.halves[0], 1 / r.halves[1]) for r in halved], n), *resolved)
+                    *_judged([(1 / r.halves[0], 1 / r.halves[1]) for r in halved], n), *resolved,
+                    *_best_and_pick(rows, top_k))
+
+
+def _best_and_pick(rows: Sequence[PlanRow], top_k: int | None) -> tuple[Any, ...]:
+    best, rank, pick, regret, ties = top_pick(rows)
+    return best, rank, top_k, pick, regret, ties

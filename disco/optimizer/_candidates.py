@@ -16,6 +16,7 @@ from disco.optimizer._choice import PlanRow
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._prepare import Target
 from disco.plans import baselines
+from disco.plans.naming import content_name
 from disco.plans.plan import FusionPlan
 
 REPORTED_BASELINES = ("xla_default", "per_tensor", "horovod", "ddp")
@@ -88,11 +89,11 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
     rows: dict[str, PlanRow] = {}
     seen: set[str] = set()
 
-    def add(name: str, kind: str, origin: str, plan: FusionPlan) -> None:
+    def add(name: str, kind: str, origin: str, plan: FusionPlan, found_as: str = "") -> None:
         if plan.digest() in seen or name in rows:
             return
         seen.add(plan.digest())
-        rows[name] = predicted_row(name, kind, origin, plan.replace(name=name), predict)
+        rows[name] = predicted_row(name, kind, origin, plan.replace(name=name), predict, found_as)
 
     for name, kind, origin, plan in references(target, config, predict):
         add(name, kind, origin, plan)
@@ -103,10 +104,11 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
         if p.digest() in seen:
             continue
         rank += 1
-        add(f"disco_{rank}", "search", f"searched from {p.name}", p)
+        add(content_name(p), "search", f"searched from {p.name}", p, f"disco_{rank}")
         projected = bucket_projection(p) if config.measure_buckets_only else None
         if projected is not None:
-            add(f"disco_{rank}_buckets", "search", f"disco_{rank} without its fusion groups", projected)
+            add(content_name(projected), "search", f"{content_name(p)} without its fusion groups", projected,
+                f"disco_{rank}_buckets")
     return Candidates(tuple(rows.values()), summary_of(result))
 
 
@@ -114,11 +116,13 @@ def candidates(target: Target, config: OptimizeConfig, progress: Progress = no_p
 Predict = Callable[[FusionPlan], tuple[float, str, float]]
 
 
-def predicted_row(name: str, kind: str, origin: str, plan: FusionPlan, predict: Predict) -> PlanRow:
-    """An unmeasured row of ``plan``, predicted now (before it is measured)."""
+def predicted_row(name: str, kind: str, origin: str, plan: FusionPlan, predict: Predict,
+                  found_as: str = "") -> PlanRow:
+    """An unmeasured row of ``plan``, predicted now (before it is measured); ``found_as``: its name
+    in the search's order (default: ``name``)."""
     value, by, simulated = predict(plan)
     return PlanRow(name, kind, origin, plan, value, predicted_by=by,
-                   simulated_s=None if simulated == value else simulated)
+                   simulated_s=None if simulated == value else simulated, found_as=found_as or name)
 
 
 def bucket_projection(plan: FusionPlan) -> FusionPlan | None:

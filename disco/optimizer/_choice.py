@@ -35,7 +35,9 @@ class PlanRow:
     """One plan of the report: predicted (simulated) and measured step times in seconds.
 
     Attributes:
-      name: "xla_default", a baseline's name, or "disco_<rank>" for a searched plan.
+      name: "xla_default", a baseline's name, or for a searched plan its name by content
+        (:func:`disco.plans.naming.content_name`, e.g. ``b3_g2_ynn-noreduce_5f3a9c``: the same
+        plan has the same name in every run).
       kind: "baseline" or "search".
       origin: where the row came from, one phrase: "searched from <start plan>" for a searched
         plan, what the candidate is for the others ("each reduce fused with its elementwise
@@ -58,6 +60,12 @@ class PlanRow:
         "compiled" for the compiled tier, "compiled-corrected").
       simulated_s: the simulator's own (fast tier's) step time when ``predicted_s`` is corrected or
         compiled; None: the same.
+      found_as: the name in the search's order that the row had before plans were named by
+        content: ``disco_<n>`` for the n-th searched plan measured, ``disco_<n>_buckets`` for its
+        projection, ``<fusing>_on_<baseline>`` for the run-off's regrouped plan; a baseline's own
+        name; "" for a row built without it.
+      base_median_s: xla_default's measured median in the rounds this plan was measured in (the
+        funnel measures each round's plans with xla_default afresh), or None when not measured.
     """
 
     name: str
@@ -76,6 +84,8 @@ class PlanRow:
     measured_in: str | None = None
     predicted_by: str = "emulated"
     simulated_s: float | None = None
+    found_as: str = ""
+    base_median_s: float | None = None
 
     @property
     def simulator_s(self) -> float:
@@ -98,6 +108,8 @@ class PlanRow:
                 "speedup_halves": None if self.halves is None else list(self.halves),
                 "applied": self.applied, "fallback_reason": self.fallback_reason,
                 "plan_digest": self.plan.digest(), "plan_summary": self.plan.summary(),
+                "found_as": self.found_as or self.name,
+                "xla_default_median_ms_same_rounds": ms(self.base_median_s),
                 # the keys the optimizer across processes wrote (scripts/tools/zoo_links.py reads them)
                 "plan": self.name, "median_ms": ms(self.median_s), "min_ms": ms(self.min_s), "max_ms": ms(self.max_s),
                 "paired_speedup": self.speedup, "all_reduces": self.all_reduces,
@@ -117,14 +129,22 @@ def verdict(rows: Sequence[PlanRow]) -> tuple[str, str]:
     others = [r for r in rows if r.name != "xla_default" and r.median_s is not None and r.applied]
     fastest = max(others, key=lambda r: r.gain(base), default=None)
     if fastest is None or fastest.gain(base) <= 1.0:
+        same = fastest is not None and fastest.base_median_s is not None
+        ref = fastest.base_median_s if same else base.median_s
         detail = (f"; the best other plan, {fastest.name}, measured {fastest.gain(base):.3f}x "
-                  f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median)" if fastest else "")
+                  f"({fastest.median_s * 1e3:.3f} vs {ref * 1e3:.3f} ms median{' in the same rounds' if same else ''})"
+                  if fastest else "")
         return "xla_default", f"no plan beat xla_default when measured{detail}; keeping XLA's default compile"
     overlap = fastest.max_s is not None and base.min_s is not None and fastest.max_s >= base.min_s
     note = (" (in this run the min-max ranges overlap, so this run alone cannot tell the gain from noise)"
             if overlap else "")
+    # xla_default's median in the plan's own rounds: a funnel round measures it afresh, and its
+    # first-round median beside a later round's plan made a ratio of medians of two runs
+    same = fastest.base_median_s is not None
+    ref = fastest.base_median_s if same else base.median_s
     return fastest.name, (f"{fastest.name} measured {fastest.gain(base):.3f}x faster than xla_default "
-                          f"({fastest.median_s * 1e3:.3f} vs {base.median_s * 1e3:.3f} ms median){note}")
+                          f"({fastest.median_s * 1e3:.3f} vs {ref * 1e3:.3f} ms median"
+                          f"{' in the same rounds' if same else ''}){note}")
 
 
 def finalists(rows: Sequence[PlanRow], n: int) -> list[str]:

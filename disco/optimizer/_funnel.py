@@ -56,6 +56,7 @@ from disco.optimizer._learn import Predictor
 from disco.optimizer._measure import Bound, Measured, measured_row
 from disco.optimizer._prepare import Target
 from disco.optimizer._runners import InProcessRunner, Runner
+from disco.plans.naming import content_name
 from disco.plans.plan import FusionPlan
 from xla_hooks.measure import paired_speedup
 
@@ -100,28 +101,42 @@ class _Pool:
 
     entries: dict[str, tuple[str, str, FusionPlan, str | None]] = dataclasses.field(default_factory=dict)
     names: dict[str, str] = dataclasses.field(default_factory=dict)  # digest -> row name, once named
+    found: dict[str, str] = dataclasses.field(default_factory=dict)  # digest -> the search-order name
     searched: int = 0
 
     def add(self, kind: str, origin: str, plan: FusionPlan, parent: str | None = None) -> None:
         self.entries.setdefault(plan.digest(), (kind, origin, plan, parent))
 
     def name(self, digest: str) -> str:
-        """The row name of a pooled plan: a baseline's own, ``disco_<n>`` for the n-th searched plan
-        named, ``<its searched plan>_buckets`` for a projection."""
+        """The row name of a pooled plan: a baseline's own; for a searched plan and a projection,
+        its name by content (:func:`disco.plans.naming.content_name`: the same plan, the same name
+        in every run)."""
         if digest in self.names:
             return self.names[digest]
         kind, origin, plan, parent = self.entries[digest]
-        if parent is not None:
-            name = f"{self.name(parent)}_buckets"
-        elif origin.startswith("searched"):
-            self.searched += 1
-            name = f"disco_{self.searched}"
-        else:
-            name = plan.name or digest[:12]
+        name = (content_name(plan) if parent is not None or origin.startswith("searched")
+                else plan.name or digest[:12])
         while name in self.names.values():  # two plans of one name (e.g. a start plan found twice)
             name += "'"
         self.names[digest] = name
         return name
+
+    def found_as(self, digest: str) -> str:
+        """The name a plan had in the search's order: ``disco_<n>`` for the n-th searched plan
+        measured, ``<its searched plan>_buckets`` for a projection, a baseline's own name
+        (:attr:`~disco.optimizer.PlanRow.found_as`)."""
+        if digest in self.found:
+            return self.found[digest]
+        kind, origin, plan, parent = self.entries[digest]
+        if parent is not None:
+            found = f"{self.found_as(parent)}_buckets"
+        elif origin.startswith("searched"):
+            self.searched += 1
+            found = f"disco_{self.searched}"
+        else:
+            found = self.name(digest)
+        self.found[digest] = found
+        return found
 
     def origin(self, digest: str) -> str:
         kind, origin, plan, parent = self.entries[digest]
@@ -217,10 +232,11 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
         for d in picks:
             kind, _, plan, _ = pool.entries[d]
             name = pool.name(d)
+            found_as = pool.found_as(d)
             # a compiled plan is priced from its compiled module, through the same batch's state
             predict = (partial(_compiled.predict, predictor, prices, step=prices.steps[d], batch=together)
                        if d in by_compiled else judge.predict)
-            batch[name] = predicted_row(name, kind, pool.origin(d), plan.replace(name=name), predict)
+            batch[name] = predicted_row(name, kind, pool.origin(d), plan.replace(name=name), predict, found_as)
         if r == 0:  # xla_default's row: predicted before its first measurement like every other
             batch = {"xla_default": predicted_row("xla_default", "baseline", "xla_default", xla,
                                                   judge.predict), **batch}

@@ -93,4 +93,5 @@ def measured_row(row: PlanRow, trial: Trial, base: Any) -> PlanRow:
     s = trial.span()
     return dataclasses.replace(row, median_s=s.median, min_s=s.min, max_s=s.max, applied=trial.applied,
                                fallback_reason=trial.fallback_reason, speedup=paired_speedup(base, trial.times),
-                               halves=paired_halves(base, trial.times), all_reduces=trial.all_reduces)
+                               halves=paired_halves(base, trial.times), all_reduces=trial.all_reduces,
+                               base_median_s=base.median)

@@ -69,6 +69,7 @@ class PredictedRow(NamedTuple):
       compiled_s: the compiled tier's step time, or None (not compiled, or it failed: ``why``).
       compiled: the compiled tier's summary of the module (kernels, collectives, ...), or None.
       why: why the plan has no compiled price (None when it has one, or was not asked for one).
+      found_as: its name in the search's order (:attr:`~disco.optimizer.PlanRow.found_as`).
     """
 
     name: str
@@ -79,6 +80,7 @@ class PredictedRow(NamedTuple):
     compiled_s: float | None = None
     compiled: Mapping[str, Any] | None = None
     why: str | None = None
+    found_as: str = ""
 
     def predicted_s(self, tier: str) -> float | None:
         """The row's step time by ``tier`` ("compiled" or "emulated")."""
@@ -86,7 +88,8 @@ class PredictedRow(NamedTuple):
 
     def to_dict(self, base: PredictedRow | None, tier: str) -> dict[str, Any]:
         mine, ref = self.predicted_s(tier), base.predicted_s(tier) if base is not None else None
-        return {"name": self.name, "kind": self.kind, "origin": self.origin, "plan_digest": self.plan.digest(),
+        return {"name": self.name, "kind": self.kind, "origin": self.origin, "found_as": self.found_as or self.name,
+                "plan_digest": self.plan.digest(),
                 "plan_summary": self.plan.summary(), "decisions": list(decisions(self.plan)),
                 "emulated_ms": self.emulated_s * 1e3,
                 "compiled_ms": None if self.compiled_s is None else self.compiled_s * 1e3,
@@ -212,7 +215,7 @@ def compiler(target: Target) -> tuple[CompileFn | None, str | None]:
 
 
 def _emulated(row: PlanRow) -> PredictedRow:
-    return PredictedRow(row.name, row.kind, row.origin, row.plan, row.predicted_s)
+    return PredictedRow(row.name, row.kind, row.origin, row.plan, row.predicted_s, found_as=row.found_as)
 
 
 def _compiled(rows: list[PredictedRow], compile_fn: CompileFn, target: Target, top_k: int,

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from disco.optimizer._accuracy import Accuracy, accuracy
+from disco.optimizer._answer import answer, answer_lines
 from disco.optimizer._choice import PlanRow, Span, best_baseline, relation_to_baselines
 from disco.optimizer._config import OptimizeConfig
 from disco.optimizer._runners import InProcessRunner
@@ -16,7 +17,7 @@ from disco.optimizer._prepare import Target
 from disco.optimizer._runoff import RunOff
 from disco.plans.plan import FusionPlan
 from disco.sim.simulator import Simulator
-from xla_hooks.measure import paired_speedup
+from xla_hooks.measure import paired_interval, paired_speedup
 
 
 class Setting(NamedTuple):
@@ -102,7 +103,7 @@ class OptimizeResult:
         """The predictions against the measurements over the measured plans (Kendall tau, median
         error; :func:`~disco.optimizer._accuracy.accuracy`), each prediction made before its plan
         was measured."""
-        return accuracy(self.rows)
+        return accuracy(self.rows, self.config.measure_top_k)
 
     @property
     def relation(self) -> str:
@@ -131,6 +132,19 @@ class OptimizeResult:
         if c is None:
             return None
         return c.baseline_speedup if self.chosen == c.baseline and c.baseline_speedup is not None else c.speedup
+
+    @property
+    def confirmed_interval(self) -> tuple[float, float] | None:
+        """The 90% bootstrap interval (:func:`xla_hooks.measure.paired_interval`) of the answer's
+        paired speedup over xla_default in the confirmation run; None without one, for xla_default,
+        or when the runner kept no per-round times there."""
+        c = self.confirmation
+        if c is None or self.chosen == "xla_default" or c.trials is None:
+            return None
+        by = c.trials.by_name
+        if self.chosen not in by or "xla_default" not in by:
+            return None
+        return paired_interval(by["xla_default"].times, by[self.chosen].times)
 
     @property
     def confirmed_vs_best_baseline(self) -> float | None:
@@ -179,13 +193,17 @@ class OptimizeResult:
         return (1.0 - 1.0 / s) / (1.0 - 1.0 / self.bound.speedup)
 
     def row(self, name: str) -> PlanRow:
-        """The row called ``name``.
+        """The row called ``name``, else the row found as ``name`` in the search's order
+        (:attr:`PlanRow.found_as`: ``disco_1``, ``disco_1_buckets``, ``disco_1_on_ddp``).
 
         Raises:
           KeyError: naming the rows there are.
         """
         for r in self.rows:
             if r.name == name:
+                return r
+        for r in self.rows:
+            if r.found_as == name:
                 return r
         raise KeyError(f"no row {name!r}; rows: {', '.join(r.name for r in self.rows)}")
 
@@ -206,6 +224,9 @@ class OptimizeResult:
             "accuracy": self.accuracy.to_dict(), "learning": dict(self.learning),
             "speedup_vs_xla_default": self.speedup,  # the answer's (confirmed when confirmed)
             "confirmed_speedup": self.confirmed_speedup,
+            "confirmed_speedup_interval": (None if self.confirmed_interval is None
+                                           else list(self.confirmed_interval)),
+            "answer": answer(self).to_dict(),
             "confirmation_baseline": None if self.confirmation is None else self.confirmation.baseline,
             "confirmed_baseline_speedup": None if self.confirmation is None else self.confirmation.baseline_speedup,
             "confirmed_vs_best_baseline": self.confirmed_vs_best_baseline,
@@ -314,9 +335,31 @@ class OptimizeResult:
             "and communication each at their fastest, fully overlapped); 1.00x: no plan can be predicted faster",
         ]
 
-    def summary(self) -> str:
-        """A few lines: the setting, the search, every measured row, the run-off, the confirmation,
-        the bound, what the marks mean and the verdict."""
+    def summary(self, details: bool = False, plan_file: str | None = None) -> str:
+        """The answer in at most 15 lines of 100 columns (:func:`~disco.optimizer._answer.answer_lines`):
+        what was chosen, its measured speedups with their 90% intervals, where it came from, how
+        well the model ranked; with ``plan_file`` (where the plan was written, e.g.
+        ``open(f, "w").write(result.plan.to_json())``) the lines that apply it.
+
+        Args:
+          details: the setting, the search, every measured row, the run-off, the confirmation, the
+            bound, what the marks mean and the verdict before the answer.
+          plan_file: the file the snippet reads the plan from.
+        """
+        import jax
+
+        g = self.setting.graph
+        lines = answer_lines(self, title=f"{str(g.get('name', '?'))[:40]} on cluster {self.setting.cluster[:30]!r}",
+                             measured_on=jax.default_backend().upper(), plan_file=plan_file,
+                             more="summary(details=True) for every plan and the diagnostics, to_dict() for all",
+                             command="disco.optimize")
+        if not details:
+            return "\n".join(lines)
+        return self.details() + "\n" + "\n".join(lines)
+
+    def details(self) -> str:
+        """The setting, the search, every measured row, the run-off, the confirmation, the bound,
+        what the marks mean, the accuracy figures and the verdict."""
         g, s = self.setting.graph, self.search
         base = self.row("xla_default")
         lines = [
@@ -337,7 +380,8 @@ class OptimizeResult:
             fell = "" if r.applied else f"  fell back: {r.fallback_reason}"
             lines.append(f"  {name:<{width}} {gain:>8}  {meas}  predicted {r.predicted_s * 1e3:.3f} ms "
                          f"({r.predicted_by}){fell}")
-        lines.append(self.accuracy.line())
+        lines.append(self.accuracy.decision_line())
+        lines += ["  " + line for line in self.accuracy.detail_lines()]
         note = self.learning_note()
         if note:
             lines.append(note)

@@ -16,6 +16,7 @@ from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._measure import Measured, measured_row
 from disco.optimizer._prepare import Target
 from disco.optimizer._runners import InProcessRunner, Runner, Trials
+from disco.plans.naming import content_name
 from disco.plans.plan import FusionPlan, decisions
 from xla_hooks.measure import paired_speedup
 
@@ -67,8 +68,8 @@ def regrouped(fusing: FusionPlan, bucketing: FusionPlan, graph: HloGraph, name: 
 
 def regrouped_plan(gains: Mapping[str, float], kinds: Mapping[str, str], plans: Mapping[str, FusionPlan],
                    graph: HloGraph) -> FusionPlan | None:
-    """The measured rows' regrouped plan, named ``<fusing>_on_<baseline>``
-    (:func:`~disco.optimizer._choice.regroup_sources`'s pair, :func:`regrouped`); None when there
+    """The measured rows' regrouped plan, named by content (:func:`disco.plans.naming.content_name`;
+    :func:`~disco.optimizer._choice.regroup_sources`'s pair, :func:`regrouped`); None when there
     is no pair, the two do not validate together, or the plan is one of ``plans`` already. The
     arguments are :func:`~disco.optimizer._choice.regroup_sources`'s, and the step's graph."""
     found = _regroup(gains, kinds, plans, graph)
@@ -82,10 +83,10 @@ def _regroup(gains: Mapping[str, float], kinds: Mapping[str, str], plans: Mappin
     if pair is None:
         return None
     fusing, bucketing = pair
-    plan = regrouped(plans[fusing], plans[bucketing], graph, f"{fusing}_on_{bucketing}")
+    plan = regrouped(plans[fusing], plans[bucketing], graph, "")
     if plan is None or plan.digest() in {p.digest() for p in plans.values()}:
         return None
-    return plan, fusing, bucketing
+    return plan.replace(name=content_name(plan)), fusing, bucketing
 
 
 def regrouped_row(target: Target, rows: tuple[PlanRow, ...], predict: Predict | None = None) -> PlanRow | None:
@@ -96,11 +97,12 @@ def regrouped_row(target: Target, rows: tuple[PlanRow, ...], predict: Predict | 
     if found is None:
         return None
     plan, fusing, bucketing = found
+    found_as = {r.name: r.found_as or r.name for r in rows}
     by = source_of(getattr(target.costs, "name", type(target.costs).__name__))
     predict = predict or (lambda p: (target.simulator.step_time(p), by, target.simulator.step_time(p)))
     return predicted_row(plan.name, "search",
                          f"{fusing}'s {fusion_decisions(plan)} on {bucketing}'s buckets (measured in the run-off)",
-                         plan, predict)
+                         plan, predict, f"{found_as[fusing]}_on_{found_as[bucketing]}")
 
 
 def fusion_decisions(plan: FusionPlan) -> str:

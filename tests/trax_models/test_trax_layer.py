@@ -89,7 +89,8 @@ def test_trax_transformer_lm_trains_and_optimize_keeps_its_numbers():
     assert float(loss) < float(first)  # the trax model learns the token progressions
 
     result = opt.optimize(step, *args, budget_s=3, measure_top_k=1, rounds=2, steps=1)
-    assert result.search.evals > 0 and {"xla_default", "disco_1"} <= {r.name for r in result.rows}
+    assert result.search.evals > 0 and "xla_default" in {r.name for r in result.rows}
+    assert "disco_1" in {r.found_as for r in result.rows}  # the search's first, named by content
     reference = three_steps(jitted, args)
     for plan in (result.plan, result.row("disco_1").plan):
         applied = xla_hooks.apply(plan, step, *args)

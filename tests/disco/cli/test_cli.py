@@ -744,17 +744,18 @@ def test_optimize_prints_within_120_columns_with_the_origins_as_footnotes(tmp_pa
     data = tmp_path / "data"
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--devices", "4", "--cluster", "local",
                 "--budget", "1", "--max-evals", "300", "--rounds", "1", "--steps", "1", "--confirm-rounds", "1",
-                "--measure-rounds", "1", "--no-progress", "--samples", str(data))  # one funnel round suffices here
+                "--measure-rounds", "1", "--no-progress", "--details", "--samples", str(data))  # one funnel round suffices
     assert r.returncode == 0, r.stderr[-2000:]
     _check_samples(data, r.stderr)
     assert not _too_wide(r.stdout), _too_wide(r.stdout)
     notes = re.findall(r"^\[(\d+)\] (.*)$", r.stdout, re.M)
     assert notes and [int(n) for n, _ in notes] == list(range(1, len(notes) + 1)), r.stdout
     assert any(text.startswith("searched from ") for _, text in notes), notes
-    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("│ disco_")]
+    rows = [ln for ln in r.stdout.splitlines() if re.match(r"│ b(\d+|xla)\w*_[0-9a-f]{6}", ln)]  # searched, by content
     assert rows and all(re.search(r"│ \[\d+\] +│", ln) for ln in rows), rows  # each searched row names its note
     text = " ".join(r.stdout.split())
-    assert "verdict: " in text and "speedup vs xla_default: per round" in text and "search best disco_1: " in text
+    assert "verdict: " in text and "speedup vs xla_default: per round" in text
+    assert re.search(r"(chosen|search best) \S+: ", text)
 
 
 def _check_samples(data, stderr):
@@ -765,7 +766,7 @@ def _check_samples(data, stderr):
     samples = dataset.read(dataset.samples_path(data)).samples
     names = {s["plan_name"] for s in samples}
     assert re.search(rf"{len(samples)} measured plans? appended to {re.escape(str(data))}", " ".join(stderr.split()))
-    assert "xla_default" in names and any(n.startswith("disco_") for n in names), names
+    assert "xla_default" in names and any(re.fullmatch(r"b(\d+|xla)\S*_[0-9a-f]{6}", n) for n in names), names
     assert len({s["plan_digest"] for s in samples}) == len(samples)
     assert {dataset.group_key(s) for s in samples} == {dataset.group_key(samples[0])}
     ref = next(s for s in samples if s["plan_name"] == "xla_default")
@@ -787,7 +788,7 @@ def test_bench_prints_within_120_columns_with_fallback_reasons_as_footnotes(tmp_
     other = tmp_path / "other.json"  # made for another graph: it falls back, and the table says why
     other.write_text(FusionPlan(name="other", graph_fingerprint="f" * 32, buckets=()).to_json())
     r = run_cli("bench", "--model", "mlp", "--preset", "tiny", "--devices", "2", "--plans", f"xla_default,{other}",
-                "--rounds", "1", "--steps", "1", "--no-progress")
+                "--rounds", "1", "--steps", "1", "--no-progress", "--details")
     assert r.returncode == 0, r.stderr[-2000:]
     assert not _too_wide(r.stdout), _too_wide(r.stdout)
     assert re.search(r"│ no \[1\] +│", r.stdout), r.stdout

@@ -27,8 +27,11 @@ def no_deviceless(monkeypatch, tmp_path):
 
 def test_optimize_for_a_gpu_cluster_predicts_its_answer_and_measures_nothing(tmp_path, no_deviceless):
     out = tmp_path / "plan.json"
-    r = run_cli(*ARGS, "--out", str(out), timeout=900)
+    r = run_cli(*ARGS, "--details", "--out", str(out), timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
+    block = r.stdout[r.stdout.rindex("disco optimize mlp/tiny"):].splitlines()  # the answer, last
+    assert block[0].endswith("(predicted, not measured)") and len(block) <= 15, block
+    assert all(len(ln) <= 100 for ln in block) and "nothing was measured" in "\n".join(block)
     assert "is of h100 devices and this machine runs jax on cpu" in " ".join(r.stderr.split())
     assert "no deviceless XLA:GPU environment" in r.stderr  # the fallback's warning
     text = " ".join(r.stdout.split())  # rich wraps long lines
@@ -44,7 +47,7 @@ def test_optimize_for_a_gpu_cluster_predicts_its_answer_and_measures_nothing(tmp
     assert plan["name"] == answer.group(1) and not plan.get("groups")
     assert (chosen.group(3) == "XLA's") == (not plan.get("compile_options"))
     # ... and the searched plan, priced on the GPU cluster, has no fusion groups and turns GPU options on
-    best = re.search(r"(?:chosen|search best) disco_1: 0 fusion groups, \d+ cuts?, [^;]+; compile options: "
+    best = re.search(r"(?:chosen|search best) \S+: 0 fusion groups, \d+ cuts?, [^;]+; compile options: "
                      r"(xla_gpu_\w+=\w+)", text)
     assert best, text[-1500:]
 
@@ -55,7 +58,8 @@ def test_optimize_for_a_gpu_cluster_json_holds_every_candidate_predicted(tmp_pat
     out = json.loads(r.stdout)
     assert out["measured"] is False and out["tier"] == "emulated" and "make install-gpu" in out["tier_note"]
     rows = {row["name"]: row for row in out["rows"]}
-    assert {"xla_default", "per_tensor", "horovod", "ddp", "even_2", "disco_1"} <= set(rows)
+    assert {"xla_default", "per_tensor", "horovod", "ddp", "even_2"} <= set(rows)
+    assert "disco_1" in {row["found_as"] for row in out["rows"]}  # the search's first, named by content
     assert all(row["compiled_ms"] is None and row["emulated_ms"] > 0 for row in rows.values())
     # fastest first by the emulated tier; the answer is the first row, its speedup the table's
     times = [row["emulated_ms"] for row in out["rows"]]

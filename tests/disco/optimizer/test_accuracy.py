@@ -95,8 +95,10 @@ def test_bad_pairs_are_named(pred, meas, match):
 def test_the_summary_and_the_json_carry_the_accuracy_of_the_rows():
     result = built_result()
     acc = result.accuracy
-    assert acc == opt.accuracy(result.rows) and acc.plans == 3
-    assert acc.line() in result.summary().splitlines()
+    assert acc == opt.accuracy(result.rows, result.config.measure_top_k) and acc.plans == 3
+    assert acc.decision_line() in result.details().splitlines()
+    assert all("  " + line in result.details().splitlines() for line in acc.detail_lines())
+    assert acc.decision_line() in " ".join(result.summary().split())
     assert result.to_dict()["accuracy"] == acc.to_dict()
     assert all(r["predicted_by"] == "emulated" for r in result.to_dict()["rows"])
 

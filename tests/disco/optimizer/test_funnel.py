@@ -168,3 +168,22 @@ def test_collectives_count_each_synchronisation_a_plan_makes():
     assert collectives(4, FusionPlan(buckets=(Bucket(ars[:2], "rs_ag"),))) == 4
     assert collectives(4, FusionPlan(buckets=(Bucket(ars, "rs_ag"),))) == 2
     assert collectives(4, FusionPlan(buckets=(Bucket(ars[:1], "tuple"), Bucket(ars[1:], "rs_ag")))) == 3
+
+
+def test_the_same_seed_gives_the_same_plans_the_same_names_by_content(target, first):
+    """Issue 61: a searched plan is named by what it does (disco.plans.naming.content_name), so two
+    runs of one model with one seed name their plans alike; the search-order name stays as found_as."""
+    from disco.plans.naming import content_name
+
+    _, _, measured = first
+    _, again = opt.funnel(target, CONFIG, runner=FormulaRunner())
+    assert [(r.name, r.found_as) for r in again.rows] == [(r.name, r.found_as) for r in measured.rows]
+    searched = [r for r in measured.rows if r.origin.startswith("searched") or r.name.endswith("groups")]
+    assert searched
+    for r in measured.rows:
+        if r.kind == "baseline" or r.name == "reduce_fusion":
+            assert r.found_as == r.name  # baselines keep their names
+        else:
+            assert r.name == content_name(r.plan) == r.plan.name, r
+            assert r.found_as.startswith("disco_"), r
+    assert len({r.name for r in measured.rows}) == len(measured.rows)

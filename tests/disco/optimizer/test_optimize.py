@@ -18,6 +18,7 @@ import disco
 import trax_models
 import xla_hooks
 from disco.plans import baselines
+from disco.plans.naming import content_name
 from disco import optimizer as opt
 from disco.optimizer import _choice  # noqa: F401 - opt._choice below, whichever test runs first
 from disco.plans.plan import FusionPlan
@@ -64,14 +65,15 @@ def test_prepare_extracts_the_graph_and_prices_it_on_the_local_cluster(pipeline)
 def test_candidates_are_the_baselines_the_sweep_and_the_searched_plans_unmeasured(pipeline):
     cands, graph = pipeline.cands, pipeline.target.graph
     names = [r.name for r in cands.rows]
-    assert names[:4] == list(opt.REPORTED_BASELINES) and "disco_1" in names
+    assert names[:4] == list(opt.REPORTED_BASELINES) and "disco_1" in {r.found_as for r in cands.rows}
     assert len({r.plan.digest() for r in cands.rows}) == len(names) == len(set(names))  # no plan twice
     digests = {r.plan.digest() for r in cands.rows}
     for k in CONFIG.bucket_sweep:  # one row each, unless another row is the same plan
         even = baselines.make("even", graph, k=k)
         assert even.name in names or even.digest() in digests
     searched = [r for r in cands.rows if r.kind == "search"]
-    top = [r for r in searched if not r.name.endswith("_buckets") and r.name != "reduce_fusion"]
+    top = [r for r in searched if not r.found_as.endswith("_buckets") and r.name != "reduce_fusion"]
+    assert all(r.name == content_name(r.plan) for r in searched if r.name != "reduce_fusion")  # named by content
     assert 1 <= len(top) <= CONFIG.measure_top_k
     assert all(r.median_s is None and r.speedup is None and r.predicted_s > 0 for r in cands.rows)
     sim = pipeline.target.simulator
@@ -140,7 +142,7 @@ def test_run_off_and_confirmation_follow_the_config(pipeline):
 def test_optimize_mlp_tiny_keeps_the_numbers(pipeline):
     result, step, args = pipeline.result, pipeline.step, pipeline.args
     names = {r.name for r in result.rows}
-    assert {"xla_default", "per_tensor", "horovod", "ddp", "disco_1"} <= names
+    assert {"xla_default", "per_tensor", "horovod", "ddp"} <= names and result.row("disco_1").found_as == "disco_1"
     assert result.search.evals > 0 and 0 < result.setting.lower_bound_s <= result.row("disco_1").predicted_s
     if result.chosen == "xla_default":
         assert (result.verdict.startswith("no plan beat xla_default when measured")
@@ -177,9 +179,12 @@ def test_result_is_short_to_print_and_makes_traces_on_request(pipeline):
     result = pipeline.result
     assert len(repr(result)) < 200 and f"chosen={result.chosen!r}" in repr(result)
     assert str(result) == repr(result)
-    summary = result.summary()
+    answer = result.summary().splitlines()  # the answer first: at most 15 lines of 100 columns
+    assert 5 <= len(answer) <= 15 and all(len(ln) <= 100 for ln in answer), answer
+    assert answer[0].endswith(f"the answer is {result.chosen}") and "model (simulated): " in "\n".join(answer)
+    summary = result.details()
     lines = summary.splitlines()
-    assert len(lines) <= len(result.rows) + 10 and len(summary) < 4000
+    assert len(lines) <= len(result.rows) + 16 and len(summary) < 5000  # + the accuracy figures, one a line
     assert all(any(ln.strip().startswith(r.name) for ln in lines) for r in result.rows)
     assert [ln for ln in lines if ln.strip().startswith(result.chosen + " *")]
     assert lines[-1] == f"verdict: {result.verdict}"
@@ -206,7 +211,7 @@ def test_result_is_short_to_print_and_makes_traces_on_request(pipeline):
         opt.chrome_trace(dataclasses.replace(result, simulator=None))
 
 
-def test_cli_writes_the_plan_trace_and_plot_from_a_result(pipeline, tmp_path):
+def test_cli_writes_the_plan_trace_and_plot_from_a_result(pipeline, tmp_path, monkeypatch):
     from disco.cli import optimize as optimize_cli
 
     result = pipeline.result
@@ -216,6 +221,12 @@ def test_cli_writes_the_plan_trace_and_plot_from_a_result(pipeline, tmp_path):
     assert FusionPlan.from_json((tmp_path / "plan.json").read_text()).digest() == result.plan.digest()
     assert json.loads((tmp_path / "trace.json").read_text()) == opt.chrome_trace(result)
     assert (tmp_path / "timelines.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # without --out, the plan goes to $DISCO_PLANS (the tests' folder, tests/conftest.py)
+    monkeypatch.setenv("DISCO_PLANS", str(tmp_path / "plans"))
+    bare = types.SimpleNamespace(out=None, trace=None, plot=None)
+    written = optimize_cli._write_outputs(bare, result, {"model": "mlp", "preset": "tiny", "devices": 4})
+    assert written == str(tmp_path / "plans" / "mlp-tiny-4.json")
+    assert FusionPlan.from_json((tmp_path / "plans" / "mlp-tiny-4.json").read_text()).name == result.chosen
 
 
 def test_the_plot_labels_each_measured_time_clear_of_its_whisker(pipeline):
@@ -462,8 +473,8 @@ def test_the_printed_lines_agree_with_each_other(capsys):
     assert "confirmed in a second run: 1.369x" in text
     assert "the ceiling" not in text and "1.058x over xla_default in the first run" in text
     assert "the answer's 1.369x exceeds it, so its gain is not from communication alone" in text
-    assert result.summary().splitlines()[3].startswith("  ddp *")
-    assert "the answer's 1.369x exceeds it" in result.summary()
+    assert result.details().splitlines()[3].startswith("  ddp *")
+    assert "the answer's 1.369x exceeds it" in result.details()
 
 
 @pytest.mark.fast
@@ -482,6 +493,18 @@ def test_summary_and_repr_of_a_built_result():
     assert repr(result) == ("OptimizeResult(chosen='ddp', speedup=1.250, confirmed, graph='jit_step', rows=3; "
                             ".summary() for more)")
     assert result.summary().splitlines() == [
+        "disco.optimize jit_step on cluster 'local': the answer is ddp",
+        "  what it does: XLA's default compile",
+        "  from: the baseline ddp",
+        "  measured on CPU in the confirmation's fresh rounds (27 rounds):",
+        "    1.250x faster than XLA's default (no interval: the run kept no per-round times)",
+        "    the answer is the best baseline itself (ddp)",
+        "  model (simulated): the measured best ranked 3rd of 3 (2 tied), in its top 3; its pick 30.0% slower",
+        "    (regret)",
+        "  summary(details=True) for every plan and the diagnostics, to_dict() for all",
+    ]
+    assert result.summary(details=True) == result.details() + "\n" + result.summary()
+    assert result.details().splitlines() == [
         "disco.optimize jit_step (fingerprint 01234567, 10 nodes, 3 all-reduces) on cluster 'local', analytic "
         "cost model",
         "search: best_first, 10 plans in 2.0 s; simulated lower bound 0.500 ms",
@@ -489,8 +512,17 @@ def test_summary_and_repr_of_a_built_result():
         "  ddp *           1.300x  80.000 (70.000-90.000)  predicted 1.000 ms (emulated)",
         "  horovod         1.200x  79.000 (70.000-95.000)  predicted 1.000 ms (emulated)",
         "  xla_default     1.000x  100.000 (90.000-120.000)  predicted 1.000 ms (emulated)",
-        "predicted vs measured over 3 measured plans: Kendall tau -, median error 98.8% (each plan's prediction "
-        "made before it was measured; predicted by: emulated 3)",
+        "model (simulated): the measured best ranked 3rd of 3 (2 tied), in its top 3; its pick 30.0% slower "
+        "(regret)",
+        "  Kendall tau -: predictions vs measured medians, 1 the same order, -1 reversed (over 3 plans; predicted "
+        "by: emulated 3)",
+        "  median error 98.8%: the typical |predicted - measured| / measured",
+        "  simulator alone: tau -, error 98.8%: the same before any correction or compile",
+        "  drift-free: tau -, error 98.8%: against xla_default's median over each plan's paired speedup (one scale "
+        "for every round)",
+        "  repeat: tau -, error -: the measurements against themselves (even vs odd rounds), the most any model "
+        "could score",
+        "  resolved: tau - over the 0 of 3 pairs the measurements tell apart (beyond 1.645 x the halves' noise)",
         "confirmation: ddp 1.250x paired over 27 rounds",
         "communication-free bound (not a plan): 60.000 ms (50.000-70.000), 1.600x over xla_default in the first "
         "run: the step with its all-reduces replaced by copies and XLA's default fusion, what removing "
@@ -706,7 +738,8 @@ def test_run_off_measures_the_fusing_plans_groups_on_the_fastest_measured_bucket
     first = opt.Measured(rows, "even_2", "even_2 measured 1.3x", None, measured.executables)
     config = dataclasses.replace(CONFIG, rounds=2, confirm_rounds=2)
     runoff = opt.run_off(target, first, config)
-    assert runoff is not None and [r.name for r in runoff.rows] == ["reduce_fusion_on_even_2"]
+    assert runoff is not None and [r.found_as for r in runoff.rows] == ["reduce_fusion_on_even_2"]
+    assert runoff.rows[0].name == content_name(runoff.rows[0].plan)  # named by content
     row = runoff.rows[0]
     assert row.applied and row.kind == "search"
     assert row.origin == (f"reduce_fusion's {len(rf.plan.groups)} fusion groups on even_2's buckets "
@@ -779,7 +812,10 @@ def test_the_answer_over_the_best_baseline_is_reported_with_its_interval(capsys)
     assert result.confirmed_vs_best_baseline_interval == (lo, hi)
     d = json.loads(json.dumps(result.to_dict()))
     assert d["confirmed_vs_best_baseline"] == c.vs_baseline and d["confirmed_vs_best_baseline_interval"] == [lo, hi]
-    assert f"disco_1 {c.vs_baseline:.3f}x of it (90% interval {lo:.3f}-{hi:.3f})" in result.summary()
+    assert f"disco_1 {c.vs_baseline:.3f}x of it (90% interval {lo:.3f}-{hi:.3f})" in result.details()
+    # the answer first: the same figure and interval, and whether it is beyond noise
+    assert (f"{c.vs_baseline:.3f}x the speed of the best baseline, horovod (90% interval {lo:.3f}-{hi:.3f}: "
+            "beyond noise)") in " ".join(result.summary().split())
     optimize_report.print_table(result, INFO)
     text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert f"disco_1 {c.vs_baseline:.3f}x of horovod (90% interval {lo:.3f}-{hi:.3f})" in text

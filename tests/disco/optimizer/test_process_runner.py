@@ -256,6 +256,7 @@ def test_the_run_off_measures_the_regrouped_plan_in_fresh_processes(mlp_graph):
     (every launch recompiles every plan); the regrouped plan's row has its times there, and the
     faster of the two is chosen."""
     from disco.plans import baselines
+    from disco.plans.naming import content_name
     from disco.sim.costs import AnalyticCosts
     from disco.sim.simulator import Simulator
     from xla_hooks.measure import paired_speedup
@@ -276,15 +277,16 @@ def test_the_run_off_measures_the_regrouped_plan_in_fresh_processes(mlp_graph):
     runner = opt.ProcessRunner("mlp", "tiny", 2, 1, None, optimizer="sgd", timeout_s=600)
     runoff = opt.run_off(target, measured, opt.OptimizeConfig(rounds=2, steps=1), runner=runner)
     launched = runoff.trials.by_name
-    assert set(launched) == {"xla_default", "even_2", "reduce_fusion_on_even_2"}  # horovod is no finalist here
+    (extra,) = runoff.rows  # named by content, found as reduce_fusion_on_even_2
+    assert extra.name == content_name(extra.plan) and extra.found_as == "reduce_fusion_on_even_2"
+    assert set(launched) == {"xla_default", "even_2", extra.name}  # horovod is no finalist here
     assert all(len(t.record["samples_ms"]) == 2 and t.applied for t in launched.values())
-    (extra,) = runoff.rows
-    assert extra.name == "reduce_fusion_on_even_2" and extra.measured_in == "run-off"
+    assert extra.measured_in == "run-off"
     assert extra.plan.groups and extra.plan.buckets == even2.buckets
     assert extra.kind == "search" and extra.predicted_s == sim.step_time(extra.plan)
-    assert extra.speedup == launched["reduce_fusion_on_even_2"].record["paired_speedup"]
+    assert extra.speedup == launched[extra.name].record["paired_speedup"]
     times = {n: t.times for n, t in launched.items()}
-    assert runoff.chosen == max(("even_2", "reduce_fusion_on_even_2"),
+    assert runoff.chosen == max(("even_2", extra.name),
                                 key=lambda n: paired_speedup(times["xla_default"], times[n]))
     assert runoff.verdict.startswith("even_2 measured 1.3x") and "run-off of 2" in runoff.verdict
 
