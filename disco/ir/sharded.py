@@ -12,7 +12,9 @@ all-reduce, collectives of other axes) is ``"other"``, left where XLA puts it.
 Each is found by dataflow, never by name:
 
 - an all-gather is a parameter's when its operand comes from an entry parameter of its element
-  count through ops that only move the values (reshape, broadcast, copy, transpose, convert);
+  count through ops that only move the values (reshape, broadcast, copy, transpose, convert), and
+  that parameter is one the step updates (it reaches a step output of its dtype and count through
+  elementwise ops, ``p - lr * g``): a gathered batch is no parameter;
 - an all-reduce is a gradient's scatter when a slice (``dynamic-slice`` or ``slice``) of its result,
   read through such ops, feeds a step output of the slice's element count that a parameter of
   that dtype and count also feeds (the updated shard, or its optimizer state); a reduce-scatter
@@ -144,11 +146,15 @@ def _slices_of(nodes: Sequence[Node], succ: list[list[int]], start: int) -> list
 def _find(nodes: Sequence[Node], edges: Sequence[tuple[int, int]]) -> _Found:
     n = len(nodes)
     preds, succ = predecessors(n, edges), _successors(n, edges)
+    outputs = _outputs(nodes, preds, succ)
+    updated: set[int] | None = None  # the parameters the step updates (not its batch), on first need
     gathers = {}
     for i, node in enumerate(nodes):
         if node.opcode in _GATHERS:
             p = _gathered_parameter(nodes, preds, i)
-            if p is not None:
+            if p is not None and updated is None:
+                updated = {q for o in outputs for q in _parameters_updating(nodes, preds, o)}
+            if p is not None and p in updated:
                 gathers[i] = p
     # a candidate shard: a slice of an all-reduce's result, or a reduce-scatter's result
     shard_of: dict[int, tuple[int, int | None]] = {}  # shard node -> (collective, slice)
@@ -160,7 +166,6 @@ def _find(nodes: Sequence[Node], edges: Sequence[tuple[int, int]]) -> _Found:
             shard_of.setdefault(i, (i, None))
     if not shard_of:
         return _Found(gathers, {})
-    outputs = _outputs(nodes, preds, succ)
     shard_bit = {s: 1 << k for k, s in enumerate(shard_of)}
     params = [i for i, nd in enumerate(nodes) if nd.opcode == "parameter"]
     param_bit = {i: 1 << k for k, i in enumerate(params)}
