@@ -12,7 +12,8 @@ all-reduce, collectives of other axes) is ``"other"``, left where XLA puts it.
 Each is found by dataflow, never by name:
 
 - an all-gather is a parameter's when its operand comes from an entry parameter of its element
-  count through ops that only move the values (reshape, broadcast, copy, transpose, convert), and
+  count through ops that only move the values (reshape, broadcast, copy, transpose, convert,
+  reverse), and
   that parameter is one the step updates (it reaches a step output of its dtype and count through
   elementwise ops, ``p - lr * g``): a gathered batch is no parameter;
 - an all-reduce is a gradient's scatter when a slice (``dynamic-slice`` or ``slice``) of its result,
@@ -42,8 +43,9 @@ if TYPE_CHECKING:
 
 ROLES: tuple[str, ...] = ("param_gather", "grad_scatter", "grad_reduce", "other")
 
-# ops that pass a value's elements on (maybe relaid, repeated or retyped) without computing on them
-_MOVES = frozenset({"reshape", "bitcast", "copy", "transpose", "convert", "broadcast"})
+# ops that pass a value's elements on (maybe relaid, reordered, repeated or retyped) without computing on
+# them; a convolution's backward pass gathers its kernel reversed
+_MOVES = frozenset({"reshape", "bitcast", "copy", "transpose", "convert", "broadcast", "reverse"})
 # what sits between the step's results and its root (as gradients._PASS_THROUGH)
 _PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "custom-call", "copy", "bitcast", "reshape", "call"})
 _SLICES = frozenset({"dynamic-slice", "slice"})

@@ -26,6 +26,7 @@ def _three_steps(name, style, **kwargs):
 @pytest.mark.parametrize(("name", "mesh_shape"), [
     ("mlp", None), ("mlp", (2, 4)), ("transformer_lm", None),
     pytest.param("transformer_lm", (2, 4), marks=pytest.mark.slow),
+    pytest.param("resnet50", None, marks=pytest.mark.slow), pytest.param("vgg19", (2, 4), marks=pytest.mark.slow),
 ])
 def test_fsdp_step_matches_the_gspmd_step_after_three_steps(name, mesh_shape):
     ref_losses, ref_state = _three_steps(name, "gspmd")

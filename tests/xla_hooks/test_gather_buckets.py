@@ -49,18 +49,21 @@ def _apply(plan, step, args):
 @pytest.mark.parametrize(("name", "mesh_shape"), [
     ("mlp", None), ("mlp", (2, 4)), ("transformer_lm", None),
     pytest.param("transformer_lm", (2, 4), marks=pytest.mark.slow),
+    pytest.param("resnet50", None, marks=pytest.mark.slow),  # kernels gathered again reversed, in the buckets too
 ])
 @pytest.mark.parametrize("n_buckets", [1, 2])
 def test_gather_buckets_apply_as_that_many_all_gathers_and_keep_the_numbers(name, mesh_shape, n_buckets):
     step, args, graph, reference = setup(name, mesh_shape)
     gathers = _gathers(graph)
-    assert len(gathers) == sum(n.opcode == "all-gather" for n in graph.nodes)  # the zoo gathers parameters only
+    if name != "resnet50":  # which also gathers an activation
+        assert len(gathers) == sum(n.opcode == "all-gather" for n in graph.nodes)  # the zoo gathers parameters only
+    others = sum(n.opcode == "all-gather" for n in graph.nodes) - len(gathers)
     half = -(-len(gathers) // n_buckets)
     plan = make_plan(gather_buckets=[gathers[i:i + half] for i in range(0, len(gathers), half)]).validate(graph)
     applied = _apply(plan, step, args)
     default = jax.jit(step).lower(*args).compile().as_text()
-    assert len(re.findall(r"\sall-gather\(", default)) == len(gathers)  # XLA:CPU merges none itself
-    assert _compiled_gathers(applied) == n_buckets
+    assert len(re.findall(r"\sall-gather\(", default)) == len(gathers) + others  # XLA:CPU merges none itself
+    assert _compiled_gathers(applied) == n_buckets + others
     assert_close(three_steps(applied, args), reference)
 
 

@@ -75,6 +75,26 @@ def test_each_sharded_parameter_has_its_gathers_and_its_gradient_scatter(name, m
     assert graph.summary()["collectives"] == role_counts(labelled)
 
 
+@pytest.mark.parametrize(("name", "mesh_shape"), [("resnet50", None), pytest.param("resnet50", (2, 4), marks=pytest.mark.slow)])
+def test_a_conv_nets_parameters_are_gathered_again_some_reversed_for_the_backward_pass(name, mesh_shape):
+    state, text, _, graph = _zoo(name, mesh_shape)
+    labelled = graph.collective_roles()
+    sharded = _paths(state, True)
+    gathers = [c for c in labelled if c.role == "param_gather"]
+    assert {c.param for c in gathers} == sharded
+    assert sorted(c.param for c in labelled if c.role == "grad_scatter") == sorted(sharded)
+    preds = {d: s for s, d in graph.edges}
+    index = graph.index()
+    regathered = [c for c in gathers if graph.nodes[preds[index[c.name]]].opcode == "reverse"]
+    # gathered once for the forward pass and at most once more for the backward pass (normalisation
+    # parameters, and kernels reversed for the transposed convolution)
+    assert regathered and set(collections.Counter(c.param for c in gathers).values()) == {1, 2}
+    # what else the partitioner adds (an activation's reshard, the loss's mean) is left alone
+    others = [c for c in labelled if c.role == "other"]
+    assert len(labelled) == sum(_count(text, op) for op in ("all-gather", "all-reduce", "all-to-all"))
+    assert 1 <= len(others) <= 3 and all(c.param is None for c in others)
+
+
 @pytest.mark.parametrize(("name", "mesh_shape"), CASES)
 def test_collectives_are_told_apart_by_mesh_axis(name, mesh_shape):
     _, _, _, graph = _zoo(name, mesh_shape)
