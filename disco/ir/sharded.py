@@ -189,8 +189,8 @@ def _find(nodes: Sequence[Node], edges: Sequence[tuple[int, int]]) -> _Found:
             bit = shards & -shards
             shards ^= bit
             collective, slice_ = shard_of[by_bit[bit]]
-            first, updated = scatters.get(collective, (slice_, ()))
-            scatters[collective] = (first, (*updated, o))
+            first, outs = scatters.get(collective, (slice_, ()))
+            scatters[collective] = (first, (*outs, o))
     return _Found(gathers, scatters)
 
 
