@@ -21,3 +21,13 @@ def data_parallel_mesh(devices: int, axis: str, *, explicit: bool = True) -> jax
     """
     kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
     return jax.make_mesh((devices,), (axis,), devices=jax.devices()[:devices], axis_types=(kind,))
+
+
+def auto_mesh(shape: tuple[int, ...], axes: tuple[str, ...]) -> jax.sharding.Mesh:
+    """A mesh of the first ``prod(shape)`` devices with ``Auto`` axes named ``axes`` (the classic
+    GSPMD mode of :func:`data_parallel_mesh` with ``explicit=False``, over several axes)."""
+    size = 1
+    for n in shape:
+        size *= n
+    kinds = (jax.sharding.AxisType.Auto,) * len(axes)
+    return jax.make_mesh(tuple(shape), tuple(axes), devices=jax.devices()[:size], axis_types=kinds)

@@ -22,8 +22,9 @@ from trax_models._configs import (
 PRESETS: tuple[str, ...] = ("tiny", "small", "paper")
 # How a zoo step is written (trax_models.make_train_step's ``style``): explicit collectives in
 # shard_map, the same collectives in jax.pmap over arguments with a leading device axis, or
-# jax.jit over sharded arguments that XLA's SPMD partitioner reduces.
-STYLES: tuple[str, ...] = ("shard_map", "pmap", "gspmd")
+# jax.jit over sharded arguments that XLA's SPMD partitioner reduces, or that jax.jit step with its
+# parameters and optimizer state sharded too (FSDP / ZeRO on a ("data", "fsdp") mesh).
+STYLES: tuple[str, ...] = ("shard_map", "pmap", "gspmd", "fsdp")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd")
 
 # name -> module (relative to this package) defining ``task(config) -> Task``.

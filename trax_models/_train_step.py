@@ -1,7 +1,8 @@
 """Data-parallel training steps, in the three styles users write: ``shard_map`` with one all-reduce
 per gradient (``style="shard_map"``), ``jax.pmap`` with the same ``pmean`` per gradient over
 arguments that carry a leading device axis (``style="pmap"``), or ``jax.jit`` over sharded
-arguments with no explicit collective, which XLA's SPMD partitioner reduces (``style="gspmd"``)."""
+arguments with no explicit collective, which XLA's SPMD partitioner reduces (``style="gspmd"``),
+with the parameters and optimizer state sharded too (``style="fsdp"``, :mod:`trax_models._fsdp`)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trax_models import _registry
+from trax_models import _fsdp, _registry
 from trax_models._registry import STYLES
 from trax_models._configs import check_device_count
-from trax_models._jax_compat import data_parallel_mesh
+from trax_models._jax_compat import auto_mesh, data_parallel_mesh
 from trax_models._optimizers import make_optimizer
 from trax_models._task import Task
 from trax_models._train_state import TrainState
@@ -92,6 +93,7 @@ def make_train_step(
     learning_rate: float | optax.Schedule | None = None,
     abstract: bool = False,
     style: str = "shard_map",
+    mesh_shape: tuple[int, int] | None = None,
 ) -> tuple[StepFn, tuple[TrainState, dict[str, jax.Array]]]:
     """Builds a data-parallel training step of a zoo model and example arguments.
 
@@ -108,7 +110,13 @@ def make_train_step(
     computation and the same named ``pmean`` of every gradient and the loss, as a pmap user
     writes it: every leaf of ``state`` carries a leading device axis (a replica per device),
     the batch is split into ``(devices, batch // devices, ...)``, and the step returns the new
-    state and the loss with that leading axis (every row equal).
+    state and the loss with that leading axis (every row equal). With ``style="fsdp"`` the step
+    is the gspmd step on a ``("data", "fsdp")`` mesh of shape ``mesh_shape`` (default
+    ``(1, devices)``): the batch split over both axes, each parameter and optimizer-state leaf
+    with a dimension that the fsdp size divides split over ``"fsdp"`` along the largest such
+    dimension (others replicated), and the new state constrained to the same
+    shardings, so the step keeps its state sharded under a plain ``jax.jit``; XLA's partitioner
+    gathers the parameters and returns each gradient to its shard.
 
     Example:
       >>> step, (state, batch) = make_train_step("mlp", devices=1)
@@ -126,20 +134,24 @@ def make_train_step(
       abstract: Return ``jax.ShapeDtypeStruct`` example arguments (with
         shardings) instead of arrays: enough to ``lower`` the paper presets
         without allocating a replica of the parameters on every device.
-      style: ``"shard_map"``, ``"pmap"`` or ``"gspmd"`` (see above).
+      style: ``"shard_map"``, ``"pmap"``, ``"gspmd"`` or ``"fsdp"`` (see above).
+      mesh_shape: For ``style="fsdp"``: the mesh's ``(data, fsdp)`` sizes, whose product is
+        ``devices``; None for ``(1, devices)``. Other styles take None only.
 
     Returns:
       ``(step_fn, (state, batch))``: ``step_fn(state, batch) -> (state, loss)``
       is a plain function for the caller to ``jax.jit`` (a pmap step may also be called
-      as it is); ``state`` is a replicated ``TrainState`` and ``batch`` a dict sharded
-      on its batch axis (for ``"pmap"``: both with a leading device axis, see above).
+      as it is); ``state`` is a replicated ``TrainState`` (for ``"fsdp"``: sharded as above)
+      and ``batch`` a dict sharded on its batch axis (for ``"pmap"``: both with a leading
+      device axis, see above).
 
     Raises:
-      TypeError: for ``devices`` or ``seed`` that is not an int, or a
-        ``learning_rate`` that is neither a number nor a schedule.
+      TypeError: for ``devices`` or ``seed`` that is not an int, a ``mesh_shape`` that is
+        not a pair of ints, or a ``learning_rate`` that is neither a number nor a schedule.
       ValueError: for an unknown model, preset, optimizer or style, style "pmap" on several
         processes, ``devices`` below 1
-        or above those available, a global batch not divisible by ``devices``,
+        or above those available, a global batch not divisible by ``devices``, a
+        ``mesh_shape`` whose product is not ``devices`` or given with a style other than fsdp,
         ``seed`` outside ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
     """
     style = check_style(style)
@@ -153,7 +165,7 @@ def make_train_step(
     return build_train_step(
         task, config.batch_for(devices), devices=devices, optimizer=optimizer,
         seed=seed, learning_rate=learning_rate, abstract=abstract,
-        name=f"{name}_{preset}_train_step", style=style,
+        name=f"{name}_{preset}_train_step", style=style, mesh_shape=mesh_shape,
     )
 
 
@@ -168,6 +180,7 @@ def build_train_step(
     abstract: bool = False,
     name: str = "train_step",
     style: str = "shard_map",
+    mesh_shape: tuple[int, int] | None = None,
 ) -> tuple[StepFn, tuple[TrainState, dict[str, jax.Array]]]:
     """The data-parallel training step of any :class:`Task` (what ``make_train_step`` builds).
 
@@ -175,15 +188,17 @@ def build_train_step(
       task: The model's init, loss and synthetic batches.
       global_batch: Examples per step over all devices (a multiple of ``devices``).
       devices: Data-parallel devices (checked by :func:`check_devices`).
-      optimizer, seed, learning_rate, abstract, style: As for :func:`make_train_step`.
+      optimizer, seed, learning_rate, abstract, style, mesh_shape: As for :func:`make_train_step`.
       name: The step function's ``__name__`` (it names the HLO module).
 
     Raises:
-      TypeError: for ``global_batch``, ``devices`` or ``seed`` that is not an int, or a
-        ``learning_rate`` that is neither a number nor a schedule.
+      TypeError: for ``global_batch``, ``devices`` or ``seed`` that is not an int, a
+        ``mesh_shape`` that is not a pair of ints, or a ``learning_rate`` that is neither a
+        number nor a schedule.
       ValueError: for an unknown optimizer, ``devices`` below 1 or above those
-        available, a global batch not divisible by ``devices``, ``seed`` outside
-        ``[0, 2**63)``, or a negative or non-finite ``learning_rate``.
+        available, a global batch not divisible by ``devices``, a bad ``mesh_shape`` (as for
+        :func:`make_train_step`), ``seed`` outside ``[0, 2**63)``, or a negative or
+        non-finite ``learning_rate``.
     """
     _registry.check_optimizer(optimizer)
     style = check_style(style)
@@ -202,8 +217,13 @@ def build_train_step(
     if style == "pmap" and jax.process_count() > 1:
         raise ValueError(f"style 'pmap' runs on one process only, got {jax.process_count()} processes; "
                          "expected style shard_map or gspmd")
+    if style != "fsdp" and mesh_shape is not None:
+        raise ValueError(f"mesh_shape: only style 'fsdp' takes one, got {mesh_shape!r} with style {style!r}")
     tx = make_optimizer(optimizer, learning_rate=learning_rate)
-    mesh = data_parallel_mesh(devices, AXIS, explicit=style == "shard_map")
+    if style == "fsdp":
+        mesh = auto_mesh(_fsdp.check_mesh_shape(mesh_shape, devices), _fsdp.MESH_AXES)
+    else:
+        mesh = data_parallel_mesh(devices, AXIS, explicit=style == "shard_map")
 
     def mean_step(state: TrainState, batch: dict[str, jax.Array], *, per_device_params: bool):
         # shard_map: the replicated parameters become per-device values (pcast); under pmap every
@@ -231,9 +251,13 @@ def build_train_step(
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         return TrainState(optax.apply_updates(state.params, updates), opt_state), loss
 
+    def fsdp_step(state: TrainState, batch: dict[str, jax.Array]):
+        state, loss = global_step(state, batch)
+        return jax.lax.with_sharding_constraint(state, _fsdp.state_shardings(state, mesh)), loss
+
     replica_step = functools.partial(mean_step, per_device_params=True)
 
-    steps = {"shard_map": sharded_step, "gspmd": global_step}
+    steps = {"shard_map": sharded_step, "gspmd": global_step, "fsdp": fsdp_step}
     if style == "pmap":
         steps["pmap"] = jax.pmap(replica_step, axis_name=AXIS, devices=list(mesh.devices.flat))
 
@@ -243,7 +267,7 @@ def build_train_step(
     step_fn.__name__ = name
 
     replicated = NamedSharding(mesh, P())
-    split = NamedSharding(mesh, P(AXIS))
+    split = NamedSharding(mesh, _fsdp.BATCH_SPEC if style == "fsdp" else P(AXIS))
 
     def init_state(key: jax.Array) -> TrainState:
         params = task.init(key)
@@ -259,6 +283,9 @@ def build_train_step(
         if style == "pmap":  # a replica of every leaf per device, on a leading axis
             state = jax.tree.map(
                 lambda s: jax.ShapeDtypeStruct((devices, *s.shape), s.dtype, sharding=split), shapes)
+        elif style == "fsdp":
+            state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                 shapes, _fsdp.state_shardings(shapes, mesh))
         else:
             state = jax.tree.map(
                 lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
@@ -273,6 +300,9 @@ def build_train_step(
         if style == "pmap":
             stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (devices, *x.shape)), init(key))
             state = jax.device_put(stacked, split)
+        elif style == "fsdp":
+            state = init(key)
+            state = jax.device_put(state, _fsdp.state_shardings(state, mesh))
         else:
             state = jax.device_put(init(key), replicated)
         batch = jax.device_put(host_batch, split)

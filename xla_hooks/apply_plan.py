@@ -135,11 +135,11 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
     if plan.graph_fingerprint is not None:  # the text disco.extract reads (its fingerprint counts metadata)
         graph = HloGraph.from_hlo_text(plan_text(lowered, debug_info=True))
         check_fingerprint(plan, graph)
-    if not plan.groups and plan.buckets is None and not plan.cuts and not roundtrip:
+    if not plan.groups and plan.buckets is None and not plan.cuts and plan.gather_buckets is None and not roundtrip:
         return done(lowered.compile(compiler_options=options), text)
     plan.validate(graph or HloGraph.from_hlo_text(text), backend)
     _jax_private.check_version()
-    if not plan.groups and not plan.buckets and not plan.cuts and not roundtrip:
+    if not plan.groups and not plan.buckets and not plan.cuts and not plan.gather_buckets and not roundtrip:
         # nothing to rewrite (buckets=() fits only a step without all-reduces): XLA's compile as is
         return done(lowered.compile(compiler_options=options), text)
     new_text = apply_plan_to_text(text, plan)

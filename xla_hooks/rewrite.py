@@ -9,6 +9,12 @@
   all-gather in place of the all-reduce, the concatenation ending with zeros up to
   a multiple of the replica group size.
 
+* Each gather bucket becomes one all-gather: every member's operand (its shard) is
+  reshaped to 1-D and concatenated, gathered along dimension 0 over the members' replica
+  groups, and each member's piece of every device's row is sliced back out of the result
+  (``[devices, total]``), reshaped to ``[devices, *shard]`` and moved into place along the
+  member's own gather dimension.
+
 * Each cut (producer, consumer) makes the consumer read the producer through an
   ``opt-barrier``: XLA does not fuse across a barrier (XLA:CPU only with
   ``cse_barrier_expander`` off, which ``FusionPlan.compiler_options`` arranges). Cuts of
@@ -185,6 +191,80 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
     return out
 
 
+def _dims(shape: str) -> tuple[str, list[int]]:
+    import re
+
+    m = re.match(r"([a-z0-9]+)\[([^\]]*)\]", shape)
+    if m is None:
+        raise ValueError(f"expected an array shape, got {shape!r}")
+    return m.group(1), [int(d) for d in m.group(2).split(",") if d.strip()]
+
+
+def _shape(dtype: str, dims: Sequence[int]) -> str:
+    return f"{dtype}[{','.join(map(str, dims))}]"
+
+
+def _rewrite_gather_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], start_id: int) -> list[_Line]:
+    """Each bucket of all-gathers as one all-gather of the members' concatenated shards.
+
+    The all-gather of ``[total]`` over groups of ``p`` devices is ``[p * total]``: device ``d``'s
+    concatenation at ``[d * total, (d + 1) * total)``. Reshaped to ``[p, total]``, member ``j``'s
+    shards are the columns ``[off_j, off_j + n_j)`` of every row: ``[p, *shard_j]``. A member
+    gathered along dimension ``k`` is that with the device axis moved before dimension ``k`` and
+    merged into it (a transpose, unless ``k`` is 0, then a reshape).
+    """
+    import math
+
+    by_name = {ln.name: ln for ln in lines}
+    out = list(lines)
+    for k, members in enumerate(buckets, start=start_id):
+        if len(members) < 2:
+            continue  # a bucket of one is the all-gather itself
+        ags = [by_name[m] for m in members]
+        first = ags[0]
+        p = _group_size(f"gather bucket {k}", first.attrs)
+        attrs = [(key, v) for key, v in first.attrs if key not in ("metadata", "dimensions")]
+        attrs += [("dimensions", "{0}"), ("metadata", f'{{op_name="{PREFIX}_gather_bucket_{k}"}}')]
+        order = min(a.order for a in ags) - 0.001  # where its first member was: gathers are wanted early
+        out = [ln for ln in out if ln.name not in set(members)]
+        name = f"{PREFIX}.gather.{k}"
+        dtype = _dims(first.shape)[0]
+        flats, pieces, total = [], [], 0
+        for j, a in enumerate(ags):
+            shard = _dims(by_name[a.operands[0]].shape)[1] if a.operands[0] in by_name else None
+            full = _dims(a.shape)[1]
+            dim = int(dict(a.attrs)["dimensions"].strip("{} "))
+            if shard is None:  # the operand is a parameter of another computation: derive the shard
+                shard = [d // p if i == dim else d for i, d in enumerate(full)]
+            n = math.prod(shard)
+            flat = f"{name}.flat.{j}"
+            out.append(_Line(flat, f"{dtype}[{n}]", "reshape", [a.operands[0]], [], order=order))
+            flats.append(flat)
+            pieces.append((a, shard, dim, total, n))
+            total += n
+        cat = f"{name}.concat"
+        out.append(_Line(cat, f"{dtype}[{total}]", "concatenate", flats, [("dimensions", "{0}")], order=order))
+        out.append(_Line(f"{name}.flat", f"{dtype}[{p * total}]", "all-gather", [cat], attrs, order=order))
+        rows = f"{name}.rows"
+        out.append(_Line(rows, f"{dtype}[{p},{total}]", "reshape", [f"{name}.flat"], [], order=order))
+        for j, (a, shard, dim, off, n) in enumerate(pieces):
+            at = order + 1e-6 * (j + 1)
+            piece = f"{name}.piece.{j}"
+            out.append(_Line(piece, f"{dtype}[{p},{n}]", "slice", [rows],
+                             [("slice", f"{{[0:{p}], [{off}:{off + n}]}}")], order=at))
+            devices_first = f"{name}.shards.{j}"
+            out.append(_Line(devices_first, _shape(dtype, [p, *shard]), "reshape", [piece], [], order=at))
+            src = devices_first
+            if dim:
+                perm = [*range(1, dim + 1), 0, *range(dim + 1, len(shard) + 1)]
+                moved = f"{name}.moved.{j}"
+                out.append(_Line(moved, _shape(dtype, [shard[i - 1] if i else p for i in perm]), "transpose",
+                                 [devices_first], [("dimensions", "{" + ",".join(map(str, perm)) + "}")], order=at))
+                src = moved
+            out.append(_Line(a.name, a.shape, "reshape", [src], [], is_root=a.is_root, order=at))
+    return out
+
+
 def _rewrite_cuts(lines: list[_Line], cuts: Sequence[tuple[str, str]]) -> list[_Line]:
     """The consumer of each cut reads its producer through one ``opt-barrier`` per producer."""
     by_name = {ln.name: ln for ln in lines}
@@ -280,15 +360,18 @@ def apply_plan_to_text(text: str, plan: FusionPlan, module: Module | None = None
     buckets_by_comp: dict[str, list[tuple[Sequence[str], str]]] = collections.defaultdict(list)
     for b in plan.buckets or ():
         buckets_by_comp[where[b.members[0]]].append((b.members, b.build))
+    gathers_by_comp: dict[str, list[Sequence[str]]] = collections.defaultdict(list)
+    for members in plan.gather_buckets or ():
+        gathers_by_comp[where[members[0]]].append(members)
     cuts_by_comp: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
     for cut in plan.cuts:
         cuts_by_comp[where[cut[1]]].append(cut)
-    touched = set(groups_by_comp) | set(buckets_by_comp) | set(cuts_by_comp)
+    touched = set(groups_by_comp) | set(buckets_by_comp) | set(cuts_by_comp) | set(gathers_by_comp)
     if not touched:
         return text
     new_comps: dict[str, str] = {}
     extra: dict[str, list[str]] = {}
-    next_group, next_bucket = 0, 0
+    next_group, next_bucket, next_gather = 0, 0, 0
     for comp in module.computations:
         if comp.name not in touched:
             continue
@@ -297,6 +380,9 @@ def apply_plan_to_text(text: str, plan: FusionPlan, module: Module | None = None
         bks = buckets_by_comp.get(comp.name, [])
         lines = _rewrite_buckets(lines, [m for m, _ in bks], [b for _, b in bks], next_bucket)
         next_bucket += len(bks)
+        gbs = gathers_by_comp.get(comp.name, [])
+        lines = _rewrite_gather_buckets(lines, gbs, next_gather)
+        next_gather += len(gbs)
         grs = groups_by_comp.get(comp.name, [])
         lines, fused = _rewrite_groups(comp, lines, grs, next_group)
         next_group += len(grs)

@@ -50,7 +50,7 @@ def setup_devices(n: int) -> None:
 
 
 _MODEL_DEFAULTS = {"model": DEFAULT_MODEL, "preset": "tiny", "devices": 4, "optimizer": "adamw", "style": "shard_map",
-                   "trax_model": None, "trax_kwargs": None, "trax_task": "lm", "trax_length": 16,
+                   "mesh": None, "trax_model": None, "trax_kwargs": None, "trax_task": "lm", "trax_length": 16,
                    "trax_input_shape": None, "trax_batch": 2}
 
 
@@ -64,7 +64,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--style", default=d["style"],
                    help="how the zoo step is written: shard_map (explicit all-reduces) | pmap (jax.pmap with the "
                         "same pmeans; state and batch with a leading device axis) | gspmd (jax.jit over "
-                        f"sharded arguments; XLA partitions it) (default {d['style']})")
+                        "sharded arguments; XLA partitions it) | fsdp (gspmd with the parameters and optimizer "
+                        f"state sharded over a data x fsdp mesh) (default {d['style']})")
+    p.add_argument("--mesh", default=d["mesh"], metavar="DATAxFSDP",
+                   help="--style fsdp only: the data x fsdp mesh, e.g. 2x4 (default 1x<devices>: 1-D FSDP)")
     g = p.add_argument_group("real trax models (pip install -e '.[trax]'; instead of --model/--preset)")
     g.add_argument("--trax-model", metavar="PATH", default=d["trax_model"],
                    help="a trax layer constructor, e.g. trax.models.TransformerLM")
@@ -145,9 +148,23 @@ def make_step(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, 
     style = getattr(args, "style", _MODEL_DEFAULTS["style"])
     if style not in trax_models.STYLES:
         raise CliError(f"unknown --style {style!r}; expected one of: {', '.join(trax_models.STYLES)}")
+    mesh = getattr(args, "mesh", None)
+    if mesh is not None and style != "fsdp":
+        raise CliError(f"--mesh {mesh!r} is for --style fsdp only, got --style {style}")
+    mesh_shape = None
+    if mesh is not None:
+        parts = mesh.lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise CliError(f"--mesh: expected DATAxFSDP, two ints such as 2x4, got {mesh!r}")
+        mesh_shape = tuple(int(p) for p in parts)
     setup_devices(args.devices)
-    return trax_models.make_train_step(args.model, preset=args.preset, devices=args.devices,
-                                       optimizer=args.optimizer, style=style)
+    try:
+        return trax_models.make_train_step(args.model, preset=args.preset, devices=args.devices,
+                                           optimizer=args.optimizer, style=style, mesh_shape=mesh_shape)
+    except ValueError as e:
+        if mesh_shape is None:
+            raise
+        raise CliError(str(e)) from None
 
 
 def device_kind() -> str:

@@ -109,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
                 "all_reduces_after_loops", "gradient_bytes", "flops", "extract_seconds"):
         val = summary[key]
         t.add_row(key, f"{val:,.0f}" if isinstance(val, float) and key == "flops" else str(val))
+    if set(summary["collectives"]) - {"other"}:  # by role and mesh axes (disco.ir.sharded)
+        t.add_row("collectives", "; ".join(f"{role} " + ", ".join(f"{n} over {axes}" for axes, n in by.items())
+                                           for role, by in summary["collectives"].items()))
     console.print(t)
     hist = Table("opcode", "count", title="opcode histogram (top 15)")
     for op, n in list(summary["opcodes"].items())[:15]:

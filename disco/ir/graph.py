@@ -28,6 +28,8 @@ from disco.ir.opcodes import ALL_REDUCE_OPCODES
 from disco.ir import hlo_module, hlo_parse
 from disco.ir.fingerprint import computation_hashes, fingerprint_of, strip_layout
 from disco.ir.gradients import dataflow_gradients
+from disco.ir.gspmd import GspmdError, mesh_axes
+from disco.ir import sharded as _sharded
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -52,8 +54,10 @@ class Node:
     flops: float
     operands: tuple[str, ...] = ()
     grad_bytes: int = 0  # all-reduce nodes: bytes reduced
-    param_path: str | None = None  # all-reduce nodes: the parameter it reduces, if known
-    replica_groups: str | None = None  # all-reduce nodes: replica groups text
+    # all-reduce nodes: the parameter whose gradient it reduces (or scatters), if known; all-gather
+    # nodes: the parameter whose shard it gathers (disco.ir.sharded)
+    param_path: str | None = None
+    replica_groups: str | None = None  # collective nodes: replica groups text
     reduction: str | None = None  # all-reduce nodes: the reduction's binary opcode
     layout: str = ""  # the layout text when it is not the default (major-to-minor) one
 
@@ -152,6 +156,9 @@ class HloGraph:
       fingerprint: a hash of the canonical program (independent of instruction names).
       loops: one :class:`Loop` per ``while`` node (body and condition graphs, trip count),
         in node order.
+      mesh: the sdy mesh the module declares, as (axis, size) pairs in mesh order (``()`` without
+        one); what :meth:`collective_roles` reads a collective's mesh axes against. Not compared:
+        a graph read from a file written before it was kept equals the graph of its text.
     """
 
     name: str
@@ -159,6 +166,7 @@ class HloGraph:
     edges: tuple[tuple[int, int], ...]
     fingerprint: str
     loops: tuple[Loop, ...] = ()
+    mesh: tuple[tuple[str, int], ...] = dataclasses.field(default=(), compare=False)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -196,6 +204,12 @@ class HloGraph:
     def collectives(self) -> list[Node]:
         """Collective nodes (all-reduce, all-gather, ...); an async pair counts once, at its start."""
         return [n for n in self.nodes if n.is_collective]
+
+    def collective_roles(self) -> list[_sharded.Collective]:
+        """Each collective labelled by what it does for a step with sharded parameters:
+        ``param_gather``, ``grad_scatter``, ``grad_reduce`` or ``other``, with its mesh axes and
+        bytes (:func:`disco.ir.sharded.label_collectives`)."""
+        return _sharded.label_collectives(self)
 
     def gradient_bytes(self) -> int:
         return sum(n.grad_bytes for n in self.nodes if n.is_gradient)
@@ -244,6 +258,8 @@ class HloGraph:
             "loops_unknown_trips": [lp.node for lp in self.loops if lp.trip_count is None],
             # all-reduces disco.ir.loop_collectives moved after their loops (they read the loop's local sums)
             "all_reduces_after_loops": sum(any(o.endswith(LOCAL_SUFFIX) for o in n.operands) for n in ars),
+            # {role: {mesh axes: count}} (disco.ir.sharded): a sharded step's gathers and scatters
+            "collectives": _sharded.role_counts(self.collective_roles()),
             "opcodes": self.opcode_histogram(),
         }
 
@@ -258,6 +274,8 @@ class HloGraph:
         }
         if self.loops:  # absent for a graph without loops: their files are as before
             out["loops"] = [lp.to_dict() for lp in self.loops]
+        if self.mesh:  # absent without a mesh, as loops
+            out["mesh"] = [[a, n] for a, n in self.mesh]
         return out
 
     def to_json(self) -> str:
@@ -307,8 +325,14 @@ class HloGraph:
         for i, lp in enumerate(loops):
             if lp.node not in names:
                 raise ValueError(f"graph JSON field 'loops[{i}].node': {lp.node!r} is not a node of the graph")
+        raw_mesh = data.get("mesh", [])
+        if not isinstance(raw_mesh, list) or not all(
+                isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and isinstance(a[1], int)
+                and not isinstance(a[1], bool) and a[1] >= 1 for a in raw_mesh):
+            raise ValueError(f"graph JSON field 'mesh': expected a list of [axis name, size >= 1] pairs, "
+                             f"got {str(raw_mesh)[:80]!r}")
         return cls(name=data["name"], nodes=tuple(nodes), edges=tuple(edges),
-                   fingerprint=data["fingerprint"], loops=loops)
+                   fingerprint=data["fingerprint"], loops=loops, mesh=tuple((a, n) for a, n in raw_mesh))
 
     @classmethod
     def from_json(cls, text: str) -> HloGraph:
@@ -456,7 +480,7 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
             flops=0.0 if inlined else float(per_ins_flops.get(key, 0.0)), operands=operands,
             grad_bytes=_reduced_bytes(ins, scopes) if is_ar else 0,
             param_path=_grad_path(ins) if is_ar else None,
-            replica_groups=ins.attrs.get("replica_groups") if is_ar else None,
+            replica_groups=ins.attrs.get("replica_groups") if ins.opcode in _opcodes.COLLECTIVES else None,
             reduction=_reduction_opcode(module, ins) if is_ar else None,
             layout=_nondefault_layout(ins),
         ))
@@ -489,6 +513,10 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
         root = index[(entry.name, entry.root.name)]
         for i, path in dataflow_gradients(nodes, edges, root, op_names, numbers).items():
             nodes[i] = dataclasses.replace(nodes[i], param_path=path)
+        # a sharded parameter's gathers, and its gradient's scatter back to the shard (disco.ir.sharded)
+        for i, path in _sharded.parameter_paths(nodes, edges, op_names, numbers).items():
+            if nodes[i].param_path is None:
+                nodes[i] = dataclasses.replace(nodes[i], param_path=path)
     loops = []
     for ins in ordered:
         if ins.opcode != "while":
@@ -502,7 +530,16 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
                           body=_graph_of(facts, body, f"{name}/{body.name}", depth + 1),
                           condition=_graph_of(facts, cond, f"{name}/{cond.name}", depth + 1)))
     return HloGraph(name=name, nodes=tuple(nodes), edges=tuple(edges),
-                    fingerprint=fingerprint_of(facts.comp_hashes, step), loops=tuple(loops))
+                    fingerprint=fingerprint_of(facts.comp_hashes, step), loops=tuple(loops),
+                    mesh=_module_mesh(module) if depth == 0 else ())
+
+
+def _module_mesh(module: hlo_module.Module) -> tuple[tuple[str, int], ...]:
+    """The module header's sdy mesh as (axis, size) pairs; () without one or with several."""
+    try:
+        return tuple(mesh_axes(module.header).items())
+    except GspmdError:
+        return ()
 
 
 def _reduced_bytes(ins: hlo_module.Instruction, scopes: dict[str, dict[str, hlo_module.Instruction]]) -> int:

@@ -35,7 +35,10 @@ _MANUAL_BODY_RE = re.compile(r"to_apply=%?(xla\.sdy\.manual_computation_body[\w.
 # refuses: such a use becomes a get-tuple-element.
 _ELEMENT_USE_RE = re.compile(r"%([\w.\-]+)#(\d+)\b")
 _DEFINITION_RE = re.compile(r"\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(\(.*?\))\s+[\w\-]+\(")
-_REPLICA_GROUPS_RE = re.compile(r"replica_groups=(mesh\[[^\]]*\](?:,\s*device_ids=\[[\d,\s]*\])?\s*\{[^{}]*\})")
+# device_ids explicit (``[0,2,1,3]``) or an iota (``([2,4]T(1,0))``, a 2-D mesh's transposed axes)
+_REPLICA_GROUPS_RE = re.compile(
+    r"replica_groups=(mesh\[[^\]]*\](?:,\s*device_ids=(?:\[[\d,\s]*\]|\(\[[\d,\s]*\](?:<=\[[\d,\s]*\])?"
+    r"(?:T\([\d,\s]*\))?\)))?\s*\{[^{}]*\})")
 
 
 class GspmdError(ValueError):

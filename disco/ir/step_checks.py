@@ -114,9 +114,15 @@ def _reached_through_same_values(graph: HloGraph, preds: list[list[int]], start:
 def check_data_parallel(graph: HloGraph) -> None:
     """Checks that disco can plan ``graph``'s all-reduces; warns when no gradient is recognised.
 
+    A step with sharded parameters (FSDP) passes: its all-gathers of parameter shards and its
+    gradients' scatters to them are what :mod:`disco.ir.sharded` labels, its all-reduces (a gradient
+    returned to its shard as an all-reduce and a slice, XLA:CPU's form) checked as any others; one
+    with reduce-scatters and no all-reduce (XLA:GPU's form) passes on its gathers and scatters.
+
     Raises:
-      ValueError: when the step's program has no all-reduce (a step on one device), or an
-        all-reduce feeds another (a gradient reduced twice), naming them.
+      ValueError: when the step's program has no all-reduce (a step on one device) and no gather
+        or scatter of a parameter shard, or an all-reduce feeds another (a gradient reduced
+        twice), naming them.
 
     Warns:
       NoGradientWarning: all-reduces but no gradient found (by dataflow or scope).
@@ -124,12 +130,17 @@ def check_data_parallel(graph: HloGraph) -> None:
     ars = graph.all_reduces()
     others = Counter(n.opcode.removesuffix("-start") for n in graph.nodes if n.opcode in COLLECTIVES
                      and not n.opcode.endswith("-done") and not n.opcode.startswith("all-reduce"))
-    if not ars and others:
+    # a step with sharded parameters (FSDP): its gathers and gradient scatters are planned too
+    sharded = not ars and others and any(c.role in ("param_gather", "grad_scatter") for c in graph.collective_roles())
+    if not ars and others and not sharded:
         shown = ", ".join(f"{k} {name}{'s' if k > 1 else ''}" for name, k in sorted(others.items()))
         raise ValueError(
-            f"no all-reduce in the program of {graph.name!r}, but {shown}: its parameters or batch are sharded "
-            f"in another way than data parallelism over replicated parameters (FSDP, tensor parallelism), whose "
-            f"collectives disco does not plan yet; expected replicated parameters and a sharded batch; {GUIDE_POINTER}")
+            f"no all-reduce in the program of {graph.name!r}, but {shown}, none of which gathers a parameter "
+            f"shard or scatters a gradient to one: its parameters or batch are sharded in another way than data "
+            f"parallelism or FSDP (tensor parallelism), whose collectives disco does not plan yet; expected "
+            f"replicated or FSDP-sharded parameters and a sharded batch; {GUIDE_POINTER}")
+    if sharded:
+        return  # gathers and reduce-scatters, no all-reduce: nothing below applies
     if not ars:
         raise ValueError(
             f"no all-reduce in the program of {graph.name!r}: a data-parallel step is expected (jax.jit with "

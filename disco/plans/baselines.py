@@ -29,6 +29,11 @@
   recompiled with the measured latencies). Its schedule comes from a profile of real GPU runs, so
   nothing off a GPU can price it: :func:`make` refuses it with :data:`AUTO_PGLE_OFF_GPU`, and
   ``scripts/tools/check_gpu.py`` measures it on a GPU (its ``auto_pgle`` row).
+* ``one_gather_bucket`` and ``per_layer_gathers`` (a step with sharded parameters; not in
+  :data:`NAMES`, :data:`GATHER_NAMES`): every parameter all-gather in one gather bucket, or one
+  gather bucket per layer as PyTorch FSDP2 groups its all-gathers (``fully_shard`` per block): the
+  parameters below one top-level module of the parameter tree (``['EncoderBlock_0']``), a parameter
+  the backward pass gathers again in a second bucket of its layer. All-reduces stay to XLA.
 
 :func:`parse_item` reads one ``--plans`` item (``horovod``, ``horovod:128``, ``even:4``): which
 baseline, the keyword of :func:`make` its value sets, and its row name in tables and JSON.
@@ -52,6 +57,8 @@ MB = 1 << 20
 NAMES = ("xla_default", "no_fusion", "per_tensor", "one_bucket", "horovod", "ddp", "xla_threshold", "even")
 # Baselines that only mean something on GPU (compile options XLA:CPU ignores).
 GPU_NAMES = ("xla_tuned", "xla_o1", "auto_pgle")
+# Baselines of a step with sharded parameters (FSDP): its parameter all-gathers bucketed.
+GATHER_NAMES = ("one_gather_bucket", "per_layer_gathers")
 # --plans items beyond NAMES: one GPU baseline each (xla_tuned is a sweep of rows, not an item).
 GPU_ITEMS = ("xla_o1", "auto_pgle")
 TUNED_MIN_THRESHOLD = 16 * MB
@@ -111,7 +118,7 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     """Builds the baseline plan ``name`` for ``graph``.
 
     Args:
-      name: one of :data:`NAMES` or :data:`GPU_NAMES`.
+      name: one of :data:`NAMES`, :data:`GPU_NAMES` or :data:`GATHER_NAMES`.
       graph: the step's pre-optimisation graph.
       **kw: ``threshold_mb`` (horovod), ``cap_mb``/``first_mb`` (ddp),
         ``threshold_bytes`` (xla_threshold, xla_tuned), ``k`` (even: the bucket count, >= 1), ``build``
@@ -161,17 +168,48 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         plan = FusionPlan(compile_options=((plan_options.OPTIMIZATION_LEVEL, "O1"),), name=name)
     elif name == "auto_pgle":
         raise ValueError(AUTO_PGLE_OFF_GPU)
+    elif name in GATHER_NAMES:
+        plan = FusionPlan(gather_buckets=_gather_buckets(graph, per_layer=name == "per_layer_gathers"), name=name)
     elif name == "xla_tuned":
         thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD))
         opts = {plan_options.SCHEDULER: "True", plan_options.THRESHOLD: str(thr)}
         plan = FusionPlan(compile_options=tuple(sorted(opts.items())),
                           name=f"xla_tuned_{thr // MB}mb" if thr % MB == 0 else f"xla_tuned_{thr}")
     else:
-        raise ValueError(f"unknown baseline {name!r}; expected one of: {', '.join(NAMES + GPU_NAMES)}")
+        raise ValueError(f"unknown baseline {name!r}; expected one of: {', '.join(NAMES + GPU_NAMES + GATHER_NAMES)}")
     if kw:
         raise ValueError(f"baseline {name!r} got unexpected options {sorted(kw)}")
     # a GPU baseline is checked for GPU: plan_options.check refuses xla_o1 where it is applied on CPU
     return plan.validate(graph, "gpu" if name in GPU_NAMES else "cpu")
+
+
+def layer_of(param_path: str) -> str:
+    """The layer a parameter belongs to: the first key of its path below the variables' collection
+    (``"state.params['params']['Dense_0']['kernel']"`` -> ``"Dense_0"``); the path itself without keys."""
+    import re
+
+    keys = re.findall(r"\[['\"]?([^'\"\]]*)['\"]?\]", param_path)
+    if keys and keys[0] == "params" and len(keys) > 1:
+        keys = keys[1:]
+    return keys[0] if keys else param_path
+
+
+def _gather_buckets(graph: HloGraph, *, per_layer: bool) -> tuple[tuple[str, ...], ...]:
+    """The parameter all-gathers in program order, one bucket per class (computation, replica groups,
+    dtype), or per (layer, how many times the parameter was gathered before, class)."""
+    seen: collections.Counter[str] = collections.Counter()
+    buckets: dict[tuple, list[str]] = collections.OrderedDict()
+    nodes = {n.name: n for n in graph.nodes}
+    for c in graph.collective_roles():
+        if c.role != "param_gather" or c.opcode != "all-gather":
+            continue
+        n = nodes[c.name]
+        key: tuple = (n.computation, n.replica_groups, n.dtype)
+        if per_layer:
+            key = (layer_of(c.param or c.name), seen[c.param or c.name], *key)
+        seen[c.param or c.name] += 1
+        buckets.setdefault(key, []).append(c.name)
+    return tuple(tuple(b) for b in buckets.values())
 
 
 def _positive_size(name: str, key: str, value: Any) -> float:

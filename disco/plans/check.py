@@ -31,6 +31,11 @@ def _cluster_of(plan: FusionPlan, index: dict[str, int]) -> tuple[list[int], lis
             cluster[index[name]] = next_id
         labels.append(f"bucket {bi}")
         next_id += 1
+    for bi, members in enumerate(plan.gather_buckets or ()):
+        for name in members:
+            cluster[index[name]] = next_id
+        labels.append(f"gather bucket {bi}")
+        next_id += 1
     return cluster, labels
 
 
@@ -329,15 +334,59 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
         if missing:
             raise ValueError(f"buckets leave out all-reduces {missing[:5]}{'...' if len(missing) > 5 else ''}; "
                              "every all-reduce must be in exactly one bucket")
+    if plan.gather_buckets is not None:
+        check_gather_buckets(plan.gather_buckets, graph, index, owner)
     if plan.cuts:
         check_cuts(plan, graph, index, owner)
     cycle = contraction_cycle(plan, graph)
     if cycle is not None:
         _raise_on_a_double_reduction(plan, graph, cycle)
-        bucket_of = {m: bi for bi, b in enumerate(plan.buckets or ()) for m in b.members}
-        where = owner.get(cycle[0]) or (f"bucket {bucket_of[cycle[0]]}" if cycle[0] in bucket_of else cycle[0])
+        bucket_of = {m: f"bucket {bi}" for bi, b in enumerate(plan.buckets or ()) for m in b.members}
+        bucket_of.update((m, f"gather bucket {bi}") for bi, b in enumerate(plan.gather_buckets or ()) for m in b)
+        where = owner.get(cycle[0]) or bucket_of.get(cycle[0], cycle[0])
         raise ValueError(f"{where}: contracting the plan forms a cycle along {' -> '.join(cycle)}")
 
+
+
+def check_gather_buckets(gather_buckets: tuple[tuple[str, ...], ...], graph: HloGraph, index: dict[str, int],
+                         owner: dict[str, str]) -> None:
+    """Each gather bucket: all-gathers (one array each) of one computation, dtype and replica groups,
+    each in one bucket at most. All-gathers in no bucket stay as they are.
+
+    Raises:
+      ValueError: naming the bucket, the member and what is wrong.
+    """
+    seen: dict[str, int] = {}
+    for bi, members in enumerate(gather_buckets):
+        if not members:
+            raise ValueError(f"gather bucket {bi} is empty; expected at least one all-gather")
+        first = None
+        for name in members:
+            if name not in index:
+                raise ValueError(f"gather bucket {bi}: {name!r} is not in the graph {graph.name!r}")
+            node = graph.nodes[index[name]]
+            if node.opcode != "all-gather":
+                raise ValueError(f"gather bucket {bi}: {name!r} is a {node.opcode}, not an all-gather")
+            if node.shape.startswith("("):
+                raise ValueError(f"gather bucket {bi}: {name!r} gathers several arrays; expected an all-gather "
+                                 "of one")
+            if name in seen:
+                raise ValueError(f"gather bucket {bi}: all-gather {name!r} is already in gather bucket {seen[name]}")
+            if name in owner:
+                raise ValueError(f"gather bucket {bi}: {name!r} is also in {owner[name]}")
+            seen[name] = bi
+            if first is None:
+                first = node
+                continue
+            if node.computation != first.computation:
+                raise ValueError(f"gather bucket {bi}: {name!r} and {first.name!r} are in different computations")
+            if node.replica_groups != first.replica_groups:
+                raise ValueError(f"gather bucket {bi}: {name!r} gathers over {node.replica_groups} but "
+                                 f"{first.name!r} over {first.replica_groups}; a gather bucket merges only "
+                                 "all-gathers of the same replica groups")
+            if node.dtype != first.dtype:
+                raise ValueError(f"gather bucket {bi}: one dtype is concatenated, got {first.dtype} "
+                                 f"({first.name!r}) and {node.dtype} ({name!r})")
 
 
 def _raise_on_a_double_reduction(plan: FusionPlan, graph: HloGraph, cycle: list[str]) -> None:

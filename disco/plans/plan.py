@@ -1,10 +1,11 @@
-"""Fusion plans: op-fusion groups plus gradient buckets, validated against a graph.
+"""Fusion plans: op-fusion groups plus gradient buckets (and all-gather buckets), validated against a graph.
 
 A plan is written against the *pre-optimisation* HLO of a step (the names in
 :class:`disco.HloGraph`). It never changes what the step computes, only how
 XLA groups the work: which instructions become one kLoop fusion, which
 producer -> consumer edges XLA may not fuse across (cuts), which all-reduces are
-merged into one, and which XLA compile options are set.
+merged into one, which all-gathers (a sharded step's parameter gathers) are merged into one,
+and which XLA compile options are set.
 
 Inside the library a plan is a frozen dataclass; at the boundary (files, the
 REST API, ``--json``) it is JSON checked by a pydantic model with a schema version.
@@ -40,6 +41,9 @@ _FUSION_PASSES = {"cpu": ("fusion", "reshape-mover"),
 # jax 0.11.2): "all-reduce-combiner" is not among them, "gpu-all-reduce-combiner" is.
 _COMBINER_PASSES = {"cpu": ("cpu-all-reduce-combiner",),
                     "gpu": ("gpu-all-reduce-combiner",)}
+# XLA:CPU runs no all-gather combiner (jax 0.10.2: no such pass among those a compile of an fsdp step
+# runs, and its compiled module keeps every all-gather); XLA:GPU's is named in XLA_NOTES (not run here).
+_GATHER_COMBINER_PASSES = {"cpu": (), "gpu": ("gpu-all-gather-combiner",)}
 # Passes that strip optimization barriers before fusion: XLA:CPU's OptimizationBarrierExpander
 # (measured, jax 0.10.2: a barrier splits a fusion only with it off; jax 0.11.2 and 0.12.0.1 keep
 # the barrier either way, so turning it off is harmless there). XLA:GPU keeps barriers through
@@ -108,6 +112,10 @@ class FusionPlan:
         fusions); "off" disables it, so only planned fusions exist.
       buckets: ordered all-reduce groups; ``None`` leaves all-reduces to XLA's
         combiner (its default behaviour).
+      gather_buckets: groups of all-gathers (a sharded step's parameter gathers, by instruction
+        name), each merged into one all-gather of the members' concatenated shards, split back
+        after; all-gathers in none stay as they are. ``None`` (the default) leaves all-gathers
+        to XLA (on GPU its all-gather combiner, which a plan with gather buckets turns off).
       compile_options: extra XLA compile options, as (key, value) pairs.
       name: a label (e.g. the baseline it came from).
       graph_fingerprint: the fingerprint of the graph the plan was made for
@@ -123,6 +131,7 @@ class FusionPlan:
     name: str = ""
     graph_fingerprint: str | None = None
     cuts: tuple[tuple[str, str], ...] = ()
+    gather_buckets: tuple[tuple[str, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         """Checks the fields' types (a list or a str where a tuple belongs would hash, compare and
@@ -136,6 +145,10 @@ class FusionPlan:
         if self.buckets is not None and (not isinstance(self.buckets, tuple)
                                          or not all(isinstance(b, Bucket) for b in self.buckets)):
             raise TypeError(f"FusionPlan.buckets: expected None or a tuple of Bucket, got {_short(self.buckets)}{hint}")
+        if self.gather_buckets is not None and (not isinstance(self.gather_buckets, tuple)
+                                                or not all(_names(b) for b in self.gather_buckets)):
+            raise TypeError(f"FusionPlan.gather_buckets: expected None or a tuple of tuples of all-gather names, "
+                            f"got {_short(self.gather_buckets)}{hint}")
         for field, what in (("compile_options", "(key, value) string pairs"), ("cuts", "(producer, consumer) name pairs")):
             value = getattr(self, field)
             if not isinstance(value, tuple) or not all(_names(p) and len(p) == 2 for p in value):
@@ -151,6 +164,8 @@ class FusionPlan:
                  _count(len(self.cuts), "cut")]
         if self.xla_fusion != "extend":
             parts.append(f"xla_fusion={self.xla_fusion!r}")
+        if self.gather_buckets is not None:
+            parts.append(_count(len(self.gather_buckets), "gather bucket"))
         if self.compile_options:
             parts.append(f"{len(self.compile_options)} compile options")
         if self.graph_fingerprint is not None:
@@ -162,7 +177,7 @@ class FusionPlan:
     def is_default(self) -> bool:
         """True when the plan asks for nothing beyond XLA's default compile."""
         return (not self.groups and self.xla_fusion == "extend" and self.buckets is None
-                and not self.compile_options and not self.cuts)
+                and not self.compile_options and not self.cuts and self.gather_buckets is None)
 
     def disabled_passes(self, backend: str = "cpu") -> tuple[str, ...]:
         """XLA passes to disable when compiling this plan on ``backend`` ("cpu" or "gpu")."""
@@ -172,6 +187,8 @@ class FusionPlan:
             passes += _FUSION_PASSES[backend] if self.xla_fusion == "off" else ("reshape-mover",)
         if self.buckets is not None:
             passes += _COMBINER_PASSES[backend]
+        if self.gather_buckets is not None:
+            passes += _GATHER_COMBINER_PASSES[backend]
         if self.cuts:
             passes += _BARRIER_PASSES[backend]
         return tuple(dict.fromkeys(passes))
@@ -213,6 +230,8 @@ class FusionPlan:
         }
         if self.cuts:
             out["cuts"] = [list(c) for c in self.cuts]
+        if self.gather_buckets is not None:  # written only when set, as cuts: older plans keep their digest
+            out["gather_buckets"] = [list(b) for b in self.gather_buckets]
         return out
 
     def to_json(self, indent: int | None = None) -> str:
@@ -229,7 +248,7 @@ class FusionPlan:
         return cls(groups=f.groups, xla_fusion=f.xla_fusion,  # type: ignore[arg-type]
                    buckets=None if f.buckets is None else tuple(Bucket(m, b) for m, b in f.buckets),  # type: ignore[arg-type]
                    compile_options=f.compile_options, name=f.name, graph_fingerprint=f.graph_fingerprint,
-                   cuts=f.cuts)
+                   cuts=f.cuts, gather_buckets=f.gather_buckets)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> FusionPlan:
@@ -269,6 +288,7 @@ class FusionPlan:
             "xla_fusion": self.xla_fusion,
             "buckets": None if self.buckets is None else len(self.buckets),
             "cuts": len(self.cuts),
+            **({"gather_buckets": len(self.gather_buckets)} if self.gather_buckets is not None else {}),
             "compile_options": dict(self.compile_options),
             "digest": self.digest(),
         }
@@ -291,6 +311,9 @@ def decisions(plan: FusionPlan, relative_to: FusionPlan | None = None) -> tuple[
         parts.append(_count(len(plan.cuts), "fusion cut"))
     if plan.xla_fusion != base.xla_fusion:
         parts.append(f"XLA's fusion {plan.xla_fusion}")
+    if plan.gather_buckets != base.gather_buckets:
+        parts.append("XLA's all-gathers" if plan.gather_buckets is None
+                     else _count(len(plan.gather_buckets), "gather bucket"))
     if plan.compile_options != base.compile_options:
         shown = ", ".join(f"{k}={v}" for k, v in plan.compile_options) or "XLA's defaults"
         parts.append(f"compile options ({shown})")
@@ -314,6 +337,7 @@ def make_plan(
     name: str = "",
     cuts: Iterable[Sequence[str]] = (),
     compile_options: Mapping[str, str] | None = None,
+    gather_buckets: Iterable[Sequence[str]] | None = None,
 ) -> FusionPlan:
     """Convenience constructor from plain lists.
 
@@ -322,6 +346,7 @@ def make_plan(
     """
     groups, cuts = _name_lists("groups", groups), _name_lists("cuts", cuts)
     buckets = None if buckets is None else _name_lists("buckets", buckets)
+    gather_buckets = None if gather_buckets is None else _name_lists("gather_buckets", gather_buckets)
     return FusionPlan(
         groups=tuple(tuple(g) for g in groups),
         xla_fusion=xla_fusion,
@@ -329,4 +354,5 @@ def make_plan(
         name=name,
         cuts=tuple((str(p), str(c)) for p, c in cuts),
         compile_options=tuple(sorted((compile_options or {}).items())),
+        gather_buckets=None if gather_buckets is None else tuple(tuple(b) for b in gather_buckets),
     )

@@ -26,6 +26,7 @@ class PlanFields(NamedTuple):
     name: str
     graph_fingerprint: str | None = None  # absent in plans written before it was recorded
     cuts: tuple[tuple[str, str], ...] = ()  # (producer, consumer) pairs
+    gather_buckets: tuple[tuple[str, ...], ...] | None = None  # all-gather names per bucket
 
 
 @functools.cache
@@ -48,6 +49,8 @@ def _plan_model() -> Any:
         graph_fingerprint: str | None = None
         # (producer, consumer) pairs; optional, so plans written before cuts existed still load.
         cuts: list[Annotated[list[str], pydantic.Field(min_length=2, max_length=2)]] = []
+        # all-gather names per bucket; optional, so plans written before gather buckets existed still load.
+        gather_buckets: list[Annotated[list[str], pydantic.Field(min_length=1)]] | None = None
 
     return PlanModel
 
@@ -88,4 +91,5 @@ def parse(data: Any) -> PlanFields:
         name=m.name,
         graph_fingerprint=m.graph_fingerprint,
         cuts=tuple((p, c) for p, c in m.cuts),
+        gather_buckets=None if m.gather_buckets is None else tuple(tuple(b) for b in m.gather_buckets),
     )

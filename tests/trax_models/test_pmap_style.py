@@ -44,6 +44,6 @@ def test_pmap_arguments_carry_a_leading_device_axis():
 
 
 def test_an_unknown_style_is_refused_with_the_valid_ones():
-    assert trax_models.STYLES == ("shard_map", "pmap", "gspmd")
-    with pytest.raises(ValueError, match=r"style: expected one of shard_map, pmap, gspmd, got 'vmap'"):
+    assert trax_models.STYLES == ("shard_map", "pmap", "gspmd", "fsdp")
+    with pytest.raises(ValueError, match=r"style: expected one of shard_map, pmap, gspmd, fsdp, got 'vmap'"):
         trax_models.make_train_step("mlp", "tiny", devices=1, style="vmap")

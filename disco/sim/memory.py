@@ -1,0 +1,74 @@
+"""A compiled step's device memory, read from XLA's buffer assignment (``memory_analysis()``).
+
+What a step holds on one device while it runs: its arguments, its outputs (less those aliased to a
+donated argument, which share its buffer) and XLA's temporaries, one allocation that lives through
+the whole execution. :func:`peak_memory` adds them up; it is the figure a plan over the device's
+memory would exceed.
+
+XLA's own ``peak_memory_in_bytes`` (jax 0.10.2 reports it beside the sizes) is kept beside it but is
+not the peak: XLA:CPU's counts the arguments and outputs (less aliases) and leaves the temporaries
+out (measured on CPU with jax 0.10.2, transformer_lm tiny on 8 devices: 66,684 bytes against
+arguments 32,996, outputs 33,672 and temporaries 227,896).
+
+No jax import: it reads any object with ``memory_analysis()`` (a ``jax.stages.Compiled``, or an
+``xla_hooks.AppliedStep`` through its ``compiled``), or the stats object itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class PeakMemory(NamedTuple):
+    """One device's memory of a compiled step, in bytes.
+
+    Attributes:
+      arguments: the step's arguments (this device's shards).
+      outputs: its outputs.
+      aliased: outputs that reuse a donated argument's buffer.
+      temporaries: XLA's temporary buffers (one allocation for the whole execution).
+      peak: ``arguments + outputs - aliased + temporaries``: all of it live at once.
+      xla_peak: XLA's ``peak_memory_in_bytes`` where reported (on CPU it leaves the temporaries
+        out, see the module's docstring); None where the stats have none.
+    """
+
+    arguments: int
+    outputs: int
+    aliased: int
+    temporaries: int
+    peak: int
+    xla_peak: int | None = None
+
+
+def peak_memory(compiled: Any) -> PeakMemory:
+    """The device memory ``compiled`` needs while it runs (:class:`PeakMemory`).
+
+    Args:
+      compiled: a ``jax.stages.Compiled``, an object holding one as ``compiled`` (an
+        ``xla_hooks.AppliedStep``), or what ``memory_analysis()`` returned.
+
+    Raises:
+      ValueError: the executable reports no memory analysis (``memory_analysis()`` gave None),
+        or its stats lack the sizes read here.
+      TypeError: ``compiled`` is none of the above.
+    """
+    stats = compiled
+    if not hasattr(stats, "temp_size_in_bytes"):
+        inner = getattr(stats, "compiled", None)
+        if not hasattr(stats, "memory_analysis") and inner is not None and hasattr(inner, "memory_analysis"):
+            stats = inner
+        if not hasattr(stats, "memory_analysis"):
+            raise TypeError(f"peak_memory: expected a jax Compiled, an AppliedStep or its memory_analysis(), "
+                            f"got {type(compiled).__name__}")
+        stats = stats.memory_analysis()
+    if stats is None:
+        raise ValueError("peak_memory: the executable reports no memory analysis (memory_analysis() is None)")
+    try:
+        args, outs = int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes)
+        alias, temp = int(stats.alias_size_in_bytes), int(stats.temp_size_in_bytes)
+    except AttributeError as e:
+        raise ValueError(f"peak_memory: the memory analysis lacks a size ({e}); expected argument, output, "
+                         "alias and temp sizes in bytes") from None
+    xla_peak = getattr(stats, "peak_memory_in_bytes", None)
+    return PeakMemory(arguments=args, outputs=outs, aliased=alias, temporaries=temp, peak=args + outs - alias + temp,
+                      xla_peak=None if xla_peak is None else int(xla_peak))
