@@ -1,7 +1,8 @@
 """disco on training steps written as public training code writes them (tests/support/user_steps.py:
 flax NNX, linen TrainState with statics and donation, EasyLM, big_vision, optax wrappers, pmap,
-shard_map, scan, remat, 2-D meshes), each through extract, apply and jit, and through optimize in the
-slow tier; and the steps disco must refuse, each refused naming what it could not read.
+shard_map, scan, remat, 2-D meshes), each through extract, apply and jit (one or two steps of each
+form in the default tier, every step in the slow one), through a real plan service with trials, and
+through optimize (slow); and the steps disco must refuse, each refused naming what it could not read.
 
 8 virtual CPU devices, real compiles. Numbers are compared after 3 steps: float32 steps to 1e-5 of
 each leaf's scale; bfloat16 steps within twice what XLA's default itself moves when only the grouping
@@ -28,6 +29,16 @@ from tests.support.equivalence import compiled_all_reduces
 
 COMBINER_OFF = {"xla_disable_hlo_passes": "all-reduce-combiner,cpu-all-reduce-combiner"}
 NAMES = sorted(user_steps.CORPUS)
+# The default tier's share of the corpus, one or two steps of each form (the rest are marked slow:
+# the whole corpus is two to three compiles a step, several minutes on 2 cores).
+APPLY_FAST = {"nnx_stateful", "nnx_donate", "linen_lm1b", "maxtext_static_argnums", "easylm_llama",
+              "jit_pspec_set_mesh", "jit_kwargs_static_argnames", "pmap_imagenet_batchnorm", "shard_map_pmean",
+              "optax_multisteps"}
+JIT_FAST = {"nnx_stateful", "maxtext_static_argnums", "pmap_imagenet_batchnorm"}
+
+
+def _tiered(fast):
+    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in NAMES]
 
 
 def _mesh_context(entry):
@@ -117,7 +128,7 @@ def entry(request):
         yield made
 
 
-@pytest.mark.parametrize("entry", NAMES, indirect=True)
+@pytest.mark.parametrize("entry", _tiered(APPLY_FAST), indirect=True)
 def test_a_user_step_is_read_and_its_plan_applies_with_the_same_numbers(entry):
     name = entry.name
     with warnings.catch_warnings():
@@ -135,7 +146,7 @@ def test_a_user_step_is_read_and_its_plan_applies_with_the_same_numbers(entry):
         assert _donated_deleted(fresh, xla_hooks.apply(plan, fresh.step, *fresh.args, kwargs=fresh.kwargs))
 
 
-@pytest.mark.parametrize("entry", NAMES, indirect=True)
+@pytest.mark.parametrize("entry", _tiered(JIT_FAST), indirect=True)
 def test_a_user_step_trains_through_xla_hooks_jit_as_through_its_own_jit(entry):
     name = entry.name
     planned = xla_hooks.jit(entry.step, options={"max_evals": 30})
@@ -190,7 +201,8 @@ def server(tmp_path_factory):
     srv.stop()
 
 
-@pytest.mark.parametrize("entry", ["nnx_donate", "maxtext_static_argnums"], indirect=True)
+@pytest.mark.parametrize("entry", ["nnx_donate", pytest.param("maxtext_static_argnums", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_a_user_step_gets_its_plan_from_the_service_and_its_trials_measure_the_candidates(entry, server):
     """An nnx.jit step that donates its modules and a jax.jit with statics and donation, through a
     real plan service with trials: every trial step is a real training step of the user's loop."""
