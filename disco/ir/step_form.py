@@ -76,7 +76,7 @@ class StepForm:
         dyn_args = tuple(a for i, a in enumerate(args) if i not in nums)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
         statics = (tuple((i, args[i]) for i in sorted(nums)),
-                   tuple(sorted((k, v) for k, v in kwargs.items() if k in self.static_argnames)))
+                   tuple(sorted(((k, v) for k, v in kwargs.items() if k in self.static_argnames), key=lambda kv: kv[0])))
         return dyn_args, dyn_kwargs, statics
 
     def statics(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -97,7 +97,7 @@ class StepForm:
 
     def lower(self, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None) -> Any:
         """``jax.stages.Lowered`` of the step for the user's arguments (for ``nnx.jit``, of its
-        inner ``jax.jit`` over the split state), and the form's stage to :meth:`bind` with."""
+        inner ``jax.jit`` over the split state); :meth:`lower_stage` also gives what :meth:`bind` needs."""
         return self.lower_stage(args, kwargs).lowered
 
     def lower_stage(self, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None) -> Lowering:
