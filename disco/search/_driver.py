@@ -94,9 +94,23 @@ def _simulator_of(evaluate: Evaluate) -> Any:
     return owner if isinstance(owner, Simulator) else None
 
 
+def _incremental(evaluate: Evaluate, sim: Any) -> tuple[Evaluate, Any]:
+    """(evaluate, evaluate_move) pricing each child from its parent's simulated state
+    (:class:`disco.sim.delta.DeltaSimulator`, equal to ``sim.step_time``) when ``evaluate`` is a
+    simulator's ``step_time``; else ``(evaluate, None)``."""
+    from disco.sim.simulator import Simulator
+
+    if sim is None or getattr(evaluate, "__func__", None) is not Simulator.step_time:
+        return evaluate, None
+    from disco.sim.delta import DeltaSimulator
+
+    delta = DeltaSimulator(sim)
+    return delta.step_time, delta.step_time
+
+
 def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: float | None = None,
         max_evals: int | None = None, seed: int = 0, starts: Sequence[FusionPlan] | None = None,
-        progress: Progress | None = None, backend: str | None = None) -> SearchResult:
+        progress: Progress | None = None, backend: str | None = None, incremental: bool = True) -> SearchResult:
     """Runs ``strategy`` until the time budget or the evaluation budget is spent.
 
     The driver draws one key per step from ``random.Random(seed)``, so with
@@ -117,6 +131,9 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
       backend: "cpu" or "gpu" (default: the simulator's, when ``evaluate`` is a Simulator's
         bound method, else "cpu"): on GPU the moves make no fusion groups and search the
         GPU compile options (``disco.plans.options``).
+      incremental: when ``evaluate`` is a ``Simulator``'s ``step_time``, price each child from its
+        parent's simulated state (:mod:`disco.sim.delta`: the same estimates, faster); False:
+        every plan by a full simulation.
 
     Returns:
       The SearchResult.
@@ -138,7 +155,10 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
     ctx = moves.context(graph, backend or (sim.backend if sim is not None else "cpu"))
     if starts is None:
         starts = default_starts(graph, sim, ctx)
-    prob = make_problem(graph, evaluate, starts, ctx)
+    evaluate_move = None
+    if incremental:
+        evaluate, evaluate_move = _incremental(evaluate, sim)
+    prob = make_problem(graph, evaluate, starts, ctx, evaluate_move)
     keys = random.Random(seed)
     state = strategy.init(prob, keys.getrandbits(63))
     trace = [(state.evals, time.perf_counter() - t0, state.best_cost)]
