@@ -39,46 +39,49 @@ import heapq
 from typing import TYPE_CHECKING
 
 from disco.plans.plan import FusionPlan
+from disco.sim import pieces as plan_pieces
 from disco.sim import scheduler
 
 if TYPE_CHECKING:
-    from disco.sim.patch import Patch
+    from disco.sim.pieces import Pieces
     from disco.sim.simulator import Simulator
-    from disco.sim.units import Mode, Unit
+    from disco.sim.units import Unit
 
 __all__ = ["DeltaSimulator", "Trace"]
 
-_NEVER = 1 << 62  # the event index of a node no unit holds (virtual), or not yet placed
+_NEVER = 1 << 62  # the event index of a node no unit holds (virtual)
 
 
 class Trace:
     """The simulated state of one plan (internal): what :class:`DeltaSimulator` restarts from.
 
-    A trace is *materialised* when its per-event and per-node lists are filled; a trace made by a
-    delta holds its parent, the event it restarted at and the events placed from there instead,
-    until it is first used as a neighbour.
+    Unit ids are the :class:`DeltaSimulator`'s: one per distinct unit object, for good. A trace is
+    *materialised* when its per-event and per-node lists are filled; a trace made by a delta holds
+    its parent, the event it restarted at and the events it placed from there instead, until it is
+    first used as a neighbour.
 
     Attributes:
       plan: the plan (cached by identity).
-      patch: its patch.
+      pieces: its patch by piece (:mod:`disco.sim.pieces`).
       step: its step time.
-      order: per event, the unit placed (None until materialised).
+      unit_of: per graph node, the id of its unit (-1 for none).
+      alive: how many units it runs.
+      order: per event, the id of the unit placed (None until materialised).
       tcs, tms: per event, the compute and comm streams' free times after it.
       pos_node, fin_node: per graph node, the event that placed its unit and that unit's end.
     """
 
-    __slots__ = ("plan", "patch", "step", "order", "tcs", "tms", "pos_node", "fin_node", "new_ids", "dead",
-                 "_parent", "_start", "_placed", "_dur")
+    __slots__ = ("plan", "pieces", "step", "unit_of", "alive", "order", "tcs", "tms", "pos_node", "fin_node",
+                 "_parent", "_start", "_placed")
 
-    def __init__(self, plan: FusionPlan, patch: Patch, step: float, parent: Trace | None, start: int,
-                 placed: list[tuple[int, float]], dur: list[float]):
+    def __init__(self, plan: FusionPlan, pieces: Pieces, step: float, unit_of: list[int], alive: int,
+                 parent: Trace | None, start: int, placed: list[tuple[int, float]]):
         self.plan = plan
-        self.patch = patch
+        self.pieces = pieces
         self.step = step
-        nb = len(patch.mode.units)
-        self.new_ids = {id(u): nb + k for k, u in enumerate(patch.new)}  # unit object -> id in this plan
-        self.dead = frozenset(patch.dead)
-        self.order: list[Unit] | None = None
+        self.unit_of = unit_of
+        self.alive = alive
+        self.order: list[int] | None = None
         self.tcs: list[float] = []
         self.tms: list[float] = []
         self.pos_node: list[int] = []
@@ -86,26 +89,21 @@ class Trace:
         self._parent = parent
         self._start = start
         self._placed = placed
-        self._dur = dur
 
-    def unit(self, uid: int) -> Unit:
-        """The unit with id ``uid`` in this plan's arrays (base units, then the patch's new ones)."""
-        units = self.patch.mode.units
-        return units[uid] if uid < len(units) else self.patch.new[uid - len(units)]
-
-    def materialise(self, n_nodes: int) -> None:
+    def materialise(self, units: list[Unit], dur: list[float]) -> None:
         """Fills the per-event and per-node lists (from the parent's, for a delta's trace)."""
         if self.order is not None:
             return
         parent, i, placed = self._parent, self._start, self._placed
         if parent is None:
-            order: list[Unit] = []
+            order: list[int] = []
             tcs: list[float] = []
             tms: list[float] = []
-            pos = [_NEVER] * n_nodes
-            fin = [0.0] * n_nodes
+            pos = [_NEVER] * len(self.unit_of)
+            fin = [0.0] * len(self.unit_of)
         else:
-            parent.materialise(n_nodes)
+            parent.materialise(units, dur)
+            assert parent.order is not None
             if not placed and i == len(parent.order):  # the same schedule: share the parent's lists
                 self.order, self.tcs, self.tms = parent.order, parent.tcs, parent.tms
                 self.pos_node, self.fin_node = parent.pos_node, parent.fin_node
@@ -115,11 +113,10 @@ class Trace:
             pos, fin = parent.pos_node[:], parent.fin_node[:]
         t_c = tcs[-1] if tcs else 0.0
         t_m = tms[-1] if tms else 0.0
-        blocking = self.patch.blocking
-        dur = self._dur
+        blocking = self.pieces.blocking
         ev = i
         for u, start in placed:
-            unit = self.unit(u)
+            unit = units[u]
             f = start + dur[u]  # the scheduler's own sum
             if unit.is_coll:
                 t_m = f
@@ -127,7 +124,7 @@ class Trace:
                     t_c = f
             else:
                 t_c = f
-            order.append(unit)
+            order.append(u)
             tcs.append(t_c)
             tms.append(t_m)
             for m in unit.members:
@@ -140,7 +137,7 @@ class Trace:
 
 
 class DeltaSimulator:
-    """Incremental step times for one simulator: each plan re-scheduled from its neighbour's trace.
+    """Incremental step times for one simulator: each plan re-scheduled from a neighbour's trace.
 
     Args:
       sim: the simulator (the reference: every result equals ``sim.step_time``).
@@ -165,11 +162,18 @@ class DeltaSimulator:
             raise ValueError(f"cache_size: expected an integer >= 1, got {cache_size!r}")
         self.sim = sim
         self._patcher = sim._patcher
-        self._n = len(sim.graph.nodes)
         self._cache_size = cache_size
         self._traces: dict[int, Trace] = {}  # id(plan) -> trace, least recently used first
         self._last: Trace | None = None
-        self._base_ids: dict[str, dict[int, int]] = {}  # per fusion mode: unit object -> base id
+        # Every unit met, by id (for good: the lists hold the units, so no object id is reused).
+        self._gid: dict[int, int] = {}
+        self._units: list[Unit] = []
+        self._dur: list[float] = []
+        self._key: list[int] = []
+        self._succ: list[tuple[tuple[int, int], ...]] = []
+        self._coll: list[bool] = []
+        self._indeg: list[int] = []  # scratch: only the entries of units still to place are read
+        self._rt: list[float] = []
         self.stats = {"full": 0, "delta": 0, "same": 0, "events": 0}
 
     # -- public API --------------------------------------------------------------------------------
@@ -197,7 +201,7 @@ class DeltaSimulator:
             base = self._last
         trace = None
         if base is not None:
-            base.materialise(self._n)
+            base.materialise(self._units, self._dur)
             trace = self._delta(base, plan)
         if trace is None:
             trace = self._full(plan)
@@ -210,7 +214,7 @@ class DeltaSimulator:
         """The cached trace of ``plan`` (materialised), or None."""
         t = self._get(plan)
         if t is not None:
-            t.materialise(self._n)
+            t.materialise(self._units, self._dur)
         return t
 
     # -- internals ---------------------------------------------------------------------------------
@@ -229,11 +233,23 @@ class DeltaSimulator:
             del self._traces[next(iter(self._traces))]
         self._last = trace
 
-    def _base_id(self, mode: Mode) -> dict[int, int]:
-        hit = self._base_ids.get(mode.fusion)
-        if hit is None:
-            hit = self._base_ids[mode.fusion] = {id(u): k for k, u in enumerate(mode.units)}
-        return hit
+    def _ids(self, units: list[Unit]) -> list[int]:
+        """Each unit's id, giving new units the next ones."""
+        gid = self._gid
+        out = []
+        for u in units:
+            k = gid.get(id(u))
+            if k is None:
+                k = gid[id(u)] = len(self._units)
+                self._units.append(u)
+                self._dur.append(u.dur)
+                self._key.append(u.prio)
+                self._succ.append(u.succ)
+                self._coll.append(u.is_coll)
+                self._indeg.append(0)
+                self._rt.append(0.0)
+            out.append(k)
+        return out
 
     def _full(self, plan: FusionPlan) -> Trace | None:
         """A trace from scratch (the full simulation, recorded); None when it deadlocks."""
@@ -246,39 +262,23 @@ class DeltaSimulator:
                                       len(patch.dead), patch.blocking, placed)
         except scheduler.Deadlock:
             return None
+        local = self._ids(patch.mode.units + patch.new)  # this plan's unit ids -> ours
         self.stats["full"] += 1
-        return Trace(plan, patch, step, None, 0, placed, dur)
+        return Trace(plan, plan_pieces.build(patcher, plan), step, [local[u] if u >= 0 else -1 for u in unit_of],
+                     len(dur) - len(patch.dead), None, 0, [(local[u], t) for u, t in placed])
 
     def _delta(self, base: Trace, plan: FusionPlan) -> Trace | None:
         """``plan``'s trace re-scheduled from ``base`` (materialised); None where only the full
         simulation applies."""
-        patch = self._patcher.patch(plan)
-        old = base.patch
-        mode = patch.mode
-        if mode is not old.mode or patch.blocking != old.blocking:
+        hit = plan_pieces.repatch(self._patcher, base.pieces, base.plan, plan)
+        if hit is None:
             return None
-        bid = self._base_id(mode)
-        units = mode.units
-        new_ids, old_ids = {id(u): len(units) + k for k, u in enumerate(patch.new)}, base.new_ids
-        dead_n, dead_o = frozenset(patch.dead), base.dead
-
-        def alive_new(u: Unit) -> bool:
-            k = bid.get(id(u))
-            return id(u) in new_ids or (k is not None and k not in dead_n)
-
-        def alive_old(u: Unit) -> bool:
-            k = bid.get(id(u))
-            return id(u) in old_ids or (k is not None and k not in dead_o)
-
-        removed = [u for u in old.new if not alive_new(u)]
-        removed += [units[d] for d in dead_n - dead_o if not alive_new(units[d])]
-        added = [u for u in patch.new if not alive_old(u)]
-        added += [units[d] for d in dead_o - dead_n if not alive_old(units[d])]
+        pieces, removed, added = hit
         order = base.order
         assert order is not None
         if not removed and not added:
             self.stats["same"] += 1
-            return Trace(plan, patch, base.step, base, len(order), [], [])
+            return Trace(plan, pieces, base.step, base.unit_of, base.alive, base, len(order), [])
         pos_node, fin_node = base.pos_node, base.fin_node
         # The first event the change can move: a removed unit's, or the first at which an added unit
         # could be ready (all its inputs from unchanged units placed).
@@ -296,29 +296,24 @@ class DeltaSimulator:
             else:
                 if b < i:
                     i = b
-        unit_of, indeg, dur, key, succ, coll, _, _ = self._patcher.arrays(patch)
+        new_ids = self._ids(added)
+        unit_of = base.unit_of[:]
+        for u, k in zip(added, new_ids):
+            for m in u.members:
+                unit_of[m] = k
+        units, key, coll = self._units, self._key, self._coll
         # The units still to place: the neighbour's from event i on that the plan keeps, and the added.
-        rest: list[int] = []
-        for u in order[i:]:
-            k = new_ids.get(id(u))
-            if k is None:
-                k = bid.get(id(u))
-                if k is None or k in dead_n:
-                    continue  # removed
-            rest.append(k)
-        for u in added:
-            k = new_ids.get(id(u))
-            rest.append(bid[id(u)] if k is None else k)
+        gone = {id(u) for u in removed}
+        rest = [u for u in order[i:] if id(units[u]) not in gone]
+        rest += new_ids
         t_c = base.tcs[i - 1] if i else 0.0
         t_m = base.tms[i - 1] if i else 0.0
-        rt = [0.0] * len(dur)
+        indeg, rt = self._indeg, self._rt
         rk: list[int] = []
         tc: list[tuple[float, int]] = []
         tk: list[tuple[float, int]] = []
-        nb = len(units)
-        new = patch.new
         for w in rest:
-            unit = units[w] if w < nb else new[w - nb]
+            unit = units[w]
             c = 0
             r = 0.0
             for p in unit.preds:
@@ -340,12 +335,14 @@ class DeltaSimulator:
         heapq.heapify(rk)
         heapq.heapify(tc)
         heapq.heapify(tk)
+        alive = base.alive - len(removed) + len(added)
         placed: list[tuple[int, float]] = []
+        dur = self._dur
         try:
-            step = scheduler.sweep(unit_of, unit_of, indeg, dur, key, succ, coll, rk, tc, tk, rt, t_c, t_m,
-                                   len(patch.dead) + i, patch.blocking, placed)
+            step = scheduler.sweep(unit_of, unit_of, indeg, dur, key, self._succ, coll, rk, tc, tk, rt, t_c, t_m,
+                                   len(dur) - alive + i, pieces.blocking, placed)
         except scheduler.Deadlock:
             return None
         self.stats["delta"] += 1
         self.stats["events"] += len(placed)
-        return Trace(plan, patch, step, base, i, placed, dur)
+        return Trace(plan, pieces, step, unit_of, alive, base, i, placed)
