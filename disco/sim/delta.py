@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import TYPE_CHECKING
 
 from disco.plans.plan import FusionPlan
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeltaSimulator", "Trace"]
 
-_NEVER = 1 << 62  # the event index of a node no unit holds (virtual)
+_NEVER = 1 << 62  # the event index of a unit not placed
 
 
 class Trace:
@@ -68,10 +69,10 @@ class Trace:
       alive: how many units it runs.
       order: per event, the id of the unit placed (None until materialised).
       tcs, tms: per event, the compute and comm streams' free times after it.
-      pos_node, fin_node: per graph node, the event that placed its unit and that unit's end.
+      pos, fin: per unit id, the event that placed it (:data:`_NEVER` for none) and its end.
     """
 
-    __slots__ = ("plan", "pieces", "step", "unit_of", "alive", "order", "tcs", "tms", "pos_node", "fin_node",
+    __slots__ = ("plan", "pieces", "step", "unit_of", "alive", "order", "tcs", "tms", "pos", "fin",
                  "_parent", "_start", "_placed")
 
     def __init__(self, plan: FusionPlan, pieces: Pieces, step: float, unit_of: list[int], alive: int,
@@ -84,8 +85,8 @@ class Trace:
         self.order: list[int] | None = None
         self.tcs: list[float] = []
         self.tms: list[float] = []
-        self.pos_node: list[int] = []
-        self.fin_node: list[float] = []
+        self.pos: list[int] = []
+        self.fin: list[float] = []
         self._parent = parent
         self._start = start
         self._placed = placed
@@ -95,43 +96,44 @@ class Trace:
         if self.order is not None:
             return
         parent, i, placed = self._parent, self._start, self._placed
+        n = len(units)
         if parent is None:
             order: list[int] = []
             tcs: list[float] = []
             tms: list[float] = []
-            pos = [_NEVER] * len(self.unit_of)
-            fin = [0.0] * len(self.unit_of)
+            pos = [_NEVER] * n
+            fin = [0.0] * n
         else:
             parent.materialise(units, dur)
             assert parent.order is not None
             if not placed and i == len(parent.order):  # the same schedule: share the parent's lists
                 self.order, self.tcs, self.tms = parent.order, parent.tcs, parent.tms
-                self.pos_node, self.fin_node = parent.pos_node, parent.fin_node
+                self.pos, self.fin = parent.pos, parent.fin
                 self._parent = None
                 return
             order, tcs, tms = parent.order[:i], parent.tcs[:i], parent.tms[:i]
-            pos, fin = parent.pos_node[:], parent.fin_node[:]
+            pos, fin = parent.pos[:], parent.fin[:]
+            if len(pos) < n:  # units met since
+                pos += [_NEVER] * (n - len(pos))
+                fin += [0.0] * (n - len(fin))
+            # (the parent's later units keep their entries: the kept are placed again below, and no
+            # node maps to the others)
         t_c = tcs[-1] if tcs else 0.0
         t_m = tms[-1] if tms else 0.0
-        blocking = self.pieces.blocking
-        ev = i
-        for u, start in placed:
-            unit = units[u]
-            f = start + dur[u]  # the scheduler's own sum
-            if unit.is_coll:
-                t_m = f
-                if blocking:
-                    t_c = f
-            else:
-                t_c = f
-            order.append(u)
-            tcs.append(t_c)
-            tms.append(t_m)
-            for m in unit.members:
-                pos[m] = ev
-                fin[m] = f
-            ev += 1
-        self.order, self.tcs, self.tms, self.pos_node, self.fin_node = order, tcs, tms, pos, fin
+        ids = [u for u, _ in placed]
+        ends = [start + dur[u] for u, start in placed]  # the scheduler's own sums
+        coll = [units[u].is_coll for u in ids]
+        # Each stream's free time after each event: the latest end on it so far (its ends only grow).
+        on_compute = ends if self.pieces.blocking else [0.0 if c else f for f, c in zip(ends, coll)]
+        tcs += itertools.accumulate(on_compute, max, initial=t_c)
+        del tcs[i]  # the initial value
+        tms += itertools.accumulate([f if c else 0.0 for f, c in zip(ends, coll)], max, initial=t_m)
+        del tms[i]
+        for u, e, f in zip(ids, range(i, i + len(ids)), ends):
+            pos[u] = e
+            fin[u] = f
+        order += ids
+        self.order, self.tcs, self.tms, self.pos, self.fin = order, tcs, tms, pos, fin
         self._parent = None
         self._placed = []
 
@@ -279,32 +281,35 @@ class DeltaSimulator:
         if not removed and not added:
             self.stats["same"] += 1
             return Trace(plan, pieces, base.step, base.unit_of, base.alive, base, len(order), [])
-        pos_node, fin_node = base.pos_node, base.fin_node
+        pos, fin, old_of = base.pos, base.fin, base.unit_of
+        gid = self._gid
+        gone = sorted(pos[gid[id(u)]] for u in removed)  # the removed units' events
         # The first event the change can move: a removed unit's, or the first at which an added unit
         # could be ready (all its inputs from unchanged units placed).
         changed = {m for u in removed for m in u.members}
         changed.update(m for u in added for m in u.members)
-        i = min((pos_node[u.members[0]] for u in removed), default=len(order))
+        i = gone[0] if gone else len(order)
         for u in added:
             b = 0
             for p in u.preds:
                 if p in changed:  # an input in an added unit: that unit is placed first
                     break
-                q = pos_node[p] + 1
+                q = pos[old_of[p]] + 1
                 if q > b:
                     b = q
             else:
                 if b < i:
                     i = b
         new_ids = self._ids(added)
-        unit_of = base.unit_of[:]
+        unit_of = old_of[:]
         for u, k in zip(added, new_ids):
             for m in u.members:
                 unit_of[m] = k
         units, key, coll = self._units, self._key, self._coll
         # The units still to place: the neighbour's from event i on that the plan keeps, and the added.
-        gone = {id(u) for u in removed}
-        rest = [u for u in order[i:] if id(units[u]) not in gone]
+        rest = order[i:]
+        for e in reversed(gone):
+            del rest[e - i]
         rest += new_ids
         t_c = base.tcs[i - 1] if i else 0.0
         t_m = base.tms[i - 1] if i else 0.0
@@ -317,9 +322,10 @@ class DeltaSimulator:
             c = 0
             r = 0.0
             for p in unit.preds:
-                if pos_node[p] < i:  # placed before event i: an unchanged unit, placed there in both
+                v = old_of[p]
+                if pos[v] < i:  # placed before event i: an unchanged unit, placed there in both
                     c += 1
-                    f = fin_node[p]
+                    f = fin[v]
                     if f > r:
                         r = f
             k = unit.indeg - c
