@@ -6,14 +6,15 @@ exactly: ``DeltaSimulator(sim).step_time(plan, parent)`` is ``sim.step_time(plan
 (``==``), for every plan. The full simulation stays the reference; this is its fast path for a
 search, which prices plans one move away from plans it has priced.
 
-How. A :class:`Trace` is the simulated state of one plan: its patch (:mod:`disco.sim.patch`),
-and, per event of its schedule in placement order, the unit placed and the two streams' free
-times after it; per graph node, the event that placed its unit and that unit's end. For a new
-plan and the trace of a neighbour (its parent in the search, else the last plan priced):
+How. A :class:`Trace` is the simulated state of one plan: its patch by piece
+(:mod:`disco.sim.pieces`), per event of its schedule in placement order the unit placed and the two
+streams' free times after it, and per unit the event that placed it and its end. For a new plan and
+the trace of its parent (the plan the search made it from; traced when first given as a parent):
 
-1. Its units are compared with the neighbour's by identity (units are cached by their members
-   and build, so a unit that a move leaves alone is the same object): the *removed* and the
-   *added* units.
+1. The plan is re-patched from the parent's pieces, re-making only the regions, groups and
+   buckets the move touched, and its units are compared with the parent's by identity (units are
+   cached by their members and build, so a unit that a move leaves alone is the same object): the
+   *removed* and the *added* units.
 2. The schedules agree up to the first event that places a removed unit or could place an added
    one (the first event after all of its inputs from unchanged units are placed): up to there the
    scheduler makes the same choices (a removed unit that was ready but not chosen changed no
@@ -23,9 +24,10 @@ plan and the trace of a neighbour (its parent in the search, else the last plan 
    times) and :func:`disco.sim.scheduler.sweep`, the full simulation's own loop, runs the rest.
 
 A change no unit sees (a group inside one of XLA's fusions, a cut between two ops XLA would not
-fuse) costs only its patch and the comparison. Anything this does not cover falls back to the full
-simulation: another fusion mode or stream coupling than the neighbour's, ``order="topological"``,
-a plan whose schedule deadlocks (the full simulation's retry and errors apply).
+fuse) costs only its re-patch and the comparison. Anything this does not cover is simulated whole:
+a plan without a parent, another fusion mode or stream coupling than the parent's, a plan whose
+schedule deadlocks (the full simulation's retry and errors apply). Only ``order="program"`` step
+times are incremental; ``Simulator.run`` (timelines) and ``order="topological"`` stay full.
 
 Example:
   >>> delta = DeltaSimulator(Simulator(graph, costs, cluster))  # doctest: +SKIP
@@ -63,7 +65,7 @@ class Trace:
 
     Attributes:
       plan: the plan (cached by identity).
-      pieces: its patch by piece (:mod:`disco.sim.pieces`).
+      pieces: its patch by piece (:mod:`disco.sim.pieces`); None for a plan priced whole (no trace).
       step: its step time.
       unit_of: per graph node, the id of its unit (-1 for none).
       alive: how many units it runs.
@@ -75,7 +77,7 @@ class Trace:
     __slots__ = ("plan", "pieces", "step", "unit_of", "alive", "order", "tcs", "tms", "pos", "fin",
                  "_parent", "_start", "_placed")
 
-    def __init__(self, plan: FusionPlan, pieces: Pieces, step: float, unit_of: list[int], alive: int,
+    def __init__(self, plan: FusionPlan, pieces: Pieces | None, step: float, unit_of: list[int], alive: int,
                  parent: Trace | None, start: int, placed: list[tuple[int, float]]):
         self.plan = plan
         self.pieces = pieces
@@ -124,6 +126,7 @@ class Trace:
         ends = [start + dur[u] for u, start in placed]  # the scheduler's own sums
         coll = [units[u].is_coll for u in ids]
         # Each stream's free time after each event: the latest end on it so far (its ends only grow).
+        assert self.pieces is not None  # a trace priced whole is never materialised (see _base)
         on_compute = ends if self.pieces.blocking else [0.0 if c else f for f, c in zip(ends, coll)]
         tcs += itertools.accumulate(on_compute, max, initial=t_c)
         del tcs[i]  # the initial value
@@ -166,7 +169,6 @@ class DeltaSimulator:
         self._patcher = sim._patcher
         self._cache_size = cache_size
         self._traces: dict[int, Trace] = {}  # id(plan) -> trace, least recently used first
-        self._last: Trace | None = None
         # Every unit met, by id (for good: the lists hold the units, so no object id is reused).
         self._gid: dict[int, int] = {}
         self._units: list[Unit] = []
@@ -176,16 +178,20 @@ class DeltaSimulator:
         self._coll: list[bool] = []
         self._indeg: list[int] = []  # scratch: only the entries of units still to place are read
         self._rt: list[float] = []
-        self.stats = {"full": 0, "delta": 0, "same": 0, "events": 0}
+        # plans priced whole, re-scheduled, found to run the same units; traces made; events placed
+        self.stats = {"full": 0, "delta": 0, "same": 0, "traces": 0, "events": 0}
 
     # -- public API --------------------------------------------------------------------------------
     def step_time(self, plan: FusionPlan, parent: FusionPlan | None = None) -> float:
-        """``sim.step_time(plan)``, re-scheduled from the trace of ``parent`` (else of the last plan).
+        """``sim.step_time(plan)``, re-scheduled from the trace of ``parent``.
+
+        Without a ``parent`` the plan is simulated whole (its trace is made when it is first given
+        as a parent: most start plans of a search never are).
 
         Args:
           plan: the plan to price.
-          parent: a plan priced before (by this object), e.g. the one ``plan`` is a move away
-            from; None, or one no longer cached: the last plan priced.
+          parent: a plan ``plan`` is a few moves away from (priced before, by this object, or not:
+            its trace is made then, once, for all its children); None: a full simulation.
 
         Returns:
           The step time in seconds, equal to ``sim.step_time(plan)``.
@@ -198,26 +204,19 @@ class DeltaSimulator:
         hit = self._get(plan)
         if hit is not None:
             return hit.step
-        base = self._get(parent) if parent is not None else None
-        if base is None:
-            base = self._last
-        trace = None
-        if base is not None:
-            base.materialise(self._units, self._dur)
-            trace = self._delta(base, plan)
-        if trace is None:
-            trace = self._full(plan)
-            if trace is None:  # deadlocked (or raises): the full simulation's retry and errors
-                return self.sim.step_time(plan)
+        base = self._base(parent) if parent is not None else None
+        trace = self._delta(base, plan) if base is not None else None
+        if trace is None:  # the full simulation (its retry and errors); the trace when a parent
+            trace = Trace(plan, None, self.sim.step_time(plan), [], 0, None, 0, [])
+            self.stats["full"] += 1
         self._put(trace)
         return trace.step
 
     def trace(self, plan: FusionPlan) -> Trace | None:
-        """The cached trace of ``plan`` (materialised), or None."""
-        t = self._get(plan)
-        if t is not None:
-            t.materialise(self._units, self._dur)
-        return t
+        """The cached trace of ``plan`` (materialised; made now if it was priced whole), or None."""
+        if self._get(plan) is None:
+            return None
+        return self._base(plan)
 
     # -- internals ---------------------------------------------------------------------------------
     def _get(self, plan: FusionPlan) -> Trace | None:
@@ -233,7 +232,23 @@ class DeltaSimulator:
         self._traces[id(trace.plan)] = trace
         while len(self._traces) > self._cache_size:
             del self._traces[next(iter(self._traces))]
-        self._last = trace
+
+    def _base(self, parent: FusionPlan) -> Trace | None:
+        """``parent``'s trace, materialised (made from scratch if it has none); None where it cannot
+        be (not a plan this simulator can price, or one whose schedule deadlocks)."""
+        t = self._get(parent)
+        if t is None or t.pieces is None:
+            if not isinstance(parent, FusionPlan):
+                return None
+            try:
+                t = self._full(parent)
+            except ValueError:
+                return None
+            if t is None:
+                return None
+            self._put(t)
+        t.materialise(self._units, self._dur)
+        return t
 
     def _ids(self, units: list[Unit]) -> list[int]:
         """Each unit's id, giving new units the next ones."""
@@ -265,7 +280,7 @@ class DeltaSimulator:
         except scheduler.Deadlock:
             return None
         local = self._ids(patch.mode.units + patch.new)  # this plan's unit ids -> ours
-        self.stats["full"] += 1
+        self.stats["traces"] += 1
         return Trace(plan, plan_pieces.build(patcher, plan), step, [local[u] if u >= 0 else -1 for u in unit_of],
                      len(dur) - len(patch.dead), None, 0, [(local[u], t) for u, t in placed])
 

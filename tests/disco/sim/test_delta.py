@@ -155,12 +155,15 @@ def test_a_late_bucket_move_restarts_late_and_an_unchanged_plan_reuses_the_sched
     assert delta.stats["same"] == 1
 
 
-def test_parent_out_of_the_cache_falls_back_to_the_last_plan_and_results_stay_exact():
+def test_a_parent_out_of_the_cache_is_traced_again_and_results_stay_exact():
     g, sim, ref, ctx = setup("layered", "cpu")
     delta = DeltaSimulator(sim, cache_size=1)
     plans = [start_plan(g, ctx, s) for s in range(4)]
-    for p in plans:
+    assert delta.step_time(plans[0]) == ref.step_time(plans[0])
+    assert delta.stats["traces"] == 0  # priced whole: no trace until it is a parent
+    for p in plans[1:]:
         assert delta.step_time(p, parent=plans[0]) == ref.step_time(p)
+    assert delta.stats["traces"] == 3  # plans[0] evicted by each child, traced again for the next
     assert delta.trace(plans[0]) is None and delta.trace(plans[-1]) is not None
 
 
