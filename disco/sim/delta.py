@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import weakref
 from typing import TYPE_CHECKING
 
 from disco.plans.plan import FusionPlan
@@ -64,7 +65,6 @@ class Trace:
     first used as a neighbour.
 
     Attributes:
-      plan: the plan (cached by identity).
       pieces: its patch by piece (:mod:`disco.sim.pieces`); None for a plan priced whole (no trace).
       step: its step time.
       unit_of: per graph node, the id of its unit (-1 for none).
@@ -74,12 +74,11 @@ class Trace:
       pos, fin: per unit id, the event that placed it (:data:`_NEVER` for none) and its end.
     """
 
-    __slots__ = ("plan", "pieces", "step", "unit_of", "alive", "order", "tcs", "tms", "pos", "fin",
+    __slots__ = ("pieces", "step", "unit_of", "alive", "order", "tcs", "tms", "pos", "fin",
                  "_parent", "_start", "_placed")
 
-    def __init__(self, plan: FusionPlan, pieces: Pieces | None, step: float, unit_of: list[int], alive: int,
+    def __init__(self, pieces: Pieces | None, step: float, unit_of: list[int], alive: int,
                  parent: Trace | None, start: int, placed: list[tuple[int, float]]):
-        self.plan = plan
         self.pieces = pieces
         self.step = step
         self.unit_of = unit_of
@@ -144,9 +143,13 @@ class Trace:
 class DeltaSimulator:
     """Incremental step times for one simulator: each plan re-scheduled from a neighbour's trace.
 
+    A plan's trace is kept while the plan object lives (a search holds the plans it may expand:
+    its queue, its current plan, its best), and at most ``cache_size`` of them, the most recently
+    priced or used.
+
     Args:
       sim: the simulator (the reference: every result equals ``sim.step_time``).
-      cache_size: how many plans' traces it keeps (the most recently priced or used).
+      cache_size: the most traces it keeps.
 
     Raises:
       TypeError: for a ``sim`` that is not a :class:`~disco.sim.simulator.Simulator`.
@@ -158,7 +161,7 @@ class DeltaSimulator:
       True
     """
 
-    def __init__(self, sim: Simulator, *, cache_size: int = 16):
+    def __init__(self, sim: Simulator, *, cache_size: int = 256):
         from disco.sim.simulator import Simulator
 
         if not isinstance(sim, Simulator):
@@ -168,7 +171,8 @@ class DeltaSimulator:
         self.sim = sim
         self._patcher = sim._patcher
         self._cache_size = cache_size
-        self._traces: dict[int, Trace] = {}  # id(plan) -> trace, least recently used first
+        # id(plan) -> (a weak reference to the plan, its trace), least recently used first
+        self._traces: dict[int, tuple[weakref.ref, Trace]] = {}
         # Every unit met, by id (for good: the lists hold the units, so no object id is reused).
         self._gid: dict[int, int] = {}
         self._units: list[Unit] = []
@@ -205,11 +209,11 @@ class DeltaSimulator:
         if hit is not None:
             return hit.step
         base = self._base(parent) if parent is not None else None
-        trace = self._delta(base, plan) if base is not None else None
+        trace = self._delta(base, parent, plan) if base is not None else None
         if trace is None:  # the full simulation (its retry and errors); the trace when a parent
-            trace = Trace(plan, None, self.sim.step_time(plan), [], 0, None, 0, [])
+            trace = Trace(None, self.sim.step_time(plan), [], 0, None, 0, [])
             self.stats["full"] += 1
-        self._put(trace)
+        self._put(plan, trace)
         return trace.step
 
     def trace(self, plan: FusionPlan) -> Trace | None:
@@ -218,20 +222,28 @@ class DeltaSimulator:
             return None
         return self._base(plan)
 
+    def __len__(self) -> int:
+        """How many plans' traces it keeps (a plan's goes when the plan object does)."""
+        return len(self._traces)
+
     # -- internals ---------------------------------------------------------------------------------
     def _get(self, plan: FusionPlan) -> Trace | None:
-        t = self._traces.get(id(plan))
-        if t is None or t.plan is not plan:
+        hit = self._traces.get(id(plan))
+        if hit is None or hit[0]() is not plan:
             return None
         del self._traces[id(plan)]  # most recently used last
-        self._traces[id(plan)] = t
-        return t
+        self._traces[id(plan)] = hit
+        return hit[1]
 
-    def _put(self, trace: Trace) -> None:
-        self._traces.pop(id(trace.plan), None)
-        self._traces[id(trace.plan)] = trace
-        while len(self._traces) > self._cache_size:
-            del self._traces[next(iter(self._traces))]
+    def _put(self, plan: FusionPlan, trace: Trace) -> None:
+        key = id(plan)
+        traces = self._traces
+        traces.pop(key, None)
+        ref = weakref.ref(plan, lambda r, key=key, traces=traces: traces.pop(key, None) if traces.get(
+            key, (None,))[0] is r else None)
+        traces[key] = (ref, trace)
+        while len(traces) > self._cache_size:
+            del traces[next(iter(traces))]
 
     def _base(self, parent: FusionPlan) -> Trace | None:
         """``parent``'s trace, materialised (made from scratch if it has none); None where it cannot
@@ -246,7 +258,7 @@ class DeltaSimulator:
                 return None
             if t is None:
                 return None
-            self._put(t)
+            self._put(parent, t)
         t.materialise(self._units, self._dur)
         return t
 
@@ -281,13 +293,13 @@ class DeltaSimulator:
             return None
         local = self._ids(patch.mode.units + patch.new)  # this plan's unit ids -> ours
         self.stats["traces"] += 1
-        return Trace(plan, plan_pieces.build(patcher, plan), step, [local[u] if u >= 0 else -1 for u in unit_of],
+        return Trace(plan_pieces.build(patcher, plan), step, [local[u] if u >= 0 else -1 for u in unit_of],
                      len(dur) - len(patch.dead), None, 0, [(local[u], t) for u, t in placed])
 
-    def _delta(self, base: Trace, plan: FusionPlan) -> Trace | None:
-        """``plan``'s trace re-scheduled from ``base`` (materialised); None where only the full
-        simulation applies."""
-        hit = plan_pieces.repatch(self._patcher, base.pieces, base.plan, plan)
+    def _delta(self, base: Trace, base_plan: FusionPlan, plan: FusionPlan) -> Trace | None:
+        """``plan``'s trace re-scheduled from ``base``, the materialised trace of ``base_plan``; None
+        where only the full simulation applies."""
+        hit = plan_pieces.repatch(self._patcher, base.pieces, base_plan, plan)
         if hit is None:
             return None
         pieces, removed, added = hit
@@ -295,7 +307,7 @@ class DeltaSimulator:
         assert order is not None
         if not removed and not added:
             self.stats["same"] += 1
-            return Trace(plan, pieces, base.step, base.unit_of, base.alive, base, len(order), [])
+            return Trace(pieces, base.step, base.unit_of, base.alive, base, len(order), [])
         pos, fin, old_of = base.pos, base.fin, base.unit_of
         gid = self._gid
         gone = sorted(pos[gid[id(u)]] for u in removed)  # the removed units' events
@@ -366,4 +378,4 @@ class DeltaSimulator:
             return None
         self.stats["delta"] += 1
         self.stats["events"] += len(placed)
-        return Trace(plan, pieces, step, unit_of, alive, base, i, placed)
+        return Trace(pieces, step, unit_of, alive, base, i, placed)

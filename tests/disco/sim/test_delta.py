@@ -167,6 +167,22 @@ def test_a_parent_out_of_the_cache_is_traced_again_and_results_stay_exact():
     assert delta.trace(plans[0]) is None and delta.trace(plans[-1]) is not None
 
 
+def test_a_trace_lives_as_long_as_its_plan():
+    import gc
+
+    g, sim, ref, ctx = setup("layered", "cpu")
+    delta = DeltaSimulator(sim)
+    parent = start_plan(g, ctx, 3)
+    children = [moves.random_move(parent, ctx, random.Random(k)) for k in range(6)]
+    children = [c for c in children if c is not None]
+    for c in children:
+        assert delta.step_time(c, parent=parent) == ref.step_time(c)
+    assert len(delta) == len(children) + 1
+    del children, c
+    gc.collect()
+    assert len(delta) == 1  # the parent's, still alive
+
+
 def test_errors_are_the_full_simulations():
     g, sim, _, _ = setup("layered", "cpu")
     delta = DeltaSimulator(sim)
