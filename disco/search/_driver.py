@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 Progress = Callable[[int, float, float], None]
 # Steps in a row that evaluate nothing (every move refused) before the driver gives up.
 _MAX_IDLE_STEPS = 1000
+# From this many graph nodes on, run() prices children incrementally by default: below it the
+# full simulation was as fast or faster (scripts/tools/bench_simulator.py, the search's own moves:
+# 0.77x at 1.8k nodes, 1.04x at 4.6k, 1.28x at 9.2k, 1.6x at 46k; docs/results/simulator-speed.md).
+INCREMENTAL_MIN_NODES = 5000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +114,8 @@ def _incremental(evaluate: Evaluate, sim: Any) -> tuple[Evaluate, Any]:
 
 def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: float | None = None,
         max_evals: int | None = None, seed: int = 0, starts: Sequence[FusionPlan] | None = None,
-        progress: Progress | None = None, backend: str | None = None, incremental: bool = True) -> SearchResult:
+        progress: Progress | None = None, backend: str | None = None,
+        incremental: bool | None = None) -> SearchResult:
     """Runs ``strategy`` until the time budget or the evaluation budget is spent.
 
     The driver draws one key per step from ``random.Random(seed)``, so with
@@ -132,8 +137,9 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
         bound method, else "cpu"): on GPU the moves make no fusion groups and search the
         GPU compile options (``disco.plans.options``).
       incremental: when ``evaluate`` is a ``Simulator``'s ``step_time``, price each child from its
-        parent's simulated state (:mod:`disco.sim.delta`: the same estimates, faster); False:
-        every plan by a full simulation.
+        parent's simulated state (:mod:`disco.sim.delta`: the same estimates, faster on large
+        graphs); False: every plan by a full simulation; None (default): incremental for graphs of
+        at least :data:`INCREMENTAL_MIN_NODES` nodes.
 
     Returns:
       The SearchResult.
@@ -156,6 +162,8 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
     if starts is None:
         starts = default_starts(graph, sim, ctx)
     evaluate_move = None
+    if incremental is None:
+        incremental = len(graph.nodes) >= INCREMENTAL_MIN_NODES
     if incremental:
         evaluate, evaluate_move = _incremental(evaluate, sim)
     prob = make_problem(graph, evaluate, starts, ctx, evaluate_move)

@@ -13,8 +13,9 @@ the trace of its parent (the plan the search made it from; traced when first giv
 
 1. The plan is re-patched from the parent's pieces, re-making only the regions, groups and
    buckets the move touched, and its units are compared with the parent's by identity (units are
-   cached by their members and build, so a unit that a move leaves alone is the same object): the
-   *removed* and the *added* units.
+   cached by their members and build, so a unit that a move leaves alone is the same object; two
+   that differ only in their label, a re-fused kernel named for the group it now holds, count as
+   one): the *removed* and the *added* units.
 2. The schedules agree up to the first event that places a removed unit or could place an added
    one (the first event after all of its inputs from unchanged units are placed): up to there the
    scheduler makes the same choices (a removed unit that was ready but not chosen changed no
@@ -59,10 +60,10 @@ _NEVER = 1 << 62  # the event index of a unit not placed
 class Trace:
     """The simulated state of one plan (internal): what :class:`DeltaSimulator` restarts from.
 
-    Unit ids are the :class:`DeltaSimulator`'s: one per distinct unit object, for good. A trace is
-    *materialised* when its per-event and per-node lists are filled; a trace made by a delta holds
-    its parent, the event it restarted at and the events it placed from there instead, until it is
-    first used as a neighbour.
+    Unit ids are the :class:`DeltaSimulator`'s: one per (fusion mode, kind, members, duration), for
+    good. A trace is *materialised* when its per-event and per-unit lists are filled; a trace made by
+    a delta holds its parent, the event it restarted at and the events it placed from there instead,
+    until it is first used as a parent.
 
     Attributes:
       pieces: its patch by piece (:mod:`disco.sim.pieces`); None for a plan priced whole (no trace).
@@ -173,8 +174,9 @@ class DeltaSimulator:
         self._cache_size = cache_size
         # id(plan) -> (a weak reference to the plan, its trace), least recently used first
         self._traces: dict[int, tuple[weakref.ref, Trace]] = {}
-        # Every unit met, by id (for good: the lists hold the units, so no object id is reused).
-        self._gid: dict[int, int] = {}
+        # Every unit met, by id: one id per (fusion mode, kind, members, duration), so two unit objects
+        # that schedule alike (a re-fused kernel labelled by the group it holds) share one.
+        self._gid: dict[tuple, int] = {}
         self._units: list[Unit] = []
         self._dur: list[float] = []
         self._key: list[int] = []
@@ -262,14 +264,15 @@ class DeltaSimulator:
         t.materialise(self._units, self._dur)
         return t
 
-    def _ids(self, units: list[Unit]) -> list[int]:
+    def _ids(self, units: list[Unit], fusion: str) -> list[int]:
         """Each unit's id, giving new units the next ones."""
         gid = self._gid
         out = []
         for u in units:
-            k = gid.get(id(u))
+            key = (fusion, u.is_coll, u.members, u.dur)
+            k = gid.get(key)
             if k is None:
-                k = gid[id(u)] = len(self._units)
+                k = gid[key] = len(self._units)
                 self._units.append(u)
                 self._dur.append(u.dur)
                 self._key.append(u.prio)
@@ -291,7 +294,7 @@ class DeltaSimulator:
                                       len(patch.dead), patch.blocking, placed)
         except scheduler.Deadlock:
             return None
-        local = self._ids(patch.mode.units + patch.new)  # this plan's unit ids -> ours
+        local = self._ids(patch.mode.units + patch.new, patch.mode.fusion)  # this plan's unit ids -> ours
         self.stats["traces"] += 1
         return Trace(plan_pieces.build(patcher, plan), step, [local[u] if u >= 0 else -1 for u in unit_of],
                      len(dur) - len(patch.dead), None, 0, [(local[u], t) for u, t in placed])
@@ -303,6 +306,11 @@ class DeltaSimulator:
         if hit is None:
             return None
         pieces, removed, added = hit
+        fusion = pieces.mode.fusion
+        if removed and added:  # a unit removed and added again alike (only its label differs) stays
+            alike = {(u.is_coll, u.members, u.dur): u for u in removed}
+            added = [u for u in added if alike.pop((u.is_coll, u.members, u.dur), None) is None]
+            removed = list(alike.values())
         order = base.order
         assert order is not None
         if not removed and not added:
@@ -310,7 +318,7 @@ class DeltaSimulator:
             return Trace(pieces, base.step, base.unit_of, base.alive, base, len(order), [])
         pos, fin, old_of = base.pos, base.fin, base.unit_of
         gid = self._gid
-        gone = sorted(pos[gid[id(u)]] for u in removed)  # the removed units' events
+        gone = sorted(pos[gid[fusion, u.is_coll, u.members, u.dur]] for u in removed)  # their events
         # The first event the change can move: a removed unit's, or the first at which an added unit
         # could be ready (all its inputs from unchanged units placed).
         changed = {m for u in removed for m in u.members}
@@ -327,7 +335,7 @@ class DeltaSimulator:
             else:
                 if b < i:
                     i = b
-        new_ids = self._ids(added)
+        new_ids = self._ids(added, fusion)
         unit_of = old_of[:]
         for u, k in zip(added, new_ids):
             for m in u.members:

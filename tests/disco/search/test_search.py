@@ -178,7 +178,7 @@ def test_incremental_pricing_finds_what_full_pricing_finds(name):
     """run() prices children from their parents (disco.sim.delta) when given a Simulator's step_time:
     the same plans, estimates, traces and top lists as pricing every plan from scratch."""
     graph, sim = setup()
-    a = search.run(search.make(name), graph, sim.step_time, max_evals=150, seed=5)
+    a = search.run(search.make(name), graph, sim.step_time, max_evals=150, seed=5, incremental=True)
     b = search.run(search.make(name), graph, sim.step_time, max_evals=150, seed=5, incremental=False)
     assert a.best_plan == b.best_plan and a.best_cost == b.best_cost and a.evals == b.evals
     assert [(e, c) for e, _, c in a.trace] == [(e, c) for e, _, c in b.trace]
