@@ -20,9 +20,10 @@ Progress = Callable[[int, float, float], None]
 # Steps in a row that evaluate nothing (every move refused) before the driver gives up.
 _MAX_IDLE_STEPS = 1000
 # From this many graph nodes on, run() prices children incrementally by default: below it the
-# full simulation was as fast or faster (scripts/tools/bench_simulator.py, the search's own moves:
-# 0.77x at 1.8k nodes, 1.04x at 4.6k, 1.28x at 9.2k, 1.6x at 46k; docs/results/simulator-speed.md).
-INCREMENTAL_MIN_NODES = 5000
+# full simulation was as fast or faster (scripts/tools/bench_simulator.py, the search's own moves,
+# incremental over full: 0.89x at 1.8k nodes, 1.21x at 4.6k, 1.74x at 9.2k, 2.4x at 46k;
+# docs/results/simulator-speed.md).
+INCREMENTAL_MIN_NODES = 4000
 
 
 @dataclasses.dataclass(frozen=True)
