@@ -71,7 +71,7 @@ def annealing(*, temperature: float = 0.01, cooling: float = 0.998, restart_afte
         child = moves.random_move(cur[2], problem.ctx, rng)
         if child is None:
             return state._replace(current=cur, temperature=temp, since_best=state.since_best + 1)
-        item = score(problem, child)
+        item = score(problem, child, cur[2])
         delta = item[0] - cur[0]
         accept = delta <= 0 or (temp > 0 and rng.random() < math.exp(-delta / temp))
         best_cost, best_plan, since = state.best_cost, state.best_plan, state.since_best + 1

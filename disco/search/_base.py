@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from disco.ir.graph import HloGraph
 
 Evaluate = Callable[[FusionPlan], float]
+# (plan, parent) -> the same estimate as Evaluate's for plan, computed from the parent's (delta simulation).
+EvaluateMove = Callable[[FusionPlan, FusionPlan], float]
 # A scored plan: (estimated step time, content key, plan). The key deduplicates plans
 # within one process; orders never depend on it (Python salts string hashes per process),
 # so a seed searches the same plans in every run.
@@ -29,12 +31,15 @@ class Problem:
       ctx: the move context of ``graph`` (:func:`disco.plans.moves.context`).
       evaluate: plan -> estimated step time in seconds (e.g. ``Simulator.step_time``).
       starts: valid start plans, canonical (see :func:`disco.plans.moves.canonical`).
+      evaluate_move: (plan, parent) -> ``evaluate(plan)``, computed from ``parent``, a plan it
+        priced before (e.g. :class:`disco.sim.delta.DeltaSimulator`); None: ``evaluate`` alone.
     """
 
     graph: HloGraph
     ctx: moves.MoveContext
     evaluate: Evaluate
     starts: tuple[FusionPlan, ...]
+    evaluate_move: EvaluateMove | None = None
 
 
 class Strategy(NamedTuple):
@@ -70,13 +75,17 @@ def push_top(top: tuple[Scored, ...], item: Scored, k: int) -> tuple[Scored, ...
     return tuple(sorted((*top, item), key=lambda t: t[0])[:k])  # stable: of equals, the first found ranks first
 
 
-def score(problem: Problem, plan: FusionPlan) -> Scored:
-    """Evaluates ``plan``; a non-finite estimate counts as infinitely slow.
+def score(problem: Problem, plan: FusionPlan, parent: FusionPlan | None = None) -> Scored:
+    """Evaluates ``plan`` (from ``parent``, the plan it was made from, when the problem can); a
+    non-finite estimate counts as infinitely slow.
 
     Raises:
       ValueError: when ``evaluate`` returns something that is not a number.
     """
-    cost = problem.evaluate(plan)
+    if parent is not None and problem.evaluate_move is not None:
+        cost = problem.evaluate_move(plan, parent)
+    else:
+        cost = problem.evaluate(plan)
     if not isinstance(cost, (int, float)):
         raise ValueError(f"evaluate returned {cost!r} for plan {plan.name!r}; expected a step time in seconds")
     cost = float(cost)
@@ -112,7 +121,7 @@ def perturb(plan: FusionPlan, ctx: moves.MoveContext, rng: Any, n_moves: int) ->
 
 
 def problem(graph: HloGraph, evaluate: Evaluate, starts: Sequence[FusionPlan],
-            ctx: moves.MoveContext | None = None) -> Problem:
+            ctx: moves.MoveContext | None = None, evaluate_move: EvaluateMove | None = None) -> Problem:
     """Builds a :class:`Problem` (start plans validated and made canonical).
 
     Raises:
@@ -123,4 +132,4 @@ def problem(graph: HloGraph, evaluate: Evaluate, starts: Sequence[FusionPlan],
     for p in starts:
         p.validate(graph, ctx.backend)
         canon.append(moves.canonical(p, ctx))
-    return Problem(graph=graph, ctx=ctx, evaluate=evaluate, starts=tuple(canon))
+    return Problem(graph=graph, ctx=ctx, evaluate=evaluate, starts=tuple(canon), evaluate_move=evaluate_move)

@@ -86,7 +86,7 @@ def best_first(*, tolerance: float = 0.05, queue_size: int = 64, children: int =
             if k in seen or k in new_keys:
                 continue
             new_keys.add(k)
-            item = score(problem, child)
+            item = score(problem, child, parent)
             evals += 1
             top = push_top(top, item, top_k)
             if item[0] < (1 + tolerance) * best_cost:

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 Progress = Callable[[int, float, float], None]
 # Steps in a row that evaluate nothing (every move refused) before the driver gives up.
 _MAX_IDLE_STEPS = 1000
+# From this many graph nodes on, run() prices children incrementally by default: below it the
+# full simulation was as fast or faster (scripts/tools/bench_simulator.py, the search's own moves,
+# incremental over full: 0.89x at 1.8k nodes, 1.21x at 4.6k, 1.74x at 9.2k, 2.4x at 46k;
+# docs/results/simulator-speed.md).
+INCREMENTAL_MIN_NODES = 4000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +99,24 @@ def _simulator_of(evaluate: Evaluate) -> Any:
     return owner if isinstance(owner, Simulator) else None
 
 
+def _incremental(evaluate: Evaluate, sim: Any) -> tuple[Evaluate, Any]:
+    """(evaluate, evaluate_move) pricing each child from its parent's simulated state
+    (:class:`disco.sim.delta.DeltaSimulator`, equal to ``sim.step_time``) when ``evaluate`` is a
+    simulator's ``step_time``; else ``(evaluate, None)``."""
+    from disco.sim.simulator import Simulator
+
+    if sim is None or getattr(evaluate, "__func__", None) is not Simulator.step_time:
+        return evaluate, None
+    from disco.sim.delta import DeltaSimulator
+
+    delta = DeltaSimulator(sim)
+    return delta.step_time, delta.step_time
+
+
 def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: float | None = None,
         max_evals: int | None = None, seed: int = 0, starts: Sequence[FusionPlan] | None = None,
-        progress: Progress | None = None, backend: str | None = None) -> SearchResult:
+        progress: Progress | None = None, backend: str | None = None,
+        incremental: bool | None = None) -> SearchResult:
     """Runs ``strategy`` until the time budget or the evaluation budget is spent.
 
     The driver draws one key per step from ``random.Random(seed)``, so with
@@ -117,6 +137,10 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
       backend: "cpu" or "gpu" (default: the simulator's, when ``evaluate`` is a Simulator's
         bound method, else "cpu"): on GPU the moves make no fusion groups and search the
         GPU compile options (``disco.plans.options``).
+      incremental: when ``evaluate`` is a ``Simulator``'s ``step_time``, price each child from its
+        parent's simulated state (:mod:`disco.sim.delta`: the same estimates, faster on large
+        graphs); False: every plan by a full simulation; None (default): incremental for graphs of
+        at least :data:`INCREMENTAL_MIN_NODES` nodes.
 
     Returns:
       The SearchResult.
@@ -138,7 +162,12 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
     ctx = moves.context(graph, backend or (sim.backend if sim is not None else "cpu"))
     if starts is None:
         starts = default_starts(graph, sim, ctx)
-    prob = make_problem(graph, evaluate, starts, ctx)
+    evaluate_move = None
+    if incremental is None:
+        incremental = len(graph.nodes) >= INCREMENTAL_MIN_NODES
+    if incremental:
+        evaluate, evaluate_move = _incremental(evaluate, sim)
+    prob = make_problem(graph, evaluate, starts, ctx, evaluate_move)
     keys = random.Random(seed)
     state = strategy.init(prob, keys.getrandbits(63))
     trace = [(state.evals, time.perf_counter() - t0, state.best_cost)]

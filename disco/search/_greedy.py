@@ -60,7 +60,7 @@ def greedy(*, neighbours: int = 8, top_k: int = 8) -> Strategy:
             if k in tried:
                 continue
             tried.add(k)
-            item = score(problem, child)
+            item = score(problem, child, state.current[2])
             evals += 1
             top = push_top(top, item, top_k)
             if item[0] < best[0]:

@@ -60,7 +60,7 @@ class Cut(Group):
         self.touched = touched
 
 
-def _regions(groups: Sequence[Group]) -> list[list[Group]]:
+def regions(groups: Sequence[Group]) -> list[list[Group]]:
     """The groups that touch base fusions, in sets that touch the same ones: each set is re-fused together."""
     # The common case: every group lies inside one XLA fusion.
     by_cluster: dict[int, list[Group]] = {}
@@ -371,21 +371,71 @@ class Patcher:
         re-fusion is cached: on the group when it is alone, else by the region's group names.
         """
         delta = 0.0
-        cache = self._region_cache
-        for comp in _regions(groups):
-            if len(comp) == 1:
-                hit = comp[0].solo
-                if hit is None:
-                    hit = comp[0].solo = self._refuse(mode, comp)
-            else:
-                key = tuple(sorted(g.names for g in comp))
-                hit = cache.get(key)
-                if hit is None:
-                    hit = cache[key] = self._refuse(mode, comp)
+        for comp in regions(groups):
+            hit = self.region(mode, comp)
             dead += hit[0]
             new += hit[1]
             delta += hit[2]
         return delta
+
+    def region(self, mode: Mode, comp: list[Group]) -> tuple[list[int], list[Unit], float]:
+        """(base units removed, units added, kernel-time change) of one region (groups and cuts that
+        touch the same base fusions, :func:`regions`) in "extend" mode; cached: on the group when
+        it is alone, else by the region's group names."""
+        if len(comp) == 1:
+            hit = comp[0].solo
+            if hit is None:
+                hit = comp[0].solo = self._refuse(mode, comp)
+            return hit
+        key = tuple(sorted(g.names for g in comp))
+        hit = self._region_cache.get(key)
+        if hit is None:
+            hit = self._region_cache[key] = self._refuse(mode, comp)
+        return hit
+
+    def group(self, gi: int, names: tuple[str, ...]) -> Group:
+        """Plan group ``gi`` resolved (cached by its names).
+
+        Raises:
+          ValueError: for names not in the graph, an empty group or a collective in it.
+        """
+        return self._group_cache.get(names) or self._group(gi, names)
+
+    def cut(self, ci: int, cut: tuple[str, str]) -> Cut | None:
+        """Plan cut ``ci`` resolved in "extend" mode (None where it changes no fusion decision).
+
+        Raises:
+          ValueError: for a cut that is not a pair of instruction names in the graph.
+        """
+        return self._cut(ci, cut)
+
+    def off_unit(self, mode: Mode, g: Group) -> Unit | None:
+        """Group ``g``'s one kernel in "off" mode (None for a group of zero-cost ops only)."""
+        if g.unit_off is None:
+            self._group_off(mode, g)
+        return g.unit_off
+
+    def bucket_unit(self, mode: Mode, members: tuple[int, ...], build: str) -> Unit:
+        """The collective a bucket of ``members`` built ``build`` runs as: its own unit, or for a
+        "concat" bucket of one all-reduce the base unit (such a bucket changes nothing)."""
+        unit = BUILD_UNIT[build]
+        if len(members) == 1 and unit != UNIT_RS_AG:
+            return mode.units[mode.ar_unit[members[0]]]
+        return (self.builder.unit_cache.get((mode.fusion, unit, members))
+                or self.builder.coll_unit(mode, members, "all-reduce", unit=unit))
+
+    def bucket_members(self, bi: int, names: tuple[str, ...]) -> tuple[int, ...]:
+        """Plan bucket ``bi``'s all-reduces (node indices, sorted; cached by its names).
+
+        Raises:
+          ValueError: for names not in the graph or not all-reduces.
+        """
+        return self._bucket_names.get(names) or self._bucket_members(bi, names)
+
+    def options(self, options: tuple[tuple[str, str], ...]) -> tuple[bool, int | None]:
+        """(collectives hold the compute stream, XLA:GPU's combine threshold or None) of a plan's
+        compile options on this cluster."""
+        return self._options(options)
 
     def _refuse(self, mode: Mode, comp: list[Group]) -> tuple[list[int], list[Unit], float]:
         """(base units removed, units added, kernel-time change) when ``comp``'s groups are pre-fused."""

@@ -52,15 +52,42 @@ def schedule(unit_of: Sequence[int], key_unit: Sequence[int], indeg: list[int], 
     Raises:
       Deadlock: when some unit never became ready.
     """
-    heappush, heappop = heapq.heappush, heapq.heappop
-    record = None if placed is None else placed.append
     rk = [key[u] for u in ready_k]  # kernels ready now, by key
     heapq.heapify(rk)
     tc = [(0.0, key[u]) for u in ready_c]  # collectives, by (ready time, key)
     heapq.heapify(tc)
-    tk: list[tuple[float, int]] = []  # kernels waiting for a collective, by ready time
-    rt = [0.0] * len(dur)
-    t_c = t_m = 0.0
+    return sweep(unit_of, key_unit, indeg, dur, key, succ, coll, rk, tc, [], [0.0] * len(dur), 0.0, 0.0, done,
+                 blocking, placed)
+
+
+def sweep(unit_of: Sequence[int], key_unit: Sequence[int], indeg: list[int], dur: Sequence[float],
+          key: Sequence[int], succ: Sequence[tuple[tuple[int, int], ...]], coll: Sequence[bool],
+          rk: list[int], tc: list[tuple[float, int]], tk: list[tuple[float, int]], rt: list[float],
+          t_c: float, t_m: float, done: int, blocking: bool, placed: list[tuple[int, float]] | None = None) -> float:
+    """:func:`schedule`'s loop from any state between two events: the rest of the step.
+
+    :func:`schedule` starts it with nothing placed; :mod:`disco.sim.delta` restarts it at the first
+    event a plan change moves, with the state the earlier events left (see :func:`schedule` for
+    the arguments it shares).
+
+    Args:
+      rk: heap of the keys of the kernels ready by ``t_c``; consumed.
+      tc: heap of (ready time, key) of the ready collectives; consumed.
+      tk: heap of (ready time, key) of the kernels ready after ``t_c``; consumed.
+      rt: per unit, the latest end among its inputs placed so far; updated.
+      t_c: when the compute stream is free (the end of the last kernel; with ``blocking``, or of
+        the last collective).
+      t_m: when the comm stream is free (the end of the last collective).
+      done: units placed so far plus units that never run.
+
+    Returns:
+      When the last kernel or collective ends.
+
+    Raises:
+      Deadlock: when some unit never became ready.
+    """
+    heappush, heappop = heapq.heappush, heapq.heappop
+    record = None if placed is None else placed.append
     # The comm stream's next start; a kernel starts only strictly before it (ties: comm first).
     limit = (tc[0][0] if tc[0][0] > t_m else t_m) if tc else _INF
     while True:

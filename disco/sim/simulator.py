@@ -86,7 +86,10 @@ of that: its groups (in "extend": each set of XLA fusions its groups touch, re-f
 with the groups pre-fused; cached per set of groups) and buckets replace some units.
 Kernel times are cached per member set. ``Simulator.step_time`` then costs one
 O(U log U) heap sweep over the U units; ``Simulator.run`` runs the same sweep recording
-each start, then builds the timeline and critical path from the record.
+each start, then builds the timeline and critical path from the record. A search prices
+plans one move from plans it has priced: :mod:`disco.sim.delta` re-patches such a plan by
+piece (:mod:`disco.sim.pieces`) and restarts the same sweep at the first event the move can
+move, from the neighbour's recorded schedule, with the same result bit for bit.
 
 Example:
   >>> from disco.sim.simulator import Simulator

@@ -69,20 +69,22 @@ class Unit:
     """A kernel or collective of one contracted plan (internal; cached across plans).
 
     ``succ`` lists (node, count) pairs: for each real node outside the unit that reads it, how
-    many of the unit's members it reads; ``indeg`` is the matching count of the unit's
-    (member, outside real input) pairs, so a unit is ready when every pair has been released.
+    many of the unit's members it reads; ``preds`` lists the outside real input of each of the
+    unit's (member, outside real input) pairs and ``indeg`` counts them, so a unit is ready when
+    every pair has been released.
     """
 
-    __slots__ = ("is_coll", "members", "dur", "prio", "succ", "indeg", "groups", "name")
+    __slots__ = ("is_coll", "members", "dur", "prio", "succ", "preds", "indeg", "groups", "name")
 
     def __init__(self, is_coll: bool, members: tuple[int, ...], dur: float, succ: tuple[tuple[int, int], ...],
-                 indeg: int, name: str, groups: tuple[tuple[str, ...], ...] = ()):
+                 preds: tuple[int, ...], name: str, groups: tuple[tuple[str, ...], ...] = ()):
         self.is_coll = is_coll
         self.members = members  # sorted node indices (real nodes only)
         self.dur = dur
         self.prio = members[0]  # program position: its first member
         self.succ = succ
-        self.indeg = indeg
+        self.preds = preds
+        self.indeg = len(preds)
         self.name = name  # the label of a unit that is not a planned group or a bucket
         self.groups = groups  # the planned groups (by names) it contains
 
@@ -132,19 +134,20 @@ class UnitBuilder:
         """Per node, the bytes a collective moves (0 for other nodes)."""
         return self._cbytes
 
-    def links(self, mode: Mode, members: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], int]:
+    def links(self, mode: Mode, members: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """(succ, preds) of a unit of ``members`` (see :class:`Unit`)."""
         mset = set(members)
         rp, rs = mode.rp, mode.rs
-        indeg = 0
+        preds: list[int] = []
         succ: dict[int, int] = {}
         for m in members:
             for p in rp[m]:
                 if p not in mset:
-                    indeg += 1
+                    preds.append(p)
             for s in rs[m]:
                 if s not in mset:
                     succ[s] = succ.get(s, 0) + 1
-        return tuple(succ.items()), indeg
+        return tuple(succ.items()), tuple(preds)
 
     def kernel_unit(self, mode: Mode, members: tuple[int, ...],
                      groups: tuple[tuple[str, ...], ...] = ()) -> Unit:
@@ -160,13 +163,13 @@ class UnitBuilder:
             if dur is None:
                 dur = self.costs.kernel_time(self.kernels.kernel(members, inl)) / self.cluster.compute_speed
                 self._kernel_cache[ck] = dur
-            succ, indeg = self.links(mode, members)
+            succ, preds = self.links(mode, members)
             names = self.graph.nodes
             name = names[members[0]].name if len(members) == 1 else f"xla_fusion({names[members[-1]].name})"
-            u = Unit(False, members, dur, succ, indeg, name)
+            u = Unit(False, members, dur, succ, preds, name)
             self.unit_cache[key] = u
         if groups and u.groups != groups:  # the same members, labelled by other groups
-            u = Unit(False, u.members, u.dur, u.succ, u.indeg, u.name, groups)
+            u = Unit(False, u.members, u.dur, u.succ, u.preds, u.name, groups)
         return u
 
     def coll_unit(self, mode: Mode, members: tuple[int, ...], kind: str, variadic: bool = False,
@@ -185,8 +188,8 @@ class UnitBuilder:
                 dur = self.costs.collective_time(kind, nbytes, self.cluster)
             if unit == UNIT_VARIADIC and self.cluster.num_devices > 1:  # one device: every collective is free
                 dur += self.cluster.operand_latency * (len(members) - 1)
-            succ, indeg = self.links(mode, members)
-            u = Unit(True, members, dur, succ, indeg, self.graph.nodes[members[0]].name)
+            succ, preds = self.links(mode, members)
+            u = Unit(True, members, dur, succ, preds, self.graph.nodes[members[0]].name)
             self.unit_cache[key] = u
         return u
 

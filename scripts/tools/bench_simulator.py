@@ -6,8 +6,23 @@ updates) of about 2,000 / 5,000 / 10,000 / 20,000 nodes, draws random valid plan
 groups of adjacent elementwise ops, checked with ``disco.plans.check.validate``, and random
 contiguous buckets), and times ``Simulator.step_time`` and ``Simulator.run``.
 
+It also times the search's own moves: from each of the search's start plans
+(``disco.search.default_starts``) a walk of ``--moves`` random moves
+(``disco.plans.moves.random_move``; each child becomes the next parent with probability 1/2),
+each child priced by a full simulation (``Simulator.step_time``) and incrementally from its parent
+(``disco.sim.delta.DeltaSimulator``, fresh for every pass: nothing priced before is reused; every
+incremental estimate is checked ``==`` the full one). With ``--graph`` (an ``HloGraph`` JSON file,
+e.g. a zoo step at preset paper) it also runs the best-first search for ``--max-evals`` with
+incremental pricing and without, and reports each one's plans per second and whether both chose the
+same plan.
+
+Every figure is a median over ``--repeats`` passes, by the wall clock (``--clock cpu``: this
+process's CPU time, steadier on a shared machine). Measured on CPU, in one Python process.
+
 Usage:
   PYTHONPATH=. python scripts/tools/bench_simulator.py [--sizes 2000 5000] [--plans 20] [--seconds 2] [--json]
+  PYTHONPATH=. python scripts/tools/bench_simulator.py --sizes 10000 50000 --moves 20 --repeats 3 \
+      --graph bert_paper.json --max-evals 400
 """
 
 from __future__ import annotations
@@ -15,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 
@@ -130,20 +146,90 @@ def random_plan(graph: HloGraph, rng: random.Random, *, group_frac: float = 0.3,
     return FusionPlan(buckets=tuple(Bucket((a,)) for a in ars) or None)
 
 
+_CLOCK = time.perf_counter
+
+
 def _rate(fn, plans: list[FusionPlan], seconds: float) -> float:
     n = 0
-    t0 = time.perf_counter()
+    t0 = _CLOCK()
     while True:
         for p in plans:
             fn(p)
         n += len(plans)
-        dt = time.perf_counter() - t0
+        dt = _CLOCK() - t0
         if dt >= seconds:
             return n / dt
 
 
+def move_pairs(graph: HloGraph, sim: Simulator, n_moves: int, seed: int) -> list[tuple[FusionPlan, FusionPlan]]:
+    """(parent, child) pairs of the search's own moves: a walk of ``n_moves`` random moves from each
+    start plan of the search, each child the next parent with probability 1/2."""
+    from disco import search
+    from disco.plans import moves
+
+    ctx = moves.context(graph, sim.backend)
+    rng = random.Random(seed)
+    pairs = []
+    for start in search.default_starts(graph, sim, ctx):
+        cur = moves.canonical(start, ctx)
+        for _ in range(n_moves):
+            child = moves.random_move(cur, ctx, rng)
+            if child is None:
+                continue
+            pairs.append((cur, child))
+            if rng.random() < 0.5:
+                cur = child
+    return pairs
+
+
+def bench_moves(sim: Simulator, pairs: list[tuple[FusionPlan, FusionPlan]], repeats: int) -> dict:
+    """Full and incremental evaluations per second over ``pairs`` (medians of ``repeats`` passes)."""
+    from disco.sim.delta import DeltaSimulator
+
+    for _, child in pairs:  # warm the simulator's unit caches (both paths share them)
+        sim.step_time(child)
+    full, incr = [], []
+    stats: dict = {}
+    for _ in range(repeats):
+        t0 = _CLOCK()
+        ref = [sim.step_time(child) for _, child in pairs]
+        full.append(len(pairs) / (_CLOCK() - t0))
+        delta = DeltaSimulator(sim)
+        t0 = _CLOCK()
+        got = [delta.step_time(child, parent) for parent, child in pairs]
+        incr.append(len(pairs) / (_CLOCK() - t0))
+        if got != ref:  # exactness is the point: never report a rate for wrong answers
+            raise AssertionError("incremental step times differ from the full simulation's")
+        stats = dict(delta.stats)
+    return {"move_pairs": len(pairs), "moves_full_per_s": statistics.median(full),
+            "moves_incremental_per_s": statistics.median(incr), "incremental_paths": stats}
+
+
+def bench_search(path: str, max_evals: int, repeats: int, seed: int = 0) -> dict:
+    """The best-first search on the graph in ``path`` for ``max_evals``, with incremental pricing and
+    without: plans per second (medians of ``repeats`` runs) and whether both chose the same plan."""
+    from disco import search
+
+    with open(path) as f:
+        graph = HloGraph.from_json(f.read())
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    digests: dict[bool, set[str]] = {True: set(), False: set()}
+    for _ in range(repeats):
+        for incremental in (False, True):
+            sim = Simulator(graph, AnalyticCosts(), preset("2x8-100gbe"))
+            t0 = _CLOCK()
+            r = search.run(search.best_first(), graph, sim.step_time, max_evals=max_evals, seed=seed,
+                           incremental=incremental)
+            rates[incremental].append(r.evals / (_CLOCK() - t0))
+            digests[incremental].add(r.best_plan.digest())
+    return {"graph": path, "nodes": len(graph.nodes), "max_evals": max_evals,
+            "search_full_per_s": statistics.median(rates[False]),
+            "search_incremental_per_s": statistics.median(rates[True]),
+            "same_plan": len(digests[True] | digests[False]) == 1}
+
+
 def bench(sizes: list[int], n_plans: int, seconds: float, seed: int = 0,
-          validate_max: int = 5000) -> list[dict]:
+          validate_max: int = 5000, n_moves: int = 0, repeats: int = 1) -> list[dict]:
     rows = []
     for size in sizes:
         graph = synthetic_step(size, seed)
@@ -156,15 +242,18 @@ def bench(sizes: list[int], n_plans: int, seconds: float, seed: int = 0,
                  for k in range(n_plans)]
         for p in plans:  # warm the per-group caches and check both paths agree
             assert abs(sim.step_time(p) - sim.run(p).step_time) <= 1e-12 * max(1.0, sim.step_time(p))
-        rows.append({
+        row = {
             "nodes": len(graph.nodes), "edges": len(graph.edges),
             "all_reduces": len(graph.all_reduces()),
             "mean_groups": sum(len(p.groups) for p in plans) / len(plans),
             "setup_s": setup,
-            "step_time_per_s": _rate(sim.step_time, plans, seconds),
+            "step_time_per_s": statistics.median(_rate(sim.step_time, plans, seconds) for _ in range(repeats)),
             "run_per_s": _rate(sim.run, plans, seconds),
             "default_plan_step_time_per_s": _rate(sim.step_time, [FusionPlan()], seconds / 2),
-        })
+        }
+        if n_moves:
+            row.update(bench_moves(sim, move_pairs(graph, sim, n_moves, seed), repeats))
+        rows.append(row)
     return rows
 
 
@@ -174,18 +263,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", type=int, default=20, help="distinct random plans per graph")
     ap.add_argument("--seconds", type=float, default=2.0, help="timing budget per measurement")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--moves", type=int, default=20,
+                    help="random moves walked from each search start plan (0: no move benchmark)")
+    ap.add_argument("--repeats", type=int, default=3, help="passes per figure (the median is reported)")
+    ap.add_argument("--graph", action="append", default=[], metavar="FILE",
+                    help="an HloGraph JSON file to run the search on (repeatable)")
+    ap.add_argument("--max-evals", type=int, default=400, help="the search's evaluation budget (--graph)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall clock, or this process's CPU time")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
-    rows = bench(args.sizes, args.plans, args.seconds, args.seed)
+    global _CLOCK
+    _CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
+    rows = bench(args.sizes, args.plans, args.seconds, args.seed, n_moves=args.moves, repeats=args.repeats)
+    searches = [bench_search(path, args.max_evals, args.repeats, args.seed) for path in args.graph]
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"clock": args.clock, "sizes": rows, "searches": searches}, indent=1))
         return 0
     print(f"{'nodes':>7} {'edges':>7} {'ARs':>5} {'groups':>7} {'setup s':>8} "
-          f"{'step_time/s':>12} {'run/s':>8} {'default/s':>10}")
+          f"{'step_time/s':>12} {'run/s':>8} {'default/s':>10} {'moves full/s':>13} {'incremental/s':>14}")
     for r in rows:
         print(f"{r['nodes']:>7} {r['edges']:>7} {r['all_reduces']:>5} {r['mean_groups']:>7.0f} "
               f"{r['setup_s']:>8.2f} {r['step_time_per_s']:>12.0f} {r['run_per_s']:>8.0f} "
-              f"{r['default_plan_step_time_per_s']:>10.0f}")
+              f"{r['default_plan_step_time_per_s']:>10.0f} {r.get('moves_full_per_s', 0):>13.0f} "
+              f"{r.get('moves_incremental_per_s', 0):>14.0f}")
+    for r in searches:
+        print(f"search {r['graph']} ({r['nodes']} nodes, {r['max_evals']} evals): "
+              f"{r['search_full_per_s']:.0f} plans/s full, {r['search_incremental_per_s']:.0f} incremental, "
+              f"same plan: {r['same_plan']}")
     return 0
 
 

@@ -171,3 +171,27 @@ def test_push_top_keeps_distinct_best():
     for item in [(3.0, 1, p), (1.0, 2, q), (2.0, 1, p), (0.5, 3, p)]:
         top = search._base.push_top(top, item, 2)
     assert [(c, k) for c, k, _ in top] == [(0.5, 3), (1.0, 2)]
+
+
+@pytest.mark.parametrize("name", sorted(search.STRATEGIES))
+def test_incremental_pricing_finds_what_full_pricing_finds(name):
+    """run() prices children from their parents (disco.sim.delta) when given a Simulator's step_time:
+    the same plans, estimates, traces and top lists as pricing every plan from scratch."""
+    graph, sim = setup()
+    a = search.run(search.make(name), graph, sim.step_time, max_evals=150, seed=5, incremental=True)
+    b = search.run(search.make(name), graph, sim.step_time, max_evals=150, seed=5, incremental=False)
+    assert a.best_plan == b.best_plan and a.best_cost == b.best_cost and a.evals == b.evals
+    assert [(e, c) for e, _, c in a.trace] == [(e, c) for e, _, c in b.trace]
+    assert [(c, p) for c, p in a.top] == [(c, p) for c, p in b.top]
+    assert a.start_costs == b.start_costs
+
+
+def test_problems_price_children_from_their_parents():
+    from disco.search._base import score
+
+    calls = []
+    prob = search.problem(setup()[0], lambda p: 1.0, [FusionPlan()],
+                          evaluate_move=lambda p, parent: calls.append(parent) or 2.0)
+    assert score(prob, FusionPlan(name="x"))[0] == 1.0 and not calls
+    parent = prob.starts[0]
+    assert score(prob, FusionPlan(name="x"), parent)[0] == 2.0 and calls == [parent]

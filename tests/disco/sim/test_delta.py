@@ -1,0 +1,197 @@
+"""Tests for disco.sim.delta: incremental step times equal the full simulation's, bit for bit."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from disco.ir.graph import HloGraph, Node
+from disco.plans import moves
+from disco.plans.plan import Bucket, FusionPlan
+from disco.plans.random_plans import random_plan
+from disco.sim.cluster import preset
+from disco.sim.cluster_presets import resolve
+from disco.sim.costs import AnalyticCosts
+from disco.sim.delta import DeltaSimulator
+from disco.sim.simulator import Simulator
+
+# Two streams and one (CPU), and a GPU cluster (XLA:GPU's fusion; its compile options couple the streams).
+CLUSTERS = {"cpu": preset("2x8-100gbe"), "cpu-one-stream": preset("2x8-100gbe").replace(overlap=False),
+            "gpu": resolve("h100-sxm-8", devices=8)}
+_ELEMENTWISE = ("add", "multiply", "tanh", "exponential", "subtract", "negate")
+
+
+def layered_step(layers: int = 6, seed: int = 0) -> HloGraph:
+    """A data-parallel step: forward dots and elementwise chains, backward, one all-reduce per
+    weight, optimizer updates, with a tuple of the new weights as the step's output."""
+    rng = random.Random(seed)
+    nodes: list[Node] = []
+
+    def add(opcode: str, operands: tuple[str, ...] = (), flops: float = 4096.0, nbytes: int = 16384) -> str:
+        name = f"{opcode}.{len(nodes)}"
+        is_ar = opcode == "all-reduce"
+        nodes.append(Node(name=name, opcode=opcode, computation="main", shape="f32[64,64]", dtype="f32",
+                          out_bytes=nbytes, out_elements=nbytes // 4, flops=flops, operands=operands,
+                          grad_bytes=nbytes if is_ar else 0, param_path=f"w{len(nodes)}" if is_ar else None,
+                          replica_groups="{}" if is_ar else None, reduction="add" if is_ar else None))
+        return name
+
+    x = add("parameter", flops=0.0)
+    lr = add("constant", flops=0.0, nbytes=4)
+    weights, acts = [], [x]
+    for _ in range(layers):
+        w = add("parameter", flops=0.0)
+        weights.append(w)
+        h = add("dot", (acts[-1], w), flops=rng.choice((2e5, 5e5, 1e6)))
+        for _ in range(rng.randint(1, 3)):
+            op = rng.choice(_ELEMENTWISE)
+            h = add(op, (h, h) if op in ("add", "multiply", "subtract") else (h,))
+        acts.append(h)
+    dy = add("negate", (acts[-1],))
+    grads = []
+    for layer in reversed(range(layers)):
+        for _ in range(rng.randint(1, 3)):
+            op = rng.choice(_ELEMENTWISE)
+            dy = add(op, (dy, acts[layer + 1]) if op in ("add", "multiply") else (dy,))
+        dw = add("dot", (acts[layer], dy), flops=rng.choice((2e5, 1e6)))
+        grads.append((layer, add("all-reduce", (dw,), nbytes=rng.choice((16384, 1 << 20, 1 << 22)))))
+        dy = add("dot", (dy, weights[layer]), flops=5e5)
+    outs = [add("subtract", (weights[layer], add("multiply", (ar, lr)))) for layer, ar in grads]
+    add("tuple", tuple(outs), flops=0.0)
+    index = {n.name: i for i, n in enumerate(nodes)}
+    edges = tuple(sorted({(index[o], i) for i, n in enumerate(nodes) for o in n.operands}))
+    return HloGraph(name="layered", nodes=tuple(nodes), edges=edges, fingerprint=f"layered{seed}")
+
+
+@functools.lru_cache(maxsize=None)
+def graph(name: str) -> HloGraph:
+    if name == "layered":
+        return layered_step(8, seed=1)
+    import disco
+    import trax_models
+
+    step, args = trax_models.make_train_step(name, "tiny", devices=4, optimizer="sgd")
+    return disco.extract(step, *args)
+
+
+@functools.lru_cache(maxsize=None)
+def setup(graph_name: str, cluster: str) -> tuple[HloGraph, Simulator, Simulator, moves.MoveContext]:
+    """(graph, the simulator a DeltaSimulator wraps, a separate reference simulator, move context)."""
+    g = graph(graph_name)
+    sim = Simulator(g, AnalyticCosts(), CLUSTERS[cluster])
+    return g, sim, Simulator(g, AnalyticCosts(), CLUSTERS[cluster]), moves.context(g, sim.backend)
+
+
+def start_plan(g: HloGraph, ctx: moves.MoveContext, seed: int) -> FusionPlan:
+    return moves.canonical(random_plan(g, seed, groups=ctx.backend == "cpu"), ctx)
+
+
+walks = st.lists(st.tuples(st.sampled_from(sorted(moves.MOVES)), st.integers(0, 2**32 - 1), st.booleans()),
+                 min_size=1, max_size=10)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph_name=st.sampled_from(["layered", "mlp"]), cluster=st.sampled_from(sorted(CLUSTERS)),
+       seed=st.integers(0, 10_000), walk=walks)
+def test_delta_step_time_equals_the_full_simulation_over_random_plans_and_moves(graph_name, cluster, seed, walk):
+    """Every move of the table, from random plans: the incremental step time is the full one (==)."""
+    g, sim, ref, ctx = setup(graph_name, cluster)
+    delta = DeltaSimulator(sim, cache_size=4)
+    plan = start_plan(g, ctx, seed)
+    assert delta.step_time(plan) == ref.step_time(plan)
+    cur = plan
+    for name, key, keep in walk:
+        child = moves.MOVES[name](cur, ctx, random.Random(key))
+        if child is None:
+            continue
+        assert delta.step_time(child, parent=cur) == ref.step_time(child), (name, child)
+        if keep:
+            cur = child
+
+
+@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
+def test_delta_reschedules_from_the_change_and_agrees_on_every_default_start(cluster):
+    """The search's start plans and a walk of random moves from each: equal step times, and most
+    children re-scheduled from a neighbour (not from scratch), placing fewer events than a full run."""
+    from disco import search
+
+    g, sim, ref, ctx = setup("layered", cluster)
+    delta = DeltaSimulator(sim)
+    rng = random.Random(7)
+    full_events = 0
+    children = 0
+    for s in search.default_starts(g, sim, ctx):
+        cur = moves.canonical(s, ctx)
+        assert delta.step_time(cur) == ref.step_time(cur)
+        for _ in range(12):
+            child = moves.random_move(cur, ctx, rng)
+            if child is None:
+                continue
+            assert delta.step_time(child, parent=cur) == ref.step_time(child)
+            children += 1
+            full_events += len(ref.run(child).timeline)
+            cur = child if rng.random() < 0.5 else cur
+    stats = delta.stats
+    assert stats["delta"] + stats["same"] > children / 2
+    assert stats["events"] < full_events / 2
+
+
+def test_a_late_bucket_move_restarts_late_and_an_unchanged_plan_reuses_the_schedule():
+    g, sim, ref, _ = setup("layered", "cpu")
+    ars = [n.name for n in g.nodes if n.opcode == "all-reduce"]
+    per_tensor = FusionPlan(buckets=tuple(Bucket((a,)) for a in ars))
+    last_two = FusionPlan(buckets=(*(Bucket((a,)) for a in ars[:-2]), Bucket(tuple(ars[-2:]))))
+    delta = DeltaSimulator(sim)
+    assert delta.step_time(per_tensor) == ref.step_time(per_tensor)
+    assert delta.step_time(last_two, parent=per_tensor) == ref.step_time(last_two)
+    n_events = len(ref.run(last_two).timeline)
+    assert 0 < delta.stats["events"] < n_events / 2  # only the tail of the step was re-scheduled
+    same = per_tensor.replace(name="renamed")  # a new object, the same units
+    assert delta.step_time(same, parent=per_tensor) == ref.step_time(per_tensor)
+    assert delta.stats["same"] == 1
+
+
+def test_a_parent_out_of_the_cache_is_traced_again_and_results_stay_exact():
+    g, sim, ref, ctx = setup("layered", "cpu")
+    delta = DeltaSimulator(sim, cache_size=1)
+    plans = [start_plan(g, ctx, s) for s in range(4)]
+    assert delta.step_time(plans[0]) == ref.step_time(plans[0])
+    assert delta.stats["traces"] == 0  # priced whole: no trace until it is a parent
+    for p in plans[1:]:
+        assert delta.step_time(p, parent=plans[0]) == ref.step_time(p)
+    assert delta.stats["traces"] == 3  # plans[0] evicted by each child, traced again for the next
+    assert delta.trace(plans[0]) is None and delta.trace(plans[-1]) is not None
+
+
+def test_a_trace_lives_as_long_as_its_plan():
+    import gc
+
+    g, sim, ref, ctx = setup("layered", "cpu")
+    delta = DeltaSimulator(sim)
+    parent = start_plan(g, ctx, 3)
+    children = [moves.random_move(parent, ctx, random.Random(k)) for k in range(6)]
+    children = [c for c in children if c is not None]
+    for c in children:
+        assert delta.step_time(c, parent=parent) == ref.step_time(c)
+    assert len(delta) == len(children) + 1
+    del children, c
+    gc.collect()
+    assert len(delta) == 1  # the parent's, still alive
+
+
+def test_errors_are_the_full_simulations():
+    g, sim, _, _ = setup("layered", "cpu")
+    delta = DeltaSimulator(sim)
+    delta.step_time(FusionPlan())
+    with pytest.raises(TypeError, match="expected a disco FusionPlan"):
+        delta.step_time("not a plan")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="is not in the graph"):
+        delta.step_time(FusionPlan(groups=(("nope", "nada"),)), parent=FusionPlan())
+    with pytest.raises(TypeError, match="expected a disco Simulator"):
+        DeltaSimulator(object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cache_size: expected an integer >= 1, got 0"):
+        DeltaSimulator(sim, cache_size=0)
