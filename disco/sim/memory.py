@@ -93,3 +93,15 @@ def bytes_text(n: int | None) -> str:
             value = n / size
             return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
     return f"{n} B"
+
+
+def bytes_short(n: int | None) -> str:
+    """``n`` bytes in a few characters for a narrow column ("74K", "7.4M", "80G", "512B"; "-" for None):
+    binary units (K = KiB)."""
+    if n is None:
+        return "-"
+    for unit, size in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f}{unit}" if value < 9.95 else f"{value:.0f}{unit}"
+    return f"{n}B"
