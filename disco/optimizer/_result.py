@@ -372,6 +372,7 @@ class OptimizeResult:
         what the marks mean, the accuracy figures and the verdict."""
         g, s = self.setting.graph, self.search
         base = self.row("xla_default")
+        peaks = any(r.peak_memory_bytes is not None for r in self.rows)
         lines = [
             f"disco.optimize {g.get('name', '?')} (fingerprint {str(g.get('fingerprint', '?'))[:8]}, "
             f"{g.get('nodes', '?')} nodes, {g.get('all_reduces', '?')} all-reduces) on cluster "
@@ -379,9 +380,9 @@ class OptimizeResult:
             f"search: {s.strategy}, {s.evals} plans in {s.seconds:.1f} s; simulated lower bound "
             f"{self.setting.lower_bound_s * 1e3:.3f} ms",
             f"measured {len(self.rows)} plans, {self.config.rounds} rounds x {self.config.steps} steps "
-            "(speedup vs xla_default, ms median (min-max), peak device memory per device measured by XLA's "
-            "memory analysis of the compiled step" + (f"; limit {self.memory_limit:,} B" if self.memory_limit else "")
-            + "):",
+            "(speedup vs xla_default, ms median (min-max)"
+            + (", peak: bytes per device by XLA's memory analysis of the compiled step" if peaks else "")
+            + (f"; memory limit {self.memory_limit:,} bytes" if self.memory_limit else "") + "):",
         ]
         width = max(len(r.name) for r in self.rows) + 2
         for r in self.ordered_rows():
@@ -391,8 +392,8 @@ class OptimizeResult:
             gain = f"{r.gain(base):.3f}x" if r.median_s else "-"
             fell = "" if r.applied else f"  fell back: {r.fallback_reason}"
             fell += "" if r.over_memory is None else f"  not chosen: {r.over_memory}"
-            peak = "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes:,} B"
-            lines.append(f"  {name:<{width}} {gain:>8}  {meas}  peak {peak}  predicted {r.predicted_s * 1e3:.3f} ms "
+            peak = "" if r.peak_memory_bytes is None else f"  peak {r.peak_memory_bytes:,}"
+            lines.append(f"  {name:<{width}} {gain:>8}  {meas}{peak}  predicted {r.predicted_s * 1e3:.3f} ms "
                          f"({r.predicted_by}){fell}")
         lines.append(self.accuracy.decision_line())
         lines += ["  " + line for line in self.accuracy.detail_lines()]
