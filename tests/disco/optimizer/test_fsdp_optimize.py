@@ -17,7 +17,7 @@ CONFIG = opt.OptimizeConfig(budget_s=2, measure_top_k=2, measure_rounds=1, round
                             measure_bound=False, finalists=2, confirm_rounds=2)
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 8), pytest.param((2, 4), marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mesh_shape", [(1, 8), (2, 4)])
 def test_optimize_accepts_an_fsdp_zoo_step_and_its_answer_keeps_xla_defaults_numbers(mesh_shape):
     step, args = trax_models.make_train_step("mlp", "tiny", devices=8, style="fsdp", mesh_shape=mesh_shape,
                                              optimizer="sgd")
