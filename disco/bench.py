@@ -9,6 +9,7 @@ from typing import Any
 
 from disco.ir.opcodes import ALL_REDUCE_OPCODES
 from disco.plans.plan import FusionPlan
+from disco.sim.memory import peak_bytes
 
 
 COMM_FREE_BOUND = "comm_free_bound"
@@ -16,7 +17,9 @@ COMM_FREE_BOUND = "comm_free_bound"
 
 @dataclasses.dataclass(frozen=True)
 class PlanResult:
-    """One measured row. ``plan`` is None for the communication-free bound (not a plan)."""
+    """One measured row. ``plan`` is None for the communication-free bound (not a plan).
+    ``peak_memory_bytes``: the compiled step's peak device memory as XLA's memory analysis reports
+    it (:func:`disco.sim.memory.peak_memory`), None where the executable reports none."""
 
     name: str
     plan: FusionPlan | None
@@ -27,6 +30,7 @@ class PlanResult:
     all_reduces: int
     measurement: Any  # xla_hooks.measure.Measurement
     step: Any = dataclasses.field(default=None, repr=False, compare=False)  # the measured callable
+    peak_memory_bytes: int | None = None
 
     def __repr__(self) -> str:
         status = "applied" if self.applied else "fell back"
@@ -52,6 +56,7 @@ class PlanResult:
             "paired_speedup": None if paired is None else round(paired, 4),
             "paired_interval": None if interval is None else [round(v, 4) for v in interval],
             "plan_digest": self.plan.digest() if self.plan is not None else None,
+            "peak_memory_bytes": self.peak_memory_bytes,
         }
 
     @property
@@ -122,4 +127,5 @@ def run_bench(
                 progress(f"compiled {COMM_FREE_BOUND}")
     ms = measure.measure_interleaved(applied, args, rounds=rounds, steps=steps, kwargs=kwargs,
                                      on_round=(lambda r: progress(f"round {r + 1}/{rounds}")) if progress else None)
-    return [PlanResult(name, plan, *meta[name], ms[name], applied[name]) for name, plan in names.items()]
+    return [PlanResult(name, plan, *meta[name], ms[name], applied[name], peak_memory_bytes=peak_bytes(applied[name]))
+            for name, plan in names.items()]

@@ -181,7 +181,7 @@ def check_not_replicated(lowered: Any) -> None:
 
 
 def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, strict: bool = False,
-          kwargs: Mapping[str, Any] | None = None) -> AppliedStep:
+          kwargs: Mapping[str, Any] | None = None, memory_limit: int | str | None = None) -> AppliedStep:
     """Compiles ``step_fn`` for ``args`` with ``plan``, falling back to XLA's default.
 
     Args:
@@ -195,6 +195,12 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
         of the same names, shapes and dtypes.
       strict: raise instead of falling back (for a plan made for another graph, one that
         does not fit, or a compile that fails).
+      memory_limit: bytes per device (an integer or a string such as "2GB"): when the plan's
+        compiled step needs more peak device memory than this (XLA's memory analysis,
+        :func:`disco.sim.memory.peak_memory`) and XLA's default compile does not, XLA's default is
+        used and a :class:`PlanFallbackWarning` names both numbers (with ``strict``: ValueError).
+        When XLA's default is over it too, the plan is kept with a ``UserWarning`` saying so.
+        None: no limit.
 
     Returns:
       An :class:`AppliedStep`; ``.applied`` says whether the plan is in effect.
@@ -202,7 +208,8 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
     Raises:
       TypeError: ``plan`` is not a FusionPlan, ``step_fn`` is not callable or not a form disco
         can call, or a static argument does not hash (usage errors, never a fallback).
-      ValueError, Exception: only with ``strict``: what :func:`compile_plan` raises.
+      ValueError, Exception: only with ``strict``: what :func:`compile_plan` raises, or the plan
+        over ``memory_limit`` (ValueError). A ``memory_limit`` that is no size is a ValueError always.
 
     Example::
 
@@ -217,10 +224,14 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
     form = check_step(step_fn)  # a usage error too: the fallback could not compile it either
     form.statics(tuple(args), dict(kwargs or {}))  # an unhashable static argument: jax refuses it too
     plan = plan or DEFAULT_PLAN
+    if memory_limit is not None:
+        from disco.sim.cluster_spec import parse_bytes
+
+        memory_limit = parse_bytes(memory_limit, "memory_limit")
     if strict:
-        return compile_plan(plan, step_fn, *args, kwargs=kwargs)
+        return _within(compile_plan(plan, step_fn, *args, kwargs=kwargs), memory_limit, step_fn, args, kwargs, True)
     try:
-        return compile_plan(plan, step_fn, *args, kwargs=kwargs)
+        step = compile_plan(plan, step_fn, *args, kwargs=kwargs)
     except Exception as e:  # noqa: BLE001 - any failure must fall back, with its reason
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         warnings.warn(
@@ -230,3 +241,32 @@ def apply(plan: FusionPlan | None, step_fn: Callable[..., Any], *args: Any, stri
         compiled = lowering.lowered.compile()
         return AppliedStep(compiled, DEFAULT_PLAN, plan, reason, lowering.lowered.as_text(dialect="hlo"),
                            form.bind(compiled, lowering))
+    return _within(step, memory_limit, step_fn, args, kwargs, False)
+
+
+def _within(step: AppliedStep, limit: int | None, step_fn: Callable[..., Any], args: tuple[Any, ...],
+            kwargs: Mapping[str, Any] | None, strict: bool) -> AppliedStep:
+    """``step``, or XLA's default compile when ``step``'s plan needs more peak device memory than
+    ``limit`` and the default does not (:func:`apply`'s ``memory_limit``)."""
+    from disco.sim.memory import peak_bytes
+
+    if limit is None or not step.applied or step.plan.is_default:
+        return step
+    peak = peak_bytes(step)
+    if peak is None or peak <= limit:
+        return step
+    name = step.plan.name or step.plan.digest()
+    default = compile_plan(DEFAULT_PLAN, step_fn, *args, kwargs=kwargs)
+    base = peak_bytes(default)
+    if base is not None and base > limit:
+        warnings.warn(f"disco: plan {name!r} needs {peak:,} bytes of device memory at its peak (XLA's memory "
+                      f"analysis), over the limit of {limit:,}, but XLA's default compile needs {base:,}, over it "
+                      "too; keeping the plan", UserWarning, stacklevel=3)
+        return step
+    reason = (f"peak device memory {peak:,} bytes (XLA's memory analysis of its compiled step) over the limit of "
+              f"{limit:,} bytes; XLA's default compile needs {'an unknown amount' if base is None else f'{base:,}'}")
+    if strict:
+        raise ValueError(f"plan {name!r}: {reason}")
+    warnings.warn(f"disco: plan {name!r} not applied: {reason}; using XLA's default compile", PlanFallbackWarning,
+                  stacklevel=3)
+    return dataclasses.replace(default, requested=step.requested, fallback_reason=reason)

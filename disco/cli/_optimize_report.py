@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from disco.cli.common import CliError, Footnotes, counted, print_note, table_console
+from disco.sim.memory import bytes_short
 
 
 def measured_on(info: dict[str, Any]) -> str:
@@ -153,7 +154,7 @@ def print_table(result: Any, info: dict[str, Any]) -> None:
                      f"{counted(result.config.steps, 'step')})"))
     # headers cut over lines by hand, so that the table fits 120 columns (the legend below explains them)
     cols = ["plan", "from", "predicted\nms (by)", "measured ms\nmedian (min-max)", "speedup vs\nxla_default\n(paired)",
-            "vs best\nbaseline"]
+            "vs best\nbaseline", "peak\nmem"]
     cols += ["run-off\nspeedup"] if again else []
     for col in (*cols, "predicted /\nlower bound"):
         # the figures on one line each, the plan's name wrapped if need be; a cell still too wide folds, never cut
@@ -164,10 +165,11 @@ def print_table(result: Any, info: dict[str, Any]) -> None:
         meas = (f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})"
                 if r.median_s is not None else "-")
         if not r.applied:
-            meas += " fell back"
+            meas += "\nfell back"  # a line of its own: the column stays as wide as its figures
         cells = [escape(r.name) + mark, "baseline" if r.kind != "search" else notes.mark(r.origin), f"{r.predicted_s * 1e3:.3f} {_SHORT_SOURCES.get(r.predicted_by, r.predicted_by)}",
                  meas, f"{r.gain(base_row):.3f}x" if r.median_s else "-",
-                 f"{r.gain(base_row) / best_base:.3f}x" if r.median_s and best_base else "-"]
+                 f"{r.gain(base_row) / best_base:.3f}x" if r.median_s and best_base else "-",
+                 bytes_short(r.peak_memory_bytes) + ("!" if r.over_memory else "")]
         cells += [f"{again[r.name]:.3f}x" if r.name in again else "-"] if again else []
         t.add_row(*cells, f"{r.predicted_s / lb:.2f}x" if lb > 0 else "-")
     console = table_console()
@@ -175,6 +177,11 @@ def print_table(result: Any, info: dict[str, Any]) -> None:
     notes.print(console)
     for line in result.legend():
         print_note(console, line)
+    limit = result.memory_limit
+    print_note(console, "peak mem: bytes per device (K = KiB), measured: XLA's memory analysis of the plan's compiled "
+                        "step (arguments + outputs - donated + temporaries); "
+                        + (f"!: above the limit of {limit:,} bytes, measured but never chosen" if limit else
+                           "no memory limit (--memory-limit, or a cluster's device_memory)"))
     print_note(console, "by: where the prediction came from, made before the plan was measured: emu the simulator "
                         "(emulated fusion, the cost model's kernel times), gnn its GNN kernel times, prof profiled "
                         "kernel times, cor the simulator through this machine's correction fitted from other "

@@ -93,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-sweep", default="2,3,4", metavar="K,K,...",
                    help="bucket counts whose equal-bytes plans (even_K) are measured too (default 2,3,4; "
                         "'' for none)")
+    p.add_argument("--memory-limit", default=None, metavar="BYTES",
+                   help="bytes per device (2GB, 512MiB, 3e9): a plan whose compiled step's peak memory (XLA's "
+                        "memory analysis) is above it, or above the cluster's device memory, is never chosen")
     p.add_argument("--out", metavar="FILE",
                    help="write the chosen plan as JSON here (default: $DISCO_PLANS/<model>-<preset>-<devices>.json, "
                         "$DISCO_PLANS defaulting to disco/plans in the per-user cache directory)")
@@ -140,7 +143,7 @@ _FLAGS = {"budget_s": "--budget", "max_evals": "--max-evals", "strategy": "--str
           "compiled_top_k": "--compiled-top-k", "learn": "--no-learn",
           "correction_file": "--correction", "seed": "--seed", "rounds": "--rounds", "steps": "--steps",
           "bucket_sweep": "--bucket-sweep", "finalists": "--finalists", "confirm_rounds": "--confirm-rounds",
-          "measure_bound": "--no-bound", "confirm": "--no-confirm"}
+          "measure_bound": "--no-bound", "confirm": "--no-confirm", "memory_limit": "--memory-limit"}
 
 
 def config_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
@@ -160,6 +163,7 @@ def config_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
                               measure_top_k=args.measure_top_k, seed=args.seed, rounds=args.rounds, steps=args.steps,
                               measure_bound=args.bound, bucket_sweep=_bucket_counts(args.bucket_sweep),
                               finalists=args.finalists, confirm=args.confirm, confirm_rounds=args.confirm_rounds,
+                              memory_limit=getattr(args, "memory_limit", None),
                               **({} if args.compiled_top_k is None else {"compiled_top_k": args.compiled_top_k}),
                               **{"measure_rounds": 3 if args.measure_rounds is None else args.measure_rounds,
                                  "learn": args.learn, "correction_file": correction_file(args), **fixed})

@@ -66,6 +66,11 @@ class PlanRow:
         name; "" for a row built without it.
       base_median_s: xla_default's measured median in the rounds this plan was measured in (the
         funnel measures each round's plans with xla_default afresh), or None when not measured.
+      peak_memory_bytes: the compiled step's peak device memory per device, measured: XLA's memory
+        analysis of the executable measured (:func:`disco.sim.memory.peak_memory`); None where the
+        runner did not read it.
+      over_memory: why the plan is never chosen for memory (its peak above the limit, both numbers),
+        or None: it fits, or no limit is known (:func:`over_memory`).
     """
 
     name: str
@@ -86,6 +91,13 @@ class PlanRow:
     simulated_s: float | None = None
     found_as: str = ""
     base_median_s: float | None = None
+    peak_memory_bytes: int | None = None
+    over_memory: str | None = None
+
+    @property
+    def eligible(self) -> bool:
+        """Whether the row may be chosen: measured, applied and within the memory limit."""
+        return self.median_s is not None and self.applied and self.over_memory is None
 
     @property
     def simulator_s(self) -> float:
@@ -113,20 +125,31 @@ class PlanRow:
                 # the keys the optimizer across processes wrote (scripts/tools/zoo_links.py reads them)
                 "plan": self.name, "median_ms": ms(self.median_s), "min_ms": ms(self.min_s), "max_ms": ms(self.max_s),
                 "paired_speedup": self.speedup, "all_reduces": self.all_reduces,
+                "peak_memory_bytes": self.peak_memory_bytes, "over_memory": self.over_memory,
                 **({"measured_in": self.measured_in} if self.measured_in else {})}
 
     def __repr__(self) -> str:
         ms = (lambda v: "-" if v is None else f"{v * 1e3:.3f}")  # noqa: E731
         speed = "-" if self.speedup is None else f"{self.speedup:.3f}x"
         fell = "" if self.applied else ", fell back"
+        fell += "" if self.over_memory is None else ", over memory"
         return (f"PlanRow({self.name!r}, {self.kind}, predicted {ms(self.predicted_s)} ms, measured "
                 f"{ms(self.median_s)} ms, {speed}{fell})")
+
+
+def over_memory(peak: int | None, limit: int | None) -> str | None:
+    """Why a plan of compiled peak memory ``peak`` (bytes per device) is over ``limit`` (bytes), or
+    None: it fits, or either number is unknown."""
+    if peak is None or limit is None or peak <= limit:
+        return None
+    return (f"peak device memory {peak:,} bytes (XLA's memory analysis of its compiled step) over the "
+            f"limit of {limit:,} bytes")
 
 
 def verdict(rows: Sequence[PlanRow]) -> tuple[str, str]:
     """(chosen row name, verdict) from the measured rows: the largest paired speedup wins."""
     base = next(r for r in rows if r.name == "xla_default")
-    others = [r for r in rows if r.name != "xla_default" and r.median_s is not None and r.applied]
+    others = [r for r in rows if r.name != "xla_default" and r.eligible]
     fastest = max(others, key=lambda r: r.gain(base), default=None)
     if fastest is None or fastest.gain(base) <= 1.0:
         same = fastest is not None and fastest.base_median_s is not None
@@ -134,7 +157,8 @@ def verdict(rows: Sequence[PlanRow]) -> tuple[str, str]:
         detail = (f"; the best other plan, {fastest.name}, measured {fastest.gain(base):.3f}x "
                   f"({fastest.median_s * 1e3:.3f} vs {ref * 1e3:.3f} ms median{' in the same rounds' if same else ''})"
                   if fastest else "")
-        return "xla_default", f"no plan beat xla_default when measured{detail}; keeping XLA's default compile"
+        return "xla_default", (f"no plan beat xla_default when measured{detail}{_over_note(rows)}; keeping "
+                               "XLA's default compile")
     overlap = fastest.max_s is not None and base.min_s is not None and fastest.max_s >= base.min_s
     note = (" (in this run the min-max ranges overlap, so this run alone cannot tell the gain from noise)"
             if overlap else "")
@@ -144,14 +168,21 @@ def verdict(rows: Sequence[PlanRow]) -> tuple[str, str]:
     ref = fastest.base_median_s if same else base.median_s
     return fastest.name, (f"{fastest.name} measured {fastest.gain(base):.3f}x faster than xla_default "
                           f"({fastest.median_s * 1e3:.3f} vs {ref * 1e3:.3f} ms median"
-                          f"{' in the same rounds' if same else ''}){note}")
+                          f"{' in the same rounds' if same else ''}){note}{_over_note(rows)}")
+
+
+def _over_note(rows: Sequence[PlanRow]) -> str:
+    """The verdict's note on the measured rows left out for memory ("" when none was)."""
+    over = [r.name for r in rows if r.over_memory is not None and r.median_s is not None]
+    if not over:
+        return ""
+    return f" ({len(over)} plan{'s' if len(over) > 1 else ''} over the memory limit not chosen: {', '.join(over)})"
 
 
 def finalists(rows: Sequence[PlanRow], n: int) -> list[str]:
     """The ``n`` applied plans with the largest speedups over xla_default above 1, largest first."""
     base = next(r for r in rows if r.name == "xla_default")
-    better = [r for r in rows if r.name != "xla_default" and r.applied and r.median_s is not None
-              and r.gain(base) > 1.0]
+    better = [r for r in rows if r.name != "xla_default" and r.eligible and r.gain(base) > 1.0]
     return [r.name for r in sorted(better, key=lambda r: -r.gain(base))[:n]]
 
 
@@ -186,9 +217,10 @@ def fastest_baseline(gains: Mapping[str, float], kinds: Mapping[str, str]) -> st
 
 
 def measured_gains(rows: Sequence[PlanRow]) -> dict[str, float]:
-    """The paired speedups over xla_default of the applied, measured ``rows``, by name."""
+    """The paired speedups over xla_default of the applied, measured ``rows`` within the memory
+    limit (:attr:`PlanRow.eligible`), by name."""
     base = next(r for r in rows if r.name == "xla_default")
-    return {r.name: r.gain(base) for r in rows if r.applied and r.median_s is not None}
+    return {r.name: r.gain(base) for r in rows if r.eligible}
 
 
 def best_baseline(rows: Sequence[PlanRow]) -> str | None:

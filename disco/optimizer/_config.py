@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 
 from disco import search
+from disco.sim.cluster_spec import parse_bytes
 
 # progress(phase, fraction done in [0, 1], message); phases: "extract", "search", "compile", "measure",
 # "run-off", "confirm" (each step reports its own fraction)
@@ -74,10 +75,16 @@ class OptimizeConfig:
       confirm: measure the chosen plan again against xla_default (and the best baseline) in fresh rounds and keep
         it only if it is faster there too.
       confirm_rounds: the confirmation's rounds; None: :attr:`confirmation_rounds`'s default.
+      memory_limit: bytes per device (an integer, or a string such as "2GB" or "512MiB"); a plan
+        whose compiled step's peak device memory (XLA's memory analysis,
+        :func:`disco.sim.memory.peak_memory`) is above the lesser of it and the cluster's
+        ``device_memory_bytes`` is measured but never chosen (its row's ``over_memory`` says
+        why). None: the cluster's memory alone (none known: no limit). XLA's default is never
+        left out: it is the step as written.
 
     Raises:
       ValueError: for an unknown strategy, a budget that is not positive, ``measure_top_k``
-        below 0, ``compiled_top_k`` below 0, ``measure_rounds`` below 1, a ``correction_file`` that is not a path, a flag that is not a bool, a seed that is not an integer, a bucket count below 1, ``finalists`` below 1, rounds/steps below 1 or
+        below 0, ``compiled_top_k`` below 0, ``measure_rounds`` below 1, a ``correction_file`` that is not a path, a flag that is not a bool, a seed that is not an integer, a bucket count below 1, ``finalists`` below 1, a ``memory_limit`` that is no size, rounds/steps below 1 or
         ``confirm_rounds`` below 1, naming the value received.
     """
 
@@ -100,8 +107,11 @@ class OptimizeConfig:
     measure_regrouped: bool = True
     confirm: bool = True
     confirm_rounds: int | None = None
+    memory_limit: int | None = None
 
     def __post_init__(self) -> None:
+        if self.memory_limit is not None:
+            object.__setattr__(self, "memory_limit", parse_bytes(self.memory_limit, "memory_limit"))
         try:
             object.__setattr__(self, "bucket_sweep", tuple(self.bucket_sweep))
         except TypeError:  # not iterable: bucket_sweep=4 for (4,)
@@ -145,6 +155,13 @@ class OptimizeConfig:
         """The confirmation's rounds: ``confirm_rounds``, by default ``3 * rounds`` (two executables
         already compiled, so rounds cost only their steps)."""
         return 3 * self.rounds if self.confirm_rounds is None else self.confirm_rounds
+
+    def limit_for(self, device_memory_bytes: int | None) -> int | None:
+        """The memory limit in bytes per device that plans are held to on a cluster of
+        ``device_memory_bytes`` (None: unknown): the lesser of it and :attr:`memory_limit`, None
+        when neither is known."""
+        known = [v for v in (self.memory_limit, device_memory_bytes) if v is not None]
+        return min(known) if known else None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

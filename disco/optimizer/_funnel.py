@@ -174,6 +174,7 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
     predictor = Predictor.of(target.simulator, state)
     rounds = config.measure_rounds
     budget = config.budget_s / rounds
+    limit = config.limit_for(target.cluster.device_memory_bytes)
     pool = _Pool()
     forced: list[str] = []  # digests the first round measures whatever the model says
     xla = None
@@ -254,7 +255,8 @@ def funnel(target: Target, config: OptimizeConfig, progress: Progress = no_progr
             first_trials = trials
             if trials.bound is not None:
                 bound = Bound(trials.bound.span(), paired_speedup(base, trials.bound.times))
-        new = {n: measured_row(row, trials.by_name[n], base) for n, row in batch.items() if n in trials.by_name}
+        new = {n: measured_row(row, trials.by_name[n], base, limit) for n, row in batch.items()
+               if n in trials.by_name}
         rows.update(new)
         measured |= {d for d in picks}
         if config.learn:  # each time on the first round's scale (module doc)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disco.calibrate.correction import Correction
 from disco.optimizer._candidates import Candidates
-from disco.optimizer._choice import PlanRow, Span, verdict
+from disco.optimizer._choice import PlanRow, Span, over_memory, verdict
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._prepare import Target
 from disco.optimizer._runners import InProcessRunner, Runner, Trial, Trials
@@ -82,16 +82,21 @@ def measure(target: Target, cands: Candidates, config: OptimizeConfig, progress:
     base = trials.by_name["xla_default"].times
     bound = None if trials.bound is None else Bound(trials.bound.span(), paired_speedup(base, trials.bound.times))
     by_name = {r.name: r for r in cands.rows}
-    rows = tuple(measured_row(by_name[name], t, base) for name, t in trials.by_name.items())
+    limit = config.limit_for(target.cluster.device_memory_bytes)
+    rows = tuple(measured_row(by_name[name], t, base, limit) for name, t in trials.by_name.items())
     chosen, why = verdict(rows)
     return Measured(rows, chosen, why, bound, trials.compiled, trials)
 
 
-def measured_row(row: PlanRow, trial: Trial, base: Any) -> PlanRow:
+def measured_row(row: PlanRow, trial: Trial, base: Any, limit: int | None = None) -> PlanRow:
     """``row`` with ``trial``'s times and its paired speedup over ``base`` (xla_default's times there),
-    over all rounds and over each half of them."""
+    over all rounds and over each half of them, and its compiled peak memory; marked
+    ``over_memory`` when that is above ``limit`` (bytes per device; None: no limit). xla_default is
+    never marked: it is the step as written, what every other choice falls back to."""
     s = trial.span()
+    over = None if row.name == "xla_default" else over_memory(trial.peak_memory_bytes, limit)
     return dataclasses.replace(row, median_s=s.median, min_s=s.min, max_s=s.max, applied=trial.applied,
                                fallback_reason=trial.fallback_reason, speedup=paired_speedup(base, trial.times),
                                halves=paired_halves(base, trial.times), all_reduces=trial.all_reduces,
-                               base_median_s=base.median)
+                               base_median_s=base.median, peak_memory_bytes=trial.peak_memory_bytes,
+                               over_memory=over)

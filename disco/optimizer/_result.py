@@ -29,12 +29,14 @@ class Setting(NamedTuple):
       cluster: the cluster's name.
       cost_model: the cost model's name.
       lower_bound_s: the simulated lower bound.
+      device_memory_bytes: the cluster's device memory (None: unknown).
     """
 
     graph: dict[str, Any]
     cluster: str
     cost_model: str
     lower_bound_s: float
+    device_memory_bytes: int | None = None
 
     def __repr__(self) -> str:
         g = self.graph
@@ -192,6 +194,12 @@ class OptimizeResult:
             s = self.row(name).gain(self.row("xla_default"))
         return (1.0 - 1.0 / s) / (1.0 - 1.0 / self.bound.speedup)
 
+    @property
+    def memory_limit(self) -> int | None:
+        """The memory limit the plans were held to, bytes per device: the lesser of the config's
+        ``memory_limit`` and the cluster's ``device_memory_bytes`` (None: neither known)."""
+        return self.config.limit_for(self.setting.device_memory_bytes)
+
     def row(self, name: str) -> PlanRow:
         """The row called ``name``, else the row found as ``name`` in the search's order
         (:attr:`PlanRow.found_as`: ``disco_1``, ``disco_1_buckets``, ``disco_1_on_ddp``).
@@ -221,6 +229,8 @@ class OptimizeResult:
             "cost_model": self.setting.cost_model, "cluster": self.setting.cluster,
             "graph": dict(self.setting.graph),
             "measurement": {"rounds": self.config.rounds, "steps_per_round": self.config.steps},
+            "memory_limit_bytes": self.memory_limit,
+            "peak_memory": "per device, measured: XLA's memory analysis of each plan's compiled step",
             "accuracy": self.accuracy.to_dict(), "learning": dict(self.learning),
             "speedup_vs_xla_default": self.speedup,  # the answer's (confirmed when confirmed)
             "confirmed_speedup": self.confirmed_speedup,
@@ -362,6 +372,7 @@ class OptimizeResult:
         what the marks mean, the accuracy figures and the verdict."""
         g, s = self.setting.graph, self.search
         base = self.row("xla_default")
+        peaks = any(r.peak_memory_bytes is not None for r in self.rows)
         lines = [
             f"disco.optimize {g.get('name', '?')} (fingerprint {str(g.get('fingerprint', '?'))[:8]}, "
             f"{g.get('nodes', '?')} nodes, {g.get('all_reduces', '?')} all-reduces) on cluster "
@@ -369,7 +380,9 @@ class OptimizeResult:
             f"search: {s.strategy}, {s.evals} plans in {s.seconds:.1f} s; simulated lower bound "
             f"{self.setting.lower_bound_s * 1e3:.3f} ms",
             f"measured {len(self.rows)} plans, {self.config.rounds} rounds x {self.config.steps} steps "
-            "(speedup vs xla_default, ms median (min-max)):",
+            "(speedup vs xla_default, ms median (min-max)"
+            + (", peak: bytes per device by XLA's memory analysis of the compiled step" if peaks else "")
+            + (f"; memory limit {self.memory_limit:,} bytes" if self.memory_limit else "") + "):",
         ]
         width = max(len(r.name) for r in self.rows) + 2
         for r in self.ordered_rows():
@@ -378,7 +391,9 @@ class OptimizeResult:
                     f"{r.median_s * 1e3:.3f} ({r.min_s * 1e3:.3f}-{r.max_s * 1e3:.3f})")
             gain = f"{r.gain(base):.3f}x" if r.median_s else "-"
             fell = "" if r.applied else f"  fell back: {r.fallback_reason}"
-            lines.append(f"  {name:<{width}} {gain:>8}  {meas}  predicted {r.predicted_s * 1e3:.3f} ms "
+            fell += "" if r.over_memory is None else f"  not chosen: {r.over_memory}"
+            peak = "" if r.peak_memory_bytes is None else f"  peak {r.peak_memory_bytes:,}"
+            lines.append(f"  {name:<{width}} {gain:>8}  {meas}{peak}  predicted {r.predicted_s * 1e3:.3f} ms "
                          f"({r.predicted_by}){fell}")
         lines.append(self.accuracy.decision_line())
         lines += ["  " + line for line in self.accuracy.detail_lines()]
@@ -442,7 +457,7 @@ def make_result(target: Target, config: OptimizeConfig, cands: Candidates, measu
         graph={"name": graph.name, "fingerprint": graph.fingerprint, "nodes": len(graph.nodes),
                "all_reduces": len(graph.all_reduces())},
         cluster=target.cluster.name, cost_model=getattr(target.costs, "name", type(target.costs).__name__),
-        lower_bound_s=sim.lower_bound())
+        lower_bound_s=sim.lower_bound(), device_memory_bytes=target.cluster.device_memory_bytes)
     rows = measured.rows + (runoff.rows if runoff is not None else ())
     plan = next(r.plan for r in rows if r.name == last.chosen).replace(graph_fingerprint=graph.fingerprint)
     return OptimizeResult(plan=plan, chosen=last.chosen, verdict=last.verdict, rows=rows,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from disco.optimizer._choice import Span
 from disco.plans.plan import FusionPlan
+from disco.sim.memory import peak_bytes
 from xla_hooks.measure import Measurement
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class Trial(NamedTuple):
       fallback_reason: why it fell back, or None.
       all_reduces: the all-reduces in the compiled step, where the runner counted them.
       record: the runner's own JSON row for the plan (a launch's combined row), or None.
+      peak_memory_bytes: the compiled step's peak device memory per device, as XLA's memory analysis
+        reports it (:func:`disco.sim.memory.peak_memory`), where the runner read it; else None.
     """
 
     times: Measurement
@@ -49,6 +52,7 @@ class Trial(NamedTuple):
     fallback_reason: str | None = None
     all_reduces: int | None = None
     record: Mapping[str, Any] | None = None
+    peak_memory_bytes: int | None = None
 
     def span(self) -> Span:
         """The median and range in seconds."""
@@ -199,7 +203,8 @@ class InProcessRunner:
                 results = bench.run_bench(target.step_fn, target.args, dict(plans), rounds=rounds, steps=steps,
                                           kwargs=target.kwargs,
                                           progress=progress, comm_free_bound=bound)
-            trials = {m.name: Trial(m.measurement, m.applied, m.fallback_reason, all_reduces=m.all_reduces)
+            trials = {m.name: Trial(m.measurement, m.applied, m.fallback_reason, all_reduces=m.all_reduces,
+                                    peak_memory_bytes=m.peak_memory_bytes)
                       for m in results if not m.is_bound}
             found = next((Trial(m.measurement, m.applied, m.fallback_reason, all_reduces=m.all_reduces)
                           for m in results if m.is_bound), None)
@@ -225,7 +230,8 @@ class InProcessRunner:
             step = new.get(name)
             if name in times:
                 trials[name] = Trial(times[name], True if step is None else step.applied,
-                                     None if step is None else step.fallback_reason)
+                                     None if step is None else step.fallback_reason,
+                                     peak_memory_bytes=peak_bytes(execs[name]))
         unmeasured = {n: s for n, s in new.items() if n not in times}
         info = {"unmeasured": {n: s.fallback_reason for n, s in unmeasured.items()}} if unmeasured else {}
         return Trials(trials, None, {**execs}, info)

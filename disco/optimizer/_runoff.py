@@ -10,7 +10,8 @@ from typing import Any
 from disco.ir.graph import HloGraph
 from disco.optimizer._accuracy import source_of
 from disco.optimizer._candidates import Predict, predicted_row
-from disco.optimizer._choice import PlanRow, Span, finalists, measured_gains, regroup_sources, runoff_choice
+from disco.optimizer._choice import (PlanRow, Span, finalists, measured_gains, over_memory, regroup_sources,
+                                     runoff_choice)
 from disco.optimizer._learn import Predictor
 from disco.optimizer._config import OptimizeConfig, Progress, no_progress
 from disco.optimizer._measure import Measured, measured_row
@@ -146,14 +147,16 @@ def run_off(target: Target, measured: Measured, config: OptimizeConfig, progress
                         on_round=lambda r: progress("run-off", (r + 1) / rounds, f"run-off round {r + 1}/{rounds}"))
     if extra is not None and extra.name in trials.info.get("unmeasured", {}):
         extra = dataclasses.replace(extra, applied=False, fallback_reason=trials.info["unmeasured"][extra.name])
-    # a plan that fell back is no contender (it is XLA's default compile again)
-    again = {n: t.times for n, t in trials.by_name.items() if t.applied or n == "xla_default"}
+    limit = config.limit_for(target.cluster.device_memory_bytes)
+    # a plan that fell back is no contender (it is XLA's default compile again), nor one over the memory limit
+    again = {n: t.times for n, t in trials.by_name.items()
+             if n == "xla_default" or (t.applied and over_memory(t.peak_memory_bytes, limit) is None)}
     chosen, why = runoff_choice(measured.chosen, measured.verdict, again)
     speedups = {n: paired_speedup(again["xla_default"], m) for n, m in again.items() if n != "xla_default"}
     rows: tuple[PlanRow, ...] = ()
     if extra is not None:
         t = trials.by_name.get(extra.name)
-        row = extra if t is None else measured_row(extra, t, trials.by_name["xla_default"].times)
+        row = extra if t is None else measured_row(extra, t, trials.by_name["xla_default"].times, limit)
         rows = (dataclasses.replace(row, measured_in="run-off"),)
     return RunOff(chosen, why, {n: trials.by_name[n].span() for n in again}, speedups, rows,
                   {r.name: trials.compiled[r.name] for r in rows if r.name in trials.compiled}, trials)

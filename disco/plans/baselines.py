@@ -24,6 +24,24 @@
   latency-hiding scheduler, collective pipelining, double-buffered loops, the speed-of-light latency
   estimator on Hopper). Priced by the compiled tier (deviceless XLA:GPU) on GPU clusters; refused on
   CPU, which has none of these passes, and by the emulated tier, which does not model them.
+* ``maxtext`` (GPU): MaxText's XLA:GPU recipe for sharded steps as compile options: the all-gather,
+  reduce-scatter and all-reduce combine thresholds at 512 MiB each (:data:`MAXTEXT_THRESHOLD`).
+  The recipe also turns on pipelined all-gathers and reduce-scatters
+  (``xla_gpu_enable_pipelined_all_gather``, ``..._reduce_scatter``); those are left out: jax 0.11.2's
+  GPU compile rejected their all-reduce sibling ``xla_gpu_enable_pipelined_all_reduce`` ("No such
+  compile option", on an H100) and /work/shared/GPU_NOTES.md lists neither among the options that
+  compile accepts (``xla_o1``'s ``optimization_level=O1`` turns XLA's collective pipeliner on instead).
+  Refused on CPU (:data:`disco.plans.options.CPU_HAS_NO_GATHER_COMBINER`: XLA:CPU has no all-gather or
+  reduce-scatter combiner).
+* ``saturating`` (any backend; needs ``cluster``): gradient buckets sized to saturate the link, the
+  rule of PyTorch's pre-bucketing of FSDP collectives (pytorch/pytorch PR 179935): the smallest
+  bucket whose collective spends at least ``efficiency`` (0.95) of its time moving bytes in the
+  alpha-beta model, ``n / B >= e (alpha + n / B)``, so ``n = e / (1 - e) * alpha * B``, with ``B`` the
+  link's bandwidth and ``alpha`` the all-reduce's latency (``2 (p - 1)`` ring steps of the link's
+  latency over ``p`` devices), times a calibration multiplier (1.0), clipped to 50-2000 MiB as the PR
+  clips it (:func:`saturating_bytes`). Too small a bucket leaves the link idle for latency, too big
+  a one leaves the scheduler nothing to overlap. The link is the cluster's slowest one an all-reduce
+  crosses (between nodes when there are several). Buckets fill in production order.
 * ``auto_pgle`` (GPU, never a plan): jax's automatic profile-guided latency estimator
   (``JAX_ENABLE_PGLE=1``: a step's first ``jax_pgle_profiling_runs`` runs are profiled, then it is
   recompiled with the measured latencies). Its schedule comes from a profile of real GPU runs, so
@@ -56,7 +74,15 @@ from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 MB = 1 << 20
 NAMES = ("xla_default", "no_fusion", "per_tensor", "one_bucket", "horovod", "ddp", "xla_threshold", "even")
 # Baselines that only mean something on GPU (compile options XLA:CPU ignores).
-GPU_NAMES = ("xla_tuned", "xla_o1", "auto_pgle")
+GPU_NAMES = ("xla_tuned", "xla_o1", "auto_pgle", "maxtext")
+# Baselines sized from the cluster (``make(name, graph, cluster=...)``).
+LINK_NAMES = ("saturating",)
+MAXTEXT_THRESHOLD = 512 * (1 << 20)
+# PyTorch PR 179935's pre-bucketing of FSDP collectives: its target efficiency, calibration multiplier
+# and clip (MiB: the PR's cap_mb is bytes / (1024 * 1024)).
+SATURATION_EFFICIENCY = 0.95
+SATURATION_MIN_MB = 50
+SATURATION_MAX_MB = 2000
 # Baselines of a step with sharded parameters (FSDP): its parameter all-gathers bucketed.
 GATHER_NAMES = ("one_gather_bucket", "per_layer_gathers")
 # --plans items beyond NAMES: one GPU baseline each (xla_tuned is a sweep of rows, not an item).
@@ -118,11 +144,12 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     """Builds the baseline plan ``name`` for ``graph``.
 
     Args:
-      name: one of :data:`NAMES`, :data:`GPU_NAMES` or :data:`GATHER_NAMES`.
+      name: one of :data:`NAMES`, :data:`GPU_NAMES`, :data:`GATHER_NAMES` or :data:`LINK_NAMES`.
       graph: the step's pre-optimisation graph.
       **kw: ``threshold_mb`` (horovod), ``cap_mb``/``first_mb`` (ddp),
         ``threshold_bytes`` (xla_threshold, xla_tuned), ``k`` (even: the bucket count, >= 1), ``build``
-        ("concat", "rs_ag" or "tuple").
+        ("concat", "rs_ag" or "tuple"), ``cluster`` (saturating: a ClusterSpec, required) with
+        ``min_mb``/``max_mb`` (its clip), ``backend`` (maxtext: "gpu" by default; "cpu" is refused).
 
     Raises:
       TypeError: ``graph`` is not an HloGraph.
@@ -168,6 +195,21 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         plan = FusionPlan(compile_options=((plan_options.OPTIMIZATION_LEVEL, "O1"),), name=name)
     elif name == "auto_pgle":
         raise ValueError(AUTO_PGLE_OFF_GPU)
+    elif name == "maxtext":
+        thr = str(MAXTEXT_THRESHOLD)
+        opts = {plan_options.THRESHOLD: thr, plan_options.GATHER_THRESHOLD: thr, plan_options.SCATTER_THRESHOLD: thr}
+        plan = FusionPlan(compile_options=tuple(sorted(opts.items())), name=name)
+        backend = kw.pop("backend", "gpu")
+        if plan_options.normalize(backend) == "cpu":
+            raise ValueError(f"baseline 'maxtext' on cpu: {plan_options.CPU_HAS_NO_GATHER_COMBINER}")
+    elif name == "saturating":
+        cluster = kw.pop("cluster", None)
+        if cluster is None or not hasattr(cluster, "inter"):
+            raise ValueError(f"baseline 'saturating': expected cluster=<a ClusterSpec> (its link sizes the buckets), "
+                             f"got {type(cluster).__name__}")
+        cap = saturating_bytes(cluster, min_mb=kw.pop("min_mb", SATURATION_MIN_MB),
+                               max_mb=kw.pop("max_mb", SATURATION_MAX_MB))
+        plan = FusionPlan(buckets=greedy(production_order(graph), lambda i: cap), name=name)
     elif name in GATHER_NAMES:
         plan = FusionPlan(gather_buckets=_gather_buckets(graph, per_layer=name == "per_layer_gathers"), name=name)
     elif name == "xla_tuned":
@@ -176,11 +218,34 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         plan = FusionPlan(compile_options=tuple(sorted(opts.items())),
                           name=f"xla_tuned_{thr // MB}mb" if thr % MB == 0 else f"xla_tuned_{thr}")
     else:
-        raise ValueError(f"unknown baseline {name!r}; expected one of: {', '.join(NAMES + GPU_NAMES + GATHER_NAMES)}")
+        raise ValueError(f"unknown baseline {name!r}; expected one of: "
+                         f"{', '.join(NAMES + GPU_NAMES + GATHER_NAMES + LINK_NAMES)}")
     if kw:
         raise ValueError(f"baseline {name!r} got unexpected options {sorted(kw)}")
     # a GPU baseline is checked for GPU: plan_options.check refuses xla_o1 where it is applied on CPU
     return plan.validate(graph, "gpu" if name in GPU_NAMES else "cpu")
+
+
+def saturating_bytes(cluster: Any, *, min_mb: float = SATURATION_MIN_MB, max_mb: float = SATURATION_MAX_MB,
+                     efficiency: float = SATURATION_EFFICIENCY, multiplier: float = 1.0) -> int:
+    """The bucket bytes that saturate ``cluster``'s link (the module doc's ``saturating``): ``multiplier
+    * e / (1 - e) * alpha * B``, ``alpha`` the latency of a ring all-reduce over every device (``2 (p -
+    1)`` steps of the link's latency), ``B`` the link's bandwidth (between nodes where there are
+    several), clipped to ``[min_mb, max_mb]`` MiB.
+
+    Raises:
+      ValueError: an efficiency outside (0, 1), a multiplier that is not positive, or a clip that is
+        not ``0 < min_mb <= max_mb``.
+    """
+    if not 0 < efficiency < 1 or not multiplier > 0:
+        raise ValueError(f"saturating_bytes: expected 0 < efficiency < 1 and multiplier > 0, got {efficiency!r}, "
+                         f"{multiplier!r}")
+    if isinstance(min_mb, bool) or isinstance(max_mb, bool) or not 0 < min_mb <= max_mb < math.inf:
+        raise ValueError(f"baseline 'saturating': expected 0 < min_mb <= max_mb, got {min_mb!r}, {max_mb!r}")
+    link = cluster.inter if cluster.nodes > 1 else cluster.intra
+    steps = 2 * max(cluster.num_devices - 1, 1)
+    n = multiplier * efficiency / (1 - efficiency) * steps * link.latency * link.bandwidth
+    return int(min(max(n, min_mb * MB), max_mb * MB))
 
 
 def layer_of(param_path: str) -> str:

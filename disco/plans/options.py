@@ -8,7 +8,14 @@ one table of the options a search may set, per backend:
   JAX-Toolbox advises sweeping it by powers of two) and the latency-hiding scheduler (off by
   default; JAX-Toolbox turns it on); both accepted by jax 0.11.2's GPU compile (measured on an
   H100, docs/archive/lab-notebook.md, "Bucket, cut and compile-option plans on an H100"). Pipelined all-reduce is not in the table: that compile rejects
-  ``xla_gpu_enable_pipelined_all_reduce`` ("No such compile option", measured there).
+  ``xla_gpu_enable_pipelined_all_reduce`` ("No such compile option", measured there). With them,
+  for a step with sharded parameters (FSDP), the all-gather and reduce-scatter combiners' thresholds
+  (``xla_gpu_all_gather_combine_threshold_bytes``, ``xla_gpu_reduce_scatter_combine_threshold_bytes``;
+  XLA's default 30 MiB + 7 bytes as the all-reduce one's): a per-compile key XLA accepts
+  (/work/shared/XLA_NOTES.md, "Per-compile options"); not yet compiled on an H100. XLA:CPU has neither
+  combiner (its compiled modules keep every all-gather and it writes no reduce-scatter), so
+  :func:`check` refuses them on CPU, as it refuses ``optimization_level``, rather than let a plan
+  claim what does nothing there.
 * ``cpu``: which ops XLA:CPU hands to YNNPACK (``xla_cpu_experimental_ynn_fusion_type``, a
   comma-separated list of ``DebugOptions.LibraryFusionType`` names). jaxlib 0.10.2's default
   sends dots, convolutions and reductions there (the explicit list below compiles the same
@@ -48,6 +55,13 @@ BACKENDS: tuple[str, ...] = ("cpu", "gpu")
 
 THRESHOLD = "xla_gpu_all_reduce_combine_threshold_bytes"
 SCHEDULER = "xla_gpu_enable_latency_hiding_scheduler"
+GATHER_THRESHOLD = "xla_gpu_all_gather_combine_threshold_bytes"
+SCATTER_THRESHOLD = "xla_gpu_reduce_scatter_combine_threshold_bytes"
+CPU_HAS_NO_GATHER_COMBINER = (
+    "XLA:CPU has no all-gather or reduce-scatter combiner for this threshold to set (its compiled modules "
+    "keep every all-gather, and it writes a gradient's return to its shard as an all-reduce and a slice); "
+    "expected a GPU backend (a GPU cluster such as h100-sxm-8, or a run on a GPU); on CPU, gather buckets "
+    "(FusionPlan.gather_buckets) merge all-gathers")
 # Rejected by jax 0.11.2's GPU compile ("No such compile option", on an H100): kept to name it.
 PIPELINED_ALL_REDUCE = "xla_gpu_enable_pipelined_all_reduce"
 YNN_FUSION_TYPE = "xla_cpu_experimental_ynn_fusion_type"
@@ -95,7 +109,14 @@ _GPU: tuple[CompileOption, ...] = (
                   "all-reduces XLA's combiner merges, up to this many bytes each"),
     CompileOption(SCHEDULER, "bool", "False", ("False", "True"),
                   "the latency-hiding scheduler: collectives overlap independent compute"),
+    CompileOption(GATHER_THRESHOLD, "bytes", str(XLA_DEFAULT_THRESHOLD),
+                  tuple(str(1 << k) for k in range(20, 31)),  # 1 MiB .. 1 GiB
+                  "all-gathers (a sharded step's parameters) XLA's combiner merges, up to this many bytes each"),
+    CompileOption(SCATTER_THRESHOLD, "bytes", str(XLA_DEFAULT_THRESHOLD),
+                  tuple(str(1 << k) for k in range(20, 31)),
+                  "reduce-scatters (a sharded step's gradients) XLA's combiner merges, up to this many bytes each"),
 )
+_GPU_ONLY = {GATHER_THRESHOLD: CPU_HAS_NO_GATHER_COMBINER, SCATTER_THRESHOLD: CPU_HAS_NO_GATHER_COMBINER}
 _CPU: tuple[CompileOption, ...] = (
     CompileOption(YNN_FUSION_TYPE, "choice", YNN_DEFAULT, (YNN_DEFAULT, YNN_NO_REDUCE),
                   "the ops XLA:CPU hands to YNNPACK; without REDUCE, reductions stay in XLA's loop fusions"),
@@ -162,7 +183,8 @@ def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
     """Checks ``options`` for ``backend``: the values of its table's options; the other backend's
     table options (accepted and inert, e.g. the GPU options on XLA:CPU); and that any other key is
     one known to keep what the step computes (``_KEEP_RESULTS``), so that a plan never changes the
-    step's results; ``optimization_level`` only on GPU (XLA:CPU has none of its passes).
+    step's results; ``optimization_level`` and the all-gather / reduce-scatter thresholds only on GPU
+    (XLA:CPU has none of their passes).
 
     Raises:
       ValueError: naming the option, the value received and what was expected.
@@ -171,6 +193,8 @@ def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
         if key == OPTIMIZATION_LEVEL:
             _check_optimization_level(val, backend)
             continue
+        if key in _GPU_ONLY and normalize(backend) == "cpu":
+            raise ValueError(f"compile option {key}={val!r} on cpu: {_GPU_ONLY[key]}")
         o = spec(key, backend)
         if o is None:
             _check_outside_table(key, val, backend)

@@ -18,15 +18,16 @@ Example:
 from __future__ import annotations
 
 from disco.sim.cluster_files import load_cluster
-from disco.sim.cluster_presets import (H100_IB_LATENCY, H100_IB_PER_GPU, H100_NVLINK_BUSBW, H100_NVLINK_LATENCY,
+from disco.sim.cluster_presets import (H100_IB_LATENCY, H100_IB_PER_GPU, H100_MEMORY_BYTES, H100_NVLINK_BUSBW,
+                                       H100_NVLINK_LATENCY,
                                        LOCAL_BANDWIDTH, LOCAL_DEVICES, LOCAL_LABEL, LOCAL_LATENCY, PRESETS,
                                        PUBLIC_LABEL, gpu_preset_for, machine_preset, preset, resolve)
 from disco.sim.cluster_spec import (ALGORITHMS, DEVICES, GPU_DEVICES, Algorithm, ClusterSpec, LinkSpec,
-                                    parse_bandwidth, parse_latency, require_cluster)
+                                    parse_bandwidth, parse_bytes, parse_latency, require_cluster)
 
 __all__ = [
     "ALGORITHMS", "DEVICES", "GPU_DEVICES", "Algorithm", "ClusterSpec", "LinkSpec", "parse_bandwidth",
-    "parse_latency", "require_cluster", "load_cluster", "PRESETS", "preset", "resolve", "gpu_preset_for",
+    "parse_bytes", "parse_latency", "require_cluster", "load_cluster", "PRESETS", "preset", "resolve", "gpu_preset_for",
     "machine_preset", "PUBLIC_LABEL", "LOCAL_LABEL", "LOCAL_BANDWIDTH", "LOCAL_LATENCY", "LOCAL_DEVICES", "H100_NVLINK_BUSBW",
-    "H100_NVLINK_LATENCY", "H100_IB_PER_GPU", "H100_IB_LATENCY",
+    "H100_NVLINK_LATENCY", "H100_IB_PER_GPU", "H100_IB_LATENCY", "H100_MEMORY_BYTES",
 ]

@@ -28,6 +28,9 @@ H100_NVLINK_LATENCY = 1e-6
 # 400 Gb/s InfiniBand (NDR, one ConnectX-7 per GPU, as in DGX H100): 8 x 400 Gb/s per node.
 H100_IB_PER_GPU = 400e9 / 8
 H100_IB_LATENCY = 5e-6
+# An H100 SXM's HBM3, as NVIDIA names the part ("H100 80GB HBM3"); taken as 80 GiB (jax's
+# bytes_limit on such a card is a little less, what the driver keeps aside), not measured.
+H100_MEMORY_BYTES = 80 * 2**30
 
 # Placeholders for XLA:CPU's in-process collectives (shared memory plus a rendezvous):
 # a few GB/s and tens of microseconds. `disco calibrate` replaces them with measurements.
@@ -56,7 +59,8 @@ def preset(name: str, devices: int | None = None, calibration: Mapping[str, floa
         bandwidth (``H100_NVLINK_BUSBW``, published figure, see its comment), 1 us; ring.
       h100-2x8-ib: 2 nodes x 8 H100 SXM (device "h100"), NVLink inside, 400 Gb/s InfiniBand per
         GPU (8 x 400 Gb/s = 400 GB/s per node, 5 us); hierarchical.
-    The GPU presets are public cluster shapes, not measurements. The first four keep the CPU
+    The H100 presets carry an H100's memory (``H100_MEMORY_BYTES``, 80 GiB); the others leave it
+    unknown (None). The GPU presets are public cluster shapes, not measurements. The first four keep the CPU
     device kind (kernels priced by the CPU model), as before device kinds existed.
 
     Args:
@@ -153,15 +157,16 @@ def _h100_preset(name: str) -> ClusterSpec:
     nvlink = LinkSpec(H100_NVLINK_BUSBW, H100_NVLINK_LATENCY)
     if name == "h100-1":
         return ClusterSpec(name=name, nodes=1, devices_per_node=1, intra=nvlink, inter=nvlink,
-                           algorithm="ring", device="h100", description="one NVIDIA H100 80GB HBM3",
+                           algorithm="ring", device="h100", device_memory_bytes=H100_MEMORY_BYTES,
+                           description="one NVIDIA H100 80GB HBM3",
                            label=PUBLIC_LABEL)
     if name == "h100-sxm-8":
         return ClusterSpec(name=name, nodes=1, devices_per_node=8, intra=nvlink, inter=nvlink,
-                           algorithm="ring", device="h100",
+                           algorithm="ring", device="h100", device_memory_bytes=H100_MEMORY_BYTES,
                            description="8x H100 SXM on NVLink 4 / NVSwitch (480 GB/s NCCL all-reduce busbw)",
                            label=PUBLIC_LABEL)
     return ClusterSpec(name=name, nodes=2, devices_per_node=8, intra=nvlink,
                        inter=LinkSpec(8 * H100_IB_PER_GPU, H100_IB_LATENCY), algorithm="hierarchical",
-                       device="h100",
+                       device="h100", device_memory_bytes=H100_MEMORY_BYTES,
                        description="2 nodes x 8 H100 SXM, NVLink inside, 400 Gb/s InfiniBand per GPU",
                        label=PUBLIC_LABEL)

@@ -19,6 +19,7 @@ Our own YAML format (``ClusterSpec.to_yaml`` / ``ClusterSpec.from_yaml``)::
     rs_ag_scale: 1.0                            # optional: an rs_ag bucket's time over what the links price
     overlap: true                               # optional: collectives beside compute (false: one stream)
     device: cpu                                 # optional: the device kind that prices kernels (cpu | h100)
+    device_memory: 80GiB                        # optional: one device's memory (default: unknown)
     description: ...                            # optional free text
     label: public GPU cluster shape, not measured  # optional
 
@@ -26,7 +27,8 @@ Bandwidths are numbers in bytes/s or strings with a unit (``B/s``, ``KB/s``,
 ``MB/s``, ``GB/s``, ``GiB/s``, ``bps``, ``Kbps``, ``Mbps``, ``Gbps``, ``Tbps``;
 ``Gb/s`` is ``Gbps``, bits; ``GBps`` is ``GB/s``, bytes: only the case of that b/B
 matters). Latencies are numbers in seconds or strings with a unit (``s``, ``ms``,
-``us`` or ``µs``, ``ns``). ``to_yaml`` writes plain numbers. A spec holds at least 1 byte/s
+``us`` or ``µs``, ``ns``). Memory is a number of bytes or a string with a unit (``B``, ``KB``,
+``MB``, ``GB``, ``TB``, ``KiB``, ``MiB``, ``GiB``, ``TiB``; any case, always bytes). ``to_yaml`` writes plain numbers. A spec holds at least 1 byte/s
 per link, at most an hour of latency, a ``compute_speed`` of at least 1e-6 and at most 2**31
 devices (``MIN_BANDWIDTH``, ``MAX_LATENCY``, ``MIN_COMPUTE_SPEED``, ``MAX_DEVICES``).
 
@@ -80,6 +82,7 @@ _RATE_UNITS = {  # case matters only for b (bits) vs B (bytes) before "/s" or "p
 }
 # Sub-second units as divisors, so that "5us" reads as exactly 5e-6 (5 / 1e6, not 5 * 1e-6).
 # Both micro signs: U+00B5 (MICRO SIGN) and U+03BC (GREEK SMALL LETTER MU), which keyboards also type.
+_SIZE_UNITS = {f"{p}b": v for p, v in _RATE_PREFIXES.items()}  # lower-cased: "GB", "gb", "GiB" are bytes
 _TIME_UNITS = {"s": 1.0, "ms": -1e3, "us": -1e6, "\u00b5s": -1e6, "\u03bcs": -1e6, "ns": -1e9}
 # The number "5", "5.5" or ".5" spelled so that one reading fits a string ("[0-9]*\.?[0-9]+" let the
 # regex try every split of a run of digits: 60,000 digits and a "!" took minutes).
@@ -133,6 +136,18 @@ def parse_latency(value: Any, where: str) -> float:
     if out > MAX_LATENCY:
         raise ValueError(f"{where}: expected a latency of at most {MAX_LATENCY:g} s, got {shown(value)}")
     return out
+
+
+def parse_bytes(value: Any, where: str) -> int:
+    """Reads a size in bytes from a number (bytes) or a string such as "2GB", "80GiB", "512 MiB".
+
+    Raises:
+      ValueError: naming ``where`` when the value is not a positive size of at least one byte.
+    """
+    out = _parse_quantity(value, where, _SIZE_UNITS, 1.0, "a size such as 2GB, 80GiB or 2e9 (bytes)")
+    if not out >= 1:
+        raise ValueError(f"{where}: expected a size of at least 1 byte, got {shown(value)}")
+    return int(out)
 
 
 def _parse_quantity(value: Any, where: str, units: Mapping[str, float], bare: float, expected: str) -> float:
@@ -250,6 +265,9 @@ class ClusterSpec:
       label: provenance, e.g. "public GPU cluster shape, not measured" (not compared).
       device: the device kind (``DEVICES``): "cpu" (default: XLA:CPU's fusion and the CPU cost
         model) or "h100" (XLA:GPU's priority fusion emulated, kernels priced for an H100).
+      device_memory_bytes: one device's memory in bytes, or None (unknown: the CPU's virtual
+        devices share the host's). ``optimize`` never chooses a plan whose compiled step's peak
+        device memory is above it (nor above its ``memory_limit``).
     """
 
     name: str
@@ -265,6 +283,7 @@ class ClusterSpec:
     description: str = dataclasses.field(default="", compare=False)
     label: str = dataclasses.field(default="", compare=False)
     device: str = "cpu"
+    device_memory_bytes: int | None = None
 
     def __repr__(self) -> str:
         """One line: name, shape, links and what differs from the defaults (not the description)."""
@@ -308,6 +327,10 @@ class ClusterSpec:
         if ol > MAX_LATENCY:
             raise ValueError(f"ClusterSpec.operand_latency: expected at most {MAX_LATENCY:g} s, got {shown(ol)}")
         check_rs_ag_scale(self.rs_ag_scale, "ClusterSpec.rs_ag_scale")
+        mem = self.device_memory_bytes
+        if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem < 1):
+            raise ValueError(f"ClusterSpec.device_memory_bytes: expected an integer >= 1 (bytes) or None, "
+                             f"got {shown(mem)}")
 
     @property
     def is_gpu(self) -> bool:
@@ -337,6 +360,8 @@ class ClusterSpec:
             out["overlap"] = False
         if self.device != "cpu":
             out["device"] = self.device
+        if self.device_memory_bytes is not None:
+            out["device_memory"] = int(self.device_memory_bytes)
         if self.description:
             out["description"] = self.description
         if self.label:
@@ -359,7 +384,7 @@ class ClusterSpec:
         if not isinstance(data, Mapping):
             raise ValueError(f"{where}: expected a mapping of cluster fields, got {type(data).__name__}")
         known = {"name", "nodes", "devices_per_node", "intra", "inter", "algorithm", "compute_speed",
-                 "operand_latency", "rs_ag_scale", "overlap", "description", "label", "device"}
+                 "operand_latency", "rs_ag_scale", "overlap", "description", "label", "device", "device_memory"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{where}: unknown fields {shown(unknown)}; expected some of {sorted(known)}")
@@ -398,10 +423,13 @@ class ClusterSpec:
         device = data.get("device", "cpu")
         if device not in DEVICES:
             raise ValueError(f"{where}.device: expected one of {', '.join(DEVICES)}, got {shown(device)}")
+        memory = data.get("device_memory")
+        memory = None if memory is None else parse_bytes(memory, f"{where}.device_memory")
         return cls(name=data.get("name", f"{nodes}x{dpn}"), nodes=nodes, devices_per_node=dpn,
                    intra=intra, inter=inter, algorithm=algorithm, compute_speed=float(speed),
                    operand_latency=operand_latency, rs_ag_scale=rs_ag_scale, overlap=overlap, device=device,
-                   description=data.get("description", ""), label=data.get("label", ""))
+                   description=data.get("description", ""), label=data.get("label", ""),
+                   device_memory_bytes=memory)
 
     @classmethod
     def from_yaml(cls, path_or_text: str | os.PathLike[str]) -> ClusterSpec:

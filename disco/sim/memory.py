@@ -72,3 +72,36 @@ def peak_memory(compiled: Any) -> PeakMemory:
     xla_peak = getattr(stats, "peak_memory_in_bytes", None)
     return PeakMemory(arguments=args, outputs=outs, aliased=alias, temporaries=temp, peak=args + outs - alias + temp,
                       xla_peak=None if xla_peak is None else int(xla_peak))
+
+
+def peak_bytes(compiled: Any) -> int | None:
+    """:func:`peak_memory`'s ``peak`` in bytes, or None where ``compiled`` reports no memory analysis
+    (a runner's step that is no jax executable, an executable without the stats): what a table of
+    plans shows beside each measured row."""
+    try:
+        return peak_memory(compiled).peak
+    except (TypeError, ValueError):
+        return None
+
+
+def bytes_text(n: int | None) -> str:
+    """``n`` bytes in a few characters for a table ("33.0 KiB", "1.20 MiB", "-" for None)."""
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{n} B"
+
+
+def bytes_short(n: int | None) -> str:
+    """``n`` bytes in a few characters for a narrow column ("74K", "7.4M", "80G", "512B"; "-" for None):
+    binary units (K = KiB)."""
+    if n is None:
+        return "-"
+    for unit, size in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f}{unit}" if value < 9.95 else f"{value:.0f}{unit}"
+    return f"{n}B"

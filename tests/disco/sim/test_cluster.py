@@ -109,7 +109,7 @@ _SPECS = st.builds(
     compute_speed=st.floats(min_value=MIN_COMPUTE_SPEED, max_value=1e300), operand_latency=_LATENCIES,
     rs_ag_scale=st.floats(min_value=1e-300, max_value=MAX_RS_AG_SCALE), overlap=st.booleans(),
     description=st.text(max_size=30), label=st.text(max_size=30),
-    device=st.sampled_from(DEVICES))
+    device=st.sampled_from(DEVICES), device_memory_bytes=st.none() | st.integers(1, 2**50))
 
 
 @pytest.mark.fast
@@ -133,6 +133,20 @@ def test_preset_shapes():
     assert (local.num_devices, local.nodes) == (4, 1) and "placeholder" in local.label
     cal = preset("local", calibration={"bandwidth": 2e9, "latency": 1e-5, "compute_speed": 0.5})
     assert (cal.intra.bandwidth, cal.intra.latency, cal.compute_speed) == (2e9, 1e-5, 0.5)
+    assert local.device_memory_bytes is None  # the virtual CPU devices share the host's memory
+    assert {preset(n).device_memory_bytes for n in ("h100-1", "h100-sxm-8", "h100-2x8-ib")} == {80 * 2**30}
+
+
+@pytest.mark.fast
+def test_device_memory_reads_with_units_and_refuses_what_is_no_size():
+    base = "nodes: 1\ndevices_per_node: 8\nintra: {bandwidth: 1GB/s, latency: 1us}\n"
+    assert ClusterSpec.from_yaml(base + "device_memory: 80GiB\n").device_memory_bytes == 80 * 2**30
+    assert ClusterSpec.from_yaml(base + "device_memory: 2GB\n").device_memory_bytes == 2 * 10**9
+    assert ClusterSpec.from_yaml(base).device_memory_bytes is None
+    with pytest.raises(ValueError, match=r"cluster.device_memory: unknown unit 'GB/s'"):
+        ClusterSpec.from_yaml(base + "device_memory: 2GB/s\n")
+    with pytest.raises(ValueError, match=r"device_memory_bytes: expected an integer >= 1"):
+        preset("local").replace(device_memory_bytes=0)
 
 
 @pytest.mark.fast
