@@ -661,7 +661,7 @@ def test_confirm_measures_the_searched_plan_beside_the_best_baseline():
     rows = (row("xla_default", 1.0, speedup=1.0), row("horovod", 0.8, speedup=1.25),
             dataclasses.replace(row("disco_1", 0.7, speedup=1.4), kind="search"))
     measured = opt.Measured(rows, "disco_1", "disco_1 measured 1.4x", None, fns)
-    target = types.SimpleNamespace(args=(x,))
+    target = types.SimpleNamespace(args=(x,), kwargs={})
     c = opt.confirm(target, measured, opt.OptimizeConfig(rounds=3, steps=1, confirm_rounds=3))
     assert c.candidate == "disco_1" and c.baseline == "horovod"
     assert set(c.times) == {"xla_default", "horovod", "disco_1"}
