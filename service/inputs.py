@@ -27,7 +27,8 @@ def graph_from_json(graph: GraphJson) -> HloGraph:
 
     nodes = tuple(Node(**{**n.model_dump(), "operands": tuple(n.operands), "flops": float(n.flops)})
                   for n in graph.nodes)
-    return HloGraph(name=graph.name, nodes=nodes, edges=tuple((s, d) for s, d in graph.edges), fingerprint="")
+    return HloGraph(name=graph.name, nodes=nodes, edges=tuple((s, d) for s, d in graph.edges), fingerprint="",
+                    mesh=tuple((str(a), int(n)) for a, n in graph.mesh or ()))
 
 
 def check_cluster(spec: ClusterSpec, field: str) -> ClusterSpec:

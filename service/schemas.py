@@ -94,9 +94,17 @@ class GraphJson(_Strict):
     nodes: list[GraphNode] = Field(min_length=1, max_length=limits.MAX_GRAPH_NODES)
     edges: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = Field(
         max_length=limits.MAX_GRAPH_EDGES, description="[producer, consumer] node indices, producer < consumer")
+    mesh: list[Annotated[list[str | int], Field(min_length=2, max_length=2)]] | None = Field(
+        None, max_length=16, description="the sdy mesh's [axis, size] pairs, in mesh order (HloGraph.mesh); "
+                                         "absent for a step without one")
 
     @model_validator(mode="after")
     def _consistent(self) -> GraphJson:
+        for i, pair in enumerate(self.mesh or ()):
+            name, size = pair
+            if not (isinstance(name, str) and 0 < len(name) <= 64) or isinstance(size, bool) or not (
+                    isinstance(size, int) and size >= 1):
+                raise ValueError(f"mesh[{i}]: expected [axis name, size >= 1], got {pair!r}")
         seen: set[str] = set()
         for i, n in enumerate(self.nodes):
             for op in n.operands:

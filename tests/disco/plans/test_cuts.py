@@ -170,8 +170,16 @@ def test_cut_and_option_moves():
     flipped = moves.flip_option(FusionPlan(), gpu, random.Random(1))
     assert len(flipped.compile_options) == 1 and flipped.compile_options[0][1] == "True"
     assert moves.flip_option(flipped, gpu, random.Random(1)) == FusionPlan()  # back to XLA's default: left out
-    stepped = {moves.step_option(FusionPlan(), gpu, random.Random(s)).compile_options for s in range(10)}
-    assert stepped == {((plan_options.THRESHOLD, str(16 << 20)),), ((plan_options.THRESHOLD, str(32 << 20)),)}
+    stepped = {moves.step_option(FusionPlan(), gpu, random.Random(s)).compile_options for s in range(40)}
+    # one step from XLA's default of each size option (the all-reduce, all-gather and reduce-scatter
+    # combine thresholds), to the next value of its table either way
+    expected = set()
+    for o in (o for o in gpu.options if o.kind == "bytes"):
+        default, vals = int(plan_options.value((), o.key, "gpu")), sorted(int(v) for v in o.values)
+        expected |= {((o.key, str(v)),) for v in (max((v for v in vals if v < default), default=None),
+                                                   min((v for v in vals if v > default), default=None)) if v is not None}
+    assert ((plan_options.THRESHOLD, str(16 << 20)),) in stepped and ((plan_options.THRESHOLD, str(32 << 20)),) in stepped
+    assert stepped == expected
     plan = FusionPlan(buckets=baselines.make("ddp", graph).buckets)
     for s in range(200):
         child = moves.random_move(plan, gpu, random.Random(s))

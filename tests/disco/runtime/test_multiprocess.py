@@ -154,5 +154,5 @@ def test_a_pmap_step_on_several_processes_is_refused_before_any_worker_starts():
     spec = multiprocess.WorkerSpec(style="pmap")
     with pytest.raises(ValueError, match=r"style 'pmap' runs on one process only.*--processes 1"):
         multiprocess.launch(2, 1, spec)
-    with pytest.raises(ValueError, match=r"WorkerSpec.style: expected one of shard_map, pmap, gspmd, got 'vmap'"):
+    with pytest.raises(ValueError, match=r"WorkerSpec.style: expected one of shard_map, pmap, gspmd, fsdp, got 'vmap'"):
         multiprocess.WorkerSpec(style="vmap")
