@@ -27,7 +27,7 @@ DEVICES = 8
 
 @pytest.fixture(scope="module")
 def mesh():
-    return jax.make_mesh((DEVICES,), ("data",))
+    return jax.make_mesh((DEVICES,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
 
 
 def _params(mesh):
