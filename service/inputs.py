@@ -143,7 +143,10 @@ def stored_request(req: PlanRequest, cluster: ClusterSpec, fingerprint: str,
         out["hlo_text"] = req.hlo_text
     else:
         assert req.graph is not None
-        out["graph"] = {**req.graph.model_dump(by_alias=True), "fingerprint": fingerprint}
+        graph = req.graph.model_dump(by_alias=True)
+        if graph.get("mesh") is None:  # a graph without a mesh is stored as HloGraph.to_dict writes it: without one
+            graph.pop("mesh", None)
+        out["graph"] = {**graph, "fingerprint": fingerprint}
     return out
 
 
