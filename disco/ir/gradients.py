@@ -16,7 +16,25 @@ if TYPE_CHECKING:
     from disco.ir.graph import Node
 
 # Ops that pass a value on to the step's outputs unchanged (the wrappers around a step's results).
-_PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "custom-call", "copy", "bitcast", "reshape", "call"})
+# What sits between the step's results and its root.
+PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "custom-call", "copy", "bitcast", "reshape", "call"})
+
+
+def results(nodes: Sequence[Node], preds: Sequence[Sequence[int]], starts: Iterable[int]) -> set[int]:
+    """The step's results: the nodes ``starts`` (its root, or its sinks) read through pass-through
+    ops (:data:`PASS_THROUGH`: tuples, copies, reshapes, inlined calls)."""
+    stack = list(dict.fromkeys(starts))
+    seen, out = set(stack), set()
+    while stack:
+        i = stack.pop()
+        if nodes[i].opcode in PASS_THROUGH:
+            for p in preds[i]:
+                if p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        else:
+            out.add(i)
+    return out
 
 
 def predecessors(n_nodes: int, edges: Iterable[tuple[int, int]]) -> list[list[int]]:
@@ -62,17 +80,7 @@ def dataflow_gradients(nodes: Sequence[Node], edges: Sequence[tuple[int, int]], 
       numbers: parameter node index -> its parameter number.
     """
     preds = predecessors(len(nodes), edges)
-    outputs: set[int] = set()
-    stack, seen = [root], {root}
-    while stack:
-        i = stack.pop()
-        if nodes[i].opcode in _PASS_THROUGH:
-            for p in preds[i]:
-                if p not in seen:
-                    seen.add(p)
-                    stack.append(p)
-        else:
-            outputs.add(i)
+    outputs = results(nodes, preds, [root])
     ar_bit = {i: 1 << k for k, i in enumerate(i for i, n in enumerate(nodes) if n.is_all_reduce)}
     params = [i for i, n in enumerate(nodes) if n.opcode == "parameter"]
     param_bit = {i: 1 << k for k, i in enumerate(params)}
@@ -115,7 +123,7 @@ def _updated_parameter(nodes: Sequence[Node], preds: list[list[int]], output: in
         node = nodes[i]
         if node.opcode == "parameter" and (node.dtype, node.out_elements) == size:
             found.append(i)
-        if node.opcode in _PASS_THROUGH or node.opcode in _opcodes.ELEMENTWISE or node.opcode == "parameter":
+        if node.opcode in PASS_THROUGH or node.opcode in _opcodes.ELEMENTWISE or node.opcode == "parameter":
             for p in preds[i]:
                 if p not in seen:
                     seen.add(p)

@@ -35,7 +35,8 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from disco.ir.gradients import predecessors, reaching
+from disco.ir.gradients import PASS_THROUGH as _PASS_THROUGH
+from disco.ir.gradients import predecessors, reaching, results
 from disco.ir.replica_groups import replica_group_lists, replica_group_size
 
 if TYPE_CHECKING:
@@ -46,8 +47,6 @@ ROLES: tuple[str, ...] = ("param_gather", "grad_scatter", "grad_reduce", "other"
 # ops that pass a value's elements on (maybe relaid, reordered, repeated or retyped) without computing on
 # them; a convolution's backward pass gathers its kernel reversed
 _MOVES = frozenset({"reshape", "bitcast", "copy", "transpose", "convert", "broadcast", "reverse"})
-# what sits between the step's results and its root (as gradients._PASS_THROUGH)
-_PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "custom-call", "copy", "bitcast", "reshape", "call"})
 _SLICES = frozenset({"dynamic-slice", "slice"})
 _GATHERS = frozenset({"all-gather", "all-gather-start"})
 _SCATTERS = frozenset({"reduce-scatter", "reduce-scatter-start"})
@@ -93,22 +92,6 @@ def _successors(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
     return succ
 
 
-def _outputs(nodes: Sequence[Node], preds: list[list[int]], succ: list[list[int]]) -> set[int]:
-    """The step's results: what its sinks (the root) read through pass-through ops."""
-    stack = [i for i in range(len(nodes)) if not succ[i]]
-    seen, out = set(stack), set()
-    while stack:
-        i = stack.pop()
-        if nodes[i].opcode in _PASS_THROUGH:
-            for p in preds[i]:
-                if p not in seen:
-                    seen.add(p)
-                    stack.append(p)
-        else:
-            out.add(i)
-    return out
-
-
 def _gathered_parameter(nodes: Sequence[Node], preds: list[list[int]], gather: int) -> int | None:
     """The parameter node an all-gather's operand comes from through :data:`_MOVES` of its count."""
     if not preds[gather]:
@@ -148,7 +131,7 @@ def _slices_of(nodes: Sequence[Node], succ: list[list[int]], start: int) -> list
 def _find(nodes: Sequence[Node], edges: Sequence[tuple[int, int]]) -> _Found:
     n = len(nodes)
     preds, succ = predecessors(n, edges), _successors(n, edges)
-    outputs = _outputs(nodes, preds, succ)
+    outputs = results(nodes, preds, [i for i in range(len(nodes)) if not succ[i]])
     updated: set[int] | None = None  # the parameters the step updates (not its batch), on first need
     gathers = {}
     for i, node in enumerate(nodes):
