@@ -252,10 +252,11 @@ class Simulator:
             try:
                 return self._schedule(plan, patch, order, record)
             except scheduler.Deadlock:
-                if attempt or plan.buckets is not None or not plan.groups or not self._ars:
+                if attempt or plan.buckets is not None or not (plan.groups or plan.gather_buckets) or not self._ars:
                     break
-                # One combined bucket deadlocks against the groups: one bucket per level of the
-                # graph with the plan's kernels contracted.
+                # One combined bucket deadlocks against the groups (or a gather bucket of an
+                # all-gather below an all-reduce): one bucket per level of the graph with the plan's
+                # kernels and gather buckets contracted.
                 try:
                     levels = patcher.contracted_levels(patch)
                 except (IndexError, KeyError):  # pragma: no cover

@@ -21,19 +21,25 @@ CLUSTER = preset("2x8-100gbe")  # 16 devices over two nodes: both link kinds in 
 FSDP = "{{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}}"
 
 
-def tiny() -> HloGraph:
-    """Two parameter shards, each gathered (1 KiB and 4 KiB gathered), a dot of both, its output."""
-    spec = [("p1", "parameter", (), 64), ("p2", "parameter", (), 256),
-            ("g1", "all-gather", ("p1",), 1024), ("g2", "all-gather", ("p2",), 4096),
-            ("d", "dot", ("g1", "g2"), 1024), ("out", "tuple", ("d",), 0)]
+def graph_of(spec: list[tuple[str, str, tuple[str, ...], int]]) -> HloGraph:
+    """(name, opcode, operands, out_bytes) rows -> HloGraph; edges from operands."""
     nodes, index = [], {}
     for name, op, operands, nbytes in spec:
         index[name] = len(nodes)
+        coll = op in ("all-gather", "all-reduce")
         nodes.append(Node(name=name, opcode=op, computation="main", shape=f"f32[{nbytes // 4}]", dtype="f32",
                           out_bytes=nbytes, out_elements=nbytes // 4, flops=1e6 if op == "dot" else 0.0,
-                          operands=operands, replica_groups=FSDP if op == "all-gather" else None))
+                          operands=operands, replica_groups=FSDP if coll else None,
+                          reduction="add" if op == "all-reduce" else None))
     edges = tuple((index[o], i) for i, n in enumerate(nodes) for o in n.operands)
-    return HloGraph(name="tiny", nodes=tuple(nodes), edges=edges, fingerprint="tiny")
+    return HloGraph(name="g", nodes=tuple(nodes), edges=edges, fingerprint="g")
+
+
+def tiny() -> HloGraph:
+    """Two parameter shards, each gathered (1 KiB and 4 KiB gathered), a dot of both, its output."""
+    return graph_of([("p1", "parameter", (), 64), ("p2", "parameter", (), 256),
+                     ("g1", "all-gather", ("p1",), 1024), ("g2", "all-gather", ("p2",), 4096),
+                     ("d", "dot", ("g1", "g2"), 1024), ("out", "tuple", ("d",), 0)])
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,6 +82,23 @@ def test_a_gather_bucket_is_one_all_gather_of_the_summed_bytes():
 def test_a_gather_bucket_the_simulator_cannot_price_is_named(buckets, match):
     with pytest.raises(ValueError, match=match):
         Simulator(tiny(), AnalyticCosts(), CLUSTER).step_time(make_plan(gather_buckets=buckets))
+
+
+@pytest.mark.fast
+def test_a_gather_bucket_below_an_all_reduce_splits_xla_s_combined_all_reduce_by_level():
+    """g1 gathers r1's result and shares a bucket with g2, whose reader feeds r2: one combined
+    all-reduce of r1 and r2 would wait on the bucket that waits on it, so (as with groups) the
+    combiner is priced one bucket per level of the contracted graph."""
+    g = graph_of([("x", "parameter", (), 1024), ("p", "parameter", (), 256),
+                  ("r1", "all-reduce", ("x",), 1024), ("g1", "all-gather", ("r1",), 4096),
+                  ("g2", "all-gather", ("p",), 4096), ("y", "dot", ("g2",), 1024),
+                  ("r2", "all-reduce", ("y",), 1024), ("out", "tuple", ("g1", "r2"), 0)])
+    plan = make_plan(gather_buckets=[["g1", "g2"]]).validate(g)
+    sim = Simulator(g, AnalyticCosts(), CLUSTER)
+    levels = plan.replace(buckets=make_plan(buckets=[["r1"], ["r2"]]).buckets)
+    assert sim.step_time(plan) == sim.step_time(levels)
+    comm = [e.name for e in sim.run(plan).timeline if e.stream == "comm"]
+    assert comm == ["combined.0", "gather_bucket.0", "combined.1"]
 
 
 @pytest.mark.parametrize("cluster", ["local", "2x8-100gbe"])
