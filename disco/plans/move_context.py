@@ -5,8 +5,8 @@ same computation, plan_check's layout rules; none on GPU, where XLA cannot take 
 all-reduces may share a bucket (one class: computation, reduction, replica groups, dtype), the
 reachability between all-reduces as bitsets (for the cycle check of bucket moves), the operand
 edges a cut may go on, the parameter all-gathers a gather bucket may hold (one class each:
-computation, replica groups, dtype), and the backend's compile-option table. :mod:`disco.plans.moves` reads
-them for every move.
+computation, replica groups, dtype), and the backend's compile-option table.
+:mod:`disco.plans.moves` reads them for every move.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ every member's inputs are, releasing every member's readers; all-gathers in none
 the base fusions they touch with the cut edges forbidden (like a group without members). On a GPU
 cluster the plan's compile options are priced too: XLA:GPU's combiner closes a bucket at
 ``xla_gpu_all_reduce_combine_threshold_bytes`` (XLA's default when unset), and collectives overlap
-kernels only with ``xla_gpu_enable_latency_hiding_scheduler`` on (``Patch.blocking``). :meth:`Patcher.arrays` then
-gives the scheduler flat per-unit arrays.
+kernels only with ``xla_gpu_enable_latency_hiding_scheduler`` on (``Patch.blocking``).
+:meth:`Patcher.arrays` then gives the scheduler flat per-unit arrays.
 """
 
 from __future__ import annotations
