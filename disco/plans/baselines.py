@@ -68,7 +68,7 @@ from typing import Any, NamedTuple
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.step_checks import all_reduce_dependencies
 from disco.plans import options as plan_options
-from disco.plans.check import bucket_class
+from disco.plans.check import bucket_class, gather_class
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
@@ -269,7 +269,7 @@ def _gather_buckets(graph: HloGraph, *, per_layer: bool) -> tuple[tuple[str, ...
         if c.role != "param_gather" or c.opcode != "all-gather":
             continue
         n = nodes[c.name]
-        key: tuple = (n.computation, n.replica_groups, n.dtype)
+        key: tuple = gather_class(n)
         if per_layer:
             key = (layer_of(c.param or c.name), seen[c.param or c.name], *key)
         seen[c.param or c.name] += 1

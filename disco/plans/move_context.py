@@ -108,7 +108,7 @@ def _gather_classes(graph: HloGraph, pred: Sequence[Sequence[int]]) -> dict[int,
         nd = nodes[i]
         if nd.shape.startswith("(") or collective_above[i]:
             continue
-        out[i] = classes.setdefault((nd.computation, nd.replica_groups, nd.dtype), len(classes))
+        out[i] = classes.setdefault(plan_check.gather_class(nd), len(classes))
     return out
 
 

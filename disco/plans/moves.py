@@ -64,6 +64,7 @@ import collections
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from disco.plans import check as plan_check
 from disco.plans import options as plan_options
 from disco.plans.move_context import MoveContext, context
 from disco.plans.plan import Bucket, FusionPlan
@@ -510,10 +511,17 @@ def _gather_clusters(plan: FusionPlan, ctx: MoveContext) -> tuple[list[tuple[int
 
 
 def _with_gathers(plan: FusionPlan, ctx: MoveContext, movable: Sequence[tuple[int, ...]],
-                  kept: Sequence[tuple[str, ...]]) -> FusionPlan:
+                  kept: Sequence[tuple[str, ...]], made: Sequence[tuple[int, ...]]) -> FusionPlan | None:
     """``plan`` with these gather buckets, canonical: members in program order, buckets by their
-    first member, none of one all-gather."""
+    first member, none of one all-gather; None where a bucket the move ``made`` breaks a rule of
+    :func:`disco.plans.check.check_gather_buckets` (a move within one class never does; the rules
+    stay in that one place)."""
     names = ctx.names
+    try:
+        plan_check.check_gather_buckets(tuple(tuple(names[i] for i in m) for m in made if len(m) > 1), ctx.graph,
+                                        ctx.index, {})  # all-gathers are in no group
+    except ValueError:  # pragma: no cover
+        return None
     buckets = [tuple(names[i] for i in m) for m in movable if len(m) > 1] + list(kept)
     buckets.sort(key=lambda b: min(ctx.index[n] for n in b))
     return plan.replace(gather_buckets=tuple(buckets))
@@ -536,7 +544,8 @@ def merge_gather_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random)
         return None
     a, b = rng.choice(pairs)
     rest = [m for m in movable if m != a and m != b]
-    return _with_gathers(plan, ctx, [*rest, tuple(sorted(a + b))], kept)
+    merged = tuple(sorted(a + b))
+    return _with_gathers(plan, ctx, [*rest, merged], kept, [merged])
 
 
 def split_gather_bucket(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
@@ -550,7 +559,7 @@ def split_gather_bucket(plan: FusionPlan, ctx: MoveContext, rng: random.Random) 
     m = rng.choice(many)
     cut = rng.randrange(1, len(m))
     rest = [x for x in movable if x != m]
-    return _with_gathers(plan, ctx, [*rest, m[:cut], m[cut:]], kept)
+    return _with_gathers(plan, ctx, [*rest, m[:cut], m[cut:]], kept, [m[:cut], m[cut:]])
 
 
 def reset_gather_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
