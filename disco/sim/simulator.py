@@ -105,9 +105,11 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from disco.ir.graph import HloGraph, Loop, require_graph
+from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_LOOP_OPCODES
 from disco.plans.plan import FusionPlan
 from disco.sim import gpu_fusion, scheduler
@@ -174,7 +176,8 @@ class Simulator:
         for i, node in enumerate(nodes):
             if kind[i] == COLL:
                 # The full buffer: a reduce-scatter's result is one device's shard.
-                scale = p if COLLECTIVE_KIND[node.opcode] == "reduce-scatter" else 1
+                scale = ((replica_group_size(node.replica_groups) or p)
+                         if COLLECTIVE_KIND[node.opcode] == "reduce-scatter" else 1)
                 self._cbytes[i] = node.out_bytes * scale
         self._ars = [i for i in range(n) if nodes[i].opcode in ALL_REDUCE_OPCODES]
         self._ar_set = frozenset(self._ars)
@@ -330,15 +333,18 @@ class Simulator:
                 Kernel(nodes=tuple(nodes[i] for i in rest), in_bytes=0, out_bytes=0, step_bytes=gk.step_bytes)) / speed
         else:
             compute = sum(loops[i] if i in loops else self.costs.kernel_time(gk.kernel((i,))) / speed for i in fixed)
-        ar_bytes = sum(self._cbytes[a] for a in self._ars)
+        builder = self._patcher.builder
         comm = 0.0
-        if self._ars:  # one all-reduce, or one "rs_ag" bucket (cheaper with a tree), of all the bytes
-            comm = min(self.costs.collective_time("all-reduce", ar_bytes, self.cluster),
-                       rs_ag_time(self.costs, ar_bytes, self.cluster))
+        # per set of replica groups (only collectives over the same groups share a bucket): one all-reduce,
+        # or one "rs_ag" bucket (cheaper with a tree), of all their bytes
+        for over, ar_bytes in _bytes_by_group(self._ars, self._cbytes, builder.group_cluster):
+            comm += min(self.costs.collective_time("all-reduce", ar_bytes, over),
+                        rs_ag_time(self.costs, ar_bytes, over))
         mode = self._patcher.mode("extend")
         gathers = [i for i in range(self._n) if nodes[i].opcode == "all-gather"]
-        if gathers:  # one all-gather of all of them: what every set of gather buckets costs at least
-            comm += self.costs.collective_time("all-gather", sum(self._cbytes[g] for g in gathers), self.cluster)
+        # one all-gather of all of them per set of groups: what every set of gather buckets costs at least
+        for over, ag_bytes in _bytes_by_group(gathers, self._cbytes, builder.group_cluster):
+            comm += self.costs.collective_time("all-gather", ag_bytes, over)
         priced = self._ar_set.union(gathers)  # priced above
         comm += sum(mode.dur[ui] for ui, u in enumerate(mode.units)
                     if u.is_coll and u.members[0] not in priced)
@@ -346,6 +352,16 @@ class Simulator:
 
 
 # ---------------------------------------------------------------------------------------------
+def _bytes_by_group(nodes: Sequence[int], cbytes: Sequence[int],
+                    group_cluster: Callable[[int], ClusterSpec]) -> list[tuple[ClusterSpec, int]]:
+    """The collectives ``nodes``' bytes summed per cluster of their replica groups, in first-seen order."""
+    out: dict[ClusterSpec, int] = {}
+    for i in nodes:
+        c = group_cluster(i)
+        out[c] = out.get(c, 0) + cbytes[i]
+    return list(out.items())
+
+
 def simulate(graph: HloGraph, plan: FusionPlan, costs: CostModel, cluster: ClusterSpec,
              order: Order = "program") -> SimResult:
     """Simulates one step of ``graph`` compiled with ``plan``; see the module docstring.

@@ -112,7 +112,7 @@ def test_one_gather_bucket_prices_below_xla_default_on_an_fsdp_step_by_the_summe
     (members,) = one.gather_buckets
     assert len(members) == 17  # every parameter's
     sizes = [n.out_bytes for n in g.nodes if n.name in set(members)]
-    ag = functools.partial(collectives.collective_time, "all-gather", cluster=spec)
+    ag = functools.partial(collectives.collective_time, "all-gather", cluster=spec)  # one group: all the devices
     r_default, r_one = sim.result(default), sim.result(one)
     assert r_default.comm_time - r_one.comm_time == pytest.approx(sum(map(ag, sizes)) - ag(sum(sizes)), rel=1e-9)
     assert r_one.step_time < r_default.step_time
