@@ -95,7 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'' for none)")
     p.add_argument("--memory-limit", default=None, metavar="BYTES",
                    help="bytes per device (2GB, 512MiB, 3e9): a plan whose compiled step's peak memory (XLA's "
-                        "memory analysis) is above it, or above the cluster's device memory, is never chosen")
+                        "memory analysis; for a cluster planned by prediction, predicted: XLA's analysis of the module "
+                        "compiled for it) is above it, or above the cluster's device memory, is never chosen")
     p.add_argument("--out", metavar="FILE",
                    help="write the chosen plan as JSON here (default: $DISCO_PLANS/<model>-<preset>-<devices>.json, "
                         "$DISCO_PLANS defaulting to disco/plans in the per-user cache directory)")
