@@ -251,8 +251,9 @@ def run_predicted(args: argparse.Namespace, step: Any, example: tuple[Any, ...],
     with progress_reporter(not args.no_progress) as progress:
         result = predict(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
     plan_file = _write_outputs(args, result, model_label(args))  # --trace and --plot were refused above
-    info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info,
-            "cluster_spec": cluster.to_dict(), "plan_file": plan_file}
+    info = {**model_label(args), "style": getattr(args, "style", None), "mesh": getattr(args, "mesh", None),
+            "device_kind": device_kind(), "cost_model_info": cost_info, "cluster_spec": cluster.to_dict(),
+            "plan_file": plan_file}
     if args.json:
         print_json({**info, **result.to_dict()})
         return 0
