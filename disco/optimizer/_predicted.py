@@ -195,9 +195,12 @@ def predict(step_fn: Callable[..., Any], *args: Any, cluster: ClusterSpec, costs
       cluster: the cluster (its device kind need not be this machine's).
       costs: the cost model (default: the analytic model of the cluster's device kind).
       config: the options; used: ``budget_s``, ``max_evals``, ``strategy``, ``seed``, ``measure_top_k``
-        (searched plans handed on), ``measure_buckets_only``, ``bucket_sweep``, ``compiled_top_k``.
+        (searched plans handed on), ``measure_buckets_only``, ``bucket_sweep``, ``compiled_top_k``,
+        ``memory_limit`` (with the cluster's ``device_memory_bytes``: the limit rows are held to).
       progress: reports phases "extract", "search", "compile".
-      compile_fn: plan -> compiled module text (default: :func:`compiler` of the target).
+      compile_fn: plan -> the compiled module's text, or an :class:`xla_hooks.compile_for.CompiledModule`
+        (its text with its peak memory; a text's peak is estimated from its buffers); default:
+        :func:`compiler` of the target.
       **options: :class:`OptimizeConfig` fields, applied over ``config``.
 
     Raises:
@@ -301,8 +304,9 @@ def _cpu_memory(rows: list[PredictedRow], target: Target, progress: Progress) ->
 
 
 def compiler(target: Target) -> tuple[CompileFn | None, str | None]:
-    """(plan -> the module the real compiler builds for ``target``'s cluster, None) where one runs here,
-    else (None, why not): deviceless XLA:GPU for a GPU kind needs the ``.venv-gpu`` environment."""
+    """(plan -> the module the real compiler builds for ``target``'s cluster, with its executable's memory
+    analysis (:func:`xla_hooks.compile_for.plan_module_compiler`), None) where one runs here, else
+    (None, why not): deviceless XLA:GPU for a GPU kind needs the ``.venv-gpu`` environment."""
     from xla_hooks import compile_for, deviceless
 
     cluster = target.cluster
