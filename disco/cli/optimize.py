@@ -35,6 +35,7 @@ from disco.cli.common import (
     print_json,
     progress_reporter,
     setup_devices,
+    worker_step,
 )
 
 STRATEGIES = ("best_first", "annealing", "greedy")
@@ -369,7 +370,7 @@ def run_across(args: argparse.Namespace) -> int:
     config = config_from_args(args, measure_buckets_only=False, **rounds)
     link = parse_link_arg(args)
     runner = ProcessRunner(args.model, args.preset, args.processes, args.devices_per_process, link,
-                           optimizer=args.optimizer, style=args.style, timeout_s=args.timeout)
+                           optimizer=args.optimizer, timeout_s=args.timeout, **worker_step(args))
     cal = None
     if args.cluster:  # "local": the devices of all the processes, as in one process
         cluster = resolve(args.cluster, runner.devices)

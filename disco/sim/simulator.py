@@ -43,7 +43,12 @@ compiled with ``plan``:
    chain of all-reduces above it). On a GPU cluster (``cluster.is_gpu``) XLA:GPU's
    combiner also closes a bucket at the plan's ``xla_gpu_all_reduce_combine_threshold_bytes``
    (XLA's default when unset: 30 MiB + 7 bytes): per level, all-reduces in program order, at
-   most that many bytes (one larger all-reduce alone) and 256 operands per bucket. Other
+   most that many bytes (one larger all-reduce alone) and 256 operands per bucket. Each of
+   ``plan.gather_buckets`` with several members becomes one all-gather of the members' summed
+   gathered bytes (``costs.collective_time("all-gather", bytes, cluster)``), ready when every
+   member's inputs are and releasing every member's readers when it ends, as the compiled step's
+   one all-gather of the concatenated shards does; all-gathers in no bucket (every one under
+   ``gather_buckets=None``: XLA:CPU has no all-gather combiner) are one collective each. Other
    collectives are one collective each.
 3. **Two streams, ready-list scheduling.** A *compute stream* runs kernels one at a
    time; a *communication stream* runs collectives one at a time. A unit is *ready* at
@@ -247,10 +252,11 @@ class Simulator:
             try:
                 return self._schedule(plan, patch, order, record)
             except scheduler.Deadlock:
-                if attempt or plan.buckets is not None or not plan.groups or not self._ars:
+                if attempt or plan.buckets is not None or not (plan.groups or plan.gather_buckets) or not self._ars:
                     break
-                # One combined bucket deadlocks against the groups: one bucket per level of the
-                # graph with the plan's kernels contracted.
+                # One combined bucket deadlocks against the groups (or a gather bucket of an
+                # all-gather below an all-reduce): one bucket per level of the graph with the plan's
+                # kernels and gather buckets contracted.
                 try:
                     levels = patcher.contracted_levels(patch)
                 except (IndexError, KeyError):  # pragma: no cover
@@ -330,8 +336,12 @@ class Simulator:
             comm = min(self.costs.collective_time("all-reduce", ar_bytes, self.cluster),
                        rs_ag_time(self.costs, ar_bytes, self.cluster))
         mode = self._patcher.mode("extend")
+        gathers = [i for i in range(self._n) if nodes[i].opcode == "all-gather"]
+        if gathers:  # one all-gather of all of them: what every set of gather buckets costs at least
+            comm += self.costs.collective_time("all-gather", sum(self._cbytes[g] for g in gathers), self.cluster)
+        priced = self._ar_set.union(gathers)  # priced above
         comm += sum(mode.dur[ui] for ui, u in enumerate(mode.units)
-                    if u.is_coll and u.members[0] not in self._ar_set)
+                    if u.is_coll and u.members[0] not in priced)
         return max(compute, comm)
 
 
@@ -379,7 +389,8 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
     - ``comm`` is one all-reduce of all all-reduce bytes together, or one reduce-scatter plus one
       all-gather of them (an "rs_ag" bucket; cheaper than the all-reduce with the tree algorithm),
       whichever is less (any bucketing costs at least this, as the alpha-beta cost is affine in
-      bytes with a non-negative intercept) plus the time of every other collective.
+      bytes with a non-negative intercept), plus one all-gather of all all-gather bytes (a bound on
+      every set of gather buckets, by the same argument), plus the time of every other collective.
 
     Both streams are serial, so a simulated step is never shorter than either term.
     """
