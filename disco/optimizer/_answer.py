@@ -126,8 +126,9 @@ def answer_lines(result: OptimizeResult, *, title: str, measured_on: str, plan_f
     out: list[str] = []
 
     def add(text: str, indent: str = "  ") -> None:
+        # a word longer than a line (a plan's origin can chain names) is cut: no line is ever wider
         out.extend(textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ",
-                                 break_on_hyphens=False, break_long_words=False))
+                                 break_on_hyphens=False, break_long_words=True))
 
     add(f"{command} {title}: the answer is {a.chosen}", indent="")
     add(f"what it does: {a.plan}")

@@ -31,9 +31,10 @@ COMBINER_OFF = {"xla_disable_hlo_passes": "all-reduce-combiner,cpu-all-reduce-co
 NAMES = sorted(user_steps.CORPUS)
 # The default tier's share of the corpus, one or two steps of each form (the rest are marked slow:
 # the whole corpus is two to three compiles a step, several minutes on 2 cores).
-APPLY_FAST = {"nnx_stateful", "nnx_donate", "linen_lm1b", "maxtext_static_argnums", "easylm_llama",
-              "jit_pspec_set_mesh", "jit_kwargs_static_argnames", "pmap_imagenet_batchnorm", "shard_map_pmean",
-              "optax_multisteps"}
+# one or two steps of each form in the default tier; the largest (linen_lm1b, easylm_llama: 100-350 s
+# each on the loaded 2-core machine) only in the slow one
+APPLY_FAST = {"nnx_stateful", "nnx_donate", "maxtext_static_argnums", "jit_pspec_set_mesh",
+              "jit_kwargs_static_argnames", "pmap_imagenet_batchnorm", "shard_map_pmean", "optax_multisteps"}
 JIT_FAST = {"nnx_stateful", "maxtext_static_argnums", "pmap_imagenet_batchnorm"}
 
 

@@ -268,7 +268,8 @@ def test_optimize_on_one_device_needs_no_calibration():
     """Without --cluster, one CPU device has no all-reduce to calibrate: the search runs (it failed with
     "calibration needs at least 2 devices, got 1")."""
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--devices", "1", "--budget", "1",
-                "--measure-top-k", "0", "--rounds", "1", "--steps", "1", "--json")
+                "--measure-top-k", "0", "--bucket-sweep", "2", "--rounds", "1", "--steps", "1", "--no-confirm",
+                "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     spec = out["cluster_spec"]
