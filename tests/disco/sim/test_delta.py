@@ -160,10 +160,10 @@ def test_a_parent_out_of_the_cache_is_traced_again_and_results_stay_exact():
     delta = DeltaSimulator(sim, cache_size=1)
     plans = [start_plan(g, ctx, s) for s in range(4)]
     assert delta.step_time(plans[0]) == ref.step_time(plans[0])
-    assert delta.stats["traces"] == 0  # priced whole: no trace until it is a parent
+    assert delta.stats["traces"] == 0  # priced whole, its schedule recorded: no trace made for it later
     for p in plans[1:]:
         assert delta.step_time(p, parent=plans[0]) == ref.step_time(p)
-    assert delta.stats["traces"] == 3  # plans[0] evicted by each child, traced again for the next
+    assert delta.stats["traces"] == 2  # plans[0] evicted by each child, traced again for the next two
     assert delta.trace(plans[0]) is None and delta.trace(plans[-1]) is not None
 
 
