@@ -18,7 +18,9 @@ slower than :func:`~disco.sim.scheduler.sweep`, the same results.
 from __future__ import annotations
 
 import itertools
+import threading
 import types
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -27,7 +29,7 @@ import numpy as np
 if TYPE_CHECKING:
     from disco.sim.units import Unit
 
-__all__ = ["NEVER", "Run", "UnitTable", "is_compiled", "restart"]
+__all__ = ["NEVER", "Run", "UnitIndex", "UnitTable", "index_of", "is_compiled", "restart"]
 
 NEVER = 1 << 62  # the event index of a unit not placed
 _INF = float("inf")
@@ -207,45 +209,116 @@ def is_compiled() -> bool:
 
 
 class UnitTable:
-    """Every unit a delta simulator has met, by id, as flat arrays (grown as units are added).
+    """Every unit met, by id, as flat arrays (grown as units are added; each growth is a new snapshot).
 
     Attributes:
-      n: how many units.
-      dur, key, coll, indeg: per unit id, its seconds, key (program position), whether it is a
-        collective, and its count of outside inputs.
-      pptr, pnode: its inputs (nodes), CSR: ``pnode[pptr[u]:pptr[u + 1]]``.
-      sptr, snode, scnt: its readers (node, count), CSR.
+      arrays: (n, dur, key, coll, indeg, pptr, pnode, sptr, snode, scnt): how many units, and per
+        unit id its seconds, key (program position), whether it is a collective and its count of
+        outside inputs; its inputs (nodes), CSR: ``pnode[pptr[u]:pptr[u + 1]]``; its readers
+        (node, count), CSR. One tuple, replaced whole by :meth:`add`, so a reader that takes it
+        once sees one consistent table.
     """
 
     def __init__(self) -> None:
-        self.n = 0
-        self.dur = np.zeros(0, np.float64)
-        self.key = np.zeros(0, np.int64)
-        self.coll = np.zeros(0, np.bool_)
-        self.indeg = np.zeros(0, np.int64)
-        self.pptr = np.zeros(1, np.int64)
-        self.pnode = np.zeros(0, np.int64)
-        self.sptr = np.zeros(1, np.int64)
-        self.snode = np.zeros(0, np.int64)
-        self.scnt = np.zeros(0, np.int64)
+        i0 = np.zeros(0, np.int64)
+        self.arrays = (0, np.zeros(0), i0, np.zeros(0, np.bool_), i0, np.zeros(1, np.int64), i0,
+                       np.zeros(1, np.int64), i0, i0)
+
+    @property
+    def n(self) -> int:
+        """How many units."""
+        return self.arrays[0]
 
     def add(self, units: Sequence[Unit]) -> None:
         """Appends ``units`` (their ids are the next ones)."""
         if not units:
             return
-        self.n += len(units)
-        self.dur = np.concatenate((self.dur, np.array([u.dur for u in units], np.float64)))
-        self.key = np.concatenate((self.key, np.array([u.prio for u in units], np.int64)))
-        self.coll = np.concatenate((self.coll, np.array([u.is_coll for u in units], np.bool_)))
-        self.indeg = np.concatenate((self.indeg, np.array([u.indeg for u in units], np.int64)))
-        self.pptr = np.concatenate((self.pptr, self.pptr[-1] + np.cumsum([len(u.preds) for u in units])))
-        self.pnode = np.concatenate((self.pnode, np.fromiter(itertools.chain.from_iterable(u.preds for u in units),
-                                                             np.int64)))
-        self.sptr = np.concatenate((self.sptr, self.sptr[-1] + np.cumsum([len(u.succ) for u in units])))
-        pairs = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(u.succ) for u in units),
-                            np.int64).reshape(-1, 2)
-        self.snode = np.concatenate((self.snode, pairs[:, 0]))
-        self.scnt = np.concatenate((self.scnt, pairs[:, 1]))
+        n, dur, key, coll, indeg, pptr, pnode, sptr, snode, scnt = self.arrays
+        chain = itertools.chain.from_iterable
+        pairs = np.fromiter(chain(chain(u.succ) for u in units), np.int64).reshape(-1, 2)
+        self.arrays = (
+            n + len(units),
+            np.concatenate((dur, np.array([u.dur for u in units], np.float64))),
+            np.concatenate((key, np.array([u.prio for u in units], np.int64))),
+            np.concatenate((coll, np.array([u.is_coll for u in units], np.bool_))),
+            np.concatenate((indeg, np.array([u.indeg for u in units], np.int64))),
+            np.concatenate((pptr, pptr[-1] + np.cumsum([len(u.preds) for u in units], dtype=np.int64))),
+            np.concatenate((pnode, np.fromiter(chain(u.preds for u in units), np.int64))),
+            np.concatenate((sptr, sptr[-1] + np.cumsum([len(u.succ) for u in units], dtype=np.int64))),
+            np.concatenate((snode, pairs[:, 0])),
+            np.concatenate((scnt, pairs[:, 1])),
+        )
+
+
+class UnitIndex:
+    """Unit ids for one simulator's units, shared by every delta simulator over it (:func:`index_of`).
+
+    One id per (fusion mode, kind, members, duration), for good: two unit objects that schedule
+    alike (a re-fused kernel labelled by the group it holds) share one. Thread-safe.
+
+    Attributes:
+      table: per unit id, what the scheduler reads.
+    """
+
+    def __init__(self) -> None:
+        self.table = UnitTable()
+        self._gid: dict[tuple, int] = {}
+        self._by_obj: dict[int, int] = {}  # id(unit object) -> its id (the objects are held in _held)
+        self._held: list[Unit] = []
+        self._modes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def ids(self, units: Sequence[Unit], fusion: str) -> list[int]:
+        """Each unit's id, giving new units the next ones."""
+        by_obj = self._by_obj
+        out = [by_obj.get(id(u), -1) for u in units]
+        if -1 in out:
+            with self._lock:
+                gid = self._gid
+                fresh = []
+                for j, u in enumerate(units):
+                    if out[j] >= 0:
+                        continue
+                    k = by_obj.get(id(u))
+                    if k is None:
+                        key = (fusion, u.is_coll, u.members, u.dur)
+                        k = gid.get(key)
+                        if k is None:
+                            k = gid[key] = len(gid)
+                            fresh.append(u)
+                        self._held.append(u)  # id(u) stays u's
+                        by_obj[id(u)] = k
+                    out[j] = k
+                self.table.add(fresh)
+        return out
+
+    def id_of(self, unit: Unit, fusion: str) -> int:
+        """The id of a unit met before."""
+        k = self._by_obj.get(id(unit))
+        return k if k is not None else self._gid[fusion, unit.is_coll, unit.members, unit.dur]
+
+    def mode(self, fusion: str, units: Sequence[Unit], unit_of: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids of a fusion mode's base ``units``, per node the id of its base unit or -1)."""
+        hit = self._modes.get(fusion)
+        if hit is None:
+            ids = np.array(self.ids(units, fusion), np.int64)
+            of = np.array(unit_of, np.int64)
+            hit = self._modes[fusion] = (ids, np.where(of >= 0, ids[of], -1))
+        return hit
+
+
+_INDEXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_INDEXES_LOCK = threading.Lock()
+
+
+def index_of(owner: object) -> UnitIndex:
+    """The unit index of ``owner`` (a simulator: its units, cached by it, get one id each), made
+    on first use and kept while ``owner`` lives."""
+    with _INDEXES_LOCK:
+        hit = _INDEXES.get(owner)
+        if hit is None:
+            hit = _INDEXES[owner] = UnitIndex()
+        return hit
 
 
 class Run:
@@ -280,9 +353,8 @@ def restart(table: UnitTable, rest: np.ndarray, i: int, t_c: float, t_m: float, 
       The events it placed, or None when some unit never became ready (a deadlock).
     """
     m = len(rest)
-    n = table.n
-    args = (rest, i, t_c, t_m, pos, fin, old_of, unit_of, table.dur, table.key, table.coll, table.indeg,
-            table.pptr, table.pnode, table.sptr, table.snode, table.scnt)
+    n, *arrays = table.arrays
+    args = (rest, i, t_c, t_m, pos, fin, old_of, unit_of, *arrays)
     # indeg and rt of the units not to place (replaced ones that an input still releases) must start
     # at 0: their count only falls below it, so they never become ready; the heaps' are written first.
     scratch = (np.zeros(n, np.int64), np.zeros(n, np.float64), np.empty(m), np.empty(m, np.int64), np.empty(m),

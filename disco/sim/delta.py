@@ -165,14 +165,10 @@ class DeltaSimulator:
         self._cache_size = cache_size
         # id(plan) -> (a weak reference to the plan, its trace), least recently used first
         self._traces: dict[int, tuple[weakref.ref, Trace]] = {}
-        # Every unit met, by id: one id per (fusion mode, kind, members, duration), so two unit objects
-        # that schedule alike (a re-fused kernel labelled by the group it holds) share one.
-        self._gid: dict[tuple, int] = {}
-        self._units: list[Unit] = []
-        self._by_obj: dict[int, int] = {}  # id(unit object) -> its id (the objects are held in _held)
-        self._held: list[Unit] = []
-        self._table = array_sweep.UnitTable()  # per unit id, what the scheduler reads
-        self._modes: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # fusion -> (base unit ids, node -> id)
+        # Every unit met, by id (shared by the delta simulators over one simulator): one id per
+        # (fusion mode, kind, members, duration), so two unit objects that schedule alike (a re-fused
+        # kernel labelled by the group it holds) share one.
+        self._index = array_sweep.index_of(sim)
         # plans priced whole, re-scheduled, found to run the same units; traces made; events placed
         self.stats = {"full": 0, "delta": 0, "same": 0, "traces": 0, "events": 0}
 
@@ -258,38 +254,8 @@ class DeltaSimulator:
             self._put(parent, t)
         if t.pieces is None:  # a schedule made whole: its patch by piece, once it is a parent
             t.pieces = plan_pieces.build(self._patcher, parent)
-        t.materialise(self._table.n)
+        t.materialise(self._index.table.n)
         return t
-
-    def _ids(self, units: list[Unit], fusion: str) -> list[int]:
-        """Each unit's id, giving new units the next ones."""
-        by_obj, gid = self._by_obj, self._gid
-        out = []
-        fresh = []
-        for u in units:
-            k = by_obj.get(id(u))
-            if k is None:
-                key = (fusion, u.is_coll, u.members, u.dur)
-                k = gid.get(key)
-                if k is None:
-                    k = gid[key] = len(self._units)
-                    self._units.append(u)
-                    fresh.append(u)
-                by_obj[id(u)] = k
-                self._held.append(u)  # id(u) stays u's
-            out.append(k)
-        self._table.add(fresh)
-        return out
-
-    def _mode(self, fusion: str) -> tuple[np.ndarray, np.ndarray]:
-        """(the ids of a fusion mode's base units, per node the id of its base unit or -1)."""
-        hit = self._modes.get(fusion)
-        if hit is None:
-            mode = self._patcher.mode(fusion)
-            ids = np.array(self._ids(mode.units, fusion), np.int64)
-            of = np.array(mode.unit_of, np.int64)
-            hit = self._modes[fusion] = (ids, np.where(of >= 0, ids[of], -1))
-        return hit
 
     def _full(self, plan: FusionPlan) -> Trace | None:
         """The plan's whole schedule, recorded (its patch by piece is made when it is a parent); None
@@ -299,12 +265,13 @@ class DeltaSimulator:
           ValueError: as ``Patcher.patch``.
         """
         patch = self._patcher.patch(plan)
-        base_ids, base_of = self._mode(patch.mode.fusion)
-        unit_of = _relabel(base_of, patch.new, self._ids(patch.new, patch.mode.fusion))
+        mode, index = patch.mode, self._index
+        base_ids, base_of = index.mode(mode.fusion, mode.units, mode.unit_of)
+        unit_of = _relabel(base_of, patch.new, index.ids(patch.new, mode.fusion))
         rest = np.delete(base_ids, patch.dead)
         if patch.new:
             rest = np.concatenate((rest, unit_of[[u.members[0] for u in patch.new]]))
-        run = array_sweep.restart(self._table, rest, 0, 0.0, 0.0, _NO_I, _NO_F, unit_of, unit_of, patch.blocking)
+        run = array_sweep.restart(index.table, rest, 0, 0.0, 0.0, _NO_I, _NO_F, unit_of, unit_of, patch.blocking)
         if run is None:
             return None
         return Trace(None, run.step, unit_of, len(rest), None, 0, run)
@@ -327,8 +294,8 @@ class DeltaSimulator:
             self.stats["same"] += 1
             return Trace(pieces, base.step, base.unit_of, base.alive, base, len(order), None)
         pos, fin, old_of = base.pos, base.fin, base.unit_of
-        gid = self._gid
-        gone = sorted(int(pos[gid[fusion, u.is_coll, u.members, u.dur]]) for u in removed)  # their events
+        id_of = self._index.id_of
+        gone = sorted(int(pos[id_of(u, fusion)]) for u in removed)  # their events
         # The first event the change can move: a removed unit's, or the first at which an added unit
         # could be ready (all its inputs from unchanged units placed).
         changed = {m for u in removed for m in u.members}
@@ -345,7 +312,7 @@ class DeltaSimulator:
             else:
                 if b < i:
                     i = b
-        new_ids = self._ids(added, fusion)
+        new_ids = self._index.ids(added, fusion)
         unit_of = _relabel(old_of, added, new_ids)
         # The units still to place: the neighbour's from event i on that the plan keeps, and the added.
         rest = order[i:]
@@ -355,7 +322,7 @@ class DeltaSimulator:
             rest = np.concatenate((rest, np.array(new_ids, np.int64)))
         t_c = float(base.tcs[i - 1]) if i else 0.0
         t_m = float(base.tms[i - 1]) if i else 0.0
-        run = array_sweep.restart(self._table, rest, i, t_c, t_m, pos, fin, old_of, unit_of, pieces.blocking)
+        run = array_sweep.restart(self._index.table, rest, i, t_c, t_m, pos, fin, old_of, unit_of, pieces.blocking)
         if run is None:
             return None
         self.stats["delta"] += 1
