@@ -17,6 +17,8 @@ returns None and the caller patches the plan whole.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import TYPE_CHECKING
 
 from disco.sim.patch import Cut, Group, Patcher, regions
@@ -117,24 +119,41 @@ def build(patcher: Patcher, plan: FusionPlan) -> Pieces:
     """The pieces of a plan that :meth:`Patcher.patch` accepted (the same caches, the same units)."""
     mode = patcher.mode(plan.xla_fusion)
     pc = Pieces(mode, *patcher.options(plan.compile_options))
-    groups = [patcher.group(gi, names) for gi, names in enumerate(plan.groups)]
-    for names, g in zip(plan.groups, groups):
-        pc.groups[id(names)] = g
-        for m in g.members:
-            pc.owner[m] = id(names)
+    group = patcher.group
+    groups = [group(gi, names) for gi, names in enumerate(plan.groups)]
+    keys = list(map(id, plan.groups))
+    pc.groups = dict(zip(keys, groups))
+    pc.owner = {m: k for k, g in zip(keys, groups) for m in g.members}
     if mode.fusion == "extend":
         items = groups + (_included_cuts(patcher, plan, groups) if plan.cuts else [])
+        region, regs = patcher.region, pc.regions
         for comp in regions(items):
-            r: Region = (tuple(comp), patcher.region(mode, comp))
+            r: Region = (tuple(comp), region(mode, comp))
             for it in comp:
                 for c in it.touched:
-                    pc.regions[c] = r
-    for bi, b in enumerate(plan.buckets or ()):
-        members = patcher.bucket_members(bi, b.members)
-        pc.buckets[id(b)] = (members, patcher.bucket_unit(mode, members, b.build))
-        for m in members:
-            pc.ar_owner[m] = id(b)
+                    regs[c] = r
+    if plan.buckets:
+        bucket_members, bucket_unit = patcher.bucket_members, patcher.bucket_unit
+        members = [bucket_members(bi, b.members) for bi, b in enumerate(plan.buckets)]
+        keys = list(map(id, plan.buckets))
+        pc.buckets = {k: (ms, bucket_unit(mode, ms, b.build)) for k, ms, b in zip(keys, members, plan.buckets)}
+        pc.ar_owner = {m: k for k, ms in zip(keys, members) for m in ms}
     return pc
+
+
+def _window(old: tuple, new: tuple) -> tuple[tuple, tuple]:
+    """The parts of two tuples between their longest common prefix and suffix (by identity).
+
+    The entries outside are the same objects at the same places, so a diff of the two windows by
+    identity is the diff of the tuples (for tuples without repeated entries, as a plan's groups
+    and buckets are: a plan with one twice overlaps itself). Found at C speed, so a move's
+    re-patch does not hash every group of the plan.
+    """
+    n = min(len(old), len(new))
+    lo = next(itertools.compress(itertools.count(), map(operator.is_not, old, new)), n)
+    hi = next(itertools.compress(itertools.count(), map(operator.is_not, reversed(old), reversed(new))), n)
+    hi = min(hi, n - lo)
+    return old[lo:len(old) - hi], new[lo:len(new) - hi]
 
 
 def _diff(old: dict[int, Unit], new: dict[int, Unit], removed: list[Unit], added: list[Unit]) -> None:
@@ -171,10 +190,12 @@ def repatch(patcher: Patcher, base: Pieces, base_plan: FusionPlan,
     old_regions: list[Region] = []
     new_regions: list[Region] = []
     if plan.groups is not base_plan.groups:
-        now = dict(zip(map(id, plan.groups), plan.groups))
-        rem_g = [(k, base.groups[k]) for k in base.groups.keys() - now.keys()]
+        old_w, new_w = _window(base_plan.groups, plan.groups)
+        now = dict(zip(map(id, new_w), new_w))
+        before = set(map(id, old_w))
+        rem_g = [(k, base.groups[k]) for k in before - now.keys()]
         try:
-            add_g = [(k, patcher.group(0, now[k])) for k in now.keys() - base.groups.keys()]
+            add_g = [(k, patcher.group(0, now[k])) for k in now.keys() - before]
         except ValueError:
             return None
         gone = {k for k, _ in rem_g}
@@ -194,10 +215,12 @@ def repatch(patcher: Patcher, base: Pieces, base_plan: FusionPlan,
     rem_b: list[tuple[int, tuple[tuple[int, ...], Unit]]] = []
     add_b: list[tuple[int, tuple[tuple[int, ...], Unit]]] = []
     if plan.buckets is not None and plan.buckets is not base_plan.buckets:
-        now_b = dict(zip(map(id, plan.buckets), plan.buckets))
-        rem_b = [(k, base.buckets[k]) for k in base.buckets.keys() - now_b.keys()]
+        old_wb, new_wb = _window(base_plan.buckets, plan.buckets)
+        now_b = dict(zip(map(id, new_wb), new_wb))
+        before_b = set(map(id, old_wb))
+        rem_b = [(k, base.buckets[k]) for k in before_b - now_b.keys()]
         try:
-            for k in now_b.keys() - base.buckets.keys():
+            for k in now_b.keys() - before_b:
                 b = now_b[k]
                 members = patcher.bucket_members(0, b.members)
                 add_b.append((k, (members, patcher.bucket_unit(mode, members, b.build))))
