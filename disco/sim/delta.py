@@ -169,6 +169,7 @@ class DeltaSimulator:
         # (fusion mode, kind, members, duration), so two unit objects that schedule alike (a re-fused
         # kernel labelled by the group it holds) share one.
         self._index = array_sweep.index_of(sim)
+        self._group_pieces: dict = {}  # plans' group parts of their pieces, by value (pieces.build)
         # plans priced whole, re-scheduled, found to run the same units; traces made; events placed
         self.stats = {"full": 0, "delta": 0, "same": 0, "traces": 0, "events": 0}
 
@@ -197,14 +198,14 @@ class DeltaSimulator:
             return hit.step
         base = self._base(parent) if parent is not None else None
         trace = self._delta(base, parent, plan) if base is not None else None
-        if trace is None:  # the whole schedule, recorded; else the full simulation (its retry and errors)
+        if trace is None:  # from scratch, recorded; else the full simulation (its retry and errors)
             try:
-                trace = self._full(plan)
+                trace = self._scratch(plan, "full")
             except ValueError:
                 trace = None
             if trace is None:
                 trace = Trace(None, self.sim.step_time(plan), None, 0, None, 0, None)
-            self.stats["full"] += 1
+                self.stats["full"] += 1
         self._put(plan, trace)
         return trace.step
 
@@ -245,17 +246,28 @@ class DeltaSimulator:
             if not isinstance(parent, FusionPlan):
                 return None
             try:
-                t = self._full(parent)
+                t = self._scratch(parent, "traces")
             except ValueError:
                 return None
             if t is None:
                 return None
-            self.stats["traces"] += 1
             self._put(parent, t)
         if t.pieces is None:  # a schedule made whole: its patch by piece, once it is a parent
-            t.pieces = plan_pieces.build(self._patcher, parent)
+            t.pieces = plan_pieces.build(self._patcher, parent, self._group_pieces)
         t.materialise(self._index.table.n)
         return t
+
+    def _scratch(self, plan: FusionPlan, stat: str) -> Trace | None:
+        """A trace of a plan priced without a neighbour: its whole schedule (counted in
+        ``stats[stat]``); None when it deadlocks.
+
+        Raises:
+          ValueError: as ``Patcher.patch``.
+        """
+        trace = self._full(plan)
+        if trace is not None:
+            self.stats[stat] += 1
+        return trace
 
     def _full(self, plan: FusionPlan) -> Trace | None:
         """The plan's whole schedule, recorded (its patch by piece is made when it is a parent); None
