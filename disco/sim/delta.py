@@ -22,12 +22,16 @@ the trace of its parent (the plan the search made it from; traced when first giv
    choice; an added unit was not yet ready).
 3. The scheduler's state at that event is rebuilt from the trace (which inputs of each later unit
    are placed and their latest end; which units are ready, in which queue; the streams' free
-   times) and :func:`disco.sim.scheduler.sweep`, the full simulation's own loop, runs the rest.
+   times) and the full simulation's loop (:func:`disco.sim.scheduler.sweep`) runs the rest:
+   :func:`disco.sim.array_sweep.restart` does both, on flat arrays, compiled with numba.
+
+A plan priced without a parent is scheduled whole the same way and keeps its schedule; its patch by
+piece is made when it is first a parent.
 
 A change no unit sees (a group inside one of XLA's fusions, a cut between two ops XLA would not
-fuse) costs only its re-patch and the comparison. Anything this does not cover is simulated whole:
-a plan without a parent, another fusion mode or stream coupling than the parent's, a plan whose
-schedule deadlocks (the full simulation's retry and errors apply). Only ``order="program"`` step
+fuse) costs only its re-patch and the comparison. Anything this does not cover is scheduled whole:
+a plan without a parent, another fusion mode or stream coupling than the parent's; a plan whose
+schedule deadlocks is priced by the simulator itself (its retry and errors apply). Only ``order="program"`` step
 times are incremental; ``Simulator.run`` (timelines) and ``order="topological"`` stay full.
 
 Example:
