@@ -23,7 +23,8 @@ _MAX_IDLE_STEPS = 1000
 # scheduler loop incremental is faster from 1.8k nodes on (scripts/tools/bench_simulator.py, the
 # search's own moves, incremental over full: 3.8x at 1.8k nodes, 7.1x at 4.6k, 11x at 9.2k;
 # docs/results/simulator-speed.md), but its first evaluation in a process imports numba and loads
-# the compiled kernel (~1.5-2 s), which a short search on a small graph does not win back.
+# the compiled kernel (~0.5 s of CPU, 1-2 s wall here), which a short search on a small graph
+# may not win back.
 INCREMENTAL_MIN_NODES = 4000
 
 
