@@ -218,6 +218,22 @@ def compile_text_for(text: str, devices: Any, compiler_options: dict[str, Any]) 
     One partition per device (SPMD, shardy); the executable itself is dropped (a compile-only
     client has none to run).
     """
+    return compile_module_for(text, devices, compiler_options)[0]
+
+
+# the sizes XLA's CompiledMemoryStats reports (what disco.sim.memory.peak_memory reads)
+MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+                 "generated_code_size_in_bytes", "peak_memory_in_bytes")
+
+
+def compile_module_for(text: str, devices: Any, compiler_options: dict[str, Any]
+                       ) -> tuple[str, dict[str, int] | None, str | None]:
+    """:func:`compile_text_for` with the executable's memory analysis: ``(module text, sizes, why)``.
+
+    ``sizes`` are the executable's ``get_compiled_memory_stats()`` (:data:`MEMORY_FIELDS` it
+    reports, bytes per device: XLA's buffer assignment, as ``jax.stages.Compiled.memory_analysis()``
+    reads it), or None with ``why`` (the executable reports none).
+    """
     import numpy as np
 
     try:
@@ -239,9 +255,18 @@ def compile_text_for(text: str, devices: Any, compiler_options: dict[str, Any]) 
         options.executable_build_options.use_shardy_partitioner = True
         exe = compiler.backend_compile_and_load(devices[0].client, module, xc.DeviceList(devices), options, [])
     try:
-        return exe.hlo_modules()[0].to_string()
+        module_text = exe.hlo_modules()[0].to_string()
     except (AttributeError, IndexError) as e:
         raise PrivateApiError(f"a compiled executable no longer lists its HLO modules: {e}") from None
+    try:
+        stats = exe.get_compiled_memory_stats()
+    except Exception as e:  # noqa: BLE001 - a backend without the analysis: the module stands without it
+        return module_text, None, f"the executable reports no memory analysis ({type(e).__name__}: {e})"
+    sizes = {f: int(getattr(stats, f)) for f in MEMORY_FIELDS if getattr(stats, f, None) is not None}
+    if not {"argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "temp_size_in_bytes"} <= set(sizes):
+        return module_text, None, f"the executable's memory analysis lacks sizes (it has {sorted(sizes)})"
+    return module_text, sizes, None
 
 
 def kv_client() -> Any:

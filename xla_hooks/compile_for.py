@@ -8,6 +8,8 @@ starts enough virtual CPU devices first), on a GPU kind (``h100``) with devicele
 plan applied to a jax step on this process's backend (:func:`xla_hooks.apply_plan.compile_plan`);
 :func:`plan_text_for`, for a plan applied to a pre-optimisation module's text and compiled for any
 device kind :func:`compile_for` targets (a GPU cluster's plans, priced from a machine without its GPUs).
+:func:`compile_module` and :func:`plan_module_for` return the module with its peak device memory
+(XLA's memory analysis of the executable, deviceless XLA:GPU's for a GPU kind).
 
 Example:
   >>> text = compile_for(pre_text, device="h100", devices=8)  # doctest: +SKIP
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from xla_hooks import deviceless
 
 if TYPE_CHECKING:
     from disco.plans.plan import FusionPlan
+    from disco.sim.memory import PeakMemory
 
 
 def compile_for(text: str, *, device: str, devices: int = 1, options: Mapping[str, Any] | None = None,
@@ -46,6 +49,16 @@ def compile_for(text: str, *, device: str, devices: int = 1, options: Mapping[st
     if device in deviceless.TARGETS:
         return deviceless.compile_hlo(text, target=device, devices=devices, options=options,
                                       autotune_results=autotune_results, use_cache=use_cache, timeout=timeout)
+    _check_cpu(device, devices, autotune_results)
+    import jax
+
+    from xla_hooks import _jax_private
+
+    return _jax_private.compile_text_for(text, jax.devices("cpu")[:devices], dict(options or {}))
+
+
+def _check_cpu(device: str, devices: int, autotune_results: Any) -> None:
+    """:func:`compile_for`'s checks of a compile on this process's CPU devices."""
     if device != "cpu":
         raise ValueError(f"compile_for: device kind {device!r}; expected 'cpu' or one of "
                          f"{sorted(deviceless.TARGETS)} (deviceless)")
@@ -54,12 +67,9 @@ def compile_for(text: str, *, device: str, devices: int = 1, options: Mapping[st
                          f"not autotune; they are XLA:GPU's (expected a GPU kind: {sorted(deviceless.TARGETS)})")
     import jax
 
-    from xla_hooks import _jax_private
-
     local = jax.devices("cpu")
     if len(local) < devices:
         raise ValueError(f"compile_for: the module needs {devices} CPU devices, this process has {len(local)}")
-    return _jax_private.compile_text_for(text, local[:devices], dict(options or {}))
 
 
 def plan_text_for(text: str, plan: FusionPlan, *, device: str, devices: int = 1,
@@ -77,6 +87,13 @@ def plan_text_for(text: str, plan: FusionPlan, *, device: str, devices: int = 1,
         ../shared/GPU_NOTES.md), and what :func:`compile_for` raises.
       deviceless.DevicelessUnavailable: as :func:`compile_for`.
     """
+    text, options, _ = _plan_input(text, plan, device)
+    return compile_for(text, device=device, devices=devices, options=options, autotune_results=autotune_results,
+                       use_cache=use_cache, timeout=timeout)
+
+
+def _plan_input(text: str, plan: FusionPlan, device: str) -> tuple[str, dict[str, Any], str]:
+    """(the text with ``plan`` written in, its compile options for ``device``'s backend, the backend)."""
     from disco.sim.cluster_spec import backend_of
     from xla_hooks.rewrite import apply_plan_to_text
 
@@ -85,9 +102,73 @@ def plan_text_for(text: str, plan: FusionPlan, *, device: str, devices: int = 1,
         raise ValueError(f"plan {plan.name or plan.digest()!r} has {len(plan.groups)} fusion group(s), which cannot "
                          f"reach XLA:GPU (jax's PJRT plugin takes StableHLO, where mhlo.fusion has no form); "
                          f"a GPU plan holds buckets, cuts and compile options")
-    return compile_for(apply_plan_to_text(text, plan), device=device, devices=devices,
-                       options=plan.compiler_options(backend), autotune_results=autotune_results,
-                       use_cache=use_cache, timeout=timeout)
+    return apply_plan_to_text(text, plan), dict(plan.compiler_options(backend)), backend
+
+
+class CompiledModule(NamedTuple):
+    """A compiled module and its peak device memory.
+
+    Attributes:
+      text: the optimised, scheduled module (what :func:`compile_for` returns).
+      memory: one device's memory (:class:`disco.sim.memory.PeakMemory`), or None (``memory_note``).
+      memory_from: where ``memory`` came from: ``"xla"`` (XLA's memory analysis of the executable the
+        compile built: XLA:GPU's buffer assignment for a GPU kind, deviceless), or
+        :data:`disco.sim.module_memory.SOURCE` (estimated from the module's buffers, where the
+        compile reported no analysis); None without ``memory``.
+      memory_note: why the analysis is not XLA's (None when it is).
+    """
+
+    text: str
+    memory: PeakMemory | None
+    memory_from: str | None
+    memory_note: str | None = None
+
+
+def compile_module(text: str, *, device: str, devices: int = 1, options: Mapping[str, Any] | None = None,
+                   autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True,
+                   timeout: float = deviceless.COMPILE_TIMEOUT_S) -> CompiledModule:
+    """:func:`compile_for` with the executable's peak memory (:class:`CompiledModule`): XLA's memory
+    analysis where the compile reports it (deviceless XLA:GPU does), else estimated from the module's
+    buffers (:func:`disco.sim.module_memory.estimate`).
+
+    Raises:
+      what :func:`compile_for` raises.
+    """
+    import types
+
+    from disco.sim import memory, module_memory
+
+    if device in deviceless.TARGETS:
+        out = deviceless.compile_hlo_module(text, target=device, devices=devices, options=options,
+                                            autotune_results=autotune_results, use_cache=use_cache,
+                                            timeout=timeout)
+        module_text, sizes, note = out.text, out.memory, out.memory_note
+    else:
+        _check_cpu(device, devices, autotune_results)
+        import jax
+
+        from xla_hooks import _jax_private
+
+        module_text, sizes, note = _jax_private.compile_module_for(text, jax.devices("cpu")[:devices],
+                                                                   dict(options or {}))
+    if sizes is not None:
+        return CompiledModule(module_text, memory.peak_memory(types.SimpleNamespace(**sizes)), "xla")
+    why = note or "the compile reported no memory analysis"
+    return CompiledModule(module_text, module_memory.estimate(module_text), module_memory.SOURCE,
+                          f"{why}: estimated from the compiled module's buffers")
+
+
+def plan_module_for(text: str, plan: FusionPlan, *, device: str, devices: int = 1,
+                    autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True,
+                    timeout: float = deviceless.COMPILE_TIMEOUT_S) -> CompiledModule:
+    """:func:`plan_text_for` with the compiled step's peak memory (:func:`compile_module`).
+
+    Raises:
+      what :func:`plan_text_for` raises.
+    """
+    text, options, backend = _plan_input(text, plan, device)
+    return compile_module(text, device=device, devices=devices, options=options,
+                          autotune_results=autotune_results, use_cache=use_cache, timeout=timeout)
 
 
 class DeadlinePassed(RuntimeError):
@@ -107,6 +188,17 @@ def unavailable(device: str) -> str | None:
     return None
 
 
+def plan_module_compiler(text: str, *, device: str, devices: int,
+                         deadline: float | None = None) -> Callable[[FusionPlan], CompiledModule]:
+    """:func:`plan_compiler` whose function returns the :class:`CompiledModule` (the module with its
+    peak memory, :func:`plan_module_for`): ``disco.optimizer.predict``'s compile function.
+
+    Raises:
+      ValueError: as :func:`plan_compiler`.
+    """
+    return _plan_compiler(text, device=device, devices=devices, deadline=deadline, build=plan_module_for)
+
+
 def plan_compiler(text: str, *, device: str, devices: int,
                   deadline: float | None = None) -> Callable[[FusionPlan], str]:
     """plan -> :func:`plan_text_for` of ``text`` for ``devices`` of ``device`` (with the autotuning
@@ -120,6 +212,11 @@ def plan_compiler(text: str, *, device: str, devices: int,
     Raises:
       ValueError: what :func:`unavailable` says, for a device kind that cannot be compiled here.
     """
+    return _plan_compiler(text, device=device, devices=devices, deadline=deadline, build=plan_text_for)
+
+
+def _plan_compiler(text: str, *, device: str, devices: int, deadline: float | None,
+                   build: Callable[..., Any]) -> Callable[[FusionPlan], Any]:
     import time
 
     problem = unavailable(device)
@@ -134,8 +231,7 @@ def plan_compiler(text: str, *, device: str, devices: int,
             if timeout <= 0:
                 raise DeadlinePassed(f"not compiled: the deadline passed {-timeout:.1f} s before plan "
                                      f"{plan.name or plan.digest()[:12]!r} would begin")
-        return plan_text_for(text, plan, device=device, devices=devices, autotune_results=results,
-                             timeout=timeout)
+        return build(text, plan, device=device, devices=devices, autotune_results=results, timeout=timeout)
 
     return compile_plan
 

@@ -14,6 +14,8 @@ fails: no driver).
 
 * :func:`compile_hlo` compiles a pre-optimisation module's text (as
   ``jax.jit(f).lower(...).as_text(dialect="hlo")`` prints it) for a target with N devices;
+* :func:`compile_hlo_module` is the same with XLA:GPU's memory analysis of the executable it built
+  (the step's peak device memory for the target: arguments, outputs, aliases, temporaries);
 * :func:`compile_zoo_step` lowers a zoo model's training step for N devices in the child (a GSPMD
   step over abstract arguments) and compiles it the same way: (pre-optimisation text, compiled text).
 
@@ -50,7 +52,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 GPU_PYTHON_ENV = "DISCO_GPU_PYTHON"
 CACHE_ENV = "DISCO_COMPILE_CACHE"
@@ -169,7 +171,10 @@ def _run_child(request: dict[str, Any], timeout: float) -> dict[str, Any]:
                                     f"{r.stdout[-300:]!r}") from None
 
 
-def _cached_compile(request: dict[str, Any], key_text: str, *, use_cache: bool, timeout: float) -> dict[str, Any]:
+def _cached_compile(request: dict[str, Any], key_text: str, *, use_cache: bool, timeout: float,
+                    needs: str = "compiled") -> dict[str, Any]:
+    """The child's answer to ``request``, from the cache where an entry holds ``needs`` (an entry
+    written before the child reported memory has no ``memory`` key: compiled again and replaced)."""
     py = gpu_python()
     jaxv = child_jax_version(py) if py is not None else "?"
     key = cache_key(key_text, target=request["target"], devices=request["devices"], options=request["options"],
@@ -177,9 +182,11 @@ def _cached_compile(request: dict[str, Any], key_text: str, *, use_cache: bool, 
     path = cache_dir() / f"{key}.json"
     if use_cache and path.is_file():
         try:
-            return {**json.loads(path.read_text()), "cached": True}
+            entry = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
-            pass  # a damaged entry: compiled again and replaced
+            entry = {}  # a damaged entry: compiled again and replaced
+        if needs in entry:
+            return {**entry, "cached": True}
     out = _run_child(request, timeout)
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,6 +216,40 @@ def compile_hlo(text: str, *, target: str = "h100", devices: int = 1, options: M
     req = {"kind": "hlo", "text": text, "target": target, "devices": devices, "options": opts,
            "autotune_results": _autotune_text(opts, autotune_results, target)}
     return _cached_compile(req, text, use_cache=use_cache, timeout=timeout)["compiled"]
+
+
+class DevicelessModule(NamedTuple):
+    """One deviceless compile: the module and XLA:GPU's memory analysis of its executable.
+
+    Attributes:
+      text: the optimised, scheduled module (``Compiled.as_text()``).
+      memory: the executable's memory sizes in bytes per device (``get_compiled_memory_stats()``:
+        ``argument_size_in_bytes``, ``output_size_in_bytes``, ``alias_size_in_bytes``,
+        ``temp_size_in_bytes``, ...; :func:`disco.sim.memory.peak_memory` reads them), or None.
+      memory_note: why ``memory`` is None (None when it is there).
+    """
+
+    text: str
+    memory: Mapping[str, int] | None
+    memory_note: str | None = None
+
+
+def compile_hlo_module(text: str, *, target: str = "h100", devices: int = 1,
+                       options: Mapping[str, Any] | None = None,
+                       autotune_results: str | os.PathLike[str] | None = None, use_cache: bool = True,
+                       timeout: float = COMPILE_TIMEOUT_S) -> DevicelessModule:
+    """:func:`compile_hlo` with XLA:GPU's memory analysis of the executable it built (the peak
+    device memory of the step as compiled for the target: :class:`DevicelessModule`).
+
+    Raises:
+      ValueError, DevicelessUnavailable: as :func:`compile_hlo`.
+    """
+    _check_target(target, devices)
+    opts = dict(options or {})
+    req = {"kind": "hlo", "text": text, "target": target, "devices": devices, "options": opts,
+           "autotune_results": _autotune_text(opts, autotune_results, target)}
+    out = _cached_compile(req, text, use_cache=use_cache, timeout=timeout, needs="memory")
+    return DevicelessModule(out["compiled"], out.get("memory"), out.get("memory_note"))
 
 
 def compile_zoo_step(model: str, preset: str, *, target: str = "h100", devices: int = 1,
@@ -268,8 +309,9 @@ def serve(request: Mapping[str, Any]) -> dict[str, Any]:
             path = Path(tmp) / f"results{results_file.TEXT_SUFFIX}"
             path.write_text(request["autotune_results"])
             options.update(results_file.load_options(str(path)))
-        compiled = _jax_private.compile_text_for(text, _topology_devices(target, devices), options)
-    out = {"compiled": compiled, "jax": jax.__version__, "compile_s": round(time.perf_counter() - t0, 3)}
+        compiled, memory, why = _jax_private.compile_module_for(text, _topology_devices(target, devices), options)
+    out = {"compiled": compiled, "jax": jax.__version__, "compile_s": round(time.perf_counter() - t0, 3),
+           "memory": memory, "memory_note": why}
     if request["kind"] == "step":
         out["pre_optimization"] = text
     return out

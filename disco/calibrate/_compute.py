@@ -68,7 +68,7 @@ def with_compute_floor(spec: ClusterSpec, graph: Any, floor_s: float, costs: Any
 
 def measure_compute_floor(processes: int, devices_per_process: int, link: LinkSpec | None, *, model: str,
                           preset: str, rounds: int = 3, steps: int = 3, optimizer: str = "adamw",
-                          style: str = "shard_map",
+                          style: str = "shard_map", mesh_shape: tuple[int, int] | None = None,
                           timeout_s: float = 900) -> dict[str, Any]:
     """The compute floor of a zoo model's step across the cluster: the step with its all-reduces
     replaced by copies (:mod:`xla_hooks.bound`), measured beside xla_default in one launch.
@@ -82,7 +82,7 @@ def measure_compute_floor(processes: int, devices_per_process: int, link: LinkSp
     from disco.bench import COMM_FREE_BOUND
 
     wspec = multiprocess.WorkerSpec(model=model, preset=preset, plans=("xla_default",), rounds=rounds, steps=steps,
-                                    optimizer=optimizer, style=style, comm_free_bound=True)
+                                    optimizer=optimizer, style=style, mesh_shape=mesh_shape, comm_free_bound=True)
     res = multiprocess.launch(processes, devices_per_process, wspec, link=link, timeout_s=timeout_s)
     res.raise_if_failed("measuring the compute floor across processes")
     rows = {r["plan"]: r for r in multiprocess.combine(res)}

@@ -67,6 +67,9 @@ def print_predicted(result: Any, info: dict[str, Any], *, details: bool = False)
     add(f"what it does: {describe(result.plan, graph)}")
     add(f"simulated on cluster {result.cluster!r} ({result.tier} tier): {result.speedup:.3f}x faster than "
         "XLA's default")
+    memory = memory_line(result)
+    if memory:
+        add(memory)
     add("nothing was measured: this machine's devices are not the cluster's; measure it there "
         "(xla_hooks.jit(step, service=..., trials=n))")
     if info.get("plan_file") and result.chosen != "xla_default":
@@ -84,7 +87,7 @@ def print_predicted_table(result: Any, info: dict[str, Any]) -> None:
     t = Table(title=(f"disco optimize {info['model']}/{info['preset']} for cluster {result.cluster!r}"
                      f"{_cluster_note(info)}: predicted with the {_describe_costs(info)} cost model, not measured"))
     for c in ("plan", "from", "emulated ms", "compiled ms", "speedup vs\nxla_default\n(predicted)", "kernels",
-              "all-reduces"):
+              "all-reduces", "peak mem\n(predicted)"):
         t.add_column(c, justify="left" if c in ("plan", "from") else "right")
     notes: dict[str, int] = {}
     base = result.row("xla_default").predicted_s(result.tier)
@@ -96,7 +99,9 @@ def print_predicted_table(result: Any, info: dict[str, Any]) -> None:
                   "-" if r.compiled_s is None else f"{r.compiled_s * 1e3:.3f}",
                   f"{base / mine:.3f}x" if base and mine else "-",
                   "-" if r.compiled is None else str(r.compiled.get("kernels")),
-                  "-" if r.compiled is None else str(r.compiled.get("collectives")))
+                  "-" if r.compiled is None else str(r.compiled.get("collectives")),
+                  bytes_short(r.peak_memory_bytes) + _MEMORY_MARKS.get(r.memory_from or "", "")
+                  + ("!" if r.over_memory else ""))
     console = table_console()
     console.print(t)
     for origin, i in notes.items():
@@ -107,6 +112,13 @@ def print_predicted_table(result: Any, info: dict[str, Any]) -> None:
     print_note(console, "emulated: the simulator's step time (Python emulation of XLA's fusion); compiled: the module "
                         "the real compiler builds for the cluster's devices, its kernels and collectives priced on the "
                         "cluster; '-': not compiled (or it failed: --json says why)")
+    limit = result.memory_limit
+    print_note(console, "peak mem: bytes per device (K = KiB), predicted (simulated, not measured): XLA's memory analysis "
+                        "of the module compiled for the cluster (arguments + outputs - donated + temporaries); "
+                        "~: estimated from the compiled module's buffers; c: XLA:CPU's analysis of the plan compiled "
+                        "here (no compiled tier ran; not the cluster's compiler); "
+                        + (f"!: above the limit of {limit:,} bytes, never the answer" if limit else
+                           "no memory limit (--memory-limit, or a cluster's device_memory)"))
     s = result.search
     print_note(console, f"simulated lower bound {result.lower_bound_s * 1e3:.3f} ms; search: {s.strategy}, {s.evals} "
                         f"plans in {s.seconds:.1f} s")
@@ -114,6 +126,30 @@ def print_predicted_table(result: Any, info: dict[str, Any]) -> None:
                         f"{result.cluster!r} ({result.tier} tier); nothing was measured", bold="the answer")
     _print_plan_lines(console, result.chosen, result.rows)
 
+
+
+# the peak mem column's mark of where a predicted peak came from (PredictedRow.memory_from): none for XLA's own
+_MEMORY_MARKS = {"module-estimate": "~", "xla-cpu": "c"}
+
+
+def memory_line(result: Any) -> str | None:
+    """The answer's predicted peak memory and the rows left out for it, in one line (None when no
+    row has a peak)."""
+    from disco.sim.memory import bytes_text
+
+    row = result.row(result.chosen)
+    over = [r.name for r in result.rows if r.over_memory is not None]
+    if row.peak_memory_bytes is None and not over:
+        return None
+    how = {"xla": "XLA's memory analysis of its compiled module", "module-estimate": "estimated from its compiled "
+           "module's buffers", "xla-cpu": "XLA:CPU's analysis of it compiled here, not the cluster's compiler's"}
+    text = (f"peak memory per device (predicted): {bytes_text(row.peak_memory_bytes)}"
+            + (f" ({how.get(row.memory_from or '', row.memory_from)})" if row.peak_memory_bytes is not None else ""))
+    if result.memory_limit:
+        text += f", limit {bytes_text(result.memory_limit)}"
+    if over:
+        text += f"; over the limit, never chosen: {', '.join(over)}"
+    return text
 
 
 def _cluster_note(info: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from disco.cli.common import (
     read_text_input,
     resolve_plans,
     table_console,
+    worker_step,
 )
 
 
@@ -190,7 +191,7 @@ def _run_processes(args: argparse.Namespace) -> int:
         names = ("xla_default",) + names
     spec = multiprocess.WorkerSpec(model=args.model, preset=args.preset, plans=names,
                                    rounds=args.rounds, steps=args.steps, optimizer=args.optimizer,
-                                   comm_free_bound=args.bound)
+                                   comm_free_bound=args.bound, **worker_step(args))
     res = multiprocess.launch(args.processes, args.devices_per_process, spec, timeout_s=args.timeout,
                               link=parse_link_arg(args))  # --link
     res.raise_if_failed("multi-process bench")

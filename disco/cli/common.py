@@ -148,15 +148,7 @@ def make_step(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, 
     style = getattr(args, "style", _MODEL_DEFAULTS["style"])
     if style not in trax_models.STYLES:
         raise CliError(f"unknown --style {style!r}; expected one of: {', '.join(trax_models.STYLES)}")
-    mesh = getattr(args, "mesh", None)
-    if mesh is not None and style != "fsdp":
-        raise CliError(f"--mesh {mesh!r} is for --style fsdp only, got --style {style}")
-    mesh_shape = None
-    if mesh is not None:
-        parts = mesh.lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise CliError(f"--mesh: expected DATAxFSDP, two ints such as 2x4, got {mesh!r}")
-        mesh_shape = tuple(int(p) for p in parts)
+    mesh_shape = mesh_shape_arg(args)
     setup_devices(args.devices)
     try:
         return trax_models.make_train_step(args.model, preset=args.preset, devices=args.devices,
@@ -165,6 +157,21 @@ def make_step(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, 
         if mesh_shape is None:
             raise
         raise CliError(str(e)) from None
+
+
+def mesh_shape_arg(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--mesh DATAxFSDP`` as ``(data, fsdp)``, None when not given; refused with another --style than fsdp."""
+    mesh = getattr(args, "mesh", None)
+    style = getattr(args, "style", _MODEL_DEFAULTS["style"])
+    if mesh is None:
+        return None
+    if style != "fsdp":
+        raise CliError(f"--mesh {mesh!r} is for --style fsdp only, got --style {style}")
+    parts = mesh.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise CliError(f"--mesh: expected DATAxFSDP, two ints such as 2x4, got {mesh!r}")
+    data, fsdp = (int(p) for p in parts)
+    return data, fsdp
 
 
 def device_kind() -> str:
@@ -492,6 +499,19 @@ def check_process_counts(args: argparse.Namespace) -> None:
     if emulated_link(args) and args.processes < 2:
         raise CliError(f"--link {args.link!r} emulates the link between worker processes; with --processes "
                        f"{args.processes} nothing crosses it: give --processes 2 or more")
+
+
+def worker_step(args: argparse.Namespace) -> dict[str, Any]:
+    """How each worker process writes the zoo step: ``{"style": ..., "mesh_shape": ...}`` from --style
+    and --mesh, the mesh checked against the devices of all the processes."""
+    style = getattr(args, "style", _MODEL_DEFAULTS["style"])
+    mesh_shape = mesh_shape_arg(args)
+    total = args.processes * args.devices_per_process
+    if mesh_shape is not None and mesh_shape[0] * mesh_shape[1] != total:
+        raise CliError(f"--mesh {args.mesh}: {mesh_shape[0] * mesh_shape[1]} devices, and --processes "
+                       f"{args.processes} x --devices-per-process {args.devices_per_process} are {total}; "
+                       "expected a data x fsdp mesh of all of them")
+    return {"style": style, "mesh_shape": mesh_shape}
 
 
 def over_label(link: Any) -> str:

@@ -35,6 +35,7 @@ from disco.cli.common import (
     print_json,
     progress_reporter,
     setup_devices,
+    worker_step,
 )
 
 STRATEGIES = ("best_first", "annealing", "greedy")
@@ -95,7 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'' for none)")
     p.add_argument("--memory-limit", default=None, metavar="BYTES",
                    help="bytes per device (2GB, 512MiB, 3e9): a plan whose compiled step's peak memory (XLA's "
-                        "memory analysis) is above it, or above the cluster's device memory, is never chosen")
+                        "memory analysis; for a cluster planned by prediction, predicted: XLA's analysis of the module "
+                        "compiled for it) is above it, or above the cluster's device memory, is never chosen")
     p.add_argument("--out", metavar="FILE",
                    help="write the chosen plan as JSON here (default: $DISCO_PLANS/<model>-<preset>-<devices>.json, "
                         "$DISCO_PLANS defaulting to disco/plans in the per-user cache directory)")
@@ -250,8 +252,9 @@ def run_predicted(args: argparse.Namespace, step: Any, example: tuple[Any, ...],
     with progress_reporter(not args.no_progress) as progress:
         result = predict(step, *example, cluster=cluster, costs=costs, config=config, progress=progress)
     plan_file = _write_outputs(args, result, model_label(args))  # --trace and --plot were refused above
-    info = {**model_label(args), "device_kind": device_kind(), "cost_model_info": cost_info,
-            "cluster_spec": cluster.to_dict(), "plan_file": plan_file}
+    info = {**model_label(args), "style": getattr(args, "style", None), "mesh": getattr(args, "mesh", None),
+            "device_kind": device_kind(), "cost_model_info": cost_info, "cluster_spec": cluster.to_dict(),
+            "plan_file": plan_file}
     if args.json:
         print_json({**info, **result.to_dict()})
         return 0
@@ -367,7 +370,7 @@ def run_across(args: argparse.Namespace) -> int:
     config = config_from_args(args, measure_buckets_only=False, **rounds)
     link = parse_link_arg(args)
     runner = ProcessRunner(args.model, args.preset, args.processes, args.devices_per_process, link,
-                           optimizer=args.optimizer, style=args.style, timeout_s=args.timeout)
+                           optimizer=args.optimizer, timeout_s=args.timeout, **worker_step(args))
     cal = None
     if args.cluster:  # "local": the devices of all the processes, as in one process
         cluster = resolve(args.cluster, runner.devices)

@@ -134,8 +134,9 @@ XLA_GPU_UNFUSIBLE_OPCODES: frozenset[str] = frozenset({
     "rng-bit-generator", "rng-get-and-update-state", "fft", "triangular-solve", "cholesky",
     "batch-norm-training", "batch-norm-grad", "batch-norm-inference", "topk",
 })
-# Layout-only or free producers: values recomputed per element.
-XLA_GPU_FREE_DUPLICATES: frozenset[str] = frozenset({"broadcast", "iota"})
+# Layout-only or free producers: values recomputed per element (partition-id too: fused into one consumer,
+# it would order every other user of the device's shard offset after that consumer, as XLA's does not).
+XLA_GPU_FREE_DUPLICATES: frozenset[str] = frozenset({"broadcast", "iota", "partition-id", "replica-id"})
 # Ops that are bitcasts on GPU (default layouts): never a kernel, wherever their value goes.
 XLA_GPU_BITCASTS: frozenset[str] = frozenset({"reshape", "bitcast-convert"})
 # Cheap unary elementwise ops priority fusion duplicates into every (fusible) consumer.

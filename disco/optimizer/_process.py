@@ -47,6 +47,8 @@ class ProcessRunner:
       processes, devices_per_process: the launch's shape.
       link: the emulated link between the workers, or None for 127.0.0.1.
       optimizer, style: the step's optimizer and how it is written (``trax_models.STYLES``).
+      mesh_shape: style ``"fsdp"``: the ``(data, fsdp)`` mesh over all the workers' devices, process-major
+        (``(2, 4)`` on 2 processes x 4: data parallel across the processes, FSDP within each); None: 1-D.
       timeout_s: each launch's time limit.
       scale_compute: price the search on the cluster with its compute scaled to the step's
         measured compute floor (:meth:`fit`); False: the cluster as given.
@@ -70,6 +72,7 @@ class ProcessRunner:
     link: LinkSpec | None = None
     optimizer: str = "adamw"
     style: str = "shard_map"
+    mesh_shape: tuple[int, int] | None = None
     timeout_s: float = 1800
     scale_compute: bool = True
     compute_floor_ms: float | None = None
@@ -99,10 +102,11 @@ class ProcessRunner:
         import trax_models
 
         return trax_models.make_train_step(self.model, self.preset, devices=self.devices, optimizer=self.optimizer,
-                                           style=self.style)
+                                           style=self.style, mesh_shape=self.mesh_shape)
 
     def describe(self) -> dict[str, Any]:
-        return {"runner": self.name, "processes": self.processes, "devices_per_process": self.devices_per_process}
+        out = {"runner": self.name, "processes": self.processes, "devices_per_process": self.devices_per_process}
+        return {**out, "mesh_shape": list(self.mesh_shape)} if self.mesh_shape is not None else out
 
     def fit(self, target: Target, config: OptimizeConfig, progress: Progress) -> tuple[Target, dict[str, Any]]:
         """``target`` with its cluster's compute scaled to the step's compute floor across the
@@ -117,7 +121,7 @@ class ProcessRunner:
             floor = calibrate.measure_compute_floor(
                 self.processes, self.devices_per_process, self.link, model=self.model, preset=self.preset,
                 rounds=config.rounds, steps=config.steps, optimizer=self.optimizer, style=self.style,
-                timeout_s=self.timeout_s)
+                mesh_shape=self.mesh_shape, timeout_s=self.timeout_s)
         else:
             floor = {"median_ms": self.compute_floor_ms}
         return scaled_to_floor(target, floor, f"{self.model}/{self.preset}")
@@ -142,7 +146,7 @@ class ProcessRunner:
             items = [_item(name, plan, target, tmp) for name, plan in plans.items()]
             spec = multiprocess.WorkerSpec(model=self.model, preset=self.preset, plans=tuple(items), rounds=rounds,
                                            steps=steps, optimizer=self.optimizer, style=self.style,
-                                           comm_free_bound=bound)
+                                           mesh_shape=self.mesh_shape, comm_free_bound=bound)
             launched = multiprocess.launch(self.processes, self.devices_per_process, spec, link=self.link,
                                            timeout_s=self.timeout_s)
             launched.raise_if_failed("measuring across processes")
@@ -164,11 +168,11 @@ class ProcessRunner:
 def trials_of(rows: Iterable[Mapping[str, Any]], names: Iterable[str]) -> dict[str, Trial]:
     """A launch's combined rows (:func:`disco.runtime.multiprocess.combine`: ``samples_ms`` per plan,
     each round's step on its slowest process) as the trials of ``names``, in seconds like every
-    :class:`~xla_hooks.measure.Measurement`."""
+    :class:`~xla_hooks.measure.Measurement`, with the largest process's compiled peak memory."""
     by_plan = {r["plan"]: r for r in rows}
     return {name: Trial(Measurement(tuple(v * 1e-3 for v in by_plan[name]["samples_ms"])), by_plan[name]["applied"],
                         by_plan[name]["fallback_reason"], all_reduces=by_plan[name]["all_reduces"],
-                        record=by_plan[name])
+                        record=by_plan[name], peak_memory_bytes=by_plan[name].get("peak_memory_bytes"))
             for name in names}
 
 

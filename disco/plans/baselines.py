@@ -68,7 +68,7 @@ from typing import Any, NamedTuple
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.step_checks import all_reduce_dependencies
 from disco.plans import options as plan_options
-from disco.plans.check import bucket_class
+from disco.plans.check import bucket_class, gather_class
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
@@ -269,7 +269,7 @@ def _gather_buckets(graph: HloGraph, *, per_layer: bool) -> tuple[tuple[str, ...
         if c.role != "param_gather" or c.opcode != "all-gather":
             continue
         n = nodes[c.name]
-        key: tuple = (n.computation, n.replica_groups, n.dtype)
+        key: tuple = gather_class(n)
         if per_layer:
             key = (layer_of(c.param or c.name), seen[c.param or c.name], *key)
         seen[c.param or c.name] += 1
@@ -324,7 +324,7 @@ class BaselineItem:
     """One baseline item of a ``--plans`` list, read by :func:`parse_item`.
 
     Attributes:
-      name: the baseline (one of :data:`NAMES` or :data:`GPU_ITEMS`).
+      name: the baseline (one of :data:`NAMES`, :data:`GATHER_NAMES` or :data:`GPU_ITEMS`).
       options: the keywords of :func:`make` the item sets, as ``(key, value)`` pairs.
       row: its row name in tables and JSON: the item as written, but ``even_<k>`` for ``even:K``.
     """
@@ -339,7 +339,7 @@ class BaselineItem:
 
 
 def parse_item(item: str) -> BaselineItem:
-    """Reads a ``--plans`` baseline item: a name of :data:`NAMES` or :data:`GPU_ITEMS`, or ``horovod:MB``,
+    """Reads a ``--plans`` baseline item: a name of :data:`NAMES`, :data:`GATHER_NAMES` or :data:`GPU_ITEMS`, or ``horovod:MB``,
     ``ddp:MB``, ``xla_threshold:BYTES`` or ``even:K``. The value is checked as :func:`make` checks it,
     before any graph is at hand (a launcher checks the items its workers will build); ``auto_pgle`` is
     refused here with :data:`AUTO_PGLE_OFF_GPU`.
@@ -356,8 +356,9 @@ def parse_item(item: str) -> BaselineItem:
     name, colon, arg = item.partition(":")
     if name == "auto_pgle":
         raise ValueError(AUTO_PGLE_OFF_GPU)
-    if name not in NAMES + GPU_ITEMS:
-        raise ValueError(f"unknown plan {name!r}; expected a baseline ({', '.join(NAMES + GPU_ITEMS)}) or a plan "
+    if name not in NAMES + GATHER_NAMES + GPU_ITEMS:
+        raise ValueError(f"unknown plan {name!r}; expected a baseline ({', '.join(NAMES + GATHER_NAMES + GPU_ITEMS)}) "
+                         "or a plan "
                          ".json file")
     if not colon:
         return BaselineItem(name, (), item)

@@ -233,6 +233,12 @@ def bucket_class(n: Node) -> tuple:
     return ("tuple", n.name) if n.shape.startswith("(") else (n.computation, n.reduction, n.replica_groups, n.dtype)
 
 
+def gather_class(n: Node) -> tuple:
+    """What all-gathers must share to share a gather bucket (:func:`check_gather_buckets`):
+    computation, replica groups and dtype."""
+    return (n.computation, n.replica_groups, n.dtype)
+
+
 def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
     """Raises ValueError describing the first problem found; returns None for a valid plan.
 
@@ -350,8 +356,8 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
 
 def check_gather_buckets(gather_buckets: tuple[tuple[str, ...], ...], graph: HloGraph, index: dict[str, int],
                          owner: dict[str, str]) -> None:
-    """Each gather bucket: all-gathers (one array each) of one computation, dtype and replica groups,
-    each in one bucket at most. All-gathers in no bucket stay as they are.
+    """Each gather bucket: all-gathers (one array each) of one :func:`gather_class` (computation,
+    replica groups, dtype), each in one bucket at most. All-gathers in no bucket stay as they are.
 
     Raises:
       ValueError: naming the bucket, the member and what is wrong.

@@ -4,8 +4,9 @@ The facts here do not depend on a plan: who feeds whom, which ops may share a gr
 same computation, plan_check's layout rules; none on GPU, where XLA cannot take groups), which
 all-reduces may share a bucket (one class: computation, reduction, replica groups, dtype), the
 reachability between all-reduces as bitsets (for the cycle check of bucket moves), the operand
-edges a cut may go on, and the backend's compile-option table. :mod:`disco.plans.moves` reads
-them for every move.
+edges a cut may go on, the parameter all-gathers a gather bucket may hold (one class each:
+computation, replica groups, dtype), and the backend's compile-option table.
+:mod:`disco.plans.moves` reads them for every move.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from disco.ir.replica_groups import replica_group_size
-from disco.ir.opcodes import FUSIBLE_OPCODES
+from disco.ir.opcodes import COLLECTIVE_KIND, FUSIBLE_OPCODES
 from disco.plans import check as plan_check
 from disco.plans import options as plan_options
 
@@ -46,6 +47,11 @@ class MoveContext:
       backend: "cpu" or "gpu"; on "gpu" ``fusible_nbrs``/``fusible_nodes`` are empty.
       cut_edges: (producer, consumer) node pairs a cut may go on (see :func:`add_cut`).
       options: the backend's compile-option table.
+      gather_class: parameter all-gather node -> class id (computation, replica groups, dtype); gather
+        bucket moves merge only within a class, and only these all-gathers: one array each, its
+        operand an entry parameter's shard (``disco.ir.sharded``'s ``param_gather``) and no
+        collective above it, so that no gather bucket of them can wait on its own result. Empty for a
+        graph without such all-gathers (its moves are those of a step without sharded parameters).
       memo: what moves keep between calls on this context (the index view of the last plan);
         not compared, not shown.
     """
@@ -65,6 +71,7 @@ class MoveContext:
     backend: str = "cpu"
     cut_edges: tuple[tuple[int, int], ...] = ()
     options: tuple[plan_options.CompileOption, ...] = ()
+    gather_class: Mapping[int, int] = dataclasses.field(default_factory=dict)
     memo: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
@@ -83,6 +90,26 @@ def _cut_edges(graph: HloGraph, succ: Sequence[Sequence[int]]) -> tuple[tuple[in
             if nodes[j].opcode in _CUT_OPCODES and nd.name in nodes[j].operands:
                 out.append((i, j))
     return tuple(out)
+
+
+def _gather_classes(graph: HloGraph, pred: Sequence[Sequence[int]]) -> dict[int, int]:
+    """Per parameter all-gather a gather bucket may hold (see :attr:`MoveContext.gather_class`), its class."""
+    nodes = graph.nodes
+    if not any(nd.opcode == "all-gather" for nd in nodes):
+        return {}  # no all-gather: the labels' dataflow walk is not needed
+    index = graph.index()
+    params = {index[c.name] for c in graph.collective_roles() if c.role == "param_gather" and c.opcode == "all-gather"}
+    collective_above = [False] * len(nodes)
+    for i in range(len(nodes)):  # program order is topological
+        collective_above[i] = any(collective_above[p] or nodes[p].opcode in COLLECTIVE_KIND for p in pred[i])
+    classes: dict[tuple, int] = {}
+    out: dict[int, int] = {}
+    for i in sorted(params):
+        nd = nodes[i]
+        if nd.shape.startswith("(") or collective_above[i]:
+            continue
+        out[i] = classes.setdefault(plan_check.gather_class(nd), len(classes))
+    return out
 
 
 def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
@@ -140,4 +167,5 @@ def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
         ar_class=ar_class, ar_level={i: above[i] for i in ar_class}, ar_bit=bit, ar_reach=reach,
         ar_splittable=frozenset(i for i in ar_class if not nodes[i].shape.startswith("(")
                                 and replica_group_size(nodes[i].replica_groups) is not None),
-        backend=backend, cut_edges=_cut_edges(graph, succ), options=plan_options.table(backend))
+        backend=backend, cut_edges=_cut_edges(graph, succ), options=plan_options.table(backend),
+        gather_class=_gather_classes(graph, pred))

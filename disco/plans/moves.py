@@ -32,11 +32,22 @@ changed.
   a boolean option or switches a choice option (CPU: YNNPACK's fusion types), ``step_option``
   steps a size option to the next value of its table up or down; a value equal to XLA's
   default is left out.
+- Gather buckets (a step with sharded parameters; only where ``ctx.gather_class`` holds its
+  parameter all-gathers): ``merge_gather_buckets`` merges a gather bucket, or a parameter
+  all-gather in none, with the next one of its class (computation, replica groups, dtype) in program
+  order; ``split_gather_bucket`` splits one in two at a point of program order (a part of one
+  all-gather is no bucket); ``reset_gather_buckets`` leaves the all-gathers to XLA again
+  (``gather_buckets=None``). No gather bucket they make can wait on its own result: its members
+  have no collective above them, so no path of the contracted plan enters one but from the
+  parameters. Gather buckets holding other all-gathers (a start plan's) are left as they are. On a
+  graph without parameter all-gathers :func:`random_move` draws from :data:`DEFAULT_WEIGHTS`
+  alone, the same moves in the same order for a seed as before these moves existed.
 - Backend: a context for "gpu" has no fusible pairs, so no move makes a group (XLA:GPU
   cannot take them; ``disco.plans.check.GPU_GROUPS_REASON``).
 
-Plans come out canonical (:func:`canonical`): group members and bucket members in
-program order, groups and buckets ordered by their first member, cuts in program
+Plans come out canonical (:func:`canonical`): group members, bucket members and gather bucket
+members in program order, groups, buckets and gather buckets ordered by their first member, no
+gather bucket of one all-gather (the compiled step's all-gather itself), cuts in program
 order of (producer, consumer), compile options sorted by key, no one-op
 groups (a one-op group is the same kernel as no group), so equal plans have equal
 digests.
@@ -53,6 +64,7 @@ import collections
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from disco.plans import check as plan_check
 from disco.plans import options as plan_options
 from disco.plans.move_context import MoveContext, context
 from disco.plans.plan import Bucket, FusionPlan
@@ -60,7 +72,8 @@ from disco.plans.plan import Bucket, FusionPlan
 __all__ = [
     "Move", "MoveContext", "context", "fuse", "split_group", "move_op", "toggle_xla_fusion", "merge_buckets",
     "split_bucket", "shift_gradient", "switch_build", "add_cut", "remove_cut", "flip_option", "step_option",
-    "MOVES", "DEFAULT_WEIGHTS", "random_move", "canonical",
+    "merge_gather_buckets", "split_gather_bucket", "reset_gather_buckets",
+    "MOVES", "DEFAULT_WEIGHTS", "GATHER_WEIGHTS", "random_move", "canonical",
 ]
 
 Move = Callable[[FusionPlan, MoveContext, random.Random], "FusionPlan | None"]
@@ -236,7 +249,8 @@ def _finish(ed: _Edit, ctx: MoveContext) -> FusionPlan:
     buckets.sort(key=lambda t: t[0])
     return FusionPlan(groups=tuple(g for _, g in groups), xla_fusion=plan.xla_fusion,
                       buckets=None if plan.buckets is None else tuple(b for _, b in buckets),
-                      compile_options=plan.compile_options, name=plan.name, cuts=plan.cuts)
+                      compile_options=plan.compile_options, name=plan.name, cuts=plan.cuts,
+                      gather_buckets=plan.gather_buckets)
 
 
 def _joins_a_cut(plan: FusionPlan, ctx: MoveContext, members: Sequence[int]) -> bool:
@@ -476,6 +490,85 @@ def remove_cut(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusion
     return plan.replace(cuts=plan.cuts[:i] + plan.cuts[i + 1:])
 
 
+# -- gather buckets ----------------------------------------------------------------------------
+def _gather_clusters(plan: FusionPlan, ctx: MoveContext) -> tuple[list[tuple[int, ...]], list[tuple[str, ...]]]:
+    """(movable, kept): the plan's gather buckets of parameter all-gathers and each parameter
+    all-gather in none (alone), as sorted node indices; and the buckets moves leave as they are
+    (holding an all-gather outside ``ctx.gather_class``, or several classes)."""
+    idx, cls = ctx.index, ctx.gather_class
+    movable: list[tuple[int, ...]] = []
+    kept: list[tuple[str, ...]] = []
+    held: set[int] = set()
+    for names in plan.gather_buckets or ():
+        m = tuple(sorted(idx[nm] for nm in names))
+        held.update(m)
+        if all(i in cls for i in m) and len({cls[i] for i in m}) == 1:
+            movable.append(m)
+        else:
+            kept.append(names)
+    movable += [(i,) for i in cls if i not in held]
+    return movable, kept
+
+
+def _with_gathers(plan: FusionPlan, ctx: MoveContext, movable: Sequence[tuple[int, ...]],
+                  kept: Sequence[tuple[str, ...]], made: Sequence[tuple[int, ...]]) -> FusionPlan | None:
+    """``plan`` with these gather buckets, canonical: members in program order, buckets by their
+    first member, none of one all-gather; None where a bucket the move ``made`` breaks a rule of
+    :func:`disco.plans.check.check_gather_buckets` (a move within one class never does; the rules
+    stay in that one place)."""
+    names = ctx.names
+    try:
+        plan_check.check_gather_buckets(tuple(tuple(names[i] for i in m) for m in made if len(m) > 1), ctx.graph,
+                                        ctx.index, {})  # all-gathers are in no group
+    except ValueError:  # pragma: no cover
+        return None
+    buckets = [tuple(names[i] for i in m) for m in movable if len(m) > 1] + list(kept)
+    buckets.sort(key=lambda b: min(ctx.index[n] for n in b))
+    return plan.replace(gather_buckets=tuple(buckets))
+
+
+def merge_gather_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Merges a gather bucket (or a parameter all-gather in none) with the next one of its class
+    in program order."""
+    if not ctx.gather_class:
+        return None
+    movable, kept = _gather_clusters(plan, ctx)
+    by_class: dict[int, list[tuple[int, ...]]] = collections.defaultdict(list)
+    for m in movable:
+        by_class[ctx.gather_class[m[0]]].append(m)
+    pairs = []
+    for items in by_class.values():
+        items.sort()
+        pairs += list(zip(items, items[1:]))
+    if not pairs:
+        return None
+    a, b = rng.choice(pairs)
+    rest = [m for m in movable if m != a and m != b]
+    merged = tuple(sorted(a + b))
+    return _with_gathers(plan, ctx, [*rest, merged], kept, [merged])
+
+
+def split_gather_bucket(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Splits a gather bucket of parameter all-gathers in two at a random point of program order."""
+    if not ctx.gather_class or not plan.gather_buckets:
+        return None
+    movable, kept = _gather_clusters(plan, ctx)
+    many = [m for m in movable if len(m) > 1]
+    if not many:
+        return None
+    m = rng.choice(many)
+    cut = rng.randrange(1, len(m))
+    rest = [x for x in movable if x != m]
+    return _with_gathers(plan, ctx, [*rest, m[:cut], m[cut:]], kept, [m[:cut], m[cut:]])
+
+
+def reset_gather_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Leaves every all-gather to XLA again (``gather_buckets=None``)."""
+    if plan.gather_buckets is None:
+        return None
+    return plan.replace(gather_buckets=None)
+
+
 # -- compile options ---------------------------------------------------------------------------
 def with_option(plan: FusionPlan, opt: plan_options.CompileOption, value: str) -> FusionPlan:
     """``plan`` with ``opt`` set to ``value`` (left out when it is XLA's default), options sorted."""
@@ -528,6 +621,9 @@ MOVES: dict[str, Move] = {
     "remove_cut": remove_cut,
     "flip_option": flip_option,
     "step_option": step_option,
+    "merge_gather_buckets": merge_gather_buckets,
+    "split_gather_bucket": split_gather_bucket,
+    "reset_gather_buckets": reset_gather_buckets,
 }
 
 # Relative frequencies for random_move: fusion moves dominate since there are far more ops
@@ -538,16 +634,24 @@ DEFAULT_WEIGHTS: dict[str, float] = {
     "shift_gradient": 1.5, "toggle_xla_fusion": 0.2, "switch_build": 0.3,
     "add_cut": 0.5, "remove_cut": 0.3, "flip_option": 0.3, "step_option": 0.5,
 }
+# Added to DEFAULT_WEIGHTS where the graph has parameter all-gathers (``ctx.gather_class``): as often
+# as the all-reduce bucket moves; going back to XLA's all-gathers is one bit, as toggling its fusion.
+GATHER_WEIGHTS: dict[str, float] = {
+    "merge_gather_buckets": 1.5, "split_gather_bucket": 1.0, "reset_gather_buckets": 0.2,
+}
+_WITH_GATHERS = {**DEFAULT_WEIGHTS, **GATHER_WEIGHTS}
 
 
 def random_move(plan: FusionPlan, ctx: MoveContext, rng: random.Random,
                 weights: Mapping[str, float] | None = None, tries: int = 8) -> FusionPlan | None:
-    """Applies one move drawn by ``weights`` (default :data:`DEFAULT_WEIGHTS`); None if none applied.
+    """Applies one move drawn by ``weights`` (default :data:`DEFAULT_WEIGHTS`, and
+    :data:`GATHER_WEIGHTS` after them where ``ctx`` has parameter all-gathers); None if none applied.
 
     Raises:
       ValueError: for a weight naming no move.
     """
-    weights = DEFAULT_WEIGHTS if weights is None else weights
+    if weights is None:
+        weights = _WITH_GATHERS if ctx.gather_class else DEFAULT_WEIGHTS
     unknown = sorted(set(weights) - set(MOVES))
     if unknown:
         raise ValueError(f"move weights name unknown moves {unknown}; expected some of {sorted(MOVES)}")
@@ -578,5 +682,9 @@ def canonical(plan: FusionPlan, ctx: MoveContext) -> FusionPlan:
         builds = {tuple(sorted(idx[n] for n in b.members)): b.build for b in plan.buckets}
         buckets = tuple(Bucket(tuple(names[i] for i in m), builds[m]) for m in bs)
     cuts = tuple(sorted(dict.fromkeys(plan.cuts), key=lambda k: _cut_key(ctx, k)))
+    gathers = plan.gather_buckets
+    if gathers is not None:
+        gs = sorted((tuple(sorted(idx[n] for n in b)) for b in gathers if len(b) > 1), key=lambda m: m[0])
+        gathers = tuple(tuple(names[i] for i in m) for m in gs)
     return plan.replace(groups=tuple(tuple(names[i] for i in m) for m in groups), buckets=buckets, cuts=cuts,
-                        compile_options=tuple(sorted(plan.compile_options)))
+                        compile_options=tuple(sorted(plan.compile_options)), gather_buckets=gathers)

@@ -75,7 +75,8 @@ def content_name(plan: FusionPlan) -> str:
 
     The parts: ``b<n>`` for n gradient buckets (``rs`` appended for reduce-scatter + all-gather
     builds, ``t`` for variadic ones, ``mix`` for several kinds), ``bxla`` for XLA's combiner;
-    ``g<n>`` fusion groups and ``c<n>`` fusion cuts when there are some; ``nofuse`` when XLA's
+    ``g<n>`` fusion groups and ``c<n>`` fusion cuts when there are some; ``ag<n>`` for n gather
+    buckets (a step with sharded parameters) when the plan sets them; ``nofuse`` when XLA's
     fusion is off; a tag per compile option (``ynn-noreduce``: reductions out of YNNPACK, ``thr64m``:
     XLA:GPU's combine threshold, ``lhs``: the latency-hiding scheduler, ``o1``: an optimization level).
     The name and graph fingerprint do not count, as in the digest.
@@ -85,6 +86,8 @@ def content_name(plan: FusionPlan) -> str:
         parts.append(f"g{len(plan.groups)}")
     if plan.cuts:
         parts.append(f"c{len(plan.cuts)}")
+    if plan.gather_buckets is not None:
+        parts.append(f"ag{len(plan.gather_buckets)}")
     if plan.xla_fusion == "off":
         parts.append("nofuse")
     parts += [_option_tag(k, v) for k, v in sorted(plan.compile_options)]
@@ -139,6 +142,9 @@ def describe(plan: FusionPlan, graph: HloGraph | None = None) -> str:
     for count, what in ((len(plan.groups), "fusion group"), (len(plan.cuts), "fusion cut")):
         if count:
             parts.append(f"{count} {what}{'' if count == 1 else 's'}")
+    if plan.gather_buckets is not None:
+        n = len(plan.gather_buckets)
+        parts.append(f"{n} gather bucket{'' if n == 1 else 's'}" if n else "each all-gather alone")
     if plan.xla_fusion == "off":
         parts.append("XLA's own fusion off")
     parts += [_option_words(k, v) for k, v in sorted(plan.compile_options)]

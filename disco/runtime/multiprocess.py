@@ -61,6 +61,8 @@ class WorkerSpec:
     steps: int = 3
     optimizer: str = "adamw"
     style: str = "shard_map"  # how the zoo step is written (trax_models.STYLES)
+    # style "fsdp": the (data, fsdp) mesh over all the processes' devices, process-major (None: 1-D, (1, devices))
+    mesh_shape: tuple[int, int] | None = None
     check_steps: int = 0  # >0: also run this many steps per plan and report parameter digests
     comm_free_bound: bool = False  # bench: also measure the step with its all-reduces replaced by copies
     sizes: tuple[int, ...] = ()  # calibrate: all-reduce bytes per device (default disco.runtime.allreduce_timing.SIZES)
@@ -78,6 +80,15 @@ class WorkerSpec:
             raise ValueError(f"WorkerSpec.task: expected one of {', '.join(TASKS)}, got {self.task!r}")
         if self.style not in STYLES:
             raise ValueError(f"WorkerSpec.style: expected one of {', '.join(STYLES)}, got {self.style!r}")
+        if self.mesh_shape is not None:
+            if self.style != "fsdp":
+                raise ValueError(f"WorkerSpec.mesh_shape {self.mesh_shape!r} is for style 'fsdp' only, got style "
+                                 f"{self.style!r}")
+            shape = self.mesh_shape
+            if (not isinstance(shape, tuple) or len(shape) != 2
+                    or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in shape)):
+                raise ValueError(f"WorkerSpec.mesh_shape: expected None or (data, fsdp), a tuple of two ints >= 1, "
+                                 f"got {shape!r}")
         if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.chain):
             raise ValueError(f"WorkerSpec.chain: expected all-reduce counts (integers >= 1), got {self.chain!r}")
 
@@ -158,6 +169,10 @@ def launch(processes: int, devices_per_process: int, spec: WorkerSpec, *, timeou
                          f"{devices_per_process}")
     if spec.style == "pmap" and processes > 1:
         raise ValueError(PMAP_PROCESSES)
+    if spec.mesh_shape is not None and spec.mesh_shape[0] * spec.mesh_shape[1] != processes * devices_per_process:
+        raise ValueError(f"mesh {spec.mesh_shape[0]}x{spec.mesh_shape[1]} has {spec.mesh_shape[0] * spec.mesh_shape[1]} "
+                         f"devices and {processes} processes x {devices_per_process} devices have "
+                         f"{processes * devices_per_process}; expected a data x fsdp mesh of all of them")
     with _terminate_as_exit():
         if link is None:
             return _launch(processes, devices_per_process, spec, None, timeout_s, env, grace_s, on_started, worker)
@@ -276,7 +291,8 @@ def combine(result: LaunchResult) -> list[dict[str, Any]]:
     slowest process (a data-parallel step is as slow as its slowest worker), and the paired
     speedup over xla_default (:func:`xla_hooks.measure.paired_speedup` on those per-round times)
     with its 90% bootstrap interval (``paired_interval``); ``applied`` where every process applied the
-    plan, else the first process's ``fallback_reason``."""
+    plan, else the first process's ``fallback_reason``; ``peak_memory_bytes`` the largest process's
+    compiled peak per device (None where a process reported none)."""
     from xla_hooks.measure import Measurement, paired_interval, paired_speedup
 
     if not result.results:
@@ -295,6 +311,9 @@ def combine(result: LaunchResult) -> list[dict[str, Any]]:
             "applied": all(p["applied"] for p in per),
             "fallback_reason": next((p["fallback_reason"] for p in per if not p["applied"]), None),
             "plan_digests": sorted({p["plan_digest"] for p in per}),
+            # the largest process's: the device that must hold it (None where a process read none)
+            "peak_memory_bytes": (None if any(p.get("peak_memory_bytes") is None for p in per)
+                                  else max(p["peak_memory_bytes"] for p in per)),
         })
     base = per_round.get("xla_default")
     for r in rows:

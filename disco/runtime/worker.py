@@ -64,15 +64,23 @@ def _plans(names: list[str], graph: Any) -> dict[str, Any]:
     return plans
 
 
-def _bench(spec: dict[str, Any], n: int) -> dict[str, Any]:
+def _make_step(spec: dict[str, Any], n: int) -> tuple[Any, Any]:
+    """The zoo step the spec names, over the ``n`` devices of all the processes."""
     import trax_models
+
+    mesh = spec.get("mesh_shape")
+    return trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
+                                       optimizer=spec.get("optimizer", "adamw"),
+                                       style=spec.get("style", "shard_map"),
+                                       mesh_shape=None if mesh is None else tuple(mesh))
+
+
+def _bench(spec: dict[str, Any], n: int) -> dict[str, Any]:
     from disco import bench
     from disco.ir import extractor
     from disco.ir.graph import HloGraph
 
-    step, example = trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
-                                                optimizer=spec.get("optimizer", "adamw"),
-                                                style=spec.get("style", "shard_map"))
+    step, example = _make_step(spec, n)
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *example))
     plans = _plans(spec["plans"], graph)
     results = bench.run_bench(step, example, plans, rounds=spec["rounds"], steps=spec["steps"],
@@ -118,16 +126,13 @@ def _jit(spec: dict[str, Any], n: int, process_id: int) -> dict[str, Any]:
     import jax
     import numpy as np
 
-    import trax_models
     import xla_hooks
     from disco.bench import compiled_counts
 
     def loss_value(loss: Any) -> float:
         return float(np.asarray(loss.addressable_data(0)).reshape(-1)[0])  # a pmap step's: one per device
 
-    step, (state0, batch) = trax_models.make_train_step(spec["model"], spec["preset"], devices=n,
-                                                        optimizer=spec.get("optimizer", "adamw"),
-                                                        style=spec.get("style", "shard_map"))
+    step, (state0, batch) = _make_step(spec, n)
     steps = max(1, int(spec.get("check_steps") or 0))
     most = max([steps, *(int(sc.get("steps") or 0) for sc in spec["scenarios"])])
     default, state = jax.jit(step), state0

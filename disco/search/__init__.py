@@ -12,7 +12,9 @@ Start points (:func:`default_starts`): every baseline, greedy producer fusion
 (:func:`greedy_fusion`) and buckets chosen against the simulated timeline
 (:func:`merged_gradient_buckets`); on CPU also reductions with their elementwise neighbours
 (:func:`reduce_fusion`) and XLA's default with reductions kept out of YNNPACK
-(:func:`ynn_no_reduce`).
+(:func:`ynn_no_reduce`); for a step with sharded parameters also its parameter all-gathers in
+gather buckets (``one_gather_bucket``, ``per_layer_gathers``), which the gather-bucket moves
+(:mod:`disco.plans.moves`) then merge and split.
 
 Example:
   >>> from disco import search

@@ -1,5 +1,6 @@
 """Constructive start points: the baselines, greedy producer fusion, reductions with their
-elementwise neighbours, merged-gradient buckets, and (CPU) reductions kept out of YNNPACK."""
+elementwise neighbours, merged-gradient buckets, (CPU) reductions kept out of YNNPACK, and (a step
+with sharded parameters) its parameter all-gathers in gather buckets."""
 
 from __future__ import annotations
 
@@ -245,7 +246,9 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
     """Every baseline, greedy fusion, and (with a simulator) merged-gradient buckets with and without it.
 
     On CPU also :func:`reduce_fusion` and XLA's default with reductions kept out of YNNPACK
-    (:func:`ynn_no_reduce`): the two forms of the one pattern measured to win there. For a GPU
+    (:func:`ynn_no_reduce`): the two forms of the one pattern measured to win there. For a graph
+    with parameter all-gathers (``ctx.gather_class``: a step with sharded parameters) also the
+    gather-bucket baselines ``one_gather_bucket`` and ``per_layer_gathers``, last. For a GPU
     context (``ctx.backend``) the plans with fusion groups are left out, and the ``xla_tuned``
     sweep and every start with several buckets with the latency-hiding scheduler on
     (:func:`_with_scheduler`) are added.
@@ -278,6 +281,8 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
         starts = [p for p in starts if not p.groups]
         starts += [_with_scheduler(p) for p in starts if p.buckets is not None and len(p.buckets) > 1]
         starts += list(baselines.xla_tuned_sweep(graph).values())
+    if ctx.gather_class:
+        starts += [baselines.make(name, graph) for name in baselines.GATHER_NAMES]
     return starts
 
 

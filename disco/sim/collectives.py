@@ -31,11 +31,20 @@ per node, shared by its ``d`` devices, each of which carries ``n/d`` bytes acros
 Also priced, for graphs that contain them (any algorithm; bottleneck link):
   all-to-all          ``(p-1) alpha + (p-1)/p n beta``
   collective-permute  ``alpha + n beta``
+
+A collective whose replica groups are a part of the devices (one axis of a 2-D mesh: a sharded
+step's parameter gathers over ``"fsdp"``, its gradients' reduction over ``"data"``) runs over one
+group: :func:`over_group` gives the cluster of that group's devices, read as the cluster numbers
+them (device ``i`` on node ``i // devices_per_node``), to price it with. A collective of one group
+(a replicated step's) runs over the whole cluster.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -43,6 +52,30 @@ if TYPE_CHECKING:
 
 COLLECTIVE_KINDS: tuple[str, ...] = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all",
                                      "collective-permute")
+
+
+def over_group(cluster: ClusterSpec, groups: Sequence[Sequence[int]] | None) -> ClusterSpec:
+    """The cluster a collective over the replica groups ``groups`` (device ids per group) runs on:
+    ``cluster`` itself for None or a single group (all the step's devices: as many as the cluster has,
+    also when the graph was built for fewer), else the nodes of the first group's devices, with as many
+    devices per node as it has on its fullest node.
+
+    >>> from disco.sim.cluster_presets import preset
+    >>> c = preset("h100-2x8-ib")
+    >>> across = over_group(c, [(i, i + 8) for i in range(8)])  # "data" over the two nodes
+    >>> across.nodes, across.devices_per_node
+    (2, 1)
+    >>> within = over_group(c, [tuple(range(8)), tuple(range(8, 16))])  # one node each
+    >>> within.nodes, within.devices_per_node
+    (1, 8)
+    """
+    if groups is None or len(groups) <= 1 or len(groups[0]) >= cluster.num_devices:
+        return cluster
+    per_node = collections.Counter(d // cluster.devices_per_node for d in groups[0])
+    nodes, per = len(per_node), max(per_node.values(), default=1)
+    if (nodes, per) == (cluster.nodes, cluster.devices_per_node):
+        return cluster
+    return dataclasses.replace(cluster, nodes=nodes, devices_per_node=per)
 
 
 def _check_bytes(nbytes: float) -> None:

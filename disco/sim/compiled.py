@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disco.ir import hlo_module, hlo_parse, loops
 from disco.ir.opcodes import COLLECTIVE_KIND, CONTROL_FLOW_OPCODES
-from disco.ir.replica_groups import replica_group_size
+from disco.ir.replica_groups import replica_group_lists, replica_group_size
 from disco.sim import collectives
 from disco.sim.compiled_kernels import KernelSpec, module_kernels
 
@@ -53,6 +53,8 @@ class Collective(NamedTuple):
       group: devices per replica group (None: unknown, priced over the whole cluster).
       is_async: a ``-start``/``-done`` pair.
       executions: runs per step (loop trip counts multiplied).
+      groups: the device ids of each replica group, where read (priced over one of them where
+        there are several: :func:`disco.sim.collectives.over_group`); None: not read.
     """
 
     name: str
@@ -61,6 +63,7 @@ class Collective(NamedTuple):
     group: int | None
     is_async: bool
     executions: int
+    groups: tuple[tuple[int, ...], ...] | None = None
 
 
 class Event(NamedTuple):
@@ -185,8 +188,10 @@ def read(text: str, *, backend: str | None = None) -> tuple[hlo_module.Module, s
                 continue
             if op in COLLECTIVE_KIND:
                 is_async = op.endswith("-start")
+                groups = replica_group_lists(ins.attrs.get("replica_groups"))
                 colls[ins.name] = Collective(ins.name, COLLECTIVE_KIND[op], collective_bytes(ins, scope),
-                                             replica_group_size(ins.attrs.get("replica_groups")), is_async, times)
+                                             replica_group_size(ins.attrs.get("replica_groups")), is_async, times,
+                                             None if groups is None else tuple(groups))
                 yield Event("start" if is_async else "collective", ins.name, times)
             elif op.endswith("-done") and ins.operands and ins.operands[0] in colls:
                 yield Event("done", ins.operands[0], times)
@@ -216,7 +221,7 @@ def price(text: str, cost_model: CostModel, cluster: ClusterSpec, *, backend: st
     def coll_time(c: Collective) -> float:
         if c.group == 1:
             return 0.0
-        return collectives.collective_time(c.kind, c.nbytes, cluster)
+        return collectives.collective_time(c.kind, c.nbytes, collectives.over_group(cluster, c.groups))
 
     coll_s = {n: coll_time(c) for n, c in colls.items()}
     compute = net = 0.0

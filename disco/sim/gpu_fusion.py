@@ -7,9 +7,9 @@ does (``xla/service/gpu/transforms/priority_fusion.cc``, ``multi_output_fusion.c
 ``gpu_fusible.cc``, the cuBLAS/cuDNN rewriters and Triton's gemm and normalisation fusions):
 
 - **Duplicated producers** (never a kernel of their own; recomputed inside every consumer):
-  ``reshape`` and ``bitcast-convert`` (bitcasts on GPU), ``broadcast`` and ``iota`` whose
-  users are all kernels, and cheap unary elementwise ops (``convert``, ``negate``, ``copy``, ...)
-  whose users all fuse. Priority fusion fuses a producer into *all* its consumers at once,
+  ``reshape`` and ``bitcast-convert`` (bitcasts on GPU), ``broadcast``, ``iota``,
+  ``partition-id`` and ``replica-id`` whose users are all kernels, and cheap unary elementwise
+  ops (``convert``, ``negate``, ``copy``, ...) whose users all fuse. Priority fusion fuses a producer into *all* its consumers at once,
   duplicating it where it has several.
 - **Heroes.** ``dot`` and ``convolution`` are library calls (cuBLAS, cuDNN) or Triton gemm
   fusions: each is a kernel that absorbs at most a small elementwise epilogue of the same

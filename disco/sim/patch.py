@@ -3,14 +3,16 @@
 A plan is a patch of its mode's base units (:mod:`disco.sim.units`): its groups (with
 ``xla_fusion="off"`` each group is one kernel; with ``"extend"`` each set of base fusions its groups
 touch is re-fused by the backend's fusion emulation with the groups pre-fused, cached per set of
-groups) and its buckets (one collective per bucket; ``buckets=None`` models XLA's combiner: all
-all-reduces in one bucket, or one per all-reduce *level* where one bucket would deadlock) replace
-some base units. A plan's cuts re-fuse the base fusions they touch with the cut edges
-forbidden (like a group without members). On a GPU cluster the plan's compile options are priced
-too: XLA:GPU's combiner closes a bucket at ``xla_gpu_all_reduce_combine_threshold_bytes`` (XLA's
-default when unset), and collectives overlap kernels only with
-``xla_gpu_enable_latency_hiding_scheduler`` on (``Patch.blocking``). :meth:`Patcher.arrays` then
-gives the scheduler flat per-unit arrays.
+groups), its buckets (one collective per bucket; ``buckets=None`` models XLA's combiner: all
+all-reduces in one bucket, or one per all-reduce *level* where one bucket would deadlock) and its
+gather buckets (one all-gather per bucket of several: the members' summed gathered bytes, ready when
+every member's inputs are, releasing every member's readers; all-gathers in none, and every one under
+``gather_buckets=None``, stay one collective each) replace some base units. A plan's cuts re-fuse
+the base fusions they touch with the cut edges forbidden (like a group without members). On a GPU
+cluster the plan's compile options are priced too: XLA:GPU's combiner closes a bucket at
+``xla_gpu_all_reduce_combine_threshold_bytes`` (XLA's default when unset), and collectives overlap
+kernels only with ``xla_gpu_enable_latency_hiding_scheduler`` on (``Patch.blocking``).
+:meth:`Patcher.arrays` then gives the scheduler flat per-unit arrays.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from disco.plans import options as plan_options
 from disco.sim import scheduler
-from disco.sim.units import (BUILD_UNIT, COLL, KERNEL, UNIT_RS_AG, FusionEmulation, Mode, Unit, UnitBuilder,
-                             build_mode)
+from disco.sim.units import (BUILD_UNIT, COLL, KERNEL, UNIT_COLL, UNIT_RS_AG, FusionEmulation, Mode, Unit,
+                             UnitBuilder, build_mode)
 
 if TYPE_CHECKING:
     from disco.plans.plan import FusionPlan
@@ -105,10 +107,11 @@ def regions(groups: Sequence[Group]) -> list[list[Group]]:
 class Patch:
     """What one plan changes in a mode's base units: units removed and units added."""
 
-    __slots__ = ("mode", "dead", "new", "compute", "comm", "buckets", "blocking")
+    __slots__ = ("mode", "dead", "new", "compute", "comm", "buckets", "blocking", "gathers")
 
     def __init__(self, mode: Mode, dead: list[int], new: list[Unit], buckets: list[Unit] | None,
-                 compute: float, comm: float, blocking: bool = False):
+                 compute: float, comm: float, blocking: bool = False,
+                 gathers: Sequence[tuple[int, Unit]] = ()):
         self.mode = mode
         self.dead = dead
         self.new = new
@@ -116,6 +119,7 @@ class Patch:
         self.compute = compute
         self.comm = comm
         self.blocking = blocking  # collectives hold the compute stream (no overlap)
+        self.gathers = gathers  # (gather bucket index, its unit) of each gather bucket of several
 
 
 class Patcher:
@@ -141,6 +145,7 @@ class Patcher:
         self._emulation = emulation
         self._group_cache: dict[tuple[str, ...], Group] = {}
         self._bucket_names: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self._gather_names: dict[tuple[str, ...], tuple[int, ...]] = {}
         self._region_cache: dict[tuple[tuple[str, ...], ...], tuple[list[int], list[Unit], float]] = {}
         self._combined: dict[tuple[str, int | None], list[Unit]] = {}
         self._gpu = gpu
@@ -202,6 +207,51 @@ class Patcher:
                                  f"{bad[:3] if bad else 'none'}")
             self._bucket_names[names] = members
         return members
+
+    def gather_members(self, bi: int, names: tuple[str, ...]) -> tuple[int, ...]:
+        """Gather bucket ``bi``'s all-gathers (node indices, sorted; cached by its names).
+
+        Raises:
+          ValueError: for names not in the graph, not all-gathers, or none.
+        """
+        members = self._gather_names.get(names)
+        if members is None:
+            members = self._resolve(names, f"gather bucket {bi}")
+            nodes = self.graph.nodes
+            bad = [nodes[m].name for m in members if nodes[m].opcode != "all-gather"]
+            if bad or not members:
+                raise ValueError(f"gather bucket {bi}: expected all-gather instruction names, got "
+                                 f"{bad[:3] if bad else 'none'}")
+            self._gather_names[names] = members
+        return members
+
+    def gather_units(self, mode: Mode, gather_buckets: Sequence[tuple[str, ...]] | None
+                     ) -> tuple[dict[int, Unit], list[tuple[int, Unit]]]:
+        """(all-gather node -> the unit that runs it, (bucket index, unit) per bucket) for each gather
+        bucket of several members: one all-gather of their summed gathered bytes. A bucket of one is
+        the all-gather's own base unit, as in the compiled step (the rewrite leaves it alone).
+
+        Raises:
+          ValueError: for a bucket :meth:`gather_members` refuses, or an all-gather in two buckets.
+        """
+        owner: dict[int, Unit] = {}
+        units: list[tuple[int, Unit]] = []
+        seen: dict[int, int] = {}
+        for bi, names in enumerate(gather_buckets or ()):
+            members = self.gather_members(bi, names)
+            for m in members:
+                if m in seen:
+                    raise ValueError(f"gather bucket {bi}: all-gather {self.graph.nodes[m].name!r} is already in "
+                                     f"gather bucket {seen[m]}")
+                seen[m] = bi
+            if len(members) < 2:
+                continue
+            u = (self.builder.unit_cache.get((mode.fusion, UNIT_COLL, members))
+                 or self.builder.coll_unit(mode, members, "all-gather"))
+            units.append((bi, u))
+            for m in members:
+                owner[m] = u
+        return owner, units
 
     def _ar_levels_graph(self) -> dict[int, int]:
         """Per all-reduce, the number of all-reduces on the longest chain above it."""
@@ -362,7 +412,16 @@ class Patcher:
                     comm += u.dur - sum(dur[d] for d in gone)
             if len(seen) != count:
                 self._raise_overlap(plan)
-        return Patch(mode, dead, new, buckets, compute, comm, blocking)
+        gathers: list[tuple[int, Unit]] = []
+        if plan.gather_buckets:
+            _, gathers = self.gather_units(mode, plan.gather_buckets)
+            unit_of = mode.unit_of
+            for _, u in gathers:
+                gone = [unit_of[m] for m in u.members]
+                dead += gone
+                new.append(u)
+                comm += u.dur - sum(dur[d] for d in gone)
+        return Patch(mode, dead, new, buckets, compute, comm, blocking, gathers)
 
     def _extend_groups(self, mode: Mode, groups: list[Group], dead: list[int], new: list[Unit]) -> float:
         """Planned groups grown by XLA's fusion: each set of base fusions that groups touch is re-fused.
@@ -517,13 +576,16 @@ class Patcher:
         return order
 
     def contracted_levels(self, patch: Patch) -> dict[int, int]:
-        """All-reduce levels on the graph with the plan's kernels contracted (all-reduces single)."""
+        """All-reduce levels on the graph with the plan's kernels and gather buckets contracted
+        (all-reduces single)."""
         mode = patch.mode
         dead = set(patch.dead)
         kernels = [u for ui, u in enumerate(mode.units) if ui not in dead and not u.is_coll]
         kernels += [u for u in patch.new if not u.is_coll]
         singles = [mode.units[mode.ar_unit[a]] for a in self._ars]
-        others = [u for u in mode.units if u.is_coll and u.members[0] not in self._ar_set]
+        others = [u for ui, u in enumerate(mode.units)
+                  if u.is_coll and u.members[0] not in self._ar_set and ui not in dead]
+        others += [u for _, u in patch.gathers]
         units = kernels + singles + others
         unit_of = [-1] * self._n
         for ui, u in enumerate(units):
@@ -553,9 +615,12 @@ class Patcher:
         gindex = {names: gi for gi, names in enumerate(plan.groups)}
         combined = 0
         bucket_index = {id(u): bi for bi, u in enumerate(patch.buckets or ())}
+        gather_index = {id(u): bi for bi, u in patch.gathers}
         for k, u in enumerate(patch.new):
             if u.groups:
                 labels[nb + k] = f"fusion.{min(gindex[g] for g in u.groups)}"
+            elif id(u) in gather_index:
+                labels[nb + k] = f"gather_bucket.{gather_index[id(u)]}"
             elif u.is_coll:
                 if patch.buckets is None:
                     labels[nb + k] = f"combined.{combined}"

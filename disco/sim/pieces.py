@@ -3,7 +3,8 @@
 :meth:`disco.sim.patch.Patcher.patch` turns a whole plan into the units it removes from and adds to
 its mode's base units. The pieces of that patch are independent: each *region* (the groups and cuts
 that touch the same base fusions, re-fused together in "extend" mode), each group (in "off" mode)
-and each bucket adds and removes its own units. :class:`Pieces` keeps them by piece, and
+and each bucket adds and removes its own units; so does each gather bucket, compared with the
+neighbour's on the all-gathers either plan buckets. :class:`Pieces` keeps them by piece, and
 :func:`repatch` finds, for a plan and the pieces of a neighbour, only the units that differ: the
 pieces the changed groups and buckets touch are re-made (from the patcher's caches, so a unit that
 did not change is the same object), the others are left as they are. Its cost follows the change,
@@ -269,6 +270,11 @@ def repatch(patcher: Patcher, base: Pieces, base_plan: FusionPlan,
             u = units[ar_base[m]]
             new[id(u)] = u
         _diff(old, new, removed, added)
+    if plan.gather_buckets is not base_plan.gather_buckets and plan.gather_buckets != base_plan.gather_buckets:
+        try:
+            _regather(patcher, mode, base_plan, plan, removed, added)
+        except ValueError:
+            return None  # the whole patch raises
     child = Pieces(mode, blocking, threshold)
     child._parent = base
     child._change = (rem_g, add_g, old_regions, new_regions, rem_b, add_b)
@@ -376,3 +382,24 @@ def _reregion(patcher: Patcher, base: Pieces, base_plan: FusionPlan, plan: Fusio
             new[id(units[b])] = units[b]
     _diff(old, new, removed, added)
     return True
+
+
+def _regather(patcher: Patcher, mode: Mode, base_plan: FusionPlan, plan: FusionPlan, removed: list[Unit],
+              added: list[Unit]) -> None:
+    """The units a change of gather buckets swaps: on each all-gather that a bucket of several holds
+    in either plan, the bucket's unit or its own base unit.
+
+    Raises:
+      ValueError: for gather buckets the whole patch refuses.
+    """
+    before, _ = patcher.gather_units(mode, base_plan.gather_buckets)
+    now, _ = patcher.gather_units(mode, plan.gather_buckets)
+    units, unit_of = mode.units, mode.unit_of
+    old: dict[int, Unit] = {}
+    new: dict[int, Unit] = {}
+    for m in before.keys() | now.keys():
+        u = before.get(m) or units[unit_of[m]]
+        old[id(u)] = u
+        u = now.get(m) or units[unit_of[m]]
+        new[id(u)] = u
+    _diff(old, new, removed, added)

@@ -43,7 +43,12 @@ compiled with ``plan``:
    chain of all-reduces above it). On a GPU cluster (``cluster.is_gpu``) XLA:GPU's
    combiner also closes a bucket at the plan's ``xla_gpu_all_reduce_combine_threshold_bytes``
    (XLA's default when unset: 30 MiB + 7 bytes): per level, all-reduces in program order, at
-   most that many bytes (one larger all-reduce alone) and 256 operands per bucket. Other
+   most that many bytes (one larger all-reduce alone) and 256 operands per bucket. Each of
+   ``plan.gather_buckets`` with several members becomes one all-gather of the members' summed
+   gathered bytes (``costs.collective_time("all-gather", bytes, cluster)``), ready when every
+   member's inputs are and releasing every member's readers when it ends, as the compiled step's
+   one all-gather of the concatenated shards does; all-gathers in no bucket (every one under
+   ``gather_buckets=None``: XLA:CPU has no all-gather combiner) are one collective each. Other
    collectives are one collective each.
 3. **Two streams, ready-list scheduling.** A *compute stream* runs kernels one at a
    time; a *communication stream* runs collectives one at a time. A unit is *ready* at
@@ -100,9 +105,11 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from disco.ir.graph import HloGraph, Loop, require_graph
+from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_LOOP_OPCODES
 from disco.plans.plan import FusionPlan
 from disco.sim import gpu_fusion, scheduler
@@ -169,7 +176,8 @@ class Simulator:
         for i, node in enumerate(nodes):
             if kind[i] == COLL:
                 # The full buffer: a reduce-scatter's result is one device's shard.
-                scale = p if COLLECTIVE_KIND[node.opcode] == "reduce-scatter" else 1
+                scale = ((replica_group_size(node.replica_groups) or p)
+                         if COLLECTIVE_KIND[node.opcode] == "reduce-scatter" else 1)
                 self._cbytes[i] = node.out_bytes * scale
         self._ars = [i for i in range(n) if nodes[i].opcode in ALL_REDUCE_OPCODES]
         self._ar_set = frozenset(self._ars)
@@ -247,10 +255,11 @@ class Simulator:
             try:
                 return self._schedule(plan, patch, order, record)
             except scheduler.Deadlock:
-                if attempt or plan.buckets is not None or not plan.groups or not self._ars:
+                if attempt or plan.buckets is not None or not (plan.groups or plan.gather_buckets) or not self._ars:
                     break
-                # One combined bucket deadlocks against the groups: one bucket per level of the
-                # graph with the plan's kernels contracted.
+                # One combined bucket deadlocks against the groups (or a gather bucket of an
+                # all-gather below an all-reduce): one bucket per level of the graph with the plan's
+                # kernels and gather buckets contracted.
                 try:
                     levels = patcher.contracted_levels(patch)
                 except (IndexError, KeyError):  # pragma: no cover
@@ -324,18 +333,35 @@ class Simulator:
                 Kernel(nodes=tuple(nodes[i] for i in rest), in_bytes=0, out_bytes=0, step_bytes=gk.step_bytes)) / speed
         else:
             compute = sum(loops[i] if i in loops else self.costs.kernel_time(gk.kernel((i,))) / speed for i in fixed)
-        ar_bytes = sum(self._cbytes[a] for a in self._ars)
+        builder = self._patcher.builder
         comm = 0.0
-        if self._ars:  # one all-reduce, or one "rs_ag" bucket (cheaper with a tree), of all the bytes
-            comm = min(self.costs.collective_time("all-reduce", ar_bytes, self.cluster),
-                       rs_ag_time(self.costs, ar_bytes, self.cluster))
+        # per set of replica groups (only collectives over the same groups share a bucket): one all-reduce,
+        # or one "rs_ag" bucket (cheaper with a tree), of all their bytes
+        for over, ar_bytes in _bytes_by_group(self._ars, self._cbytes, builder.group_cluster):
+            comm += min(self.costs.collective_time("all-reduce", ar_bytes, over),
+                        rs_ag_time(self.costs, ar_bytes, over))
         mode = self._patcher.mode("extend")
+        gathers = [i for i in range(self._n) if nodes[i].opcode == "all-gather"]
+        # one all-gather of all of them per set of groups: what every set of gather buckets costs at least
+        for over, ag_bytes in _bytes_by_group(gathers, self._cbytes, builder.group_cluster):
+            comm += self.costs.collective_time("all-gather", ag_bytes, over)
+        priced = self._ar_set.union(gathers)  # priced above
         comm += sum(mode.dur[ui] for ui, u in enumerate(mode.units)
-                    if u.is_coll and u.members[0] not in self._ar_set)
+                    if u.is_coll and u.members[0] not in priced)
         return max(compute, comm)
 
 
 # ---------------------------------------------------------------------------------------------
+def _bytes_by_group(nodes: Sequence[int], cbytes: Sequence[int],
+                    group_cluster: Callable[[int], ClusterSpec]) -> list[tuple[ClusterSpec, int]]:
+    """The collectives ``nodes``' bytes summed per cluster of their replica groups, in first-seen order."""
+    out: dict[ClusterSpec, int] = {}
+    for i in nodes:
+        c = group_cluster(i)
+        out[c] = out.get(c, 0) + cbytes[i]
+    return list(out.items())
+
+
 def simulate(graph: HloGraph, plan: FusionPlan, costs: CostModel, cluster: ClusterSpec,
              order: Order = "program") -> SimResult:
     """Simulates one step of ``graph`` compiled with ``plan``; see the module docstring.
@@ -379,7 +405,8 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
     - ``comm`` is one all-reduce of all all-reduce bytes together, or one reduce-scatter plus one
       all-gather of them (an "rs_ag" bucket; cheaper than the all-reduce with the tree algorithm),
       whichever is less (any bucketing costs at least this, as the alpha-beta cost is affine in
-      bytes with a non-negative intercept) plus the time of every other collective.
+      bytes with a non-negative intercept), plus one all-gather of all all-gather bytes (a bound on
+      every set of gather buckets, by the same argument), plus the time of every other collective.
 
     Both streams are serial, so a simulated step is never shorter than either term.
     """

@@ -22,7 +22,8 @@ class Event:
     """One kernel or collective on the timeline.
 
     Attributes:
-      name: the label: an instruction name, "fusion.<i>", "bucket.<i>" or "combined.<level>".
+      name: the label: an instruction name, "fusion.<i>", "bucket.<i>", "gather_bucket.<i>" or
+        "combined.<level>".
       stream: "compute" or "comm".
       start: seconds from the step's start.
       end: seconds from the step's start.

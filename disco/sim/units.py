@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from disco.ir.opcodes import COLLECTIVE_KIND, ZERO_COST_OPCODES
+from disco.ir.replica_groups import replica_group_lists
+from disco.sim.collectives import over_group
 
 if TYPE_CHECKING:
     from disco.ir.graph import HloGraph, Node
@@ -127,7 +129,17 @@ class UnitBuilder:
         self.kernels = kernels
         self._cbytes = cbytes
         self._kernel_cache: dict[tuple[bool, tuple[int, ...]], float] = {}
+        self._group_clusters: dict[str | None, ClusterSpec] = {}  # replica groups text -> the cluster of one group
         self.unit_cache: dict[tuple[str, int, tuple[int, ...]], Unit] = {}  # (fusion, UNIT_*, members)
+
+    def group_cluster(self, node: int) -> ClusterSpec:
+        """The cluster a collective node runs over (:func:`disco.sim.collectives.over_group`): one of
+        its replica groups' devices where it has several, else the whole cluster."""
+        text = self.graph.nodes[node].replica_groups
+        c = self._group_clusters.get(text)
+        if c is None:
+            c = self._group_clusters[text] = over_group(self.cluster, replica_group_lists(text))
+        return c
 
     @property
     def cbytes(self) -> list[int]:
@@ -182,11 +194,12 @@ class UnitBuilder:
         u = self.unit_cache.get(key)
         if u is None:
             nbytes = sum(self._cbytes[m] for m in members)
+            over = self.group_cluster(members[0])  # a bucket's members share their replica groups
             if unit == UNIT_RS_AG:
-                dur = rs_ag_time(self.costs, nbytes, self.cluster)
+                dur = rs_ag_time(self.costs, nbytes, over)
             else:
-                dur = self.costs.collective_time(kind, nbytes, self.cluster)
-            if unit == UNIT_VARIADIC and self.cluster.num_devices > 1:  # one device: every collective is free
+                dur = self.costs.collective_time(kind, nbytes, over)
+            if unit == UNIT_VARIADIC and over.num_devices > 1:  # one device: every collective is free
                 dur += self.cluster.operand_latency * (len(members) - 1)
             succ, preds = self.links(mode, members)
             u = Unit(True, members, dur, succ, preds, self.graph.nodes[members[0]].name)

@@ -38,6 +38,14 @@ import time
 from trax_models import STYLES
 
 
+def _peak(row: dict) -> str:
+    """A row's measured peak device memory (XLA's memory analysis of its compiled step), "!" over the limit."""
+    peak = row.get("peak_memory_bytes")
+    if peak is None:
+        return "-"
+    return f"{peak:,} B" + (" (over the memory limit)" if row.get("over_memory") else "")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
@@ -93,8 +101,8 @@ def main(argv=None) -> int:
                 json.dump(results, f)
     shares = {m: r.pop("_share") for m, r in results.items() if r.get("_share")}
     speedups = []
-    print("| model | plan | predicted ms | measured ms median (min-max) | vs xla_default |")
-    print("|---|---|---|---|---|")
+    print("| model | plan | predicted ms | measured ms median (min-max) | vs xla_default | peak memory per device |")
+    print("|---|---|---|---|---|---|")
     for m, res in results.items():
         base = next(r for r in res["rows"] if r["name"] == "xla_default")["measured_median_ms"]
         for row in res["rows"]:
@@ -103,16 +111,17 @@ def main(argv=None) -> int:
             mark = " (chosen)" if row["name"] == res["chosen"] else ""
             print(f"| {m} | {row['name']}{mark} | {row['predicted_ms']:.3f} | {row['measured_median_ms']:.2f} "
                   f"({row['measured_min_ms']:.2f}-{row['measured_max_ms']:.2f}) | "
-                  f"{row.get('speedup_vs_xla_default') or base / row['measured_median_ms']:.3f}x |")
+                  f"{row.get('speedup_vs_xla_default') or base / row['measured_median_ms']:.3f}x | "
+                  f"{_peak(row)} |")
         b = res.get("comm_free_bound_ms")
         if b:
             print(f"| {m} | comm_free_bound (not a plan) | - | {b['median']:.2f} ({b['min']:.2f}-{b['max']:.2f}) | "
-                  f"{res.get('comm_free_bound_speedup') or base / b['median']:.3f}x |")
+                  f"{res.get('comm_free_bound_speedup') or base / b['median']:.3f}x | - |")
         conf = res.get("confirmation_ms")
         if conf:
             print(f"| {m} | {res['chosen']}: confirmation run | - | "
                   + "; ".join(f"{k} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in conf.items())
-                  + f" | {res['speedup_vs_xla_default']:.3f}x |")
+                  + f" | {res['speedup_vs_xla_default']:.3f}x | - |")
         speedups.append(res["speedup_vs_xla_default"])
     if speedups:
         gm = math.exp(sum(math.log(s) for s in speedups) / len(speedups))

@@ -195,10 +195,8 @@ def test_a_step_disco_cannot_read_is_refused_naming_what_it_could_not_read(name)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("user-steps") / "plans.sqlite", workers=1, token="tok")
-    srv.start()
-    yield srv
-    srv.stop()
+    with ServerProcess(tmp_path_factory.mktemp("user-steps") / "plans.sqlite", workers=1, token="tok") as srv:
+        yield srv
 
 
 @pytest.mark.parametrize("entry", ["nnx_donate", pytest.param("maxtext_static_argnums", marks=pytest.mark.slow)],

@@ -39,10 +39,8 @@ def setup():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("hook") / "plans.sqlite", workers=1, token="tok")
-    srv.start()
-    yield srv
-    srv.stop()
+    with ServerProcess(tmp_path_factory.mktemp("hook") / "plans.sqlite", workers=1, token="tok") as srv:
+        yield srv
 
 
 @pytest.mark.parametrize("strategy", ["random", "auto"])

@@ -61,10 +61,31 @@ def test_optimize_for_a_gpu_cluster_json_holds_every_candidate_predicted(tmp_pat
     assert {"xla_default", "per_tensor", "horovod", "ddp", "even_2"} <= set(rows)
     assert "disco_1" in {row["found_as"] for row in out["rows"]}  # the search's first, named by content
     assert all(row["compiled_ms"] is None and row["emulated_ms"] > 0 for row in rows.values())
+    # MaxText's recipe is a row on a GPU cluster; each row's peak is XLA:CPU's here (no compiled tier)
+    assert rows["maxtext"]["kind"] == "baseline"
+    assert all(row["peak_memory_bytes"] > 0 and row["peak_memory_from"] == "xla-cpu" and row["over_memory"] is None
+               for row in rows.values())
+    assert out["memory_limit_bytes"] == 80 << 30 and out["over_memory"] == []
     # fastest first by the emulated tier; the answer is the first row, its speedup the table's
     times = [row["emulated_ms"] for row in out["rows"]]
     assert times == sorted(times) and out["chosen"] == out["rows"][0]["name"]
     assert out["predicted_speedup_vs_xla_default"] == pytest.approx(rows["xla_default"]["emulated_ms"] / times[0])
+
+
+def test_optimize_for_a_gpu_cluster_shows_predicted_peaks_and_keeps_plans_over_the_limit_out(no_deviceless):
+    """--memory-limit 1 byte: every plan is over it but XLA's default (the step as written), which answers."""
+    r = run_cli(*ARGS, "--details", "--memory-limit", "1", timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join(r.stdout.split())
+    assert "peak mem" in text and "!: above the limit of 1 bytes, never the answer" in text, text[:1500]
+    assert "c: XLA:CPU's analysis of the plan compiled here" in text and "predicted (simulated, not measured)" in text
+    marked = [ln for ln in r.stdout.splitlines() if re.search(r"\d+(\.\d)?[KMG]c!", ln)]
+    assert len(marked) >= 4, r.stdout[:3000]  # every row but xla_default's
+    block = r.stdout[r.stdout.rindex("disco optimize mlp/tiny"):].splitlines()
+    assert block[0].endswith("the answer is xla_default (predicted, not measured)") and len(block) <= 15, block
+    answer = " ".join(" ".join(block).split())
+    assert re.search(r"peak memory per device \(predicted\): [\d.]+ KiB \(XLA:CPU's analysis of it compiled here, "
+                     r"not the cluster's compiler's\), limit 1 B; over the limit, never chosen: \S+", answer), answer
 
 
 def test_optimize_for_a_gpu_cluster_refuses_what_needs_measurements(tmp_path, no_deviceless):

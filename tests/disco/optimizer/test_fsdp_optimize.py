@@ -11,6 +11,8 @@ import disco
 import trax_models
 import xla_hooks
 from disco import optimizer as opt
+from disco import planner
+from disco.plans import baselines
 from tests.support.equivalence import assert_allclose_leaves, three_steps
 
 CONFIG = opt.OptimizeConfig(budget_s=2, measure_top_k=2, measure_rounds=1, rounds=2, steps=1, bucket_sweep=(2,),
@@ -18,14 +20,24 @@ CONFIG = opt.OptimizeConfig(budget_s=2, measure_top_k=2, measure_rounds=1, round
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 8), (2, 4)])
-def test_optimize_accepts_an_fsdp_zoo_step_and_its_answer_keeps_xla_defaults_numbers(mesh_shape):
+def test_optimize_accepts_an_fsdp_zoo_step_and_its_answer_keeps_xla_defaults_numbers(mesh_shape, monkeypatch):
     step, args = trax_models.make_train_step("mlp", "tiny", devices=8, style="fsdp", mesh_shape=mesh_shape,
                                              optimizer="sgd")
+    searched = []  # every plan the search priced
+    search_plans = planner.search_plans
+
+    def recording(graph, sim, strategy, *, cost=None, **kw):
+        return search_plans(graph, sim, strategy, cost=lambda p: searched.append(p) or cost(p), **kw)
+
+    monkeypatch.setattr(planner, "search_plans", recording)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         result = disco.optimize(step, *args, config=CONFIG)
     roles = {c.role for c in result.simulator.graph.collective_roles()}
     assert {"param_gather", "grad_scatter"} <= roles  # the sharded step's collectives, read as such
+    # the search considered gather buckets: its start plans, and plans its moves made from them
+    gathered = {p.digest(): p.name for p in searched if p.gather_buckets}
+    assert set(baselines.GATHER_NAMES) <= set(gathered.values()) and len(gathered) > len(baselines.GATHER_NAMES)
     measured = [r for r in result.rows if r.median_s is not None and r.applied]
     assert len(measured) >= 3 and all(r.peak_memory_bytes > 0 for r in measured)
     reference = three_steps(jax.jit(step), args)

@@ -97,3 +97,59 @@ def test_a_step_for_another_device_count_than_the_clusters_is_refused(mlp2):
     with pytest.raises(ValueError, match=r"the step runs on 2 devices and cluster 'h100-sxm-8' has 8; build the step "
                                          r"for 8 devices"):
         predict(step, *args, cluster=preset("h100-sxm-8"), **FEW)
+
+
+@pytest.fixture(scope="module")
+def fsdp8_emulated():
+    """mlp tiny in fsdp style on 8 devices, predicted for h100-sxm-8 without the deviceless environment
+    (the emulated tier ranks; each row's peak is XLA:CPU's, compiled here), and its step."""
+    step, args = trax_models.make_train_step("mlp", preset="tiny", devices=8, style="fsdp")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(deviceless.GPU_PYTHON_ENV, "/nonexistent/python")
+        with pytest.warns(deviceless.DevicelessFallbackWarning, match="no deviceless XLA:GPU environment"):
+            r = predict(step, *args, cluster=preset("h100-sxm-8"), **FEW)
+    return step, args, r
+
+
+def test_a_gpu_clusters_prediction_has_the_maxtext_row_and_a_peak_per_row(fsdp8_emulated):
+    _, _, r = fsdp8_emulated
+    assert r.tier == "emulated"
+    maxtext = r.row("maxtext")
+    assert maxtext.kind == "baseline" and dict(maxtext.plan.compile_options) == {
+        "xla_gpu_all_gather_combine_threshold_bytes": str(512 << 20),
+        "xla_gpu_all_reduce_combine_threshold_bytes": str(512 << 20),
+        "xla_gpu_reduce_scatter_combine_threshold_bytes": str(512 << 20)}
+    # saturating's buckets (about 122 MiB on h100-sxm-8) hold a tiny model's gradients in one: an earlier row's plan
+    assert "saturating" not in {row.name for row in r.rows} or r.row("saturating").plan.buckets
+    assert all(row.peak_memory_bytes and row.memory_from == "xla-cpu" for row in r.rows)
+    assert r.memory_limit == preset("h100-sxm-8").device_memory_bytes and not any(row.over_memory for row in r.rows)
+    d = r.to_dict()
+    assert d["memory_limit_bytes"] == r.memory_limit and d["over_memory"] == []
+    row = next(x for x in d["rows"] if x["name"] == "maxtext")
+    assert (row["peak_memory_bytes"], row["peak_memory_from"], row["over_memory"]) == (
+        maxtext.peak_memory_bytes, "xla-cpu", None)
+
+
+def test_a_row_over_the_memory_limit_is_never_the_answer(fsdp8_emulated):
+    """The limit set between two rows' peaks: the answer without it is over, so another row answers,
+    and the row left out says why with both numbers."""
+    step, args, free = fsdp8_emulated
+    first = free.row(free.chosen)
+    below = [row for row in free.rows if row.peak_memory_bytes < first.peak_memory_bytes and row.name != "xla_default"]
+    assert first.name != "xla_default" and below, "expected the unlimited answer above another plan's peak"
+    limit = first.peak_memory_bytes - 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(deviceless.GPU_PYTHON_ENV, "/nonexistent/python")
+        with pytest.warns(deviceless.DevicelessFallbackWarning):
+            r = predict(step, *args, cluster=preset("h100-sxm-8"), memory_limit=limit, **FEW)
+    assert r.memory_limit == limit and r.chosen != first.name
+    over = r.row(first.name)
+    assert over.over_memory == (f"peak device memory {first.peak_memory_bytes:,} bytes (predicted: XLA:CPU's memory "
+                                f"analysis of the plan compiled here, an estimate of the cluster's) over the limit of "
+                                f"{limit:,} bytes")
+    answer = r.row(r.chosen)
+    assert answer.name == "xla_default" or answer.peak_memory_bytes <= limit
+    eligible = [row for row in r.rows if row.over_memory is None]
+    assert answer == eligible[0]  # the fastest within the limit
+    assert r.row("xla_default").over_memory is None  # the step as written is never left out
+    assert first.name in r.to_dict()["over_memory"]

@@ -140,7 +140,7 @@ def test_a_plans_item_is_read_once_with_its_row(item, name, options, row):
 @pytest.mark.fast
 @pytest.mark.parametrize("item, message", [
     ("bogus", r"unknown plan 'bogus'; expected a baseline \(xla_default, no_fusion, per_tensor, one_bucket, "
-              r"horovod, ddp, xla_threshold, even, xla_o1, auto_pgle\) or a plan .json file"),
+              r"horovod, ddp, xla_threshold, even, one_gather_bucket, per_layer_gathers, xla_o1, auto_pgle\) or a plan .json file"),
     ("xla_tuned:16", r"unknown plan 'xla_tuned'; expected a baseline \("),
     ("xla_o1:2", r"plan 'xla_o1:2': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
     ("auto_pgle", r"auto_pgle is jax's profile-guided latency estimator \(JAX_ENABLE_PGLE=1\).*no profile without "

@@ -191,3 +191,104 @@ def test_bucket_moves_leave_a_tuple_bucket_of_several_dtypes_as_it_is():
             assert child is None or child.buckets[0] == start.buckets[0], name
             if child is not None:
                 child.validate(g)
+
+
+# -- gather buckets (a step with sharded parameters) -------------------------------------------
+GATHER_MOVES = ("merge_gather_buckets", "split_gather_bucket", "reset_gather_buckets")
+WORLD = "{{0,1,2,3}}"
+
+
+def gather(name, operand, groups=WORLD, dtype="f32"):
+    return Node(name=name, opcode="all-gather", computation="c", shape=f"{dtype}[16]", dtype=dtype, out_bytes=64,
+                out_elements=16, flops=0.0, operands=(operand,), replica_groups=groups)
+
+
+def param(name, dtype="f32"):
+    return Node(name=name, opcode="parameter", computation="c", shape=f"{dtype}[4]", dtype=dtype, out_bytes=16,
+                out_elements=4, flops=0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def fsdp_graph(mesh_shape=None) -> HloGraph:
+    import disco
+    import trax_models
+
+    step, args = trax_models.make_train_step("mlp", "tiny", devices=8, style="fsdp", mesh_shape=mesh_shape,
+                                             optimizer="sgd")
+    return disco.extract(step, *args)
+
+
+@pytest.mark.fast
+def test_gather_moves_merge_only_parameter_gathers_of_one_class_next_in_program_order():
+    # a, b, c: parameter shards gathered over the world, updated by the step; d over other groups;
+    # e bf16; h gathers an all-reduce's result (a collective above it): no gather bucket takes it
+    spec = [param("pa"), param("pb"), param("pc"), param("pd"), param("pe", "bf16"),
+            gather("a", "pa"), gather("b", "pb"), gather("d", "pd", "{{0,1},{2,3}}"), gather("e", "pe", dtype="bf16"),
+            gather("c", "pc"), node("y", "dot", operands=("a", "b")),
+            node("r", "all-reduce", operands=("y",), replica_groups=WORLD, reduction="add"),
+            gather("h", "r"), node("z", "dot", operands=("h", "c", "d", "e"))]
+    for n in ("a", "b", "c", "d"):  # each parameter updated: p - gathered value, a step output
+        spec.append(node(f"new_{n}", "subtract", operands=(f"p{n}", n)))
+    spec.append(Node(name="new_e", opcode="subtract", computation="c", shape="bf16[4]", dtype="bf16", out_bytes=8,
+                     out_elements=4, flops=4.0, operands=("pe", "e")))
+    spec.append(node("out", "tuple", operands=("z", *(f"new_{n}" for n in "abcde"))))
+    index = {n.name: i for i, n in enumerate(spec)}
+    g = graph(spec, sorted({(index[o], i) for i, n in enumerate(spec) for o in n.operands}))
+    roles = {c.name: c.role for c in g.collective_roles()}
+    assert [n for n in "abcdeh" if roles[n] == "param_gather"] == list("abcde")
+    ctx = moves.context(g)
+    assert sorted(ctx.names[i] for i in ctx.gather_class) == list("abcde")
+    merged = {moves.merge_gather_buckets(FusionPlan(), ctx, random.Random(s)).gather_buckets for s in range(30)}
+    assert merged == {(("a", "b"),), (("b", "c"),)}  # c follows b in the class of a, b and c; d, e alone
+    plan = make_plan(gather_buckets=[["a", "b"]])
+    assert {moves.merge_gather_buckets(plan, ctx, random.Random(s)).gather_buckets for s in range(10)} == {
+        (("a", "b", "c"),)}
+    assert moves.split_gather_bucket(plan, ctx, random.Random(0)).gather_buckets == ()  # two of one: none
+    assert moves.reset_gather_buckets(plan, ctx, random.Random(0)).gather_buckets is None
+    kept = make_plan(gather_buckets=[["a", "h"]])  # a start's bucket the moves may not change
+    for s in range(10):
+        for name in GATHER_MOVES[:2]:
+            child = moves.MOVES[name](kept, ctx, random.Random(s))
+            assert child is None or ("a", "h") in child.gather_buckets
+
+
+@pytest.mark.fast
+def test_gather_moves_do_not_apply_without_parameter_gathers():
+    ctx = moves.context(CHAIN)
+    assert not ctx.gather_class
+    for name in GATHER_MOVES:
+        assert moves.MOVES[name](FusionPlan(), ctx, random.Random(0)) is None, name
+
+
+def test_a_graph_without_all_gathers_draws_the_moves_it_drew_before():
+    """random_move's default draws on a step without sharded parameters are DEFAULT_WEIGHTS' own:
+    the same moves in the same order for a seed (the gather moves' weights are not in the draw)."""
+    g, ctx = mlp_tiny(), mlp_context()
+    assert not ctx.gather_class and not any(n.opcode == "all-gather" for n in g.nodes)
+    plan = moves.canonical(baselines.make("per_tensor", g), ctx)
+    a, b = plan, plan
+    for seed in range(60):
+        a = moves.random_move(a, ctx, random.Random(seed)) or a
+        b = moves.random_move(b, ctx, random.Random(seed), moves.DEFAULT_WEIGHTS) or b
+        assert a == b and a.gather_buckets is None
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mesh_shape=st.sampled_from([None, (2, 4)]),
+       start=st.sampled_from(["xla_default", "per_tensor", *baselines.GATHER_NAMES]),
+       seeds=st.lists(st.integers(0, 2**31), min_size=1, max_size=40))
+def test_random_moves_on_an_fsdp_step_keep_gather_bucket_plans_valid(mesh_shape, start, seeds):
+    g = fsdp_graph(mesh_shape)
+    ctx = moves.context(g)
+    assert len(ctx.gather_class) == 17  # mlp tiny's sharded parameters, one all-gather each
+    plan = moves.canonical(baselines.make(start, g), ctx)
+    for seed in seeds:
+        child = moves.random_move(plan, ctx, random.Random(seed))
+        if child is None:
+            continue
+        child.validate(g)
+        assert moves.canonical(child, ctx) == child
+        plan = child
+    for b in plan.gather_buckets or ():
+        assert len(b) > 1 and len({ctx.gather_class[ctx.index[m]] for m in b}) == 1
+    event(f"{len(plan.gather_buckets or ())} gather buckets")

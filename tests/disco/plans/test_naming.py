@@ -25,6 +25,16 @@ def test_a_name_tells_buckets_groups_cuts_and_options_and_ends_with_the_digest()
 
 
 @pytest.mark.fast
+def test_a_name_and_description_tell_gather_buckets():
+    plan = FusionPlan(buckets=(Bucket(("ar.1",)),), gather_buckets=(("ag.1", "ag.2"), ("ag.3", "ag.4")))
+    assert content_name(plan) == f"b1_ag2_{plan.digest()[:6]}"
+    assert describe(plan) == "1 gradient bucket, 2 gather buckets"
+    assert content_name(FusionPlan(gather_buckets=())).startswith("bxla_ag0_")
+    assert describe(FusionPlan(gather_buckets=())) == "XLA's all-reduce combiner, each all-gather alone"
+    assert "ag" not in content_name(FusionPlan(buckets=(Bucket(("ar.1",)),)))
+
+
+@pytest.mark.fast
 def test_the_name_depends_on_the_content_only():
     a = FusionPlan(buckets=(Bucket(("ar.1", "ar.2")),), name="disco_5", graph_fingerprint="f" * 32)
     b = FusionPlan(buckets=(Bucket(("ar.1", "ar.2")),), name="other")

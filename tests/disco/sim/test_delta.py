@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from disco.ir.graph import HloGraph, Node
-from disco.plans import moves
+from disco.plans import baselines, moves
 from disco.plans.plan import Bucket, FusionPlan
 from disco.plans.random_plans import random_plan
 from disco.sim.cluster import preset
@@ -69,12 +69,16 @@ def layered_step(layers: int = 6, seed: int = 0) -> HloGraph:
 
 @functools.lru_cache(maxsize=None)
 def graph(name: str) -> HloGraph:
+    """"layered", a zoo model's tiny step on 4 devices, or "<model>-fsdp": its step with sharded
+    parameters on a 1 x 4 mesh (parameter all-gathers, which gather buckets merge)."""
     if name == "layered":
         return layered_step(8, seed=1)
     import disco
     import trax_models
 
-    step, args = trax_models.make_train_step(name, "tiny", devices=4, optimizer="sgd")
+    model, _, style = name.partition("-")
+    kw = {"style": style} if style else {}
+    step, args = trax_models.make_train_step(model, "tiny", devices=4, optimizer="sgd", **kw)
     return disco.extract(step, *args)
 
 
@@ -87,7 +91,11 @@ def setup(graph_name: str, cluster: str) -> tuple[HloGraph, Simulator, Simulator
 
 
 def start_plan(g: HloGraph, ctx: moves.MoveContext, seed: int) -> FusionPlan:
-    return moves.canonical(random_plan(g, seed, groups=ctx.backend == "cpu"), ctx)
+    """A random plan; on a graph with parameter all-gathers, with gather buckets for 2 seeds in 3."""
+    plan = random_plan(g, seed, groups=ctx.backend == "cpu")
+    if ctx.gather_class and seed % 3:
+        plan = plan.replace(gather_buckets=baselines.make(baselines.GATHER_NAMES[seed % 3 - 1], g).gather_buckets)
+    return moves.canonical(plan, ctx)
 
 
 walks = st.lists(st.tuples(st.sampled_from(sorted(moves.MOVES)), st.integers(0, 2**32 - 1), st.booleans()),
@@ -95,10 +103,11 @@ walks = st.lists(st.tuples(st.sampled_from(sorted(moves.MOVES)), st.integers(0, 
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graph_name=st.sampled_from(["layered", "mlp"]), cluster=st.sampled_from(sorted(CLUSTERS)),
+@given(graph_name=st.sampled_from(["layered", "mlp", "mlp-fsdp"]), cluster=st.sampled_from(sorted(CLUSTERS)),
        seed=st.integers(0, 10_000), walk=walks)
 def test_delta_step_time_equals_the_full_simulation_over_random_plans_and_moves(graph_name, cluster, seed, walk):
-    """Every move of the table, from random plans: the incremental step time is the full one (==)."""
+    """Every move of the table, from random plans (with gather buckets on the fsdp step): the
+    incremental step time is the full one (==)."""
     g, sim, ref, ctx = setup(graph_name, cluster)
     delta = DeltaSimulator(sim, cache_size=4)
     plan = start_plan(g, ctx, seed)
@@ -153,6 +162,26 @@ def test_a_late_bucket_move_restarts_late_and_an_unchanged_plan_reuses_the_sched
     same = per_tensor.replace(name="renamed")  # a new object, the same units
     assert delta.step_time(same, parent=per_tensor) == ref.step_time(per_tensor)
     assert delta.stats["same"] == 1
+
+
+@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
+def test_gather_bucket_moves_reschedule_from_the_parent_and_agree(cluster):
+    """On the fsdp step each gather bucket move is re-patched from its parent (not priced whole),
+    with the full simulation's step time."""
+    g, sim, ref, ctx = setup("mlp-fsdp", cluster)
+    delta = DeltaSimulator(sim)
+    rng = random.Random(3)
+    cur = moves.canonical(baselines.make("xla_default", g), ctx)
+    made = 0
+    for k in range(40):
+        name = ("merge_gather_buckets", "split_gather_bucket", "reset_gather_buckets")[k % 5 // 2]
+        child = moves.MOVES[name](cur, ctx, rng)
+        if child is None:
+            continue
+        assert delta.step_time(child, parent=cur) == ref.step_time(child), (name, child)
+        made += 1
+        cur = child
+    assert made > 20 and delta.stats["full"] == 0 and delta.stats["delta"] + delta.stats["same"] == made
 
 
 def test_a_parent_out_of_the_cache_is_traced_again_and_results_stay_exact():

@@ -331,3 +331,19 @@ def test_lower_bound_is_below_a_gemm_that_reads_a_duplicated_broadcast():
     plan = baselines.make("xla_default", g)
     assert sim.fusions(plan) == [("h",)]  # the broadcast is no kernel of its own
     assert 0 < sim.lower_bound() <= sim.step_time(plan)
+
+
+def test_a_bucket_of_an_fsdp_steps_gradients_simulates_on_a_gpu_cluster():
+    """partition-id is duplicated into each consumer as XLA:GPU recomputes it: fused into one consumer
+    (the first shard's Adam update), it made every later shard's slice wait on that gradient's
+    all-reduce, and a bucket holding a later gradient too formed a cycle (transformer_lm in fsdp style)."""
+    import jax
+
+    import trax_models
+    from disco.ir import extractor
+
+    step, args = trax_models.make_train_step("transformer_lm", "tiny", devices=8, style="fsdp")
+    assert len(jax.devices()) >= 8
+    graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *args))
+    sim = Simulator(graph, device_costs.analytic("h100"), cluster.preset("h100-sxm-8"))
+    assert sim.step_time(baselines.make("horovod", graph)) > 0
