@@ -19,10 +19,12 @@ if TYPE_CHECKING:
 Progress = Callable[[int, float, float], None]
 # Steps in a row that evaluate nothing (every move refused) before the driver gives up.
 _MAX_IDLE_STEPS = 1000
-# From this many graph nodes on, run() prices children incrementally by default: below it the
-# full simulation was as fast or faster (scripts/tools/bench_simulator.py, the search's own moves,
-# incremental over full: 0.89x at 1.8k nodes, 1.21x at 4.6k, 1.74x at 9.2k, 2.4x at 46k;
-# docs/results/simulator-speed.md).
+# From this many graph nodes on, run() prices children incrementally by default. With the compiled
+# scheduler loop incremental is faster from 1.8k nodes on (scripts/tools/bench_simulator.py, the
+# search's own moves, incremental over full: 3.8x at 1.8k nodes, 7.1x at 4.6k, 11x at 9.2k;
+# docs/results/simulator-speed.md), but its first evaluation in a process imports numba and loads
+# the compiled kernel (~0.5 s of CPU, 1-2 s wall here), which a short search on a small graph
+# may not win back.
 INCREMENTAL_MIN_NODES = 4000
 
 

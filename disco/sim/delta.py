@@ -22,12 +22,16 @@ the trace of its parent (the plan the search made it from; traced when first giv
    choice; an added unit was not yet ready).
 3. The scheduler's state at that event is rebuilt from the trace (which inputs of each later unit
    are placed and their latest end; which units are ready, in which queue; the streams' free
-   times) and :func:`disco.sim.scheduler.sweep`, the full simulation's own loop, runs the rest.
+   times) and the full simulation's loop (:func:`disco.sim.scheduler.sweep`) runs the rest:
+   :func:`disco.sim.array_sweep.restart` does both, on flat arrays, compiled with numba.
+
+A plan priced without a parent is scheduled whole the same way and keeps its schedule; its patch by
+piece is made when it is first a parent.
 
 A change no unit sees (a group inside one of XLA's fusions, a cut between two ops XLA would not
-fuse) costs only its re-patch and the comparison. Anything this does not cover is simulated whole:
-a plan without a parent, another fusion mode or stream coupling than the parent's, a plan whose
-schedule deadlocks (the full simulation's retry and errors apply). Only ``order="program"`` step
+fuse) costs only its re-patch and the comparison. Anything this does not cover is scheduled whole:
+a plan without a parent, another fusion mode or stream coupling than the parent's; a plan whose
+schedule deadlocks is priced by the simulator itself (its retry and errors apply). Only ``order="program"`` step
 times are incremental; ``Simulator.run`` (timelines) and ``order="topological"`` stay full.
 
 Example:
@@ -38,14 +42,15 @@ Example:
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import weakref
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from disco.plans.plan import FusionPlan
+from disco.sim import array_sweep
 from disco.sim import pieces as plan_pieces
-from disco.sim import scheduler
 
 if TYPE_CHECKING:
     from disco.sim.pieces import Pieces
@@ -54,91 +59,81 @@ if TYPE_CHECKING:
 
 __all__ = ["DeltaSimulator", "Trace"]
 
-_NEVER = 1 << 62  # the event index of a unit not placed
+_NEVER = array_sweep.NEVER  # the event index of a unit not placed
+_NO_I = np.zeros(0, np.int64)
+_NO_F = np.zeros(0)
 
 
 class Trace:
     """The simulated state of one plan (internal): what :class:`DeltaSimulator` restarts from.
 
     Unit ids are the :class:`DeltaSimulator`'s: one per (fusion mode, kind, members, duration), for
-    good. A trace is *materialised* when its per-event and per-unit lists are filled; a trace made by
+    good. A trace is *materialised* when its per-event and per-unit arrays are filled; a trace made by
     a delta holds its parent, the event it restarted at and the events it placed from there instead,
     until it is first used as a parent.
 
     Attributes:
-      pieces: its patch by piece (:mod:`disco.sim.pieces`); None for a plan priced whole (no trace).
+      pieces: its patch by piece (:mod:`disco.sim.pieces`); None until it is first a parent, or for
+        a plan priced whole by the simulator (``order`` None too: no trace).
       step: its step time.
       unit_of: per graph node, the id of its unit (-1 for none).
       alive: how many units it runs.
       order: per event, the id of the unit placed (None until materialised).
       tcs, tms: per event, the compute and comm streams' free times after it.
-      pos, fin: per unit id, the event that placed it (:data:`_NEVER` for none) and its end.
+      pos, fin: per unit id, the event that placed it (:data:`~disco.sim.array_sweep.NEVER` for
+        none) and its end.
     """
 
     __slots__ = ("pieces", "step", "unit_of", "alive", "order", "tcs", "tms", "pos", "fin",
-                 "_parent", "_start", "_placed")
+                 "_parent", "_start", "_run")
 
-    def __init__(self, pieces: Pieces | None, step: float, unit_of: list[int], alive: int,
-                 parent: Trace | None, start: int, placed: list[tuple[int, float]]):
+    def __init__(self, pieces: Pieces | None, step: float, unit_of: np.ndarray | None, alive: int,
+                 parent: Trace | None, start: int, run: array_sweep.Run | None):
         self.pieces = pieces
         self.step = step
         self.unit_of = unit_of
         self.alive = alive
-        self.order: list[int] | None = None
-        self.tcs: list[float] = []
-        self.tms: list[float] = []
-        self.pos: list[int] = []
-        self.fin: list[float] = []
+        self.order: np.ndarray | None = None
+        self.tcs = self.tms = self.fin = _NO_F
+        self.pos = _NO_I
         self._parent = parent
         self._start = start
-        self._placed = placed
+        self._run = run
 
-    def materialise(self, units: list[Unit], dur: list[float]) -> None:
-        """Fills the per-event and per-node lists (from the parent's, for a delta's trace)."""
+    def materialise(self, n: int) -> None:
+        """Fills the per-event and per-unit arrays (from the parent's, for a delta's trace), for
+        unit ids up to ``n``."""
         if self.order is not None:
             return
-        parent, i, placed = self._parent, self._start, self._placed
-        n = len(units)
-        if parent is None:
-            order: list[int] = []
-            tcs: list[float] = []
-            tms: list[float] = []
-            pos = [_NEVER] * n
-            fin = [0.0] * n
-        else:
-            parent.materialise(units, dur)
+        parent, i, run = self._parent, self._start, self._run
+        if parent is not None:
+            parent.materialise(n)
             assert parent.order is not None
-            if not placed and i == len(parent.order):  # the same schedule: share the parent's lists
+            if run is None:  # the same schedule: share the parent's arrays
                 self.order, self.tcs, self.tms = parent.order, parent.tcs, parent.tms
                 self.pos, self.fin = parent.pos, parent.fin
                 self._parent = None
                 return
-            order, tcs, tms = parent.order[:i], parent.tcs[:i], parent.tms[:i]
-            pos, fin = parent.pos[:], parent.fin[:]
-            if len(pos) < n:  # units met since
-                pos += [_NEVER] * (n - len(pos))
-                fin += [0.0] * (n - len(fin))
+            order = np.concatenate((parent.order[:i], run.units))
+            tcs = np.concatenate((parent.tcs[:i], run.tcs))
+            tms = np.concatenate((parent.tms[:i], run.tms))
             # (the parent's later units keep their entries: the kept are placed again below, and no
             # node maps to the others)
-        t_c = tcs[-1] if tcs else 0.0
-        t_m = tms[-1] if tms else 0.0
-        ids = [u for u, _ in placed]
-        ends = [start + dur[u] for u, start in placed]  # the scheduler's own sums
-        coll = [units[u].is_coll for u in ids]
-        # Each stream's free time after each event: the latest end on it so far (its ends only grow).
-        assert self.pieces is not None  # a trace priced whole is never materialised (see _base)
-        on_compute = ends if self.pieces.blocking else [0.0 if c else f for f, c in zip(ends, coll)]
-        tcs += itertools.accumulate(on_compute, max, initial=t_c)
-        del tcs[i]  # the initial value
-        tms += itertools.accumulate([f if c else 0.0 for f, c in zip(ends, coll)], max, initial=t_m)
-        del tms[i]
-        for u, e, f in zip(ids, range(i, i + len(ids)), ends):
-            pos[u] = e
-            fin[u] = f
-        order += ids
+            pos = np.full(n, _NEVER, np.int64)
+            fin = np.zeros(n)
+            pos[:len(parent.pos)] = parent.pos
+            fin[:len(parent.fin)] = parent.fin
+        elif run is None:
+            return  # priced whole by the simulator: nothing to fill (see DeltaSimulator._base)
+        else:
+            order, tcs, tms = run.units, run.tcs, run.tms
+            pos = np.full(n, _NEVER, np.int64)
+            fin = np.zeros(n)
+        pos[run.units] = np.arange(i, i + len(run.units))
+        fin[run.units] = run.ends
         self.order, self.tcs, self.tms, self.pos, self.fin = order, tcs, tms, pos, fin
         self._parent = None
-        self._placed = []
+        self._run = None
 
 
 class DeltaSimulator:
@@ -174,16 +169,11 @@ class DeltaSimulator:
         self._cache_size = cache_size
         # id(plan) -> (a weak reference to the plan, its trace), least recently used first
         self._traces: dict[int, tuple[weakref.ref, Trace]] = {}
-        # Every unit met, by id: one id per (fusion mode, kind, members, duration), so two unit objects
-        # that schedule alike (a re-fused kernel labelled by the group it holds) share one.
-        self._gid: dict[tuple, int] = {}
-        self._units: list[Unit] = []
-        self._dur: list[float] = []
-        self._key: list[int] = []
-        self._succ: list[tuple[tuple[int, int], ...]] = []
-        self._coll: list[bool] = []
-        self._indeg: list[int] = []  # scratch: only the entries of units still to place are read
-        self._rt: list[float] = []
+        # Every unit met, by id (shared by the delta simulators over one simulator): one id per
+        # (fusion mode, kind, members, duration), so two unit objects that schedule alike (a re-fused
+        # kernel labelled by the group it holds) share one.
+        self._index = array_sweep.index_of(sim)
+        self._group_pieces: dict = {}  # plans' group parts of their pieces, by value (pieces.build)
         # plans priced whole, re-scheduled, found to run the same units; traces made; events placed
         self.stats = {"full": 0, "delta": 0, "same": 0, "traces": 0, "events": 0}
 
@@ -212,9 +202,14 @@ class DeltaSimulator:
             return hit.step
         base = self._base(parent) if parent is not None else None
         trace = self._delta(base, parent, plan) if base is not None else None
-        if trace is None:  # the full simulation (its retry and errors); the trace when a parent
-            trace = Trace(None, self.sim.step_time(plan), [], 0, None, 0, [])
-            self.stats["full"] += 1
+        if trace is None:  # from scratch, recorded; else the full simulation (its retry and errors)
+            try:
+                trace = self._scratch(plan, "full")
+            except ValueError:
+                trace = None
+            if trace is None:
+                trace = Trace(None, self.sim.step_time(plan), None, 0, None, 0, None)
+                self.stats["full"] += 1
         self._put(plan, trace)
         return trace.step
 
@@ -251,53 +246,51 @@ class DeltaSimulator:
         """``parent``'s trace, materialised (made from scratch if it has none); None where it cannot
         be (not a plan this simulator can price, or one whose schedule deadlocks)."""
         t = self._get(parent)
-        if t is None or t.pieces is None:
+        if t is None or (t.pieces is None and t.unit_of is None):  # none, or priced by the simulator
             if not isinstance(parent, FusionPlan):
                 return None
             try:
-                t = self._full(parent)
+                t = self._scratch(parent, "traces")
             except ValueError:
                 return None
             if t is None:
                 return None
             self._put(parent, t)
-        t.materialise(self._units, self._dur)
+        if t.pieces is None:  # a schedule made whole: its patch by piece, once it is a parent
+            t.pieces = plan_pieces.build(self._patcher, parent, self._group_pieces)
+        t.materialise(self._index.table.n)
         return t
 
-    def _ids(self, units: list[Unit], fusion: str) -> list[int]:
-        """Each unit's id, giving new units the next ones."""
-        gid = self._gid
-        out = []
-        for u in units:
-            key = (fusion, u.is_coll, u.members, u.dur)
-            k = gid.get(key)
-            if k is None:
-                k = gid[key] = len(self._units)
-                self._units.append(u)
-                self._dur.append(u.dur)
-                self._key.append(u.prio)
-                self._succ.append(u.succ)
-                self._coll.append(u.is_coll)
-                self._indeg.append(0)
-                self._rt.append(0.0)
-            out.append(k)
-        return out
+    def _scratch(self, plan: FusionPlan, stat: str) -> Trace | None:
+        """A trace of a plan priced without a neighbour: its whole schedule (counted in
+        ``stats[stat]``); None when it deadlocks.
+
+        Raises:
+          ValueError: as ``Patcher.patch``.
+        """
+        trace = self._full(plan)
+        if trace is not None:
+            self.stats[stat] += 1
+        return trace
 
     def _full(self, plan: FusionPlan) -> Trace | None:
-        """A trace from scratch (the full simulation, recorded); None when it deadlocks."""
-        patcher = self._patcher
-        patch = patcher.patch(plan)
-        unit_of, indeg, dur, key, succ, coll, ready_k, ready_c = patcher.arrays(patch)
-        placed: list[tuple[int, float]] = []
-        try:
-            step = scheduler.schedule(unit_of, unit_of, indeg, dur, key, succ, coll, ready_k, ready_c,
-                                      len(patch.dead), patch.blocking, placed)
-        except scheduler.Deadlock:
+        """The plan's whole schedule, recorded (its patch by piece is made when it is a parent); None
+        when it deadlocks.
+
+        Raises:
+          ValueError: as ``Patcher.patch``.
+        """
+        patch = self._patcher.patch(plan)
+        mode, index = patch.mode, self._index
+        base_ids, base_of = index.mode(mode.fusion, mode.units, mode.unit_of)
+        unit_of = _relabel(base_of, patch.new, index.ids(patch.new, mode.fusion))
+        rest = np.delete(base_ids, patch.dead)
+        if patch.new:
+            rest = np.concatenate((rest, unit_of[[u.members[0] for u in patch.new]]))
+        run = array_sweep.restart(index.table, rest, 0, 0.0, 0.0, _NO_I, _NO_F, unit_of, unit_of, patch.blocking)
+        if run is None:
             return None
-        local = self._ids(patch.mode.units + patch.new, patch.mode.fusion)  # this plan's unit ids -> ours
-        self.stats["traces"] += 1
-        return Trace(plan_pieces.build(patcher, plan), step, [local[u] if u >= 0 else -1 for u in unit_of],
-                     len(dur) - len(patch.dead), None, 0, [(local[u], t) for u, t in placed])
+        return Trace(None, run.step, unit_of, len(rest), None, 0, run)
 
     def _delta(self, base: Trace, base_plan: FusionPlan, plan: FusionPlan) -> Trace | None:
         """``plan``'s trace re-scheduled from ``base``, the materialised trace of ``base_plan``; None
@@ -315,10 +308,10 @@ class DeltaSimulator:
         assert order is not None
         if not removed and not added:
             self.stats["same"] += 1
-            return Trace(pieces, base.step, base.unit_of, base.alive, base, len(order), [])
+            return Trace(pieces, base.step, base.unit_of, base.alive, base, len(order), None)
         pos, fin, old_of = base.pos, base.fin, base.unit_of
-        gid = self._gid
-        gone = sorted(pos[gid[fusion, u.is_coll, u.members, u.dur]] for u in removed)  # their events
+        id_of = self._index.id_of
+        gone = sorted(int(pos[id_of(u, fusion)]) for u in removed)  # their events
         # The first event the change can move: a removed unit's, or the first at which an added unit
         # could be ready (all its inputs from unchanged units placed).
         changed = {m for u in removed for m in u.members}
@@ -329,61 +322,34 @@ class DeltaSimulator:
             for p in u.preds:
                 if p in changed:  # an input in an added unit: that unit is placed first
                     break
-                q = pos[old_of[p]] + 1
+                q = int(pos[old_of[p]]) + 1
                 if q > b:
                     b = q
             else:
                 if b < i:
                     i = b
-        new_ids = self._ids(added, fusion)
-        unit_of = old_of[:]
-        for u, k in zip(added, new_ids):
-            for m in u.members:
-                unit_of[m] = k
-        units, key, coll = self._units, self._key, self._coll
+        new_ids = self._index.ids(added, fusion)
+        unit_of = _relabel(old_of, added, new_ids)
         # The units still to place: the neighbour's from event i on that the plan keeps, and the added.
         rest = order[i:]
-        for e in reversed(gone):
-            del rest[e - i]
-        rest += new_ids
-        t_c = base.tcs[i - 1] if i else 0.0
-        t_m = base.tms[i - 1] if i else 0.0
-        indeg, rt = self._indeg, self._rt
-        rk: list[int] = []
-        tc: list[tuple[float, int]] = []
-        tk: list[tuple[float, int]] = []
-        for w in rest:
-            unit = units[w]
-            c = 0
-            r = 0.0
-            for p in unit.preds:
-                v = old_of[p]
-                if pos[v] < i:  # placed before event i: an unchanged unit, placed there in both
-                    c += 1
-                    f = fin[v]
-                    if f > r:
-                        r = f
-            k = unit.indeg - c
-            indeg[w] = k
-            rt[w] = r
-            if not k:
-                if coll[w]:
-                    tc.append((r, key[w]))
-                elif r <= t_c:
-                    rk.append(key[w])
-                else:
-                    tk.append((r, key[w]))
-        heapq.heapify(rk)
-        heapq.heapify(tc)
-        heapq.heapify(tk)
-        alive = base.alive - len(removed) + len(added)
-        placed: list[tuple[int, float]] = []
-        dur = self._dur
-        try:
-            step = scheduler.sweep(unit_of, unit_of, indeg, dur, key, self._succ, coll, rk, tc, tk, rt, t_c, t_m,
-                                   len(dur) - alive + i, pieces.blocking, placed)
-        except scheduler.Deadlock:
+        if gone:
+            rest = np.delete(rest, np.array(gone, np.int64) - i)
+        if new_ids:
+            rest = np.concatenate((rest, np.array(new_ids, np.int64)))
+        t_c = float(base.tcs[i - 1]) if i else 0.0
+        t_m = float(base.tms[i - 1]) if i else 0.0
+        run = array_sweep.restart(self._index.table, rest, i, t_c, t_m, pos, fin, old_of, unit_of, pieces.blocking)
+        if run is None:
             return None
         self.stats["delta"] += 1
-        self.stats["events"] += len(placed)
-        return Trace(pieces, step, unit_of, alive, base, i, placed)
+        self.stats["events"] += len(run.units)
+        return Trace(pieces, run.step, unit_of, base.alive - len(removed) + len(added), base, i, run)
+
+
+def _relabel(unit_of: np.ndarray, units: list[Unit], ids: list[int]) -> np.ndarray:
+    """A copy of ``unit_of`` (node -> unit id) with the members of ``units`` mapped to ``ids``."""
+    out = unit_of.copy()
+    if units:
+        out[np.fromiter(itertools.chain.from_iterable(u.members for u in units), np.int64)] = np.repeat(
+            np.array(ids, np.int64), [len(u.members) for u in units])
+    return out

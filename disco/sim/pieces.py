@@ -9,7 +9,8 @@ neighbour's on the all-gathers either plan buckets. :class:`Pieces` keeps them b
 pieces the changed groups and buckets touch are re-made (from the patcher's caches, so a unit that
 did not change is the same object), the others are left as they are. Its cost follows the change,
 not the plan: about what the groups and buckets it touches cost (and a comparison of the two
-plans' group and bucket tuples by identity, which moves keep where they change nothing).
+plans' group and bucket tuples, by identity between their common prefix and suffix, which moves
+keep where they change nothing).
 
 Where it does not apply (another fusion mode, cuts or bucketing kind than the neighbour's; compile
 options that couple the streams otherwise or re-bucket XLA's combiner; a cut beside a changed group; anything the full patch would reject) :func:`repatch`
@@ -18,6 +19,8 @@ returns None and the caller patches the plan whole.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import TYPE_CHECKING
 
 from disco.sim.patch import Cut, Group, Patcher, regions
@@ -26,6 +29,10 @@ if TYPE_CHECKING:
     from disco.plans.plan import FusionPlan
     from disco.sim.units import Mode, Unit
 
+# Groups with their name tuples (the keys of Pieces.groups).
+KeyedGroups = list[tuple[tuple[str, ...], Group]]
+# How many plans' group parts build() keeps in its cache.
+_GROUP_CACHE = 8
 # A region: its groups and cuts, and (base units removed, units added, kernel-time change).
 Region = tuple[tuple[Group, ...], tuple[list[int], list["Unit"], float]]
 
@@ -37,8 +44,8 @@ class Pieces:
       mode: the plan's fusion mode.
       blocking: collectives hold the compute stream.
       threshold: XLA:GPU's combine threshold (bytes; None on CPU), which prices ``buckets=None``.
-      groups: id of each of the plan's group name tuples -> its resolved group.
-      owner: node -> id of the group name tuple holding it.
+      groups: each of the plan's group name tuples -> its resolved group.
+      owner: node -> the group name tuple holding it.
       regions: ("extend") base fusion -> the region that re-fuses it.
       buckets: id of each of the plan's buckets -> (its all-reduces, its unit).
       ar_owner: all-reduce -> id of the bucket holding it.
@@ -50,8 +57,8 @@ class Pieces:
         self.mode = mode
         self.blocking = blocking
         self.threshold = threshold
-        self.groups: dict[int, Group] = {}
-        self.owner: dict[int, int] = {}
+        self.groups: dict[tuple[str, ...], Group] = {}
+        self.owner: dict[int, tuple[str, ...]] = {}
         self.regions: dict[int, Region] = {}
         self.buckets: dict[int, tuple[tuple[int, ...], Unit]] = {}
         self.ar_owner: dict[int, int] = {}
@@ -114,28 +121,59 @@ def _included_cuts(patcher: Patcher, plan: FusionPlan, groups: list[Group]) -> l
     return out
 
 
-def build(patcher: Patcher, plan: FusionPlan) -> Pieces:
-    """The pieces of a plan that :meth:`Patcher.patch` accepted (the same caches, the same units)."""
+def build(patcher: Patcher, plan: FusionPlan, cache: dict | None = None) -> Pieces:
+    """The pieces of a plan that :meth:`Patcher.patch` accepted (the same caches, the same units).
+
+    Args:
+      cache: where to keep the group part (groups, owner, regions) by the plan's fusion mode, groups
+        and cuts (their values), for plans that share them (a search's start plans: one fusion with
+        each bucketing); its values are never changed. None: none kept.
+    """
     mode = patcher.mode(plan.xla_fusion)
     pc = Pieces(mode, *patcher.options(plan.compile_options))
-    groups = [patcher.group(gi, names) for gi, names in enumerate(plan.groups)]
-    for names, g in zip(plan.groups, groups):
-        pc.groups[id(names)] = g
-        for m in g.members:
-            pc.owner[m] = id(names)
-    if mode.fusion == "extend":
-        items = groups + (_included_cuts(patcher, plan, groups) if plan.cuts else [])
-        for comp in regions(items):
-            r: Region = (tuple(comp), patcher.region(mode, comp))
-            for it in comp:
-                for c in it.touched:
-                    pc.regions[c] = r
-    for bi, b in enumerate(plan.buckets or ()):
-        members = patcher.bucket_members(bi, b.members)
-        pc.buckets[id(b)] = (members, patcher.bucket_unit(mode, members, b.build))
-        for m in members:
-            pc.ar_owner[m] = id(b)
+    key = (plan.xla_fusion, plan.groups, plan.cuts)
+    hit = cache.get(key) if cache is not None else None
+    if hit is None:
+        group = patcher.group
+        groups = [group(gi, names) for gi, names in enumerate(plan.groups)]
+        pc.groups = dict(zip(plan.groups, groups))
+        pc.owner = {m: k for k, g in zip(plan.groups, groups) for m in g.members}
+        if mode.fusion == "extend":
+            items = groups + (_included_cuts(patcher, plan, groups) if plan.cuts else [])
+            region, regs = patcher.region, pc.regions
+            for comp in regions(items):
+                r: Region = (tuple(comp), region(mode, comp))
+                for it in comp:
+                    for c in it.touched:
+                        regs[c] = r
+        if cache is not None:
+            while len(cache) >= _GROUP_CACHE:
+                del cache[next(iter(cache))]
+            cache[key] = (pc.groups, pc.owner, pc.regions)
+    else:
+        pc.groups, pc.owner, pc.regions = hit
+    if plan.buckets:
+        bucket_members, bucket_unit = patcher.bucket_members, patcher.bucket_unit
+        members = [bucket_members(bi, b.members) for bi, b in enumerate(plan.buckets)]
+        keys = list(map(id, plan.buckets))
+        pc.buckets = {k: (ms, bucket_unit(mode, ms, b.build)) for k, ms, b in zip(keys, members, plan.buckets)}
+        pc.ar_owner = {m: k for k, ms in zip(keys, members) for m in ms}
     return pc
+
+
+def _window(old: tuple, new: tuple) -> tuple[tuple, tuple]:
+    """The parts of two tuples between their longest common prefix and suffix (by identity).
+
+    The entries outside are the same objects at the same places, so a diff of the two windows by
+    identity is the diff of the tuples (for tuples without repeated entries, as a plan's groups
+    and buckets are: a plan with one twice overlaps itself). Found at C speed, so a move's
+    re-patch does not hash every group of the plan.
+    """
+    n = min(len(old), len(new))
+    lo = next(itertools.compress(itertools.count(), map(operator.is_not, old, new)), n)
+    hi = next(itertools.compress(itertools.count(), map(operator.is_not, reversed(old), reversed(new))), n)
+    hi = min(hi, n - lo)
+    return old[lo:len(old) - hi], new[lo:len(new) - hi]
 
 
 def _diff(old: dict[int, Unit], new: dict[int, Unit], removed: list[Unit], added: list[Unit]) -> None:
@@ -166,16 +204,17 @@ def repatch(patcher: Patcher, base: Pieces, base_plan: FusionPlan,
     mode = base.mode
     removed: list[Unit] = []
     added: list[Unit] = []
-    # Groups: the name tuples that are not the neighbour's (by identity: moves keep the others).
-    rem_g: list[tuple[int, Group]] = []
-    add_g: list[tuple[int, Group]] = []
+    # Groups: the name tuples that are not the neighbour's (in the window where the tuples differ).
+    rem_g: KeyedGroups = []
+    add_g: KeyedGroups = []
     old_regions: list[Region] = []
     new_regions: list[Region] = []
-    if plan.groups is not base_plan.groups:
-        now = dict(zip(map(id, plan.groups), plan.groups))
-        rem_g = [(k, base.groups[k]) for k in base.groups.keys() - now.keys()]
+    if plan.groups is not base_plan.groups and plan.groups != base_plan.groups:  # (==: at C speed)
+        old_w, new_w = _window(base_plan.groups, plan.groups)
+        before, after = set(old_w), set(new_w)
+        rem_g = [(k, base.groups[k]) for k in before - after]
         try:
-            add_g = [(k, patcher.group(0, now[k])) for k in now.keys() - base.groups.keys()]
+            add_g = [(k, patcher.group(0, k)) for k in after - before]
         except ValueError:
             return None
         gone = {k for k, _ in rem_g}
@@ -195,10 +234,12 @@ def repatch(patcher: Patcher, base: Pieces, base_plan: FusionPlan,
     rem_b: list[tuple[int, tuple[tuple[int, ...], Unit]]] = []
     add_b: list[tuple[int, tuple[tuple[int, ...], Unit]]] = []
     if plan.buckets is not None and plan.buckets is not base_plan.buckets:
-        now_b = dict(zip(map(id, plan.buckets), plan.buckets))
-        rem_b = [(k, base.buckets[k]) for k in base.buckets.keys() - now_b.keys()]
+        old_wb, new_wb = _window(base_plan.buckets, plan.buckets)
+        now_b = dict(zip(map(id, new_wb), new_wb))
+        before_b = set(map(id, old_wb))
+        rem_b = [(k, base.buckets[k]) for k in before_b - now_b.keys()]
         try:
-            for k in now_b.keys() - base.buckets.keys():
+            for k in now_b.keys() - before_b:
                 b = now_b[k]
                 members = patcher.bucket_members(0, b.members)
                 add_b.append((k, (members, patcher.bucket_unit(mode, members, b.build))))
@@ -240,7 +281,7 @@ def repatch(patcher: Patcher, base: Pieces, base_plan: FusionPlan,
     return child, removed, added
 
 
-def _off_groups(patcher: Patcher, mode: Mode, rem_g: list[tuple[int, Group]], add_g: list[tuple[int, Group]],
+def _off_groups(patcher: Patcher, mode: Mode, rem_g: KeyedGroups, add_g: KeyedGroups,
                 removed: list[Unit], added: list[Unit]) -> None:
     """The units a change of groups swaps in "off" mode: each group one kernel, each other op one."""
     old: dict[int, Unit] = {}
@@ -266,7 +307,7 @@ def _off_groups(patcher: Patcher, mode: Mode, rem_g: list[tuple[int, Group]], ad
 
 
 def _reregion(patcher: Patcher, base: Pieces, base_plan: FusionPlan, plan: FusionPlan,
-              rem_g: list[tuple[int, Group]], add_g: list[tuple[int, Group]], old_regions: list[Region],
+              rem_g: KeyedGroups, add_g: KeyedGroups, old_regions: list[Region],
               new_regions: list[Region], removed: list[Unit], added: list[Unit]) -> bool:
     """Re-fuses the regions that a change of groups and cuts touches ("extend"); False where a cut
     does not resolve (the whole patch raises)."""

@@ -183,13 +183,17 @@ def move_pairs(graph: HloGraph, sim: Simulator, n_moves: int, seed: int) -> list
 
 
 def bench_moves(sim: Simulator, pairs: list[tuple[FusionPlan, FusionPlan]], repeats: int) -> dict:
-    """Full and incremental evaluations per second over ``pairs`` (medians of ``repeats`` passes)."""
+    """Full and incremental evaluations per second over ``pairs`` (medians of ``repeats`` passes);
+    incremental also with the walks' start plans priced and traced before the clock (as a search
+    prices its start plans first, as evaluations of their own)."""
     from disco.sim.delta import DeltaSimulator
 
     for _, child in pairs:  # warm the simulator's unit caches (both paths share them)
         sim.step_time(child)
-    full, incr = [], []
+    full, incr, started = [], [], []
     stats: dict = {}
+    children = {id(child) for _, child in pairs}
+    roots = list({id(p): p for p, _ in pairs if id(p) not in children}.values())
     for _ in range(repeats):
         t0 = _CLOCK()
         ref = [sim.step_time(child) for _, child in pairs]
@@ -201,8 +205,20 @@ def bench_moves(sim: Simulator, pairs: list[tuple[FusionPlan, FusionPlan]], repe
         if got != ref:  # exactness is the point: never report a rate for wrong answers
             raise AssertionError("incremental step times differ from the full simulation's")
         stats = dict(delta.stats)
+        # As a search runs: its start plans (the walks' first parents) priced and traced first, as
+        # its first evaluations, outside the clock; then every child from its parent.
+        delta = DeltaSimulator(sim)
+        for root in roots:
+            delta.step_time(root)
+            delta.trace(root)
+        t0 = _CLOCK()
+        got = [delta.step_time(child, parent) for parent, child in pairs]
+        started.append(len(pairs) / (_CLOCK() - t0))
+        if got != ref:
+            raise AssertionError("incremental step times differ from the full simulation's")
     return {"move_pairs": len(pairs), "moves_full_per_s": statistics.median(full),
-            "moves_incremental_per_s": statistics.median(incr), "incremental_paths": stats}
+            "moves_incremental_per_s": statistics.median(incr),
+            "moves_incremental_starts_priced_per_s": statistics.median(started), "incremental_paths": stats}
 
 
 def bench_search(path: str, max_evals: int, repeats: int, seed: int = 0) -> dict:
