@@ -3,10 +3,10 @@ devices of all the workers, process-major (data parallel across the processes, F
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from disco.runtime import multiprocess
+from tests.support.mp_checks import assert_same_plans_and_xla_defaults_numbers
 
 
 def test_two_processes_run_an_fsdp_step_on_a_data_x_fsdp_mesh_and_match_xla_default():
@@ -18,20 +18,7 @@ def test_two_processes_run_an_fsdp_step_on_a_data_x_fsdp_mesh_and_match_xla_defa
                                    style="fsdp", mesh_shape=(2, 2), check_steps=3)
     res = multiprocess.launch(2, 2, spec, timeout_s=600)
     try:
-        assert res.ok, res.failures
-        a, b = res.results
-        assert a["global_devices"] == 4 and a["local_devices"] == 2
-        assert a["fingerprint"] == b["fingerprint"]
-        for ra, rb in zip(a["results"], b["results"]):
-            assert ra["plan"] == rb["plan"] and ra["plan_digest"] == rb["plan_digest"], (ra, rb)
-            assert ra["applied"] and rb["applied"], (ra["fallback_reason"], rb["fallback_reason"])
-        for proc in (a, b):
-            ref = proc["checks"]["xla_default"]["leaves"]
-            for name in plans[1:]:
-                got = proc["checks"][name]["leaves"]
-                assert len(got) == len(ref)
-                for x, y in zip(got, ref):
-                    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7)
+        assert_same_plans_and_xla_defaults_numbers(res, plans[1:], devices=4, local=2)
         rows = {r["plan"]: r for r in multiprocess.combine(res)}
         assert set(rows) == set(plans)
         for name, row in rows.items():
