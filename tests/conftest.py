@@ -35,6 +35,18 @@ if os.environ.get("DISCO_CORRECTIONS", "") in ("", os.environ.get("DISCO_TESTS_C
     # and the plans `disco optimize` writes without --out, in the same folder
     os.environ["DISCO_PLANS"] = os.path.join(_corrections_dir, "plans")
 
+# The probe's kept successes (xla_hooks.probe): one folder for the whole run, shared by its
+# pytest-xdist workers and the commands the tests start (that a module compiles is a fact about the
+# module, not about a test); never the user's.
+if not os.environ.get("DISCO_TESTS_PROBE_CACHE"):
+    import atexit
+    import shutil
+    import tempfile
+
+    _probe_dir, _probe_maker = tempfile.mkdtemp(prefix="disco-tests-probed-"), os.getpid()
+    atexit.register(lambda: os.getpid() == _probe_maker and shutil.rmtree(_probe_dir, ignore_errors=True))
+    os.environ["DISCO_PROBE_CACHE"] = os.environ["DISCO_TESTS_PROBE_CACHE"] = _probe_dir
+
 # jax's compile entry points, per version: backend_compile_and_load (jax 0.8.3 to 0.12.0.1), and
 # backend_compile (0.8.3 only); compile_or_get_cached and xla_hooks call them through the module.
 _COMPILE_ENTRY_POINTS = ("backend_compile_and_load", "backend_compile")

@@ -27,7 +27,8 @@ def test_a_newcomer_reads_the_answer_in_15_lines_and_its_snippet_applies_the_pla
     out = tmp_path / "plan.json"
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--devices", "4", "--cluster", "local",
                 "--budget", "1", "--max-evals", "300", "--rounds", "3", "--steps", "1", "--measure-rounds", "1",
-                "--confirm-rounds", "3", "--no-keep-correction", "--no-progress", "--out", str(out), timeout=600)
+                "--confirm-rounds", "3", "--bucket-sweep", "", "--no-bound", "--no-keep-correction", "--no-progress",
+                "--out", str(out), timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     block = _block(r.stdout)
     assert block == r.stdout.rstrip("\n").splitlines(), "stdout holds more than the answer"

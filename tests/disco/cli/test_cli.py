@@ -268,8 +268,8 @@ def test_optimize_on_one_device_needs_no_calibration():
     """Without --cluster, one CPU device has no all-reduce to calibrate: the search runs (it failed with
     "calibration needs at least 2 devices, got 1")."""
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--devices", "1", "--budget", "1",
-                "--measure-top-k", "0", "--bucket-sweep", "2", "--rounds", "1", "--steps", "1", "--no-confirm",
-                "--json")
+                "--measure-top-k", "0", "--measure-rounds", "1", "--bucket-sweep", "", "--rounds", "1", "--steps", "1",
+                "--no-confirm", "--no-bound", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     spec = out["cluster_spec"]
@@ -745,7 +745,8 @@ def test_optimize_prints_within_120_columns_with_the_origins_as_footnotes(tmp_pa
     data = tmp_path / "data"
     r = run_cli("optimize", "--model", "mlp", "--preset", "tiny", "--devices", "4", "--cluster", "local",
                 "--budget", "1", "--max-evals", "300", "--rounds", "1", "--steps", "1", "--confirm-rounds", "1",
-                "--measure-rounds", "1", "--no-progress", "--details", "--samples", str(data))  # one funnel round suffices
+                "--measure-rounds", "1", "--bucket-sweep", "", "--no-bound", "--no-progress", "--details",
+                "--samples", str(data))  # one funnel round suffices
     assert r.returncode == 0, r.stderr[-2000:]
     _check_samples(data, r.stderr)
     assert not _too_wide(r.stdout), _too_wide(r.stdout)
