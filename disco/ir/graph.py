@@ -506,15 +506,22 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
                 edges.append((index[(c, callee.root.name)], dst))
     edges = sorted(set(edges))
     if depth == 0 and not any(n.is_gradient for n in nodes):  # no disco_grad scope: find them by dataflow
-        op_names = {index[(ins.computation, ins.name)]: ins.op_name for ins in ordered
-                     if ins.opcode == "parameter" or ins.opcode in ALL_REDUCE_OPCODES}
+        # an all-reduce of an inlined call's body (a shard_map's) is named within the call's scope: jax
+        # names the body's ops from the body's own scope (a forward pass's loss psum is "psum_invariant")
+        scopes_of = _call_scopes(ordered)
+        op_names = {index[(ins.computation, ins.name)]: ins.op_name for ins in ordered if ins.opcode == "parameter"}
+        op_names.update({index[(ins.computation, ins.name)]: "/".join(
+            s for s in (scopes_of.get(ins.computation), ins.op_name) if s) or None
+            for ins in ordered if ins.opcode in ALL_REDUCE_OPCODES})
         numbers = {index[(ins.computation, ins.name)]: int(ins.raw_operands) for ins in ordered
                    if ins.opcode == "parameter" and ins.raw_operands.strip().isdigit()}
         root = index[(entry.name, entry.root.name)]
         for i, path in dataflow_gradients(nodes, edges, root, op_names, numbers).items():
             nodes[i] = dataclasses.replace(nodes[i], param_path=path)
         # a sharded parameter's gathers, and its gradient's scatter back to the shard (disco.ir.sharded)
-        for i, path in _sharded.parameter_paths(nodes, edges, op_names, numbers).items():
+        tuple_index = {index[(ins.computation, ins.name)]: int(ins.attrs["index"]) for ins in ordered
+                       if ins.opcode == "get-tuple-element" and ins.attrs.get("index", "").strip().isdigit()}
+        for i, path in _sharded.parameter_paths(nodes, edges, op_names, numbers, tuple_index).items():
             if nodes[i].param_path is None:
                 nodes[i] = dataclasses.replace(nodes[i], param_path=path)
     loops = []
@@ -532,6 +539,19 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
     return HloGraph(name=name, nodes=tuple(nodes), edges=tuple(edges),
                     fingerprint=fingerprint_of(facts.comp_hashes, step), loops=tuple(loops),
                     mesh=_module_mesh(module) if depth == 0 else ())
+
+
+def _call_scopes(ordered: Sequence[hlo_module.Instruction]) -> dict[str, str]:
+    """Inlined computation -> the op_names of the calls that inline it, outermost first, joined by ``/``."""
+    caller = {c: ins for ins in ordered if ins.opcode == "call" for c in ins.called}
+    out = {}
+    for comp in caller:
+        parts, c = [], comp
+        while c in caller and len(parts) < 64:
+            parts.append(caller[c].op_name or "")
+            c = caller[c].computation
+        out[comp] = "/".join(p for p in reversed(parts) if p)
+    return out
 
 
 def _module_mesh(module: hlo_module.Module) -> tuple[tuple[str, int], ...]:

@@ -23,6 +23,16 @@ Each is found by dataflow, never by name:
 - an all-reduce is a gradient's reduction when the graph marks it a gradient
   (:func:`disco.ir.gradients.dataflow_gradients`, or a ``disco_grad`` scope) and it is no scatter.
 
+A step written with ``jax.shard_map`` (the jax docs' FSDP: ``all_gather`` of each shard before its use,
+``psum_scatter`` of its gradient) has its gathers and scatters inside the shard_map's body, whose
+parameters are the local shards of the step's (global) parameters: jax's text passes them through
+``xla.sdy.GlobalToLocalShape`` and back through ``LocalToGlobalShape``, tuples of them into and out of
+the body's ``call``, and the rematerialised backward pass's through an ``opt-barrier``. Given each
+``get-tuple-element``'s index (the graph's build passes them), the gather's operand is followed
+element by element through those to the step's parameter, whose count is then the gathered
+(whole) count, and a reduce-scatter's result likewise out to the global gradient the update reads.
+A built graph's labels keep what its build found (``Node.param_path`` of a gather or reduce-scatter).
+
 :func:`parameter_paths` runs when a graph is built and names the parameter of each gather and
 scatter (``Node.param_path``); :func:`label_collectives` labels a built graph's collectives, with
 the mesh axes each one's replica groups span (``HloGraph.mesh``).
@@ -92,14 +102,69 @@ def _successors(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
     return succ
 
 
-def _gathered_parameter(nodes: Sequence[Node], preds: list[list[int]], gather: int) -> int | None:
-    """The parameter node an all-gather's operand comes from through :data:`_MOVES` of its count."""
+class _Flow(NamedTuple):
+    """What following one value through a shard_map's boundaries needs: node indices by name, and
+    each ``get-tuple-element``'s index (empty: the boundaries are not followed)."""
+
+    by_name: dict[str, int]
+    tuple_index: Mapping[int, int]
+
+
+_NO_FLOW = _Flow({}, {})
+
+
+def _flow(nodes: Sequence[Node], tuple_index: Mapping[int, int] | None) -> _Flow:
+    return _Flow({n.name: i for i, n in enumerate(nodes)} if tuple_index else {}, tuple_index or {})
+
+
+def _element_source(nodes: Sequence[Node], preds: list[list[int]], flow: _Flow, i: int, k: int) -> int | None:
+    """The node that makes element ``k`` of tuple-valued node ``i``: a tuple's (or a shard_map
+    boundary's, ``xla.sdy.GlobalToLocalShape``: one operand per element) ``k``-th operand; through
+    an ``opt-barrier``, an inlined call (its body's root), a nested tuple element. None elsewhere."""
+    for _ in range(64):
+        node = nodes[i]
+        if node.opcode in ("tuple", "custom-call"):
+            if k >= len(node.operands) or node.operands[k] not in flow.by_name:
+                return None
+            return flow.by_name[node.operands[k]]
+        if node.opcode in ("opt-barrier", "call") and preds[i]:
+            i = preds[i][-1] if node.opcode == "call" else preds[i][0]  # a call's body root comes last
+        elif node.opcode == "get-tuple-element" and i in flow.tuple_index and preds[i]:
+            outer = _element_source(nodes, preds, flow, preds[i][0], flow.tuple_index[i])
+            if outer is None:
+                return None
+            i = outer
+        else:
+            return None
+    return None
+
+
+def _gathered_parameter(nodes: Sequence[Node], preds: list[list[int]], gather: int, flow: _Flow) -> int | None:
+    """The parameter node an all-gather's operand comes from through :data:`_MOVES` of its count;
+    with ``flow``, also through a shard_map's boundaries to the step's parameter, of the gathered count."""
     if not preds[gather]:
         return None
     i = preds[gather][0]
     size = nodes[i].out_elements
-    while True:
+    crossed = False  # through a shard_map boundary: the step's parameter is whole, not the shard
+    for _ in range(len(nodes)):
         node = nodes[i]
+        if node.opcode == "parameter" and preds[i] and flow.tuple_index:
+            i, crossed = preds[i][0], True  # an inlined call's parameter: the call's operand
+            continue
+        if node.opcode == "get-tuple-element" and i in flow.tuple_index and preds[i]:
+            src = _element_source(nodes, preds, flow, preds[i][0], flow.tuple_index[i])
+            if src is None:
+                return None
+            i, crossed = src, True
+            continue
+        if crossed:
+            if node.opcode == "parameter":
+                return i if node.out_elements == nodes[gather].out_elements else None
+            if node.opcode not in _MOVES or not preds[i]:
+                return None
+            i = preds[i][0]
+            continue
         if node.out_elements != size:
             return None
         if node.opcode == "parameter":
@@ -107,6 +172,47 @@ def _gathered_parameter(nodes: Sequence[Node], preds: list[list[int]], gather: i
         if node.opcode not in _MOVES or not preds[i]:
             return None
         i = preds[i][0]
+    return None
+
+
+def _global_values(nodes: Sequence[Node], succ: list[list[int]], flow: _Flow, start: int) -> list[int]:
+    """The nodes that hold ``start``'s value (a reduce-scatter's shard in a shard_map's body) past the
+    body's boundary (``xla.sdy.LocalToGlobalShape``): followed through :data:`_MOVES` of its count, into
+    tuples (the body's root, a boundary's operands) and out of their ``get-tuple-element`` of its
+    position, an inlined call's parameters. Only values past a boundary: inside, the graph's tuples
+    join every element's successors, and a shard's count may be another parameter's."""
+    out: list[int] = []
+    seen = {(start, -1, False)}
+    # (node, -1, crossed) for a value; (node, k, crossed) for element k of a tuple-valued node
+    stack = [(start, -1, False)]
+    while stack:
+        i, k, crossed = stack.pop()
+        node = nodes[i]
+        nexts = []
+        if k < 0:
+            if crossed:
+                out.append(i)
+            for s in succ[i]:
+                sn = nodes[s]
+                if sn.opcode in ("tuple", "custom-call") and len(sn.operands) > 1:
+                    nexts += [(s, p, crossed or sn.opcode == "custom-call")
+                              for p, o in enumerate(sn.operands) if o == node.name]
+                elif sn.opcode == "custom-call" and len(sn.operands) == 1:
+                    nexts.append((s, -1, True))  # a one-operand boundary
+                elif sn.opcode in _MOVES and sn.out_elements == node.out_elements or sn.opcode == "parameter":
+                    nexts.append((s, -1, crossed))  # a move; an inlined call's parameter
+        else:
+            for s in succ[i]:
+                sn = nodes[s]
+                if sn.opcode == "get-tuple-element" and flow.tuple_index.get(s) == k:
+                    nexts.append((s, -1, crossed))
+                elif sn.opcode in ("call", "opt-barrier"):
+                    nexts.append((s, k, crossed))
+        for nxt in nexts:
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return out
 
 
 def _slices_of(nodes: Sequence[Node], succ: list[list[int]], start: int) -> list[int]:
@@ -128,19 +234,26 @@ def _slices_of(nodes: Sequence[Node], succ: list[list[int]], start: int) -> list
     return out
 
 
-def _find(nodes: Sequence[Node], edges: Sequence[tuple[int, int]]) -> _Found:
+def _find(nodes: Sequence[Node], edges: Sequence[tuple[int, int]],
+          tuple_index: Mapping[int, int] | None = None) -> _Found:
     n = len(nodes)
     preds, succ = predecessors(n, edges), _successors(n, edges)
+    flow = _flow(nodes, tuple_index)
     outputs = results(nodes, preds, [i for i in range(len(nodes)) if not succ[i]])
     updated: set[int] | None = None  # the parameters the step updates (not its batch), on first need
     gathers = {}
     for i, node in enumerate(nodes):
-        if node.opcode in _GATHERS:
-            p = _gathered_parameter(nodes, preds, i)
+        if node.opcode not in _GATHERS:
+            continue
+        # the parameter of the shard's own count first (a partitioned program's: the shard_map body's
+        # parameter, which jax's path names); then, across a shard_map's boundary, the whole one
+        for way in (_NO_FLOW, flow) if flow.tuple_index else (flow,):
+            p = _gathered_parameter(nodes, preds, i, way)
             if p is not None and updated is None:
-                updated = {q for o in outputs for q in _parameters_updating(nodes, preds, o)}
+                updated = {q for o in outputs for q in _parameters_updating(nodes, preds, o, flow)}
             if p is not None and p in updated:
                 gathers[i] = p
+                break
     # a candidate shard: a slice of an all-reduce's result, or a reduce-scatter's result
     shard_of: dict[int, tuple[int, int | None]] = {}  # shard node -> (collective, slice)
     for i, node in enumerate(nodes):
@@ -148,7 +261,10 @@ def _find(nodes: Sequence[Node], edges: Sequence[tuple[int, int]]) -> _Found:
             for s in _slices_of(nodes, succ, i):
                 shard_of.setdefault(s, (i, s))
         elif node.opcode in _SCATTERS:
-            shard_of.setdefault(i, (i, None))
+            # in a shard_map's body, the shard as the step's update reads it past the boundary
+            outside = _global_values(nodes, succ, flow, i) if flow.tuple_index else []
+            for g in outside or [i]:
+                shard_of.setdefault(g, (i, None))
     if not shard_of:
         return _Found(gathers, {})
     shard_bit = {s: 1 << k for k, s in enumerate(shard_of)}
@@ -178,36 +294,60 @@ def _find(nodes: Sequence[Node], edges: Sequence[tuple[int, int]]) -> _Found:
 
 
 def _updated_parameter(nodes: Sequence[Node], preds: list[list[int]], outputs: Sequence[int],
-                       numbers: Mapping[int, int]) -> int | None:
-    """The lowest-numbered parameter (the parameter before its optimizer state) of an output's
-    dtype and count upstream of one of ``outputs`` through elementwise and pass-through ops
-    (``p - lr * g``)."""
-    found = [p for o in outputs for p in _parameters_updating(nodes, preds, o)]
+                       numbers: Mapping[int, int], flow: _Flow | None = None, shard: int | None = None,
+                       gathered: frozenset[int] = frozenset()) -> int | None:
+    """The parameter an all-reduce's (or reduce-scatter's) shard updates: of an output's dtype and
+    count upstream of one of ``outputs`` through elementwise and pass-through ops (``p - lr * g``).
+
+    Of the outputs, those that read ``shard`` itself through such ops (the shard's own update and
+    optimizer state; not every parameter's, which a clipped global norm makes read every shard); of
+    their parameters, one the step gathers (the parameter, not its optimizer state), else the
+    lowest-numbered (the parameter before its optimizer state, as a TrainState orders them)."""
+    reads = [o for o in outputs if shard is not None and shard in _elementwise_upstream(nodes, preds, o, flow)]
+    found = [p for o in reads or outputs for p in _parameters_updating(nodes, preds, o, flow)]
+    found = [p for p in found if p in gathered] or found
     return min(found, key=lambda p: (numbers.get(p, 1 << 30), p)) if found else None
 
 
-def _parameters_updating(nodes: Sequence[Node], preds: list[list[int]], output: int) -> list[int]:
+def _elementwise_upstream(nodes: Sequence[Node], preds: list[list[int]], output: int,
+                          flow: _Flow | None = None) -> set[int]:
+    """The nodes upstream of ``output`` through elementwise, pass-through ops and moves, the first
+    non-elementwise one on each path included; with ``flow``, a ``get-tuple-element`` is followed to
+    its element alone (a shard_map's boundary joins every parameter's gradient in one tuple)."""
     from disco.ir import opcodes as _opcodes
 
-    size = (nodes[output].dtype, nodes[output].out_elements)
-    stack, seen, found = [output], {output}, []
+    stack, seen = [output], {output}
     while stack:
         i = stack.pop()
         node = nodes[i]
         if node.opcode == "parameter":
-            if (node.dtype, node.out_elements) == size:
-                found.append(i)
             continue
-        if node.opcode in _PASS_THROUGH or node.opcode in _opcodes.ELEMENTWISE:
+        if flow is not None and node.opcode == "get-tuple-element" and i in flow.tuple_index and preds[i]:
+            src = _element_source(nodes, preds, flow, preds[i][0], flow.tuple_index[i])
+            if src is not None:
+                if src not in seen:
+                    seen.add(src)
+                    stack.append(src)
+                continue
+        if node.opcode in _PASS_THROUGH or node.opcode in _opcodes.ELEMENTWISE or node.opcode in _MOVES:
             for p in preds[i]:
                 if p not in seen:
                     seen.add(p)
                     stack.append(p)
-    return found
+    return seen
+
+
+def _parameters_updating(nodes: Sequence[Node], preds: list[list[int]], output: int,
+                         flow: _Flow | None = None) -> list[int]:
+    """The parameters of ``output``'s dtype and count in :func:`_elementwise_upstream`."""
+    size = (nodes[output].dtype, nodes[output].out_elements)
+    return sorted(i for i in _elementwise_upstream(nodes, preds, output, flow)
+                  if nodes[i].opcode == "parameter" and (nodes[i].dtype, nodes[i].out_elements) == size)
 
 
 def parameter_paths(nodes: Sequence[Node], edges: Sequence[tuple[int, int]],
-                    op_names: Mapping[int, str | None], numbers: Mapping[int, int]) -> dict[int, str]:
+                    op_names: Mapping[int, str | None], numbers: Mapping[int, int],
+                    tuple_index: Mapping[int, int] | None = None) -> dict[int, str]:
     """Node index -> parameter path, for each all-gather of a parameter shard and each
     collective that scatters a gradient back to its shard (what :func:`label_collectives` calls
     ``"param_gather"`` and ``"grad_scatter"``).
@@ -218,9 +358,12 @@ def parameter_paths(nodes: Sequence[Node], edges: Sequence[tuple[int, int]],
         without one is named by its instruction name.
       numbers: parameter node index -> its parameter number (a gradient is named for the
         lowest-numbered parameter it updates: the parameter, not its optimizer state).
+      tuple_index: ``get-tuple-element`` node index -> its index: with it, gathers and scatters
+        inside a shard_map's body are followed to the step's parameters (module docstring).
     """
-    found = _find(nodes, edges)
+    found = _find(nodes, edges, tuple_index)
     preds = predecessors(len(nodes), edges)
+    flow = _flow(nodes, tuple_index)
 
     def name(p: int | None, fallback: int) -> str:
         if p is None:
@@ -228,8 +371,10 @@ def parameter_paths(nodes: Sequence[Node], edges: Sequence[tuple[int, int]],
         return op_names.get(p) or nodes[p].name
 
     out = {g: name(p, g) for g, p in found.gathers.items()}
-    for c, (_, updated) in found.scatters.items():
-        out[c] = name(_updated_parameter(nodes, preds, updated, numbers), c)
+    gathered = frozenset(found.gathers.values())
+    for c, (slice_, updated) in found.scatters.items():
+        shard = slice_ if slice_ is not None else c
+        out[c] = name(_updated_parameter(nodes, preds, updated, numbers, flow, shard, gathered), c)
     return out
 
 
@@ -287,11 +432,14 @@ def label_collectives(graph: HloGraph) -> list[Collective]:
         if not node.is_collective:
             continue
         slice_ = None
-        if i in found.gathers:
+        # a gather or reduce-scatter its build named (across a shard_map's boundary, which only the
+        # build's tuple indices follow) keeps that label
+        named = node.param_path is not None and not node.is_all_reduce
+        if i in found.gathers or (named and node.opcode in _GATHERS):
             role = "param_gather"
-        elif i in found.scatters:
+        elif i in found.scatters or (named and node.opcode in _SCATTERS):
             role = "grad_scatter"
-            s = found.scatters[i][0]
+            s = found.scatters[i][0] if i in found.scatters else None
             slice_ = nodes[s].name if s is not None else None
         elif node.is_gradient:
             role = "grad_reduce"

@@ -125,7 +125,9 @@ def check_data_parallel(graph: HloGraph) -> None:
         twice), naming them.
 
     Warns:
-      NoGradientWarning: all-reduces but no gradient found (by dataflow or scope).
+      NoGradientWarning: all-reduces but no gradient found (by dataflow or scope), and no gradient
+        scattered by a reduce-scatter either (a shard_map FSDP step's ``psum_scatter``, whose one
+        all-reduce is its loss's).
     """
     ars = graph.all_reduces()
     others = Counter(n.opcode.removesuffix("-start") for n in graph.nodes if n.opcode in COLLECTIVES
@@ -153,7 +155,9 @@ def check_data_parallel(graph: HloGraph) -> None:
             f"an all-reduce feeds another all-reduce ({shown}): reduce each gradient once (in shard_map, "
             f"jax already sums the gradient of a parameter that is not pcast to varying; pmean it only "
             f"after jax.lax.pcast(params, axis, to='varying')); {GUIDE_POINTER}")
-    if not any(n.is_gradient for n in ars):
+    # a shard_map FSDP step scatters every gradient (psum_scatter) and all-reduces only its loss
+    if not any(n.is_gradient for n in ars) and not any(
+            c.role == "grad_scatter" and c.opcode.startswith("reduce-scatter") for c in graph.collective_roles()):
         warnings.warn(
             f"{graph.name}: {len(ars)} all-reduces but no gradient recognised (none feeds a parameter "
             "update, none inside jax.named_scope('disco_grad[<parameter path>]')); the loss's all-reduce is "

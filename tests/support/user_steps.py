@@ -448,6 +448,16 @@ def _match_partition_rules(rules, tree):
     return _named_tree_map(get_partition_spec, tree)
 
 
+def _easylm_with_sharding_constraint(x, partition_specs):
+    """EasyLM's jax_utils.with_sharding_constraint: a constraint only where the mesh in context names
+    every axis of the spec (none at init, outside the mesh)."""
+    names = {a for part in partition_specs if part is not None for a in ((part,) if isinstance(part, str) else part)}
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not names <= set(mesh.axis_names):
+        return x
+    return lax.with_sharding_constraint(x, partition_specs)
+
+
 class _RMSNorm(nn.Module):
     eps: float = 1e-6
 
@@ -476,7 +486,10 @@ class _LlamaAttention(nn.Module):
     def __call__(self, h, deterministic):
         c = self.config
         heads, head_dim = c.num_attention_heads, c.hidden_size // c.num_attention_heads
-        q, k, v = (nn.Dense(c.hidden_size, use_bias=False, name=f"w{n}")(h).reshape(*h.shape[:2], heads, head_dim)
+        # EasyLM's llama_model.py constrains q, k and v to the batch over ("dp", "fsdp") (on an fsdp mesh
+        # the activations stay batch-sharded and the weights are gathered)
+        q, k, v = (_easylm_with_sharding_constraint(nn.Dense(c.hidden_size, use_bias=False, name=f"w{n}")(h),
+                                                    P(("dp", "fsdp"), None, "mp")).reshape(*h.shape[:2], heads, head_dim)
                    for n in "qkv")
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(head_dim)
         causal = jnp.tril(jnp.ones((h.shape[1], h.shape[1]), bool))
@@ -541,10 +554,14 @@ def _cross_entropy_loss_and_accuracy(logits, tokens, valid):
     return loss, accuracy
 
 
-def make_easylm_llama() -> UserStep:
-    devices = np.array(jax.devices()).reshape(8, 1, 1)
-    mesh = jax.sharding.Mesh(devices, ("dp", "fsdp", "mp"))  # EasyLM's get_jax_mesh('8,1,1')
-    llama_config = LLaMAConfig()
+def make_easylm_llama(mesh_dim: tuple[int, int, int] = (8, 1, 1), name: str = "easylm_llama",
+                      source: str = "young-geng/EasyLM EasyLM/models/llama/llama_train.py (regex partition rules, "
+                                    "donate (0, 1))", llama_config: LLaMAConfig | None = None) -> UserStep:
+    """EasyLM's llama_train.py; ``mesh_dim`` its ``--mesh_dim`` ``(dp, fsdp, mp)`` (here ``'8,1,1'``: every
+    parameter whole; tests/support/sharded_user_steps.py uses its default ``'1,-1,1'``)."""
+    devices = np.array(jax.devices()[:int(np.prod(mesh_dim))]).reshape(mesh_dim)
+    mesh = jax.sharding.Mesh(devices, ("dp", "fsdp", "mp"))  # EasyLM's get_jax_mesh(mesh_dim)
+    llama_config = llama_config or LLaMAConfig()
     model = FlaxLLaMAForCausalLMModule(llama_config)
     seq_length = 8
 
@@ -602,9 +619,7 @@ def make_easylm_llama() -> UserStep:
             train_state, rng, _ = fn(*args, **kwargs)
         return (train_state, rng, args[2]), kwargs
 
-    return UserStep("easylm_llama",
-                    "young-geng/EasyLM EasyLM/models/llama/llama_train.py (regex partition rules, donate (0, 1))",
-                    sharded_train_step, (state, sharded_rng, batch), {}, advance, _state_params, "float32", (0, 1),
+    return UserStep(name, source, sharded_train_step, (state, sharded_rng, batch), {}, advance, _state_params, "float32", (0, 1),
                     "jit")
 
 

@@ -241,3 +241,30 @@ def test_the_mesh_survives_the_graph_json_and_is_not_compared():
     assert "mesh" not in graph.to_dict()
     with pytest.raises(ValueError, match=r"graph JSON field 'mesh': expected a list of \[axis name, size >= 1\]"):
         HloGraph.from_dict({**meshed.to_dict(), "mesh": [["data", 0]]})
+
+
+# -- written with jax.shard_map (the jax docs' FSDP) ----------------------------------------------
+
+
+def test_a_shard_map_fsdp_steps_gathers_and_scatters_are_followed_through_its_boundaries():
+    """all_gather and psum_scatter inside the shard_map's bodies, the step's parameters whole outside:
+    each gather and scatter named for its own parameter (two biases of one shape told apart by the
+    tuple element they travel in), the backward pass's re-gathers through the remat's opt-barrier, and
+    the loss's pmean in the forward body no gradient (its body's scalar shard is no parameter)."""
+    from tests.support import sharded_user_steps
+
+    entry = sharded_user_steps.make_shard_map_fsdp()
+    with sharded_user_steps.context(entry), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no NoGradientWarning: the gradients are the reduce-scatters
+        text = extractor.plan_text(extractor.lower(entry.step, *entry.args), strict=True)
+        graph = HloGraph.from_hlo_text(text)
+        check_data_parallel(graph)
+    labelled = graph.collective_roles()
+    paths = [f"params{p}" for p in sharded_user_steps.sharded_paths(entry)]
+    gathers = [c.param for c in labelled if c.role == "param_gather"]
+    assert sorted(set(gathers)) == sorted(paths) and len(gathers) == len(paths) + 2  # W1, W2 gathered again
+    assert sorted(c.param for c in labelled if c.role == "grad_scatter" and c.opcode == "reduce-scatter") == sorted(paths)
+    (loss,) = [c for c in labelled if c.opcode == "all-reduce"]
+    assert loss.role == "other" and loss.bytes == 4
+    again = HloGraph.from_json(graph.to_json())  # a built graph keeps its labels (no tuple indices there)
+    assert again.collective_roles() == labelled
