@@ -7,7 +7,9 @@
   ``concat`` reshapes every member to 1-D, concatenates, reduces once and
   slices the result back; ``rs_ag`` does the same with a reduce-scatter and an
   all-gather in place of the all-reduce, the concatenation ending with zeros up to
-  a multiple of the replica group size.
+  a multiple of the replica group size; ``scatter`` (gradient scatters only) lays each
+  member out as rows by device, concatenates them and reduce-scatters once, each member's
+  block replacing its dynamic-slices.
 
 * Each gather bucket becomes one all-gather: every member's operand (its shard) is
   reshaped to 1-D and concatenated, gathered along dimension 0 over the members' replica
@@ -149,7 +151,9 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
         removed = set(members)
         out = [ln for ln in out if ln.name not in removed]
         bname = f"{PREFIX}.bucket.{k}"
-        if build == "tuple":
+        if build == "scatter":
+            out = _scatter_bucket(out, bname, ars, attrs, order)
+        elif build == "tuple":
             shape = "(" + ", ".join(a.shape for a in ars) + ")"
             out.append(_Line(bname, shape, "all-reduce", [a.operands[0] for a in ars], attrs, order=order))
             for j, a in enumerate(ars):
@@ -188,6 +192,68 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
                 out.append(_Line(sname, f"{dtype}[{n}]", "slice", [bname], [("slice", f"{{[{off}:{off + n}]}}")],
                                  order=order))
                 out.append(_Line(a.name, a.shape, "reshape", [sname], [], order=order + 1e-6 * (j + 1)))
+    return out
+
+
+def _scatter_bucket(lines: list[_Line], bname: str, ars: Sequence[_Line], attrs: list[tuple[str, str]],
+                    order: float) -> list[_Line]:
+    """A "scatter" bucket: ``ars`` (all-reduces whose every user is a dynamic-slice keeping this device's
+    block, as plan validation checks) as one reduce-scatter, their dynamic-slices replaced.
+
+    Member ``j`` of ``n_j`` elements, scattered along dimension ``d_j`` over groups of ``p``: its
+    operand with ``d_j`` moved to the front (a transpose, unless ``d_j`` is 0) reshaped to
+    ``[p, n_j / p]`` puts device ``i``'s block in row ``i``. The rows are concatenated along
+    dimension 1 (``[p, total]``) and reduce-scattered along dimension 0 (``[1, total]``, the
+    all-reduce's groups, reduction and channel); member ``j``'s columns are reshaped (and
+    transposed) back to the shard's shape, under the name of each of its dynamic-slices.
+    """
+    import math
+
+    p = _group_size(bname, attrs)
+    dtype = _dims(ars[0].shape)[0]
+    members = {a.name for a in ars}
+    slices = {a.name: [ln for ln in lines if ln.opcode == "dynamic-slice" and ln.operands[:1] == [a.name]]
+              for a in ars}
+    replaced = {ln.name for sl in slices.values() for ln in sl}
+    out = [ln for ln in lines if ln.name not in replaced and ln.name not in members]
+    rows, pieces, total = [], [], 0
+    for j, a in enumerate(ars):
+        full = _dims(a.shape)[1]
+        shard = _dims(slices[a.name][0].shape)[1]
+        dim = next(i for i, (f, s) in enumerate(zip(full, shard)) if f != s)
+        perm = [dim, *(i for i in range(len(full)) if i != dim)]
+        m = math.prod(full) // p
+        src = a.operands[0]
+        if dim:
+            moved = f"{bname}.front.{j}"
+            out.append(_Line(moved, _shape(dtype, [full[i] for i in perm]), "transpose", [src],
+                             [("dimensions", "{" + ",".join(map(str, perm)) + "}")], order=order))
+            src = moved
+        row = f"{bname}.rows.{j}"
+        out.append(_Line(row, f"{dtype}[{p},{m}]", "reshape", [src], [], order=order))
+        rows.append(row)
+        pieces.append((a, shard, perm, total, m))
+        total += m
+    cat = f"{bname}.concat"
+    out.append(_Line(cat, f"{dtype}[{p},{total}]", "concatenate", rows, [("dimensions", "{1}")], order=order))
+    out.append(_Line(bname, f"{dtype}[1,{total}]", "reduce-scatter", [cat], attrs + [("dimensions", "{0}")],
+                     order=order))
+    for j, (a, shard, perm, off, m) in enumerate(pieces):
+        at = order + 1e-6 * (j + 1)
+        piece = f"{bname}.piece.{j}"
+        out.append(_Line(piece, f"{dtype}[1,{m}]", "slice", [bname], [("slice", f"{{[0:1], [{off}:{off + m}]}}")],
+                         order=at))
+        block = f"{bname}.block.{j}"
+        out.append(_Line(block, _shape(dtype, [shard[i] for i in perm]), "reshape", [piece], [], order=at))
+        src = block
+        if perm[0]:
+            back = f"{bname}.back.{j}"
+            inverse = [perm.index(i) for i in range(len(perm))]
+            out.append(_Line(back, _shape(dtype, shard), "transpose", [block],
+                             [("dimensions", "{" + ",".join(map(str, inverse)) + "}")], order=at))
+            src = back
+        for ds in slices[a.name]:
+            out.append(_Line(ds.name, ds.shape, "reshape", [src], [], is_root=ds.is_root, order=max(ds.order, at)))
     return out
 
 

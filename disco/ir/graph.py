@@ -29,6 +29,7 @@ from disco.ir import hlo_module, hlo_parse
 from disco.ir.fingerprint import computation_hashes, fingerprint_of, strip_layout
 from disco.ir.gradients import dataflow_gradients
 from disco.ir.gspmd import GspmdError, mesh_axes
+from disco.ir import scatter_blocks as _scatter_blocks
 from disco.ir import sharded as _sharded
 
 if TYPE_CHECKING:
@@ -159,6 +160,10 @@ class HloGraph:
       mesh: the sdy mesh the module declares, as (axis, size) pairs in mesh order (``()`` without
         one); what :meth:`collective_roles` reads a collective's mesh axes against. Not compared:
         a graph read from a file written before it was kept equals the graph of its text.
+      scatter_blocks: per all-reduce a dynamic-slice reads, whether it is a reduce-scatter (every
+        user keeps this device's block, by its position in the replica group) and along which
+        dimension (:mod:`disco.ir.scatter_blocks`); what a plan's "scatter" bucket may hold. Not
+        compared, as the mesh.
     """
 
     name: str
@@ -167,6 +172,7 @@ class HloGraph:
     fingerprint: str
     loops: tuple[Loop, ...] = ()
     mesh: tuple[tuple[str, int], ...] = dataclasses.field(default=(), compare=False)
+    scatter_blocks: tuple[_scatter_blocks.ScatterBlock, ...] = dataclasses.field(default=(), compare=False)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -276,6 +282,8 @@ class HloGraph:
             out["loops"] = [lp.to_dict() for lp in self.loops]
         if self.mesh:  # absent without a mesh, as loops
             out["mesh"] = [[a, n] for a, n in self.mesh]
+        if self.scatter_blocks:  # absent without one, as the mesh
+            out["scatter_blocks"] = [b.to_dict() for b in self.scatter_blocks]
         return out
 
     def to_json(self) -> str:
@@ -331,8 +339,13 @@ class HloGraph:
                 and not isinstance(a[1], bool) and a[1] >= 1 for a in raw_mesh):
             raise ValueError(f"graph JSON field 'mesh': expected a list of [axis name, size >= 1] pairs, "
                              f"got {str(raw_mesh)[:80]!r}")
+        raw_blocks = data.get("scatter_blocks", [])
+        if not isinstance(raw_blocks, list):
+            raise ValueError(f"graph JSON field 'scatter_blocks': expected a list, got {type(raw_blocks).__name__}")
+        blocks = tuple(_scatter_blocks.ScatterBlock.from_dict(b, f"scatter_blocks[{i}]") for i, b in enumerate(raw_blocks))
         return cls(name=data["name"], nodes=tuple(nodes), edges=tuple(edges),
-                   fingerprint=data["fingerprint"], loops=loops, mesh=tuple((a, n) for a, n in raw_mesh))
+                   fingerprint=data["fingerprint"], loops=loops, mesh=tuple((a, n) for a, n in raw_mesh),
+                   scatter_blocks=blocks)
 
     @classmethod
     def from_json(cls, text: str) -> HloGraph:
@@ -538,7 +551,8 @@ def _graph_of(facts: _ModuleFacts, entry: hlo_module.Computation, name: str, dep
                           condition=_graph_of(facts, cond, f"{name}/{cond.name}", depth + 1)))
     return HloGraph(name=name, nodes=tuple(nodes), edges=tuple(edges),
                     fingerprint=fingerprint_of(facts.comp_hashes, step), loops=tuple(loops),
-                    mesh=_module_mesh(module) if depth == 0 else ())
+                    mesh=_module_mesh(module) if depth == 0 else (),
+                    scatter_blocks=_scatter_blocks.scatter_blocks(ordered, names) if depth == 0 else ())
 
 
 def _call_scopes(ordered: Sequence[hlo_module.Instruction]) -> dict[str, str]:

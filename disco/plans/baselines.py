@@ -52,6 +52,9 @@
   gather bucket per layer as PyTorch FSDP2 groups its all-gathers (``fully_shard`` per block): the
   parameters below one top-level module of the parameter tree (``['EncoderBlock_0']``), a parameter
   the backward pass gathers again in a second bucket of its layer. All-reduces stay to XLA.
+* ``scatter_buckets`` (a step with sharded parameters; not in :data:`NAMES`, :data:`SCATTER_NAMES`):
+  the gradient scatters as reduce-scatters, one "scatter" bucket per class of them, the other
+  all-reduces as in ``one_bucket``.
 
 :func:`parse_item` reads one ``--plans`` item (``horovod``, ``horovod:128``, ``even:4``): which
 baseline, the keyword of :func:`make` its value sets, and its row name in tables and JSON.
@@ -68,7 +71,7 @@ from typing import Any, NamedTuple
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.step_checks import all_reduce_dependencies
 from disco.plans import options as plan_options
-from disco.plans.check import bucket_class, gather_class
+from disco.plans.check import bucket_class, gather_class, scatterable
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
@@ -85,6 +88,8 @@ SATURATION_MIN_MB = 50
 SATURATION_MAX_MB = 2000
 # Baselines of a step with sharded parameters (FSDP): its parameter all-gathers bucketed.
 GATHER_NAMES = ("one_gather_bucket", "per_layer_gathers")
+# A sharded step's gradient scatters as reduce-scatters ("scatter" buckets); not in NAMES.
+SCATTER_NAMES = ("scatter_buckets",)
 # --plans items beyond NAMES: one GPU baseline each (xla_tuned is a sweep of rows, not an item).
 GPU_ITEMS = ("xla_o1", "auto_pgle")
 TUNED_MIN_THRESHOLD = 16 * MB
@@ -144,16 +149,17 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
     """Builds the baseline plan ``name`` for ``graph``.
 
     Args:
-      name: one of :data:`NAMES`, :data:`GPU_NAMES`, :data:`GATHER_NAMES` or :data:`LINK_NAMES`.
+      name: one of :data:`NAMES`, :data:`GPU_NAMES`, :data:`GATHER_NAMES`, :data:`SCATTER_NAMES` or
+        :data:`LINK_NAMES`.
       graph: the step's pre-optimisation graph.
       **kw: ``threshold_mb`` (horovod), ``cap_mb``/``first_mb`` (ddp),
         ``threshold_bytes`` (xla_threshold, xla_tuned), ``k`` (even: the bucket count, >= 1), ``build``
-        ("concat", "rs_ag" or "tuple"), ``cluster`` (saturating: a ClusterSpec, required) with
+        ("concat", "rs_ag" or "tuple"; scatter_buckets sets its own), ``cluster`` (saturating: a ClusterSpec, required) with
         ``min_mb``/``max_mb`` (its clip), ``backend`` (maxtext: "gpu" by default; "cpu" is refused).
 
     Raises:
       TypeError: ``graph`` is not an HloGraph.
-      ValueError: unknown name or keyword; ``auto_pgle`` (:data:`AUTO_PGLE_OFF_GPU`: measured on a
+      ValueError: unknown name or keyword; ``scatter_buckets`` on a graph without gradient scatters; ``auto_pgle`` (:data:`AUTO_PGLE_OFF_GPU`: measured on a
         GPU, never a plan).
     """
     require_graph(graph, f"baseline {name!r}: graph")
@@ -212,6 +218,8 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         plan = FusionPlan(buckets=greedy(production_order(graph), lambda i: cap), name=name)
     elif name in GATHER_NAMES:
         plan = FusionPlan(gather_buckets=_gather_buckets(graph, per_layer=name == "per_layer_gathers"), name=name)
+    elif name in SCATTER_NAMES:
+        plan = FusionPlan(buckets=_scatter_buckets(graph), name=name)
     elif name == "xla_tuned":
         thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD))
         opts = {plan_options.SCHEDULER: "True", plan_options.THRESHOLD: str(thr)}
@@ -219,7 +227,7 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
                           name=f"xla_tuned_{thr // MB}mb" if thr % MB == 0 else f"xla_tuned_{thr}")
     else:
         raise ValueError(f"unknown baseline {name!r}; expected one of: "
-                         f"{', '.join(NAMES + GPU_NAMES + GATHER_NAMES + LINK_NAMES)}")
+                         f"{', '.join(NAMES + GPU_NAMES + GATHER_NAMES + SCATTER_NAMES + LINK_NAMES)}")
     if kw:
         raise ValueError(f"baseline {name!r} got unexpected options {sorted(kw)}")
     # a GPU baseline is checked for GPU: plan_options.check refuses xla_o1 where it is applied on CPU
@@ -275,6 +283,24 @@ def _gather_buckets(graph: HloGraph, *, per_layer: bool) -> tuple[tuple[str, ...
         seen[c.param or c.name] += 1
         buckets.setdefault(key, []).append(c.name)
     return tuple(tuple(b) for b in buckets.values())
+
+
+def _scatter_buckets(graph: HloGraph) -> tuple[Bucket, ...]:
+    """``scatter_buckets``: the gradient scatters a "scatter" bucket may hold
+    (:func:`disco.plans.check.scatterable`) in one "scatter" bucket per class, every other all-reduce
+    in one "concat" bucket per class (as ``one_bucket``), in program order of their first members."""
+    ok = scatterable(graph)
+    if not ok:
+        raise ValueError("baseline 'scatter_buckets': the graph has no gradient scatter a 'scatter' bucket may hold "
+                         "(an all-reduce whose every user is a dynamic-slice keeping this device's block; a step "
+                         "with parameters sharded over a mesh axis has them, see docs/guides/sharded-steps.md)")
+    ars = graph.all_reduces()
+    deps = all_reduce_dependencies(graph)
+    everything = lambda i: 1 << 62  # noqa: E731
+    buckets = (_greedy([n for n in ars if n.name in ok], everything, build="scatter", deps=deps)
+               + _greedy([n for n in ars if n.name not in ok], everything, deps=deps))
+    order = {n.name: i for i, n in enumerate(ars)}
+    return tuple(sorted(buckets, key=lambda b: order[b.members[0]]))
 
 
 def _positive_size(name: str, key: str, value: Any) -> float:

@@ -320,7 +320,7 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
                         "a bucket merges only all-reduces of the same reduction and replica groups")
                 if node.computation != first.computation:
                     raise ValueError(f"bucket {bi}: {name!r} and {first.name!r} are in different computations")
-                if bucket.build in ("concat", "rs_ag") and node.dtype != first.dtype:
+                if bucket.build in ("concat", "rs_ag", "scatter") and node.dtype != first.dtype:
                     raise ValueError(f"bucket {bi}: {bucket.build!r} needs one dtype, got {first.dtype} and "
                                      f"{node.dtype} ({name!r}); use build 'tuple'")
                 if bucket.build == "tuple" and node.computation.startswith(MANUAL_BODY_PREFIX):
@@ -336,6 +336,8 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
                     f"bucket {bi}: build 'rs_ag' needs replica groups of one known size to split the "
                     f"buffer, but {first.name!r} has replica_groups={first.replica_groups!r}; use build "
                     "'concat'")
+        if any(b.build == "scatter" for b in plan.buckets):
+            check_scatter_buckets(plan, graph, owner)
         missing = [n.name for n in ars if n.name not in seen]
         if missing:
             raise ValueError(f"buckets leave out all-reduces {missing[:5]}{'...' if len(missing) > 5 else ''}; "
@@ -352,6 +354,51 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
         where = owner.get(cycle[0]) or bucket_of.get(cycle[0], cycle[0])
         raise ValueError(f"{where}: contracting the plan forms a cycle along {' -> '.join(cycle)}")
 
+
+
+def scatterable(graph: HloGraph) -> dict[str, tuple[str, ...]]:
+    """The all-reduces a "scatter" bucket may hold, each with the dynamic-slices it replaces: a
+    ``grad_scatter`` (:mod:`disco.ir.sharded`) whose every user is a dynamic-slice keeping this
+    device's block (``graph.scatter_blocks``)."""
+    blocks = [b for b in graph.scatter_blocks if b.dim is not None]
+    if not blocks:
+        return {}
+    roles = {c.name: c.role for c in graph.collective_roles()}
+    return {b.all_reduce: b.slices for b in blocks if roles.get(b.all_reduce) == "grad_scatter"}
+
+
+def check_scatter_buckets(plan: FusionPlan, graph: HloGraph, owner: dict[str, str]) -> None:
+    """Each "scatter" bucket holds only :func:`scatterable` all-reduces, and no fusion group holds the
+    dynamic-slices it replaces.
+
+    Raises:
+      ValueError: naming the bucket, the member and why it cannot be scattered.
+    """
+    ok = scatterable(graph)
+    roles = None
+    blocks = {b.all_reduce: b for b in graph.scatter_blocks}
+    for bi, bucket in enumerate(plan.buckets or ()):
+        if bucket.build != "scatter":
+            continue
+        for name in bucket.members:
+            if name in ok:
+                held = [s for s in ok[name] if s in owner]
+                if held:
+                    raise ValueError(f"bucket {bi}: build 'scatter' replaces {name!r}'s dynamic-slice {held[0]!r}, "
+                                     f"which {owner[held[0]]} holds; leave it out of the group")
+                continue
+            if roles is None:
+                roles = {c.name: c.role for c in graph.collective_roles()}
+            block = blocks.get(name)
+            if roles.get(name) != "grad_scatter":
+                why = f"it is a {roles.get(name, 'collective')!r} all-reduce, not a 'grad_scatter'"
+            elif block is None:
+                why = "its result feeds no dynamic-slice"
+            else:
+                why = block.why
+            raise ValueError(f"bucket {bi}: {name!r} cannot be in a 'scatter' bucket: {why}. A 'scatter' bucket "
+                             "holds only gradient scatters (all-reduces whose every user is a dynamic-slice "
+                             "keeping this device's block); use build 'concat'")
 
 
 def check_gather_buckets(gather_buckets: tuple[tuple[str, ...], ...], graph: HloGraph, index: dict[str, int],

@@ -44,6 +44,11 @@ class MoveContext:
       ar_reach: all-reduce node -> bitset of the all-reduces downstream of it in the graph.
       ar_splittable: all-reduce nodes whose bucket may use build "rs_ag" (replica groups of one
         known size, not tuple-shaped).
+      ar_scatterable: all-reduce node -> its dynamic-slice nodes, for the all-reduces a "scatter"
+        bucket may hold (gradient scatters whose every user is a dynamic-slice keeping this device's
+        block, :func:`disco.plans.check.scatterable`). Those dynamic-slices are in no fusible pair, so
+        no move puts one in a group (a "scatter" bucket replaces them; a start plan's group may hold
+        one, and then ``switch_build`` leaves that bucket "concat").
       backend: "cpu" or "gpu"; on "gpu" ``fusible_nbrs``/``fusible_nodes`` are empty.
       cut_edges: (producer, consumer) node pairs a cut may go on (see :func:`add_cut`).
       options: the backend's compile-option table.
@@ -68,6 +73,7 @@ class MoveContext:
     ar_bit: Mapping[int, int]
     ar_reach: Mapping[int, int]
     ar_splittable: frozenset[int] = frozenset()
+    ar_scatterable: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     backend: str = "cpu"
     cut_edges: tuple[tuple[int, int], ...] = ()
     options: tuple[plan_options.CompileOption, ...] = ()
@@ -129,7 +135,11 @@ def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
     # plan_check's per-node rules (opcode, computation, layouts; inputs with a layout can never
     # be members, so they are outside every group); constants are left to XLA.
     allowed = plan_check.groupable(graph, {i: pred[i] for i in range(n)})
-    ok = [allowed[i] and nd.opcode != "constant" and backend != "gpu" for i, nd in enumerate(nodes)]
+    index = graph.index()
+    scatter = plan_check.scatterable(graph)
+    replaced = {index[s] for slices in scatter.values() for s in slices}  # what a "scatter" bucket replaces
+    ok = [allowed[i] and nd.opcode != "constant" and backend != "gpu" and i not in replaced
+          for i, nd in enumerate(nodes)]
     nbrs = []
     for i in range(n):
         if not ok[i]:
@@ -161,11 +171,12 @@ def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
         down[i] = r
     reach = {a: down[a] & ~(1 << bit[a]) for a in bit}
     return MoveContext(
-        graph=graph, index=graph.index(), names=tuple(nd.name for nd in nodes),
+        graph=graph, index=index, names=tuple(nd.name for nd in nodes),
         succ=tuple(map(tuple, succ)), pred=tuple(map(tuple, pred)), fusible_nbrs=tuple(nbrs),
         fusible_nodes=tuple(i for i in range(n) if nbrs[i]),
         ar_class=ar_class, ar_level={i: above[i] for i in ar_class}, ar_bit=bit, ar_reach=reach,
         ar_splittable=frozenset(i for i in ar_class if not nodes[i].shape.startswith("(")
                                 and replica_group_size(nodes[i].replica_groups) is not None),
+        ar_scatterable={index[a]: tuple(index[s] for s in slices) for a, slices in scatter.items()},
         backend=backend, cut_edges=_cut_edges(graph, succ), options=plan_options.table(backend),
         gather_class=_gather_classes(graph, pred))

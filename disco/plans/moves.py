@@ -23,7 +23,9 @@ changed.
 - Buckets: only buckets of the same class (computation, reduction, replica
   groups, dtype) merge, so every all-reduce stays in exactly one bucket; a bucket
   made by a merge or a split is built "concat", and ``switch_build`` turns one
-  into "rs_ag" (reduce-scatter + all-gather) or back. A "tuple" bucket of several
+  into "rs_ag" (reduce-scatter + all-gather) or back, or a bucket of gradient scatters only into
+  "scatter" (one reduce-scatter) or back; the dynamic-slices a "scatter" bucket replaces are in no
+  fusible pair, so no group move takes one. A "tuple" bucket of several
   dtypes (a start plan may hold one) is left as it is: "concat" needs one dtype.
 - Cuts: ``add_cut`` cuts an operand edge between two fusible ops (an array-shaped
   producer, a computation plans may touch) that no group holds both ends of;
@@ -444,21 +446,41 @@ def shift_gradient(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fu
 
 
 def switch_build(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
-    """Switches a bucket between "concat" (one all-reduce) and "rs_ag" (reduce-scatter + all-gather).
+    """Switches a bucket between "concat" (one all-reduce) and "rs_ag" (reduce-scatter + all-gather),
+    or, for a bucket of gradient scatters only (``ctx.ar_scatterable``), between "concat" and
+    "scatter" (one reduce-scatter).
 
     "tuple" buckets are left alone (inside a shard_map body jaxlib cannot export them), and only
-    buckets whose replica groups have a known size may become "rs_ag".
+    buckets whose replica groups have a known size may become "rs_ag". A "concat" bucket that may
+    become either is switched to "scatter" or "rs_ag" with equal odds. On a graph without gradient
+    scatters the move draws as before.
     """
     if not plan.buckets:
         return None
     idx = ctx.index
+    scatterable = ctx.ar_scatterable
+    grouped = {idx[n] for g in plan.groups for n in g} if scatterable and plan.groups else set()
+
+    def scatters(b: Bucket) -> bool:
+        return bool(scatterable) and all(idx[m] in scatterable and grouped.isdisjoint(scatterable[idx[m]])
+                                         for m in b.members)
+
     ok = [i for i, b in enumerate(plan.buckets)
-          if b.build == "rs_ag" or (b.build == "concat" and idx[b.members[0]] in ctx.ar_splittable)]
+          if b.build in ("rs_ag", "scatter")
+          or (b.build == "concat" and (idx[b.members[0]] in ctx.ar_splittable or scatters(b)))]
     if not ok:
         return None
     i = rng.choice(ok)
     b = plan.buckets[i]
-    new = Bucket(b.members, "concat" if b.build == "rs_ag" else "rs_ag")
+    if b.build != "concat":
+        build = "concat"
+    elif not scatters(b):
+        build = "rs_ag"
+    elif idx[b.members[0]] not in ctx.ar_splittable:
+        build = "scatter"
+    else:
+        build = "scatter" if rng.random() < 0.5 else "rs_ag"
+    new = Bucket(b.members, build)
     return plan.replace(buckets=plan.buckets[:i] + (new,) + plan.buckets[i + 1:])
 
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from disco.plans.plan import FusionPlan
 
 DIGEST_CHARS = 6  # of the digest in a name: two plans of one run share a name with odds of ~1e-6
-_BUILD_TAGS = {"concat": "", "rs_ag": "rs", "tuple": "t"}
+_BUILD_TAGS = {"concat": "", "rs_ag": "rs", "tuple": "t", "scatter": "sc"}
 _YNN_TAGS = {plan_options.YNN_NO_REDUCE: "ynn-noreduce", plan_options.YNN_DEFAULT: "ynn-default"}
 _YNN_WORDS = {plan_options.YNN_NO_REDUCE: "reductions kept out of YNNPACK",
               plan_options.YNN_DEFAULT: "XLA:CPU's default YNNPACK ops"}
@@ -138,6 +138,8 @@ def describe(plan: FusionPlan, graph: HloGraph | None = None) -> str:
             text += " (reduce-scatter + all-gather)"
         elif builds == {"tuple"}:
             text += " (variadic all-reduces)"
+        elif builds == {"scatter"}:
+            text += " (reduce-scatters)"
         parts.append(text)
     for count, what in ((len(plan.groups), "fusion group"), (len(plan.cuts), "fusion cut")):
         if count:

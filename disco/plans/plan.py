@@ -74,7 +74,12 @@ class Bucket:
         default), "rs_ag" (flatten and concatenate as for concat, pad to a multiple of the
         replica group size, then a reduce-scatter and an all-gather in place of the
         all-reduce: the AllReduce = ReduceScatter + AllGather split of CoCoNet; each device
-        reduces 1/p of the buffer instead of all of it) or "tuple" (one variadic
+        reduces 1/p of the buffer instead of all of it), "scatter" (a sharded step's gradient
+        scatters only, ``grad_scatter`` all-reduces whose every user is a dynamic-slice keeping this
+        device's block, :mod:`disco.ir.scatter_blocks`: each member's gradient laid out as
+        ``[p, n / p]`` rows by device, concatenated along dimension 1, one reduce-scatter along
+        dimension 0, each member's block sliced back in place of its dynamic-slices; each device
+        receives 1/p of the buffer and no all-gather follows) or "tuple" (one variadic
         all-reduce). jaxlib 0.10.2 cannot export
         a variadic all-reduce inside a shard_map body (measured: "Sharding is
         tuple-shaped but validation shape is not"), so validation rejects

@@ -11,8 +11,8 @@ import functools
 from typing import Annotated, Any, Literal, NamedTuple
 
 SCHEMA_VERSION = 1
-BucketBuild = Literal["tuple", "concat", "rs_ag"]
-BUILDS: tuple[str, ...] = ("tuple", "concat", "rs_ag")
+BucketBuild = Literal["tuple", "concat", "rs_ag", "scatter"]
+BUILDS: tuple[str, ...] = ("tuple", "concat", "rs_ag", "scatter")
 XlaFusion = Literal["off", "extend"]
 
 

@@ -283,6 +283,8 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
         starts += list(baselines.xla_tuned_sweep(graph).values())
     if ctx.gather_class:
         starts += [baselines.make(name, graph) for name in baselines.GATHER_NAMES]
+    if ctx.ar_scatterable:  # a sharded step's gradient scatters: as reduce-scatters
+        starts += [baselines.make(name, graph) for name in baselines.SCATTER_NAMES]
     return starts
 
 

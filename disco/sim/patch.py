@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from disco.plans import options as plan_options
 from disco.sim import scheduler
-from disco.sim.units import (BUILD_UNIT, COLL, KERNEL, UNIT_COLL, UNIT_RS_AG, FusionEmulation, Mode, Unit,
+from disco.sim.units import (BUILD_UNIT, COLL, KERNEL, REBUILT_UNITS, UNIT_COLL, FusionEmulation, Mode, Unit,
                              UnitBuilder, build_mode)
 
 if TYPE_CHECKING:
@@ -405,7 +405,7 @@ class Patcher:
                 unit = BUILD_UNIT[b.build]
                 u = coll_get((fusion, unit, members)) or self.builder.coll_unit(mode, members, "all-reduce", unit=unit)
                 buckets.append(u)
-                if len(members) > 1 or unit == UNIT_RS_AG:
+                if len(members) > 1 or unit in REBUILT_UNITS:
                     gone = [ar_unit[m] for m in members]
                     dead += gone
                     new.append(u)
@@ -478,7 +478,7 @@ class Patcher:
         """The collective a bucket of ``members`` built ``build`` runs as: its own unit, or for a
         "concat" bucket of one all-reduce the base unit (such a bucket changes nothing)."""
         unit = BUILD_UNIT[build]
-        if len(members) == 1 and unit != UNIT_RS_AG:
+        if len(members) == 1 and unit not in REBUILT_UNITS:
             return mode.units[mode.ar_unit[members[0]]]
         return (self.builder.unit_cache.get((mode.fusion, unit, members))
                 or self.builder.coll_unit(mode, members, "all-reduce", unit=unit))

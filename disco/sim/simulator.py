@@ -111,6 +111,7 @@ from typing import Literal
 from disco.ir.graph import HloGraph, Loop, require_graph
 from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_LOOP_OPCODES
+from disco.plans.check import scatterable
 from disco.plans.plan import FusionPlan
 from disco.sim import gpu_fusion, scheduler
 from disco.sim.cluster_spec import ClusterSpec, require_cluster
@@ -336,10 +337,14 @@ class Simulator:
         builder = self._patcher.builder
         comm = 0.0
         # per set of replica groups (only collectives over the same groups share a bucket): one all-reduce,
-        # or one "rs_ag" bucket (cheaper with a tree), of all their bytes
+        # or one "rs_ag" bucket (cheaper with a tree), of all their bytes; where some of them are gradient
+        # scatters a "scatter" bucket may hold, or one reduce-scatter of all their bytes
+        scatters = _scatter_nodes(self.graph)
+        scattered = {builder.group_cluster(i) for i in self._ars if i in scatters}
         for over, ar_bytes in _bytes_by_group(self._ars, self._cbytes, builder.group_cluster):
             comm += min(self.costs.collective_time("all-reduce", ar_bytes, over),
-                        rs_ag_time(self.costs, ar_bytes, over))
+                        rs_ag_time(self.costs, ar_bytes, over),
+                        *((self.costs.collective_time("reduce-scatter", ar_bytes, over),) if over in scattered else ()))
         mode = self._patcher.mode("extend")
         gathers = [i for i in range(self._n) if nodes[i].opcode == "all-gather"]
         # one all-gather of all of them per set of groups: what every set of gather buckets costs at least
@@ -352,6 +357,15 @@ class Simulator:
 
 
 # ---------------------------------------------------------------------------------------------
+def _scatter_nodes(graph: HloGraph) -> frozenset[int]:
+    """The all-reduces a "scatter" bucket may hold (:func:`disco.plans.check.scatterable`), by node index;
+    empty without a scatter block (labelling the collectives is left out then)."""
+    if not any(b.dim is not None for b in graph.scatter_blocks):
+        return frozenset()
+    index = graph.index()
+    return frozenset(index[n] for n in scatterable(graph))
+
+
 def _bytes_by_group(nodes: Sequence[int], cbytes: Sequence[int],
                     group_cluster: Callable[[int], ClusterSpec]) -> list[tuple[ClusterSpec, int]]:
     """The collectives ``nodes``' bytes summed per cluster of their replica groups, in first-seen order."""
@@ -404,7 +418,8 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
       model need not be either).
     - ``comm`` is one all-reduce of all all-reduce bytes together, or one reduce-scatter plus one
       all-gather of them (an "rs_ag" bucket; cheaper than the all-reduce with the tree algorithm),
-      whichever is less (any bucketing costs at least this, as the alpha-beta cost is affine in
+      (or, over groups where some all-reduces are gradient scatters a "scatter" bucket may hold,
+      one reduce-scatter of them all), whichever is less (any bucketing costs at least this, as the alpha-beta cost is affine in
       bytes with a non-negative intercept), plus one all-gather of all all-gather bytes (a bound on
       every set of gather buckets, by the same argument), plus the time of every other collective.
 

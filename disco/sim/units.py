@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 # What a node is.
 VIRTUAL, KERNEL, COLL = 0, 1, 2
 # What a cached unit is: a kernel, a collective, or a variadic (tuple / XLA-combined) all-reduce,
-# or a reduce-scatter plus all-gather ("rs_ag" bucket).
-UNIT_KERNEL, UNIT_COLL, UNIT_VARIADIC, UNIT_RS_AG = 0, 1, 2, 3
-BUILD_UNIT = {"concat": UNIT_COLL, "tuple": UNIT_VARIADIC, "rs_ag": UNIT_RS_AG}
+# or a reduce-scatter plus all-gather ("rs_ag" bucket), or a reduce-scatter alone ("scatter" bucket).
+UNIT_KERNEL, UNIT_COLL, UNIT_VARIADIC, UNIT_RS_AG, UNIT_SCATTER = 0, 1, 2, 3, 4
+BUILD_UNIT = {"concat": UNIT_COLL, "tuple": UNIT_VARIADIC, "rs_ag": UNIT_RS_AG, "scatter": UNIT_SCATTER}
+# Units a bucket of one all-reduce still changes (a "concat" or "tuple" bucket of one is the all-reduce).
+REBUILT_UNITS = frozenset({UNIT_RS_AG, UNIT_SCATTER})
 
 
 def node_kinds(nodes: Sequence[Node]) -> list[int]:
@@ -188,7 +190,8 @@ class UnitBuilder:
                    unit: int | None = None) -> Unit:
         """One collective over ``members``; ``variadic`` (XLA's combined or a "tuple" bucket) adds the
         cluster's ``operand_latency`` for each operand after the first (on more than one device); ``unit=UNIT_RS_AG`` (an
-        "rs_ag" bucket) prices it as a reduce-scatter followed by an all-gather of the same bytes."""
+        "rs_ag" bucket) prices it as a reduce-scatter followed by an all-gather of the same bytes, ``unit=UNIT_SCATTER``
+        (a "scatter" bucket of gradient scatters) as one reduce-scatter of the members' summed (whole) bytes."""
         unit = unit if unit is not None else (UNIT_VARIADIC if variadic else UNIT_COLL)
         key = (mode.fusion, unit, members)
         u = self.unit_cache.get(key)
@@ -197,6 +200,8 @@ class UnitBuilder:
             over = self.group_cluster(members[0])  # a bucket's members share their replica groups
             if unit == UNIT_RS_AG:
                 dur = rs_ag_time(self.costs, nbytes, over)
+            elif unit == UNIT_SCATTER:
+                dur = self.costs.collective_time("reduce-scatter", nbytes, over)
             else:
                 dur = self.costs.collective_time(kind, nbytes, over)
             if unit == UNIT_VARIADIC and over.num_devices > 1:  # one device: every collective is free

@@ -297,7 +297,7 @@ def test_bucket_and_make_plan_refuse_a_string_for_names():
     names = [n.name for n in _mlp_graph().all_reduces()]
     with pytest.raises(TypeError, match=r"^Bucket\.members: expected a tuple of all-reduce instruction names, got str"):
         Bucket(names[0])
-    with pytest.raises(ValueError, match=r"^Bucket\.build: expected one of tuple, concat, rs_ag, got 'x'"):
+    with pytest.raises(ValueError, match=r"^Bucket\.build: expected one of tuple, concat, rs_ag, scatter, got 'x'"):
         Bucket(tuple(names), "x")
     with pytest.raises(TypeError, match=r"^make_plan: buckets: expected lists of instruction names, got str"):
         make_plan(buckets=names[0])
@@ -333,7 +333,7 @@ def any_plan(draw):
     """A random FusionPlan built directly (not through make_plan), as library code may build one."""
     groups = tuple(tuple(g) for g in draw(st.lists(st.lists(_NAMES, min_size=1, max_size=4), max_size=4)))
     buckets = draw(st.none() | st.lists(st.builds(
-        Bucket, st.lists(_NAMES, min_size=1, max_size=4).map(tuple), st.sampled_from(("tuple", "concat", "rs_ag"))),
+        Bucket, st.lists(_NAMES, min_size=1, max_size=4).map(tuple), st.sampled_from(("tuple", "concat", "rs_ag", "scatter"))),
         max_size=4).map(tuple))
     options = draw(st.dictionaries(_NAMES, st.text(max_size=8), max_size=3))
     return FusionPlan(
