@@ -3,8 +3,10 @@
 XLA:CPU (jaxlib 0.10.2) answers some injected fusions with a CHECK failure that aborts the
 whole process instead of raising (e.g. ``Check failed: has_layout()``). Validation rules out
 every case measured so far, but a plan is input, and the user's training must survive any plan:
-:func:`probe` compiles the module in ``python -m xla_hooks.probe`` and reports how the child
-ended. The child sets its own virtual device count and uses the parent's platform.
+:func:`probe` compiles the module in ``python -m xla_hooks.probe --serve`` and reports how the child
+ended. The child sets its own virtual device count and uses the parent's platform, and stays up for
+the next probe of the same platform and device count (a jax start-up costs about 1 s of CPU here,
+measured); one XLA aborted is replaced. One module by hand:
 
     python -m xla_hooks.probe --devices N --options '{"xla_disable_hlo_passes": "fusion"}' < module.hlo
 
@@ -12,22 +14,27 @@ A module that compiled is not probed again: its key (the module's text, the comp
 device count, the platform, jax's and jaxlib's versions) is kept as an empty file in
 ``$DISCO_PROBE_CACHE`` (default ``$XDG_CACHE_HOME/disco/probed``, else ``~/.cache/disco/probed``;
 ``off`` keeps nothing). XLA compiles the same module with the same options and versions the same way,
-so a kept success stands; a failure is never kept (the next apply probes again and says why). Each
-probe child costs a jax start-up and a compile (measured: 1-2 s of CPU for mlp tiny), and a run of
-``disco optimize`` probes the same baselines every time.
+so a kept success stands; a failure is never kept (the next apply probes again and says why). A run
+of ``disco optimize`` probes the same baselines every time.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 CACHE_ENV = "DISCO_PROBE_CACHE"
 
@@ -60,31 +67,104 @@ def probe(text: str, num_devices: int, compiler_options: Mapping[str, str], *, p
           timeout_s: float = 600) -> None:
     """Compiles ``text`` in a child process; returns if XLA accepts it.
 
+    The child lives on for the next probe on the same platform and device count (one jax start-up
+    for them all); one that XLA aborted, or that did not answer in ``timeout_s``, is replaced.
+
     Raises:
       ProbeFailure: naming the signal and XLA's ``Check failed`` line, or the error.
     """
     kept = _kept_path(text, num_devices, compiler_options, platform)
     if kept is not None and kept.exists():
         return
-    env = child_env(os.environ, platform)
-    cmd = [sys.executable, "-m", "xla_hooks.probe", "--devices", str(num_devices),
-           "--options", json.dumps(dict(compiler_options))]
-    try:
-        r = subprocess.run(cmd, input=text, capture_output=True, text=True, env=env, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ProbeFailure(f"the probe compile did not finish in {timeout_s:.0f}s") from None
-    if r.returncode == 0:
-        if kept is not None:
-            _keep(kept)
-        return
-    lines = r.stderr.splitlines()
-    check = next((ln.split("] ", 1)[-1] for ln in lines if "Check failed" in ln), None)
-    if r.returncode < 0:
-        sig = signal.Signals(-r.returncode).name
-        raise ProbeFailure(f"XLA aborted the probe compile ({sig}): {check or lines[-1:] or 'no message'}")
-    err = next((ln[len(_ERROR_MARK):] for ln in lines if ln.startswith(_ERROR_MARK)), None)
-    err = err or next((ln for ln in reversed(lines) if ln.strip()), "no message")
-    raise ProbeFailure(f"the probe compile failed: {err}")
+    with _LOCK:
+        child = _CHILDREN.get((platform, num_devices))
+        if child is not None and child.proc.poll() is not None:  # ended between probes
+            child.close()
+            child = None
+        if child is None:
+            child = _CHILDREN[(platform, num_devices)] = _Child(num_devices, platform)
+        try:
+            child.compile(text, dict(compiler_options), timeout_s)
+        except _ChildGone as gone:
+            del _CHILDREN[(platform, num_devices)]
+            raise gone.failure from None
+    if kept is not None:
+        _keep(kept)
+
+
+class _ChildGone(Exception):
+    """The child died or hung: ``failure`` says how; it must be replaced."""
+
+    def __init__(self, failure: ProbeFailure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+class _Child:
+    """One ``python -m xla_hooks.probe --serve`` process: a request is a JSON line (the options and
+    the module's length in bytes) then the module; the answer one JSON line. Its stderr goes to a
+    temporary file, read back when it dies (XLA's ``Check failed`` line)."""
+
+    def __init__(self, num_devices: int, platform: str) -> None:
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-m", "xla_hooks.probe", "--devices", str(num_devices),
+                                      "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+                                     env=child_env(os.environ, platform))
+
+    def compile(self, text: str, options: dict[str, Any], timeout_s: float) -> None:
+        data = text.encode()
+        try:
+            self.proc.stdin.write(json.dumps({"options": options, "bytes": len(data)}).encode() + b"\n" + data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise _ChildGone(self._death()) from None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not ready:
+            self.close()
+            raise _ChildGone(ProbeFailure(f"the probe compile did not finish in {timeout_s:.0f}s"))
+        line = self.proc.stdout.readline()
+        if not line:
+            raise _ChildGone(self._death())
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise ProbeFailure(f"the probe compile failed: {reply['error']}")
+
+    def _death(self) -> ProbeFailure:
+        """How the child ended: the signal and XLA's ``Check failed`` line, or its last words."""
+        code = self.proc.wait()
+        self.err.seek(0, os.SEEK_END)
+        self.err.seek(max(0, self.err.tell() - (1 << 16)))
+        lines = self.err.read().decode(errors="replace").splitlines()
+        self.close()
+        check = next((ln.split("] ", 1)[-1] for ln in reversed(lines) if "Check failed" in ln), None)
+        if code < 0:
+            sig = signal.Signals(-code).name
+            return ProbeFailure(f"XLA aborted the probe compile ({sig}): {check or lines[-1:] or 'no message'}")
+        last = next((ln for ln in reversed(lines) if ln.strip()), "no message")
+        return ProbeFailure(f"the probe compile failed: the probe process exited ({code}): {last}")
+
+    def close(self) -> None:
+        """Ends the child (killed if it is still up) and closes its pipes and stderr file."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self.err):
+            with contextlib.suppress(OSError):
+                f.close()
+
+
+_LOCK = threading.Lock()
+_CHILDREN: dict[tuple[str, int], _Child] = {}
+
+
+@atexit.register
+def _close_children() -> None:
+    for child in list(_CHILDREN.values()):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            child.proc.stdin.close()  # the child's loop ends at end of input
+            child.proc.wait(timeout=5)
+        child.close()
+    _CHILDREN.clear()
 
 
 def cache_dir() -> Path | None:
@@ -124,23 +204,53 @@ def _keep(path: Path) -> None:
         pass
 
 
+def _summary(e: Exception) -> str:
+    """An exception in one line: its type, its first line and its first ``error:`` line (an error
+    message can span many lines, and its last line is often a fragment of MLIR)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    summary = " ".join(dict.fromkeys(lines[:1] + [ln for ln in lines if "error:" in ln][:1]))
+    return f"{type(e).__name__}: {summary[:600]}"
+
+
+def _serve(devices: int) -> int:
+    """Answers :class:`_Child`'s requests until the end of input. The answers go to the process's
+    original stdout; whatever else writes to stdout (jax, XLA) goes to stderr instead."""
+    from xla_hooks import _jax_private
+
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    while head := requests.readline():
+        request = json.loads(head)
+        text = requests.read(request["bytes"]).decode()
+        try:
+            _jax_private.compile_text_standalone(text, devices, request["options"])
+            answer = {"ok": True}
+        except Exception as e:  # noqa: BLE001 - a rejected module is an answer, not the child's end
+            answer = {"ok": False, "error": _summary(e)}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="compile an HLO module read from stdin (disco's probe)")
     ap.add_argument("--devices", type=int, required=True)
     ap.add_argument("--options", default="{}")
+    ap.add_argument("--serve", action="store_true", help="answer requests until the end of input (probe()'s child)")
     args = ap.parse_args(argv)
     import jax
 
     if jax.config.jax_platforms in (None, "", "cpu"):
         jax.config.update("jax_num_cpu_devices", args.devices)
+    if args.serve:
+        return _serve(args.devices)
     from xla_hooks import _jax_private
 
     try:
         _jax_private.compile_text_standalone(sys.stdin.read(), args.devices, json.loads(args.options))
     except Exception as e:  # noqa: BLE001 - reported to the parent in one line, then traced
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        summary = " ".join(dict.fromkeys(lines[:1] + [ln for ln in lines if "error:" in ln][:1]))
-        print(f"{_ERROR_MARK}{type(e).__name__}: {summary[:600]}", file=sys.stderr, flush=True)
+        print(f"{_ERROR_MARK}{_summary(e)}", file=sys.stderr, flush=True)
         raise
     return 0
 

@@ -1,8 +1,7 @@
-"""xla_hooks.probe keeps the modules that compiled: a second probe of one starts no child."""
+"""xla_hooks.probe keeps the modules that compiled (a second probe of one compiles nothing), and its
+child serves every probe of a platform and device count until XLA aborts it."""
 
 from __future__ import annotations
-
-import subprocess
 
 import jax
 import pytest
@@ -12,17 +11,17 @@ from xla_hooks import probe
 
 @pytest.fixture
 def children(monkeypatch, tmp_path):
-    """The probe's child processes, counted; its cache in ``tmp_path``."""
+    """The modules the probe's child compiled, counted; its cache in ``tmp_path``."""
     monkeypatch.setenv(probe.CACHE_ENV, str(tmp_path / "probed"))
-    started = []
-    real = subprocess.run
+    compiled = []
+    real = probe._Child.compile
 
-    def counting(cmd, *a, **kw):
-        started.append(cmd)
-        return real(cmd, *a, **kw)
+    def counting(self, text, *a, **kw):
+        compiled.append(text)
+        return real(self, text, *a, **kw)
 
-    monkeypatch.setattr(probe.subprocess, "run", counting)
-    return started
+    monkeypatch.setattr(probe._Child, "compile", counting)
+    return compiled
 
 
 def _module() -> str:
@@ -59,3 +58,17 @@ def test_the_key_reads_the_text_the_options_the_devices_and_the_platform():
     assert len(keys) == 5
     assert probe.probe_key("m", 1, {"a": "1", "b": "2"}, "cpu") == probe.probe_key("m", 1, {"b": "2", "a": "1"}, "cpu")
     assert probe.probe_key("m", 1, {"a": True}, "cpu") != probe.probe_key("m", 1, {"a": "True"}, "cpu")
+
+
+def test_one_child_serves_the_probes_and_one_that_ended_is_replaced(monkeypatch):
+    monkeypatch.setenv(probe.CACHE_ENV, "off")
+    probe.probe(_module(), 1, {})
+    first = probe._CHILDREN[("cpu", 1)].proc
+    with pytest.raises(probe.ProbeFailure, match=r"the probe compile failed: \w+: .*\S"):
+        probe.probe("HloModule not_hlo\n\nthis is not an instruction\n", 1, {})
+    probe.probe(_module(), 1, {})
+    assert probe._CHILDREN[("cpu", 1)].proc is first and first.poll() is None  # a rejected module: still up
+    first.kill()  # a child that ended between probes is replaced (one XLA aborts in a probe: the abort
+    first.wait()  # tests of test_apply_plan.py and tests/disco/plans/test_cuts.py)
+    probe.probe(_module(), 1, {})
+    assert probe._CHILDREN[("cpu", 1)].proc is not first
