@@ -72,16 +72,18 @@ class Pieces:
             return
         parent.materialise()
         rem_g, add_g, old_regions, new_regions, rem_b, add_b = self._change  # type: ignore[misc]
-        groups, owner = dict(parent.groups), dict(parent.owner)
-        for k, g in rem_g:
-            del groups[k]
-            for m in g.members:
-                if owner.get(m) == k:
-                    del owner[m]
-        for k, g in add_g:
-            groups[k] = g
-            for m in g.members:
-                owner[m] = k
+        groups, owner = parent.groups, parent.owner  # (shared while unchanged: never changed in place)
+        if rem_g or add_g:
+            groups, owner = dict(groups), dict(owner)
+            for k, g in rem_g:
+                del groups[k]
+                for m in g.members:
+                    if owner.get(m) == k:
+                        del owner[m]
+            for k, g in add_g:
+                groups[k] = g
+                for m in g.members:
+                    owner[m] = k
         regs = parent.regions
         if old_regions or new_regions:
             regs = dict(regs)
