@@ -36,11 +36,12 @@ Arrays = tuple[list, list, list, list, list, list, list[int], list[int]]
 class Group:
     """A planned group resolved against the graph (cached by its names)."""
 
-    __slots__ = ("names", "members", "unit_off", "kmembers_ext", "touched", "solo")
+    __slots__ = ("names", "members", "serial", "unit_off", "kmembers_ext", "touched", "solo")
 
-    def __init__(self, names: tuple[str, ...], members: tuple[int, ...]):
+    def __init__(self, names: tuple[str, ...], members: tuple[int, ...], serial: int = -1):
         self.names = names
         self.members = members
+        self.serial = serial  # its number among its patcher's groups (-1: a cut)
         self.unit_off: Unit | None = None
         self.kmembers_ext: tuple[int, ...] = ()
         self.touched: tuple[int, ...] = ()
@@ -183,7 +184,7 @@ class Patcher:
         bad = [self.graph.nodes[m].name for m in members if self._kind[m] == COLL]
         if bad:
             raise ValueError(f"group {gi}: {bad[0]!r} is a collective; groups hold compute ops")
-        g = Group(names, members)
+        g = Group(names, members, len(self._group_cache))
         off = self._modes.get("off")
         if off is not None:
             self._group_off(off, g)
