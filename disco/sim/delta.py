@@ -26,7 +26,9 @@ the trace of its parent (the plan the search made it from; traced when first giv
    :func:`disco.sim.array_sweep.restart` does both, on flat arrays, compiled with numba.
 
 A plan priced without a parent is scheduled whole the same way and keeps its schedule; its patch by
-piece is made when it is first a parent.
+piece is made when it is first a parent. Its patch's group part (over every group) is kept by value,
+so plans that share their groups (a search's start plans: one fusion with each bucketing) patch
+only their buckets.
 
 A change no unit sees (a group inside one of XLA's fusions, a cut between two ops XLA would not
 fuse) costs only its re-patch and the comparison. Anything this does not cover is scheduled whole:
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -55,13 +57,30 @@ from disco.sim import pieces as plan_pieces
 if TYPE_CHECKING:
     from disco.sim.pieces import Pieces
     from disco.sim.simulator import Simulator
-    from disco.sim.units import Unit
+    from disco.sim.units import Mode, Unit
 
 __all__ = ["DeltaSimulator", "Trace"]
 
 _NEVER = array_sweep.NEVER  # the event index of a unit not placed
 _NO_I = np.zeros(0, np.int64)
 _NO_F = np.zeros(0)
+_GROUP_PARTS = 8  # how many plans' group parts of their patches are kept, by value
+
+
+class _GroupPart(NamedTuple):
+    """The group part of a plan's patch as unit ids (see ``DeltaSimulator._group_part``); read only.
+
+    Attributes:
+      base_ids: per base unit of the plan's fusion mode, its id.
+      keep: per base unit, whether the group part keeps it.
+      new_ids: the ids of the units the group part adds.
+      unit_of: per graph node, its unit's id after the group part.
+    """
+
+    base_ids: np.ndarray
+    keep: np.ndarray
+    new_ids: np.ndarray
+    unit_of: np.ndarray
 
 
 class Trace:
@@ -174,6 +193,7 @@ class DeltaSimulator:
         # kernel labelled by the group it holds) share one.
         self._index = array_sweep.index_of(sim)
         self._group_pieces: dict = {}  # plans' group parts of their pieces, by value (pieces.build)
+        self._group_parts: dict[tuple, _GroupPart] = {}  # ... and of their whole patches (_group_part)
         # plans priced whole, re-scheduled, found to run the same units; traces made; events placed
         self.stats = {"full": 0, "delta": 0, "same": 0, "traces": 0, "events": 0}
 
@@ -277,20 +297,52 @@ class DeltaSimulator:
         """The plan's whole schedule, recorded (its patch by piece is made when it is a parent); None
         when it deadlocks.
 
+        Its patch is :meth:`Patcher.patch`'s in its two parts: the group part (the groups and cuts,
+        over every group) kept by value (:meth:`_group_part`), for plans that share it; the rest (its
+        buckets, gather buckets and options) made for each plan.
+
         Raises:
           ValueError: as ``Patcher.patch``.
         """
-        patch = self._patcher.patch(plan)
-        mode, index = patch.mode, self._index
-        base_ids, base_of = index.mode(mode.fusion, mode.units, mode.unit_of)
-        unit_of = _relabel(base_of, patch.new, index.ids(patch.new, mode.fusion))
-        rest = np.delete(base_ids, patch.dead)
-        if patch.new:
-            rest = np.concatenate((rest, unit_of[[u.members[0] for u in patch.new]]))
-        run = array_sweep.restart(index.table, rest, 0, 0.0, 0.0, _NO_I, _NO_F, unit_of, unit_of, patch.blocking)
+        patcher, index = self._patcher, self._index
+        mode = patcher.mode(plan.xla_fusion)
+        part = self._group_part(plan, mode)
+        dead: list[int] = []
+        new: list[Unit] = []
+        _, _, blocking, _ = patcher.bucket_patch(plan, mode, dead, new)
+        unit_of = _relabel(part.unit_of, new, index.ids(new, mode.fusion))
+        keep = part.keep
+        if dead:
+            keep = keep.copy()
+            keep[dead] = False
+        rest = np.concatenate((part.base_ids[keep], part.new_ids, unit_of[[u.members[0] for u in new]]))
+        run = array_sweep.restart(index.table, rest, 0, 0.0, 0.0, _NO_I, _NO_F, unit_of, unit_of, blocking)
         if run is None:
             return None
         return Trace(None, run.step, unit_of, len(rest), None, 0, run)
+
+    def _group_part(self, plan: FusionPlan, mode: Mode) -> _GroupPart:
+        """The group part of the plan's patch (:meth:`Patcher.group_patch`) as unit ids, kept by the
+        plan's fusion mode, groups and cuts (their values) for the plans that share them (a search's
+        start plans: one fusion with each bucketing), the most recent :data:`_GROUP_PARTS`.
+
+        Raises:
+          ValueError: as ``Patcher.group_patch`` (nothing is kept then).
+        """
+        key = (plan.xla_fusion, plan.groups, plan.cuts)
+        parts = self._group_parts
+        part = parts.get(key)
+        if part is None:
+            dead, new, _ = self._patcher.group_patch(plan, mode)
+            base_ids, base_of = self._index.mode(mode.fusion, mode.units, mode.unit_of)
+            new_ids = self._index.ids(new, mode.fusion)
+            keep = np.ones(len(base_ids), bool)
+            keep[dead] = False
+            part = _GroupPart(base_ids, keep, np.array(new_ids, np.int64), _relabel(base_of, new, new_ids))
+            while len(parts) >= _GROUP_PARTS:
+                del parts[next(iter(parts))]
+            parts[key] = part
+        return part
 
     def _delta(self, base: Trace, base_plan: FusionPlan, plan: FusionPlan) -> Trace | None:
         """``plan``'s trace re-scheduled from ``base``, the materialised trace of ``base_plan``; None

@@ -36,11 +36,12 @@ Arrays = tuple[list, list, list, list, list, list, list[int], list[int]]
 class Group:
     """A planned group resolved against the graph (cached by its names)."""
 
-    __slots__ = ("names", "members", "unit_off", "kmembers_ext", "touched", "solo")
+    __slots__ = ("names", "members", "serial", "unit_off", "kmembers_ext", "touched", "solo")
 
-    def __init__(self, names: tuple[str, ...], members: tuple[int, ...]):
+    def __init__(self, names: tuple[str, ...], members: tuple[int, ...], serial: int = -1):
         self.names = names
         self.members = members
+        self.serial = serial  # its number among its patcher's groups (-1: a cut)
         self.unit_off: Unit | None = None
         self.kmembers_ext: tuple[int, ...] = ()
         self.touched: tuple[int, ...] = ()
@@ -183,7 +184,7 @@ class Patcher:
         bad = [self.graph.nodes[m].name for m in members if self._kind[m] == COLL]
         if bad:
             raise ValueError(f"group {gi}: {bad[0]!r} is a collective; groups hold compute ops")
-        g = Group(names, members)
+        g = Group(names, members, len(self._group_cache))
         off = self._modes.get("off")
         if off is not None:
             self._group_off(off, g)
@@ -343,10 +344,28 @@ class Patcher:
     def patch(self, plan: FusionPlan, levels: dict[int, int] | None = None) -> Patch:
         """The units ``plan`` removes from and adds to its mode's base units.
 
+        Its two parts, :meth:`group_patch` then :meth:`bucket_patch`, in that order.
+
         Raises:
           ValueError: for names not in the graph, overlapping groups or overlapping buckets.
         """
         mode = self.mode(plan.xla_fusion)
+        dead, new, compute = self.group_patch(plan, mode)
+        buckets, comm, blocking, gathers = self.bucket_patch(plan, mode, dead, new, levels)
+        return Patch(mode, dead, new, buckets, compute, comm, blocking, gathers)
+
+    def group_patch(self, plan: FusionPlan, mode: Mode) -> tuple[list[int], list[Unit], float]:
+        """The part of ``plan``'s patch its groups and cuts make: (base units removed, units added,
+        the plan's summed kernel time). It depends on the plan's fusion mode, groups and cuts only.
+
+        Args:
+          plan: the plan.
+          mode: its fusion mode's base units (:meth:`mode`).
+
+        Raises:
+          ValueError: for names not in the graph, an empty group, a collective in a group, overlapping
+            groups or a cut that is not a pair of instruction names.
+        """
         cache_get = self._group_cache.get
         groups: list[Group] = []
         for gi, names in enumerate(plan.groups):
@@ -363,11 +382,9 @@ class Patcher:
                 k = self._cut(ci, cut)
                 if k is not None and (len(k.touched) == 1 or near.intersection(k.touched)):
                     groups.append(k)
-        blocking, threshold = self._options(plan.compile_options)
         dead: list[int] = []
         new: list[Unit] = []
         compute = mode.kernel_total
-        comm = mode.comm_total
         dur = mode.dur
         if groups:
             if mode.fusion == "off":
@@ -383,6 +400,32 @@ class Patcher:
                         compute += u.dur - sum(dur[d] for d in gone)
             else:
                 compute += self._extend_groups(mode, groups, dead, new)
+        return dead, new, compute
+
+    def bucket_patch(self, plan: FusionPlan, mode: Mode, dead: list[int], new: list[Unit],
+                     levels: dict[int, int] | None = None
+                     ) -> tuple[list[Unit] | None, float, bool, list[tuple[int, Unit]]]:
+        """The rest of ``plan``'s patch: its buckets (or XLA's combiner), gather buckets and compile
+        options. Appends the base units they remove to ``dead`` and the units they add to ``new``.
+
+        Args:
+          plan: the plan.
+          mode: its fusion mode's base units (:meth:`mode`).
+          dead, new: the lists to extend.
+          levels: all-reduce levels for XLA's combiner (None: the graph's).
+
+        Returns:
+          (the bucket units in plan order or None for the combiner's, the summed collective time,
+          whether collectives hold the compute stream, (gather bucket index, unit) per gather bucket of
+          several), as :class:`Patch` holds them.
+
+        Raises:
+          ValueError: for names not in the graph, overlapping buckets, or gather buckets
+            :meth:`gather_units` refuses.
+        """
+        blocking, threshold = self._options(plan.compile_options)
+        comm = mode.comm_total
+        dur = mode.dur
         ar_unit = mode.ar_unit
         if plan.buckets is None:
             buckets = None
@@ -421,7 +464,7 @@ class Patcher:
                 dead += gone
                 new.append(u)
                 comm += u.dur - sum(dur[d] for d in gone)
-        return Patch(mode, dead, new, buckets, compute, comm, blocking, gathers)
+        return buckets, comm, blocking, gathers
 
     def _extend_groups(self, mode: Mode, groups: list[Group], dead: list[int], new: list[Unit]) -> float:
         """Planned groups grown by XLA's fusion: each set of base fusions that groups touch is re-fused.

@@ -23,16 +23,19 @@ import itertools
 import operator
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from disco.sim.patch import Cut, Group, Patcher, regions
 
 if TYPE_CHECKING:
     from disco.plans.plan import FusionPlan
     from disco.sim.units import Mode, Unit
 
-# Groups with their name tuples (the keys of Pieces.groups).
+# Groups with their name tuples.
 KeyedGroups = list[tuple[tuple[str, ...], Group]]
 # How many plans' group parts build() keeps in its cache.
 _GROUP_CACHE = 8
+_NO_OWNER = np.full(0, -1, np.int32)
 # A region: its groups and cuts, and (base units removed, units added, kernel-time change).
 Region = tuple[tuple[Group, ...], tuple[list[int], list["Unit"], float]]
 
@@ -44,21 +47,20 @@ class Pieces:
       mode: the plan's fusion mode.
       blocking: collectives hold the compute stream.
       threshold: XLA:GPU's combine threshold (bytes; None on CPU), which prices ``buckets=None``.
-      groups: each of the plan's group name tuples -> its resolved group.
-      owner: node -> the group name tuple holding it.
+      owner: per node, the serial (``Group.serial``) of the plan's group holding it, or -1 (read only:
+        shared with neighbours).
       regions: ("extend") base fusion -> the region that re-fuses it.
       buckets: id of each of the plan's buckets -> (its all-reduces, its unit).
       ar_owner: all-reduce -> id of the bucket holding it.
     """
 
-    __slots__ = ("mode", "blocking", "threshold", "groups", "owner", "regions", "buckets", "ar_owner", "_parent", "_change")
+    __slots__ = ("mode", "blocking", "threshold", "owner", "regions", "buckets", "ar_owner", "_parent", "_change")
 
     def __init__(self, mode: Mode, blocking: bool, threshold: int | None):
         self.mode = mode
         self.blocking = blocking
         self.threshold = threshold
-        self.groups: dict[tuple[str, ...], Group] = {}
-        self.owner: dict[int, tuple[str, ...]] = {}
+        self.owner: np.ndarray = _NO_OWNER
         self.regions: dict[int, Region] = {}
         self.buckets: dict[int, tuple[tuple[int, ...], Unit]] = {}
         self.ar_owner: dict[int, int] = {}
@@ -72,16 +74,14 @@ class Pieces:
             return
         parent.materialise()
         rem_g, add_g, old_regions, new_regions, rem_b, add_b = self._change  # type: ignore[misc]
-        groups, owner = dict(parent.groups), dict(parent.owner)
-        for k, g in rem_g:
-            del groups[k]
-            for m in g.members:
-                if owner.get(m) == k:
-                    del owner[m]
-        for k, g in add_g:
-            groups[k] = g
-            for m in g.members:
-                owner[m] = k
+        owner = parent.owner  # (shared while unchanged: never changed in place)
+        if rem_g or add_g:
+            owner = owner.copy()
+            if rem_g:  # (a valid neighbour's removed groups own all their members)
+                owner[_members(rem_g)] = -1
+            if add_g:
+                owner[_members(add_g)] = np.repeat(np.array([g.serial for _, g in add_g], np.int32),
+                                                   [len(g.members) for _, g in add_g])
         regs = parent.regions
         if old_regions or new_regions:
             regs = dict(regs)
@@ -105,7 +105,7 @@ class Pieces:
                 buckets[k] = entry
                 for m in entry[0]:
                     ar_owner[m] = k
-        self.groups, self.owner, self.regions, self.buckets, self.ar_owner = groups, owner, regs, buckets, ar_owner
+        self.owner, self.regions, self.buckets, self.ar_owner = owner, regs, buckets, ar_owner
         self._parent = None
         self._change = None
 
@@ -125,7 +125,7 @@ def build(patcher: Patcher, plan: FusionPlan, cache: dict | None = None) -> Piec
     """The pieces of a plan that :meth:`Patcher.patch` accepted (the same caches, the same units).
 
     Args:
-      cache: where to keep the group part (groups, owner, regions) by the plan's fusion mode, groups
+      cache: where to keep the group part (owner, regions) by the plan's fusion mode, groups
         and cuts (their values), for plans that share them (a search's start plans: one fusion with
         each bucketing); its values are never changed. None: none kept.
     """
@@ -136,8 +136,10 @@ def build(patcher: Patcher, plan: FusionPlan, cache: dict | None = None) -> Piec
     if hit is None:
         group = patcher.group
         groups = [group(gi, names) for gi, names in enumerate(plan.groups)]
-        pc.groups = dict(zip(plan.groups, groups))
-        pc.owner = {m: k for k, g in zip(plan.groups, groups) for m in g.members}
+        pc.owner = owner = np.full(len(mode.unit_of), -1, np.int32)
+        if groups:
+            owner[np.fromiter(itertools.chain.from_iterable(g.members for g in groups), np.int64)] = np.repeat(
+                np.array([g.serial for g in groups], np.int32), [len(g.members) for g in groups])
         if mode.fusion == "extend":
             items = groups + (_included_cuts(patcher, plan, groups) if plan.cuts else [])
             region, regs = patcher.region, pc.regions
@@ -149,9 +151,9 @@ def build(patcher: Patcher, plan: FusionPlan, cache: dict | None = None) -> Piec
         if cache is not None:
             while len(cache) >= _GROUP_CACHE:
                 del cache[next(iter(cache))]
-            cache[key] = (pc.groups, pc.owner, pc.regions)
+            cache[key] = (pc.owner, pc.regions)
     else:
-        pc.groups, pc.owner, pc.regions = hit
+        pc.owner, pc.regions = hit
     if plan.buckets:
         bucket_members, bucket_unit = patcher.bucket_members, patcher.bucket_unit
         members = [bucket_members(bi, b.members) for bi, b in enumerate(plan.buckets)]
@@ -159,6 +161,11 @@ def build(patcher: Patcher, plan: FusionPlan, cache: dict | None = None) -> Piec
         pc.buckets = {k: (ms, bucket_unit(mode, ms, b.build)) for k, ms, b in zip(keys, members, plan.buckets)}
         pc.ar_owner = {m: k for k, ms in zip(keys, members) for m in ms}
     return pc
+
+
+def _members(keyed: KeyedGroups) -> np.ndarray:
+    """The members of the groups, one after another."""
+    return np.fromiter(itertools.chain.from_iterable(g.members for _, g in keyed), np.int64)
 
 
 def _window(old: tuple, new: tuple) -> tuple[tuple, tuple]:
@@ -212,19 +219,19 @@ def repatch(patcher: Patcher, base: Pieces, base_plan: FusionPlan,
     if plan.groups is not base_plan.groups and plan.groups != base_plan.groups:  # (==: at C speed)
         old_w, new_w = _window(base_plan.groups, plan.groups)
         before, after = set(old_w), set(new_w)
-        rem_g = [(k, base.groups[k]) for k in before - after]
+        group = patcher.group  # (the neighbour's groups are in the patcher's cache: no error)
+        rem_g = [(k, group(0, k)) for k in before - after]
         try:
-            add_g = [(k, patcher.group(0, k)) for k in after - before]
+            add_g = [(k, group(0, k)) for k in after - before]
         except ValueError:
             return None
-        gone = {k for k, _ in rem_g}
-        seen: set[int] = set()
-        for _, g in add_g:
-            for m in g.members:
-                o = base.owner.get(m)
-                if (o is not None and o not in gone) or m in seen:
-                    return None  # overlapping groups: the whole patch raises
-                seen.add(m)
+        if add_g:
+            members = _members(add_g)
+            held = base.owner[members]
+            if rem_g:
+                held = held[~np.isin(held, [g.serial for _, g in rem_g])]
+            if (held >= 0).any() or len(np.unique(members)) != len(members):
+                return None  # overlapping groups: the whole patch raises
     if mode.fusion == "extend":
         if (rem_g or add_g or plan.cuts != base_plan.cuts) and not _reregion(
                 patcher, base, base_plan, plan, rem_g, add_g, old_regions, new_regions, removed, added):

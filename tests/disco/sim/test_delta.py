@@ -287,3 +287,66 @@ def test_delta_simulators_over_one_simulator_share_unit_ids():
     n = array_sweep.index_of(sim).table.n
     assert a.trace(plan).unit_of.tolist() == b.trace(plan).unit_of.tolist()
     assert array_sweep.index_of(sim).table.n == n  # the second met no new unit
+
+
+def _same_pieces(a, b) -> None:
+    """Two plans' pieces hold the same groups, regions and buckets (their units, by identity)."""
+    import numpy as np
+
+    assert np.array_equal(a.owner, b.owner)
+    assert a.regions.keys() == b.regions.keys()
+    for c, r in a.regions.items():
+        assert {id(it) for it in r[0]} == {id(it) for it in b.regions[c][0]}
+        assert [id(u) for u in r[1][1]] == [id(u) for u in b.regions[c][1][1]]
+    assert sorted((ms, id(u)) for ms, u in a.buckets.values()) == sorted((ms, id(u)) for ms, u in b.buckets.values())
+    assert {m: a.buckets[k][0] for m, k in a.ar_owner.items()} == {m: b.buckets[k][0] for m, k in b.ar_owner.items()}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph_name=st.sampled_from(["layered", "mlp"]), cluster=st.sampled_from(["cpu", "gpu"]),
+       seed=st.integers(0, 10_000), walk=walks)
+def test_a_repatched_plans_pieces_are_the_pieces_built_from_scratch(graph_name, cluster, seed, walk):
+    """disco.sim.pieces: along a walk of moves, each child's pieces re-patched from its parent's (and
+    materialised) are those built from the child whole: its group owners, regions and buckets."""
+    from disco.sim import pieces
+
+    g, sim, _, ctx = setup(graph_name, cluster)
+    patcher = sim._patcher
+    cur = start_plan(g, ctx, seed)
+    cur_pieces = pieces.build(patcher, cur)
+    for name, key, keep in walk:
+        child = moves.MOVES[name](cur, ctx, random.Random(key))
+        if child is None:
+            continue
+        hit = pieces.repatch(patcher, cur_pieces, cur, child)
+        if hit is None:
+            continue
+        got = hit[0]
+        got.materialise()
+        _same_pieces(got, pieces.build(patcher, child))
+        if keep:
+            cur, cur_pieces = child, got
+
+
+@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
+def test_plans_that_share_their_groups_patch_them_once_and_agree(cluster, monkeypatch):
+    """Start plans with one fusion and each bucketing, priced without a parent: the group part of
+    the patch is made once per fusion mode, groups and cuts (by value: equal tuples, not the same
+    objects), and every step time is the full simulation's."""
+    from disco import search
+
+    g, sim, ref, ctx = setup("layered", cluster)
+    fused = search.greedy_fusion(g)  # (the CPU move context's groups, on every cluster)
+    assert fused.groups
+    plans = [fused] + [fused.replace(groups=tuple(tuple(grp) for grp in fused.groups),
+                                     buckets=baselines.make(b, g).buckets)
+                       for b in ("per_tensor", "one_bucket", "horovod", "xla_default")]
+    plans.append(plans[1].replace(xla_fusion="off"))
+    patcher = sim._patcher
+    made = []
+    monkeypatch.setattr(patcher, "group_patch", lambda plan, mode: made.append(plan.xla_fusion) or
+                        type(patcher).group_patch(patcher, plan, mode))
+    delta = DeltaSimulator(sim)
+    for p in plans:
+        assert delta.step_time(p) == ref.step_time(p), p.name
+    assert sorted(made) == ["extend", "off"]
