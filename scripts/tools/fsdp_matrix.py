@@ -172,19 +172,21 @@ def check(plan_path: str, model: str, mesh: str, processes: bool) -> dict:
 
 def _numbers_equal(a, b, rtol: float = 1e-5, floor: float = 1e-7) -> bool:
     import jax
+
+    return all(_leaf_close(x, y, rtol, floor) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def _leaf_close(x, y, rtol: float = 1e-5, floor: float = 1e-7) -> bool:
+    """``max |x - y| <= rtol * max |y| + floor`` (in float64)."""
     import numpy as np
 
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        if float(np.max(np.abs(x64 - y64), initial=0.0)) > rtol * float(np.max(np.abs(y64), initial=0.0)) + floor:
-            return False
-    return True
+    x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    return float(np.max(np.abs(x64 - y64), initial=0.0)) <= rtol * float(np.max(np.abs(y64), initial=0.0)) + floor
 
 
 def _processes_check(plan_path: str, model: str, mesh: str) -> dict:
     """2 processes x 4 (loopback) run XLA's default and the plan for 3 steps each: every worker
     applied the same plan, and its shards equal XLA's default's."""
-    import numpy as np
 
     from disco.runtime import multiprocess
 
@@ -199,9 +201,7 @@ def _processes_check(plan_path: str, model: str, mesh: str) -> dict:
     for proc in res.results:
         ref = proc["checks"]["xla_default"]["leaves"]
         row = next(k for k in proc["checks"] if k != "xla_default")
-        for x, y in zip(proc["checks"][row]["leaves"], ref, strict=True):
-            x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
-            equal &= float(np.max(np.abs(x64 - y64), initial=0.0)) <= 1e-5 * float(np.max(np.abs(y64), initial=0.0)) + 1e-7
+        equal &= all(_leaf_close(x, y) for x, y in zip(proc["checks"][row]["leaves"], ref, strict=True))
     return {"ok": True, "same_plans": len(digests) == 2, "applied": applied, "numbers_equal": bool(equal)}
 
 

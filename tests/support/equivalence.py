@@ -52,3 +52,23 @@ def assert_buckets_apply_and_keep_the_numbers(plan, step, args, reference):
     assert applied.applied, applied.fallback_reason
     assert compiled_all_reduces(applied) == len(plan.buckets)
     assert_close(three_steps(applied, args), three_steps(reference, args))
+
+
+def compiled_count(applied, opcode: str) -> int:
+    """The ``opcode`` collectives (sync or async start) in an applied step's compiled module."""
+    import re
+
+    return len(re.findall(rf"\s{opcode}(?:-start)?\(", applied.compiled_text()))
+
+
+def apply_strictly(plan, step, args):
+    """``xla_hooks.apply(plan, step, *args, strict=True)`` with every warning an error; it applied."""
+    import warnings
+
+    import xla_hooks
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        applied = xla_hooks.apply(plan, step, *args, strict=True)
+    assert applied.applied, applied.fallback_reason
+    return applied

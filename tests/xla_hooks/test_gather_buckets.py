@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import functools
 import re
-import warnings
 
 import jax
 import pytest
 
 import disco
 import trax_models
-import xla_hooks
 from disco.plans import baselines
 from disco.plans.plan import make_plan
-from tests.support.equivalence import assert_close, three_steps
+from tests.support.equivalence import apply_strictly, assert_close, compiled_count, three_steps
 
 DEVICES = 8
 
@@ -34,16 +32,6 @@ def _gathers(graph):
     return [c.name for c in graph.collective_roles() if c.role == "param_gather"]
 
 
-def _compiled_gathers(applied) -> int:
-    return len(re.findall(r"\sall-gather(?:-start)?\(", applied.compiled_text()))
-
-
-def _apply(plan, step, args):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        applied = xla_hooks.apply(plan, step, *args, strict=True)
-    assert applied.applied, applied.fallback_reason
-    return applied
 
 
 @pytest.mark.parametrize(("name", "mesh_shape"), [
@@ -60,20 +48,20 @@ def test_gather_buckets_apply_as_that_many_all_gathers_and_keep_the_numbers(name
     others = sum(n.opcode == "all-gather" for n in graph.nodes) - len(gathers)
     half = -(-len(gathers) // n_buckets)
     plan = make_plan(gather_buckets=[gathers[i:i + half] for i in range(0, len(gathers), half)]).validate(graph)
-    applied = _apply(plan, step, args)
+    applied = apply_strictly(plan, step, args)
     default = jax.jit(step).lower(*args).compile().as_text()
     assert len(re.findall(r"\sall-gather\(", default)) == len(gathers) + others  # XLA:CPU merges none itself
-    assert _compiled_gathers(applied) == n_buckets + others
+    assert compiled_count(applied, "all-gather") == n_buckets + others
     assert_close(three_steps(applied, args), reference)
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer_lm"])
-def test_the_gather_baselines_apply(name):
+def test_the_gather_baselinesapply_strictly(name):
     step, args, graph, reference = setup(name, None)
     for baseline in baselines.GATHER_NAMES:
         plan = baselines.make(baseline, graph)
-        applied = _apply(plan, step, args)
-        assert _compiled_gathers(applied) == len(plan.gather_buckets), baseline
+        applied = apply_strictly(plan, step, args)
+        assert compiled_count(applied, "all-gather") == len(plan.gather_buckets), baseline
         assert_close(three_steps(applied, args), reference)
     layers = {baselines.layer_of(p) for p in _counts(graph)}
     per_layer = baselines.make("per_layer_gathers", graph)
@@ -91,16 +79,16 @@ def _counts(graph):
 
 def test_gather_buckets_keep_adamws_numbers_too():
     step, args, graph, reference = setup("mlp", None, "adamw")
-    applied = _apply(make_plan(gather_buckets=[_gathers(graph)]), step, args)
-    assert _compiled_gathers(applied) == 1
+    applied = apply_strictly(make_plan(gather_buckets=[_gathers(graph)]), step, args)
+    assert compiled_count(applied, "all-gather") == 1
     assert_close(three_steps(applied, args), reference)
 
 
 def test_gather_and_all_reduce_buckets_apply_together():
     step, args, graph, reference = setup("mlp", (2, 4))
     plan = baselines.make("one_bucket", graph).replace(gather_buckets=(tuple(_gathers(graph)),)).validate(graph)
-    applied = _apply(plan, step, args)
-    assert _compiled_gathers(applied) == 1
+    applied = apply_strictly(plan, step, args)
+    assert compiled_count(applied, "all-gather") == 1
     text = applied.compiled_text()
     assert len(re.findall(r"\sall-reduce(?:-start)?\(", text)) == len(plan.buckets)
     assert_close(three_steps(applied, args), reference)

@@ -5,19 +5,16 @@ that many reduce-scatters and no all-reduce of theirs, the numbers XLA's default
 from __future__ import annotations
 
 import functools
-import re
-import warnings
 
 import jax
 import pytest
 
 import disco
 import trax_models
-import xla_hooks
 from disco.plans import baselines
 from disco.plans.check import scatterable
 from disco.plans.plan import Bucket, FusionPlan
-from tests.support.equivalence import assert_close, three_steps
+from tests.support.equivalence import apply_strictly, assert_close, compiled_count, three_steps
 
 DEVICES = 8
 
@@ -30,16 +27,6 @@ def setup(name, mesh_shape):
     return step, args, graph, three_steps(jax.jit(step), args)
 
 
-def _count(applied, opcode: str) -> int:
-    return len(re.findall(rf"\s{opcode}(?:-start)?\(", applied.compiled_text()))
-
-
-def _apply(plan, step, args):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        applied = xla_hooks.apply(plan, step, *args, strict=True)
-    assert applied.applied, applied.fallback_reason
-    return applied
 
 
 @pytest.mark.parametrize(("name", "mesh_shape", "n_buckets"), [
@@ -62,9 +49,9 @@ def test_scatter_buckets_compile_to_that_many_reduce_scatters_and_keep_the_numbe
     plan = FusionPlan(buckets=tuple(Bucket(tuple(scatters[i:i + size]), "scatter")
                                     for i in range(0, len(scatters), size))
                       + tuple(Bucket((a,)) for a in rest)).validate(graph)
-    applied = _apply(plan, step, args)
-    assert _count(applied, "reduce-scatter") == n_buckets
-    assert _count(applied, "all-reduce") == len(rest)  # one per other all-reduce; none of the scattered members'
+    applied = apply_strictly(plan, step, args)
+    assert compiled_count(applied, "reduce-scatter") == n_buckets
+    assert compiled_count(applied, "all-reduce") == len(rest)  # one per other all-reduce; none of the scattered members'
     assert_close(three_steps(applied, args), reference)
 
 
@@ -73,6 +60,6 @@ def test_the_scatter_buckets_baseline_applies_with_gather_buckets():
     plan = baselines.make("scatter_buckets", graph)
     assert [b.build for b in plan.buckets] == ["scatter", "concat"]  # the gradient scatters; the loss and bias
     plan = plan.replace(gather_buckets=baselines.make("one_gather_bucket", graph).gather_buckets).validate(graph)
-    applied = _apply(plan, step, args)
-    assert (_count(applied, "reduce-scatter"), _count(applied, "all-reduce"), _count(applied, "all-gather")) == (1, 1, 1)
+    applied = apply_strictly(plan, step, args)
+    assert (compiled_count(applied, "reduce-scatter"), compiled_count(applied, "all-reduce"), compiled_count(applied, "all-gather")) == (1, 1, 1)
     assert_close(three_steps(applied, args), reference)
