@@ -8,8 +8,9 @@
   slices the result back; ``rs_ag`` does the same with a reduce-scatter and an
   all-gather in place of the all-reduce, the concatenation ending with zeros up to
   a multiple of the replica group size; ``scatter`` (gradient scatters only) lays each
-  member out as rows by device, concatenates them and reduce-scatters once, each member's
-  block replacing its dynamic-slices.
+  member out as rows by block, concatenates them and reduce-scatters once (then, where two or
+  more devices keep each block, as on a data x fsdp mesh, all-reduces the shard over them), each
+  member's block replacing its dynamic-slices.
 
 * Each gather bucket becomes one all-gather: every member's operand (its shard) is
   reshaped to 1-D and concatenated, gathered along dimension 0 over the members' replica
@@ -33,10 +34,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from disco.ir.hlo_module import Computation, Instruction, Module
 from disco.ir.hlo_parse import parse_module
+from disco.ir.scatter_blocks import ScatterBlock, scatter_blocks
 from disco.ir.opcodes import LITERAL_OPERAND_OPCODES
 from disco.plans.plan import FusionPlan
 
@@ -137,7 +140,11 @@ def _scatter_gather(name: str, cat: str, dtype: str, padded: int, p: int, attrs:
 
 
 def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], builds: Sequence[str],
-                     start_id: int) -> list[_Line]:
+                     start_id: int, blocks: Mapping[str, ScatterBlock] | None = None,
+                     channels: Iterator[int] | None = None) -> list[_Line]:
+    """The buckets' all-reduces rewritten; ``blocks`` (by all-reduce name, :func:`scatter_blocks` of
+    the computation) says how a "scatter" bucket's members scatter, ``channels`` gives the channel
+    ids of the all-reduces a "scatter" bucket adds (where two or more devices keep each block)."""
     by_name = {ln.name: ln for ln in lines}
     out = [ln for ln in lines]
     for k, (members, build) in enumerate(zip(buckets, builds), start=start_id):
@@ -152,7 +159,11 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
         out = [ln for ln in out if ln.name not in removed]
         bname = f"{PREFIX}.bucket.{k}"
         if build == "scatter":
-            out = _scatter_bucket(out, bname, ars, attrs, order)
+            if blocks is None or ars[0].name not in blocks or blocks[ars[0].name].dim is None:
+                raise ValueError(f"bucket {k}: {ars[0].name!r} is no gradient scatter of this computation; "
+                                 "the plan must be validated first")
+            out = _scatter_bucket(out, bname, ars, attrs, order, blocks[ars[0].name],
+                                  channels if channels is not None else itertools.count(1 << 20))
         elif build == "tuple":
             shape = "(" + ", ".join(a.shape for a in ars) + ")"
             out.append(_Line(bname, shape, "all-reduce", [a.operands[0] for a in ars], attrs, order=order))
@@ -196,20 +207,25 @@ def _rewrite_buckets(lines: list[_Line], buckets: Sequence[Sequence[str]], build
 
 
 def _scatter_bucket(lines: list[_Line], bname: str, ars: Sequence[_Line], attrs: list[tuple[str, str]],
-                    order: float) -> list[_Line]:
+                    order: float, block: ScatterBlock, channels: Iterator[int]) -> list[_Line]:
     """A "scatter" bucket: ``ars`` (all-reduces whose every user is a dynamic-slice keeping this device's
-    block, as plan validation checks) as one reduce-scatter, their dynamic-slices replaced.
+    block, all scattering as ``block`` says, as plan validation checks) as one reduce-scatter, then
+    (where two or more devices keep each block) one all-reduce of the shard, their dynamic-slices replaced.
 
-    Member ``j`` of ``n_j`` elements, scattered along dimension ``d_j`` over groups of ``p``: its
-    operand with ``d_j`` moved to the front (a transpose, unless ``d_j`` is 0) reshaped to
-    ``[p, n_j / p]`` puts device ``i``'s block in row ``i``. The rows are concatenated along
-    dimension 1 (``[p, total]``) and reduce-scattered along dimension 0 (``[1, total]``, the
-    all-reduce's groups, reduction and channel); member ``j``'s columns are reshaped (and
-    transposed) back to the shard's shape, under the name of each of its dynamic-slices.
+    Member ``j`` of ``n_j`` elements, cut into ``k`` blocks along dimension ``d_j``: its operand with
+    ``d_j`` moved to the front (a transpose, unless ``d_j`` is 0) reshaped to ``[k, n_j / k]`` puts block
+    ``b`` in row ``b``. The rows are concatenated along dimension 1 (``[k, total]``) and reduce-scattered
+    along dimension 0 over ``block.scatter_groups`` (each listing one device per block in block order, so
+    the ``b``-th device gets row ``b``; the all-reduce's own groups when they are those) with the
+    all-reduce's reduction and channel (``[1, total]``). Over ``block.across_groups``, the devices keeping
+    the same block, the row is then all-reduced (a new channel from ``channels``): each device holds its
+    block reduced over the whole replica group, as the all-reduce and the dynamic-slice gave it. Member
+    ``j``'s columns are reshaped (and transposed) back to the shard's shape, under the name of each of
+    its dynamic-slices.
     """
     import math
 
-    p = _group_size(bname, attrs)
+    k = block.blocks
     dtype = _dims(ars[0].shape)[0]
     members = {a.name for a in ars}
     slices = {a.name: [ln for ln in lines if ln.opcode == "dynamic-slice" and ln.operands[:1] == [a.name]]
@@ -222,7 +238,7 @@ def _scatter_bucket(lines: list[_Line], bname: str, ars: Sequence[_Line], attrs:
         shard = _dims(slices[a.name][0].shape)[1]
         dim = next(i for i, (f, s) in enumerate(zip(full, shard)) if f != s)
         perm = [dim, *(i for i in range(len(full)) if i != dim)]
-        m = math.prod(full) // p
+        m = math.prod(full) // k
         src = a.operands[0]
         if dim:
             moved = f"{bname}.front.{j}"
@@ -230,31 +246,47 @@ def _scatter_bucket(lines: list[_Line], bname: str, ars: Sequence[_Line], attrs:
                              [("dimensions", "{" + ",".join(map(str, perm)) + "}")], order=order))
             src = moved
         row = f"{bname}.rows.{j}"
-        out.append(_Line(row, f"{dtype}[{p},{m}]", "reshape", [src], [], order=order))
+        out.append(_Line(row, f"{dtype}[{k},{m}]", "reshape", [src], [], order=order))
         rows.append(row)
         pieces.append((a, shard, perm, total, m))
         total += m
     cat = f"{bname}.concat"
-    out.append(_Line(cat, f"{dtype}[{p},{total}]", "concatenate", rows, [("dimensions", "{1}")], order=order))
-    out.append(_Line(bname, f"{dtype}[1,{total}]", "reduce-scatter", [cat], attrs + [("dimensions", "{0}")],
+    out.append(_Line(cat, f"{dtype}[{k},{total}]", "concatenate", rows, [("dimensions", "{1}")], order=order))
+    from disco.ir.replica_groups import replica_group_lists
+
+    groups_text = _groups_attr(block.scatter_groups)
+    own = dict(attrs).get("replica_groups")
+    rs_attrs = [(key, v if key != "replica_groups" or replica_group_lists(own) == list(block.scatter_groups)
+                 else groups_text) for key, v in attrs]
+    scattered = f"{bname}.scatter" if block.across_groups else bname
+    out.append(_Line(scattered, f"{dtype}[1,{total}]", "reduce-scatter", [cat], rs_attrs + [("dimensions", "{0}")],
                      order=order))
+    if block.across_groups:
+        ar_attrs = [(key, _groups_attr(block.across_groups) if key == "replica_groups"
+                     else f"{next(channels)}" if key == "channel_id" else v) for key, v in attrs]
+        out.append(_Line(bname, f"{dtype}[1,{total}]", "all-reduce", [scattered], ar_attrs, order=order))
     for j, (a, shard, perm, off, m) in enumerate(pieces):
         at = order + 1e-6 * (j + 1)
         piece = f"{bname}.piece.{j}"
         out.append(_Line(piece, f"{dtype}[1,{m}]", "slice", [bname], [("slice", f"{{[0:1], [{off}:{off + m}]}}")],
                          order=at))
-        block = f"{bname}.block.{j}"
-        out.append(_Line(block, _shape(dtype, [shard[i] for i in perm]), "reshape", [piece], [], order=at))
-        src = block
+        blk = f"{bname}.block.{j}"
+        out.append(_Line(blk, _shape(dtype, [shard[i] for i in perm]), "reshape", [piece], [], order=at))
+        src = blk
         if perm[0]:
             back = f"{bname}.back.{j}"
             inverse = [perm.index(i) for i in range(len(perm))]
-            out.append(_Line(back, _shape(dtype, shard), "transpose", [block],
+            out.append(_Line(back, _shape(dtype, shard), "transpose", [blk],
                              [("dimensions", "{" + ",".join(map(str, inverse)) + "}")], order=at))
             src = back
         for ds in slices[a.name]:
             out.append(_Line(ds.name, ds.shape, "reshape", [src], [], is_root=ds.is_root, order=max(ds.order, at)))
     return out
+
+
+def _groups_attr(groups: Sequence[Sequence[int]]) -> str:
+    """Replica groups as HLO's explicit ``{{0,1},{2,3}}``."""
+    return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
 
 
 def _dims(shape: str) -> tuple[str, list[int]]:
@@ -438,13 +470,18 @@ def apply_plan_to_text(text: str, plan: FusionPlan, module: Module | None = None
     new_comps: dict[str, str] = {}
     extra: dict[str, list[str]] = {}
     next_group, next_bucket, next_gather = 0, 0, 0
+    channels = itertools.count(1 + max((int(ins.attrs["channel_id"]) for comp in module.computations
+                                        for ins in comp.instructions if ins.attrs.get("channel_id", "").isdigit()),
+                                       default=0))
     for comp in module.computations:
         if comp.name not in touched:
             continue
         lines = [_line(ins, i) for i, ins in enumerate(comp.instructions)]
         lines = _rewrite_cuts(lines, cuts_by_comp.get(comp.name, []))
         bks = buckets_by_comp.get(comp.name, [])
-        lines = _rewrite_buckets(lines, [m for m, _ in bks], [b for _, b in bks], next_bucket)
+        blocks = ({b.all_reduce: b for b in scatter_blocks(comp.instructions, {})}
+                  if any(b == "scatter" for _, b in bks) else None)
+        lines = _rewrite_buckets(lines, [m for m, _ in bks], [b for _, b in bks], next_bucket, blocks, channels)
         next_bucket += len(bks)
         gbs = gathers_by_comp.get(comp.name, [])
         lines = _rewrite_gather_buckets(lines, gbs, next_gather)

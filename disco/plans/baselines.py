@@ -71,7 +71,7 @@ from typing import Any, NamedTuple
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.step_checks import all_reduce_dependencies
 from disco.plans import options as plan_options
-from disco.plans.check import bucket_class, gather_class, scatterable
+from disco.plans.check import bucket_class, gather_class, scatter_groups, scatterable
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
@@ -287,8 +287,10 @@ def _gather_buckets(graph: HloGraph, *, per_layer: bool) -> tuple[tuple[str, ...
 
 def _scatter_buckets(graph: HloGraph) -> tuple[Bucket, ...]:
     """``scatter_buckets``: the gradient scatters a "scatter" bucket may hold
-    (:func:`disco.plans.check.scatterable`) in one "scatter" bucket per class, every other all-reduce
-    in one "concat" bucket per class (as ``one_bucket``), in program order of their first members."""
+    (:func:`disco.plans.check.scatterable`) in one "scatter" bucket per class and way of scattering
+    (:func:`disco.plans.check.scatter_groups`: on a data x fsdp mesh those over "fsdp" and those over
+    both axes), every other all-reduce in one "concat" bucket per class (as ``one_bucket``), in program
+    order of their first members."""
     ok = scatterable(graph)
     if not ok:
         raise ValueError("baseline 'scatter_buckets': the graph has no gradient scatter a 'scatter' bucket may hold "
@@ -297,7 +299,12 @@ def _scatter_buckets(graph: HloGraph) -> tuple[Bucket, ...]:
     ars = graph.all_reduces()
     deps = all_reduce_dependencies(graph)
     everything = lambda i: 1 << 62  # noqa: E731
-    buckets = (_greedy([n for n in ars if n.name in ok], everything, build="scatter", deps=deps)
+    how = scatter_groups(graph)
+    ways: dict[tuple, list[Node]] = {}
+    for n in ars:
+        if n.name in ok:
+            ways.setdefault(how[n.name], []).append(n)
+    buckets = (tuple(b for way in ways.values() for b in _greedy(way, everything, build="scatter", deps=deps))
                + _greedy([n for n in ars if n.name not in ok], everything, deps=deps))
     order = {n.name: i for i, n in enumerate(ars)}
     return tuple(sorted(buckets, key=lambda b: order[b.members[0]]))

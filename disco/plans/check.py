@@ -367,9 +367,15 @@ def scatterable(graph: HloGraph) -> dict[str, tuple[str, ...]]:
     return {b.all_reduce: b.slices for b in blocks if roles.get(b.all_reduce) == "grad_scatter"}
 
 
+def scatter_groups(graph: HloGraph) -> dict[str, tuple]:
+    """Per :func:`scatterable` all-reduce, how it scatters: its (scatter groups, across groups)
+    (:class:`disco.ir.scatter_blocks.ScatterBlock`). A "scatter" bucket's members share them."""
+    return {b.all_reduce: (b.scatter_groups, b.across_groups) for b in graph.scatter_blocks if b.dim is not None}
+
+
 def check_scatter_buckets(plan: FusionPlan, graph: HloGraph, owner: dict[str, str]) -> None:
-    """Each "scatter" bucket holds only :func:`scatterable` all-reduces, and no fusion group holds the
-    dynamic-slices it replaces.
+    """Each "scatter" bucket holds only :func:`scatterable` all-reduces that scatter over the same
+    groups (:func:`scatter_groups`), and no fusion group holds the dynamic-slices it replaces.
 
     Raises:
       ValueError: naming the bucket, the member and why it cannot be scattered.
@@ -380,12 +386,22 @@ def check_scatter_buckets(plan: FusionPlan, graph: HloGraph, owner: dict[str, st
     for bi, bucket in enumerate(plan.buckets or ()):
         if bucket.build != "scatter":
             continue
+        first = None
         for name in bucket.members:
             if name in ok:
                 held = [s for s in ok[name] if s in owner]
                 if held:
                     raise ValueError(f"bucket {bi}: build 'scatter' replaces {name!r}'s dynamic-slice {held[0]!r}, "
                                      f"which {owner[held[0]]} holds; leave it out of the group")
+                b = blocks[name]
+                if first is None:
+                    first = b
+                elif (b.scatter_groups, b.across_groups) != (first.scatter_groups, first.across_groups):
+                    raise ValueError(
+                        f"bucket {bi}: {name!r} is a reduce-scatter of {b.blocks} blocks over "
+                        f"{_groups_text(b.scatter_groups)}{_across_text(b)}, but {first.all_reduce!r} of "
+                        f"{first.blocks} over {_groups_text(first.scatter_groups)}{_across_text(first)}; a "
+                        "'scatter' bucket merges only gradient scatters over the same groups")
                 continue
             if roles is None:
                 roles = {c.name: c.role for c in graph.collective_roles()}
@@ -399,6 +415,15 @@ def check_scatter_buckets(plan: FusionPlan, graph: HloGraph, owner: dict[str, st
             raise ValueError(f"bucket {bi}: {name!r} cannot be in a 'scatter' bucket: {why}. A 'scatter' bucket "
                              "holds only gradient scatters (all-reduces whose every user is a dynamic-slice "
                              "keeping this device's block); use build 'concat'")
+
+
+def _groups_text(groups: tuple[tuple[int, ...], ...]) -> str:
+    text = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _across_text(block) -> str:
+    return f" then an all-reduce over {_groups_text(block.across_groups)}" if block.across_groups else ""
 
 
 def check_gather_buckets(gather_buckets: tuple[tuple[str, ...], ...], graph: HloGraph, index: dict[str, int],

@@ -49,6 +49,8 @@ class MoveContext:
         block, :func:`disco.plans.check.scatterable`). Those dynamic-slices are in no fusible pair, so
         no move puts one in a group (a "scatter" bucket replaces them; a start plan's group may hold
         one, and then ``switch_build`` leaves that bucket "concat").
+      ar_scatter_way: ``ar_scatterable`` node -> the id of its way of scattering (its scatter and across
+        groups, :func:`disco.plans.check.scatter_groups`); a "scatter" bucket's members share one.
       backend: "cpu" or "gpu"; on "gpu" ``fusible_nbrs``/``fusible_nodes`` are empty.
       cut_edges: (producer, consumer) node pairs a cut may go on (see :func:`add_cut`).
       options: the backend's compile-option table.
@@ -74,6 +76,7 @@ class MoveContext:
     ar_reach: Mapping[int, int]
     ar_splittable: frozenset[int] = frozenset()
     ar_scatterable: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    ar_scatter_way: Mapping[int, int] = dataclasses.field(default_factory=dict)
     backend: str = "cpu"
     cut_edges: tuple[tuple[int, int], ...] = ()
     options: tuple[plan_options.CompileOption, ...] = ()
@@ -137,6 +140,8 @@ def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
     allowed = plan_check.groupable(graph, {i: pred[i] for i in range(n)})
     index = graph.index()
     scatter = plan_check.scatterable(graph)
+    how = plan_check.scatter_groups(graph) if scatter else {}
+    ways: dict[tuple, int] = {}
     replaced = {index[s] for slices in scatter.values() for s in slices}  # what a "scatter" bucket replaces
     ok = [allowed[i] and nd.opcode != "constant" and backend != "gpu" and i not in replaced
           for i, nd in enumerate(nodes)]
@@ -178,5 +183,6 @@ def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
         ar_splittable=frozenset(i for i in ar_class if not nodes[i].shape.startswith("(")
                                 and replica_group_size(nodes[i].replica_groups) is not None),
         ar_scatterable={index[a]: tuple(index[s] for s in slices) for a, slices in scatter.items()},
+        ar_scatter_way={index[a]: ways.setdefault(how[a], len(ways)) for a in scatter},
         backend=backend, cut_edges=_cut_edges(graph, succ), options=plan_options.table(backend),
         gather_class=_gather_classes(graph, pred))

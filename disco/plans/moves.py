@@ -447,8 +447,9 @@ def shift_gradient(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fu
 
 def switch_build(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
     """Switches a bucket between "concat" (one all-reduce) and "rs_ag" (reduce-scatter + all-gather),
-    or, for a bucket of gradient scatters only (``ctx.ar_scatterable``), between "concat" and
-    "scatter" (one reduce-scatter).
+    or, for a bucket of gradient scatters only (``ctx.ar_scatterable``) that scatter alike
+    (``ctx.ar_scatter_way``), between "concat" and "scatter" (one reduce-scatter; on a data x fsdp
+    mesh's gradients reduced over both axes, then an all-reduce of the shard over "data").
 
     "tuple" buckets are left alone (inside a shard_map body jaxlib cannot export them), and only
     buckets whose replica groups have a known size may become "rs_ag". A "concat" bucket that may
@@ -462,8 +463,9 @@ def switch_build(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusi
     grouped = {idx[n] for g in plan.groups for n in g} if scatterable and plan.groups else set()
 
     def scatters(b: Bucket) -> bool:
-        return bool(scatterable) and all(idx[m] in scatterable and grouped.isdisjoint(scatterable[idx[m]])
-                                         for m in b.members)
+        return (bool(scatterable) and all(idx[m] in scatterable and grouped.isdisjoint(scatterable[idx[m]])
+                                          for m in b.members)
+                and len({ctx.ar_scatter_way[idx[m]] for m in b.members}) == 1)
 
     ok = [i for i, b in enumerate(plan.buckets)
           if b.build in ("rs_ag", "scatter")

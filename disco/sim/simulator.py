@@ -120,7 +120,7 @@ from disco.sim.critical_path import critical_path
 from disco.sim.cpu_fusion import CpuFusion
 from disco.sim.patch import Patch, Patcher
 from disco.sim.timeline import Event, SimResult, timeline
-from disco.sim.units import COLL, KERNEL, FusionEmulation, UnitBuilder, node_kinds, rs_ag_time
+from disco.sim.units import COLL, KERNEL, FusionEmulation, UnitBuilder, node_kinds, rs_ag_time, scatter_time
 
 
 __all__ = ["ORDERS", "Event", "Order", "SimResult", "Simulator", "lower_bound", "simulate"]
@@ -338,13 +338,19 @@ class Simulator:
         comm = 0.0
         # per set of replica groups (only collectives over the same groups share a bucket): one all-reduce,
         # or one "rs_ag" bucket (cheaper with a tree), of all their bytes; where some of them are gradient
-        # scatters a "scatter" bucket may hold, or one reduce-scatter of all their bytes
+        # scatters a "scatter" bucket may hold, or one such bucket of all their bytes, for each way they
+        # scatter (a reduce-scatter, on a data x fsdp mesh then an all-reduce of the shard, which may cost
+        # less than a reduce-scatter over the whole group). Each is affine in the bytes with a non-negative
+        # intercept, so their minimum is concave, hence subadditive: no split of the bytes costs less.
         scatters = _scatter_nodes(self.graph)
-        scattered = {builder.group_cluster(i) for i in self._ars if i in scatters}
+        ways: dict[ClusterSpec, set] = {}
+        for i in self._ars:
+            if i in scatters:
+                ways.setdefault(builder.group_cluster(i), set()).add(builder.scatter_way(i))
         for over, ar_bytes in _bytes_by_group(self._ars, self._cbytes, builder.group_cluster):
             comm += min(self.costs.collective_time("all-reduce", ar_bytes, over),
                         rs_ag_time(self.costs, ar_bytes, over),
-                        *((self.costs.collective_time("reduce-scatter", ar_bytes, over),) if over in scattered else ()))
+                        *(scatter_time(self.costs, ar_bytes, way) for way in ways.get(over, ())))
         mode = self._patcher.mode("extend")
         gathers = [i for i in range(self._n) if nodes[i].opcode == "all-gather"]
         # one all-gather of all of them per set of groups: what every set of gather buckets costs at least
@@ -419,7 +425,8 @@ def lower_bound(graph: HloGraph, costs: CostModel, cluster: ClusterSpec) -> floa
     - ``comm`` is one all-reduce of all all-reduce bytes together, or one reduce-scatter plus one
       all-gather of them (an "rs_ag" bucket; cheaper than the all-reduce with the tree algorithm),
       (or, over groups where some all-reduces are gradient scatters a "scatter" bucket may hold,
-      one reduce-scatter of them all), whichever is less (any bucketing costs at least this, as the alpha-beta cost is affine in
+      one "scatter" bucket of them all for each way they scatter: a reduce-scatter, then on a data x
+      fsdp mesh an all-reduce of the shard), whichever is less (any bucketing costs at least this, as the alpha-beta cost is affine in
       bytes with a non-negative intercept), plus one all-gather of all all-gather bytes (a bound on
       every set of gather buckets, by the same argument), plus the time of every other collective.
 

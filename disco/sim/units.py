@@ -10,7 +10,7 @@ cached by their members, pricing a kernel with the cost model and a collective w
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from disco.ir.opcodes import COLLECTIVE_KIND, ZERO_COST_OPCODES
 from disco.ir.replica_groups import replica_group_lists
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 # What a node is.
 VIRTUAL, KERNEL, COLL = 0, 1, 2
 # What a cached unit is: a kernel, a collective, or a variadic (tuple / XLA-combined) all-reduce,
-# or a reduce-scatter plus all-gather ("rs_ag" bucket), or a reduce-scatter alone ("scatter" bucket).
+# or a reduce-scatter plus all-gather ("rs_ag" bucket), or a reduce-scatter ("scatter" bucket; then an
+# all-reduce of the shard where two or more devices keep each block).
 UNIT_KERNEL, UNIT_COLL, UNIT_VARIADIC, UNIT_RS_AG, UNIT_SCATTER = 0, 1, 2, 3, 4
 BUILD_UNIT = {"concat": UNIT_COLL, "tuple": UNIT_VARIADIC, "rs_ag": UNIT_RS_AG, "scatter": UNIT_SCATTER}
 # Units a bucket of one all-reduce still changes (a "concat" or "tuple" bucket of one is the all-reduce).
@@ -108,6 +109,25 @@ def rs_ag_time(costs: CostModel, nbytes: float, cluster: ClusterSpec) -> float:
                                   + costs.collective_time("all-gather", nbytes, cluster))
 
 
+def scatter_time(costs: CostModel, nbytes: float, way: ScatterWay) -> float:
+    """A "scatter" bucket's time: a reduce-scatter of its members' whole ``nbytes`` over a scatter group,
+    then, where two or more devices keep each block (a data x fsdp mesh's gradients reduced over both
+    axes), an all-reduce of the ``1 / k`` shard over the devices keeping one block."""
+    rs = costs.collective_time("reduce-scatter", nbytes, way.scatter_over)
+    return rs if way.across_over is None else rs + costs.collective_time("all-reduce", nbytes / way.blocks,
+                                                                         way.across_over)
+
+
+class ScatterWay(NamedTuple):
+    """How a gradient scatter's "scatter" bucket runs (:class:`disco.ir.scatter_blocks.ScatterBlock`):
+    the cluster of one of its scatter groups, of one of its across groups (None without them) and the
+    blocks ``k``."""
+
+    scatter_over: ClusterSpec
+    across_over: ClusterSpec | None
+    blocks: int
+
+
 class UnitBuilder:
     """Makes the units of one graph, cached by (mode, unit kind, members) across plans.
 
@@ -132,6 +152,7 @@ class UnitBuilder:
         self._cbytes = cbytes
         self._kernel_cache: dict[tuple[bool, tuple[int, ...]], float] = {}
         self._group_clusters: dict[str | None, ClusterSpec] = {}  # replica groups text -> the cluster of one group
+        self._blocks: dict[str, tuple] | None = None  # gradient scatter name -> (scatter groups, across groups)
         self.unit_cache: dict[tuple[str, int, tuple[int, ...]], Unit] = {}  # (fusion, UNIT_*, members)
 
     def group_cluster(self, node: int) -> ClusterSpec:
@@ -142,6 +163,18 @@ class UnitBuilder:
         if c is None:
             c = self._group_clusters[text] = over_group(self.cluster, replica_group_lists(text))
         return c
+
+    def scatter_way(self, node: int) -> ScatterWay:
+        """How a "scatter" bucket whose first member is ``node`` runs (a bucket's members scatter alike):
+        over its replica groups when each block is kept by one device, else over its scatter groups and
+        then its across groups (:func:`disco.plans.check.scatter_groups`)."""
+        if self._blocks is None:
+            self._blocks = {b.all_reduce: (b.scatter_groups, b.across_groups)
+                            for b in self.graph.scatter_blocks if b.dim is not None}
+        scatter, across = self._blocks.get(self.graph.nodes[node].name, ((), ()))
+        if not across:  # as the all-reduce's groups: one device per block
+            return ScatterWay(self.group_cluster(node), None, len(scatter[0]) if scatter else 0)
+        return ScatterWay(over_group(self.cluster, scatter), over_group(self.cluster, across), len(scatter[0]))
 
     @property
     def cbytes(self) -> list[int]:
@@ -191,7 +224,8 @@ class UnitBuilder:
         """One collective over ``members``; ``variadic`` (XLA's combined or a "tuple" bucket) adds the
         cluster's ``operand_latency`` for each operand after the first (on more than one device); ``unit=UNIT_RS_AG`` (an
         "rs_ag" bucket) prices it as a reduce-scatter followed by an all-gather of the same bytes, ``unit=UNIT_SCATTER``
-        (a "scatter" bucket of gradient scatters) as one reduce-scatter of the members' summed (whole) bytes."""
+        (a "scatter" bucket of gradient scatters) as one reduce-scatter of the members' summed (whole) bytes, then
+        (where two or more devices keep each block) one all-reduce of ``1 / k`` of them (:func:`scatter_time`)."""
         unit = unit if unit is not None else (UNIT_VARIADIC if variadic else UNIT_COLL)
         key = (mode.fusion, unit, members)
         u = self.unit_cache.get(key)
@@ -201,7 +235,7 @@ class UnitBuilder:
             if unit == UNIT_RS_AG:
                 dur = rs_ag_time(self.costs, nbytes, over)
             elif unit == UNIT_SCATTER:
-                dur = self.costs.collective_time("reduce-scatter", nbytes, over)
+                dur = scatter_time(self.costs, nbytes, self.scatter_way(members[0]))
             else:
                 dur = self.costs.collective_time(kind, nbytes, over)
             if unit == UNIT_VARIADIC and over.num_devices > 1:  # one device: every collective is free

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 
 def fsdp_text(*, p: int = 4, n_groups: int = 1, dim: int = 1, shard=(3, 2), positions=None, interleaved=False,
-              block=None, extra_user: bool = False) -> str:
-    """A step with one parameter shard ``p_`` (``shard``) whose gradient (``p`` times it along ``dim``) is
-    all-reduced over ``n_groups`` groups of ``p`` devices and sliced by ``offsets[partition-id]``;
-    ``positions[i]`` is the block the ``i``-th device of each group gets (its position by default),
-    ``block`` the slice's size along ``dim`` (the shard's by default)."""
-    full = [s * p if i == dim else s for i, s in enumerate(shard)]
+              block=None, extra_user: bool = False, blocks: int | None = None) -> str:
+    """A step with one parameter shard ``p_`` (``shard``) whose gradient (``blocks`` times it along ``dim``,
+    ``p`` by default) is all-reduced over ``n_groups`` groups of ``p`` devices and sliced by
+    ``offsets[partition-id]``; ``positions[i]`` is the block the ``i``-th device of each group gets (its
+    position by default), ``block`` the slice's size along ``dim`` (the shard's by default). With
+    ``blocks=4, p=8, positions=[0, 1, 2, 3] * 2`` it is a data x fsdp mesh's gradient scatter: reduced
+    over all 8 devices, sliced by the fsdp position."""
+    full = [s * (blocks or p) if i == dim else s for i, s in enumerate(shard)]
     size = list(shard)
     if block is not None:
         size[dim] = block

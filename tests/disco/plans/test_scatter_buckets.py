@@ -33,11 +33,12 @@ def test_a_member_that_is_no_gradient_scatter_is_refused_by_name():
     with pytest.raises(ValueError, match=r"^bucket 1: 'loss' cannot be in a 'scatter' bucket: it is a '[a-z_]+' "
                                          r"all-reduce, not a 'grad_scatter'.*use build 'concat'"):
         plan_of((("ar",), "scatter"), (("loss",), "scatter")).validate(graph)
-    permuted = HloGraph.from_hlo_text(fsdp_text(positions=[1, 0, 2, 3]))
+    uneven = HloGraph.from_hlo_text(fsdp_text(positions=[0, 0, 2, 3]))
     with pytest.raises(ValueError, match=r"^bucket 0: 'ar' cannot be in a 'scatter' bucket: its dynamic-slice 'slice' "
-                                         r"gives device 0 \(position 0 of its replica group \[0, 1, 2, 3\]\) the offset "
-                                         r"\[2\] along dimension 1, expected 0"):
-        plan_of((("ar",), "scatter"), (("loss",), "concat")).validate(permuted)
+                                         r"over the replica group \[0, 1, 2, 3\]: block 0 is kept by 2 of its 4 devices "
+                                         r"\(\[0, 1\]\) and block 1 by none; a reduce-scatter needs each of the 4 "
+                                         r"blocks kept by 1"):
+        plan_of((("ar",), "scatter"), (("loss",), "concat")).validate(uneven)
 
 
 @pytest.mark.fast
@@ -71,6 +72,32 @@ def test_the_rewrite_is_one_reduce_scatter_in_place_of_the_all_reduce_and_its_sl
         front, back = (nd for nd in rewritten.nodes if nd.opcode == "transpose")
         assert front.shape == f"f32[{4 * shard[dim]},{','.join(str(d) for i, d in enumerate(shard) if i != dim)}]"
         assert back.shape == by_name["slice"].shape
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_data_x_fsdp_scatter_is_rewritten_to_a_reduce_scatter_over_fsdp_then_an_all_reduce_over_data(dim):
+    text = fsdp_text(p=8, blocks=4, positions=[0, 1, 2, 3] * 2, dim=dim)
+    graph = HloGraph.from_hlo_text(text)
+    out = apply_plan_to_text(text, plan_of((("ar",), "scatter"), (("loss",), "concat")).validate(graph))
+    assert count_ops(out, ["reduce-scatter", "all-reduce"]) == {"reduce-scatter": 1, "all-reduce": 2}  # and the loss's
+    by_name = {nd.name: nd for nd in HloGraph.from_hlo_text(out).nodes}
+    rs = next(nd for nd in by_name.values() if nd.opcode == "reduce-scatter")
+    ar = by_name["disco.bucket.0"]
+    assert (rs.shape, rs.replica_groups) == ("f32[1,6]", "{{0,1,2,3},{4,5,6,7}}")  # [4, 6] rows by block
+    assert (ar.opcode, ar.shape, ar.replica_groups, ar.operands) == ("all-reduce", "f32[1,6]", "{{0,4},{1,5},{2,6},{3,7}}",
+                                                                    (rs.name,))
+    assert "channel_id=3" in out  # the new all-reduce's channel: after the module's 1 and 2
+    assert by_name["slice"].opcode == "reshape" and by_name["slice"].shape == "f32[3,2]"
+
+
+@pytest.mark.fast
+def test_a_table_in_another_order_reduce_scatters_over_the_group_listed_in_block_order():
+    text = fsdp_text(positions=[1, 0, 3, 2], n_groups=2)
+    graph = HloGraph.from_hlo_text(text)
+    out = apply_plan_to_text(text, plan_of((("ar",), "scatter"), (("loss",), "concat")).validate(graph))
+    rs = next(nd for nd in HloGraph.from_hlo_text(out).nodes if nd.opcode == "reduce-scatter")
+    assert rs.replica_groups == "{{1,0,3,2},{5,4,7,6}}"
 
 
 @pytest.mark.fast

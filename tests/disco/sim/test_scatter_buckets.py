@@ -28,6 +28,13 @@ def graph(n_groups: int = 2) -> HloGraph:
     return HloGraph.from_hlo_text(fsdp_text(n_groups=n_groups, shard=(256, 64)))
 
 
+@functools.cache
+def data_x_fsdp(fsdp: int = 4, data: int = 2) -> HloGraph:
+    """A data x fsdp mesh's gradient scatter: reduced over all devices, sliced by the fsdp position."""
+    return HloGraph.from_hlo_text(fsdp_text(p=fsdp * data, blocks=fsdp, positions=list(range(fsdp)) * data,
+                                            shard=(256, 64)))
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("cluster", sorted(CLUSTERS))
 @pytest.mark.parametrize("n_groups", [1, 2])
@@ -51,9 +58,31 @@ def test_a_scatter_bucket_is_one_reduce_scatter_cheaper_than_the_concat_buckets_
     assert sim.lower_bound() <= results["scatter"][1]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("cluster", sorted(CLUSTERS))
-def test_switching_to_and_from_scatter_is_repatched_exactly(cluster):
-    g = graph()
+@pytest.mark.parametrize(("fsdp", "data"), [(4, 2), (8, 2), (2, 4)])
+def test_a_data_x_fsdp_scatter_bucket_is_a_reduce_scatter_over_fsdp_then_an_all_reduce_of_the_shard_over_data(
+        cluster, fsdp, data):
+    g = data_x_fsdp(fsdp, data)
+    c = CLUSTERS[cluster]
+    sim = Simulator(g, AnalyticCosts(), c)
+    ar = next(n for n in g.nodes if n.name == "ar")
+    (blk,) = [b for b in g.scatter_blocks if b.all_reduce == "ar"]
+    res = sim.run(FusionPlan(buckets=(Bucket(("ar",), "scatter"), Bucket(("loss",), "concat"))))
+    (event,) = [e for e in res.timeline if e.stream == "comm" and "ar" in e.members]
+    fsdp_group = collectives.over_group(c, blk.scatter_groups)
+    data_group = collectives.over_group(c, blk.across_groups)
+    assert (fsdp_group.num_devices, data_group.num_devices) == (fsdp, data)
+    expected = (collectives.collective_time("reduce-scatter", ar.out_bytes, fsdp_group)
+                + collectives.collective_time("all-reduce", ar.out_bytes / fsdp, data_group))
+    assert event.duration == pytest.approx(expected, rel=1e-12)
+    assert sim.lower_bound() <= res.step_time
+
+
+@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
+@pytest.mark.parametrize("data_x_fsdp_mesh", [False, True])
+def test_switching_to_and_from_scatter_is_repatched_exactly(cluster, data_x_fsdp_mesh):
+    g = data_x_fsdp() if data_x_fsdp_mesh else graph()
     sim = Simulator(g, AnalyticCosts(), CLUSTERS[cluster])
     ref = Simulator(g, AnalyticCosts(), CLUSTERS[cluster])
     ctx = moves.context(g, sim.backend)
