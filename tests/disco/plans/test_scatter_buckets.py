@@ -124,6 +124,19 @@ def test_switch_build_goes_to_scatter_and_back_on_gradient_scatters_only():
 
 
 @pytest.mark.fast
+def test_on_a_data_x_fsdp_mesh_switch_build_and_the_baseline_make_scatter_buckets():
+    graph = HloGraph.from_hlo_text(fsdp_text(p=8, blocks=4, positions=[0, 1, 2, 3] * 2))
+    ctx = moves.context(graph)
+    assert set(ctx.ar_scatterable) == {ctx.index["ar"]} and set(ctx.ar_scatter_way.values()) == {0}
+    plan = plan_of((("ar",), "concat"), (("loss",), "concat"))
+    children = [moves.switch_build(plan, ctx, random.Random(s)) for s in range(40)]
+    assert "scatter" in {c.buckets[0].build for c in children}
+    for child in children:
+        child.validate(graph)
+    assert baselines.make("scatter_buckets", graph).buckets == (Bucket(("ar",), "scatter"), Bucket(("loss",), "concat"))
+
+
+@pytest.mark.fast
 def test_the_scatter_buckets_baseline():
     graph = HloGraph.from_hlo_text(fsdp_text())
     plan = baselines.make("scatter_buckets", graph)
