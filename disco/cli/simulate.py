@@ -177,7 +177,8 @@ def answer_lines(rows: list[dict[str, Any]], plans: dict[str, Any], graph: Any, 
 
 def check_plans_for(plans: dict[str, Any], device: str, tier: str) -> None:
     """Refuses a plan the cluster's backend cannot run (``xla_o1`` on CPU, with the reason) or the
-    tier cannot price (XLA:GPU's optimization level in the emulated tier, which does not model it).
+    tier cannot price (XLA:GPU's optimization level and loop passes in the emulated tier, which does not
+    model them).
 
     Raises:
       CliError: naming the plan.
@@ -191,9 +192,11 @@ def check_plans_for(plans: dict[str, Any], device: str, tier: str) -> None:
             plan_options.check(plan.compile_options, backend)
         except ValueError as e:
             raise CliError(f"plan {name!r}: {e}") from None
-        if tier == "emulated" and any(k == plan_options.OPTIMIZATION_LEVEL for k, _ in plan.compile_options):
-            raise CliError(f"plan {name!r}: the emulated tier does not model XLA:GPU's optimization level (the passes "
-                           "O1 turns on); price it with --tier compiled on a GPU cluster (deviceless XLA:GPU)")
+        unmodelled = plan_options.compiled_only(plan.compile_options) if tier == "emulated" else ()
+        if unmodelled:
+            raise CliError(f"plan {name!r}: the emulated tier does not model {', '.join(unmodelled)} (XLA:GPU's "
+                           "optimization level and loop passes); price it with --tier compiled on a GPU cluster "
+                           "(deviceless XLA:GPU)")
 
 
 def _gpu_compiled_rows(args: argparse.Namespace, text: str, plans: dict[str, Any], cm: Any,

@@ -18,7 +18,11 @@ would teach an H100 model CPU times. So for such a cluster the funnel stops befo
    of the compiled ranking with a :class:`~disco.optimizer.CompiledStageWarning`.
    Besides the search's candidates, the baselines sized for the cluster: ``saturating`` (gradient
    buckets sized to saturate its link) and, on a GPU cluster, ``maxtext`` (MaxText's combine
-   thresholds as compile options), when the graph has collectives they change.
+   thresholds and loop passes as compile options), when the graph has collectives they change; and,
+   on a GPU cluster whose step loops over collectives, the emulated tier's fastest row with XLA:GPU's
+   loop passes on (:func:`loop_pass_rows`: the collective pipeliner, double-buffered loops). Those
+   passes only the compiled tier models: an emulated price of a row carrying them is the price
+   without them (so the variant row is made only where the compiled tier runs).
 3. Peak memory per row, bytes per device (:attr:`PredictedRow.peak_memory_bytes`, where it came
    from in :attr:`~PredictedRow.memory_from`): the compiled tier's compile reports XLA's memory
    analysis of the executable it built (deviceless XLA:GPU's buffer assignment for an H100,
@@ -224,6 +228,7 @@ def predict(step_fn: Callable[..., Any], *args: Any, cluster: ClusterSpec, costs
     rows += cluster_baselines(target, {r.plan.digest() for r in rows} | {r.name for r in rows})
     compile_fn, note = (compile_fn, None) if compile_fn is not None else compiler(target)
     if compile_fn is not None:
+        rows += loop_pass_rows(target, rows)
         rows = _compiled(rows, compile_fn, target, config.compiled_top_k, report)
     priced = [r for r in rows if r.compiled_s is not None]
     tier = "compiled" if any(r.name == "xla_default" for r in priced) else "emulated"
@@ -263,6 +268,34 @@ def cluster_baselines(target: Target, seen: set[str]) -> list[PredictedRow]:
         seen |= {plan.name, plan.digest()}
         out.append(PredictedRow(plan.name, "baseline", plan.name, plan, target.simulator.step_time(plan)))
     return out
+
+
+def loops_hold_collectives(graph: Any) -> bool:
+    """Whether a ``while`` loop of ``graph`` (or a loop nested in one) runs a collective each iteration."""
+    return any(any(n.is_collective for n in loop.body.nodes) or loops_hold_collectives(loop.body)
+               for loop in graph.loops)
+
+
+def loop_pass_rows(target: Target, rows: list[PredictedRow]) -> list[PredictedRow]:
+    """On a GPU cluster whose step loops over collectives (``scan`` over layers gathering each layer's
+    shards, a micro-batch loop), the emulated tier's fastest row again with XLA:GPU's loop passes on
+    (:data:`disco.plans.baselines.MAXTEXT_LOOP_PASSES`: each collective pipelined across iterations,
+    double-buffered loops), named ``<row>+loop_passes``: a row only the compiled tier prices (the emulated
+    tier does not model those passes, so its emulated price is its source row's). None otherwise, or
+    when the fastest row sets one of those options itself."""
+    from disco.plans import baselines
+    from disco.plans import options as plan_options
+    from disco.sim.cluster_spec import backend_of
+
+    if backend_of(target.cluster.device) != "gpu" or not loops_hold_collectives(target.graph) or not rows:
+        return []
+    best = min(rows, key=lambda r: r.emulated_s)
+    if set(dict(best.plan.compile_options)) & set(plan_options.LOOP_PASSES):
+        return []
+    name = f"{best.name}+loop_passes"
+    options = tuple(sorted({**dict(best.plan.compile_options), **baselines.MAXTEXT_LOOP_PASSES}.items()))
+    plan = best.plan.replace(compile_options=options, name=name)
+    return [PredictedRow(name, best.kind, f"{best.name} with XLA:GPU's loop passes on", plan, best.emulated_s)]
 
 
 def _over(row: PredictedRow, limit: int | None) -> str | None:
@@ -328,13 +361,16 @@ def _emulated(row: PlanRow) -> PredictedRow:
 def _compiled(rows: list[PredictedRow], compile_fn: CompileFn, target: Target, top_k: int,
               progress: Progress) -> list[PredictedRow]:
     """``rows`` with compiled prices: all of them, or with ``top_k`` > 0 the ``top_k`` fastest by the
-    emulated tier and xla_default. A plan that does not compile keeps its emulated price and says why
+    emulated tier, xla_default and the rows with options only the compiled tier prices. A plan that does not compile keeps its emulated price and says why
     (:func:`disco.optimizer._compiled.price_plans`, the funnel's compiled stage's rule)."""
     from disco.sim import compiled, module_memory
     from disco.sim.cluster_spec import backend_of
 
+    from disco.plans import options as plan_options
+
     order = sorted(rows, key=lambda r: r.emulated_s)
-    names = {r.name for r in (order[:top_k] if top_k > 0 else order)} | {"xla_default"}
+    names = {r.name for r in (order[:top_k] if top_k > 0 else order)} | {"xla_default"} | {
+        r.name for r in rows if plan_options.compiled_only(r.plan.compile_options)}  # the emulated tier cannot rank them
     asked = [r for r in rows if r.name in names]
     backend = backend_of(target.cluster.device)
     memory: dict[str, tuple[int, str | None]] = {}  # digest -> (peak bytes, where it came from)

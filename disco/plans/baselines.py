@@ -25,14 +25,15 @@
   estimator on Hopper). Priced by the compiled tier (deviceless XLA:GPU) on GPU clusters; refused on
   CPU, which has none of these passes, and by the emulated tier, which does not model them.
 * ``maxtext`` (GPU): MaxText's XLA:GPU recipe for sharded steps as compile options: the all-gather,
-  reduce-scatter and all-reduce combine thresholds at 512 MiB each (:data:`MAXTEXT_THRESHOLD`).
-  The recipe also turns on pipelined all-gathers and reduce-scatters
-  (``xla_gpu_enable_pipelined_all_gather``, ``..._reduce_scatter``); those are left out: jax 0.11.2's
-  GPU compile rejected their all-reduce sibling ``xla_gpu_enable_pipelined_all_reduce`` ("No such
-  compile option", on an H100) and /work/shared/GPU_NOTES.md lists neither among the options that
-  compile accepts (``xla_o1``'s ``optimization_level=O1`` turns XLA's collective pipeliner on instead).
+  reduce-scatter and all-reduce combine thresholds at 512 MiB each (:data:`MAXTEXT_THRESHOLD`), the
+  collective pipeliner on for all three collectives and double-buffered loops
+  (:data:`disco.plans.options.LOOP_PASSES`). MaxText's older scripts write the pipeliner as the
+  booleans ``xla_gpu_enable_pipelined_all_gather=true`` and siblings, which jax 0.11.2's compile
+  rejects ("No such compile option"); its newer ones write the enum ``xla_gpu_pipeline_all_gather=on``
+  that 0.11.2 takes (per compile: ``COLLECTIVE_PIPELINING_MODE_ON``), so the recipe carries the enum.
+  Only the compiled tier prices the loop passes (the emulated tier prices the thresholds alone).
   Refused on CPU (:data:`disco.plans.options.CPU_HAS_NO_GATHER_COMBINER`: XLA:CPU has no all-gather or
-  reduce-scatter combiner).
+  reduce-scatter combiner, nor the loop passes).
 * ``saturating`` (any backend; needs ``cluster``): gradient buckets sized to saturate the link, the
   rule of PyTorch's pre-bucketing of FSDP collectives (pytorch/pytorch PR 179935): the smallest
   bucket whose collective spends at least ``efficiency`` (0.95) of its time moving bytes in the
@@ -81,6 +82,9 @@ GPU_NAMES = ("xla_tuned", "xla_o1", "auto_pgle", "maxtext")
 # Baselines sized from the cluster (``make(name, graph, cluster=...)``).
 LINK_NAMES = ("saturating",)
 MAXTEXT_THRESHOLD = 512 * (1 << 20)
+# MaxText's loop passes: the pipeliner on for every collective, double-buffered loops.
+MAXTEXT_LOOP_PASSES = {**dict.fromkeys(plan_options.PIPELINE_KEYS, plan_options.PIPELINE_ON),
+                       plan_options.DOUBLE_BUFFERING: "True"}
 # PyTorch PR 179935's pre-bucketing of FSDP collectives: its target efficiency, calibration multiplier
 # and clip (MiB: the PR's cap_mb is bytes / (1024 * 1024)).
 SATURATION_EFFICIENCY = 0.95
@@ -203,7 +207,8 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         raise ValueError(AUTO_PGLE_OFF_GPU)
     elif name == "maxtext":
         thr = str(MAXTEXT_THRESHOLD)
-        opts = {plan_options.THRESHOLD: thr, plan_options.GATHER_THRESHOLD: thr, plan_options.SCATTER_THRESHOLD: thr}
+        opts = {plan_options.THRESHOLD: thr, plan_options.GATHER_THRESHOLD: thr, plan_options.SCATTER_THRESHOLD: thr,
+                **MAXTEXT_LOOP_PASSES}
         plan = FusionPlan(compile_options=tuple(sorted(opts.items())), name=name)
         backend = kw.pop("backend", "gpu")
         if plan_options.normalize(backend) == "cpu":

@@ -32,6 +32,7 @@ _YNN_TAGS = {plan_options.YNN_NO_REDUCE: "ynn-noreduce", plan_options.YNN_DEFAUL
 _YNN_WORDS = {plan_options.YNN_NO_REDUCE: "reductions kept out of YNNPACK",
               plan_options.YNN_DEFAULT: "XLA:CPU's default YNNPACK ops"}
 _MB = 1 << 20
+_PIPELINE = "xla_gpu_pipeline_"
 
 
 def _option_tag(key: str, value: str) -> str:
@@ -45,6 +46,11 @@ def _option_tag(key: str, value: str) -> str:
         return "lhs" if value.lower() in ("true", "1") else "nolhs"
     if key == plan_options.OPTIMIZATION_LEVEL:
         return value.lower()
+    if key in plan_options.PIPELINE_KEYS:
+        return "pipe" + "".join(w[0] for w in key.removeprefix(_PIPELINE).split("_")) + "-" + (
+            value.removeprefix("COLLECTIVE_PIPELINING_MODE_").lower())
+    if key == plan_options.DOUBLE_BUFFERING:
+        return "dbuf" if value.lower() in ("true", "1") else "nodbuf"
     words = key.removeprefix("xla_").removeprefix("gpu_").removeprefix("cpu_").split("_")
     return "".join(w[:3] for w in words) + ("" if value.lower() in ("true", "1") else f"-{value.lower()[:8]}")
 
@@ -58,6 +64,11 @@ def _option_words(key: str, value: str) -> str:
         return "the latency-hiding scheduler " + ("on" if value.lower() in ("true", "1") else "off")
     if key == plan_options.OPTIMIZATION_LEVEL:
         return f"optimization level {value}"
+    if key in plan_options.PIPELINE_KEYS:
+        what = key.removeprefix(_PIPELINE).replace("_", "-")
+        return f"XLA's {what} pipelining {value.removeprefix('COLLECTIVE_PIPELINING_MODE_').lower()}"
+    if key == plan_options.DOUBLE_BUFFERING:
+        return "double-buffered loops " + ("on" if value.lower() in ("true", "1") else "off")
     return f"{key}={value}"
 
 

@@ -37,6 +37,23 @@ unrolled a 4-trip loop holding an all-reduce into 2 trips of two (measured with 
 the latency-hiding scheduler alone kept 4 trips). XLA:CPU has none of these passes: a plan carrying
 it is refused on CPU (:func:`check`).
 
+Outside the tables too, XLA:GPU's loop passes, each one switch of what ``O1`` turns on together
+(:data:`LOOP_PASSES`): the collective pipeliner per collective (``xla_gpu_pipeline_all_reduce``,
+``..._all_gather``, ``..._reduce_scatter``: a collective in a ``while`` loop's body moved to the
+iteration before or after, so it overlaps the next iteration's compute; in jax 0.11.2 an enum,
+``COLLECTIVE_PIPELINING_MODE_DEFAULT`` follows the optimization effort, ``_OFF``, ``_ON``; its
+``_EXPLICIT`` needs frontend attributes a plan does not write, so it is not offered) and
+double-buffered loops (``xla_gpu_enable_while_loop_double_buffering``: the body unrolled by two).
+jax 0.11.2's compile rejects the boolean generation MaxText's older scripts set
+(``xla_gpu_enable_pipelined_all_gather``, "No such compile option"; measured deviceless for an H100,
+2026-12-02); the enum generation is what it takes: a deviceless compile of a 4-trip loop whose body
+all-reduces a dot into a ``dynamic-update-slice`` of the loop's output kept 4 trips by default, 3
+(one iteration peeled: the pipeliner) with ``xla_gpu_pipeline_all_reduce=..._ON``, and 2 with double
+buffering. They change where a loop's collectives run, never what they sum. The emulated tier does
+not model them (it prices the step as if they were unset), so only the compiled tier prices a plan
+carrying one (:data:`COMPILED_ONLY`); XLA:CPU has none of these passes, so :func:`check` refuses
+them on CPU.
+
 Values are strings, as XLA parses them (booleans "True"/"False", sizes in bytes, choices
 one of the option's ``values``).
 
@@ -75,6 +92,23 @@ CPU_HAS_NO_OPTIMIZATION_LEVEL = (
     "pipelining, double-buffered loops and (Hopper, Blackwell) the speed-of-light latency estimator, and "
     "XLA:CPU has none of these passes; expected a GPU backend (a GPU cluster such as h100-sxm-8, priced "
     "through deviceless XLA:GPU, or a run on a GPU)")
+PIPELINE_ALL_REDUCE = "xla_gpu_pipeline_all_reduce"
+PIPELINE_ALL_GATHER = "xla_gpu_pipeline_all_gather"
+PIPELINE_REDUCE_SCATTER = "xla_gpu_pipeline_reduce_scatter"
+PIPELINE_KEYS: tuple[str, ...] = (PIPELINE_ALL_REDUCE, PIPELINE_ALL_GATHER, PIPELINE_REDUCE_SCATTER)
+_MODE = "COLLECTIVE_PIPELINING_MODE_"
+PIPELINE_DEFAULT, PIPELINE_OFF, PIPELINE_ON = _MODE + "DEFAULT", _MODE + "OFF", _MODE + "ON"
+PIPELINE_MODES: tuple[str, ...] = (PIPELINE_DEFAULT, PIPELINE_OFF, PIPELINE_ON)  # jax 0.11.2's enum, less EXPLICIT
+DOUBLE_BUFFERING = "xla_gpu_enable_while_loop_double_buffering"
+# XLA:GPU's loop passes a plan may switch one by one (module docstring): key -> the values it takes.
+LOOP_PASSES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(PIPELINE_KEYS, PIPELINE_MODES), DOUBLE_BUFFERING: ("False", "True")}
+# The options only the compiled tier prices: the emulated tier models none of the passes they turn on.
+COMPILED_ONLY: tuple[str, ...] = (OPTIMIZATION_LEVEL, *LOOP_PASSES)
+CPU_HAS_NO_LOOP_PASSES = (
+    "XLA:GPU's collective pipeliner and double-buffered loops move a while loop's collectives across its "
+    "iterations, and XLA:CPU runs neither pass; expected a GPU backend (a GPU cluster such as h100-sxm-8, "
+    "priced through deviceless XLA:GPU, or a run on a GPU)")
 _LIB = "LIBRARY_FUSION_TYPE_"
 YNN_FUSION_TYPES: tuple[str, ...] = tuple(_LIB + t for t in (
     "DOT", "ELTWISE", "REDUCE", "INDIVIDUAL_DOT", "INDIVIDUAL_CONVOLUTION"))  # jaxlib 0.10.2's enum
@@ -183,8 +217,8 @@ def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
     """Checks ``options`` for ``backend``: the values of its table's options; the other backend's
     table options (accepted and inert, e.g. the GPU options on XLA:CPU); and that any other key is
     one known to keep what the step computes (``_KEEP_RESULTS``), so that a plan never changes the
-    step's results; ``optimization_level`` and the all-gather / reduce-scatter thresholds only on GPU
-    (XLA:CPU has none of their passes).
+    step's results; ``optimization_level``, the loop passes (:data:`LOOP_PASSES`) and the all-gather /
+    reduce-scatter thresholds only on GPU (XLA:CPU has none of their passes).
 
     Raises:
       ValueError: naming the option, the value received and what was expected.
@@ -192,6 +226,9 @@ def check(options: tuple[tuple[str, str], ...], backend: str) -> None:
     for key, val in options:
         if key == OPTIMIZATION_LEVEL:
             _check_optimization_level(val, backend)
+            continue
+        if key in LOOP_PASSES:
+            _check_loop_pass(key, val, backend)
             continue
         if key in _GPU_ONLY and normalize(backend) == "cpu":
             raise ValueError(f"compile option {key}={val!r} on cpu: {_GPU_ONLY[key]}")
@@ -225,6 +262,26 @@ def _check_optimization_level(val: str, backend: str) -> None:
                          f"got {val!r}")
 
 
+def _check_loop_pass(key: str, val: str, backend: str) -> None:
+    """Refuses a loop pass's option on CPU (with the reason) and a value it does not take."""
+    if normalize(backend) == "cpu":
+        raise ValueError(f"compile option {key}={val!r} on cpu: {CPU_HAS_NO_LOOP_PASSES}")
+    if key == DOUBLE_BUFFERING:
+        try:
+            as_bool(val)
+        except ValueError:
+            raise ValueError(f"compile option {key}: expected True or False, got {val!r}") from None
+    elif val not in LOOP_PASSES[key]:
+        hint = (f" (XLA_FLAGS' {val!r} is written {_MODE}{val.upper()} per compile)"
+                if _MODE + str(val).upper() in LOOP_PASSES[key] else "")
+        raise ValueError(f"compile option {key}: expected one of {', '.join(LOOP_PASSES[key])}, got {val!r}{hint}")
+
+
+def compiled_only(options: Mapping[str, str] | tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """The keys of ``options`` that only the compiled tier prices (:data:`COMPILED_ONLY`)."""
+    return tuple(k for k in dict(options) if k in COMPILED_ONLY)
+
+
 def _check_outside_table(key: str, val: str, backend: str) -> None:
     """Refuses an option outside ``backend``'s table unless another backend's table lists it or it
     keeps the step's results (``_KEEP_RESULTS``)."""
@@ -236,6 +293,6 @@ def _check_outside_table(key: str, val: str, backend: str) -> None:
     if allowed:
         raise ValueError(f"compile option {key}: expected {' or '.join(allowed)}, got {val!r} (other values "
                          "change what the step computes)")
-    known = sorted({o.key for table_ in _TABLES.values() for o in table_} | set(_KEEP_RESULTS) | {OPTIMIZATION_LEVEL})
+    known = sorted({o.key for table_ in _TABLES.values() for o in table_} | set(_KEEP_RESULTS) | set(COMPILED_ONLY))
     raise ValueError(f"compile option {key}={val!r}: not one a plan may carry; plans carry only options "
                      f"that keep what the step computes: {', '.join(known)}")

@@ -14,6 +14,7 @@ import pytest
 from disco.ir import hlo_parse
 from disco.ir.graph import HloGraph
 from disco.plans import baselines
+from disco.plans import options as plan_options
 from disco.sim import compiled as C
 from disco.sim.cluster_presets import preset
 from disco.sim.costs.device_costs import analytic
@@ -168,6 +169,73 @@ def test_xla_o1_is_priced_as_xla_gpus_o1_compile(tmp_path, monkeypatch):
     assert ars["default"] == [("all-reduce", 4)] and ars["xla_o1"] == [("all-reduce", 2), ("all-reduce", 2)]
     # the same work either way: 4 dots and 4 all-reduces per step
     assert sum(k.executions for k, _ in priced["xla_o1"].kernels) == sum(k.executions for k, _ in priced["default"].kernels)
+
+
+# A 4-trip loop writing each iteration's all-reduced dot into a slice of its output (what a scan's
+# transpose writes a layer's gradient with): the pattern XLA's collective pipeliner moves.
+WRITE_LOOP = """HloModule loop2, entry_computation_layout={(f32[4,256,256]{2,1,0}, f32[256,256]{1,0})->f32[4,256,256]{2,1,0}}
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+cond {
+  p = (s32[], f32[4,256,256]{2,1,0}, f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(4)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], f32[4,256,256]{2,1,0}, f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  xs = f32[4,256,256]{2,1,0} get-tuple-element(p), index=1
+  w = f32[256,256]{1,0} get-tuple-element(p), index=2
+  out = f32[4,256,256]{2,1,0} get-tuple-element(p), index=3
+  z = s32[] constant(0)
+  xi = f32[1,256,256]{2,1,0} dynamic-slice(xs, i, z, z), dynamic_slice_sizes={1,256,256}
+  x = f32[256,256]{1,0} reshape(xi)
+  d = f32[256,256]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ar = f32[256,256]{1,0} all-reduce(d), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=sum
+  ar3 = f32[1,256,256]{2,1,0} reshape(ar)
+  out2 = f32[4,256,256]{2,1,0} dynamic-update-slice(out, ar3, i, z, z)
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  ROOT t = (s32[], f32[4,256,256]{2,1,0}, f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) tuple(i1, xs, w, out2)
+}
+
+ENTRY main {
+  xs = f32[4,256,256]{2,1,0} parameter(0)
+  w = f32[256,256]{1,0} parameter(1)
+  zero = s32[] constant(0)
+  c0 = f32[] constant(0)
+  o = f32[4,256,256]{2,1,0} broadcast(c0), dimensions={}
+  t = (s32[], f32[4,256,256]{2,1,0}, f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) tuple(zero, xs, w, o)
+  wl = (s32[], f32[4,256,256]{2,1,0}, f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) while(t), condition=cond, body=body
+  ROOT r = f32[4,256,256]{2,1,0} get-tuple-element(wl), index=3
+}
+"""
+
+
+def test_each_loop_pass_reaches_xla_gpu_one_by_one_and_is_priced(tmp_path, monkeypatch):
+    """The collective pipeliner peels one iteration (4 trips -> 3), double buffering unrolls by two
+    (-> 2), and MaxText's recipe does both; the compiled tier prices each module's trips."""
+    monkeypatch.setenv(deviceless.CACHE_ENV, str(tmp_path))
+    o = plan_options
+    variants = {"default": {}, "pipelined": {o.PIPELINE_ALL_REDUCE: o.PIPELINE_ON},
+                "double_buffered": {o.DOUBLE_BUFFERING: "True"},
+                "maxtext": baselines.make("maxtext", HloGraph.from_hlo_text(WRITE_LOOP)).compiler_options("gpu")}
+    texts = {name: deviceless.compile_hlo(WRITE_LOOP, target="h100", devices=8, options=opts)
+             for name, opts in variants.items()}
+    trips = {name: re.findall(r'known_trip_count":\{"n":"(\d+)"', t) for name, t in texts.items()}
+    assert trips["default"] == ["4"] and trips["pipelined"] == ["3"] and trips["double_buffered"] == ["2"]
+    assert trips["maxtext"] != ["4"]
+    priced = {name: C.price(t, analytic("h100"), preset("h100-sxm-8")) for name, t in texts.items()}
+    runs = {name: sum(c.executions for c in r.collectives) for name, r in priced.items()}
+    assert runs == dict.fromkeys(variants, 4)  # every variant all-reduces 4 times a step: moved, not dropped
+    assert all(r.step_time_s > 0 for r in priced.values())
 
 
 def test_cli_prices_xla_o1_beside_xla_default_in_the_compiled_tier(tmp_path, monkeypatch, capsys):

@@ -10,6 +10,7 @@ import pytest
 
 import trax_models
 from disco.optimizer import CompiledStageWarning, measures_here, optimize, predict
+from disco.plans import baselines
 from disco.sim.cluster import preset
 from xla_hooks import deviceless
 
@@ -118,7 +119,9 @@ def test_a_gpu_clusters_prediction_has_the_maxtext_row_and_a_peak_per_row(fsdp8_
     assert maxtext.kind == "baseline" and dict(maxtext.plan.compile_options) == {
         "xla_gpu_all_gather_combine_threshold_bytes": str(512 << 20),
         "xla_gpu_all_reduce_combine_threshold_bytes": str(512 << 20),
-        "xla_gpu_reduce_scatter_combine_threshold_bytes": str(512 << 20)}
+        "xla_gpu_reduce_scatter_combine_threshold_bytes": str(512 << 20),
+        **baselines.MAXTEXT_LOOP_PASSES}
+    assert not any(row.name.endswith("+loop_passes") for row in r.rows)  # only the compiled tier prices them
     # saturating's buckets (about 122 MiB on h100-sxm-8) hold a tiny model's gradients in one: an earlier row's plan
     assert "saturating" not in {row.name for row in r.rows} or r.row("saturating").plan.buckets
     assert all(row.peak_memory_bytes and row.memory_from == "xla-cpu" for row in r.rows)

@@ -41,14 +41,41 @@ def test_the_baselines_validate_on_an_fsdp_zoo_graph(fsdp):
         maxtext.validate(g, "cpu")
 
 
-def test_maxtext_is_the_three_thresholds_at_512_mib_and_reaches_the_gpu_compile():
+def test_maxtext_is_the_three_thresholds_at_512_mib_and_its_loop_passes_and_reaches_the_gpu_compile():
     plan = baselines.make("maxtext", graph([40, 40]))
     opts = plan.compiler_options("gpu")
     keys = (plan_options.THRESHOLD, plan_options.GATHER_THRESHOLD, plan_options.SCATTER_THRESHOLD)
     assert {k: int(opts[k]) for k in keys} == dict.fromkeys(keys, 512 * MIB)
-    assert {k for k in opts if k.startswith("xla_gpu_enable_pipelined")} == set()  # left out: see its docstring
     for key in keys:
         assert plan_options.spec(key, "gpu") is not None  # in the GPU table: a search may step them
+    # the pipeliner on for each collective, as jax 0.11.2 takes it (the enum), and double-buffered loops
+    assert {k: opts[k] for k in plan_options.LOOP_PASSES} == {
+        "xla_gpu_pipeline_all_reduce": "COLLECTIVE_PIPELINING_MODE_ON",
+        "xla_gpu_pipeline_all_gather": "COLLECTIVE_PIPELINING_MODE_ON",
+        "xla_gpu_pipeline_reduce_scatter": "COLLECTIVE_PIPELINING_MODE_ON",
+        "xla_gpu_enable_while_loop_double_buffering": "True"}
+    assert not any(k.startswith("xla_gpu_enable_pipelined") for k in opts)  # the booleans 0.11.2 rejects
+    assert set(plan_options.compiled_only(plan.compile_options)) == set(plan_options.LOOP_PASSES)
+
+
+@pytest.mark.fast
+def test_loop_passes_are_gpu_options_with_their_values_checked():
+    on = plan_options.PIPELINE_ON
+    plan_options.check(((plan_options.PIPELINE_ALL_GATHER, on), (plan_options.DOUBLE_BUFFERING, "False")), "gpu")
+    with pytest.raises(ValueError, match=r"^compile option xla_gpu_pipeline_all_gather='COLLECTIVE_PIPELINING_MODE_ON' "
+                                         r"on cpu: XLA:GPU's collective pipeliner and double-buffered loops .* XLA:CPU "
+                                         r"runs neither pass; expected a GPU backend"):
+        plan_options.check(((plan_options.PIPELINE_ALL_GATHER, on),), "cpu")
+    with pytest.raises(ValueError, match=r"xla_gpu_pipeline_reduce_scatter: expected one of "
+                                         r"COLLECTIVE_PIPELINING_MODE_DEFAULT, .*, got 'on' \(XLA_FLAGS' 'on' is "
+                                         r"written COLLECTIVE_PIPELINING_MODE_ON per compile\)"):
+        plan_options.check(((plan_options.PIPELINE_REDUCE_SCATTER, "on"),), "gpu")
+    with pytest.raises(ValueError, match=r"COLLECTIVE_PIPELINING_MODE_ON, got 'sometimes'$"):
+        plan_options.check(((plan_options.PIPELINE_ALL_REDUCE, "sometimes"),), "gpu")
+    with pytest.raises(ValueError, match=r"xla_gpu_enable_while_loop_double_buffering: expected True or False, got '2'"):
+        plan_options.check(((plan_options.DOUBLE_BUFFERING, "2"),), "gpu")
+    assert all(plan_options.spec(k, "gpu") is None for k in plan_options.LOOP_PASSES)  # no search step: the emulated
+    # tier, where the search runs, does not model them
 
 
 def test_maxtext_is_refused_on_cpu_with_the_reason():

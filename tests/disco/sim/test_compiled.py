@@ -250,8 +250,15 @@ def test_cli_gpu_baselines_are_refused_with_the_reason(capsys):
     graph = HloGraph.from_hlo_text(_pre_optimization_text())
     o1 = {"xla_o1": baselines.make("xla_o1", graph)}
     check_plans_for(o1, "h100", "compiled")  # a GPU cluster's compiled tier prices it
-    with pytest.raises(CliError, match="plan 'xla_o1': the emulated tier does not model XLA:GPU's optimization level"):
+    with pytest.raises(CliError, match="plan 'xla_o1': the emulated tier does not model optimization_level "
+                                       r"\(XLA:GPU's optimization level and loop passes\)"):
         check_plans_for(o1, "h100", "emulated")
+    maxtext = {"maxtext": baselines.make("maxtext", graph)}  # the recipe pipelines the loops' collectives
+    check_plans_for(maxtext, "h100", "compiled")
+    with pytest.raises(CliError, match=r"plan 'maxtext': the emulated tier does not model xla_gpu_enable_while_loop_double_buffering, "
+                                       r"xla_gpu_pipeline_all_gather, xla_gpu_pipeline_all_reduce, "
+                                       r"xla_gpu_pipeline_reduce_scatter \("):
+        check_plans_for(maxtext, "h100", "emulated")
     with pytest.raises(CliError, match=r"^auto_pgle is jax's profile-guided latency estimator.*"
                                        r"check_gpu.py \(its auto_pgle row\)"):
         resolve_plans("xla_default,auto_pgle", graph)
