@@ -53,8 +53,8 @@
   parameters below one top-level module of the parameter tree (``['EncoderBlock_0']``), a parameter
   the backward pass gathers again in a second bucket of its layer. All-reduces stay to XLA.
 * ``prefetch`` (a step with sharded parameters; not in :data:`NAMES`, :data:`PREFETCH_DISTANCES`;
-  ``prefetch_<d>``, ``distance=d``): ``per_layer_gathers``' buckets, each layer's gathers anchored
-  (``FusionPlan.gather_after``) on the first use of the layer ``d`` earlier, so a layer's parameters
+  ``prefetch_<d>``, ``distance=d``): each layer's all-gathers anchored (``FusionPlan.gather_after``;
+  no gather buckets, all-reduces to XLA) on the first use of the layer ``d`` earlier, so a layer's parameters
   are gathered while the layer ``d`` before it computes and not from the step's start: PyTorch FSDP's
   forward prefetch of ``d`` layers, ``limit_all_gathers`` in spirit. A layer is one bucket of
   ``per_layer_gathers`` (a top-level module of the parameter tree; its re-gathers for the backward
@@ -81,7 +81,8 @@ from typing import Any, NamedTuple
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.step_checks import all_reduce_dependencies
 from disco.plans import options as plan_options
-from disco.plans.check import bucket_class, gather_class, scatterable
+from disco.ir.sharded import first_uses
+from disco.plans.check import anchorable, bucket_class, gather_class, scatterable
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
@@ -234,8 +235,7 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         plan = FusionPlan(buckets=_scatter_buckets(graph), name=name)
     elif name == "prefetch":
         d = _bucket_count(name, "distance", kw.pop("distance", 1))
-        buckets, after = prefetch_plan(graph, d)
-        plan = FusionPlan(gather_buckets=buckets, gather_after=after, name=f"prefetch_{d}")
+        plan = FusionPlan(gather_after=prefetch_anchors(graph, d), name=f"prefetch_{d}")
     elif name == "xla_tuned":
         thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD))
         opts = {plan_options.SCHEDULER: "True", plan_options.THRESHOLD: str(thr)}
@@ -301,31 +301,25 @@ def _gather_buckets(graph: HloGraph, *, per_layer: bool) -> tuple[tuple[str, ...
     return tuple(tuple(b) for b in buckets.values())
 
 
-def prefetch_plan(graph: HloGraph, distance: int) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, str], ...]]:
-    """``prefetch``'s (gather buckets, gather anchors) for ``distance`` layers (the module doc's ``prefetch``).
+def prefetch_anchors(graph: HloGraph, distance: int) -> tuple[tuple[str, str], ...]:
+    """``prefetch``'s gather anchors for ``distance`` layers (the module doc's ``prefetch``), in program
+    order of (all-gather, anchor).
 
     Raises:
       ValueError: the graph has no parameter all-gather (no step with sharded parameters).
     """
-    from disco.ir.sharded import first_uses
-
     layers = _gather_buckets(graph, per_layer=True)
     if not layers:
         raise ValueError("baseline 'prefetch': the graph has no parameter all-gather (a step with parameters sharded "
                          "over a mesh axis has them, see docs/guides/sharded-steps.md)")
-    from disco.plans.check import anchorable
-
     uses = first_uses(graph)
     ok = set(anchorable(graph, sorted(set(uses.values()))))
-    uses = {g: u for g, u in uses.items() if u in ok}
-    first = {b: min((uses[g] for g in b if g in uses), default=None) for b in layers}
-    ordered = sorted((b for b in layers if first[b] is not None), key=lambda b: first[b])
-    names = [n.name for n in graph.nodes]
-    comp = {n.name: n.computation for n in graph.nodes}
-    after = [(g, names[first[ordered[k - distance]]]) for k in range(distance, len(ordered)) for g in ordered[k]
-             if comp[g] == comp[names[first[ordered[k - distance]]]]]
-    index = graph.index()
-    return layers, tuple(sorted(after, key=lambda p: (index[p[0]], index[p[1]])))
+    first = {b: min((uses[g] for g in b if uses.get(g) in ok), default=None) for b in layers}
+    ordered = [b for b in sorted(layers, key=lambda b: first[b] if first[b] is not None else -1) if first[b] is not None]
+    nodes, index = graph.nodes, graph.index()
+    after = [(g, nodes[first[ordered[k - distance]]].name) for k in range(distance, len(ordered)) for g in ordered[k]
+             if nodes[index[g]].computation == nodes[first[ordered[k - distance]]].computation]
+    return tuple(sorted(after, key=lambda p: (index[p[0]], index[p[1]])))
 
 
 def _scatter_buckets(graph: HloGraph) -> tuple[Bucket, ...]:
