@@ -5,6 +5,7 @@ the numbers unchanged, the memory measured."""
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import pytest
@@ -105,3 +106,26 @@ def test_on_transformer_lm_a_prefetch_plan_lowers_the_peak_and_keeps_the_numbers
     seen = anchored(applied.compiled_text())
     assert all(a[0] < barrier < g[0] for _, a, barrier, g in seen if a and g)
     assert_close(three_steps(applied, args), reference)
+
+
+@pytest.mark.gpu_compile
+def test_a_prefetch_plan_compiles_for_an_h100_and_keeps_the_layers_gathers_apart():
+    """Deviceless XLA:GPU (``.venv-gpu``, jax 0.11.2, the H100 target): the barrier passes the plugin's
+    StableHLO path. XLA:GPU's all-gather combiner merges all 17 of mlp's all-gathers into one by default;
+    with ``prefetch_1`` each layer's gathers wait for another anchor, so it merges only within a layer
+    (measured 2026-12-02: 9 all-gathers, one per layer; the compiled module keeps no barrier)."""
+    from disco.ir.extractor import plan_text
+    from disco.ir.graph import HloGraph
+    from xla_hooks import compile_for, deviceless
+
+    if not deviceless.available():
+        pytest.skip(f"no deviceless XLA:GPU environment: {deviceless.INSTALL_HINT}")
+    step, args, _, _ = setup("mlp", None)
+    text = plan_text(jax.jit(step).lower(*args), debug_info=False)
+    graph = HloGraph.from_hlo_text(text)
+    plan = baselines.make("prefetch", graph, distance=1).validate(graph, "gpu")
+    counts = {}
+    for p in (FusionPlan(), plan):
+        module = compile_for.plan_module_for(text, p, device="h100", devices=8).text
+        counts[bool(p.gather_after)] = len(re.findall(r"\sall-gather(?:-start)?\(", module))
+    assert counts == {False: 1, True: 9}
