@@ -30,6 +30,11 @@ piece is made when it is first a parent. Its patch's group part (over every grou
 so plans that share their groups (a search's start plans: one fusion with each bucketing) patch
 only their buckets.
 
+A plan's gather anchors replace the units at their dependencies' two ends by waited copies
+(:meth:`disco.sim.patch.Patcher.wait_patch`); the pieces hold the units before that, and
+:meth:`DeltaSimulator._rewait` turns their difference into the difference of the units the two plans
+run (a shifted anchor: its old and new ends' units, and the gather's).
+
 A change no unit sees (a group inside one of XLA's fusions, a cut between two ops XLA would not
 fuse) costs only its re-patch and the comparison. Anything this does not cover is scheduled whole:
 a plan without a parent, another fusion mode or stream coupling than the parent's; a plan whose
