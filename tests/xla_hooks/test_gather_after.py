@@ -140,3 +140,22 @@ def test_a_prefetch_plan_compiles_for_an_h100_and_keeps_the_layers_gathers_apart
         module = compile_for.plan_module_for(text, p, device="h100", devices=8).text
         counts[bool(p.gather_after)] = len(re.findall(r"\sall-gather(?:-start)?\(", module))
     assert counts == {False: 1, True: 9}
+
+
+@pytest.mark.slow
+def test_anchored_gather_buckets_apply_as_one_all_gather_per_layer_after_its_anchor():
+    """FSDP2's shape (``per_layer_gathers+prefetch_1``, a search start): each layer's bucket reads its
+    members' shards through their barriers, one all-gather per layer, after the anchor; the numbers kept."""
+    step, args, graph, reference = setup("mlp", None)
+    per_layer = baselines.make("per_layer_gathers", graph)
+    plan = baselines.make("prefetch", graph, distance=1).replace(gather_buckets=per_layer.gather_buckets)
+    applied = apply_strictly(plan.validate(graph), step, args)
+    text = applied.compiled_text()
+    assert len(re.findall(r"\sall-gather\(", text)) == len(per_layer.gather_buckets)
+    pos, instructions = schedule(text)
+    by_name = {i.name: i for i in instructions}
+    for ins in instructions:
+        if ins.opcode == "opt-barrier" and "disco.after." in ins.attrs.get("metadata", ""):
+            assert len(by_name[ins.operands[0]].operands) == 2  # the shard and the anchor's value
+            assert pos[by_name[ins.operands[0]].operands[1]] < pos[ins.name]
+    assert_close(three_steps(applied, args), reference)
