@@ -96,9 +96,9 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
       probe: compile the rewritten module in a child process first (see
         :mod:`xla_hooks.probe`), so that an XLA abort raises ProbeFailure here instead
         of killing this process. None (the default) probes the plans of the kinds measured
-        to abort XLA: fusion groups, and on CPU cuts (an optimization barrier on a
-        shard_map boundary aborted XLA:CPU; validation refuses that cut, the probe guards
-        against the ones not yet found). Cuts on a GPU are not probed: the child would
+        to abort XLA: fusion groups, and on CPU cuts and gather anchors (an optimization
+        barrier on a shard_map boundary aborted XLA:CPU; validation refuses that cut or
+        anchor, the probe guards against the ones not yet found). Cuts on a GPU are not probed: the child would
         open a second client on the GPU, which was not measured.
       roundtrip: send even a plan without groups or buckets through disco's
         HLO-text path. XLA's fusion heuristics see a slightly different module on
@@ -135,15 +135,17 @@ def compile_plan(plan: FusionPlan, step_fn: Callable[..., Any], *args: Any,
     if plan.graph_fingerprint is not None:  # the text disco.extract reads (its fingerprint counts metadata)
         graph = HloGraph.from_hlo_text(plan_text(lowered, debug_info=True))
         check_fingerprint(plan, graph)
-    if not plan.groups and plan.buckets is None and not plan.cuts and plan.gather_buckets is None and not roundtrip:
+    if (not plan.groups and plan.buckets is None and not plan.cuts and plan.gather_buckets is None
+            and not plan.gather_after and not roundtrip):
         return done(lowered.compile(compiler_options=options), text)
     plan.validate(graph or HloGraph.from_hlo_text(text), backend)
     _jax_private.check_version()
-    if not plan.groups and not plan.buckets and not plan.cuts and not plan.gather_buckets and not roundtrip:
+    if (not plan.groups and not plan.buckets and not plan.cuts and not plan.gather_buckets and not plan.gather_after
+            and not roundtrip):
         # nothing to rewrite (buckets=() fits only a step without all-reduces): XLA's compile as is
         return done(lowered.compile(compiler_options=options), text)
     new_text = apply_plan_to_text(text, plan)
-    if probe or (probe is None and (plan.groups or (plan.cuts and backend == "cpu"))):
+    if probe or (probe is None and (plan.groups or ((plan.cuts or plan.gather_after) and backend == "cpu"))):
         from xla_hooks import probe as _probe
 
         _probe.probe(new_text, _jax_private.device_count(lowered), options, platform=backend)

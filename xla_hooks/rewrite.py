@@ -18,6 +18,11 @@
   (``[devices, total]``), reshaped to ``[devices, *shard]`` and moved into place along the
   member's own gather dimension.
 
+* Each gather anchor (all-gather, anchor) makes the all-gather read its shard through an
+  ``opt-barrier`` of the tuple ``(shard, anchor, ...)`` (element 0: the shard; the anchors of
+  one all-gather share one barrier), so the gather cannot start before the anchor's value exists.
+  It is applied before the gather buckets, so a bucket's concatenation reads the barrier.
+
 * Each cut (producer, consumer) makes the consumer read the producer through an
   ``opt-barrier``: XLA does not fuse across a barrier (XLA:CPU only with
   ``cse_barrier_expander`` off, which ``FusionPlan.compiler_options`` arranges). Cuts of
@@ -379,6 +384,39 @@ def _rewrite_cuts(lines: list[_Line], cuts: Sequence[tuple[str, str]]) -> list[_
     return out
 
 
+def _rewrite_gather_after(lines: list[_Line], pairs: Sequence[tuple[str, str]]) -> list[_Line]:
+    """Each all-gather of ``pairs`` reads its shard as element 0 of ``opt-barrier((shard, anchor, ...))``."""
+    by_name = {ln.name: ln for ln in lines}
+    anchors: dict[str, list[str]] = collections.defaultdict(list)
+    for gather, anchor in pairs:
+        anchors[gather].append(anchor)
+    out = list(lines)
+    for gather, names in anchors.items():
+        g = by_name[gather]
+        shard = g.operands[0]
+        held = [by_name[a] for a in names]
+        src = by_name.get(shard)
+        shapes = [src.shape if src is not None else _operand_shape(g), *(a.shape for a in held)]
+        order = max([a.order for a in held] + ([src.order] if src is not None else [])) + 1e-4
+        base = f"{PREFIX}.after.{gather}"
+        shape = "(" + ", ".join(shapes) + ")"
+        out.append(_Line(f"{base}.tuple", shape, "tuple", [shard, *names], [], order=order))
+        out.append(_Line(f"{base}.barrier", shape, "opt-barrier", [f"{base}.tuple"], [], order=order))
+        out.append(_Line(f"{base}.shard", shapes[0], "get-tuple-element", [f"{base}.barrier"], [("index", "0")],
+                         order=order))
+        g.operands = [f"{base}.shard", *g.operands[1:]]
+    return out
+
+
+def _operand_shape(gather: _Line) -> str:
+    """The shard an all-gather reads, from its own result and its groups (its operand is a parameter
+    of another computation)."""
+    p = _group_size(gather.name, gather.attrs)
+    dtype, full = _dims(gather.shape)
+    dim = int(dict(gather.attrs)["dimensions"].strip("{} "))
+    return _shape(dtype, [d // p if i == dim else d for i, d in enumerate(full)])
+
+
 def _rewrite_groups(comp: Computation, lines: list[_Line], groups: Sequence[Sequence[str]],
                     start_id: int) -> tuple[list[_Line], list[str]]:
     """Returns the parent's lines and the text of the new fused computations."""
@@ -464,7 +502,10 @@ def apply_plan_to_text(text: str, plan: FusionPlan, module: Module | None = None
     cuts_by_comp: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
     for cut in plan.cuts:
         cuts_by_comp[where[cut[1]]].append(cut)
-    touched = set(groups_by_comp) | set(buckets_by_comp) | set(cuts_by_comp) | set(gathers_by_comp)
+    after_by_comp: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
+    for pair in plan.gather_after:
+        after_by_comp[where[pair[0]]].append(pair)
+    touched = set(groups_by_comp) | set(buckets_by_comp) | set(cuts_by_comp) | set(gathers_by_comp) | set(after_by_comp)
     if not touched:
         return text
     new_comps: dict[str, str] = {}
@@ -478,6 +519,7 @@ def apply_plan_to_text(text: str, plan: FusionPlan, module: Module | None = None
             continue
         lines = [_line(ins, i) for i, ins in enumerate(comp.instructions)]
         lines = _rewrite_cuts(lines, cuts_by_comp.get(comp.name, []))
+        lines = _rewrite_gather_after(lines, after_by_comp.get(comp.name, []))
         bks = buckets_by_comp.get(comp.name, [])
         blocks = ({b.all_reduce: b for b in scatter_blocks(comp.instructions, {})}
                   if any(b == "scatter" for _, b in bks) else None)

@@ -460,6 +460,40 @@ def label_collectives(graph: HloGraph) -> list[Collective]:
     return out
 
 
+_COMPUTES_LIKE_A_LIBRARY = frozenset({"dot", "convolution"})  # never loop-fused on XLA:CPU: their value is kept
+
+
+def first_uses(graph: HloGraph) -> dict[str, int]:
+    """Per parameter all-gather (``param_gather``, by name), the node index of its first use: the
+    first op in program order that computes with the gathered value (read through :data:`_MOVES`),
+    a dot or convolution when one reads it (XLA keeps their values: an anchor there keeps its barrier;
+    an elementwise one XLA may fold away, see docs/guides/sharded-steps.md), else any. A gather no op
+    computes with is left out."""
+    from disco.ir.opcodes import ZERO_COST_OPCODES
+
+    nodes = graph.nodes
+    succ = _successors(len(nodes), graph.edges)
+    index = graph.index()
+    out: dict[str, int] = {}
+    for c in label_collectives(graph):
+        if c.role != "param_gather" or c.opcode != "all-gather":
+            continue
+        stack, seen, uses = [index[c.name]], {index[c.name]}, []
+        while stack:
+            for s in succ[stack.pop()]:
+                if s in seen:
+                    continue
+                seen.add(s)
+                if nodes[s].opcode in _MOVES or nodes[s].opcode in ZERO_COST_OPCODES:
+                    stack.append(s)
+                else:
+                    uses.append(s)
+        if uses:
+            library = [u for u in uses if nodes[u].opcode in _COMPUTES_LIKE_A_LIBRARY]
+            out[c.name] = min(library or uses)
+    return out
+
+
 def role_counts(collectives: Sequence[Collective]) -> dict[str, dict[str, int]]:
     """``{role: {axes: count}}`` (axes joined by ``x``; ``"?"`` when unknown), roles with none left out."""
     out: dict[str, dict[str, int]] = {}

@@ -53,6 +53,16 @@
   gather bucket per layer as PyTorch FSDP2 groups its all-gathers (``fully_shard`` per block): the
   parameters below one top-level module of the parameter tree (``['EncoderBlock_0']``), a parameter
   the backward pass gathers again in a second bucket of its layer. All-reduces stay to XLA.
+* ``prefetch`` (a step with sharded parameters; not in :data:`NAMES`, :data:`PREFETCH_DISTANCES`;
+  ``prefetch_<d>``, ``distance=d``): each layer's all-gathers anchored (``FusionPlan.gather_after``;
+  no gather buckets, all-reduces to XLA) on the first use of the layer ``d`` earlier, so a layer's parameters
+  are gathered while the layer ``d`` before it computes and not from the step's start: PyTorch FSDP's
+  forward prefetch of ``d`` layers, ``limit_all_gathers`` in spirit. A layer is one bucket of
+  ``per_layer_gathers`` (a top-level module of the parameter tree; its re-gathers for the backward
+  pass a second one); the layers are ordered by their first use in program order (the forward pass
+  first, then the backward pass's re-gathers), a layer's first use being the earliest first use of
+  its gathers (:func:`disco.ir.sharded.first_uses`: a dot or convolution reading the gathered value
+  where one does). The first ``d`` layers wait for nothing.
 * ``scatter_buckets`` (a step with sharded parameters; not in :data:`NAMES`, :data:`SCATTER_NAMES`):
   the gradient scatters as reduce-scatters, one "scatter" bucket per class of them, the other
   all-reduces as in ``one_bucket``.
@@ -72,7 +82,8 @@ from typing import Any, NamedTuple
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.step_checks import all_reduce_dependencies
 from disco.plans import options as plan_options
-from disco.plans.check import bucket_class, gather_class, scatter_groups, scatterable
+from disco.ir.sharded import first_uses
+from disco.plans.check import anchorable, bucket_class, gather_class, scatter_groups, scatterable
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
@@ -92,6 +103,8 @@ SATURATION_MIN_MB = 50
 SATURATION_MAX_MB = 2000
 # Baselines of a step with sharded parameters (FSDP): its parameter all-gathers bucketed.
 GATHER_NAMES = ("one_gather_bucket", "per_layer_gathers")
+# The prefetch distances (in layers) the search starts from: ``prefetch_<d>``; not in NAMES.
+PREFETCH_DISTANCES = (1, 2)
 # A sharded step's gradient scatters as reduce-scatters ("scatter" buckets); not in NAMES.
 SCATTER_NAMES = ("scatter_buckets",)
 # --plans items beyond NAMES: one GPU baseline each (xla_tuned is a sweep of rows, not an item).
@@ -225,6 +238,9 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
         plan = FusionPlan(gather_buckets=_gather_buckets(graph, per_layer=name == "per_layer_gathers"), name=name)
     elif name in SCATTER_NAMES:
         plan = FusionPlan(buckets=_scatter_buckets(graph), name=name)
+    elif name == "prefetch":
+        d = _bucket_count(name, "distance", kw.pop("distance", 1))
+        plan = FusionPlan(gather_after=prefetch_anchors(graph, d), name=f"prefetch_{d}")
     elif name == "xla_tuned":
         thr = _positive_bytes(name, "threshold_bytes", kw.pop("threshold_bytes", TUNED_MIN_THRESHOLD))
         opts = {plan_options.SCHEDULER: "True", plan_options.THRESHOLD: str(thr)}
@@ -232,7 +248,7 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
                           name=f"xla_tuned_{thr // MB}mb" if thr % MB == 0 else f"xla_tuned_{thr}")
     else:
         raise ValueError(f"unknown baseline {name!r}; expected one of: "
-                         f"{', '.join(NAMES + GPU_NAMES + GATHER_NAMES + SCATTER_NAMES + LINK_NAMES)}")
+                         f"{', '.join(NAMES + GPU_NAMES + GATHER_NAMES + SCATTER_NAMES + LINK_NAMES + ('prefetch',))}")
     if kw:
         raise ValueError(f"baseline {name!r} got unexpected options {sorted(kw)}")
     # a GPU baseline is checked for GPU: plan_options.check refuses xla_o1 where it is applied on CPU
@@ -288,6 +304,27 @@ def _gather_buckets(graph: HloGraph, *, per_layer: bool) -> tuple[tuple[str, ...
         seen[c.param or c.name] += 1
         buckets.setdefault(key, []).append(c.name)
     return tuple(tuple(b) for b in buckets.values())
+
+
+def prefetch_anchors(graph: HloGraph, distance: int) -> tuple[tuple[str, str], ...]:
+    """``prefetch``'s gather anchors for ``distance`` layers (the module doc's ``prefetch``), in program
+    order of (all-gather, anchor).
+
+    Raises:
+      ValueError: the graph has no parameter all-gather (no step with sharded parameters).
+    """
+    layers = _gather_buckets(graph, per_layer=True)
+    if not layers:
+        raise ValueError("baseline 'prefetch': the graph has no parameter all-gather (a step with parameters sharded "
+                         "over a mesh axis has them, see docs/guides/sharded-steps.md)")
+    uses = first_uses(graph)
+    ok = set(anchorable(graph, sorted(set(uses.values()))))
+    first = {b: min((uses[g] for g in b if uses.get(g) in ok), default=None) for b in layers}
+    ordered = [b for b in sorted(layers, key=lambda b: first[b] if first[b] is not None else -1) if first[b] is not None]
+    nodes, index = graph.nodes, graph.index()
+    after = [(g, nodes[first[ordered[k - distance]]].name) for k in range(distance, len(ordered)) for g in ordered[k]
+             if nodes[index[g]].computation == nodes[first[ordered[k - distance]]].computation]
+    return tuple(sorted(after, key=lambda p: (index[p[0]], index[p[1]])))
 
 
 def _scatter_buckets(graph: HloGraph) -> tuple[Bucket, ...]:
@@ -354,7 +391,8 @@ class _Value(NamedTuple):
 _VALUES = {"horovod": _Value("threshold_mb", "MB", float, _positive_size),
            "ddp": _Value("cap_mb", "MB", float, _positive_size),
            "xla_threshold": _Value("threshold_bytes", "BYTES", int, _positive_bytes),
-           "even": _Value("k", "K", int, _bucket_count)}
+           "even": _Value("k", "K", int, _bucket_count),
+           "prefetch": _Value("distance", "D", int, _bucket_count)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,7 +416,7 @@ class BaselineItem:
 
 def parse_item(item: str) -> BaselineItem:
     """Reads a ``--plans`` baseline item: a name of :data:`NAMES`, :data:`GATHER_NAMES` or :data:`GPU_ITEMS`, or ``horovod:MB``,
-    ``ddp:MB``, ``xla_threshold:BYTES`` or ``even:K``. The value is checked as :func:`make` checks it,
+    ``ddp:MB``, ``xla_threshold:BYTES``, ``even:K`` or ``prefetch[:D]`` (row ``prefetch_<d>``). The value is checked as :func:`make` checks it,
     before any graph is at hand (a launcher checks the items its workers will build); ``auto_pgle`` is
     refused here with :data:`AUTO_PGLE_OFF_GPU`.
 
@@ -394,12 +432,13 @@ def parse_item(item: str) -> BaselineItem:
     name, colon, arg = item.partition(":")
     if name == "auto_pgle":
         raise ValueError(AUTO_PGLE_OFF_GPU)
-    if name not in NAMES + GATHER_NAMES + GPU_ITEMS:
-        raise ValueError(f"unknown plan {name!r}; expected a baseline ({', '.join(NAMES + GATHER_NAMES + GPU_ITEMS)}) "
+    if name not in NAMES + GATHER_NAMES + GPU_ITEMS + ("prefetch",):
+        raise ValueError(f"unknown plan {name!r}; expected a baseline ({', '.join(NAMES + GATHER_NAMES + GPU_ITEMS)}, "
+                         "prefetch) "
                          "or a plan "
                          ".json file")
     if not colon:
-        return BaselineItem(name, (), item)
+        return BaselineItem(name, (("distance", 1),), "prefetch_1") if name == "prefetch" else BaselineItem(name, (), item)
     spec = _VALUES.get(name)
     if spec is None:
         *most, last = (f"{n}:{v.placeholder}" for n, v in _VALUES.items())
@@ -412,7 +451,7 @@ def parse_item(item: str) -> BaselineItem:
         value = spec.check(name, spec.key, value)
     except ValueError as e:
         raise ValueError(f"plan {item!r}: {e}") from None
-    return BaselineItem(name, ((spec.key, value),), f"even_{value}" if name == "even" else item)
+    return BaselineItem(name, ((spec.key, value),), f"{name}_{value}" if name in ("even", "prefetch") else item)
 
 
 def item_of_row(row: str) -> str:
@@ -423,7 +462,7 @@ def item_of_row(row: str) -> str:
       ValueError: ``row`` is no baseline item's row.
     """
     kind, _, k = row.partition("_")
-    item = f"even:{k}" if kind == "even" and k.isdigit() else row
+    item = f"{kind}:{k}" if kind in ("even", "prefetch") and k.isdigit() else row
     if parse_item(item).row != row:
         raise ValueError(f"{row!r} is not the row of a baseline item (expected e.g. ddp, horovod:64 or even_4)")
     return item

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.replica_groups import replica_group_size
-from disco.ir.opcodes import FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS
+from disco.ir.opcodes import COLLECTIVE_KIND, FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS, ZERO_COST_OPCODES
 from disco.ir.step_checks import GUIDE_POINTER, double_reductions
 from disco.plans import options as plan_options
 
@@ -43,14 +43,16 @@ def contraction_cycle(plan: FusionPlan, graph: HloGraph) -> list[str] | None:
     """The node path of a cycle that contracting the plan's groups and buckets forms, or None.
 
     The path starts and ends in the same group or bucket, e.g. ``[a, x, b]`` for
-    group {a, b} with a -> x -> b and x outside the group.
+    group {a, b} with a -> x -> b and x outside the group. A gather anchor
+    (``plan.gather_after``) is an edge from the anchor to the all-gather.
     """
     index = graph.index()
     n_nodes = len(index)
     cluster, _ = _cluster_of(plan, index)
     succ: dict[int, set[int]] = collections.defaultdict(set)
     witness: dict[tuple[int, int], tuple[int, int]] = {}
-    for s, d in graph.edges:
+    anchors = [(index[a], index[g]) for g, a in plan.gather_after if a in index and g in index]
+    for s, d in (*graph.edges, *anchors):
         cs, cd = cluster[s], cluster[d]
         if cs != cd:
             succ[cs].add(cd)
@@ -212,6 +214,102 @@ def check_cuts(plan: FusionPlan, graph: HloGraph, index: dict[str, int], owner: 
                     "XLA:CPU aborted the process on a cut into a shard_map call, 'Check failed: op.use_empty()')")
 
 
+def parameter_gathers(graph: HloGraph) -> frozenset[str]:
+    """The all-gathers (one array each) a gather anchor may hold back: a ``param_gather``'s
+    (:mod:`disco.ir.sharded`: its operand an updated parameter's shard)."""
+    if not any(n.opcode == "all-gather" for n in graph.nodes):
+        return frozenset()  # no all-gather: the labels' dataflow walk is not needed
+    index = graph.index()
+    return frozenset(c.name for c in graph.collective_roles()
+                     if c.role == "param_gather" and c.opcode == "all-gather"
+                     and not graph.nodes[index[c.name]].shape.startswith("("))
+
+
+def anchor_problem(node: Node, graph: HloGraph, boundary: dict[str, str]) -> str | None:
+    """Why ``node`` cannot be a gather anchor (None: it can): an anchor is a compute op whose
+    value is an array (the barrier carries it beside the shard), not a collective, not a zero-cost op
+    (a parameter, a constant, tuple plumbing: no point of the compute stream), not a custom-call's or
+    a shard_map call's boundary (a barrier there breaks the shard_map XLA reads back)."""
+    if node.opcode in COLLECTIVE_KIND:
+        return f"is a {node.opcode}; an anchor is a compute op (a point of the compute stream), not a collective"
+    if node.opcode in ZERO_COST_OPCODES or node.opcode == "iota":
+        return f"is a {node.opcode}, which computes nothing; an anchor is a compute op"
+    if node.shape.startswith("(") or "[" not in node.shape:
+        return f"has shape {node.shape}; an anchor's value must be an array"
+    if node.name in boundary:
+        return (f"is a {boundary[node.name]}; a barrier cannot read a custom-call's or a shard_map call's results "
+                "(XLA:CPU aborted on a barrier at a shard_map boundary)")
+    if not group_computation_ok(graph, node.computation):
+        return f"is in the nested computation {node.computation!r}; anchors go in the entry computation or a shard_map body"
+    return None
+
+
+def anchorable(graph: HloGraph, nodes) -> list[int]:
+    """The node indices of ``nodes`` that :func:`anchor_problem` accepts as gather anchors, in order."""
+    boundary = _shard_map_boundary(graph)
+    return [i for i in nodes if anchor_problem(graph.nodes[i], graph, boundary) is None]
+
+
+def check_gather_after(plan: FusionPlan, graph: HloGraph, index: dict[str, int], owner: dict[str, str]) -> None:
+    """Gather anchors: each pair a parameter all-gather (:func:`parameter_gathers`) and an anchor
+    :func:`anchor_problem` accepts, in the gather's computation, that is not downstream of the gather
+    (the gather would wait on its own result), each pair once. An anchor inside a fusion group must
+    be the group's output (the barrier reads it from outside the group, and a planned fusion has one
+    output).
+
+    Raises:
+      ValueError: naming the pair and what is wrong with it.
+    """
+    gathers = parameter_gathers(graph)
+    boundary = _shard_map_boundary(graph)
+    seen: set[tuple[str, str]] = set()
+    users = users_of(graph) if plan.groups else {}
+    groups = {f"group {gi}": g for gi, g in enumerate(plan.groups)}
+    for pi, pair in enumerate(plan.gather_after):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise ValueError(f"gather anchor {pi}: expected an (all-gather, anchor) pair of instruction names, got {pair!r}")
+        gather, anchor = pair
+        for role, name in (("all-gather", gather), ("anchor", anchor)):
+            if name not in index:
+                raise ValueError(f"gather anchor {pi} ({gather!r} after {anchor!r}): {role} {name!r} is not in the "
+                                 f"graph {graph.name!r}")
+        if pair in seen:
+            raise ValueError(f"gather anchor {pi}: ({gather!r}, {anchor!r}) is listed twice")
+        seen.add(pair)
+        g_node, a_node = graph.nodes[index[gather]], graph.nodes[index[anchor]]
+        if gather not in gathers:
+            what = (f"a {g_node.opcode}, not an all-gather" if g_node.opcode != "all-gather"
+                    else "an all-gather of no updated parameter's shard (disco.ir.sharded labels it otherwise)")
+            raise ValueError(f"gather anchor {pi}: {gather!r} is {what}; an anchor holds back a parameter all-gather")
+        why = anchor_problem(a_node, graph, boundary)
+        if why is not None:
+            raise ValueError(f"gather anchor {pi} ({gather!r} after {anchor!r}): the anchor {why}")
+        if a_node.computation != g_node.computation:
+            raise ValueError(f"gather anchor {pi}: {anchor!r} is in {a_node.computation!r} and {gather!r} in "
+                             f"{g_node.computation!r}; the barrier joins values of one computation")
+        where = owner.get(anchor)
+        if where is not None and anchor not in _group_outputs(graph, index, groups[where], users):
+            raise ValueError(f"gather anchor {pi}: the anchor {anchor!r} is inside {where}, not its output; the barrier "
+                             "would read it from outside and give the planned fusion a second output")
+    below = _downstream_of(graph, {index[g] for g, _ in plan.gather_after})
+    for pi, (gather, anchor) in enumerate(plan.gather_after):
+        if below[index[anchor]] >> index[gather] & 1:
+            raise ValueError(f"gather anchor {pi}: the anchor {anchor!r} is downstream of {gather!r} (it reads the "
+                             "gathered value); the all-gather would wait on its own result")
+
+
+def _downstream_of(graph: HloGraph, sources: set[int]) -> list[int]:
+    """Per node, a bitset (bit = node index) of the ``sources`` it is downstream of (itself included)."""
+    preds = preds_of(graph)
+    out = [0] * len(graph.nodes)
+    for i in range(len(graph.nodes)):  # program order is topological
+        r = 1 << i if i in sources else 0
+        for p in preds[i]:
+            r |= out[p]
+        out[i] = r
+    return out
+
+
 def _shard_map_boundary(graph: HloGraph) -> dict[str, str]:
     """Nodes no cut may touch, each with what it is: custom-calls (shardy's ``xla.sdy.*`` markers around
     every shard_map among them), calls of a shard_map body, and get-tuple-elements of either."""
@@ -346,6 +444,8 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
         check_gather_buckets(plan.gather_buckets, graph, index, owner)
     if plan.cuts:
         check_cuts(plan, graph, index, owner)
+    if plan.gather_after:
+        check_gather_after(plan, graph, index, owner)
     cycle = contraction_cycle(plan, graph)
     if cycle is not None:
         _raise_on_a_double_reduction(plan, graph, cycle)

@@ -59,6 +59,13 @@ class MoveContext:
         operand an entry parameter's shard (``disco.ir.sharded``'s ``param_gather``) and no
         collective above it, so that no gather bucket of them can wait on its own result. Empty for a
         graph without such all-gathers (its moves are those of a step without sharded parameters).
+      anchors: the ops a gather anchor moves between (``shift_anchor``): each parameter all-gather's
+        first use (:func:`disco.ir.sharded.first_uses`), unique, in program order; empty without
+        ``gather_class``.
+      first_read: parameter all-gather node -> the program position of its first reader; an anchor
+        before every member's first reader cannot be downstream of its gather bucket.
+      anchors_below_reduce: some anchor is downstream of an all-reduce (an all-reduce bucket could
+        then close a cycle through an anchor: moves check such plans whole).
       memo: what moves keep between calls on this context (the index view of the last plan);
         not compared, not shown.
     """
@@ -81,6 +88,9 @@ class MoveContext:
     cut_edges: tuple[tuple[int, int], ...] = ()
     options: tuple[plan_options.CompileOption, ...] = ()
     gather_class: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    anchors: tuple[int, ...] = ()
+    first_read: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    anchors_below_reduce: bool = False
     memo: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
@@ -175,6 +185,12 @@ def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
             r |= down[s]
         down[i] = r
     reach = {a: down[a] & ~(1 << bit[a]) for a in bit}
+    gather_class = _gather_classes(graph, pred)
+    anchors: tuple[int, ...] = ()
+    if gather_class:
+        from disco.ir.sharded import first_uses
+
+        anchors = tuple(plan_check.anchorable(graph, sorted(set(first_uses(graph).values()))))
     return MoveContext(
         graph=graph, index=index, names=tuple(nd.name for nd in nodes),
         succ=tuple(map(tuple, succ)), pred=tuple(map(tuple, pred)), fusible_nbrs=tuple(nbrs),
@@ -185,4 +201,6 @@ def context(graph: HloGraph, backend: str = "cpu") -> MoveContext:
         ar_scatterable={index[a]: tuple(index[s] for s in slices) for a, slices in scatter.items()},
         ar_scatter_way={index[a]: ways.setdefault(how[a], len(ways)) for a in scatter},
         backend=backend, cut_edges=_cut_edges(graph, succ), options=plan_options.table(backend),
-        gather_class=_gather_classes(graph, pred))
+        gather_class=gather_class, anchors=anchors,
+        first_read={g: min(succ[g], default=n) for g in gather_class},
+        anchors_below_reduce=any(above[a] for a in anchors))

@@ -44,6 +44,15 @@ changed.
   parameters. Gather buckets holding other all-gathers (a start plan's) are left as they are. On a
   graph without parameter all-gathers :func:`random_move` draws from :data:`DEFAULT_WEIGHTS`
   alone, the same moves in the same order for a seed as before these moves existed.
+- Gather anchors (``FusionPlan.gather_after``; only where ``ctx.anchors`` holds candidates):
+  ``shift_anchor`` moves one parameter all-gather's anchor to the previous or the next candidate
+  (``ctx.anchors``: the parameter gathers' first uses in program order), earlier (more prefetch,
+  more memory held; before the first one: no anchor, the step's start) or later (less), or gives an
+  unanchored gather the first one. An anchor stays before every first reader of its gather's bucket,
+  so it cannot be downstream of the bucket, and a cycle through anchors would need positions that
+  decrease around it; ``merge_gather_buckets`` refuses a merge that breaks that rule, and group moves
+  never leave an anchor inside a group other than as its output. Where an anchor is downstream of an
+  all-reduce (``ctx.anchors_below_reduce``) a bucket move's result is checked whole for a cycle.
 - Backend: a context for "gpu" has no fusible pairs, so no move makes a group (XLA:GPU
   cannot take them; ``disco.plans.check.GPU_GROUPS_REASON``).
 
@@ -74,7 +83,7 @@ from disco.plans.plan import Bucket, FusionPlan
 __all__ = [
     "Move", "MoveContext", "context", "fuse", "split_group", "move_op", "toggle_xla_fusion", "merge_buckets",
     "split_bucket", "shift_gradient", "switch_build", "add_cut", "remove_cut", "flip_option", "step_option",
-    "merge_gather_buckets", "split_gather_bucket", "reset_gather_buckets",
+    "merge_gather_buckets", "split_gather_bucket", "reset_gather_buckets", "shift_anchor",
     "MOVES", "DEFAULT_WEIGHTS", "GATHER_WEIGHTS", "random_move", "canonical",
 ]
 
@@ -252,15 +261,25 @@ def _finish(ed: _Edit, ctx: MoveContext) -> FusionPlan:
     return FusionPlan(groups=tuple(g for _, g in groups), xla_fusion=plan.xla_fusion,
                       buckets=None if plan.buckets is None else tuple(b for _, b in buckets),
                       compile_options=plan.compile_options, name=plan.name, cuts=plan.cuts,
-                      gather_buckets=plan.gather_buckets)
+                      gather_buckets=plan.gather_buckets, gather_after=plan.gather_after)
 
 
 def _joins_a_cut(plan: FusionPlan, ctx: MoveContext, members: Sequence[int]) -> bool:
-    """Whether a group of ``members`` would hold both ends of one of the plan's cuts."""
-    if not plan.cuts:
+    """Whether a group of ``members`` would hold both ends of one of the plan's cuts, or a gather
+    anchor that is not its output (the barrier reads an anchor from outside its group)."""
+    if not plan.cuts and not plan.gather_after:
         return False
     mset = {ctx.names[i] for i in members}
-    return any(p in mset and c in mset for p, c in plan.cuts)
+    if any(p in mset and c in mset for p, c in plan.cuts):
+        return True
+    if plan.gather_after:
+        inside = set(members)
+        for _, a in plan.gather_after:
+            if a in mset:
+                users = ctx.succ[ctx.index[a]]
+                if users and all(u in inside for u in users):
+                    return True
+    return False
 
 
 # -- op-fusion moves ---------------------------------------------------------------------------
@@ -308,6 +327,8 @@ def split_group(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusio
         a, b = m[:k], m[k:]
         if (len(a) > 1 and _n_outputs(ctx, a) != 1) or (len(b) > 1 and _n_outputs(ctx, b) != 1):
             continue
+        if _joins_a_cut(plan, ctx, a) or _joins_a_cut(plan, ctx, b):  # an anchor left inside a part
+            continue
         ed.add_group(a)  # one output each: no cycle possible (see _on_cycle)
         ed.add_group(b)
         return _finish(ed, ctx)
@@ -330,7 +351,7 @@ def move_op(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPla
         cy = view.cid.get(y, _NONE)
         rest = tuple(i for i in src if i != x)
         dst = sorted((*_group_members(view, y), x))
-        if len(rest) > 1 and _n_outputs(ctx, rest) != 1:
+        if len(rest) > 1 and (_n_outputs(ctx, rest) != 1 or _joins_a_cut(plan, ctx, rest)):
             continue
         if _n_outputs(ctx, dst) != 1 or _joins_a_cut(plan, ctx, dst):
             continue
@@ -395,7 +416,7 @@ def merge_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fus
         k = ed.add_bucket(view.clusters[a] + view.clusters[b])
         if _on_cycle(ctx, ed, k):
             continue
-        return _finish(ed, ctx)
+        return _checked(_finish(ed, ctx), ctx)
     return None
 
 
@@ -417,7 +438,7 @@ def split_bucket(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusi
         ka, kb = ed.add_bucket(m[:cut]), ed.add_bucket(m[cut:])
         if _on_cycle(ctx, ed, ka) or _on_cycle(ctx, ed, kb):
             continue
-        return _finish(ed, ctx)
+        return _checked(_finish(ed, ctx), ctx)
     return None
 
 
@@ -441,7 +462,7 @@ def shift_gradient(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fu
         donor = ka if forward else kb
         if _on_cycle(ctx, ed, kb if recv else ka) or _on_cycle(ctx, ed, donor):
             continue
-        return _finish(ed, ctx)
+        return _checked(_finish(ed, ctx), ctx)
     return None
 
 
@@ -566,10 +587,16 @@ def merge_gather_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random)
         pairs += list(zip(items, items[1:]))
     if not pairs:
         return None
-    a, b = rng.choice(pairs)
-    rest = [m for m in movable if m != a and m != b]
-    merged = tuple(sorted(a + b))
-    return _with_gathers(plan, ctx, [*rest, merged], kept, [merged])
+    for _ in range(_TRIES):
+        if not pairs:
+            return None
+        a, b = pairs.pop(rng.randrange(len(pairs)))
+        merged = tuple(sorted(a + b))
+        if plan.gather_after and not _anchors_fit(plan, ctx, merged):
+            continue  # an anchor of one part waits for the other part's use: the bucket would wait on itself
+        rest = [m for m in movable if m != a and m != b]
+        return _checked(_with_gathers(plan, ctx, [*rest, merged], kept, [merged]), ctx)
+    return None
 
 
 def split_gather_bucket(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
@@ -584,6 +611,93 @@ def split_gather_bucket(plan: FusionPlan, ctx: MoveContext, rng: random.Random) 
     cut = rng.randrange(1, len(m))
     rest = [x for x in movable if x != m]
     return _with_gathers(plan, ctx, [*rest, m[:cut], m[cut:]], kept, [m[:cut], m[cut:]])
+
+
+# -- gather anchors ----------------------------------------------------------------------------
+def _anchors_of(plan: FusionPlan, ctx: MoveContext) -> dict[int, list[int]]:
+    """Per all-gather node, its anchors' nodes (memoised for the last plan)."""
+    hit = ctx.memo.get("anchors")
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    out: dict[int, list[int]] = collections.defaultdict(list)
+    for g, a in plan.gather_after:
+        out[ctx.index[g]].append(ctx.index[a])
+    ctx.memo["anchors"] = (plan, out)
+    return out
+
+
+def _limit(ctx: MoveContext, members: Sequence[int]) -> int:
+    """The program position an anchor of any of ``members`` (one gather bucket) must stay below: their
+    first reader's (then no anchor is downstream of the bucket)."""
+    n = len(ctx.names)
+    return min(ctx.first_read.get(m, n) for m in members)
+
+
+def _anchors_fit(plan: FusionPlan, ctx: MoveContext, members: Sequence[int]) -> bool:
+    """Whether every anchor of ``members`` (one gather bucket) is before the bucket's first reader."""
+    anchors = _anchors_of(plan, ctx)
+    limit = _limit(ctx, members)
+    return all(a < limit for m in members for a in anchors.get(m, ()))
+
+
+def _checked(plan: FusionPlan | None, ctx: MoveContext) -> FusionPlan | None:
+    """``plan``, or None where an anchor downstream of an all-reduce (``ctx.anchors_below_reduce``) lets
+    its contraction form a cycle (checked whole: bucket moves' all-reduce reachability has no anchors)."""
+    if plan is None or not plan.gather_after or not ctx.anchors_below_reduce:
+        return plan
+    return None if plan_check.contraction_cycle(plan, ctx.graph) is not None else plan
+
+
+def _bucket_of(plan: FusionPlan, ctx: MoveContext, g: int) -> tuple[int, ...]:
+    for names in plan.gather_buckets or ():
+        members = tuple(ctx.index[n] for n in names)
+        if g in members:
+            return members
+    return (g,)
+
+
+def shift_anchor(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
+    """Moves one parameter all-gather's anchor to the previous candidate of ``ctx.anchors`` (earlier:
+    more prefetch; before the first, no anchor) or the next one (later: less prefetch, the gathered
+    parameter held for less of the step), or anchors an unanchored gather on the first or the last
+    candidate before its bucket's first reader."""
+    if not ctx.anchors or not ctx.gather_class:
+        return None
+    nodes, names = ctx.graph.nodes, ctx.names
+    gathers = sorted(ctx.gather_class)
+    anchors = _anchors_of(plan, ctx)
+    view = _view(plan, ctx)
+    for _ in range(_TRIES):
+        g = rng.choice(gathers)
+        limit = _limit(ctx, _bucket_of(plan, ctx, g))
+        comp = nodes[g].computation
+        cands = [a for a in ctx.anchors if a < limit and nodes[a].computation == comp]
+        have = anchors.get(g, [])
+        if not cands and not have:
+            continue
+        old = rng.choice(have) if have else None
+        if old is None:
+            new: int | None = cands[0] if rng.random() < 0.5 else cands[-1]
+        else:
+            earlier = [a for a in cands if a < old]
+            later = [a for a in cands if a > old]
+            go_early = rng.random() < 0.5 if later else True
+            new = (earlier[-1] if earlier else None) if go_early else later[0]
+        if new is not None and new in have:
+            continue
+        if new is not None:
+            c = view.cid.get(new, _NONE)
+            if 0 <= c < view.n_groups and _joins_a_cut(plan.replace(gather_after=((names[g], names[new]),)), ctx,
+                                                        view.clusters[c]):
+                continue  # it is inside a group, not its output
+        pairs = [p for p in plan.gather_after if old is None or p != (names[g], names[old])]
+        if new is not None:
+            pairs.append((names[g], names[new]))
+        pairs.sort(key=lambda p: (ctx.index[p[0]], ctx.index[p[1]]))
+        child = _checked(plan.replace(gather_after=tuple(pairs)), ctx)
+        if child is not None:
+            return child
+    return None
 
 
 def reset_gather_buckets(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> FusionPlan | None:
@@ -648,6 +762,7 @@ MOVES: dict[str, Move] = {
     "merge_gather_buckets": merge_gather_buckets,
     "split_gather_bucket": split_gather_bucket,
     "reset_gather_buckets": reset_gather_buckets,
+    "shift_anchor": shift_anchor,
 }
 
 # Relative frequencies for random_move: fusion moves dominate since there are far more ops
@@ -661,7 +776,7 @@ DEFAULT_WEIGHTS: dict[str, float] = {
 # Added to DEFAULT_WEIGHTS where the graph has parameter all-gathers (``ctx.gather_class``): as often
 # as the all-reduce bucket moves; going back to XLA's all-gathers is one bit, as toggling its fusion.
 GATHER_WEIGHTS: dict[str, float] = {
-    "merge_gather_buckets": 1.5, "split_gather_bucket": 1.0, "reset_gather_buckets": 0.2,
+    "merge_gather_buckets": 1.5, "split_gather_bucket": 1.0, "reset_gather_buckets": 0.2, "shift_anchor": 1.0,
 }
 _WITH_GATHERS = {**DEFAULT_WEIGHTS, **GATHER_WEIGHTS}
 
@@ -710,5 +825,7 @@ def canonical(plan: FusionPlan, ctx: MoveContext) -> FusionPlan:
     if gathers is not None:
         gs = sorted((tuple(sorted(idx[n] for n in b)) for b in gathers if len(b) > 1), key=lambda m: m[0])
         gathers = tuple(tuple(names[i] for i in m) for m in gs)
+    after = tuple(sorted(dict.fromkeys(plan.gather_after), key=lambda p: (idx[p[0]], idx[p[1]])))
     return plan.replace(groups=tuple(tuple(names[i] for i in m) for m in groups), buckets=buckets, cuts=cuts,
-                        compile_options=tuple(sorted(plan.compile_options)), gather_buckets=gathers)
+                        compile_options=tuple(sorted(plan.compile_options)), gather_buckets=gathers,
+                        gather_after=after)

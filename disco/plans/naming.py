@@ -87,7 +87,8 @@ def content_name(plan: FusionPlan) -> str:
     The parts: ``b<n>`` for n gradient buckets (``rs`` appended for reduce-scatter + all-gather
     builds, ``t`` for variadic ones, ``mix`` for several kinds), ``bxla`` for XLA's combiner;
     ``g<n>`` fusion groups and ``c<n>`` fusion cuts when there are some; ``ag<n>`` for n gather
-    buckets (a step with sharded parameters) when the plan sets them; ``nofuse`` when XLA's
+    buckets (a step with sharded parameters) when the plan sets them, ``pf<n>`` for n gather anchors
+    (:attr:`~disco.plans.plan.FusionPlan.gather_after`: the prefetch distance); ``nofuse`` when XLA's
     fusion is off; a tag per compile option (``ynn-noreduce``: reductions out of YNNPACK, ``thr64m``:
     XLA:GPU's combine threshold, ``lhs``: the latency-hiding scheduler, ``o1``: an optimization level).
     The name and graph fingerprint do not count, as in the digest.
@@ -99,6 +100,8 @@ def content_name(plan: FusionPlan) -> str:
         parts.append(f"c{len(plan.cuts)}")
     if plan.gather_buckets is not None:
         parts.append(f"ag{len(plan.gather_buckets)}")
+    if plan.gather_after:
+        parts.append(f"pf{len(plan.gather_after)}")
     if plan.xla_fusion == "off":
         parts.append("nofuse")
     parts += [_option_tag(k, v) for k, v in sorted(plan.compile_options)]
@@ -158,6 +161,9 @@ def describe(plan: FusionPlan, graph: HloGraph | None = None) -> str:
     if plan.gather_buckets is not None:
         n = len(plan.gather_buckets)
         parts.append(f"{n} gather bucket{'' if n == 1 else 's'}" if n else "each all-gather alone")
+    if plan.gather_after:
+        n = len(plan.gather_after)
+        parts.append(f"{n} all-gather{' waits' if n == 1 else 's wait'} for an anchor (prefetch distance)")
     if plan.xla_fusion == "off":
         parts.append("XLA's own fusion off")
     parts += [_option_words(k, v) for k, v in sorted(plan.compile_options)]

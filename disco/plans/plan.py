@@ -5,6 +5,7 @@ A plan is written against the *pre-optimisation* HLO of a step (the names in
 XLA groups the work: which instructions become one kLoop fusion, which
 producer -> consumer edges XLA may not fuse across (cuts), which all-reduces are
 merged into one, which all-gathers (a sharded step's parameter gathers) are merged into one,
+how early each parameter gather may start (its anchor: the prefetch distance),
 and which XLA compile options are set.
 
 Inside the library a plan is a frozen dataclass; at the boundary (files, the
@@ -121,6 +122,13 @@ class FusionPlan:
         name), each merged into one all-gather of the members' concatenated shards, split back
         after; all-gathers in none stay as they are. ``None`` (the default) leaves all-gathers
         to XLA (on GPU its all-gather combiner, which a plan with gather buckets turns off).
+      gather_after: (all-gather, anchor) instruction-name pairs: the parameter all-gather (a
+        gather bucket's member: the whole bucket) may not start before the anchor's value exists
+        (the prefetch distance of FSDP). The gather reads its shard through an optimization barrier
+        together with the anchor's value (``opt-barrier((shard, anchor))``), so it depends on the
+        anchor; the gathered parameter is then live from the anchor on instead of from the step's
+        start. Valid on every backend (a barrier has a StableHLO form). Empty (the default): XLA may
+        issue every gather at the step's start.
       compile_options: extra XLA compile options, as (key, value) pairs.
       name: a label (e.g. the baseline it came from).
       graph_fingerprint: the fingerprint of the graph the plan was made for
@@ -137,6 +145,7 @@ class FusionPlan:
     graph_fingerprint: str | None = None
     cuts: tuple[tuple[str, str], ...] = ()
     gather_buckets: tuple[tuple[str, ...], ...] | None = None
+    gather_after: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         """Checks the fields' types (a list or a str where a tuple belongs would hash, compare and
@@ -154,7 +163,8 @@ class FusionPlan:
                                                 or not all(_names(b) for b in self.gather_buckets)):
             raise TypeError(f"FusionPlan.gather_buckets: expected None or a tuple of tuples of all-gather names, "
                             f"got {_short(self.gather_buckets)}{hint}")
-        for field, what in (("compile_options", "(key, value) string pairs"), ("cuts", "(producer, consumer) name pairs")):
+        for field, what in (("compile_options", "(key, value) string pairs"), ("cuts", "(producer, consumer) name pairs"),
+                            ("gather_after", "(all-gather, anchor) name pairs")):
             value = getattr(self, field)
             if not isinstance(value, tuple) or not all(_names(p) and len(p) == 2 for p in value):
                 raise TypeError(f"FusionPlan.{field}: expected a tuple of {what}, got {_short(value)}{hint}")
@@ -171,6 +181,8 @@ class FusionPlan:
             parts.append(f"xla_fusion={self.xla_fusion!r}")
         if self.gather_buckets is not None:
             parts.append(_count(len(self.gather_buckets), "gather bucket"))
+        if self.gather_after:
+            parts.append(_count(len(self.gather_after), "gather anchor"))
         if self.compile_options:
             parts.append(f"{len(self.compile_options)} compile options")
         if self.graph_fingerprint is not None:
@@ -182,7 +194,8 @@ class FusionPlan:
     def is_default(self) -> bool:
         """True when the plan asks for nothing beyond XLA's default compile."""
         return (not self.groups and self.xla_fusion == "extend" and self.buckets is None
-                and not self.compile_options and not self.cuts and self.gather_buckets is None)
+                and not self.compile_options and not self.cuts and self.gather_buckets is None
+                and not self.gather_after)
 
     def disabled_passes(self, backend: str = "cpu") -> tuple[str, ...]:
         """XLA passes to disable when compiling this plan on ``backend`` ("cpu" or "gpu")."""
@@ -194,7 +207,7 @@ class FusionPlan:
             passes += _COMBINER_PASSES[backend]
         if self.gather_buckets is not None:
             passes += _GATHER_COMBINER_PASSES[backend]
-        if self.cuts:
+        if self.cuts or self.gather_after:  # both are optimization barriers
             passes += _BARRIER_PASSES[backend]
         return tuple(dict.fromkeys(passes))
 
@@ -237,6 +250,8 @@ class FusionPlan:
             out["cuts"] = [list(c) for c in self.cuts]
         if self.gather_buckets is not None:  # written only when set, as cuts: older plans keep their digest
             out["gather_buckets"] = [list(b) for b in self.gather_buckets]
+        if self.gather_after:  # written only when set, as cuts
+            out["gather_after"] = [list(p) for p in self.gather_after]
         return out
 
     def to_json(self, indent: int | None = None) -> str:
@@ -253,7 +268,7 @@ class FusionPlan:
         return cls(groups=f.groups, xla_fusion=f.xla_fusion,  # type: ignore[arg-type]
                    buckets=None if f.buckets is None else tuple(Bucket(m, b) for m, b in f.buckets),  # type: ignore[arg-type]
                    compile_options=f.compile_options, name=f.name, graph_fingerprint=f.graph_fingerprint,
-                   cuts=f.cuts, gather_buckets=f.gather_buckets)
+                   cuts=f.cuts, gather_buckets=f.gather_buckets, gather_after=f.gather_after)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> FusionPlan:
@@ -294,6 +309,7 @@ class FusionPlan:
             "buckets": None if self.buckets is None else len(self.buckets),
             "cuts": len(self.cuts),
             **({"gather_buckets": len(self.gather_buckets)} if self.gather_buckets is not None else {}),
+            **({"gather_anchors": len(self.gather_after)} if self.gather_after else {}),
             "compile_options": dict(self.compile_options),
             "digest": self.digest(),
         }
@@ -319,6 +335,8 @@ def decisions(plan: FusionPlan, relative_to: FusionPlan | None = None) -> tuple[
     if plan.gather_buckets != base.gather_buckets:
         parts.append("XLA's all-gathers" if plan.gather_buckets is None
                      else _count(len(plan.gather_buckets), "gather bucket"))
+    if plan.gather_after != base.gather_after:
+        parts.append(_count(len(plan.gather_after), "gather anchor") if plan.gather_after else "gathers unanchored")
     if plan.compile_options != base.compile_options:
         shown = ", ".join(f"{k}={v}" for k, v in plan.compile_options) or "XLA's defaults"
         parts.append(f"compile options ({shown})")
@@ -343,6 +361,7 @@ def make_plan(
     cuts: Iterable[Sequence[str]] = (),
     compile_options: Mapping[str, str] | None = None,
     gather_buckets: Iterable[Sequence[str]] | None = None,
+    gather_after: Iterable[Sequence[str]] = (),
 ) -> FusionPlan:
     """Convenience constructor from plain lists.
 
@@ -352,6 +371,7 @@ def make_plan(
     groups, cuts = _name_lists("groups", groups), _name_lists("cuts", cuts)
     buckets = None if buckets is None else _name_lists("buckets", buckets)
     gather_buckets = None if gather_buckets is None else _name_lists("gather_buckets", gather_buckets)
+    gather_after = _name_lists("gather_after", gather_after)
     return FusionPlan(
         groups=tuple(tuple(g) for g in groups),
         xla_fusion=xla_fusion,
@@ -360,4 +380,5 @@ def make_plan(
         cuts=tuple((str(p), str(c)) for p, c in cuts),
         compile_options=tuple(sorted((compile_options or {}).items())),
         gather_buckets=None if gather_buckets is None else tuple(tuple(b) for b in gather_buckets),
+        gather_after=tuple((str(g), str(a)) for g, a in gather_after),
     )

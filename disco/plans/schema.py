@@ -27,6 +27,7 @@ class PlanFields(NamedTuple):
     graph_fingerprint: str | None = None  # absent in plans written before it was recorded
     cuts: tuple[tuple[str, str], ...] = ()  # (producer, consumer) pairs
     gather_buckets: tuple[tuple[str, ...], ...] | None = None  # all-gather names per bucket
+    gather_after: tuple[tuple[str, str], ...] = ()  # (all-gather, anchor) pairs
 
 
 @functools.cache
@@ -51,6 +52,8 @@ def _plan_model() -> Any:
         cuts: list[Annotated[list[str], pydantic.Field(min_length=2, max_length=2)]] = []
         # all-gather names per bucket; optional, so plans written before gather buckets existed still load.
         gather_buckets: list[Annotated[list[str], pydantic.Field(min_length=1)]] | None = None
+        # (all-gather, anchor) pairs; optional, so plans written before gather anchors existed still load.
+        gather_after: list[Annotated[list[str], pydantic.Field(min_length=2, max_length=2)]] = []
 
     return PlanModel
 
@@ -92,4 +95,5 @@ def parse(data: Any) -> PlanFields:
         graph_fingerprint=m.graph_fingerprint,
         cuts=tuple((p, c) for p, c in m.cuts),
         gather_buckets=None if m.gather_buckets is None else tuple(tuple(b) for b in m.gather_buckets),
+        gather_after=tuple((g, a) for g, a in m.gather_after),
     )

@@ -63,7 +63,8 @@ def plan_key(plan: FusionPlan) -> int:
     ``FusionPlan.digest`` is the stable form; it costs ~10x more (a JSON dump and a
     SHA-256), which matters at thousands of plans per second.
     """
-    return hash((plan.groups, plan.xla_fusion, plan.buckets, plan.compile_options, plan.cuts, plan.gather_buckets))
+    return hash((plan.groups, plan.xla_fusion, plan.buckets, plan.compile_options, plan.cuts, plan.gather_buckets,
+                 plan.gather_after))
 
 
 def push_top(top: tuple[Scored, ...], item: Scored, k: int) -> tuple[Scored, ...]:

@@ -1,6 +1,6 @@
 """Constructive start points: the baselines, greedy producer fusion, reductions with their
 elementwise neighbours, merged-gradient buckets, (CPU) reductions kept out of YNNPACK, and (a step
-with sharded parameters) its parameter all-gathers in gather buckets."""
+with sharded parameters) its parameter all-gathers in gather buckets, and prefetched a few layers ahead."""
 
 from __future__ import annotations
 
@@ -248,7 +248,9 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
     On CPU also :func:`reduce_fusion` and XLA's default with reductions kept out of YNNPACK
     (:func:`ynn_no_reduce`): the two forms of the one pattern measured to win there. For a graph
     with parameter all-gathers (``ctx.gather_class``: a step with sharded parameters) also the
-    gather-bucket baselines ``one_gather_bucket`` and ``per_layer_gathers``, last. For a GPU
+    gather-bucket baselines ``one_gather_bucket`` and ``per_layer_gathers``, the prefetch distances
+    ``prefetch_1`` and ``prefetch_2`` (:data:`~disco.plans.baselines.PREFETCH_DISTANCES`) and
+    ``per_layer_gathers+prefetch_1`` (FSDP2's per-layer buckets with the next layer prefetched), last. For a GPU
     context (``ctx.backend``) the plans with fusion groups are left out, and the ``xla_tuned``
     sweep and every start with several buckets with the latency-hiding scheduler on
     (:func:`_with_scheduler`) are added.
@@ -283,6 +285,19 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
         starts += list(baselines.xla_tuned_sweep(graph).values())
     if ctx.gather_class:
         starts += [baselines.make(name, graph) for name in baselines.GATHER_NAMES]
+        per_layer = next(p for p in starts if p.name == "per_layer_gathers")
+        for d in baselines.PREFETCH_DISTANCES:  # each layer gathered d layers before its use
+            try:
+                prefetch = baselines.make("prefetch", graph, distance=d)
+            except ValueError:
+                continue  # no first use to anchor on
+            starts.append(prefetch)
+            if d == 1:  # FSDP2's shape: a bucket per layer, the next layer's gathered while one computes
+                joint = prefetch.replace(gather_buckets=per_layer.gather_buckets, name="per_layer_gathers+prefetch_1")
+                try:
+                    starts.append(joint.validate(graph))
+                except ValueError:
+                    pass  # a layer's bucket would wait on its own use
     if ctx.ar_scatterable:  # a sharded step's gradient scatters: as reduce-scatters
         starts += [baselines.make(name, graph) for name in baselines.SCATTER_NAMES]
     return starts

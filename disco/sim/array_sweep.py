@@ -253,8 +253,8 @@ class UnitTable:
 class UnitIndex:
     """Unit ids for one simulator's units, shared by every delta simulator over it (:func:`index_of`).
 
-    One id per (fusion mode, kind, members, duration), for good: two unit objects that schedule
-    alike (a re-fused kernel labelled by the group it holds) share one. Thread-safe.
+    One id per (fusion mode, kind, members, duration, added dependencies), for good: two unit objects
+    that schedule alike (a re-fused kernel labelled by the group it holds) share one. Thread-safe.
 
     Attributes:
       table: per unit id, what the scheduler reads.
@@ -265,6 +265,7 @@ class UnitIndex:
         self._gid: dict[tuple, int] = {}
         self._by_obj: dict[int, int] = {}  # id(unit object) -> its id (the objects are held in _held)
         self._held: list[Unit] = []
+        self._first: list[Unit] = []  # per id, the first unit object given it
         self._modes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
 
@@ -281,11 +282,12 @@ class UnitIndex:
                         continue
                     k = by_obj.get(id(u))
                     if k is None:
-                        key = (fusion, u.is_coll, u.members, u.dur)
+                        key = (fusion, u.is_coll, u.members, u.dur, u.extra)
                         k = gid.get(key)
                         if k is None:
                             k = gid[key] = len(gid)
                             fresh.append(u)
+                            self._first.append(u)
                         self._held.append(u)  # id(u) stays u's
                         by_obj[id(u)] = k
                     out[j] = k
@@ -295,7 +297,11 @@ class UnitIndex:
     def id_of(self, unit: Unit, fusion: str) -> int:
         """The id of a unit met before."""
         k = self._by_obj.get(id(unit))
-        return k if k is not None else self._gid[fusion, unit.is_coll, unit.members, unit.dur]
+        return k if k is not None else self._gid[fusion, unit.is_coll, unit.members, unit.dur, unit.extra]
+
+    def unit(self, k: int) -> Unit:
+        """A unit object of id ``k`` (the first given it; any other of that id schedules alike)."""
+        return self._first[k]
 
     def mode(self, fusion: str, units: Sequence[Unit], unit_of: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(the ids of a fusion mode's base ``units``, per node the id of its base unit or -1)."""

@@ -30,6 +30,11 @@ piece is made when it is first a parent. Its patch's group part (over every grou
 so plans that share their groups (a search's start plans: one fusion with each bucketing) patch
 only their buckets.
 
+A plan's gather anchors replace the units at their dependencies' two ends by waited copies
+(:meth:`disco.sim.patch.Patcher.wait_patch`); the pieces hold the units before that, and
+:meth:`DeltaSimulator._rewait` turns their difference into the difference of the units the two plans
+run (a shifted anchor: its old and new ends' units, and the gather's).
+
 A change no unit sees (a group inside one of XLA's fusions, a cut between two ops XLA would not
 fuse) costs only its re-patch and the comparison. Anything this does not cover is scheduled whole:
 a plan without a parent, another fusion mode or stream coupling than the parent's; a plan whose
@@ -53,6 +58,7 @@ import numpy as np
 from disco.plans.plan import FusionPlan
 from disco.sim import array_sweep
 from disco.sim import pieces as plan_pieces
+from disco.sim.units import unit_key
 
 if TYPE_CHECKING:
     from disco.sim.pieces import Pieces
@@ -316,6 +322,13 @@ class DeltaSimulator:
             keep = keep.copy()
             keep[dead] = False
         rest = np.concatenate((part.base_ids[keep], part.new_ids, unit_of[[u.members[0] for u in new]]))
+        if plan.gather_after:  # the units at a gather anchor's ends, replaced by their waited copies
+            pairs = patcher.waits(mode, patcher.wait_edges(plan, mode), lambda x: index.unit(int(unit_of[x])))
+            if pairs:
+                gone = [index.id_of(u, mode.fusion) for u, _ in pairs]
+                copies = [w for _, w in pairs]
+                unit_of = _relabel(unit_of, copies, index.ids(copies, mode.fusion))
+                rest = np.concatenate((rest[~np.isin(rest, gone)], unit_of[[w.members[0] for w in copies]]))
         run = array_sweep.restart(index.table, rest, 0, 0.0, 0.0, _NO_I, _NO_F, unit_of, unit_of, blocking)
         if run is None:
             return None
@@ -329,7 +342,7 @@ class DeltaSimulator:
         Raises:
           ValueError: as ``Patcher.group_patch`` (nothing is kept then).
         """
-        key = (plan.xla_fusion, plan.groups, plan.cuts)
+        key = (plan.xla_fusion, plan.groups, self._patcher.cuts_of(plan))
         parts = self._group_parts
         part = parts.get(key)
         if part is None:
@@ -353,9 +366,11 @@ class DeltaSimulator:
         pieces, removed, added = hit
         fusion = pieces.mode.fusion
         if removed and added:  # a unit removed and added again alike (only its label differs) stays
-            alike = {(u.is_coll, u.members, u.dur): u for u in removed}
-            added = [u for u in added if alike.pop((u.is_coll, u.members, u.dur), None) is None]
+            alike = {unit_key(u): u for u in removed}
+            added = [u for u in added if alike.pop(unit_key(u), None) is None]
             removed = list(alike.values())
+        if plan.gather_after or base_plan.gather_after:
+            removed, added = self._rewait(pieces.mode, base, base_plan, plan, removed, added)
         order = base.order
         assert order is not None
         if not removed and not added:
@@ -396,6 +411,47 @@ class DeltaSimulator:
         self.stats["delta"] += 1
         self.stats["events"] += len(run.units)
         return Trace(pieces, run.step, unit_of, base.alive - len(removed) + len(added), base, i, run)
+
+
+    def _rewait(self, mode: Mode, base: Trace, base_plan: FusionPlan, plan: FusionPlan, removed: list[Unit],
+                added: list[Unit]) -> tuple[list[Unit], list[Unit]]:
+        """The units removed and added with the plans' gather anchors, from those without them.
+
+        ``removed`` and ``added`` are the difference of the two plans' units before their anchors'
+        waited copies replace some (:meth:`Patcher.wait_patch`). With ``R``, ``A`` those, and each plan's
+        replaced units and copies (``dom``, ``img``; the neighbour's ``b``, the plan's ``p``), compared
+        by :func:`~disco.sim.units.unit_key`: removed are the ``R`` not in ``dom_b``, the ``img_b`` not in
+        ``img_p`` and the ``dom_p`` neither in ``A`` nor in ``dom_b``; added are the ``A`` not in ``dom_p``,
+        the ``img_p`` not in ``img_b`` and the ``dom_b`` neither in ``R`` nor in ``dom_p``.
+        """
+        patcher, index = self._patcher, self._index
+        old_of = base.unit_of
+
+        def before(x: int) -> Unit:  # the neighbour's unit of node x before its anchors
+            u = index.unit(int(old_of[x]))
+            return u.orig if u.orig is not None else u
+
+        held = {m: u for u in added for m in u.members}
+
+        def now(x: int) -> Unit:  # the plan's, before its anchors
+            u = held.get(x)
+            return u if u is not None else before(x)
+
+        pairs_b = patcher.waits(mode, patcher.wait_edges(base_plan, mode), before) if base_plan.gather_after else []
+        pairs_p = patcher.waits(mode, patcher.wait_edges(plan, mode), now) if plan.gather_after else []
+        if not pairs_b and not pairs_p:
+            return removed, added
+        key = unit_key
+        dom_b, img_b = {key(u) for u, _ in pairs_b}, {key(w) for _, w in pairs_b}
+        dom_p, img_p = {key(u) for u, _ in pairs_p}, {key(w) for _, w in pairs_p}
+        r_keys, a_keys = {key(u) for u in removed}, {key(u) for u in added}
+        out_r = [u for u in removed if key(u) not in dom_b]
+        out_r += [w for _, w in pairs_b if key(w) not in img_p]
+        out_r += [u for u, _ in pairs_p if key(u) not in a_keys and key(u) not in dom_b]
+        out_a = [u for u in added if key(u) not in dom_p]
+        out_a += [w for _, w in pairs_p if key(w) not in img_b]
+        out_a += [u for u, _ in pairs_b if key(u) not in r_keys and key(u) not in dom_p]
+        return out_r, out_a
 
 
 def _relabel(unit_of: np.ndarray, units: list[Unit], ids: list[int]) -> np.ndarray:

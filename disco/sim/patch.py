@@ -11,21 +11,23 @@ every member's inputs are, releasing every member's readers; all-gathers in none
 the base fusions they touch with the cut edges forbidden (like a group without members). On a GPU
 cluster the plan's compile options are priced too: XLA:GPU's combiner closes a bucket at
 ``xla_gpu_all_reduce_combine_threshold_bytes`` (XLA's default when unset), and collectives overlap
-kernels only with ``xla_gpu_enable_latency_hiding_scheduler`` on (``Patch.blocking``).
-:meth:`Patcher.arrays` then gives the scheduler flat per-unit arrays.
+kernels only with ``xla_gpu_enable_latency_hiding_scheduler`` on (``Patch.blocking``). A plan's
+gather anchors (``gather_after``) add a dependency from each anchor to its all-gather: the units at
+its two ends (whatever the groups and buckets made them) are replaced by copies that also wait and
+release (:meth:`Patcher.wait_patch`). :meth:`Patcher.arrays` then gives the scheduler flat per-unit arrays.
 """
 
 from __future__ import annotations
 
 import collections
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from disco.plans import options as plan_options
 from disco.sim import scheduler
 from disco.sim.units import (BUILD_UNIT, COLL, KERNEL, REBUILT_UNITS, UNIT_COLL, FusionEmulation, Mode, Unit,
-                             UnitBuilder, build_mode)
+                             UnitBuilder, build_mode, waited)
 
 if TYPE_CHECKING:
     from disco.plans.plan import FusionPlan
@@ -108,11 +110,11 @@ def regions(groups: Sequence[Group]) -> list[list[Group]]:
 class Patch:
     """What one plan changes in a mode's base units: units removed and units added."""
 
-    __slots__ = ("mode", "dead", "new", "compute", "comm", "buckets", "blocking", "gathers")
+    __slots__ = ("mode", "dead", "new", "compute", "comm", "buckets", "blocking", "gathers", "waited")
 
     def __init__(self, mode: Mode, dead: list[int], new: list[Unit], buckets: list[Unit] | None,
                  compute: float, comm: float, blocking: bool = False,
-                 gathers: Sequence[tuple[int, Unit]] = ()):
+                 gathers: Sequence[tuple[int, Unit]] = (), waited: Sequence[tuple[Unit, Unit]] = ()):
         self.mode = mode
         self.dead = dead
         self.new = new
@@ -121,6 +123,7 @@ class Patch:
         self.comm = comm
         self.blocking = blocking  # collectives hold the compute stream (no overlap)
         self.gathers = gathers  # (gather bucket index, its unit) of each gather bucket of several
+        self.waited = waited  # (unit, its waited copy) for each unit a gather anchor's dependency ends at
 
 
 class Patcher:
@@ -151,6 +154,9 @@ class Patcher:
         self._combined: dict[tuple[str, int | None], list[Unit]] = {}
         self._gpu = gpu
         self._cut_cache: dict[tuple[str, str], Cut | None] = {}
+        self._wait_edges: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[tuple[int, int], ...]] = {}
+        self._waited: dict[tuple, Unit] = {}
+        self._anchor_cuts: dict[tuple, tuple[tuple[str, str], ...]] = {}
         self._option_cache: dict[tuple[tuple[str, str], ...], tuple[bool, int | None]] = {}
         self._modes: dict[str, Mode] = {}
         self._levels = self._ar_levels_graph()
@@ -344,7 +350,7 @@ class Patcher:
     def patch(self, plan: FusionPlan, levels: dict[int, int] | None = None) -> Patch:
         """The units ``plan`` removes from and adds to its mode's base units.
 
-        Its two parts, :meth:`group_patch` then :meth:`bucket_patch`, in that order.
+        Its three parts, :meth:`group_patch`, :meth:`bucket_patch` then :meth:`wait_patch`, in that order.
 
         Raises:
           ValueError: for names not in the graph, overlapping groups or overlapping buckets.
@@ -352,7 +358,115 @@ class Patcher:
         mode = self.mode(plan.xla_fusion)
         dead, new, compute = self.group_patch(plan, mode)
         buckets, comm, blocking, gathers = self.bucket_patch(plan, mode, dead, new, levels)
-        return Patch(mode, dead, new, buckets, compute, comm, blocking, gathers)
+        pairs: list[tuple[Unit, Unit]] = []
+        if plan.gather_after:
+            pairs = self.wait_patch(plan, mode, dead, new)
+            swap = {id(u): w for u, w in pairs}
+            gathers = [(bi, swap.get(id(u), u)) for bi, u in gathers]
+            if buckets is not None:
+                buckets = [swap.get(id(u), u) for u in buckets]
+        return Patch(mode, dead, new, buckets, compute, comm, blocking, gathers, pairs)
+
+    def cuts_of(self, plan: FusionPlan) -> tuple[tuple[str, str], ...]:
+        """The fusion cuts the plan makes: its own, and for each gather anchor one from the anchor to each of
+        its readers (the barrier reads the anchor's value, so XLA's fusion keeps it a fusion's output and
+        never fuses it with what waits for the gather); cached."""
+        if not plan.gather_after:
+            return plan.cuts
+        key = (plan.cuts, plan.gather_after)
+        hit = self._anchor_cuts.get(key)
+        if hit is None:
+            have = set(plan.cuts)
+            extra: list[tuple[str, str]] = []
+            nodes, succs, index = self.graph.nodes, self.builder.kernels.succs, self._index
+            for a in dict.fromkeys(a for _, a in plan.gather_after):
+                if a not in index:
+                    continue  # wait_edges names it
+                for u in dict.fromkeys(succs[index[a]]):
+                    cut = (a, nodes[u].name)
+                    if cut not in have:
+                        have.add(cut)
+                        extra.append(cut)
+            hit = self._anchor_cuts[key] = plan.cuts + tuple(extra)
+        return hit
+
+    def wait_edges(self, plan: FusionPlan, mode: Mode) -> tuple[tuple[int, int], ...]:
+        """The plan's gather anchors as (real node, all-gather) dependencies in ``mode``: an anchor the
+        mode folds away (a duplicated producer) waits for the real nodes it passes on; cached.
+
+        Raises:
+          ValueError: for a pair that is not two instruction names of the graph.
+        """
+        key = (mode.fusion, plan.gather_after)
+        hit = self._wait_edges.get(key)
+        if hit is None:
+            edges: set[tuple[int, int]] = set()
+            for pi, pair in enumerate(plan.gather_after):
+                if not (isinstance(pair, tuple) and len(pair) == 2):
+                    raise ValueError(f"gather anchor {pi}: expected an (all-gather, anchor) pair of instruction names, "
+                                     f"got {pair!r}")
+                g, a = self._resolve(pair[:1], f"gather anchor {pi}")[0], self._resolve(pair[1:], f"gather anchor {pi}")[0]
+                if mode.virtual[g]:
+                    raise ValueError(f"gather anchor {pi}: {pair[0]!r} is no collective; expected an all-gather")
+                edges.update((r, g) for r in (mode.through[a] if mode.virtual[a] else (a,)) if r != g)
+            hit = self._wait_edges[key] = tuple(sorted(edges))
+        return hit
+
+    def waits(self, mode: Mode, edges: Sequence[tuple[int, int]],
+              holder: Callable[[int], Unit]) -> list[tuple[Unit, Unit]]:
+        """(unit, its waited copy) for each unit at an end of ``edges`` (:meth:`wait_edges`), each node's unit
+        given by ``holder``; a dependency inside one unit adds nothing. Copies are cached by what they are."""
+        preds: dict[int, list[int]] = {}
+        succ: dict[int, dict[int, int]] = {}
+        units: dict[int, Unit] = {}
+        for r, g in edges:
+            ur, ug = holder(r), holder(g)
+            if ur is ug:
+                continue
+            units[id(ur)], units[id(ug)] = ur, ug
+            preds.setdefault(id(ug), []).append(r)
+            out = succ.setdefault(id(ur), {})
+            out[g] = out.get(g, 0) + 1
+        pairs = []
+        for k, u in units.items():
+            p = tuple(preds.get(k, ()))
+            s = tuple(sorted(succ.get(k, {}).items()))
+            key = (mode.fusion, u.is_coll, u.members, u.dur, u.groups, p, s)
+            w = self._waited.get(key)
+            if w is None:
+                w = self._waited[key] = waited(u, p, s)
+            pairs.append((u, w))
+        return pairs
+
+    def wait_patch(self, plan: FusionPlan, mode: Mode, dead: list[int], new: list[Unit]) -> list[tuple[Unit, Unit]]:
+        """The last part of ``plan``'s patch: the units at the ends of its gather anchors' dependencies
+        (after its groups and buckets) replaced by their waited copies in ``dead`` and ``new``.
+
+        Returns:
+          (unit, its waited copy) per replaced unit.
+
+        Raises:
+          ValueError: as :meth:`wait_edges`.
+        """
+        edges = self.wait_edges(plan, mode)
+        if not edges:
+            return []
+        held = {m: u for u in new for m in u.members}
+        units, unit_of = mode.units, mode.unit_of
+
+        def holder(x: int) -> Unit:
+            u = held.get(x)
+            return u if u is not None else units[unit_of[x]]
+
+        pairs = self.waits(mode, edges, holder)
+        gone = {id(u) for u, _ in pairs}
+        added = {id(u) for u in new}  # (a re-fusion may add a base unit's own object again)
+        new[:] = [u for u in new if id(u) not in gone]
+        for u, w in pairs:
+            if id(u) not in added:  # an alive base unit
+                dead.append(unit_of[u.members[0]])
+            new.append(w)
+        return pairs
 
     def group_patch(self, plan: FusionPlan, mode: Mode) -> tuple[list[int], list[Unit], float]:
         """The part of ``plan``'s patch its groups and cuts make: (base units removed, units added,
@@ -374,11 +488,12 @@ class Patcher:
             count = sum(len(g.members) for g in groups)
             if len(set().union(*[g.members for g in groups])) != count:
                 self._raise_overlap(plan)
-        if plan.cuts and mode.fusion == "extend":
+        cuts = self.cuts_of(plan)
+        if cuts and mode.fusion == "extend":
             # A cut re-fuses the base fusions it touches: always when its producer and consumer
             # share one, else only beside a group that touches them (it may grow across the cut).
             near = {c for g in groups for c in g.touched}
-            for ci, cut in enumerate(plan.cuts):
+            for ci, cut in enumerate(cuts):
                 k = self._cut(ci, cut)
                 if k is not None and (len(k.touched) == 1 or near.intersection(k.touched)):
                     groups.append(k)
@@ -625,10 +740,13 @@ class Patcher:
         dead = set(patch.dead)
         kernels = [u for ui, u in enumerate(mode.units) if ui not in dead and not u.is_coll]
         kernels += [u for u in patch.new if not u.is_coll]
-        singles = [mode.units[mode.ar_unit[a]] for a in self._ars]
+        swap = {id(u): w for u, w in patch.waited}
+        singles = [swap.get(id(u), u) for u in (mode.units[mode.ar_unit[a]] for a in self._ars)]
         others = [u for ui, u in enumerate(mode.units)
                   if u.is_coll and u.members[0] not in self._ar_set and ui not in dead]
         others += [u for _, u in patch.gathers]
+        held = {id(u) for u in others}
+        others += [w for u, w in patch.waited if w.is_coll and w.members[0] not in self._ar_set and id(w) not in held]
         units = kernels + singles + others
         unit_of = [-1] * self._n
         for ui, u in enumerate(units):
@@ -659,7 +777,10 @@ class Patcher:
         combined = 0
         bucket_index = {id(u): bi for bi, u in enumerate(patch.buckets or ())}
         gather_index = {id(u): bi for bi, u in patch.gathers}
+        base_units = {id(u) for u in patch.mode.units}
         for k, u in enumerate(patch.new):
+            if u.orig is not None and id(u.orig) in base_units and not u.groups and id(u) not in gather_index:
+                continue  # a base unit that waits for a gather anchor: its own name
             if u.groups:
                 labels[nb + k] = f"fusion.{min(gindex[g] for g in u.groups)}"
             elif id(u) in gather_index:

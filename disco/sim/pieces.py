@@ -114,7 +114,7 @@ def _included_cuts(patcher: Patcher, plan: FusionPlan, groups: list[Group]) -> l
     """The plan's cuts that take part in re-fusion (as :meth:`Patcher.patch` includes them)."""
     near = {c for g in groups for c in g.touched}
     out = []
-    for ci, cut in enumerate(plan.cuts):
+    for ci, cut in enumerate(patcher.cuts_of(plan)):
         k = patcher.cut(ci, cut)
         if k is not None and (len(k.touched) == 1 or near.intersection(k.touched)):
             out.append(k)
@@ -131,7 +131,8 @@ def build(patcher: Patcher, plan: FusionPlan, cache: dict | None = None) -> Piec
     """
     mode = patcher.mode(plan.xla_fusion)
     pc = Pieces(mode, *patcher.options(plan.compile_options))
-    key = (plan.xla_fusion, plan.groups, plan.cuts)
+    cuts = patcher.cuts_of(plan)
+    key = (plan.xla_fusion, plan.groups, cuts)
     hit = cache.get(key) if cache is not None else None
     if hit is None:
         group = patcher.group
@@ -141,7 +142,7 @@ def build(patcher: Patcher, plan: FusionPlan, cache: dict | None = None) -> Piec
             owner[np.fromiter(itertools.chain.from_iterable(g.members for g in groups), np.int64)] = np.repeat(
                 np.array([g.serial for g in groups], np.int32), [len(g.members) for g in groups])
         if mode.fusion == "extend":
-            items = groups + (_included_cuts(patcher, plan, groups) if plan.cuts else [])
+            items = groups + (_included_cuts(patcher, plan, groups) if cuts else [])
             region, regs = patcher.region, pc.regions
             for comp in regions(items):
                 r: Region = (tuple(comp), region(mode, comp))
@@ -233,7 +234,7 @@ def repatch(patcher: Patcher, base: Pieces, base_plan: FusionPlan,
             if (held >= 0).any() or len(np.unique(members)) != len(members):
                 return None  # overlapping groups: the whole patch raises
     if mode.fusion == "extend":
-        if (rem_g or add_g or plan.cuts != base_plan.cuts) and not _reregion(
+        if (rem_g or add_g or patcher.cuts_of(plan) != patcher.cuts_of(base_plan)) and not _reregion(
                 patcher, base, base_plan, plan, rem_g, add_g, old_regions, new_regions, removed, added):
             return None
     elif rem_g or add_g:
@@ -339,8 +340,8 @@ def _reregion(patcher: Patcher, base: Pieces, base_plan: FusionPlan, plan: Fusio
     out_items: list[Group] = [g for _, g in rem_g]
     in_items: list[Group] = [g for _, g in add_g]
     try:
-        before = {cut: patcher.cut(ci, cut) for ci, cut in enumerate(base_plan.cuts)}
-        now = {cut: patcher.cut(ci, cut) for ci, cut in enumerate(plan.cuts)}
+        before = {cut: patcher.cut(ci, cut) for ci, cut in enumerate(patcher.cuts_of(base_plan))}
+        now = {cut: patcher.cut(ci, cut) for ci, cut in enumerate(patcher.cuts_of(plan))}
     except ValueError:
         return False
     for cut, k in before.items():

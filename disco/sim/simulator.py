@@ -49,7 +49,10 @@ compiled with ``plan``:
    member's inputs are and releasing every member's readers when it ends, as the compiled step's
    one all-gather of the concatenated shards does; all-gathers in no bucket (every one under
    ``gather_buckets=None``: XLA:CPU has no all-gather combiner) are one collective each. Other
-   collectives are one collective each.
+   collectives are one collective each. A gather anchor (``plan.gather_after``: all-gather, anchor)
+   is one more input of the all-gather's collective (its bucket's, if it has one): it is ready only
+   once the kernel that computes the anchor has ended, as the compiled step's all-gather reads its
+   shard through a barrier with the anchor's value.
 3. **Two streams, ready-list scheduling.** A *compute stream* runs kernels one at a
    time; a *communication stream* runs collectives one at a time. A unit is *ready* at
    the time the last of its inputs (kernels and collectives) ends.
@@ -256,11 +259,12 @@ class Simulator:
             try:
                 return self._schedule(plan, patch, order, record)
             except scheduler.Deadlock:
-                if attempt or plan.buckets is not None or not (plan.groups or plan.gather_buckets) or not self._ars:
+                if (attempt or plan.buckets is not None or not (plan.groups or plan.gather_buckets or plan.gather_after)
+                        or not self._ars):
                     break
                 # One combined bucket deadlocks against the groups (or a gather bucket of an
-                # all-gather below an all-reduce): one bucket per level of the graph with the plan's
-                # kernels and gather buckets contracted.
+                # all-gather below an all-reduce, or a gather anchor below one): one bucket per level
+                # of the graph with the plan's kernels, gather buckets and anchors contracted.
                 try:
                     levels = patcher.contracted_levels(patch)
                 except (IndexError, KeyError):  # pragma: no cover

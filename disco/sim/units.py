@@ -77,9 +77,13 @@ class Unit:
     many of the unit's members it reads; ``preds`` lists the outside real input of each of the
     unit's (member, outside real input) pairs and ``indeg`` counts them, so a unit is ready when
     every pair has been released.
+
+    A plan's gather anchors (``FusionPlan.gather_after``) add dependencies no graph edge has: the
+    units at their two ends run as copies (:func:`waited`) whose ``extra`` names the added inputs
+    and readers and whose ``orig`` is the unit copied; ``extra`` is part of a unit's identity.
     """
 
-    __slots__ = ("is_coll", "members", "dur", "prio", "succ", "preds", "indeg", "groups", "name")
+    __slots__ = ("is_coll", "members", "dur", "prio", "succ", "preds", "indeg", "groups", "name", "extra", "orig")
 
     def __init__(self, is_coll: bool, members: tuple[int, ...], dur: float, succ: tuple[tuple[int, int], ...],
                  preds: tuple[int, ...], name: str, groups: tuple[tuple[str, ...], ...] = ()):
@@ -92,12 +96,31 @@ class Unit:
         self.indeg = len(preds)
         self.name = name  # the label of a unit that is not a planned group or a bucket
         self.groups = groups  # the planned groups (by names) it contains
+        self.extra: tuple = ()  # (added inputs, added (reader, count) pairs) of a waited copy
+        self.orig: Unit | None = None  # the unit a waited copy copies
+
+
+def waited(u: Unit, preds: tuple[int, ...], succ: tuple[tuple[int, int], ...]) -> Unit:
+    """A copy of ``u`` that also waits for the real nodes ``preds`` (one input pair each) and releases
+    ``succ`` ((node, count) pairs added to its readers): the two ends of a gather anchor's dependency."""
+    merged = dict(u.succ)
+    for node, count in succ:
+        merged[node] = merged.get(node, 0) + count
+    w = Unit(u.is_coll, u.members, u.dur, tuple(merged.items()), u.preds + preds, u.name, u.groups)
+    w.extra = (preds, succ)
+    w.orig = u
+    return w
+
+
+def unit_key(u: Unit) -> tuple:
+    """What makes two units schedule alike: kind, members, duration and added dependencies."""
+    return (u.is_coll, u.members, u.dur, u.extra)
 
 
 class Mode:
     """Plan-independent data for one ``xla_fusion`` mode: folded adjacency and the base units."""
 
-    __slots__ = ("fusion", "virtual", "rp", "rs", "inline", "cluster_of", "clusters", "units", "unit_of",
+    __slots__ = ("fusion", "virtual", "through", "rp", "rs", "inline", "cluster_of", "clusters", "units", "unit_of",
                  "dur", "key", "succ", "coll", "indeg", "ready_k", "ready_c", "kernel_total", "comm_total",
                  "ar_unit")
 
@@ -283,6 +306,7 @@ def build_mode(builder: UnitBuilder, fusion: str, kind: Sequence[int], ar_set: f
     mode = Mode()
     mode.fusion = fusion
     mode.virtual = virtual
+    mode.through = through  # per virtual node, the real nodes it passes on
     mode.rp = rp
     mode.rs = [tuple(s) for s in rs_l]
     mode.inline = inline

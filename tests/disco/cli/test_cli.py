@@ -608,7 +608,7 @@ def _mlp_graph():
     ("xla_default,bogus", "unknown plan 'bogus'; expected a baseline (xla_default, no_fusion"),
     ("horovod:-5", "plan 'horovod:-5': baseline 'horovod': threshold_mb expected a positive number of MB, got -5.0"),
     ("even:0", "plan 'even:0': baseline 'even': k is the bucket count, expected an integer >= 1, got 0"),
-    ("per_tensor:3", "plan 'per_tensor:3': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
+    ("per_tensor:3", "plan 'per_tensor:3': only horovod:MB, ddp:MB, xla_threshold:BYTES, even:K and prefetch:D take a value"),
     ("ddp:big", "plan 'ddp:big': expected a number after ':', got 'big'"),
     (" , ", "--plans is empty"),
     ("empty.json", "plan file 'empty.json': plan is not valid JSON"),

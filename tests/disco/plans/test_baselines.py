@@ -140,12 +140,13 @@ def test_a_plans_item_is_read_once_with_its_row(item, name, options, row):
 @pytest.mark.fast
 @pytest.mark.parametrize("item, message", [
     ("bogus", r"unknown plan 'bogus'; expected a baseline \(xla_default, no_fusion, per_tensor, one_bucket, "
-              r"horovod, ddp, xla_threshold, even, one_gather_bucket, per_layer_gathers, xla_o1, auto_pgle\) or a plan .json file"),
+              r"horovod, ddp, xla_threshold, even, one_gather_bucket, per_layer_gathers, xla_o1, auto_pgle, prefetch\) or a plan "
+              r".json file"),
     ("xla_tuned:16", r"unknown plan 'xla_tuned'; expected a baseline \("),
-    ("xla_o1:2", r"plan 'xla_o1:2': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
+    ("xla_o1:2", r"plan 'xla_o1:2': only horovod:MB, ddp:MB, xla_threshold:BYTES, even:K and prefetch:D take a value"),
     ("auto_pgle", r"auto_pgle is jax's profile-guided latency estimator \(JAX_ENABLE_PGLE=1\).*no profile without "
                   r"a GPU\); measure it on a GPU: python scripts/tools/check_gpu.py \(its auto_pgle row\)$"),
-    ("per_tensor:3", r"plan 'per_tensor:3': only horovod:MB, ddp:MB, xla_threshold:BYTES and even:K take a value"),
+    ("per_tensor:3", r"plan 'per_tensor:3': only horovod:MB, ddp:MB, xla_threshold:BYTES, even:K and prefetch:D take a value"),
     ("horovod:big", r"plan 'horovod:big': expected a number after ':', got 'big'"),
     ("horovod:", r"plan 'horovod:': expected a number after ':', got ''"),
     ("even:2.5", r"plan 'even:2.5': expected a number after ':', got '2.5'"),

@@ -275,13 +275,15 @@ def test_a_graph_without_all_gathers_draws_the_moves_it_drew_before():
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mesh_shape=st.sampled_from([None, (2, 4)]),
-       start=st.sampled_from(["xla_default", "per_tensor", *baselines.GATHER_NAMES]),
+       start=st.sampled_from(["xla_default", "per_tensor", *baselines.GATHER_NAMES, "prefetch:1", "prefetch:2"]),
        seeds=st.lists(st.integers(0, 2**31), min_size=1, max_size=40))
 def test_random_moves_on_an_fsdp_step_keep_gather_bucket_plans_valid(mesh_shape, start, seeds):
+    """Gather buckets and gather anchors (from the prefetch distances too): every plan the moves make
+    validates (no bucket waits on an anchor below its own use, no anchor is left inside a group)."""
     g = fsdp_graph(mesh_shape)
     ctx = moves.context(g)
     assert len(ctx.gather_class) == 17  # mlp tiny's sharded parameters, one all-gather each
-    plan = moves.canonical(baselines.make(start, g), ctx)
+    plan = moves.canonical(baselines.parse_item(start).make(g), ctx)
     for seed in seeds:
         child = moves.random_move(plan, ctx, random.Random(seed))
         if child is None:
@@ -292,3 +294,4 @@ def test_random_moves_on_an_fsdp_step_keep_gather_bucket_plans_valid(mesh_shape,
     for b in plan.gather_buckets or ():
         assert len(b) > 1 and len({ctx.gather_class[ctx.index[m]] for m in b}) == 1
     event(f"{len(plan.gather_buckets or ())} gather buckets")
+    event(f"{len(plan.gather_after) > 0} gather anchors")

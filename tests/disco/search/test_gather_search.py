@@ -29,9 +29,14 @@ def test_gather_bucket_starts_only_where_there_are_parameter_gathers():
     starts = {p.name: p for p in search.default_starts(graph, sim, moves.context(graph))}
     for name in baselines.GATHER_NAMES:
         assert starts[name].gather_buckets and starts[name] == baselines.make(name, graph)
-    assert [p.name for p in starts.values() if p.gather_buckets is not None] == list(baselines.GATHER_NAMES)
+    # and FSDP2's shape: the per-layer buckets with the next layer prefetched (gather anchors)
+    assert [p.name for p in starts.values() if p.gather_buckets is not None] == [
+        *baselines.GATHER_NAMES, "per_layer_gathers+prefetch_1"]
+    assert [p.name for p in starts.values() if p.gather_after] == ["prefetch_1", "per_layer_gathers+prefetch_1",
+                                                                     "prefetch_2"]
     plain, plain_sim = setup("gspmd")
-    assert all(p.gather_buckets is None for p in search.default_starts(plain, plain_sim, moves.context(plain)))
+    assert all(p.gather_buckets is None and not p.gather_after
+               for p in search.default_starts(plain, plain_sim, moves.context(plain)))
 
 
 @pytest.mark.parametrize("name", sorted(search.STRATEGIES))

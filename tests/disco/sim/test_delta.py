@@ -91,10 +91,17 @@ def setup(graph_name: str, cluster: str) -> tuple[HloGraph, Simulator, Simulator
 
 
 def start_plan(g: HloGraph, ctx: moves.MoveContext, seed: int) -> FusionPlan:
-    """A random plan; on a graph with parameter all-gathers, with gather buckets for 2 seeds in 3."""
+    """A random plan; on a graph with parameter all-gathers, with gather buckets for 2 seeds in 3 and
+    gather anchors (a prefetch distance of 1 or 2 layers) for 2 in 4, where the plan stays valid."""
     plan = random_plan(g, seed, groups=ctx.backend == "cpu")
     if ctx.gather_class and seed % 3:
         plan = plan.replace(gather_buckets=baselines.make(baselines.GATHER_NAMES[seed % 3 - 1], g).gather_buckets)
+    if ctx.gather_class and seed % 4 >= 2:
+        anchored = plan.replace(gather_after=baselines.prefetch_anchors(g, seed % 4 - 1))
+        try:
+            plan = anchored.validate(g, ctx.backend)
+        except ValueError:  # an anchor inside a random group, or a bucket that would wait on its own use
+            pass
     return moves.canonical(plan, ctx)
 
 
@@ -106,8 +113,8 @@ walks = st.lists(st.tuples(st.sampled_from(sorted(moves.MOVES)), st.integers(0, 
 @given(graph_name=st.sampled_from(["layered", "mlp", "mlp-fsdp"]), cluster=st.sampled_from(sorted(CLUSTERS)),
        seed=st.integers(0, 10_000), walk=walks)
 def test_delta_step_time_equals_the_full_simulation_over_random_plans_and_moves(graph_name, cluster, seed, walk):
-    """Every move of the table, from random plans (with gather buckets on the fsdp step): the
-    incremental step time is the full one (==)."""
+    """Every move of the table, from random plans (with gather buckets and gather anchors on the fsdp
+    step): the incremental step time is the full one (==)."""
     g, sim, ref, ctx = setup(graph_name, cluster)
     delta = DeltaSimulator(sim, cache_size=4)
     plan = start_plan(g, ctx, seed)
@@ -162,6 +169,28 @@ def test_a_late_bucket_move_restarts_late_and_an_unchanged_plan_reuses_the_sched
     same = per_tensor.replace(name="renamed")  # a new object, the same units
     assert delta.step_time(same, parent=per_tensor) == ref.step_time(per_tensor)
     assert delta.stats["same"] == 1
+
+
+@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
+def test_anchor_moves_reschedule_from_the_parent_and_agree(cluster):
+    """On the fsdp step each shift of a gather anchor (and each gather bucket move beside anchors) is
+    re-patched from its parent (not priced whole), with the full simulation's step time."""
+    g, sim, ref, ctx = setup("mlp-fsdp", cluster)
+    delta = DeltaSimulator(sim)
+    rng = random.Random(5)
+    cur = moves.canonical(baselines.make("prefetch", g, distance=1), ctx)
+    assert delta.step_time(cur) == ref.step_time(cur)
+    made = 0
+    for k in range(40):
+        name = ("shift_anchor", "shift_anchor", "merge_gather_buckets", "split_gather_bucket")[k % 4]
+        child = moves.MOVES[name](cur, ctx, rng)
+        if child is None:
+            continue
+        assert delta.step_time(child, parent=cur) == ref.step_time(child), (name, child)
+        made += 1
+        cur = child
+    # the start priced whole, every child from its parent
+    assert made > 20 and delta.stats["full"] == 1 and delta.stats["delta"] + delta.stats["same"] == made
 
 
 @pytest.mark.parametrize("cluster", sorted(CLUSTERS))
