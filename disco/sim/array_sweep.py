@@ -297,6 +297,10 @@ class UnitIndex:
         k = self._by_obj.get(id(unit))
         return k if k is not None else self._gid[fusion, unit.is_coll, unit.members, unit.dur]
 
+    def has_mode(self, fusion: str) -> bool:
+        """Whether :meth:`mode` has given a fusion mode's base units their ids."""
+        return fusion in self._modes
+
     def mode(self, fusion: str, units: Sequence[Unit], unit_of: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(the ids of a fusion mode's base ``units``, per node the id of its base unit or -1)."""
         hit = self._modes.get(fusion)
