@@ -303,6 +303,10 @@ class UnitIndex:
         """A unit object of id ``k`` (the first given it; any other of that id schedules alike)."""
         return self._first[k]
 
+    def has_mode(self, fusion: str) -> bool:
+        """Whether :meth:`mode` has given a fusion mode's base units their ids."""
+        return fusion in self._modes
+
     def mode(self, fusion: str, units: Sequence[Unit], unit_of: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(the ids of a fusion mode's base ``units``, per node the id of its base unit or -1)."""
         hit = self._modes.get(fusion)

@@ -38,7 +38,7 @@ Arrays = tuple[list, list, list, list, list, list, list[int], list[int]]
 class Group:
     """A planned group resolved against the graph (cached by its names)."""
 
-    __slots__ = ("names", "members", "serial", "unit_off", "kmembers_ext", "touched", "solo")
+    __slots__ = ("names", "members", "serial", "unit_off", "kmembers_ext", "touched", "solo", "solo_region")
 
     def __init__(self, names: tuple[str, ...], members: tuple[int, ...], serial: int = -1):
         self.names = names
@@ -48,6 +48,7 @@ class Group:
         self.kmembers_ext: tuple[int, ...] = ()
         self.touched: tuple[int, ...] = ()
         self.solo: tuple[list[int], list[Unit], float] | None = None  # re-fusion when alone
+        self.solo_region: tuple | None = None  # ((self,), solo): its region when alone (disco.sim.pieces)
 
 
 class Cut(Group):
@@ -468,13 +469,14 @@ class Patcher:
             new.append(w)
         return pairs
 
-    def group_patch(self, plan: FusionPlan, mode: Mode) -> tuple[list[int], list[Unit], float]:
+    def group_patch(self, plan: FusionPlan, mode: Mode, *, summed: bool = True) -> tuple[list[int], list[Unit], float]:
         """The part of ``plan``'s patch its groups and cuts make: (base units removed, units added,
         the plan's summed kernel time). It depends on the plan's fusion mode, groups and cuts only.
 
         Args:
           plan: the plan.
           mode: its fusion mode's base units (:meth:`mode`).
+          summed: sum the kernel time; False: the third value is not the plan's (the units are).
 
         Raises:
           ValueError: for names not in the graph, an empty group, a collective in a group, overlapping
@@ -508,11 +510,15 @@ class Patcher:
                     if g.unit_off is None:
                         self._group_off(mode, g)
                     u = g.unit_off
-                    if u is not None:
+                    if u is None:
+                        continue
+                    new.append(u)
+                    if summed:
                         gone = [unit_of[m] for m in u.members]
                         dead += gone
-                        new.append(u)
                         compute += u.dur - sum(dur[d] for d in gone)
+                    else:
+                        dead += map(unit_of.__getitem__, u.members)
             else:
                 compute += self._extend_groups(mode, groups, dead, new)
         return dead, new, compute

@@ -143,9 +143,9 @@ def build(patcher: Patcher, plan: FusionPlan, cache: dict | None = None) -> Piec
                 np.array([g.serial for g in groups], np.int32), [len(g.members) for g in groups])
         if mode.fusion == "extend":
             items = groups + (_included_cuts(patcher, plan, groups) if cuts else [])
-            region, regs = patcher.region, pc.regions
+            regs = pc.regions
             for comp in regions(items):
-                r: Region = (tuple(comp), region(mode, comp))
+                r = _region(patcher, mode, comp)
                 for it in comp:
                     for c in it.touched:
                         regs[c] = r
@@ -162,6 +162,18 @@ def build(patcher: Patcher, plan: FusionPlan, cache: dict | None = None) -> Piec
         pc.buckets = {k: (ms, bucket_unit(mode, ms, b.build)) for k, ms, b in zip(keys, members, plan.buckets)}
         pc.ar_owner = {m: k for k, ms in zip(keys, members) for m in ms}
     return pc
+
+
+def _region(patcher: Patcher, mode: Mode, comp: list[Group]) -> Region:
+    """The region of ``comp`` (groups and cuts re-fused together, "extend"); a group's alone is one
+    tuple, kept on the group, for every plan that holds it (no new objects per plan)."""
+    if len(comp) == 1:
+        g = comp[0]
+        r = g.solo_region
+        if r is None:
+            r = g.solo_region = ((g,), patcher.region(mode, comp))
+        return r
+    return (tuple(comp), patcher.region(mode, comp))
 
 
 def _members(keyed: KeyedGroups) -> np.ndarray:
@@ -253,20 +265,18 @@ def repatch(patcher: Patcher, base: Pieces, base_plan: FusionPlan,
                 add_b.append((k, (members, patcher.bucket_unit(mode, members, b.build))))
         except (ValueError, KeyError):
             return None
-        gone = {k for k, _ in rem_b}
-        seen = set()
-        for _, (members, _u) in add_b:
-            for m in members:
-                o = base.ar_owner.get(m)
-                if (o is not None and o not in gone) or m in seen:
-                    return None
-                seen.add(m)
+        chain = itertools.chain.from_iterable
+        taken = list(chain(ms for _, (ms, _u) in add_b))
+        in_members = set(taken)
+        owners = set(map(base.ar_owner.get, in_members))
+        owners.discard(None)
+        if len(in_members) != len(taken) or not owners.issubset(k for k, _ in rem_b):
+            return None  # an all-reduce in two of the plan's buckets: the whole patch raises
         ar_base = mode.ar_unit
         units = mode.units
         old: dict[int, Unit] = {}
         new: dict[int, Unit] = {}
-        out_members = {m for _, (ms, _u) in rem_b for m in ms}
-        in_members = {m for _, (ms, _u) in add_b for m in ms}
+        out_members = set(chain(ms for _, (ms, _u) in rem_b))
         for _, (_ms, u) in rem_b:
             old[id(u)] = u
         for _, (_ms, u) in add_b:
@@ -364,7 +374,7 @@ def _reregion(patcher: Patcher, base: Pieces, base_plan: FusionPlan, plan: Fusio
     gone = {id(it) for it in out_items}
     items = [it for r in old_regions for it in r[0] if id(it) not in gone]
     items += [it for it in in_items if id(it) not in {id(x) for x in items}]
-    new_regions += [(tuple(comp), patcher.region(mode, comp)) for comp in regions(items)]
+    new_regions += [_region(patcher, mode, comp) for comp in regions(items)]
     clusters = set(affected)
     for r in old_regions:
         for it in r[0]:

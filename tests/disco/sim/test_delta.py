@@ -373,9 +373,34 @@ def test_plans_that_share_their_groups_patch_them_once_and_agree(cluster, monkey
     plans.append(plans[1].replace(xla_fusion="off"))
     patcher = sim._patcher
     made = []
-    monkeypatch.setattr(patcher, "group_patch", lambda plan, mode: made.append(plan.xla_fusion) or
-                        type(patcher).group_patch(patcher, plan, mode))
+    monkeypatch.setattr(patcher, "group_patch", lambda plan, mode, **kw: made.append(plan.xla_fusion) or
+                        type(patcher).group_patch(patcher, plan, mode, **kw))
     delta = DeltaSimulator(sim)
     for p in plans:
         assert delta.step_time(p) == ref.step_time(p), p.name
     assert sorted(made) == ["extend", "off"]
+
+
+def test_freezing_the_collector_changes_no_result_and_is_off_for_small_graphs():
+    """freeze_gc=True freezes the base state once a fusion mode has its unit ids (gc.freeze) and
+    every step time is still the full simulation's; the default leaves a small graph's collector
+    alone; a freeze_gc that is not a bool or None is refused."""
+    import gc
+
+    g, sim, ref, ctx = setup("layered", "cpu")
+    plans = [moves.canonical(p, ctx) for p in baselines.make_all(g).values()]
+    gc.unfreeze()
+    try:
+        delta = DeltaSimulator(sim)
+        assert [delta.step_time(p) for p in plans] == [ref.step_time(p) for p in plans]
+        assert gc.get_freeze_count() == 0
+        frozen = DeltaSimulator(Simulator(g, AnalyticCosts(), CLUSTERS["cpu"]), freeze_gc=True)
+        assert frozen.step_time(plans[0]) == ref.step_time(plans[0])
+        assert gc.get_freeze_count() > 0
+        children = [moves.random_move(p, ctx, random.Random(k)) for k, p in enumerate(plans)]
+        assert [frozen.step_time(c, p) for c, p in zip(children, plans) if c is not None] == [
+            ref.step_time(c) for c in children if c is not None]
+    finally:
+        gc.unfreeze()
+    with pytest.raises(TypeError, match="freeze_gc"):
+        DeltaSimulator(sim, freeze_gc="yes")  # type: ignore[arg-type]
