@@ -111,7 +111,7 @@ def _incremental(evaluate: Evaluate, sim: Any) -> tuple[Evaluate, Any]:
         return evaluate, None
     from disco.sim.delta import DeltaSimulator
 
-    delta = DeltaSimulator(sim)
+    delta = DeltaSimulator(sim, freeze_gc=None)  # the collector frozen on large graphs, released by run
     return delta.step_time, delta.step_time
 
 
@@ -169,6 +169,19 @@ def run(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, *, budget_s: fl
         incremental = len(graph.nodes) >= INCREMENTAL_MIN_NODES
     if incremental:
         evaluate, evaluate_move = _incremental(evaluate, sim)
+    try:
+        return _search(strategy, graph, evaluate, evaluate_move, starts, ctx, t0, budget_s, max_evals, seed,
+                       progress)
+    finally:
+        delta = getattr(evaluate_move, "__self__", None)
+        if delta is not None:
+            delta.release()
+
+
+def _search(strategy: Strategy, graph: HloGraph, evaluate: Evaluate, evaluate_move: Any,
+            starts: Sequence[FusionPlan], ctx: Any, t0: float, budget_s: float | None, max_evals: int | None,
+            seed: int, progress: Progress | None) -> SearchResult:
+    """:func:`run`'s loop, after its checks and set-up."""
     prob = make_problem(graph, evaluate, starts, ctx, evaluate_move)
     keys = random.Random(seed)
     state = strategy.init(prob, keys.getrandbits(63))

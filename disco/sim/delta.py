@@ -176,14 +176,16 @@ class DeltaSimulator:
     a fusion mode's base units have their ids (on its first plan) it runs one full collection and
     then :func:`gc.freeze`: every object alive then moves to the collector's permanent generation,
     which later collections do not traverse. Those objects are still freed by reference counting
-    as usual; only a reference cycle among them that becomes garbage later is not collected (until
-    :func:`gc.unfreeze`). It changes no result.
+    as usual; only a reference cycle among them that becomes garbage later is not collected until
+    :meth:`release` (:func:`gc.unfreeze`). It changes no result. The freeze is process-wide (it holds
+    whatever else the process has alive then, too), so it is off unless asked for: the search asks for
+    it on large graphs (:func:`disco.search.run`) and releases it when it returns.
 
     Args:
       sim: the simulator (the reference: every result equals ``sim.step_time``).
       cache_size: the most traces it keeps.
-      freeze_gc: freeze the collector's view of the base state as above; None (the default): for
-        graphs of at least :data:`FREEZE_MIN_NODES` nodes.
+      freeze_gc: freeze the collector's view of the base state as above (False, the default: never);
+        None: for graphs of at least :data:`FREEZE_MIN_NODES` nodes.
 
     Raises:
       TypeError: for a ``sim`` that is not a :class:`~disco.sim.simulator.Simulator`.
@@ -195,7 +197,7 @@ class DeltaSimulator:
       True
     """
 
-    def __init__(self, sim: Simulator, *, cache_size: int = 256, freeze_gc: bool | None = None):
+    def __init__(self, sim: Simulator, *, cache_size: int = 256, freeze_gc: bool | None = False):
         from disco.sim.simulator import Simulator
 
         if not isinstance(sim, Simulator):
@@ -206,6 +208,7 @@ class DeltaSimulator:
             raise TypeError(f"freeze_gc: expected True, False or None, got {freeze_gc!r}")
         self.sim = sim
         self._freeze_gc = len(sim.graph.nodes) >= FREEZE_MIN_NODES if freeze_gc is None else freeze_gc
+        self._froze = False
         self._patcher = sim._patcher
         self._cache_size = cache_size
         # id(plan) -> (a weak reference to the plan, its trace), least recently used first
@@ -220,6 +223,13 @@ class DeltaSimulator:
         self.stats = {"full": 0, "delta": 0, "same": 0, "traces": 0, "events": 0}
 
     # -- public API --------------------------------------------------------------------------------
+    def release(self) -> None:
+        """Undoes this simulator's freeze of the collector (:func:`gc.unfreeze`, process-wide: every
+        frozen object goes back to the oldest generation), if it froze it; a no-op otherwise."""
+        if self._froze:
+            gc.unfreeze()
+            self._froze = False
+
     def step_time(self, plan: FusionPlan, parent: FusionPlan | None = None) -> float:
         """``sim.step_time(plan)``, re-scheduled from the trace of ``parent``.
 
@@ -368,6 +378,7 @@ class DeltaSimulator:
             if fresh and self._freeze_gc:  # the mode's base state is built: out of the collector's way
                 gc.collect()
                 gc.freeze()
+                self._froze = True
             new_ids = self._index.ids(new, mode.fusion)
             keep = np.ones(len(base_ids), bool)
             keep[dead] = False

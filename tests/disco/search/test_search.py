@@ -186,6 +186,30 @@ def test_incremental_pricing_finds_what_full_pricing_finds(name):
     assert a.start_costs == b.start_costs
 
 
+def test_a_large_graphs_search_freezes_the_collector_while_it_runs_and_releases_it(monkeypatch):
+    """On graphs of FREEZE_MIN_NODES nodes or more run() prices with the collector frozen over the base
+    state (disco.sim.delta) and unfreezes it when it returns: the same answer, no freeze left behind."""
+    import gc
+
+    from disco.sim import delta
+    from disco.sim.cluster import preset
+    from disco.sim.costs import AnalyticCosts
+    from disco.sim.simulator import Simulator
+
+    graph, _ = setup()
+    sim = Simulator(graph, AnalyticCosts(), preset("local", devices=4))  # its own: a mode's base state is built once
+    seen = []
+    monkeypatch.setattr(delta, "FREEZE_MIN_NODES", 1)
+    gc.unfreeze()
+    frozen = search.run(search.make("greedy"), graph, sim.step_time, max_evals=40, seed=2, incremental=True,
+                        progress=lambda *_: seen.append(gc.get_freeze_count()))
+    assert max(seen) > 0 and gc.get_freeze_count() == 0
+    monkeypatch.setattr(delta, "FREEZE_MIN_NODES", 10 ** 9)
+    plain = search.run(search.make("greedy"), graph, sim.step_time, max_evals=40, seed=2, incremental=True,
+                       progress=lambda *_: seen.append(gc.get_freeze_count()))
+    assert seen[-1] == 0 and (frozen.best_plan, frozen.best_cost) == (plain.best_plan, plain.best_cost)
+
+
 def test_problems_price_children_from_their_parents():
     from disco.search._base import score
 

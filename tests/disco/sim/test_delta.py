@@ -383,15 +383,16 @@ def test_plans_that_share_their_groups_patch_them_once_and_agree(cluster, monkey
 
 def test_freezing_the_collector_changes_no_result_and_is_off_for_small_graphs():
     """freeze_gc=True freezes the base state once a fusion mode has its unit ids (gc.freeze) and
-    every step time is still the full simulation's; the default leaves a small graph's collector
-    alone; a freeze_gc that is not a bool or None is refused."""
+    every step time is still the full simulation's, and release() unfreezes it; None leaves a small
+    graph's collector alone, and so does the default (False) on any graph; a freeze_gc that is not a
+    bool or None is refused."""
     import gc
 
     g, sim, ref, ctx = setup("layered", "cpu")
     plans = [moves.canonical(p, ctx) for p in baselines.make_all(g).values()]
     gc.unfreeze()
     try:
-        delta = DeltaSimulator(sim)
+        delta = DeltaSimulator(sim, freeze_gc=None)
         assert [delta.step_time(p) for p in plans] == [ref.step_time(p) for p in plans]
         assert gc.get_freeze_count() == 0
         frozen = DeltaSimulator(Simulator(g, AnalyticCosts(), CLUSTERS["cpu"]), freeze_gc=True)
@@ -400,6 +401,12 @@ def test_freezing_the_collector_changes_no_result_and_is_off_for_small_graphs():
         children = [moves.random_move(p, ctx, random.Random(k)) for k, p in enumerate(plans)]
         assert [frozen.step_time(c, p) for c, p in zip(children, plans) if c is not None] == [
             ref.step_time(c) for c in children if c is not None]
+        frozen.release()
+        assert gc.get_freeze_count() == 0
+        frozen.release()  # once only
+        by_default = DeltaSimulator(Simulator(g, AnalyticCosts(), CLUSTERS["cpu"]))
+        by_default.step_time(plans[0])
+        assert gc.get_freeze_count() == 0  # off unless asked for: the freeze is process-wide
     finally:
         gc.unfreeze()
     with pytest.raises(TypeError, match="freeze_gc"):
