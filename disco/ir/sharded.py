@@ -467,7 +467,7 @@ def first_uses(graph: HloGraph) -> dict[str, int]:
     """Per parameter all-gather (``param_gather``, by name), the node index of its first use: the
     first op in program order that computes with the gathered value (read through :data:`_MOVES`),
     a dot or convolution when one reads it (XLA keeps their values: an anchor there keeps its barrier;
-    an elementwise one XLA may fold away, see docs/guides/sharded-steps.md), else any. A gather no op
+    an elementwise one XLA may fold away, see docs/guides/sharded-plans.md), else any. A gather no op
     computes with is left out."""
     from disco.ir.opcodes import ZERO_COST_OPCODES
 

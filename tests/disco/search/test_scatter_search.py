@@ -29,7 +29,9 @@ def test_moves_from_the_scatter_start_keep_plans_valid_and_make_scatter_plans():
     cur = moves.canonical(baselines.make("scatter_buckets", graph), ctx)
     rng = random.Random(7)
     switched = 0
-    for k in range(60):
+    for k in range(400):  # every child validates; the walk runs until switch_build has made a scatter bucket
+        if k >= 60 and switched:
+            break
         child = moves.random_move(cur, ctx, rng)
         if child is None:
             continue
