@@ -124,35 +124,57 @@ def partitioned_module_text(lowered: Any) -> tuple[str, Any]:
     With jax's persistent compilation cache on, a compile it answers from the cache runs no XLA
     pass, so nothing is dumped: the module is then read from the copy kept beside that cache the
     first time (``<cache dir>/disco-partitioned/``, keyed by the module text, jax's version and the
-    devices), so a second run of a job compiles nothing.
+    devices), so a second run of a job compiles nothing. Where the cache holds the step and no copy
+    (the program compiled it itself before disco read it), disco compiles it once more under another
+    cache key (:data:`_OTHER_KEY`) to have XLA run the pass.
 
     Raises:
-      RuntimeError: XLA wrote no module after ``spmd-partitioning`` and no copy was kept (a
-        single-device compile, or a persistent cache filled before disco kept its copy).
+      RuntimeError: XLA wrote no module after ``spmd-partitioning`` (a single-device compile), or
+        the cache answered both compiles and no copy was kept.
     """
     import os
-    import tempfile
 
     import jax
 
     keep = _kept_partitioned_path(lowered)
-    with tempfile.TemporaryDirectory(prefix="disco-spmd-") as tmp:
-        compiled = lowered.compile(compiler_options={
-            "xla_dump_to": tmp, "xla_dump_hlo_pass_re": "spmd-partitioning", "xla_dump_hlo_as_text": True})
-        names = sorted(n for n in os.listdir(tmp) if "after_spmd-partitioning" in n and n.endswith(".txt"))
-        if names:
-            with open(os.path.join(tmp, names[-1]), encoding="utf-8") as f:
-                text = f.read()
-            if keep is not None:
-                _write_atomically(keep, text)
-            return text, compiled
-    if keep is not None and os.path.exists(keep):
+    dump = {"xla_dump_hlo_pass_re": "spmd-partitioning", "xla_dump_hlo_as_text": True}
+    text, compiled = _dumped(lowered, dump)
+    if text is None and keep is not None and os.path.exists(keep):
         with open(keep, encoding="utf-8") as f:
             return f.read(), compiled
+    if text is None and keep is not None:
+        # the cache answered a compile disco did not make (the step compiled by the program itself
+        # first): compile once more under another cache key, an option that only embeds the module
+        # in the executable, so that XLA runs its passes and dumps the module
+        text, compiled = _dumped(lowered, {**dump, _OTHER_KEY: True})
+    if text is not None:
+        if keep is not None:
+            _write_atomically(keep, text)
+        return text, compiled
     cache = jax.config.jax_compilation_cache_dir
     raise RuntimeError("XLA wrote no module after its spmd-partitioning pass" + (
-        f" (jax's persistent compilation cache in {cache} answered the compile, and holds no copy disco kept; "
-        "clear that cache once)" if cache else ""))
+        f" (jax's persistent compilation cache in {cache} answered the compile, under both of disco's keys, and "
+        "holds no copy disco kept; clear that cache once)" if cache else ""))
+
+
+# A compile option that changes jax's persistent-cache key and not the compiled program (it embeds the
+# HLO module in the executable); xla_dump_* options are left out of that key.
+_OTHER_KEY = "xla_embed_ir_in_executable"
+
+
+def _dumped(lowered: Any, options: dict[str, Any]) -> tuple[str | None, Any]:
+    """(the module XLA dumped after its spmd-partitioning pass, or None when it ran no pass, and the
+    compiled step) for one compile of ``lowered`` with ``options`` and a dump folder."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="disco-spmd-") as tmp:
+        compiled = lowered.compile(compiler_options={"xla_dump_to": tmp, **options})
+        names = sorted(n for n in os.listdir(tmp) if "after_spmd-partitioning" in n and n.endswith(".txt"))
+        if not names:
+            return None, compiled
+        with open(os.path.join(tmp, names[-1]), encoding="utf-8") as f:
+            return f.read(), compiled
 
 
 def _kept_partitioned_path(lowered: Any) -> str | None:

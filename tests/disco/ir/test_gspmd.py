@@ -414,3 +414,35 @@ def test_a_second_run_with_jax_s_persistent_compilation_cache_compiles_nothing(t
     assert second["misses"] == 0 and second["hits"] >= 1
     kept = list((tmp_path / "cache" / "disco-partitioned").glob("*.hlo"))
     assert len(kept) == (1 if style == "gspmd" else 0)  # only a GSPMD step needs its partitioned program
+
+
+_COMPILED_FIRST = """
+import json
+import jax
+jax.config.update("jax_num_cpu_devices", 4)
+import disco, trax_models
+step, args = trax_models.make_train_step("mlp", "tiny", devices=4, style="gspmd", optimizer="sgd")
+jax.jit(step).lower(*args).compile()  # the program's own compile fills jax's cache first
+graph = disco.extract(step, *args)
+print(json.dumps({"all_reduces": len(graph.all_reduces()), "gradients": sum(n.is_gradient for n in graph.all_reduces())}))
+"""
+
+
+def test_a_step_the_program_compiled_into_jaxs_cache_first_is_still_read_partitioned(tmp_path):
+    """With jax's persistent compilation cache on and the step compiled by the program before disco reads
+    it, the cache holds the step but no copy of its partitioned module: disco compiles it once more under
+    another cache key and reads the module XLA dumps (disco.ir.extractor), in a fresh process."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env.pop("XLA_FLAGS", None)
+    p = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", _COMPILED_FIRST], capture_output=True,
+                       text=True, timeout=300, env=env, cwd=str(REPO))
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["all_reduces"] >= 1 and got["gradients"] >= 1
+    assert len(list((tmp_path / "cache" / "disco-partitioned").glob("*.hlo"))) == 1  # kept for the next run
