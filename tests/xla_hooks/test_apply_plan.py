@@ -136,7 +136,11 @@ def test_compiling_a_rewritten_module_writes_nothing_to_stderr(capfd):
     applied = xla_hooks.apply(baselines.make("one_bucket", graph), step, *args)
     assert applied.applied, applied.fallback_reason
     compile_comm_free(step, *args)
-    err = capfd.readouterr().err
+    # jaxlib 0.8.3 logs a line per tuning flag of the host's target (+prefer-no-scatter, ...) whenever
+    # jax's persistent compilation cache (the suite's, tests/conftest.py) hands it an XLA:CPU
+    # executable: jax's cache, not disco's compile (measured with 0.8.3; not with 0.10.2 or 0.11.2)
+    err = "".join(line for line in capfd.readouterr().err.splitlines(keepends=True)
+                  if "cpu_aot_loader.cc" not in line)
     assert err == "", err
 
 
