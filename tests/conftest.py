@@ -38,14 +38,20 @@ if os.environ.get("DISCO_CORRECTIONS", "") in ("", os.environ.get("DISCO_TESTS_C
 # The probe's kept successes (xla_hooks.probe): one folder for the whole run, shared by its
 # pytest-xdist workers and the commands the tests start (that a module compiles is a fact about the
 # module, not about a test); never the user's.
-if not os.environ.get("DISCO_TESTS_PROBE_CACHE"):
+def _run_folder(prefix: str) -> str:
+    """A temporary folder for the whole run, removed when the process that made it (pytest's main
+    process, before its workers start) exits."""
     import atexit
     import shutil
     import tempfile
 
-    _probe_dir, _probe_maker = tempfile.mkdtemp(prefix="disco-tests-probed-"), os.getpid()
-    atexit.register(lambda: os.getpid() == _probe_maker and shutil.rmtree(_probe_dir, ignore_errors=True))
-    os.environ["DISCO_PROBE_CACHE"] = os.environ["DISCO_TESTS_PROBE_CACHE"] = _probe_dir
+    path, maker = tempfile.mkdtemp(prefix=prefix), os.getpid()
+    atexit.register(lambda: os.getpid() == maker and shutil.rmtree(path, ignore_errors=True))
+    return path
+
+
+if not os.environ.get("DISCO_TESTS_PROBE_CACHE"):
+    os.environ["DISCO_PROBE_CACHE"] = os.environ["DISCO_TESTS_PROBE_CACHE"] = _run_folder("disco-tests-probed-")
 
 # jax's persistent compilation cache, likewise one folder for the run (never the user's): the zoo's steps
 # and their plans are compiled by many tests, and a module one test compiled is read back by the next
@@ -55,13 +61,8 @@ if not os.environ.get("DISCO_TESTS_PROBE_CACHE"):
 # module from the copy it keeps beside the cache (disco.ir.extractor); tests of the cache itself set
 # their own folder.
 if not os.environ.get("DISCO_TESTS_JAX_CACHE"):
-    import atexit
-    import shutil
-    import tempfile
-
-    _jax_dir, _jax_maker = tempfile.mkdtemp(prefix="disco-tests-jax-cache-"), os.getpid()
-    atexit.register(lambda: os.getpid() == _jax_maker and shutil.rmtree(_jax_dir, ignore_errors=True))
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["DISCO_TESTS_JAX_CACHE"] = _jax_dir
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["DISCO_TESTS_JAX_CACHE"] = _run_folder(
+        "disco-tests-jax-cache-")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 

@@ -171,6 +171,21 @@ def test_a_late_bucket_move_restarts_late_and_an_unchanged_plan_reuses_the_sched
     assert delta.stats["same"] == 1
 
 
+def _walk(delta, ref, ctx, cur, rng, name_at, steps=40):
+    """A walk of ``steps`` moves (``name_at(k)``: the k-th move's name) from ``cur``, each child priced from
+    its parent and checked against the full simulation; returns how many moves made a child."""
+    made = 0
+    for k in range(steps):
+        name = name_at(k)
+        child = moves.MOVES[name](cur, ctx, rng)
+        if child is None:
+            continue
+        assert delta.step_time(child, parent=cur) == ref.step_time(child), (name, child)
+        made += 1
+        cur = child
+    return made
+
+
 @pytest.mark.parametrize("cluster", sorted(CLUSTERS))
 def test_anchor_moves_reschedule_from_the_parent_and_agree(cluster):
     """On the fsdp step each shift of a gather anchor (and each gather bucket move beside anchors) is
@@ -180,15 +195,8 @@ def test_anchor_moves_reschedule_from_the_parent_and_agree(cluster):
     rng = random.Random(5)
     cur = moves.canonical(baselines.make("prefetch", g, distance=1), ctx)
     assert delta.step_time(cur) == ref.step_time(cur)
-    made = 0
-    for k in range(40):
-        name = ("shift_anchor", "shift_anchor", "merge_gather_buckets", "split_gather_bucket")[k % 4]
-        child = moves.MOVES[name](cur, ctx, rng)
-        if child is None:
-            continue
-        assert delta.step_time(child, parent=cur) == ref.step_time(child), (name, child)
-        made += 1
-        cur = child
+    made = _walk(delta, ref, ctx, cur, rng, lambda k: (
+        "shift_anchor", "shift_anchor", "merge_gather_buckets", "split_gather_bucket")[k % 4])
     # the start priced whole, every child from its parent
     assert made > 20 and delta.stats["full"] == 1 and delta.stats["delta"] + delta.stats["same"] == made
 
@@ -201,15 +209,8 @@ def test_gather_bucket_moves_reschedule_from_the_parent_and_agree(cluster):
     delta = DeltaSimulator(sim)
     rng = random.Random(3)
     cur = moves.canonical(baselines.make("xla_default", g), ctx)
-    made = 0
-    for k in range(40):
-        name = ("merge_gather_buckets", "split_gather_bucket", "reset_gather_buckets")[k % 5 // 2]
-        child = moves.MOVES[name](cur, ctx, rng)
-        if child is None:
-            continue
-        assert delta.step_time(child, parent=cur) == ref.step_time(child), (name, child)
-        made += 1
-        cur = child
+    made = _walk(delta, ref, ctx, cur, rng, lambda k: (
+        "merge_gather_buckets", "split_gather_bucket", "reset_gather_buckets")[k % 5 // 2])
     assert made > 20 and delta.stats["full"] == 0 and delta.stats["delta"] + delta.stats["same"] == made
 
 
