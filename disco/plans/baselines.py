@@ -52,7 +52,9 @@
   :data:`NAMES`, :data:`GATHER_NAMES`): every parameter all-gather in one gather bucket, or one
   gather bucket per layer as PyTorch FSDP2 groups its all-gathers (``fully_shard`` per block): the
   parameters below one top-level module of the parameter tree (``['EncoderBlock_0']``), a parameter
-  the backward pass gathers again in a second bucket of its layer. All-reduces stay to XLA.
+  the backward pass gathers again in a second bucket of its layer. All-reduces stay to XLA. In a
+  scanned step (``lax.scan`` / ``nn.scan`` over stacked layers) a loop body is one layer: both add
+  :func:`loop_gather_buckets`, each body's all-gathers in one bucket per class and level.
 * ``prefetch`` (a step with sharded parameters; not in :data:`NAMES`, :data:`PREFETCH_DISTANCES`;
   ``prefetch_<d>``, ``distance=d``): each layer's all-gathers anchored (``FusionPlan.gather_after``;
   no gather buckets, all-reduces to XLA) on the first use of the layer ``d`` earlier, so a layer's parameters
@@ -83,7 +85,7 @@ from disco.ir.graph import HloGraph, Node, require_graph
 from disco.ir.step_checks import all_reduce_dependencies
 from disco.plans import options as plan_options
 from disco.ir.sharded import first_uses
-from disco.plans.check import anchorable, bucket_class, gather_class, scatter_groups, scatterable
+from disco.plans.check import anchorable, bucket_class, contraction_cycle, gather_class, scatter_groups, scatterable
 from disco.plans.plan import Bucket, BucketBuild, FusionPlan
 
 MB = 1 << 20
@@ -148,6 +150,40 @@ def _greedy(nodes: Sequence[Node], caps: Callable[[int], int], max_members: int 
         if cur:
             buckets.append(Bucket(tuple(cur), build))
     return tuple(buckets)
+
+
+def _without_cycles(buckets: tuple[Bucket, ...], graph: HloGraph) -> tuple[Bucket, ...]:
+    """``buckets`` with each bucket on a cycle of their contraction split by all-reduce level (the
+    all-reduces on the longest chain above it), until none is left; the buckets as they were when they
+    form none.
+
+    :func:`_greedy` keeps a bucket from holding an all-reduce and one it depends on, but across classes
+    buckets can still wait on each other: on a data x fsdp mesh a gradient's reduction over fsdp feeds
+    its reduction over data, which feeds a norm reduced over fsdp again (maxtext's scanned step). Buckets of
+    one level each form no cycle (along any path between two all-reduces the level grows), so this ends.
+    """
+    cycle = contraction_cycle(FusionPlan(buckets=buckets), graph)
+    if cycle is None:
+        return buckets
+    deps = all_reduce_dependencies(graph)
+    level: dict[str, int] = {}
+    for n in graph.all_reduces():  # program order: upstream all-reduces first
+        level[n.name] = max((level[u] + 1 for u in deps[n.name]), default=0)
+    def by_level(b: Bucket) -> list[Bucket]:
+        parts: dict[int, list[str]] = collections.OrderedDict()
+        for m in b.members:
+            parts.setdefault(level[m], []).append(m)
+        return [Bucket(tuple(ms), b.build) for ms in parts.values()]
+
+    out = list(buckets)
+    while cycle is not None:
+        on_it = set(cycle)  # (every bucket on the cycle has a member on its path)
+        split = [part for b in out for part in (by_level(b) if on_it.intersection(b.members) else [b])]
+        if len(split) == len(out):
+            break  # no bucket of two levels on it (cannot happen): validation names the cycle
+        out = split
+        cycle = contraction_cycle(FusionPlan(buckets=tuple(out)), graph)
+    return tuple(out)
 
 
 def production_order(graph: HloGraph) -> list[Node]:
@@ -251,6 +287,8 @@ def make(name: str, graph: HloGraph, **kw: Any) -> FusionPlan:
                          f"{', '.join(NAMES + GPU_NAMES + GATHER_NAMES + SCATTER_NAMES + LINK_NAMES + ('prefetch',))}")
     if kw:
         raise ValueError(f"baseline {name!r} got unexpected options {sorted(kw)}")
+    if plan.buckets:
+        plan = plan.replace(buckets=_without_cycles(plan.buckets, graph))
     # a GPU baseline is checked for GPU: plan_options.check refuses xla_o1 where it is applied on CPU
     return plan.validate(graph, "gpu" if name in GPU_NAMES else "cpu")
 
@@ -303,7 +341,27 @@ def _gather_buckets(graph: HloGraph, *, per_layer: bool) -> tuple[tuple[str, ...
             key = (layer_of(c.param or c.name), seen[c.param or c.name], *key)
         seen[c.param or c.name] += 1
         buckets.setdefault(key, []).append(c.name)
-    return tuple(tuple(b) for b in buckets.values())
+    return tuple(tuple(b) for b in buckets.values()) + loop_gather_buckets(graph)
+
+
+def loop_gather_buckets(graph: HloGraph) -> tuple[tuple[str, ...], ...]:
+    """Each loop body's all-gathers (a scanned step's layer: ``lax.scan`` over stacked sharded weights
+    gathers one layer's weights per iteration) in gather buckets of several, one per class (replica
+    groups, dtype) and level (the all-gathers on the longest chain above it in the body), so no bucket
+    waits on another's result; in program order. Empty for a graph whose loops gather nothing."""
+    out: list[tuple[str, ...]] = []
+    for loop in graph.loops:
+        body = loop.body
+        level = [0] * len(body.nodes)
+        is_gather = [n.opcode == "all-gather" for n in body.nodes]
+        for s, d in sorted(body.edges, key=lambda e: e[1]):  # nodes are in topological order
+            level[d] = max(level[d], level[s] + is_gather[s])
+        buckets: dict[tuple, list[str]] = collections.OrderedDict()
+        for i, n in enumerate(body.nodes):
+            if is_gather[i] and not n.shape.startswith("("):
+                buckets.setdefault((level[i], *gather_class(n)), []).append(n.name)
+        out += [tuple(b) for b in buckets.values() if len(b) > 1]
+    return tuple(out)
 
 
 def prefetch_anchors(graph: HloGraph, distance: int) -> tuple[tuple[str, str], ...]:

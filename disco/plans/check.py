@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import TYPE_CHECKING
 
-from disco.ir.graph import HloGraph, Node, require_graph
+from disco.ir.graph import HloGraph, Loop, Node, require_graph
 from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import COLLECTIVE_KIND, FUSIBLE_OPCODES, LAYOUT_SENSITIVE_PRODUCERS, ZERO_COST_OPCODES
 from disco.ir.step_checks import GUIDE_POINTER, double_reductions
@@ -33,7 +34,8 @@ def _cluster_of(plan: FusionPlan, index: dict[str, int]) -> tuple[list[int], lis
         next_id += 1
     for bi, members in enumerate(plan.gather_buckets or ()):
         for name in members:
-            cluster[index[name]] = next_id
+            if name in index:  # (a loop body's all-gathers: that body's own check, check_gather_buckets)
+                cluster[index[name]] = next_id
         labels.append(f"gather bucket {bi}")
         next_id += 1
     return cluster, labels
@@ -442,6 +444,8 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
                              "every all-reduce must be in exactly one bucket")
     if plan.gather_buckets is not None:
         check_gather_buckets(plan.gather_buckets, graph, index, owner)
+        if graph.loops:
+            check_body_cycles(plan, graph)
     if plan.cuts:
         check_cuts(plan, graph, index, owner)
     if plan.gather_after:
@@ -529,20 +533,28 @@ def _across_text(block) -> str:
 def check_gather_buckets(gather_buckets: tuple[tuple[str, ...], ...], graph: HloGraph, index: dict[str, int],
                          owner: dict[str, str]) -> None:
     """Each gather bucket: all-gathers (one array each) of one :func:`gather_class` (computation,
-    replica groups, dtype), each in one bucket at most. All-gathers in no bucket stay as they are.
+    replica groups, dtype), each in one bucket at most, of the graph or of one loop body
+    (:func:`body_gathers`; :func:`check_body_cycles` then checks that body). All-gathers in no bucket
+    stay as they are.
 
     Raises:
       ValueError: naming the bucket, the member and what is wrong.
     """
     seen: dict[str, int] = {}
+    in_bodies: dict[str, tuple[Node, Loop]] | None = None
     for bi, members in enumerate(gather_buckets):
         if not members:
             raise ValueError(f"gather bucket {bi} is empty; expected at least one all-gather")
         first = None
         for name in members:
-            if name not in index:
-                raise ValueError(f"gather bucket {bi}: {name!r} is not in the graph {graph.name!r}")
-            node = graph.nodes[index[name]]
+            if name in index:
+                node = graph.nodes[index[name]]
+            else:
+                in_bodies = body_gathers(graph) if in_bodies is None else in_bodies
+                if name not in in_bodies:
+                    raise ValueError(f"gather bucket {bi}: {name!r} is not in the graph {graph.name!r} nor an "
+                                     "all-gather of one of its loops' bodies")
+                node = in_bodies[name][0]
             if node.opcode != "all-gather":
                 raise ValueError(f"gather bucket {bi}: {name!r} is a {node.opcode}, not an all-gather")
             if node.shape.startswith("("):
@@ -565,6 +577,31 @@ def check_gather_buckets(gather_buckets: tuple[tuple[str, ...], ...], graph: Hlo
             if node.dtype != first.dtype:
                 raise ValueError(f"gather bucket {bi}: one dtype is concatenated, got {first.dtype} "
                                  f"({first.name!r}) and {node.dtype} ({name!r})")
+
+
+def body_gathers(graph: HloGraph) -> dict[str, tuple[Node, Loop]]:
+    """The all-gathers of the graph's loop bodies (one level deep) by name, each with its loop: a gather
+    bucket of them merges them in the body, once per iteration."""
+    return {n.name: (n, lp) for lp in graph.loops for n in lp.body.nodes if n.opcode == "all-gather"}
+
+
+def check_body_cycles(plan: FusionPlan, graph: HloGraph) -> None:
+    """Refuses gather buckets of a loop body that contracting forms a cycle in, as outside loops."""
+    in_bodies = body_gathers(graph)
+    by_loop: dict[str, list[tuple[str, ...]]] = collections.defaultdict(list)
+    loops: dict[str, Loop] = {}
+    for members in plan.gather_buckets or ():
+        if members[0] in in_bodies:
+            loop = in_bodies[members[0]][1]
+            by_loop[loop.node].append(members)
+            loops[loop.node] = loop
+    for name, buckets in by_loop.items():
+        alone = dataclasses.replace(plan, groups=(), buckets=None, cuts=(), gather_after=(), gather_buckets=tuple(buckets))
+        cycle = contraction_cycle(alone, loops[name].body)
+        if cycle is not None:
+            bi = plan.gather_buckets.index(next(b for b in buckets if cycle[0] in b))
+            raise ValueError(f"gather bucket {bi}: contracting it in the body of loop {name!r} forms a cycle "
+                             f"along {' -> '.join(cycle)}")
 
 
 def _raise_on_a_double_reduction(plan: FusionPlan, graph: HloGraph, cycle: list[str]) -> None:

@@ -539,12 +539,15 @@ def remove_cut(plan: FusionPlan, ctx: MoveContext, rng: random.Random) -> Fusion
 def _gather_clusters(plan: FusionPlan, ctx: MoveContext) -> tuple[list[tuple[int, ...]], list[tuple[str, ...]]]:
     """(movable, kept): the plan's gather buckets of parameter all-gathers and each parameter
     all-gather in none (alone), as sorted node indices; and the buckets moves leave as they are
-    (holding an all-gather outside ``ctx.gather_class``, or several classes)."""
+    (holding an all-gather outside ``ctx.gather_class``, or several classes, or a loop body's)."""
     idx, cls = ctx.index, ctx.gather_class
     movable: list[tuple[int, ...]] = []
     kept: list[tuple[str, ...]] = []
     held: set[int] = set()
     for names in plan.gather_buckets or ():
+        if any(nm not in idx for nm in names):  # a loop body's all-gathers (kept as they are)
+            kept.append(names)
+            continue
         m = tuple(sorted(idx[nm] for nm in names))
         held.update(m)
         if all(i in cls for i in m) and len({cls[i] for i in m}) == 1:
@@ -568,7 +571,8 @@ def _with_gathers(plan: FusionPlan, ctx: MoveContext, movable: Sequence[tuple[in
     except ValueError:  # pragma: no cover
         return None
     buckets = [tuple(names[i] for i in m) for m in movable if len(m) > 1] + list(kept)
-    buckets.sort(key=lambda b: min(ctx.index[n] for n in b))
+    end = len(names)  # (a loop body's buckets after the graph's own, in the plan's order)
+    buckets.sort(key=lambda b: min(ctx.index.get(n, end) for n in b))
     return plan.replace(gather_buckets=tuple(buckets))
 
 
@@ -650,7 +654,7 @@ def _checked(plan: FusionPlan | None, ctx: MoveContext) -> FusionPlan | None:
 
 def _bucket_of(plan: FusionPlan, ctx: MoveContext, g: int) -> tuple[int, ...]:
     for names in plan.gather_buckets or ():
-        members = tuple(ctx.index[n] for n in names)
+        members = tuple(ctx.index.get(n, -1) for n in names)
         if g in members:
             return members
     return (g,)
@@ -810,6 +814,16 @@ def random_move(plan: FusionPlan, ctx: MoveContext, rng: random.Random,
     return None
 
 
+def _canonical_in_loops(gathers: tuple[tuple[str, ...], ...], ctx: MoveContext) -> tuple[tuple[str, ...], ...]:
+    """The gather buckets of loop bodies' all-gathers (after the graph's own), members and buckets in
+    (loop, body position) order."""
+    inside = [b for b in gathers if len(b) > 1 and b[0] not in ctx.index]
+    if not inside:
+        return ()
+    pos = {n.name: (k, i) for k, lp in enumerate(ctx.graph.loops) for i, n in enumerate(lp.body.nodes)}
+    return tuple(sorted((tuple(sorted(b, key=pos.__getitem__)) for b in inside), key=lambda b: pos[b[0]]))
+
+
 def canonical(plan: FusionPlan, ctx: MoveContext) -> FusionPlan:
     """``plan`` in the canonical form moves produce (same meaning, comparable digests)."""
     idx, names = ctx.index, ctx.names
@@ -823,8 +837,9 @@ def canonical(plan: FusionPlan, ctx: MoveContext) -> FusionPlan:
     cuts = tuple(sorted(dict.fromkeys(plan.cuts), key=lambda k: _cut_key(ctx, k)))
     gathers = plan.gather_buckets
     if gathers is not None:
-        gs = sorted((tuple(sorted(idx[n] for n in b)) for b in gathers if len(b) > 1), key=lambda m: m[0])
-        gathers = tuple(tuple(names[i] for i in m) for m in gs)
+        gs = sorted((tuple(sorted(idx[n] for n in b)) for b in gathers if len(b) > 1 and b[0] in idx),
+                    key=lambda m: m[0])
+        gathers = tuple(tuple(names[i] for i in m) for m in gs) + _canonical_in_loops(gathers, ctx)
     after = tuple(sorted(dict.fromkeys(plan.gather_after), key=lambda p: (idx[p[0]], idx[p[1]])))
     return plan.replace(groups=tuple(tuple(names[i] for i in m) for m in groups), buckets=buckets, cuts=cuts,
                         compile_options=tuple(sorted(plan.compile_options)), gather_buckets=gathers,

@@ -283,7 +283,7 @@ def default_starts(graph: HloGraph, sim: Simulator | None = None,
         starts = [p for p in starts if not p.groups]
         starts += [_with_scheduler(p) for p in starts if p.buckets is not None and len(p.buckets) > 1]
         starts += list(baselines.xla_tuned_sweep(graph).values())
-    if ctx.gather_class:
+    if ctx.gather_class or baselines.loop_gather_buckets(graph):  # gathers outside loops or in their bodies
         starts += [baselines.make(name, graph) for name in baselines.GATHER_NAMES]
         per_layer = next(p for p in starts if p.name == "per_layer_gathers")
         for d in baselines.PREFETCH_DISTANCES:  # each layer gathered d layers before its use

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from disco.plans import options as plan_options
@@ -136,11 +136,18 @@ class Patcher:
       ars: the all-reduce nodes, in program order.
       emulation: the backend's fusion emulation for ``xla_fusion="extend"``.
       gpu: the cluster is a GPU cluster (its compile options are priced).
+      body_gathers: the all-gathers of the graph's loop bodies by name -> the while node holding each.
+      loop_unit: ``(mode, while node, gather buckets of its body) -> its unit`` with them (required with
+        ``body_gathers``).
     """
 
     def __init__(self, builder: UnitBuilder, kind: Sequence[int], ars: list[int], emulation: FusionEmulation,
-                 gpu: bool = False):
+                 gpu: bool = False, body_gathers: Mapping[str, int] | None = None,
+                 loop_unit: Callable[[Mode, int, tuple[tuple[str, ...], ...]], Unit] | None = None):
         self.builder = builder
+        self._body_gathers = dict(body_gathers or {})
+        self._loop_unit = loop_unit
+        self._loop_units: dict[tuple, Unit] = {}
         self.graph = builder.graph
         self._n = len(kind)
         self._index = self.graph.index()
@@ -237,7 +244,9 @@ class Patcher:
                      ) -> tuple[dict[int, Unit], list[tuple[int, Unit]]]:
         """(all-gather node -> the unit that runs it, (bucket index, unit) per bucket) for each gather
         bucket of several members: one all-gather of their summed gathered bytes. A bucket of one is
-        the all-gather's own base unit, as in the compiled step (the rewrite leaves it alone).
+        the all-gather's own base unit, as in the compiled step (the rewrite leaves it alone). Buckets of a
+        loop body's all-gathers change the loop instead: its while node -> its unit with them (a kernel
+        unit, ``loop_unit``), once per loop, under the index of its first such bucket.
 
         Raises:
           ValueError: for a bucket :meth:`gather_members` refuses, or an all-gather in two buckets.
@@ -245,7 +254,12 @@ class Patcher:
         owner: dict[int, Unit] = {}
         units: list[tuple[int, Unit]] = []
         seen: dict[int, int] = {}
+        in_loops: dict[int, list[tuple[int, tuple[str, ...]]]] = {}
         for bi, names in enumerate(gather_buckets or ()):
+            loop = self._body_loop(names)
+            if loop is not None:
+                in_loops.setdefault(loop, []).append((bi, names))
+                continue
             members = self.gather_members(bi, names)
             for m in members:
                 if m in seen:
@@ -259,7 +273,22 @@ class Patcher:
             units.append((bi, u))
             for m in members:
                 owner[m] = u
+        for loop, buckets in in_loops.items():
+            if all(len(names) < 2 for _, names in buckets):
+                continue  # buckets of one: the loop as it was
+            key = (mode.fusion, loop, tuple(names for _, names in buckets))
+            u = self._loop_units.get(key)
+            if u is None:
+                u = self._loop_units[key] = self._loop_unit(mode, loop, key[2])
+            units.append((buckets[0][0], u))
+            owner[loop] = u
         return owner, units
+
+    def _body_loop(self, names: tuple[str, ...]) -> int | None:
+        """The while node whose body holds every all-gather of ``names``, or None (a bucket outside loops,
+        or one :meth:`gather_members` refuses)."""
+        loops = {self._body_gathers.get(nm) for nm in names} if self._body_gathers else {None}
+        return next(iter(loops)) if len(loops) == 1 else None
 
     def _ar_levels_graph(self) -> dict[int, int]:
         """Per all-reduce, the number of all-reduces on the longest chain above it."""
@@ -358,7 +387,10 @@ class Patcher:
         """
         mode = self.mode(plan.xla_fusion)
         dead, new, compute = self.group_patch(plan, mode)
+        loops = len(new)
         buckets, comm, blocking, gathers = self.bucket_patch(plan, mode, dead, new, levels)
+        # the loops whose body's all-gathers the plan buckets: their time is compute
+        compute += sum(u.dur - mode.dur[mode.unit_of[u.members[0]]] for u in new[loops:] if not u.is_coll)
         pairs: list[tuple[Unit, Unit]] = []
         if plan.gather_after:
             pairs = self.wait_patch(plan, mode, dead, new)
@@ -584,7 +616,9 @@ class Patcher:
                 gone = [unit_of[m] for m in u.members]
                 dead += gone
                 new.append(u)
-                comm += u.dur - sum(dur[d] for d in gone)
+                if u.is_coll:  # (a loop's unit is compute: its collectives run serially in its iterations)
+                    comm += u.dur - sum(dur[d] for d in gone)
+            gathers = [(bi, u) for bi, u in gathers if u.is_coll]
         return buckets, comm, blocking, gathers
 
     def _extend_groups(self, mode: Mode, groups: list[Group], dead: list[int], new: list[Unit]) -> float:

@@ -49,7 +49,9 @@ compiled with ``plan``:
    member's inputs are and releasing every member's readers when it ends, as the compiled step's
    one all-gather of the concatenated shards does; all-gathers in no bucket (every one under
    ``gather_buckets=None``: XLA:CPU has no all-gather combiner) are one collective each. Other
-   collectives are one collective each. A gather anchor (``plan.gather_after``: all-gather, anchor)
+   collectives are one collective each. A gather bucket of a loop body's all-gathers (a scanned
+   step's layer) changes the loop's unit instead: each iteration runs one all-gather of the
+   members' summed bytes in place of theirs. A gather anchor (``plan.gather_after``: all-gather, anchor)
    is one more input of the all-gather's collective (its bucket's, if it has one): it is ready only
    once the kernel that computes the anchor has ended, as the compiled step's all-gather reads its
    shard through a barrier with the anchor's value.
@@ -114,7 +116,7 @@ from typing import Literal
 from disco.ir.graph import HloGraph, Loop, require_graph
 from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_LOOP_OPCODES
-from disco.plans.check import scatterable
+from disco.plans.check import gather_class, scatterable
 from disco.plans.plan import FusionPlan
 from disco.sim import gpu_fusion, scheduler
 from disco.sim.cluster_spec import ClusterSpec, require_cluster
@@ -123,7 +125,8 @@ from disco.sim.critical_path import critical_path
 from disco.sim.cpu_fusion import CpuFusion
 from disco.sim.patch import Patch, Patcher
 from disco.sim.timeline import Event, SimResult, timeline
-from disco.sim.units import COLL, KERNEL, FusionEmulation, UnitBuilder, node_kinds, rs_ag_time, scatter_time
+from disco.sim.units import (COLL, KERNEL, FusionEmulation, Mode, Unit, UnitBuilder, node_kinds, rs_ag_time,
+                             scatter_time)
 
 
 __all__ = ["ORDERS", "Event", "Order", "SimResult", "Simulator", "lower_bound", "simulate"]
@@ -197,28 +200,61 @@ class Simulator:
             emulation = CpuFusion(nodes, kind, self.kernels.succs)
         self._gpu = bool(getattr(cluster, "is_gpu", False))
         self._duplicated = emulation.duplicated if self._gpu else frozenset()
-        self._patcher = Patcher(builder, kind, self._ars, emulation, gpu=self._gpu)
+        # each loop body's all-gathers by name -> its while node (a gather bucket may merge them)
+        body_gathers = {n.name: i for i, lp in self._loops.items() if lp.body is not None
+                        for n in lp.body.nodes if n.opcode == "all-gather"}
+        self._patcher = Patcher(builder, kind, self._ars, emulation, gpu=self._gpu, body_gathers=body_gathers,
+                                loop_unit=self._loop_unit if body_gathers else None)
 
     @property
     def backend(self) -> str:
         """"gpu" on a GPU cluster (its plans carry no fusion groups; GPU compile options are priced)."""
         return "gpu" if self._gpu else "cpu"
 
-    def _loop_time(self, i: int, fusion: str) -> float | None:
-        """Seconds of while node ``i``: trip count (1 if unknown) x one iteration in ``fusion`` mode.
-
-        An iteration is :func:`iteration_graphs`.
-        """
-        loop = self._loops.get(i)
-        if loop is None:
-            return None
+    def _loop_sims_of(self, i: int) -> tuple[Simulator, ...]:
+        """The simulators of while node ``i``'s :func:`iteration_graphs` (made once)."""
         sims = self._loop_sims.get(i)
         if sims is None:
             step = self.kernels.step_bytes  # a loop's kernels belong to this step
             sims = self._loop_sims[i] = tuple(Simulator(g, self.costs, self.cluster, step_bytes=step)
-                                              for g in iteration_graphs(loop, gpu=self._gpu))
+                                              for g in iteration_graphs(self._loops[i], gpu=self._gpu))
+        return sims
+
+    def _loop_time(self, i: int, fusion: str, gather_buckets: tuple[tuple[str, ...], ...] = ()) -> float | None:
+        """Seconds of while node ``i``: trip count (1 if unknown) x one iteration in ``fusion`` mode.
+
+        An iteration is :func:`iteration_graphs`, its collectives one after another; with
+        ``gather_buckets`` (of the loop body's all-gathers) each bucket of several is one all-gather of
+        their summed bytes in place of its members (priced as a gather bucket outside loops).
+        """
+        loop = self._loops.get(i)
+        if loop is None:
+            return None
+        sims = self._loop_sims_of(i)
         trips = 1 if loop.trip_count is None else loop.trip_count
-        return trips * sum(sim.serial_time(fusion) for sim in sims)
+        one = sum(sim.serial_time(fusion) for sim in sims)
+        if gather_buckets:
+            body = sims[0]._patcher
+            mode = body.mode(fusion)
+            _, units = body.gather_units(mode, gather_buckets)
+            one += sum(u.dur - sum(mode.dur[mode.unit_of[m]] for m in u.members) for _, u in units)
+        return trips * one
+
+    def _body_classes(self, i: int) -> tuple[tuple[str, ...], ...]:
+        """While node ``i``'s body's all-gathers (one array each) in one bucket per class, the cheapest
+        any gather buckets of them make the loop (a bucket costs less than its parts): for the lower bound."""
+        classes: dict[tuple, list[str]] = {}
+        for n in self._loops[i].body.nodes:
+            if n.opcode == "all-gather" and not n.shape.startswith("("):
+                classes.setdefault(gather_class(n), []).append(n.name)
+        return tuple(tuple(c) for c in classes.values())
+
+    def _loop_unit(self, mode: Mode, i: int, gather_buckets: tuple[tuple[str, ...], ...]) -> Unit:
+        """While node ``i``'s unit in ``mode`` with its body's ``gather_buckets``: the base unit's links,
+        its time :meth:`_loop_time` with them."""
+        base = mode.units[mode.unit_of[i]]
+        return Unit(False, base.members, self._loop_time(i, mode.fusion, gather_buckets), base.succ, base.preds,
+                    base.name, base.groups)
 
     def serial_time(self, fusion: str = "extend") -> float:
         """The graph's kernels and collectives without a plan, one after another (a loop iteration's time).
@@ -327,7 +363,7 @@ class Simulator:
         nodes = self.graph.nodes
         gk = self.kernels
         speed = self.cluster.compute_speed
-        loops = {i: min(self._loop_time(i, f) for f in ("extend", "off")) for i in self._loops}
+        loops = {i: min(self._loop_time(i, f, self._body_classes(i)) for f in ("extend", "off")) for i in self._loops}
         fixed = [i for i in range(self._n)
                  if self._kind[i] == KERNEL and nodes[i].opcode not in FUSIBLE_OPCODES
                  and nodes[i].opcode not in XLA_CPU_LOOP_OPCODES and i not in self._duplicated]

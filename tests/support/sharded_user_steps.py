@@ -42,6 +42,11 @@ The sources (their repository and path):
   rules (weights' ``embed`` over fsdp, the batch over data and fsdp): ``jax.jit(train_step,
   in_shardings=(state_mesh_shardings, data_sharding, None), static_argnums=(0, 1), donate_argnums=2)``
   on a ``("data", "fsdp", "tensor")`` = (2, 4, 1) mesh.
+- ``maxtext_scanned_fsdp``: the same with maxtext's default ``scan_layers=True``
+  (``MaxText/layers/decoders.py``, ``Decoder.scan_decoder_layers``: ``nn.scan`` over the layer with
+  ``variable_axes={"params": 0}`` and ``metadata_params={nn.PARTITION_NAME: "layers"}``, the base config's
+  rule ``("layers", None)``), 3 layers: each layer's all-gathers run in the forward loop's body, its
+  re-gathers and gradient scatters in the backward loop's.
 """
 
 from __future__ import annotations
@@ -292,7 +297,7 @@ def make_shard_map_fsdp() -> UserStep:
 # ----------------------------------------------------------------------------------------------
 
 # MaxText/configs/base.yml's logical_axis_rules, the ones this model names
-_MAXTEXT_RULES = (("activation_batch", ("data", "fsdp")), ("activation_embed", "tensor"), ("activation_mlp", "tensor"),
+_MAXTEXT_RULES = (("layers", None), ("activation_batch", ("data", "fsdp")), ("activation_embed", "tensor"), ("activation_mlp", "tensor"),
                   ("activation_length", None), ("mlp", "tensor"), ("vocab", "tensor"),
                   ("embed", "fsdp"), ("norm", None))
 
@@ -330,10 +335,44 @@ class _MaxTextShardedDecoder(nn.Module):
             nn.initializers.lecun_normal(), ("embed", "vocab")))(x)
 
 
+class _MaxTextScannedLayer(_MaxTextMlpLayer):
+    """The layer as ``nn.scan`` calls it (maxtext's layers return ``(output, None)`` under ``scan_layers``)."""
+
+    def __call__(self, x, deterministic):
+        return super().__call__(x, deterministic), None
+
+
+class _MaxTextScannedDecoder(nn.Module):
+    """maxtext's decoder with ``scan_layers=True`` (its default): ``Decoder.scan_decoder_layers``, an
+    ``nn.scan`` of the layer over ``num_layers`` with the parameters stacked on a ``"layers"`` axis."""
+
+    config: user_steps.MaxTextConfig
+
+    @nn.compact
+    def __call__(self, tokens, deterministic: bool = False):
+        c = self.config
+        embed = nn.Embed(c.vocab_size, c.emb_dim, name="token_embedder", embedding_init=nn.with_logical_partitioning(
+            nn.initializers.normal(1.0), ("vocab", "embed")))
+        x = nn.with_logical_constraint(embed(tokens), ("activation_batch", "activation_length", "activation_embed"))
+        scanned = nn.scan(_MaxTextScannedLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                          in_axes=(nn.broadcast,), length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+        x, _ = scanned(c, name="layers")(x, deterministic)
+        x = nn.RMSNorm(name="decoder_norm", scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("norm",)))(x)
+        return nn.Dense(c.vocab_size, use_bias=False, name="logits_dense", kernel_init=nn.with_logical_partitioning(
+            nn.initializers.lecun_normal(), ("embed", "vocab")))(x)
+
+
 def make_maxtext_logical_fsdp() -> UserStep:
+    return _maxtext_fsdp("maxtext_logical_fsdp", _MaxTextShardedDecoder, user_steps.MaxTextConfig())
+
+
+def make_maxtext_scanned_fsdp() -> UserStep:
+    return _maxtext_fsdp("maxtext_scanned_fsdp", _MaxTextScannedDecoder, user_steps.MaxTextConfig(num_layers=3))
+
+
+def _maxtext_fsdp(name: str, decoder: type[nn.Module], config: user_steps.MaxTextConfig) -> UserStep:
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4, 1), ("data", "fsdp", "tensor"))
-    config = user_steps.MaxTextConfig()
-    model = _MaxTextShardedDecoder(config)
+    model = decoder(config)
     tokens = user_steps._tokens(33)
     tx = optax.adamw(optax.linear_schedule(1e-3, 3e-3, 4), b1=0.9, b2=0.95, weight_decay=0.1)
 
@@ -364,10 +403,12 @@ def make_maxtext_logical_fsdp() -> UserStep:
             state, _ = fn(*args, **kwargs)
         return (args[0], args[1], state, *args[3:]), kwargs
 
-    return UserStep("maxtext_logical_fsdp",
+    return UserStep(name,
                     "AI-Hypercomputer/maxtext MaxText/train.py + MaxText/maxtext_utils.py (logical_axis_rules, "
                     "nn.logical_to_mesh_sharding, jax.jit(train_step, in_shardings=(state, data, None), "
-                    "static_argnums=(0, 1), donate_argnums=2), mesh (2, 4, 1))",
+                    "static_argnums=(0, 1), donate_argnums=2), mesh (2, 4, 1))"
+                    + (", MaxText/layers/decoders.py's scan_decoder_layers (nn.scan)" if decoder is _MaxTextScannedDecoder
+                       else ""),
                     p_train_step, (model, config, state, data, rng), {}, advance, lambda a, k: a[2].params,
                     "float32", (2,), "jit-static")
 
@@ -379,11 +420,15 @@ SHARDED: dict[str, Callable[[], UserStep]] = {
     "shard_map_fsdp": make_shard_map_fsdp,
     "maxtext_logical_fsdp": make_maxtext_logical_fsdp,
 }
+# Steps whose layers are a loop (their collectives in the loops' bodies): read another way, tested apart
+# (tests/disco/plans/test_loop_gather_buckets.py).
+SCANNED: dict[str, Callable[[], UserStep]] = {"maxtext_scanned_fsdp": make_maxtext_scanned_fsdp}
 
 # The steps their user calls inside jax.set_mesh (their advance enters it; so do the tests around disco's calls).
-NEEDS_MESH_CONTEXT = frozenset({"easylm_llama_fsdp", "nnx_spmd_fsdp", "shard_map_fsdp", "maxtext_logical_fsdp"})
+NEEDS_MESH_CONTEXT = frozenset({"easylm_llama_fsdp", "nnx_spmd_fsdp", "shard_map_fsdp", "maxtext_logical_fsdp",
+                                "maxtext_scanned_fsdp"})
 # and inside flax's logical axis rules too (maxtext's train loop: `with mesh, nn.logical_axis_rules(rules)`)
-_LOGICAL_RULES = {"maxtext_logical_fsdp": _MAXTEXT_RULES}
+_LOGICAL_RULES = {"maxtext_logical_fsdp": _MAXTEXT_RULES, "maxtext_scanned_fsdp": _MAXTEXT_RULES}
 
 
 def context(entry: UserStep) -> contextlib.AbstractContextManager:
