@@ -88,7 +88,7 @@ HOOKS_PYTHON ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyen
 	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 HOOKS_VENV := .venv-jax$(HOOKS_JAX)
 HOOKS_LOCK := constraints/jax-$(HOOKS_JAX).txt
-HOOK_TESTS ?= tests/xla_hooks/test_apply_plan.py tests/disco/ir/test_step_form.py tests/xla_hooks/test_hook.py tests/xla_hooks/test_agreement.py tests/xla_hooks/test_trials.py tests/xla_hooks/test_trials_job.py tests/disco/ir/test_gspmd.py tests/disco/plans/test_cuts.py tests/xla_hooks/test_profiling.py tests/disco/data/test_kernel_collect.py tests/disco/ir/test_loop_collectives.py
+HOOK_TESTS ?= tests/xla_hooks/test_apply_plan.py tests/disco/ir/test_step_form.py tests/xla_hooks/test_hook.py tests/xla_hooks/test_agreement.py tests/xla_hooks/test_trials.py tests/xla_hooks/test_trials_job.py tests/disco/ir/test_gspmd.py tests/disco/plans/test_cuts.py tests/xla_hooks/test_profiling.py tests/disco/data/test_kernel_collect.py tests/disco/ir/test_loop_collectives.py tests/disco/plans/test_loop_gather_buckets.py
 
 $(HOOKS_VENV)/.installed: setup.cfg pyproject.toml $(HOOKS_LOCK)
 	@test -n "$(HOOKS_PYTHON)" || { echo "make test-hooks: no Python 3.12 found (jax $(HOOKS_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }
