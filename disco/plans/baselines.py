@@ -169,6 +169,7 @@ def _without_cycles(buckets: tuple[Bucket, ...], graph: HloGraph) -> tuple[Bucke
     level: dict[str, int] = {}
     for n in graph.all_reduces():  # program order: upstream all-reduces first
         level[n.name] = max((level[u] + 1 for u in deps[n.name]), default=0)
+
     def by_level(b: Bucket) -> list[Bucket]:
         parts: dict[int, list[str]] = collections.OrderedDict()
         for m in b.members:
