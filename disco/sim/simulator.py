@@ -116,6 +116,7 @@ from typing import Literal
 from disco.ir.graph import HloGraph, Loop, require_graph
 from disco.ir.replica_groups import replica_group_size
 from disco.ir.opcodes import ALL_REDUCE_OPCODES, COLLECTIVE_KIND, FUSIBLE_OPCODES, XLA_CPU_LOOP_OPCODES
+from disco.plans.check import body_gathers as plan_body_gathers
 from disco.plans.check import gather_class, scatterable
 from disco.plans.plan import FusionPlan
 from disco.sim import gpu_fusion, scheduler
@@ -201,8 +202,8 @@ class Simulator:
         self._gpu = bool(getattr(cluster, "is_gpu", False))
         self._duplicated = emulation.duplicated if self._gpu else frozenset()
         # each loop body's all-gathers by name -> its while node (a gather bucket may merge them)
-        body_gathers = {n.name: i for i, lp in self._loops.items() if lp.body is not None
-                        for n in lp.body.nodes if n.opcode == "all-gather"}
+        body_gathers = {name: index[lp.node] for name, (_, lp) in plan_body_gathers(graph).items()
+                        if lp.node in index}
         self._patcher = Patcher(builder, kind, self._ars, emulation, gpu=self._gpu, body_gathers=body_gathers,
                                 loop_unit=self._loop_unit if body_gathers else None)
 

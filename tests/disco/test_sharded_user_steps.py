@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import collections
 import functools
-import re
 import warnings
 
-import jax
-import numpy as np
 import pytest
 
 import disco
@@ -24,7 +21,7 @@ import xla_hooks
 from disco import optimizer as opt
 from disco.plans import baselines
 from tests.support import sharded_user_steps
-from tests.support.equivalence import assert_close
+from tests.support.equivalence import assert_close, compiled_count
 
 NAMES = sorted(sharded_user_steps.SHARDED)
 FAST = {"big_vision_fsdp", "nnx_spmd_fsdp", "shard_map_fsdp"}
@@ -51,13 +48,6 @@ def _tiered(fast, xfail=()):
     return [pytest.param(n, marks=marks[n]) for n in NAMES]
 
 
-def _three_steps(entry, fn):
-    args, kwargs = entry.args, entry.kwargs
-    for _ in range(3):
-        args, kwargs = entry.advance(fn, args, kwargs)
-    return jax.tree.map(lambda x: np.asarray(x, np.float64), entry.params(args, kwargs))
-
-
 @functools.cache
 def _graph(name):
     entry = sharded_user_steps.SHARDED[name]()
@@ -70,11 +60,7 @@ def _graph(name):
 def _reference(name):
     """The step's parameters after 3 steps of its own jit, from a fresh copy."""
     entry = sharded_user_steps.SHARDED[name]()
-    return _three_steps(entry, entry.step)
-
-
-def _compiled_gathers(applied) -> int:
-    return len(re.findall(r"\sall-gather(?:-start)?\(", applied.compiled_text()))
+    return sharded_user_steps.three_steps(entry, entry.step)
 
 
 @pytest.mark.parametrize("name", _tiered(FAST, xfail=["easylm_llama_fsdp"]))
@@ -108,8 +94,8 @@ def test_gather_buckets_apply_to_a_sharded_user_step_and_keep_the_numbers(name, 
         warnings.simplefilter("error")  # no PlanFallbackWarning
         applied = xla_hooks.apply(plan, entry.step, *entry.args, kwargs=entry.kwargs, strict=True)
     assert applied.applied, applied.fallback_reason
-    assert _compiled_gathers(applied) <= len(plan.gather_buckets) + others
-    assert_close(_three_steps(entry, applied), _reference(name))
+    assert compiled_count(applied, "all-gather") <= len(plan.gather_buckets) + others
+    assert_close(sharded_user_steps.three_steps(entry, applied), _reference(name))
 
 
 CONFIG = opt.OptimizeConfig(budget_s=2, measure_top_k=2, measure_rounds=1, rounds=2, steps=1, bucket_sweep=(2,),
@@ -129,4 +115,4 @@ def test_optimize_reads_the_shard_map_fsdp_step_and_its_answer_keeps_the_numbers
     with sharded_user_steps.context(fresh):
         applied = xla_hooks.apply(result.plan, fresh.step, *fresh.args, kwargs=fresh.kwargs, strict=True)
     assert applied.applied
-    assert_close(_three_steps(fresh, applied), _reference(name))
+    assert_close(sharded_user_steps.three_steps(fresh, applied), _reference(name))

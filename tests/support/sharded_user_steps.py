@@ -319,22 +319,6 @@ class _MaxTextMlpLayer(nn.Module):
         return x + nn.Dropout(c.dropout_rate)(h, deterministic=deterministic)
 
 
-class _MaxTextShardedDecoder(nn.Module):
-    config: user_steps.MaxTextConfig
-
-    @nn.compact
-    def __call__(self, tokens, deterministic: bool = False):
-        c = self.config
-        embed = nn.Embed(c.vocab_size, c.emb_dim, name="token_embedder", embedding_init=nn.with_logical_partitioning(
-            nn.initializers.normal(1.0), ("vocab", "embed")))
-        x = nn.with_logical_constraint(embed(tokens), ("activation_batch", "activation_length", "activation_embed"))
-        for i in range(c.num_layers):
-            x = _MaxTextMlpLayer(c, name=f"layers_{i}")(x, deterministic)
-        x = nn.RMSNorm(name="decoder_norm", scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("norm",)))(x)
-        return nn.Dense(c.vocab_size, use_bias=False, name="logits_dense", kernel_init=nn.with_logical_partitioning(
-            nn.initializers.lecun_normal(), ("embed", "vocab")))(x)
-
-
 class _MaxTextScannedLayer(_MaxTextMlpLayer):
     """The layer as ``nn.scan`` calls it (maxtext's layers return ``(output, None)`` under ``scan_layers``)."""
 
@@ -342,11 +326,12 @@ class _MaxTextScannedLayer(_MaxTextMlpLayer):
         return super().__call__(x, deterministic), None
 
 
-class _MaxTextScannedDecoder(nn.Module):
-    """maxtext's decoder with ``scan_layers=True`` (its default): ``Decoder.scan_decoder_layers``, an
+class _MaxTextShardedDecoder(nn.Module):
+    """maxtext's decoder; with ``scan_layers`` (maxtext's default) its ``Decoder.scan_decoder_layers``: an
     ``nn.scan`` of the layer over ``num_layers`` with the parameters stacked on a ``"layers"`` axis."""
 
     config: user_steps.MaxTextConfig
+    scan_layers: bool = False
 
     @nn.compact
     def __call__(self, tokens, deterministic: bool = False):
@@ -354,25 +339,30 @@ class _MaxTextScannedDecoder(nn.Module):
         embed = nn.Embed(c.vocab_size, c.emb_dim, name="token_embedder", embedding_init=nn.with_logical_partitioning(
             nn.initializers.normal(1.0), ("vocab", "embed")))
         x = nn.with_logical_constraint(embed(tokens), ("activation_batch", "activation_length", "activation_embed"))
-        scanned = nn.scan(_MaxTextScannedLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                          in_axes=(nn.broadcast,), length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-        x, _ = scanned(c, name="layers")(x, deterministic)
+        if self.scan_layers:
+            scanned = nn.scan(_MaxTextScannedLayer, variable_axes={"params": 0},
+                              split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,),
+                              length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+            x, _ = scanned(c, name="layers")(x, deterministic)
+        else:
+            for i in range(c.num_layers):
+                x = _MaxTextMlpLayer(c, name=f"layers_{i}")(x, deterministic)
         x = nn.RMSNorm(name="decoder_norm", scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("norm",)))(x)
         return nn.Dense(c.vocab_size, use_bias=False, name="logits_dense", kernel_init=nn.with_logical_partitioning(
             nn.initializers.lecun_normal(), ("embed", "vocab")))(x)
 
 
 def make_maxtext_logical_fsdp() -> UserStep:
-    return _maxtext_fsdp("maxtext_logical_fsdp", _MaxTextShardedDecoder, user_steps.MaxTextConfig())
+    return _maxtext_fsdp("maxtext_logical_fsdp", user_steps.MaxTextConfig(), scan_layers=False)
 
 
 def make_maxtext_scanned_fsdp() -> UserStep:
-    return _maxtext_fsdp("maxtext_scanned_fsdp", _MaxTextScannedDecoder, user_steps.MaxTextConfig(num_layers=3))
+    return _maxtext_fsdp("maxtext_scanned_fsdp", user_steps.MaxTextConfig(num_layers=3), scan_layers=True)
 
 
-def _maxtext_fsdp(name: str, decoder: type[nn.Module], config: user_steps.MaxTextConfig) -> UserStep:
+def _maxtext_fsdp(name: str, config: user_steps.MaxTextConfig, *, scan_layers: bool) -> UserStep:
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4, 1), ("data", "fsdp", "tensor"))
-    model = decoder(config)
+    model = _MaxTextShardedDecoder(config, scan_layers)
     tokens = user_steps._tokens(33)
     tx = optax.adamw(optax.linear_schedule(1e-3, 3e-3, 4), b1=0.9, b2=0.95, weight_decay=0.1)
 
@@ -407,8 +397,7 @@ def _maxtext_fsdp(name: str, decoder: type[nn.Module], config: user_steps.MaxTex
                     "AI-Hypercomputer/maxtext MaxText/train.py + MaxText/maxtext_utils.py (logical_axis_rules, "
                     "nn.logical_to_mesh_sharding, jax.jit(train_step, in_shardings=(state, data, None), "
                     "static_argnums=(0, 1), donate_argnums=2), mesh (2, 4, 1))"
-                    + (", MaxText/layers/decoders.py's scan_decoder_layers (nn.scan)" if decoder is _MaxTextScannedDecoder
-                       else ""),
+                    + (", MaxText/layers/decoders.py's scan_decoder_layers (nn.scan)" if scan_layers else ""),
                     p_train_step, (model, config, state, data, rng), {}, advance, lambda a, k: a[2].params,
                     "float32", (2,), "jit-static")
 
@@ -429,6 +418,15 @@ NEEDS_MESH_CONTEXT = frozenset({"easylm_llama_fsdp", "nnx_spmd_fsdp", "shard_map
                                 "maxtext_scanned_fsdp"})
 # and inside flax's logical axis rules too (maxtext's train loop: `with mesh, nn.logical_axis_rules(rules)`)
 _LOGICAL_RULES = {"maxtext_logical_fsdp": _MAXTEXT_RULES, "maxtext_scanned_fsdp": _MAXTEXT_RULES}
+
+
+def three_steps(entry: UserStep, fn: Callable) -> object:
+    """``entry``'s parameters (float64 numpy) after 3 steps of ``fn`` from its fresh arguments, advanced
+    as its user's loop advances them."""
+    args, kwargs = entry.args, entry.kwargs
+    for _ in range(3):
+        args, kwargs = entry.advance(fn, args, kwargs)
+    return jax.tree.map(lambda x: np.asarray(x, np.float64), entry.params(args, kwargs))
 
 
 def context(entry: UserStep) -> contextlib.AbstractContextManager:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import random
-import re
 import warnings
 
 import jax
@@ -31,7 +30,7 @@ from disco.sim.costs import AnalyticCosts
 from disco.sim.delta import DeltaSimulator
 from disco.sim.simulator import Simulator
 from tests.support import sharded_user_steps
-from tests.support.equivalence import assert_close
+from tests.support.equivalence import assert_close, compiled_count
 
 NAME = "maxtext_scanned_fsdp"
 
@@ -42,17 +41,6 @@ def _graph():
     with sharded_user_steps.context(entry), warnings.catch_warnings():
         warnings.simplefilter("error")  # no GspmdWarning, no NoGradientWarning
         return disco.extract(entry.step, *entry.args, kwargs=entry.kwargs)
-
-
-def _three_steps(entry, fn):
-    args, kwargs = entry.args, entry.kwargs
-    for _ in range(3):
-        args, kwargs = entry.advance(fn, args, kwargs)
-    return jax.tree.map(lambda x: np.asarray(x, np.float64), entry.params(args, kwargs))
-
-
-def _gathers(text: str) -> int:
-    return len(re.findall(r"\sall-gather(?:-start)?\(", text))
 
 
 def _body_gathers(graph):
@@ -112,9 +100,9 @@ def test_loop_gather_buckets_apply_to_the_scanned_step_and_keep_the_numbers():
         applied = xla_hooks.apply(plan, entry.step, *entry.args, kwargs=entry.kwargs, strict=True)
     assert applied.applied, applied.fallback_reason
     # one all-gather per body where XLA's compile kept two
-    assert _gathers(applied.compiled_text()) == _gathers(default.compiled_text()) - 2
+    assert compiled_count(applied, "all-gather") == compiled_count(default, "all-gather") - 2
     reference = sharded_user_steps.SCANNED[NAME]()
-    assert_close(_three_steps(entry, applied), _three_steps(reference, reference.step))
+    assert_close(sharded_user_steps.three_steps(entry, applied), sharded_user_steps.three_steps(reference, reference.step))
 
 
 def test_moves_from_a_plan_with_loop_gather_buckets_stay_valid():
