@@ -75,7 +75,7 @@ def _source(result: OptimizeResult) -> tuple[str, str]:
         return "run-off", f"the run-off ({r.origin}{found})"
     if r.origin.startswith("searched"):
         return "search", f"the search ({r.origin}{found})"
-    return "reference", f"{r.origin}{found.removeprefix(', ')}"
+    return "reference", ", ".join(part for part in (r.origin, found.removeprefix(", ")) if part)
 
 
 def answer(result: OptimizeResult) -> Answer:
