@@ -73,6 +73,8 @@ def graph(name: str) -> HloGraph:
     parameters on a 1 x 4 mesh (parameter all-gathers, which gather buckets merge)."""
     if name == "layered":
         return layered_step(8, seed=1)
+    if name == "long":  # a longer one, whose re-schedules can rejoin their parents' before its end
+        return layered_step(40, seed=2)
     import disco
     import trax_models
 
@@ -154,6 +156,42 @@ def test_delta_reschedules_from_the_change_and_agrees_on_every_default_start(clu
     stats = delta.stats
     assert stats["delta"] + stats["same"] > children / 2
     assert stats["events"] < full_events / 2
+
+
+def _schedule(trace):
+    """A materialised trace's events: per event the unit, its end and the streams' free times."""
+    return trace.order.tolist(), trace.fin[trace.order].tolist(), trace.tcs.tolist(), trace.tms.tolist()
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "python"])
+@pytest.mark.parametrize("graph_name,cluster", [("long", "cpu"), ("long", "gpu"), ("mlp", "cpu"),
+                                                ("mlp", "cpu-one-stream"), ("mlp-fsdp", "cpu")])
+def test_a_schedule_that_rejoins_its_parents_is_the_one_made_from_scratch(graph_name, cluster, compiled,
+                                                                          monkeypatch):
+    """Where a re-schedule stops at its parent's schedule (the same state after one of its events) and
+    takes the parent's later events, every event, end and stream time is the one a whole schedule of
+    the child gives; and on each of these steps and clusters some children do rejoin."""
+    from disco.sim import array_sweep
+
+    if compiled and not array_sweep.is_compiled():
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(array_sweep, "is_compiled", lambda: compiled)
+    g, sim, ref, ctx = setup(graph_name, cluster)
+    delta = DeltaSimulator(sim)
+    rng = random.Random(13)
+    for seed in range(4):
+        cur = start_plan(g, ctx, seed)
+        delta.step_time(cur)
+        for _ in range(10):
+            child = moves.random_move(cur, ctx, rng)
+            if child is None:
+                continue
+            assert delta.step_time(child, parent=cur) == ref.step_time(child), child
+            whole = DeltaSimulator(sim)
+            whole.step_time(child)
+            assert _schedule(delta.trace(child)) == _schedule(whole.trace(child)), child
+            cur = child if rng.random() < 0.5 else cur
+    assert delta.stats["rejoined"] > 0
 
 
 def test_a_late_bucket_move_restarts_late_and_an_unchanged_plan_reuses_the_schedule():
