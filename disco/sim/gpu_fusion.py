@@ -27,12 +27,13 @@ does (``xla/service/gpu/transforms/priority_fusion.cc``, ``multi_output_fusion.c
   joins its users' fusion when all its kernel users are in that one fusion and the fusion
   accepts it (rules above). When its users are in several fusions, or a value is also needed
   outside (a step output, a collective), it joins the fusion of its earliest kernel user as
-  an extra output provided every other user comes after all of that fusion's members (so the
-  contraction cannot form a cycle: XLA's multi-output fusion checks the same); otherwise it
-  roots a fusion of its own.
+  an extra output provided every other reader, a collective too, comes after all of that
+  fusion's members (so the contraction cannot form a cycle: XLA's multi-output fusion checks
+  the same); otherwise it roots a fusion of its own.
 - **Sibling multi-output fusion.** Afterwards, fusions whose hero is a reduction and that
-  read the same producer with the same iteration space merge (e.g. a layer norm's mean and
-  mean of squares), when no path joins them.
+  read the same producer (not an effective scalar) with the same iteration space merge (e.g.
+  a layer norm's mean and mean of squares), when no path joins them in the contracted graph
+  (through a collective or another fusion too).
 
 What is not modelled: XLA's cost-model vetoes (priority fusion refuses fusions its
 performance model says are slower), dot merging (XLA concatenates sibling dots that share an
@@ -49,7 +50,7 @@ each region a plan's groups touch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from disco.ir.opcodes import ELEMENTWISE
@@ -94,8 +95,10 @@ class GpuFusionContext:
       users: each real kernel node's kernel users (through duplicated producers), sorted.
       outside: whether a node's value is also read by a non-kernel (a step output, a collective)
         or by nobody.
-      last_user: each node's last reader of any kind (program position; -1 for none).
+      first_outside: each node's earliest non-kernel reader (program position, through
+        duplicated producers; the node count for none).
       preds: each node's real kernel producers (through duplicated ones), for sibling fusion.
+      readers: each node's readers of any kind (graph edges), for sibling fusion's paths.
       layout_bound: nodes whose value XLA:GPU must write in another layout than a cuBLAS/cuDNN
         output has: a ``transpose`` of rank 3 or more (it moves batch dimensions, which a GEMM's
         operand strides cannot express, so it is no matrix prologue), and a value some dot reads
@@ -108,8 +111,9 @@ class GpuFusionContext:
     in_elements: tuple[int, ...]
     users: tuple[tuple[int, ...], ...]
     outside: tuple[bool, ...]
-    last_user: tuple[int, ...]
+    first_outside: tuple[int, ...]
     preds: tuple[tuple[int, ...], ...]
+    readers: tuple[tuple[int, ...], ...]
     layout_bound: frozenset[int] = frozenset()
 
 
@@ -220,25 +224,24 @@ def make_context(opcodes: Sequence[str], out_elements: Sequence[int], in_element
     n = len(opcodes)
     users: list[tuple[int, ...]] = [()] * n
     outside = [False] * n
-    last = [-1] * n
+    first = [n] * n
     for i in range(n - 1, -1, -1):
         acc: set[int] = set()
         out = not succs[i]
-        lst = -1
+        fst = n
         for s in succs[i]:
             if s in dup:
                 acc |= set(users[s])
                 out = out or outside[s]
-                lst = max(lst, last[s])
+                fst = min(fst, first[s])
             elif not is_kernel[s]:
                 out = True
-                lst = max(lst, s)
+                fst = min(fst, s)
             else:
                 acc.add(s)
-                lst = max(lst, s)
         users[i] = tuple(sorted(acc))
         outside[i] = out
-        last[i] = lst
+        first[i] = fst
     rpreds: list[tuple[int, ...]] = [()] * n
     for i in range(n):
         acc2: set[int] = set()
@@ -250,7 +253,8 @@ def make_context(opcodes: Sequence[str], out_elements: Sequence[int], in_element
         rpreds[i] = tuple(sorted(acc2))
     return GpuFusionContext(opcodes=tuple(opcodes), out_elements=tuple(out_elements),
                             in_elements=tuple(in_elements), users=tuple(users), outside=tuple(outside),
-                            last_user=tuple(last), preds=tuple(rpreds), layout_bound=bound)
+                            first_outside=tuple(first), preds=tuple(rpreds),
+                            readers=tuple(tuple(s) for s in succs), layout_bound=bound)
 
 
 class _Fusion:
@@ -342,14 +346,14 @@ def clusters(ctx: GpuFusionContext, region: Sequence[int], groups: Sequence[tupl
                     if _accepts(ctx, f, mem, is_group, True):
                         target = f
                 elif not any(opcodes[m] in MATRIX_OPCODES or opcodes[m] in REDUCE_OPCODES for m in mem):
-                    # Multi-output: join the earliest consumer fusion when every other reader
-                    # comes after all of its members.
+                    # Multi-output: join the earliest consumer fusion when every other reader,
+                    # kernel or not (a collective), comes after all of its members.
                     first = min(targets.values(), key=lambda f: f.lo)
                     others_after = all(
                         s in inside or fusion_of[s] is first or s > first.hi
                         for m in mem for s in ctx.users[m])
-                    last_ok = all(ctx.last_user[m] > first.hi or not ctx.outside[m] for m in mem)
-                    if others_after and last_ok and _accepts(ctx, first, mem, is_group, False):
+                    outside_after = all(ctx.first_outside[m] > first.hi for m in mem)
+                    if others_after and outside_after and _accepts(ctx, first, mem, is_group, False):
                         target = first
         if target is None:
             elems = ctx.in_elements[pos] if opcodes[pos] in REDUCE_OPCODES else ctx.out_elements[pos]
@@ -408,9 +412,15 @@ def _matrix_epilogues(ctx: GpuFusionContext, region: Sequence[int], in_region: s
 
 def _siblings(ctx: GpuFusionContext, fusions: list[_Fusion], fusion_of: dict[int, _Fusion],
               in_region: set[int]) -> list[_Fusion]:
-    """Sibling multi-output fusion of reduction fusions that read one producer."""
+    """Sibling multi-output fusion of reduction fusions that read one producer.
+
+    As XLA's ``FuseSiblings``, a producer that is an effective scalar (one element) is no shared
+    operand worth fusing for (``IsProfitableOperand``), and two fusions merge only when no path
+    joins them (:func:`_connected`).
+    """
     alive = {id(f): f for f in fusions}
     redirect: dict[int, _Fusion] = {}
+    merged_hi = -1  # the last member of any merged fusion (bounds the path search)
 
     def find(f: _Fusion) -> _Fusion:
         while id(f) in redirect:
@@ -418,6 +428,8 @@ def _siblings(ctx: GpuFusionContext, fusions: list[_Fusion], fusion_of: dict[int
         return f
 
     for p in sorted({p for f in fusions if f.reduce for m in f.members for p in ctx.preds[m]}):
+        if ctx.out_elements[p] == 1:
+            continue
         readers: dict[int, _Fusion] = {}
         for s in ctx.users[p]:
             if s in in_region and s in fusion_of:
@@ -436,31 +448,48 @@ def _siblings(ctx: GpuFusionContext, fusions: list[_Fusion], fusion_of: dict[int
             same.sort(key=lambda f: f.lo)
             base = same[0]
             for other in same[1:]:
-                if _independent(ctx, base, other):
+                if not _connected(ctx, base, other, fusion_of, find, merged_hi):
                     base.members.extend(other.members)
                     base.lo, base.hi = min(base.lo, other.lo), max(base.hi, other.hi)
                     redirect[id(other)] = base
                     alive.pop(id(other), None)
+                    merged_hi = max(merged_hi, base.hi)
     return list(alive.values())
 
 
-def _independent(ctx: GpuFusionContext, a: _Fusion, b: _Fusion) -> bool:
-    """True when no path of kernel users leads from one fusion to the other."""
-    first, second = (a, b) if a.lo <= b.lo else (b, a)
-    target = set(second.members)
-    own = set(first.members)
-    stack = [s for m in first.members for s in ctx.users[m] if s not in own]
-    seen: set[int] = set()
-    bound = second.hi
-    while stack:
-        v = stack.pop()
-        if v in target:
-            return False
-        if v in seen or v > bound:
-            continue
-        seen.add(v)
-        stack.extend(ctx.users[v])
-    return True
+def _connected(ctx: GpuFusionContext, a: _Fusion, b: _Fusion, fusion_of: dict[int, _Fusion],
+               find: Callable[[_Fusion], _Fusion], merged_hi: int) -> bool:
+    """True when a path leads from either fusion to the other in the graph with the fusions
+    contracted, as XLA's reachability map sees it: through any reader (a collective too) and
+    through another fusion (from any of its members once the path enters it).
+
+    Every edge out of a fusion that producer-consumer fusion formed (a planned group aside) goes
+    to a node after its last member (a lone node's to a later node), so the search skips those
+    after the target's last member and after every merged fusion's (``merged_hi``): no path
+    leads back from them.
+    """
+    for src, dst in ((a, b), (b, a)):
+        limit = max(dst.hi, merged_hi)
+        entered = {id(src)}
+        seen: set[int] = set()
+        stack = [s for m in src.members for s in ctx.readers[m]]
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            f = fusion_of.get(v)
+            if f is None:
+                if v <= limit:
+                    stack.extend(ctx.readers[v])
+                continue
+            f = find(f)
+            if f is dst:
+                return True
+            if id(f) not in entered and f.hi <= limit:
+                entered.add(id(f))
+                stack.extend(s for m in f.members for s in ctx.readers[m])
+    return False
 
 
 class GpuFusion:

@@ -347,3 +347,169 @@ def test_a_bucket_of_an_fsdp_steps_gradients_simulates_on_a_gpu_cluster():
     graph = HloGraph.from_hlo_text(extractor.hlo_text(step, *args))
     sim = Simulator(graph, device_costs.analytic("h100"), cluster.preset("h100-sxm-8"))
     assert sim.step_time(baselines.make("horovod", graph)) > 0
+
+
+# A softmax over logits sharded along the class dimension: the row maximum is all-reduced before
+# the exponentials are summed. Both reductions read the logits over one iteration space, but the
+# sum depends on the first through the all-reduce.
+SHARDED_SOFTMAX = """HloModule s, entry_computation_layout={(f32[8,64]{1,0}, f32[64,128]{1,0})->f32[8]{0}}
+
+max_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[8,64]{1,0} parameter(0)
+  w = f32[64,128]{1,0} parameter(1)
+  logits = f32[8,128]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ninf = f32[] constant(-inf)
+  localmax = f32[8]{0} reduce(logits, ninf), dimensions={1}, to_apply=max_f32
+  rowmax = f32[8]{0} all-reduce(localmax), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=max_f32
+  rowmaxb = f32[8,128]{1,0} broadcast(rowmax), dimensions={0}
+  shifted = f32[8,128]{1,0} subtract(logits, rowmaxb)
+  e = f32[8,128]{1,0} exponential(shifted)
+  zero = f32[] constant(0)
+  ROOT sum = f32[8]{0} reduce(e, zero), dimensions={1}, to_apply=add_f32
+}
+"""
+
+
+@pytest.mark.fast
+def test_sibling_reductions_joined_through_a_collective_stay_apart():
+    """XLA's sibling fusion refuses siblings a path joins, through a collective too: fused, the
+    softmax's two reductions would both feed and read the all-reduce (a cycle)."""
+    g = HloGraph.from_hlo_text(SHARDED_SOFTMAX)
+    sim = Simulator(g, device_costs.analytic("h100"), cluster.preset("h100-sxm-8"))
+    plan = baselines.make("xla_default", g)
+    by_member = {n: k for k in sim.fusions(plan) for n in k}
+    assert by_member["localmax"] == ("localmax",)
+    assert set(by_member["sum"]) == {"shifted", "e", "sum"}
+    assert sim.step_time(plan) > 0
+
+
+# Two reductions of one dot: ``r1`` feeds ``c1``, whose fusion takes ``q`` as an extra output,
+# and ``q`` feeds the second reduction's fusion. No path of nodes joins the reductions, one
+# through the fusion of ``q`` and ``c1`` does.
+THROUGH_A_FUSION = """HloModule v, entry_computation_layout={(f32[8,64]{1,0}, f32[64,128]{1,0}, f32[8,64]{1,0})->(f32[8,64]{1,0}, f32[8]{0})}
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[8,64]{1,0} parameter(0)
+  w = f32[64,128]{1,0} parameter(1)
+  y = f32[8,64]{1,0} parameter(2)
+  p = f32[8,128]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  zero = f32[] constant(0)
+  r1 = f32[8]{0} reduce(p, zero), dimensions={1}, to_apply=add_f32
+  q = f32[8,64]{1,0} exponential(y)
+  rb = f32[8,64]{1,0} broadcast(r1), dimensions={0}
+  c1 = f32[8,64]{1,0} add(rb, q)
+  cc = f32[8,128]{1,0} concatenate(q, q), dimensions={1}
+  s = f32[8,128]{1,0} multiply(p, cc)
+  r2 = f32[8]{0} reduce(s, zero), dimensions={1}, to_apply=add_f32
+  ROOT out = (f32[8,64]{1,0}, f32[8]{0}) tuple(c1, r2)
+}
+"""
+
+
+@pytest.mark.fast
+def test_sibling_reductions_joined_through_another_fusion_stay_apart():
+    """XLA's reachability runs over the fused graph: merged, the reductions would feed and read the
+    fusion of ``q`` and ``c1`` (a cycle)."""
+    g = HloGraph.from_hlo_text(THROUGH_A_FUSION)
+    sim = Simulator(g, device_costs.analytic("h100"), cluster.preset("h100-1"))
+    plan = baselines.make("xla_default", g)
+    assert sorted(sim.fusions(plan)) == [("cc", "s", "r2"), ("p",), ("q", "c1"), ("r1",)]
+    assert sim.step_time(plan) > 0
+
+
+# A value read by two kernels and an all-reduce, whose result the first kernel's fusion reads too.
+COLLECTIVE_BETWEEN = """HloModule u, entry_computation_layout={(f32[8,128]{1,0})->(f32[8]{0}, f32[8,128]{1,0})}
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[8,128]{1,0} parameter(0)
+  p = f32[8,128]{1,0} exponential(x)
+  c = f32[8,128]{1,0} all-reduce(p), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=add_f32
+  a = f32[8,128]{1,0} add(p, c)
+  zero = f32[] constant(0)
+  r = f32[8]{0} reduce(a, zero), dimensions={1}, to_apply=add_f32
+  m = f32[8,128]{1,0} multiply(p, p)
+  ROOT out = (f32[8]{0}, f32[8,128]{1,0}) tuple(r, m)
+}
+"""
+
+
+@pytest.mark.fast
+def test_a_producer_read_by_a_collective_inside_its_fusion_stays_out():
+    """Multi-output fusion takes a producer into its earliest consumer's fusion only when every
+    other reader, a collective too, comes after that fusion: taken in, ``p`` would feed the
+    all-reduce that fusion reads (a cycle), although its last reader ``m`` comes after it."""
+    g = HloGraph.from_hlo_text(COLLECTIVE_BETWEEN)
+    sim = Simulator(g, device_costs.analytic("h100"), cluster.preset("h100-sxm-8"))
+    plan = baselines.make("xla_default", g)
+    assert sorted(sim.fusions(plan)) == [("a", "r"), ("m",), ("p",)]
+    assert sim.step_time(plan) > 0
+
+
+# Two reductions of one row block each, both at this device's offset (an s32[1] read by
+# partition-id): one reads a gathered value's all-reduce, the other feeds the loss's. The
+# all-reduces are independent, and XLA's combiner merges them.
+SCALAR_SIBLINGS = """HloModule t, entry_computation_layout={(f32[16,128]{1,0}, f32[16,128]{1,0})->(f32[8]{0}, f32[8]{0})}
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[16,128]{1,0} parameter(0)
+  y = f32[16,128]{1,0} parameter(1)
+  x2 = f32[16,128]{1,0} multiply(x, x)
+  ax = f32[16,128]{1,0} all-reduce(x2), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=add_f32
+  ey = f32[16,128]{1,0} exponential(y)
+  table = s32[2]{0} constant({0, 8})
+  pid = u32[] partition-id()
+  pick = s32[1]{0} dynamic-slice(table, pid), dynamic_slice_sizes={1}
+  off = s32[] reshape(pick)
+  izero = s32[] constant(0)
+  sx = f32[8,128]{1,0} dynamic-slice(ax, off, izero), dynamic_slice_sizes={8,128}
+  sy = f32[8,128]{1,0} dynamic-slice(ey, off, izero), dynamic_slice_sizes={8,128}
+  zero = f32[] constant(0)
+  rx = f32[8]{0} reduce(sx, zero), dimensions={1}, to_apply=add_f32
+  ry = f32[8]{0} reduce(sy, zero), dimensions={1}, to_apply=add_f32
+  ary = f32[8]{0} all-reduce(ry), channel_id=2, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=add_f32
+  ROOT out = (f32[8]{0}, f32[8]{0}) tuple(rx, ary)
+}
+"""
+
+
+@pytest.mark.fast
+def test_reductions_sharing_an_effective_scalar_are_no_siblings():
+    """XLA's sibling fusion skips a shared operand of one element (``IsProfitableOperand``): fused
+    for their shared offset, the two reductions would read one all-reduce and feed the other, which
+    the combiner merges with it (a cycle; transformer_lm at preset paper in fsdp style)."""
+    g = HloGraph.from_hlo_text(SCALAR_SIBLINGS)
+    sim = Simulator(g, device_costs.analytic("h100"), cluster.preset("h100-sxm-8"))
+    plan = baselines.make("xla_default", g)
+    by_member = {n: k for k in sim.fusions(plan) for n in k}
+    assert by_member["rx"] != by_member["ry"]
+    assert sim.step_time(plan) > 0
