@@ -137,7 +137,9 @@ def partitioned_module_text(lowered: Any) -> tuple[str, Any]:
     import jax
 
     keep = _kept_partitioned_path(lowered)
-    dump = {"xla_dump_hlo_pass_re": "spmd-partitioning", "xla_dump_hlo_as_text": True}
+    # (large constants in full: a gradient scatter's offset table over more than 8 devices among them)
+    dump = {"xla_dump_hlo_pass_re": "spmd-partitioning", "xla_dump_hlo_as_text": True,
+            "xla_dump_large_constants": True}
     text, compiled = _dumped(lowered, dump)
     if text is None and keep is not None and os.path.exists(keep):
         with open(keep, encoding="utf-8") as f:

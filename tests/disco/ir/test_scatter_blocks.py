@@ -102,6 +102,8 @@ def test_a_slice_over_other_devices_or_another_user_is_no_scatter():
     assert b.dim is None and "gives device 1 the offset [3] along dimension 0, which is no block's start" in b.why
     b = block(fsdp_text(extra_user=True))
     assert b.dim is None and "also feeds negate 'extra'" in b.why
+    b = block(fsdp_text(p=4, shard=(2, 2), dim=0).replace("s32[4] constant({0, 2, 4, 6})", "s32[4] constant({...})"))
+    assert b.dim is None and "a constant whose values the HLO dump leaves out ({...})" in b.why  # (a 16-entry table)
 
 
 @pytest.mark.fast
