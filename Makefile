@@ -111,7 +111,7 @@ GPU_VENV ?= .venv-gpu
 GPU_JAX ?= 0.11.2
 GPU_LOCK := constraints/jax-$(GPU_JAX).txt
 GPU_CUDA_LOCK := constraints/jax-$(GPU_JAX)-cuda12.txt
-GPU_TESTS ?= tests/xla_hooks/test_deviceless.py tests/disco/optimizer/test_predicted_gpu.py tests/service/test_service_tiers.py tests/disco/ir/test_loop_collectives.py tests/xla_hooks/test_gather_after.py
+GPU_TESTS ?= tests/xla_hooks/test_deviceless.py tests/disco/optimizer/test_predicted_gpu.py tests/service/test_service_tiers.py tests/disco/ir/test_loop_collectives.py tests/xla_hooks/test_gather_after.py tests/disco/plans/test_loop_gather_buckets.py
 
 $(GPU_VENV)/.installed: setup.cfg pyproject.toml $(GPU_LOCK) $(GPU_CUDA_LOCK)
 	@test -n "$(HOOKS_PYTHON)" || { echo "make install-gpu: no Python 3.12 found (jax $(GPU_JAX) needs it); set HOOKS_PYTHON=/path/to/python3.12" >&2; exit 2; }

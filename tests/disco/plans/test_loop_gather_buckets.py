@@ -180,3 +180,43 @@ def test_every_bucket_baseline_plans_the_scanned_step_without_a_cycle():
             assert not any(deps[m].intersection(b.members) for m in b.members), (name, b.members)
     one = baselines.make("one_bucket", graph)
     assert len(one.buckets) > len({baselines.bucket_class(n) for n in graph.all_reduces()})
+
+
+def _body_gather_operands(module_text):
+    """Per loop-body computation of a compiled module with all-gathers, each all-gather's operand count."""
+    import re
+
+    out = []
+    for comp in re.split(r"\n(?=\S)", module_text):
+        if comp.startswith("ENTRY"):
+            continue
+        ops = re.findall(r"\sall-gather(?:-start)?\(([^)]*)\)", comp)
+        if ops:
+            out.append(sorted(len(o.split(",")) for o in ops))
+    return sorted(out)
+
+
+@pytest.mark.gpu_compile
+def test_loop_bodys_gather_buckets_compile_for_an_h100_as_one_all_gather_of_the_concatenated_shards():
+    """Deviceless XLA:GPU (``.venv-gpu``, jax 0.11.2, the H100 target) takes the body's rewritten bucket
+    through the plugin's path: one all-gather of one concatenated operand per body. XLA:GPU's own
+    combiner already merges each body's two all-gathers into one by default, as one all-gather of two
+    operands (measured 2026-12-02): on a GPU the loop bucket saves no message, which only the compiled
+    tier prices (the emulated tier prices XLA's default as each all-gather alone)."""
+    from disco.ir.extractor import plan_text
+    from disco.ir.graph import HloGraph
+    from xla_hooks import compile_for, deviceless
+
+    if not deviceless.available():
+        pytest.skip(f"no deviceless XLA:GPU environment: {deviceless.INSTALL_HINT}")
+    entry = sharded_user_steps.SCANNED[NAME]()
+    with sharded_user_steps.context(entry):
+        step = entry.step if hasattr(entry.step, "lower") else jax.jit(entry.step)
+        text = plan_text(step.lower(*entry.args, **entry.kwargs), debug_info=False)
+    graph = HloGraph.from_hlo_text(text)
+    plan = FusionPlan(gather_buckets=baselines.loop_gather_buckets(graph)).validate(graph, "gpu")
+    assert len(plan.gather_buckets) == 2
+    default = compile_for.plan_module_for(text, FusionPlan(), device="h100", devices=8).text
+    bucketed = compile_for.plan_module_for(text, plan, device="h100", devices=8).text
+    assert _body_gather_operands(default) == [[2], [2]]
+    assert _body_gather_operands(bucketed) == [[1], [1]]
