@@ -29,7 +29,7 @@ import numpy as np
 if TYPE_CHECKING:
     from disco.sim.units import Unit
 
-__all__ = ["NEVER", "Neighbour", "Run", "UnitIndex", "UnitTable", "index_of", "is_compiled", "restart"]
+__all__ = ["NEVER", "Run", "UnitIndex", "UnitTable", "index_of", "is_compiled", "restart"]
 
 NEVER = 1 << 62  # the event index of a unit not placed
 _INF = float("inf")
@@ -83,48 +83,28 @@ def _pop(ht, hk, n):
 
 
 def _restart(rest, i, t_c, t_m, pos, fin, old_of, unit_of, dur, key, coll, indeg0, pptr, pnode, sptr, snode,
-             scnt, indeg, rt, blocking, rk_t, rk_k, tc_t, tc_k, tk_t, tk_k, out_u, out_f, out_tc, out_tm,
-             watch, porder, ptcs, ptms, pstep, chg, cnode, n_rem, n_add, nfin, xs):
+             scnt, indeg, rt, blocking, rk_t, rk_k, tc_t, tc_k, tk_t, tk_k, out_u, out_f, out_tc, out_tm):
     """Rebuilds the scheduler's state at event ``i`` and runs the rest of the step (the kernel).
 
-    With ``watch``, it also follows the neighbour's schedule (``porder``, ``ptcs``, ``ptms``,
-    ``pstep``; ``chg``: per unit id 1 for a unit only the neighbour runs, 2 for one only this plan
-    runs, else 0; ``cnode``: per node, whether such a unit holds it) and stops where this schedule's
-    state becomes the neighbour's state after one of its events: every changed unit placed in both,
-    the same other units placed, the streams' free times equal, and every unit still to place that
-    reads a changed unit or one placed at another end equally ready (see :func:`_rejoins`). From
-    there the two schedules are the same events (the state after an event is what
-    :func:`_restart` rebuilds at a restart: which units are placed, their ends and the streams'
-    free times).
-
-    Returns (step time, events placed, the neighbour's event it rejoined at or -1); the events'
-    units, ends and the streams' free times after each are written to ``out_*``.
+    Returns (step time, events placed); the events' units, ends and the streams' free times after
+    each are written to ``out_*``.
     """
     # The state at event i: per unit still to place, its inputs placed before i and their latest end.
     nrk = 0
     ntc = 0
     ntk = 0
-    nx = 0  # (watch) the units still to place that read a changed node, in xs[:nx]
     for j in range(len(rest)):
         w = rest[j]
         c = 0
         r = 0.0
         if i > 0:
-            reads = False
             for q in range(pptr[w], pptr[w + 1]):
-                x = pnode[q]
-                if watch and cnode[x]:
-                    reads = True
-                v = old_of[x]
+                v = old_of[pnode[q]]
                 if pos[v] < i:  # placed before event i: an unchanged unit, placed there in both
                     c += 1
                     f = fin[v]
                     if f > r:
                         r = f
-            if reads and chg[w] == 0:
-                chg[w] = 3  # (in xs; otherwise an unchanged unit)
-                xs[nx] = w
-                nx += 1
         k = indeg0[w] - c
         indeg[w] = k
         rt[w] = r
@@ -139,16 +119,6 @@ def _restart(rest, i, t_c, t_m, pos, fin, old_of, unit_of, dur, key, coll, indeg
     cc = t_c  # the compute and comm streams' free times after each event (the latest end on each)
     mm = t_m
     done = 0
-    # (watch) Following the neighbour: its events up to pp are the ones this schedule's first events
-    # are compared with (d = how many more events it has); one counts the unchanged units placed in
-    # one of the two only; rem and add the changed units not yet placed. An unchanged unit placed in
-    # both at different ends is changed for its readers: they join xs.
-    pp = i - 1
-    d = n_rem - n_add
-    one = 0
-    rem = n_rem
-    add = n_add
-    retry = -_INF  # the compute stream's time after which a failed comparison is tried again
     if ntc:
         limit = tc_t[0] if tc_t[0] > t_m else t_m
     else:
@@ -210,87 +180,7 @@ def _restart(rest, i, t_c, t_m, pos, fin, old_of, unit_of, dur, key, coll, indeg
                 limit = r if r > t_m else t_m
             else:
                 limit = _INF
-        if watch:
-            if chg[u] == 2:
-                add -= 1
-            else:
-                nfin[u] = fin_u
-                if pos[u] <= pp:
-                    one -= 1
-                    if fin[u] != fin_u:
-                        nx = _mark_readers(u, xs, nx, chg, nfin, unit_of, sptr, snode)
-                else:
-                    one += 1
-            target = i + done - 1 + d
-            while pp < target:
-                pp += 1
-                v = porder[pp]
-                if chg[v] == 1:
-                    rem -= 1
-                elif nfin[v] >= 0.0:
-                    one -= 1
-                    if nfin[v] != fin[v]:
-                        nx = _mark_readers(v, xs, nx, chg, nfin, unit_of, sptr, snode)
-                else:
-                    one += 1
-            if (pp == target and not one and not rem and not add and t_c > retry and cc == ptcs[pp]
-                    and mm == ptms[pp]):
-                nx, retry = _rejoins(xs, nx, pp, t_c, pos, fin, old_of, nfin, indeg, rt, coll, indeg0, pptr, pnode)
-                if not nx:
-                    return pstep, done, pp
-    return (t_c if t_c > t_m else t_m), done, -1
-
-
-def _mark_readers(u, xs, nx, chg, nfin, unit_of, sptr, snode):
-    """Appends to ``xs[:nx]`` the units still to place that read unit ``u`` (not in it yet, nor
-    changed: ``chg`` 0, then 3); returns the new count."""
-    for q in range(sptr[u], sptr[u + 1]):
-        w = unit_of[snode[q]]
-        if chg[w] == 0 and nfin[w] < 0.0:
-            chg[w] = 3
-            xs[nx] = w
-            nx += 1
-    return nx
-
-
-def _rejoins(xs, nx, pp, t_c, pos, fin, old_of, nfin, indeg, rt, coll, indeg0, pptr, pnode):
-    """Whether each unit of ``xs[:nx]`` still to place (it reads a changed unit) is as ready here as
-    in the neighbour's state after its event ``pp``: as many of its inputs placed, and the same
-    latest end of them, or (a kernel whose inputs are all placed) both ends at most the compute
-    stream's time ``t_c``, where the ready queue orders kernels by program position alone.
-
-    Returns (0 where the states are the same, else how many of ``xs`` are still to place, kept
-    first in ``xs``; the compute stream's time after which to compare again).
-    """
-    keep = 0
-    retry = t_c
-    for j in range(nx):
-        w = xs[j]
-        if nfin[w] >= 0.0:  # placed since (at the neighbour's end: its difference is counted)
-            continue
-        c = 0
-        r = 0.0
-        for q in range(pptr[w], pptr[w + 1]):
-            v = old_of[pnode[q]]
-            if pos[v] <= pp:
-                c += 1
-                f = fin[v]
-                if f > r:
-                    r = f
-        same = indeg[w] == indeg0[w] - c and (rt[w] == r or (indeg[w] == 0 and not coll[w]
-                                                            and rt[w] <= t_c and r <= t_c))
-        if not same:
-            if rt[w] > retry:
-                retry = rt[w]
-            if r > retry:
-                retry = r
-            for jj in range(j, nx):  # (the rest are not compared: one difference is enough)
-                xs[keep] = xs[jj]
-                keep += 1
-            return keep, retry
-        xs[keep] = w
-        keep += 1
-    return 0, retry
+    return (t_c if t_c > t_m else t_m), done
 
 
 def _compile():
@@ -301,8 +191,7 @@ def _compile():
     except ImportError:
         return None
     jit = numba.njit(cache=True, nogil=True)
-    scope = dict(globals(), _push=jit(_push), _pop=jit(_pop), _rejoins=jit(_rejoins),
-                 _mark_readers=jit(_mark_readers))
+    scope = dict(globals(), _push=jit(_push), _pop=jit(_pop))
     kernel = types.FunctionType(_restart.__code__, scope, _restart.__name__)
     kernel.__qualname__ = _restart.__qualname__
     kernel.__module__ = _restart.__module__
@@ -443,48 +332,20 @@ def index_of(owner: object) -> UnitIndex:
 
 
 class Run:
-    """What :func:`restart` placed: per event the unit, its end and the streams' free times after it
-    (to the step's end: where it rejoined its neighbour's schedule, the neighbour's events from
-    there); ``placed``: how many events the kernel placed itself."""
+    """What :func:`restart` placed: per event the unit, its end and the streams' free times after it."""
 
-    __slots__ = ("step", "units", "ends", "tcs", "tms", "placed")
+    __slots__ = ("step", "units", "ends", "tcs", "tms")
 
-    def __init__(self, step: float, units: np.ndarray, ends: np.ndarray, tcs: np.ndarray, tms: np.ndarray,
-                 placed: int | None = None):
+    def __init__(self, step: float, units: np.ndarray, ends: np.ndarray, tcs: np.ndarray, tms: np.ndarray):
         self.step = step
         self.units = units
         self.ends = ends
         self.tcs = tcs
         self.tms = tms
-        self.placed = len(units) if placed is None else placed
-
-
-class Neighbour:
-    """The neighbour's schedule a :func:`restart` follows, and what differs from it, so that it can
-    stop where its state becomes the neighbour's (every later event is then the neighbour's).
-
-    Attributes:
-      order, tcs, tms: the neighbour's events (materialised trace).
-      step: its step time.
-      removed, added: the ids of the units only the neighbour runs, and only this plan runs.
-      nodes: per graph node, whether one of those units holds it.
-    """
-
-    __slots__ = ("order", "tcs", "tms", "step", "removed", "added", "nodes")
-
-    def __init__(self, order: np.ndarray, tcs: np.ndarray, tms: np.ndarray, step: float, removed: np.ndarray,
-                 added: np.ndarray, nodes: np.ndarray):
-        self.order, self.tcs, self.tms, self.step = order, tcs, tms, step
-        self.removed, self.added, self.nodes = removed, added, nodes
-
-
-_NO_NEIGHBOUR = (False, np.zeros(0, np.int64), np.zeros(0), np.zeros(0), 0.0, np.zeros(0, np.int8),
-                 np.zeros(0, np.bool_), 0, 0, np.zeros(0), np.zeros(0, np.int64))
 
 
 def restart(table: UnitTable, rest: np.ndarray, i: int, t_c: float, t_m: float, pos: np.ndarray, fin: np.ndarray,
-            old_of: np.ndarray, unit_of: np.ndarray, blocking: bool, *, neighbour: Neighbour | None = None,
-            compiled: bool | None = None) -> Run | None:
+            old_of: np.ndarray, unit_of: np.ndarray, blocking: bool, *, compiled: bool | None = None) -> Run | None:
     """Schedules the units ``rest`` from event ``i`` of a neighbour's schedule to the step's end.
 
     Args:
@@ -496,12 +357,10 @@ def restart(table: UnitTable, rest: np.ndarray, i: int, t_c: float, t_m: float, 
       old_of: per node, the neighbour's unit id (for the inputs placed before ``i``).
       unit_of: per node, this plan's unit id.
       blocking: collectives hold the compute stream.
-      neighbour: the neighbour's schedule and what differs from it (``i`` > 0): it stops where it
-        rejoins that schedule and takes the neighbour's later events; None: it runs to the end.
       compiled: run the numba kernel (default: when numba is installed); False: plain Python.
 
     Returns:
-      The events from ``i`` on, or None when some unit never became ready (a deadlock).
+      The events it placed, or None when some unit never became ready (a deadlock).
     """
     m = len(rest)
     n, *arrays = table.arrays
@@ -511,36 +370,18 @@ def restart(table: UnitTable, rest: np.ndarray, i: int, t_c: float, t_m: float, 
     scratch = (np.zeros(n, np.int64), np.zeros(n, np.float64), np.empty(m), np.empty(m, np.int64), np.empty(m),
                np.empty(m, np.int64), np.empty(m), np.empty(m, np.int64))
     out = (np.empty(m, np.int64), np.empty(m), np.empty(m), np.empty(m))
-    if neighbour is not None and i > 0:
-        chg = np.zeros(n, np.int8)
-        chg[neighbour.removed] = 1
-        chg[neighbour.added] = 2
-        follow = (True, neighbour.order, neighbour.tcs, neighbour.tms, neighbour.step, chg, neighbour.nodes,
-                  len(neighbour.removed), len(neighbour.added), np.full(n, -1.0), np.empty(m, np.int64))
-    else:
-        follow = _NO_NEIGHBOUR
     if compiled is None:
         compiled = is_compiled()
     if compiled:
         if not is_compiled():
             raise RuntimeError("restart(compiled=True): numba is not installed; expected compiled=None or False")
-        step, done, at = _KERNEL[0](*args, *scratch[:2], blocking, *scratch[2:], *out, *follow)
+        step, done = _KERNEL[0](*args, *scratch[:2], blocking, *scratch[2:], *out)
     else:
         lists = [a.tolist() if isinstance(a, np.ndarray) else a for a in args]
         py_scratch = [s.tolist() for s in scratch]
         py_out = [o.tolist() for o in out]
-        py_follow = [a.tolist() if isinstance(a, np.ndarray) else a for a in follow]
-        step, done, at = _restart(*lists, *py_scratch[:2], blocking, *py_scratch[2:], *py_out, *py_follow)
+        step, done = _restart(*lists, *py_scratch[:2], blocking, *py_scratch[2:], *py_out)
         out = (np.array(py_out[0], np.int64), np.array(py_out[1]), np.array(py_out[2]), np.array(py_out[3]))
-    if at >= 0:  # rejoined the neighbour after its event ``at``: its later events follow
-        assert neighbour is not None
-        tail = neighbour.order[at + 1:]
-        if done + len(tail) != m:
-            raise AssertionError(f"restart rejoined with {done} + {len(tail)} events for {m} units")
-        units = np.concatenate((out[0][:done], tail))
-        return Run(float(step), units, np.concatenate((out[1][:done], fin[tail])),
-                   np.concatenate((out[2][:done], neighbour.tcs[at + 1:])),
-                   np.concatenate((out[3][:done], neighbour.tms[at + 1:])), done)
     if done != m:
         return None
     return Run(float(step), *out)

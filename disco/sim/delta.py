@@ -220,7 +220,7 @@ class DeltaSimulator:
         self._group_pieces: dict = {}  # plans' group parts of their pieces, by value (pieces.build)
         self._group_parts: dict[tuple, _GroupPart] = {}  # ... and of their whole patches (_group_part)
         # plans priced whole, re-scheduled, found to run the same units; traces made; events placed
-        self.stats = {"full": 0, "delta": 0, "same": 0, "traces": 0, "events": 0, "rejoined": 0}
+        self.stats = {"full": 0, "delta": 0, "same": 0, "traces": 0, "events": 0}
 
     # -- public API --------------------------------------------------------------------------------
     def release(self) -> None:
@@ -409,16 +409,12 @@ class DeltaSimulator:
             return Trace(pieces, base.step, base.unit_of, base.alive, base, len(order), None)
         pos, fin, old_of = base.pos, base.fin, base.unit_of
         id_of = self._index.id_of
-        gone_ids = [id_of(u, fusion) for u in removed]
-        gone = sorted(int(pos[k]) for k in gone_ids)  # their events
-        changed = np.zeros(len(old_of), np.bool_)  # the nodes of the units removed or added
-        changed[np.fromiter(itertools.chain.from_iterable(
-            u.members for u in itertools.chain(removed, added)), np.int64)] = True
+        gone = sorted(int(pos[id_of(u, fusion)]) for u in removed)  # their events
         # The first event the change can move: a removed unit's, or the first at which an added unit
         # could be ready (all its inputs from unchanged units placed).
         i = gone[0] if gone else len(order)
         if added:
-            i = min(i, _first_ready(added, changed, pos, old_of))
+            i = min(i, _first_ready(added, removed, pos, old_of))
         new_ids = self._index.ids(added, fusion)
         unit_of = _relabel(old_of, added, new_ids)
         # The units still to place: the neighbour's from event i on that the plan keeps, and the added.
@@ -429,15 +425,11 @@ class DeltaSimulator:
             rest = np.concatenate((rest, np.array(new_ids, np.int64)))
         t_c = float(base.tcs[i - 1]) if i else 0.0
         t_m = float(base.tms[i - 1]) if i else 0.0
-        neighbour = array_sweep.Neighbour(order, base.tcs, base.tms, base.step, np.array(gone_ids, np.int64),
-                                          np.array(new_ids, np.int64), changed)
-        run = array_sweep.restart(self._index.table, rest, i, t_c, t_m, pos, fin, old_of, unit_of, pieces.blocking,
-                                  neighbour=neighbour)
+        run = array_sweep.restart(self._index.table, rest, i, t_c, t_m, pos, fin, old_of, unit_of, pieces.blocking)
         if run is None:
             return None
         self.stats["delta"] += 1
-        self.stats["events"] += run.placed
-        self.stats["rejoined"] += run.placed < len(run.units)
+        self.stats["events"] += len(run.units)
         return Trace(pieces, run.step, unit_of, base.alive - len(removed) + len(added), base, i, run)
 
 
@@ -491,13 +483,15 @@ def _grown(a: np.ndarray, n: int, fill: float) -> np.ndarray:
     return out
 
 
-def _first_ready(added: list[Unit], changed: np.ndarray, pos: np.ndarray, old_of: np.ndarray) -> int:
+def _first_ready(added: list[Unit], removed: list[Unit], pos: np.ndarray, old_of: np.ndarray) -> int:
     """The first event at which an added unit could be ready in the neighbour's schedule: the event
     after the last of its inputs from unchanged units (``pos``: per unit id its event; ``old_of``:
     per node the neighbour's unit id), over the added units none of whose inputs is in a changed
-    unit (``changed``: per node; such an input's unit is placed first); :data:`_NEVER` for none.
+    unit (such an input's unit is placed first); :data:`_NEVER` for none.
     """
     chain = itertools.chain.from_iterable
+    changed = np.zeros(len(old_of), np.bool_)
+    changed[np.fromiter(chain(u.members for u in itertools.chain(removed, added)), np.int64)] = True
     preds = np.fromiter(chain(u.preds for u in added), np.int64)
     seg = np.repeat(np.arange(len(added)), [len(u.preds) for u in added])
     blocked = np.bincount(seg, weights=changed[preds], minlength=len(added)) > 0
