@@ -323,6 +323,7 @@ needs_prlimit = pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="nee
 
 
 @needs_prlimit
+@pytest.mark.slow
 def test_a_job_whose_end_cannot_be_written_is_run_again(tmp_path):
     """The disk is full when the job ends (its plan and its failure both unwritable): it is not left running."""
     with ServerProcess(tmp_path / "lost.sqlite", workers=1) as srv:

@@ -121,6 +121,7 @@ def test_with_compute_floor_scales_the_compute_to_the_floor(mlp_graph):
         calibrate.with_compute_floor(spec, mlp_graph, 0, AnalyticCosts())
 
 
+@pytest.mark.slow
 def test_compare_baselines_predicts_on_the_spec_scaled_to_the_measured_floor():
     spec = _spec()
     out = calibrate.compare_baselines(spec, 2, 1, None, model="mlp", preset="tiny",

@@ -694,6 +694,7 @@ def test_link_loopback_with_one_process_runs_in_process():
     assert [row["plan"] for row in json.loads(r.stdout)["results"]] == ["xla_default", "comm_free_bound"]
 
 
+@pytest.mark.slow
 def test_valued_baselines_run_across_processes_with_the_rows_of_one_process(tmp_path):
     """--processes refused every valued item but even:K ("with --processes only even:K (K >= 1) takes a
     value"), and named even:K's row even_K where one process named it even:K. A plan that falls back

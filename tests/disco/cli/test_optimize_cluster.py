@@ -52,6 +52,7 @@ def test_optimize_for_a_gpu_cluster_predicts_its_answer_and_measures_nothing(tmp
     assert best, text[-1500:]
 
 
+@pytest.mark.slow
 def test_optimize_for_a_gpu_cluster_json_holds_every_candidate_predicted(tmp_path, no_deviceless):
     r = run_cli(*ARGS, "--json", timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -88,6 +89,7 @@ def test_optimize_for_a_gpu_cluster_shows_predicted_peaks_and_keeps_plans_over_t
                      r"not the cluster's compiler's\), limit 1 B; over the limit, never chosen: \S+", answer), answer
 
 
+@pytest.mark.slow
 def test_optimize_for_a_gpu_cluster_refuses_what_needs_measurements(tmp_path, no_deviceless):
     r = run_cli(*ARGS, "--trace", str(tmp_path / "t.json"), timeout=900)
     assert r.returncode == 2 and "--trace: draws the timelines of a measured run" in r.stderr, r.stderr[-1000:]

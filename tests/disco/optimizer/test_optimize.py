@@ -324,6 +324,7 @@ def test_bad_arguments_are_named():
             opt.optimize(lambda x: x, 1.0, bucket_sweep=bad)
 
 
+@pytest.mark.slow
 def test_cli_optimize_json_in_a_subprocess(tmp_path):
     out = tmp_path / "plan.json"
     env = {**os.environ, "PYTHONPATH": ROOT}

@@ -227,6 +227,7 @@ def test_the_confirmation_measures_the_answer_against_xla_default_and_the_best_b
     assert rows["horovod"].predicted_s != pytest.approx(unscaled)
 
 
+@pytest.mark.slow
 def test_the_bound_is_measured_across_processes_in_the_plans_rounds(mlp_graph):
     """Real processes over 127.0.0.1 (mlp/tiny, 2 x 1 device): asked for the bound, one launch
     measures the step with its all-reduces replaced by copies in the plans' rounds (each round the

@@ -163,7 +163,7 @@ def _schedule(trace):
     return trace.order.tolist(), trace.fin[trace.order].tolist(), trace.tcs.tolist(), trace.tms.tolist()
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "python"])
+@pytest.mark.parametrize("compiled", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["numba", "python"])
 @pytest.mark.parametrize("graph_name,cluster", [("long", "cpu"), ("long", "gpu"), ("mlp", "cpu"),
                                                 ("mlp", "cpu-one-stream"), ("mlp-fsdp", "cpu")])
 def test_a_rescheduled_trace_is_the_one_a_whole_schedule_gives(graph_name, cluster, compiled, monkeypatch):

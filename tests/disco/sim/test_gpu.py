@@ -265,6 +265,7 @@ def _simulate(*args: str) -> dict:
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow
 def test_simulate_prices_a_gpu_cluster_through_the_registry():
     runs = {cm: _simulate("--devices", "1", "--cluster", "h100-1", "--cost-model", cm) for cm in ("analytic", "gnn")}
     times = {cm: out["results"][0]["step_time_ms"] for cm, out in runs.items()}
