@@ -158,41 +158,6 @@ def test_delta_reschedules_from_the_change_and_agrees_on_every_default_start(clu
     assert stats["events"] < full_events / 2
 
 
-def _schedule(trace):
-    """A materialised trace's events: per event the unit, its end and the streams' free times."""
-    return trace.order.tolist(), trace.fin[trace.order].tolist(), trace.tcs.tolist(), trace.tms.tolist()
-
-
-@pytest.mark.parametrize("compiled", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["numba", "python"])
-@pytest.mark.parametrize("graph_name,cluster", [("long", "cpu"), ("long", "gpu"), ("mlp", "cpu"),
-                                                ("mlp", "cpu-one-stream"), ("mlp-fsdp", "cpu")])
-def test_a_rescheduled_trace_is_the_one_a_whole_schedule_gives(graph_name, cluster, compiled, monkeypatch):
-    """Not only the step time: every event of a child re-scheduled from its parent (its unit, end and
-    the streams' times after it, which its own children restart from) is the one a whole schedule
-    of the child gives, with the compiled kernel and the plain Python one."""
-    from disco.sim import array_sweep
-
-    if compiled and not array_sweep.is_compiled():
-        pytest.skip("numba is not installed")
-    monkeypatch.setattr(array_sweep, "is_compiled", lambda: compiled)
-    g, sim, ref, ctx = setup(graph_name, cluster)
-    delta = DeltaSimulator(sim)
-    rng = random.Random(13)
-    for seed in range(4):
-        cur = start_plan(g, ctx, seed)
-        delta.step_time(cur)
-        for _ in range(10):
-            child = moves.random_move(cur, ctx, rng)
-            if child is None:
-                continue
-            assert delta.step_time(child, parent=cur) == ref.step_time(child), child
-            whole = DeltaSimulator(sim)
-            whole.step_time(child)
-            assert _schedule(delta.trace(child)) == _schedule(whole.trace(child)), child
-            cur = child if rng.random() < 0.5 else cur
-    assert delta.stats["delta"] > 0
-
-
 def test_a_late_bucket_move_restarts_late_and_an_unchanged_plan_reuses_the_schedule():
     g, sim, ref, _ = setup("layered", "cpu")
     ars = [n.name for n in g.nodes if n.opcode == "all-reduce"]
@@ -293,27 +258,44 @@ def test_errors_are_the_full_simulations():
         DeltaSimulator(sim, cache_size=0)
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "python"])
-@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
-def test_the_compiled_and_the_plain_python_kernel_agree_with_the_full_simulation(cluster, compiled, monkeypatch):
+def _schedule(trace):
+    """A materialised trace's events: per event the unit, its end and the streams' free times."""
+    return trace.order.tolist(), trace.fin[trace.order].tolist(), trace.tcs.tolist(), trace.tms.tolist()
+
+
+_KERNEL_CASES = [(g, c, k) for g, c in [*(("mlp", c) for c in sorted(CLUSTERS)), ("long", "cpu"), ("long", "gpu"),
+                                       ("mlp-fsdp", "cpu")]
+                 for k in (True, False)]
+
+
+@pytest.mark.parametrize("graph_name,cluster,compiled", [
+    pytest.param(g, c, k, id=f"{g}-{c}-{'numba' if k else 'python'}",
+                 marks=[pytest.mark.slow] if not k and g != "mlp" else []) for g, c, k in _KERNEL_CASES])
+def test_the_compiled_and_the_plain_python_kernel_agree_with_the_full_simulation(graph_name, cluster, compiled,
+                                                                                 monkeypatch):
     """disco.sim.array_sweep's kernel, compiled and as plain Python (its fallback without numba),
-    over random plans and walks of moves: every step time == the full simulation's."""
+    over random plans and walks of moves: every step time == the full simulation's, and every event
+    of a child re-scheduled from its parent (its unit, end and the streams' times after it, which
+    its own children restart from) is the one a whole schedule of the child gives."""
     from disco.sim import array_sweep
 
     if compiled and not array_sweep.is_compiled():
         pytest.skip("numba is not installed")
     monkeypatch.setattr(array_sweep, "is_compiled", lambda: compiled)
-    g, sim, ref, ctx = setup("mlp", cluster)
+    g, sim, ref, ctx = setup(graph_name, cluster)
     delta = DeltaSimulator(sim)
     rng = random.Random(11)
-    for seed in range(3):
+    for seed in range(4):
         cur = start_plan(g, ctx, seed)
         assert delta.step_time(cur) == ref.step_time(cur)
-        for _ in range(8):
+        for _ in range(10):
             child = moves.random_move(cur, ctx, rng)
             if child is None:
                 continue
             assert delta.step_time(child, parent=cur) == ref.step_time(child), child
+            whole = DeltaSimulator(sim)
+            whole.step_time(child)
+            assert _schedule(delta.trace(child)) == _schedule(whole.trace(child)), child
             cur = child if rng.random() < 0.5 else cur
     assert delta.stats["delta"] > 0
 
