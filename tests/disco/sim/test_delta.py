@@ -244,6 +244,31 @@ def test_a_trace_lives_as_long_as_its_plan():
     assert len(delta) == 1  # the parent's, still alive
 
 
+def test_a_dropped_delta_simulator_frees_its_traces_at_once_without_the_cyclic_collector():
+    import gc
+    import weakref
+
+    g, sim, ref, ctx = setup("layered", "cpu")
+    parent = start_plan(g, ctx, 3)
+    children = [c for c in (moves.random_move(parent, ctx, random.Random(k)) for k in range(6)) if c is not None]
+    gc.collect()
+    gc.disable()
+    try:
+        delta = DeltaSimulator(sim)
+        for c in children:
+            assert delta.step_time(c, parent=parent) == ref.step_time(c)
+        trace = delta.trace(parent)
+        assert trace is not None and delta.stats["delta"] + delta.stats["same"] == len(children)
+        arrays = weakref.ref(trace.unit_of)  # the parent's per-node unit ids, held only by its trace
+        del delta, trace
+        # Freed by reference counting: a trace held in a reference cycle (as when the plans' weak
+        # reference callbacks held the traces' dict) would live until the next full collection.
+        assert arrays() is None
+    finally:
+        gc.enable()
+    assert len(children) > 1  # (the plans outlive their traces: only the simulator went)
+
+
 def test_errors_are_the_full_simulations():
     g, sim, _, _ = setup("layered", "cpu")
     delta = DeltaSimulator(sim)
