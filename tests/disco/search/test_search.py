@@ -10,6 +10,8 @@ import sys
 import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from disco import search
 from disco.plans import baselines
@@ -129,6 +131,46 @@ def test_start_points_are_valid():
     names = {p.name for p in search.default_starts(graph, sim, ctx)}
     assert set(baselines.NAMES) - {"xla_threshold", "even"} <= names and "even_2" in names  # named by their setting
     assert {"greedy_fusion", "merged_gradient", "greedy_fusion+merged_gradient"} <= names
+
+
+def _partitions(m: int):
+    """Every way to cut range(m) into runs of consecutive items, as (lo, hi) slices."""
+    for bits in range(1 << max(0, m - 1)):
+        cuts = [k + 1 for k in range(m - 1) if bits >> k & 1]
+        yield list(zip([0, *cuts], [*cuts, m]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_bucket_runs_that_stop_early_are_the_whole_programmes_and_the_best_of_every_partition(data):
+    from disco.search._starts import bucket_runs
+    from disco.sim.cluster import preset
+    from disco.sim.costs import AnalyticCosts
+
+    m = data.draw(st.integers(1, 9), label="gradients")
+    ready = sorted(data.draw(st.lists(st.floats(0, 1e-2), min_size=m, max_size=m), label="ready"))
+    sizes = data.draw(st.lists(st.sampled_from([0, 4, 1 << 10, 1 << 16, 1 << 20, 1 << 24]), min_size=m,
+                               max_size=m), label="bytes")
+    cluster = data.draw(st.sampled_from(["local", "2x8-100gbe", "h100-sxm-8", "16x8-ib"]), label="cluster")
+    costs, spec = AnalyticCosts(), preset(cluster)
+    seconds = functools.partial(costs.collective_time, "all-reduce", cluster=spec)
+    masks = [1 << k for k in range(m)]
+    # gradient k's all-reduce may depend on earlier ones (then no run holds both)
+    reach = [sum(1 << j for j in range(k) if data.draw(st.integers(0, 5), label=f"dep{k},{j}") == 0)
+             for k in range(m)]
+    runs = bucket_runs(ready, sizes, masks, reach, seconds)
+    assert runs == bucket_runs(ready, sizes, masks, reach, seconds, stop=False)
+    assert [lo for lo, _ in runs[1:]] == [hi for _, hi in runs[:-1]] and runs[0][0] == 0 and runs[-1][1] == m
+
+    def end(partition):  # when the last bucket ends, as the programme adds it up
+        t = 0.0
+        for lo, hi in partition:
+            if any(reach[k] & masks[j] for k in range(lo, hi) for j in range(lo, hi)):
+                return float("inf")
+            t = max(ready[hi - 1], t) + seconds(sum(sizes[lo:hi]))
+        return t
+
+    assert end(runs) == min(end(p) for p in _partitions(m))
 
 
 def test_gpu_starts_turn_the_scheduler_on_where_there_are_buckets_to_overlap():
