@@ -40,8 +40,17 @@ def all_reduce_dependencies(graph: HloGraph) -> dict[str, frozenset[str]]:
     ars = [i for i, n in enumerate(graph.nodes) if n.is_all_reduce]
     bit = {i: 1 << k for k, i in enumerate(ars)}
     reach = reaching(predecessors(len(graph.nodes), graph.edges), bit)  # itself included
-    return {graph.nodes[i].name: frozenset(graph.nodes[j].name for j in ars if j != i and reach[i] & bit[j])
-            for i in ars}
+    names = [graph.nodes[i].name for i in ars]
+    out: dict[str, frozenset[str]] = {}
+    for k, i in enumerate(ars):
+        ups = []
+        rest = reach[i] & ~bit[i]
+        while rest:  # its set bits, lowest first: O(upstream all-reduces), not O(all-reduces)
+            low = rest & -rest
+            ups.append(names[low.bit_length() - 1])
+            rest ^= low
+        out[names[k]] = frozenset(ups)
+    return out
 
 
 # what a gradient reduced twice passes through between its two all-reduces: elementwise ops

@@ -136,17 +136,21 @@ def _greedy(nodes: Sequence[Node], caps: Callable[[int], int], max_members: int 
     deps = deps or {}
     for cls in _classes(nodes).values():
         cur: list[str] = []
+        held: set[str] = set()  # cur's members
+        above: set[str] = set()  # the all-reduces they depend on (no member may be one)
         size = 0
         for n in cls:
             ups = deps.get(n.name, frozenset())
-            if cur and (ups.intersection(cur) or any(n.name in deps.get(m, ()) for m in cur)):
+            if cur and (not ups.isdisjoint(held) or n.name in above):
                 buckets.append(Bucket(tuple(cur), build))
-                cur, size = [], 0
+                cur, size, held, above = [], 0, set(), set()
             cur.append(n.name)
+            held.add(n.name)
+            above |= ups
             size += n.grad_bytes
             if size >= caps(len(buckets)) or len(cur) >= max_members:
                 buckets.append(Bucket(tuple(cur), build))
-                cur, size = [], 0
+                cur, size, held, above = [], 0, set(), set()
         if cur:
             buckets.append(Bucket(tuple(cur), build))
     return tuple(buckets)

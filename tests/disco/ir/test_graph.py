@@ -285,3 +285,22 @@ def test_cli_graph_parse_error_names_the_file(tmp_path, capsys):
                     "  ROOT %x = f32[8] negate(%p,\n}\n")
     assert main(["graph", "--hlo", str(path)]) == 2
     assert f"--hlo {str(path)!r}: line 5: cannot parse instruction" in capsys.readouterr().err
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 14), data=st.data())
+def test_all_reduce_dependencies_are_the_all_reduces_among_each_ones_ancestors(n, data):
+    from disco.ir.graph import HloGraph, Node
+    from disco.ir.step_checks import all_reduce_dependencies
+
+    is_ar = data.draw(st.lists(st.booleans(), min_size=n, max_size=n), label="all-reduce")
+    edges = sorted({(i, j) for j in range(n) for i in range(j) if data.draw(st.integers(0, 3), label=f"e{i},{j}") == 0})
+    nodes = tuple(Node(name=f"n{i}", opcode="all-reduce" if is_ar[i] else "add", computation="main",
+                       shape="f32[4]", dtype="f32", out_bytes=16, out_elements=4, flops=4.0,
+                       replica_groups="{}" if is_ar[i] else None, reduction="add" if is_ar[i] else None)
+                  for i in range(n))
+    graph = HloGraph(name="g", nodes=nodes, edges=tuple(edges), fingerprint="f")
+    dag = nx.DiGraph(edges)
+    dag.add_nodes_from(range(n))
+    expected = {f"n{i}": frozenset(f"n{j}" for j in nx.ancestors(dag, i) if is_ar[j]) for i in range(n) if is_ar[i]}
+    assert all_reduce_dependencies(graph) == expected
