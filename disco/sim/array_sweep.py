@@ -217,12 +217,22 @@ class UnitTable:
         outside inputs; its inputs (nodes), CSR: ``pnode[pptr[u]:pptr[u + 1]]``; its readers
         (node, count), CSR. One tuple, replaced whole by :meth:`add`, so a reader that takes it
         once sees one consistent table.
+
+    The arrays are views of buffers with room to spare (doubled when full), so adding units costs
+    what they hold, not the whole table: a search meets new units all along (a 600-evaluation
+    search at 46k nodes added 355 batches), and concatenating every array each time was a fifth
+    of its pricing (measured on CPU). :meth:`add` writes only past the ends of the views it gave
+    out, so a snapshot taken before never changes.
     """
 
+    # per array after n: its dtype, and whether it is a CSR pointer array (which starts as [0])
+    _FIELDS = ((np.float64, False), (np.int64, False), (np.bool_, False), (np.int64, False), (np.int64, True),
+               (np.int64, False), (np.int64, True), (np.int64, False), (np.int64, False))
+
     def __init__(self) -> None:
-        i0 = np.zeros(0, np.int64)
-        self.arrays = (0, np.zeros(0), i0, np.zeros(0, np.bool_), i0, np.zeros(1, np.int64), i0,
-                       np.zeros(1, np.int64), i0, i0)
+        self._bufs = [np.zeros(1 if ptr else 0, dt) for dt, ptr in self._FIELDS]
+        self._lens = [len(b) for b in self._bufs]
+        self.arrays = (0, *self._bufs)
 
     @property
     def n(self) -> int:
@@ -233,21 +243,31 @@ class UnitTable:
         """Appends ``units`` (their ids are the next ones)."""
         if not units:
             return
-        n, dur, key, coll, indeg, pptr, pnode, sptr, snode, scnt = self.arrays
         chain = itertools.chain.from_iterable
         pairs = np.fromiter(chain(chain(u.succ) for u in units), np.int64).reshape(-1, 2)
-        self.arrays = (
-            n + len(units),
-            np.concatenate((dur, np.array([u.dur for u in units], np.float64))),
-            np.concatenate((key, np.array([u.prio for u in units], np.int64))),
-            np.concatenate((coll, np.array([u.is_coll for u in units], np.bool_))),
-            np.concatenate((indeg, np.array([u.indeg for u in units], np.int64))),
-            np.concatenate((pptr, pptr[-1] + np.cumsum([len(u.preds) for u in units], dtype=np.int64))),
-            np.concatenate((pnode, np.fromiter(chain(u.preds for u in units), np.int64))),
-            np.concatenate((sptr, sptr[-1] + np.cumsum([len(u.succ) for u in units], dtype=np.int64))),
-            np.concatenate((snode, pairs[:, 0])),
-            np.concatenate((scnt, pairs[:, 1])),
+        lens = self._lens
+        pptr_end = self._bufs[4][lens[4] - 1]
+        sptr_end = self._bufs[6][lens[6] - 1]
+        tails = (
+            np.array([u.dur for u in units], np.float64),
+            np.array([u.prio for u in units], np.int64),
+            np.array([u.is_coll for u in units], np.bool_),
+            np.array([u.indeg for u in units], np.int64),
+            pptr_end + np.cumsum([len(u.preds) for u in units], dtype=np.int64),
+            np.fromiter(chain(u.preds for u in units), np.int64),
+            sptr_end + np.cumsum([len(u.succ) for u in units], dtype=np.int64),
+            pairs[:, 0],
+            pairs[:, 1],
         )
+        for k, tail in enumerate(tails):
+            buf, used = self._bufs[k], lens[k]
+            if used + len(tail) > len(buf):
+                grown = np.empty(max(2 * len(buf), used + len(tail), 16), buf.dtype)
+                grown[:used] = buf[:used]
+                self._bufs[k] = buf = grown
+            buf[used:used + len(tail)] = tail
+            lens[k] = used + len(tail)
+        self.arrays = (self.arrays[0] + len(units), *(b[:m] for b, m in zip(self._bufs, lens)))
 
 
 class UnitIndex:

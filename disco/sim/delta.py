@@ -484,9 +484,9 @@ def _forget(owner: weakref.ref, key: int, ref: weakref.ref) -> None:
     search's traces could not reuse and took as fresh pages instead (page faults that halved the
     evaluations per second, measured on CPU 2026-12-02).
     """
-    sim = owner()
-    if sim is not None and sim._traces.get(key, (None,))[0] is ref:
-        del sim._traces[key]
+    delta = owner()
+    if delta is not None and delta._traces.get(key, (None,))[0] is ref:
+        del delta._traces[key]
 
 
 def _grown(a: np.ndarray, n: int, fill: float) -> np.ndarray:
