@@ -456,3 +456,37 @@ def test_freezing_the_collector_changes_no_result_and_is_off_for_small_graphs():
         gc.unfreeze()
     with pytest.raises(TypeError, match="freeze_gc"):
         DeltaSimulator(sim, freeze_gc="yes")  # type: ignore[arg-type]
+
+
+unit_batches = st.lists(st.lists(st.tuples(st.floats(0, 1), st.integers(0, 99), st.booleans(), st.integers(0, 3),
+                                            st.lists(st.integers(0, 50), max_size=3),
+                                            st.lists(st.tuples(st.integers(0, 50), st.integers(1, 2)), max_size=3)),
+                                  max_size=40), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=unit_batches)
+def test_a_unit_table_grows_in_place_and_its_earlier_snapshots_never_change(batches):
+    import types
+
+    import numpy as np
+
+    from disco.sim.array_sweep import UnitTable
+
+    table = UnitTable()
+    snapshots = [(table.arrays, [np.array(a) for a in table.arrays[1:]])]
+    units = []
+    for batch in batches:
+        fresh = [types.SimpleNamespace(dur=d, prio=k, is_coll=c, indeg=i, preds=tuple(p), succ=tuple(s))
+                 for d, k, c, i, p, s in batch]
+        table.add(fresh)
+        units += fresh
+        snapshots.append((table.arrays, [np.array(a) for a in table.arrays[1:]]))
+    for arrays, copies in snapshots:  # each as it was taken
+        assert all(np.array_equal(a, c) for a, c in zip(arrays[1:], copies))
+    n, dur, key, coll, indeg, pptr, pnode, sptr, snode, scnt = table.arrays
+    assert n == len(units) and dur.tolist() == [u.dur for u in units] and key.tolist() == [u.prio for u in units]
+    assert coll.tolist() == [u.is_coll for u in units] and indeg.tolist() == [u.indeg for u in units]
+    assert [pnode[pptr[j]:pptr[j + 1]].tolist() for j in range(n)] == [list(u.preds) for u in units]
+    assert [list(zip(snode[sptr[j]:sptr[j + 1]].tolist(), scnt[sptr[j]:sptr[j + 1]].tolist()))
+            for j in range(n)] == [list(u.succ) for u in units]
