@@ -10,13 +10,15 @@ It also times the search's own moves: from each of the search's start plans
 (``disco.search.default_starts``) a walk of ``--moves`` random moves
 (``disco.plans.moves.random_move``; each child becomes the next parent with probability 1/2),
 each child priced by a full simulation (``Simulator.step_time``) and incrementally from its parent
-(``disco.sim.delta.DeltaSimulator``, fresh for every pass: nothing priced before is reused; every
-incremental estimate is checked ``==`` the full one). With ``--graph`` (an ``HloGraph`` JSON file,
-e.g. a zoo step at preset paper) it also runs the best-first search for ``--max-evals`` with
+(``disco.sim.delta.DeltaSimulator``, fresh for every pass: no trace is reused, though the simulator's
+unit caches and unit ids, shared by its delta simulators, are warm; every incremental estimate is
+checked ``==`` the full one), and once more cold: over a new simulator, as a search in a fresh
+process prices them (``moves_incremental_cold_per_s``, one pass, its start plans priced first).
+With ``--graph`` (an ``HloGraph`` JSON file, e.g. a zoo step at preset paper) it also runs the best-first search for ``--max-evals`` with
 incremental pricing and without, and reports each one's plans per second and whether both chose the
 same plan.
 
-Every figure is a median over ``--repeats`` passes, by the wall clock (``--clock cpu``: this
+Every figure but the cold one is a median over ``--repeats`` passes, by the wall clock (``--clock cpu``: this
 process's CPU time, steadier on a shared machine). Measured on CPU, in one Python process.
 
 Usage:
@@ -216,9 +218,23 @@ def bench_moves(sim: Simulator, pairs: list[tuple[FusionPlan, FusionPlan]], repe
         started.append(len(pairs) / (_CLOCK() - t0))
         if got != ref:
             raise AssertionError("incremental step times differ from the full simulation's")
+    # Cold, as a search in a fresh process meets its moves: a new simulator (no unit cached, no unit
+    # id given), its start plans priced and traced first, then every child once from its parent.
+    cold_sim = Simulator(sim.graph, sim.costs, sim.cluster)
+    delta = DeltaSimulator(cold_sim, freeze_gc=None)
+    for root in roots:
+        delta.step_time(root)
+        delta.trace(root)
+    t0 = _CLOCK()
+    got = [delta.step_time(child, parent) for parent, child in pairs]
+    cold = len(pairs) / (_CLOCK() - t0)
+    delta.release()
+    if got != ref:
+        raise AssertionError("incremental step times differ from the full simulation's")
     return {"move_pairs": len(pairs), "moves_full_per_s": statistics.median(full),
             "moves_incremental_per_s": statistics.median(incr),
-            "moves_incremental_starts_priced_per_s": statistics.median(started), "incremental_paths": stats}
+            "moves_incremental_starts_priced_per_s": statistics.median(started),
+            "moves_incremental_cold_per_s": cold, "incremental_paths": stats}
 
 
 def bench_search(path: str, max_evals: int, repeats: int, seed: int = 0) -> dict:
@@ -297,12 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"clock": args.clock, "sizes": rows, "searches": searches}, indent=1))
         return 0
     print(f"{'nodes':>7} {'edges':>7} {'ARs':>5} {'groups':>7} {'setup s':>8} "
-          f"{'step_time/s':>12} {'run/s':>8} {'default/s':>10} {'moves full/s':>13} {'incremental/s':>14}")
+          f"{'step_time/s':>12} {'run/s':>8} {'default/s':>10} {'moves full/s':>13} {'incremental/s':>14} {'cold/s':>7}")
     for r in rows:
         print(f"{r['nodes']:>7} {r['edges']:>7} {r['all_reduces']:>5} {r['mean_groups']:>7.0f} "
               f"{r['setup_s']:>8.2f} {r['step_time_per_s']:>12.0f} {r['run_per_s']:>8.0f} "
               f"{r['default_plan_step_time_per_s']:>10.0f} {r.get('moves_full_per_s', 0):>13.0f} "
-              f"{r.get('moves_incremental_per_s', 0):>14.0f}")
+              f"{r.get('moves_incremental_per_s', 0):>14.0f} {r.get('moves_incremental_cold_per_s', 0):>7.0f}")
     for r in searches:
         print(f"search {r['graph']} ({r['nodes']} nodes, {r['max_evals']} evals): "
               f"{r['search_full_per_s']:.0f} plans/s full, {r['search_incremental_per_s']:.0f} incremental, "
