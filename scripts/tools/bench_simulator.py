@@ -14,7 +14,9 @@ each child priced by a full simulation (``Simulator.step_time``) and incremental
 unit caches and unit ids, shared by its delta simulators, are warm; every incremental estimate is
 checked ``==`` the full one), and once more cold: over a new simulator, as a search in a fresh
 process prices them (``moves_incremental_cold_per_s``, one pass, its start plans priced first).
-With ``--graph`` (an ``HloGraph`` JSON file, e.g. a zoo step at preset paper) it also runs the best-first search for ``--max-evals`` with
+With ``--search-evals N`` it runs a best-first search of N evaluations on each synthetic graph over a
+new simulator and times its own pricing of each child from its parent. With ``--graph`` (an
+``HloGraph`` JSON file, e.g. a zoo step at preset paper) it also runs the best-first search for ``--max-evals`` with
 incremental pricing and without, and reports each one's plans per second and whether both chose the
 same plan.
 
@@ -237,6 +239,40 @@ def bench_moves(sim: Simulator, pairs: list[tuple[FusionPlan, FusionPlan]], repe
             "moves_incremental_cold_per_s": cold, "incremental_paths": stats}
 
 
+def bench_in_search(graph: HloGraph, max_evals: int, seed: int = 0) -> dict:
+    """One best-first search of ``max_evals`` with incremental pricing on ``graph``, over a new
+    simulator: its plans per second, and its pricing of a child from its parent per second, each
+    ``DeltaSimulator.step_time`` call timed (the search's own moves, as it meets them)."""
+    from disco import search
+    from disco.sim import delta as delta_mod
+
+    spent = {"calls": 0, "seconds": 0.0}
+    base = delta_mod.DeltaSimulator
+
+    class Timed(base):  # type: ignore[misc, valid-type]
+        def step_time(self, plan, parent=None):
+            if parent is None:
+                return super().step_time(plan)
+            t0 = _CLOCK()
+            try:
+                return super().step_time(plan, parent)
+            finally:
+                spent["calls"] += 1
+                spent["seconds"] += _CLOCK() - t0
+
+    sim = Simulator(graph, AnalyticCosts(), preset("2x8-100gbe"))
+    delta_mod.DeltaSimulator = Timed  # what disco.search.run makes (imported there when it runs)
+    try:
+        t0 = _CLOCK()
+        r = search.run(search.best_first(), graph, sim.step_time, max_evals=max_evals, seed=seed, incremental=True)
+        seconds = _CLOCK() - t0
+    finally:
+        delta_mod.DeltaSimulator = base
+    return {"search_evals": r.evals, "search_plans_per_s": r.evals / seconds,
+            "search_moves_priced": spent["calls"],
+            "search_moves_per_s": spent["calls"] / spent["seconds"] if spent["seconds"] else 0.0}
+
+
 def bench_search(path: str, max_evals: int, repeats: int, seed: int = 0) -> dict:
     """The best-first search on the graph in ``path`` for ``max_evals``, with incremental pricing and
     without: plans per second (medians of ``repeats`` runs) and whether both chose the same plan."""
@@ -261,7 +297,7 @@ def bench_search(path: str, max_evals: int, repeats: int, seed: int = 0) -> dict
 
 
 def bench(sizes: list[int], n_plans: int, seconds: float, seed: int = 0,
-          validate_max: int = 5000, n_moves: int = 0, repeats: int = 1) -> list[dict]:
+          validate_max: int = 5000, n_moves: int = 0, repeats: int = 1, search_evals: int = 0) -> list[dict]:
     rows = []
     for size in sizes:
         graph = synthetic_step(size, seed)
@@ -285,6 +321,8 @@ def bench(sizes: list[int], n_plans: int, seconds: float, seed: int = 0,
         }
         if n_moves:
             row.update(bench_moves(sim, move_pairs(graph, sim, n_moves, seed), repeats))
+        if search_evals:
+            row.update(bench_in_search(graph, search_evals, seed))
         rows.append(row)
     return rows
 
@@ -301,13 +339,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graph", action="append", default=[], metavar="FILE",
                     help="an HloGraph JSON file to run the search on (repeatable)")
     ap.add_argument("--max-evals", type=int, default=400, help="the search's evaluation budget (--graph)")
+    ap.add_argument("--search-evals", type=int, default=0, metavar="N",
+                    help="also run a best-first search of N evaluations on each synthetic graph, over a new "
+                         "simulator, and time its pricing of each child from its parent (0: no)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall clock, or this process's CPU time")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
     global _CLOCK
     _CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
-    rows = bench(args.sizes, args.plans, args.seconds, args.seed, n_moves=args.moves, repeats=args.repeats)
+    rows = bench(args.sizes, args.plans, args.seconds, args.seed, n_moves=args.moves, repeats=args.repeats,
+                 search_evals=args.search_evals)
     searches = [bench_search(path, args.max_evals, args.repeats, args.seed) for path in args.graph]
     if args.json:
         print(json.dumps({"clock": args.clock, "sizes": rows, "searches": searches}, indent=1))
@@ -319,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['setup_s']:>8.2f} {r['step_time_per_s']:>12.0f} {r['run_per_s']:>8.0f} "
               f"{r['default_plan_step_time_per_s']:>10.0f} {r.get('moves_full_per_s', 0):>13.0f} "
               f"{r.get('moves_incremental_per_s', 0):>14.0f} {r.get('moves_incremental_cold_per_s', 0):>7.0f}")
+    for r in rows:
+        if "search_evals" in r:
+            print(f"search on {r['nodes']} nodes ({r['search_evals']} evals): {r['search_plans_per_s']:.0f} plans/s; "
+                  f"{r['search_moves_priced']} moves priced from their parents at {r['search_moves_per_s']:.0f}/s")
     for r in searches:
         print(f"search {r['graph']} ({r['nodes']} nodes, {r['max_evals']} evals): "
               f"{r['search_full_per_s']:.0f} plans/s full, {r['search_incremental_per_s']:.0f} incremental, "
