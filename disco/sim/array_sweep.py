@@ -231,7 +231,6 @@ class UnitTable:
 
     def __init__(self) -> None:
         self._bufs = [np.zeros(1 if ptr else 0, dt) for dt, ptr in self._FIELDS]
-        self._lens = [len(b) for b in self._bufs]
         self.arrays = (0, *self._bufs)
 
     @property
@@ -245,9 +244,8 @@ class UnitTable:
             return
         chain = itertools.chain.from_iterable
         pairs = np.fromiter(chain(chain(u.succ) for u in units), np.int64).reshape(-1, 2)
-        lens = self._lens
-        pptr_end = self._bufs[4][lens[4] - 1]
-        sptr_end = self._bufs[6][lens[6] - 1]
+        n, *views = self.arrays
+        pptr_end, sptr_end = views[4][-1], views[6][-1]
         tails = (
             np.array([u.dur for u in units], np.float64),
             np.array([u.prio for u in units], np.int64),
@@ -259,15 +257,16 @@ class UnitTable:
             pairs[:, 0],
             pairs[:, 1],
         )
-        for k, tail in enumerate(tails):
-            buf, used = self._bufs[k], lens[k]
+        grown = []
+        for k, (view, tail) in enumerate(zip(views, tails)):
+            buf, used = self._bufs[k], len(view)
             if used + len(tail) > len(buf):
-                grown = np.empty(max(2 * len(buf), used + len(tail), 16), buf.dtype)
-                grown[:used] = buf[:used]
-                self._bufs[k] = buf = grown
+                buf = np.empty(max(2 * len(buf), used + len(tail), 16), buf.dtype)
+                buf[:used] = view
+                self._bufs[k] = buf
             buf[used:used + len(tail)] = tail
-            lens[k] = used + len(tail)
-        self.arrays = (self.arrays[0] + len(units), *(b[:m] for b, m in zip(self._bufs, lens)))
+            grown.append(buf[:used + len(tail)])
+        self.arrays = (n + len(units), *grown)
 
 
 class UnitIndex:

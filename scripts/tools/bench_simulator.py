@@ -198,41 +198,35 @@ def bench_moves(sim: Simulator, pairs: list[tuple[FusionPlan, FusionPlan]], repe
     stats: dict = {}
     children = {id(child) for _, child in pairs}
     roots = list({id(p): p for p, _ in pairs if id(p) not in children}.values())
+
+    def incremental(delta: DeltaSimulator, ref: list[float], starts: list[FusionPlan]) -> float:
+        """``delta``'s rate over every child from its parent, ``starts`` priced and traced first (outside
+        the clock); checked ``==`` ``ref``, the full simulation's (never a rate for wrong answers)."""
+        for root in starts:
+            delta.step_time(root)
+            delta.trace(root)
+        t0 = _CLOCK()
+        got = [delta.step_time(child, parent) for parent, child in pairs]
+        rate = len(pairs) / (_CLOCK() - t0)
+        if got != ref:
+            raise AssertionError("incremental step times differ from the full simulation's")
+        return rate
+
     for _ in range(repeats):
         t0 = _CLOCK()
         ref = [sim.step_time(child) for _, child in pairs]
         full.append(len(pairs) / (_CLOCK() - t0))
         delta = DeltaSimulator(sim, freeze_gc=None)  # as disco.search.run makes it
-        t0 = _CLOCK()
-        got = [delta.step_time(child, parent) for parent, child in pairs]
-        incr.append(len(pairs) / (_CLOCK() - t0))
-        if got != ref:  # exactness is the point: never report a rate for wrong answers
-            raise AssertionError("incremental step times differ from the full simulation's")
+        incr.append(incremental(delta, ref, []))
         stats = dict(delta.stats)
         # As a search runs: its start plans (the walks' first parents) priced and traced first, as
         # its first evaluations, outside the clock; then every child from its parent.
-        delta = DeltaSimulator(sim, freeze_gc=None)  # as disco.search.run makes it
-        for root in roots:
-            delta.step_time(root)
-            delta.trace(root)
-        t0 = _CLOCK()
-        got = [delta.step_time(child, parent) for parent, child in pairs]
-        started.append(len(pairs) / (_CLOCK() - t0))
-        if got != ref:
-            raise AssertionError("incremental step times differ from the full simulation's")
+        started.append(incremental(DeltaSimulator(sim, freeze_gc=None), ref, roots))
     # Cold, as a search in a fresh process meets its moves: a new simulator (no unit cached, no unit
     # id given), its start plans priced and traced first, then every child once from its parent.
-    cold_sim = Simulator(sim.graph, sim.costs, sim.cluster)
-    delta = DeltaSimulator(cold_sim, freeze_gc=None)
-    for root in roots:
-        delta.step_time(root)
-        delta.trace(root)
-    t0 = _CLOCK()
-    got = [delta.step_time(child, parent) for parent, child in pairs]
-    cold = len(pairs) / (_CLOCK() - t0)
+    delta = DeltaSimulator(Simulator(sim.graph, sim.costs, sim.cluster), freeze_gc=None)
+    cold = incremental(delta, ref, roots)
     delta.release()
-    if got != ref:
-        raise AssertionError("incremental step times differ from the full simulation's")
     return {"move_pairs": len(pairs), "moves_full_per_s": statistics.median(full),
             "moves_incremental_per_s": statistics.median(incr),
             "moves_incremental_starts_priced_per_s": statistics.median(started),
