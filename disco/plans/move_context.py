@@ -66,8 +66,8 @@ class MoveContext:
         before every member's first reader cannot be downstream of its gather bucket.
       anchors_below_reduce: some anchor is downstream of an all-reduce (an all-reduce bucket could
         then close a cycle through an anchor: moves check such plans whole).
-      memo: what moves keep between calls on this context (the index view of the last plan);
-        not compared, not shown.
+      memo: what moves keep between calls on this context (the index views of the last few plans,
+        the node indices of group and bucket tuples); not compared, not shown.
     """
 
     graph: HloGraph

@@ -48,6 +48,13 @@ CHAIN = graph([node("p", "parameter"), ar("r1"), node("x"), ar("r2"), ar("r3")],
               [(0, 1), (1, 2), (2, 3), (0, 4)])
 
 
+def assert_checked(plan: FusionPlan) -> None:
+    """The plan passes FusionPlan's field type checks (moves make plans with ``derive``, which skips
+    them): rebuilt through the constructor, it is equal (a list where a tuple belongs is not)."""
+    fields = {name: getattr(plan, name) for name in FusionPlan.__dataclass_fields__}
+    assert FusionPlan(**fields) == plan
+
+
 # -- hand-made cases ---------------------------------------------------------------------------
 @pytest.mark.fast
 def test_buckets_never_merge_dependent_all_reduces():
@@ -143,6 +150,7 @@ def test_random_move_sequences_keep_zoo_plans_valid(start, sequence):
         child = moves.MOVES[name](plan, ctx, random.Random(seed))
         if child is not None:
             child.validate(g)
+            assert_checked(child)
             assert moves.canonical(child, ctx) == child, f"{name} returned a plan out of canonical form"
             plan, applied = child, applied + 1
     event(f"applied {min(applied, 10) // 5 * 5}+ moves")
@@ -170,6 +178,7 @@ def test_random_moves_on_random_dags_stay_valid(g, seeds):
         child = moves.random_move(plan, ctx, random.Random(seed))
         if child is not None:
             child.validate(g)
+            assert_checked(child)
             plan = child
     event(f"{len(plan.groups)} groups, {len(plan.buckets or ())} buckets")
 
@@ -289,6 +298,7 @@ def test_random_moves_on_an_fsdp_step_keep_gather_bucket_plans_valid(mesh_shape,
         if child is None:
             continue
         child.validate(g)
+        assert_checked(child)
         assert moves.canonical(child, ctx) == child
         plan = child
     for b in plan.gather_buckets or ():

@@ -367,3 +367,14 @@ def test_a_schema_error_is_one_short_line_however_big_the_plan(data, match):
     with pytest.raises(ValueError, match=match) as err:
         FusionPlan.from_json(json.dumps(data))
     assert len(str(err.value)) < 250
+
+
+def test_derive_is_replace_without_the_checks_and_names_unknown_fields():
+    plan = FusionPlan(groups=(("a", "b"),), buckets=(Bucket(("r1", "r2")),), cuts=(("a", "c"),), name="p",
+                      compile_options=(("xla_cpu_enable_fast_math", "true"),))
+    changes = {"groups": (("a", "b"), ("c", "d")), "buckets": None, "xla_fusion": "off", "gather_after": (("g", "a"),)}
+    derived, replaced = plan.derive(**changes), plan.replace(**changes)
+    assert derived == replaced and hash(derived) == hash(replaced) and derived.digest() == replaced.digest()
+    assert derived.to_dict() == replaced.to_dict() and plan.derive() == plan
+    with pytest.raises(TypeError, match=r"unknown fields \['bukets'\]"):
+        plan.derive(bukets=())
