@@ -108,7 +108,7 @@ class _View:
     a search's time at 9.2k nodes (measured on CPU).
     """
 
-    __slots__ = ("plan", "clusters", "n_groups", "_n", "_cid")
+    __slots__ = ("plan", "clusters", "n_groups", "_n", "_cid", "_firsts", "_bucket_of")
 
     def __init__(self, plan: FusionPlan, ctx: MoveContext):
         kept = ctx.memo.get("members")
@@ -129,6 +129,25 @@ class _View:
         self.clusters = clusters
         self._n = len(ctx.names)
         self._cid: np.ndarray | None = None
+        self._firsts: list[int] | None = None
+        self._bucket_of: dict[int, int] | None = None
+
+    def firsts(self) -> list[int]:
+        """Each cluster's first member, -1 for an empty one (made on first use)."""
+        f = self._firsts
+        if f is None:
+            f = self._firsts = [m[0] if m else -1 for m in self.clusters]
+        return f
+
+    def bucket_of(self, ctx: MoveContext) -> dict[int, int]:
+        """All-reduce bit (``ctx.ar_bit``) -> the index of the bucket holding it (made on first use)."""
+        owner = self._bucket_of
+        if owner is None:
+            bit = ctx.ar_bit.__getitem__
+            owner = self._bucket_of = {}
+            for j in range(self.n_groups, len(self.clusters)):
+                owner.update(zip(map(bit, self.clusters[j]), itertools.repeat(j)))
+        return owner
 
     def cluster_of(self, node: int) -> int:
         """The index of the cluster holding ``node``, or -1 (the map is made on first use, at C
@@ -157,16 +176,20 @@ def _view(plan: FusionPlan, ctx: MoveContext) -> _View:
 
 
 class _Edit:
-    """Changes to a view: removed clusters (left empty), added groups and buckets."""
+    """Changes to a view: removed clusters (left empty, their indices in ``removed``), added groups
+    and buckets (after the view's clusters)."""
 
-    __slots__ = ("view", "clusters", "new_groups")
+    __slots__ = ("view", "clusters", "new_groups", "removed")
 
     def __init__(self, view: _View):
         self.view = view
         self.clusters = list(view.clusters)
         self.new_groups: set[int] = set()
+        self.removed: list[int] = []
 
     def remove(self, c: int) -> None:
+        if c < len(self.view.clusters) and self.clusters[c]:
+            self.removed.append(c)
         self.clusters[c] = ()
 
     def _add(self, members: Sequence[int]) -> int:
@@ -217,14 +240,16 @@ def _on_cycle(ctx: MoveContext, ed: _Edit, k: int) -> bool:
     if not members:
         return False
     bit, reach = ctx.ar_bit, ctx.ar_reach
-    owner: dict[int, int] = {}
-    start = len(ed.view.clusters)
-    ng = ed.view.n_groups
-    for j in range(ng, len(ed.clusters)):
-        if j >= start and j in ed.new_groups:
-            continue
-        for m in ed.clusters[j]:
-            owner[bit[m]] = j
+    base = ed.view.bucket_of(ctx)  # the view's buckets, and the edit's added buckets over them
+    added: dict[int, int] = {}
+    for j in range(len(ed.view.clusters), len(ed.clusters)):
+        if j not in ed.new_groups:
+            added.update(zip(map(bit.__getitem__, ed.clusters[j]), itertools.repeat(j)))
+
+    def owner(b: int) -> int:
+        j = added.get(b)
+        return base[b] if j is None else j
+
     mask_k = 0
     seen = 0
     for m in members:
@@ -237,7 +262,7 @@ def _on_cycle(ctx: MoveContext, ed: _Edit, k: int) -> bool:
     while todo:
         low = todo & -todo
         todo ^= low
-        j = owner[low.bit_length() - 1]
+        j = owner(low.bit_length() - 1)
         if j in done:
             continue
         done.add(j)
@@ -252,29 +277,54 @@ def _on_cycle(ctx: MoveContext, ed: _Edit, k: int) -> bool:
 
 
 def _finish(ed: _Edit, ctx: MoveContext) -> FusionPlan:
-    """The edited view as a canonical plan (unchanged groups and buckets reuse their tuples)."""
+    """The edited view as a canonical plan (unchanged groups and buckets reuse their tuples).
+
+    The plan's groups and buckets without the removed ones, in their order, with the added ones
+    put in place by their first member (:func:`_placed`): its cost follows the edit, not the plan.
+    """
     view = ed.view
     plan = view.plan
     names = ctx.names
     ng, n_old = view.n_groups, len(view.clusters)
-    old_buckets = plan.buckets or ()
-    groups: list[tuple[int, tuple[str, ...]]] = []
-    buckets: list[tuple[int, Bucket]] = []
-    for k, m in enumerate(ed.clusters):
+    new_groups: list[tuple[int, tuple[str, ...]]] = []
+    new_buckets: list[tuple[int, Bucket]] = []
+    for k in range(n_old, len(ed.clusters)):
+        m = ed.clusters[k]
         if not m:
             continue
-        if k < ng:
-            groups.append((m[0], plan.groups[k]))
-        elif k < n_old:
-            buckets.append((m[0], old_buckets[k - ng]))
-        elif k in ed.new_groups:
-            groups.append((m[0], tuple(names[i] for i in m)))
+        if k in ed.new_groups:
+            new_groups.append((m[0], tuple(map(names.__getitem__, m))))
         else:
-            buckets.append((m[0], Bucket(tuple(names[i] for i in m), "concat")))
-    groups.sort(key=lambda t: t[0])
-    buckets.sort(key=lambda t: t[0])
-    return plan.derive(groups=tuple(g for _, g in groups),
-                       buckets=None if plan.buckets is None else tuple(b for _, b in buckets))
+            new_buckets.append((m[0], Bucket(tuple(map(names.__getitem__, m)), "concat")))
+    gone = sorted(ed.removed)
+    split = bisect.bisect_left(gone, ng)
+    firsts = view.firsts()
+    groups = _placed(plan.groups, firsts[:ng], gone[:split], new_groups, 0)
+    buckets = None if plan.buckets is None else _placed(plan.buckets, firsts[ng:], gone[split:], new_buckets, ng)
+    return plan.derive(groups=groups, buckets=buckets)
+
+
+def _placed(old: tuple, firsts: list[int], gone: list[int], new: list[tuple[int, object]], offset: int) -> tuple:
+    """``old`` (whose entries' first members are ``firsts``) without the entries at indices ``gone``
+    (ascending, from ``offset``), with the ``new`` (first member, entry) pairs placed by their first
+    member: every entry in order of its first member where ``old`` was (a canonical plan's are).
+    Where ``old`` was not, all of them sorted (members are disjoint: no two share a first member),
+    and entries without members (first member -1) left out."""
+    if firsts != sorted(firsts) or (firsts and firsts[0] < 0):
+        dropped = set(gone)
+        items = [(f, x) for k, (f, x) in enumerate(zip(firsts, old)) if k + offset not in dropped and f >= 0]
+        return tuple(x for _, x in sorted(items + new, key=lambda t: t[0]))
+    if not gone and not new:
+        return old
+    out, keys = list(old), list(firsts)
+    for k in reversed(gone):
+        del out[k - offset]
+        del keys[k - offset]
+    for f, x in sorted(new, key=lambda t: t[0]):
+        j = bisect.bisect_left(keys, f)
+        out.insert(j, x)
+        keys.insert(j, f)
+    return tuple(out)
 
 
 def _joins_a_cut(plan: FusionPlan, ctx: MoveContext, members: Sequence[int]) -> bool:

@@ -305,3 +305,25 @@ def test_random_moves_on_an_fsdp_step_keep_gather_bucket_plans_valid(mesh_shape,
         assert len(b) > 1 and len({ctx.gather_class[ctx.index[m]] for m in b}) == 1
     event(f"{len(plan.gather_buckets or ())} gather buckets")
     event(f"{len(plan.gather_after) > 0} gather anchors")
+
+
+
+@pytest.mark.fast
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 12), offset=st.integers(0, 3), ordered=st.booleans())
+def test_placing_a_moves_new_entries_is_sorting_every_kept_and_new_entry_by_its_first_member(data, n, offset, ordered):
+    """_finish's _placed against its definition: the entries not removed, and the new, sorted by
+    first member (members are disjoint, so first members are distinct); also from an unsorted
+    old order (a plan not canonical) and with an entry without members (first member -1)."""
+    firsts = data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n, unique=True))
+    if ordered:
+        firsts.sort()
+    elif n:
+        firsts[data.draw(st.integers(0, n - 1))] = -1  # an empty group
+    old = tuple(f"e{f}" for f in firsts)
+    gone = sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=n))) if n else []
+    fresh = data.draw(st.lists(st.integers(0, 40).filter(lambda f: f not in firsts), unique=True, max_size=5))
+    new = [(f, f"n{f}") for f in fresh]
+    got = moves._placed(old, firsts, [k + offset for k in gone], new, offset)
+    kept = [(f, x) for k, (f, x) in enumerate(zip(firsts, old)) if k not in gone and f >= 0]
+    assert got == tuple(x for _, x in sorted(kept + new))
