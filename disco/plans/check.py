@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import weakref
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from disco.ir.graph import HloGraph, Loop, Node, require_graph
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from disco.plans.plan import FusionPlan
 
 
-def _cluster_of(plan: FusionPlan, index: dict[str, int]) -> tuple[list[int], list[str]]:
+def _cluster_of(plan: FusionPlan, index: Mapping[str, int]) -> tuple[list[int], list[str]]:
     """Maps every node to a cluster id (its group, its bucket, or itself)."""
     n = len(index)
     cluster = list(range(n))
@@ -90,7 +91,7 @@ def contraction_cycle(plan: FusionPlan, graph: HloGraph) -> list[str] | None:
     group {a, b} with a -> x -> b and x outside the group. A gather anchor
     (``plan.gather_after``) is an edge from the anchor to the all-gather.
     """
-    index = graph.index()
+    index = graph.name_index()
     n_nodes = len(index)
     cluster, _ = _cluster_of(plan, index)
     anchors = [(index[a], index[g]) for g, a in plan.gather_after if a in index and g in index]
@@ -145,15 +146,13 @@ def contraction_cycle(plan: FusionPlan, graph: HloGraph) -> list[str] | None:
 MANUAL_BODY_PREFIX = "xla.sdy.manual_computation_body"
 
 
-def users_of(graph: HloGraph) -> dict[int, list[int]]:
-    users: dict[int, list[int]] = collections.defaultdict(list)
-    for s, d in graph.edges:
-        users[s].append(d)
-    return users
+def users_of(graph: HloGraph) -> tuple[tuple[int, ...], ...]:
+    """Per node, its consumers (the graph's own, read only)."""
+    return graph.users_of()
 
 
-def _group_outputs(graph: HloGraph, index: dict[str, int], group,
-                   users: dict[int, list[int]] | None = None) -> list[str]:
+def _group_outputs(graph: HloGraph, index: Mapping[str, int], group,
+                   users: Sequence[Sequence[int]] | None = None) -> list[str]:
     """Members of ``group`` whose values are used outside it (or that have no users)."""
     gset = set(group)
     users = users_of(graph) if users is None else users
@@ -165,15 +164,13 @@ def _group_outputs(graph: HloGraph, index: dict[str, int], group,
     return out
 
 
-def preds_of(graph: HloGraph) -> dict[int, list[int]]:
-    preds: dict[int, list[int]] = collections.defaultdict(list)
-    for s, d in graph.edges:
-        preds[d].append(s)
-    return preds
+def preds_of(graph: HloGraph) -> tuple[tuple[int, ...], ...]:
+    """Per node, its producers (the graph's own, read only)."""
+    return graph.operands_of()
 
 
-def _check_layouts(graph: HloGraph, index: dict[str, int], gi: int, group,
-                   preds: dict[int, list[int]] | None = None) -> None:
+def _check_layouts(graph: HloGraph, index: Mapping[str, int], gi: int, group,
+                   preds: Sequence[Sequence[int]] | None = None) -> None:
     gset = set(group)
     preds = preds_of(graph) if preds is None else preds
     for name in group:
@@ -200,7 +197,7 @@ def group_computation_ok(graph: HloGraph, comp: str) -> bool:
     return comp == graph.nodes[0].computation or comp.startswith(MANUAL_BODY_PREFIX)
 
 
-def groupable(graph: HloGraph, preds: dict[int, list[int]] | None = None) -> list[bool]:
+def groupable(graph: HloGraph, preds: Sequence[Sequence[int]] | None = None) -> list[bool]:
     """Per node: whether it may be a member of a planned group under every per-node rule
     (fusible opcode, allowed computation, default layout, no layout-sensitive or odd-layout input)."""
     preds = preds_of(graph) if preds is None else preds
@@ -216,7 +213,7 @@ GPU_GROUPS_REASON = (
     "compile fails to legalize it); on GPU use cuts, buckets and compile options")
 
 
-def check_cuts(plan: FusionPlan, graph: HloGraph, index: dict[str, int], owner: dict[str, str]) -> None:
+def check_cuts(plan: FusionPlan, graph: HloGraph, index: Mapping[str, int], owner: dict[str, str]) -> None:
     """Cuts: names in the graph, the producer an operand of the consumer, an array-shaped
     producer in a computation plans may touch, no cut inside a planned group, no duplicates, no end
     on a custom-call or a shard_map call (or a get-tuple-element of one).
@@ -265,7 +262,7 @@ def parameter_gathers(graph: HloGraph) -> frozenset[str]:
     (:mod:`disco.ir.sharded`: its operand an updated parameter's shard)."""
     if not any(n.opcode == "all-gather" for n in graph.nodes):
         return frozenset()  # no all-gather: the labels' dataflow walk is not needed
-    index = graph.index()
+    index = graph.name_index()
     return frozenset(c.name for c in graph.collective_roles()
                      if c.role == "param_gather" and c.opcode == "all-gather"
                      and not graph.nodes[index[c.name]].shape.startswith("("))
@@ -296,7 +293,7 @@ def anchorable(graph: HloGraph, nodes) -> list[int]:
     return [i for i in nodes if anchor_problem(graph.nodes[i], graph, boundary) is None]
 
 
-def check_gather_after(plan: FusionPlan, graph: HloGraph, index: dict[str, int], owner: dict[str, str]) -> None:
+def check_gather_after(plan: FusionPlan, graph: HloGraph, index: Mapping[str, int], owner: dict[str, str]) -> None:
     """Gather anchors: each pair a parameter all-gather (:func:`parameter_gathers`) and an anchor
     :func:`anchor_problem` accepts, in the gather's computation, that is not downstream of the gather
     (the gather would wait on its own result), each pair once. An anchor inside a fusion group must
@@ -397,7 +394,7 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
     if backend == "gpu" and plan.groups:
         raise ValueError(f"plan has {len(plan.groups)} fusion group(s) and the backend is GPU: {GPU_GROUPS_REASON}")
     plan_options.check(plan.compile_options, backend)
-    index = graph.index()
+    index = graph.name_index()
     users = users_of(graph) if plan.groups else {}
     preds = preds_of(graph) if plan.groups else {}
     owner: dict[str, str] = {}
@@ -574,7 +571,7 @@ def _across_text(block) -> str:
     return f" then an all-reduce over {_groups_text(block.across_groups)}" if block.across_groups else ""
 
 
-def check_gather_buckets(gather_buckets: tuple[tuple[str, ...], ...], graph: HloGraph, index: dict[str, int],
+def check_gather_buckets(gather_buckets: tuple[tuple[str, ...], ...], graph: HloGraph, index: Mapping[str, int],
                          owner: dict[str, str]) -> None:
     """Each gather bucket: all-gathers (one array each) of one :func:`gather_class` (computation,
     replica groups, dtype), each in one bucket at most, of the graph or of one loop body

@@ -136,6 +136,23 @@ def test_json_round_trip():
     assert again.to_json() == graph.to_json()
 
 
+def test_a_graphs_name_index_and_adjacency_are_its_own_and_it_pickles_without_them():
+    import pickle
+
+    step, args = zoo_step("mlp")
+    graph = disco.extract(step, *args)
+    index = graph.name_index()
+    assert dict(index) == {n.name: i for i, n in enumerate(graph.nodes)} == graph.index()
+    assert graph.name_index() is index  # made once
+    with pytest.raises(TypeError):
+        index["x"] = 0  # read only: every caller shares it
+    preds = [[s for s, d in graph.edges if d == i] for i in range(len(graph.nodes))]
+    users = [[d for s, d in graph.edges if s == i] for i in range(len(graph.nodes))]
+    assert list(map(list, graph.operands_of())) == preds and list(map(list, graph.users_of())) == users
+    again = pickle.loads(pickle.dumps(graph))
+    assert again == graph and "_maps" not in again.__dict__ and again.name_index() == index
+
+
 def test_inlined_call_flops_count_once():
     """A call inlined into the graph (shard_map's body; the call XLA:CPU wraps a while in) adds no
     flops of its own: its body's nodes carry them."""
