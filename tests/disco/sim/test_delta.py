@@ -490,3 +490,31 @@ def test_a_unit_table_grows_in_place_and_its_earlier_snapshots_never_change(batc
     assert [pnode[pptr[j]:pptr[j + 1]].tolist() for j in range(n)] == [list(u.preds) for u in units]
     assert [list(zip(snode[sptr[j]:sptr[j + 1]].tolist(), scnt[sptr[j]:sptr[j + 1]].tolist()))
             for j in range(n)] == [list(u.succ) for u in units]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n_nodes=st.integers(1, 30), n_units=st.integers(1, 12))
+def test_the_first_event_an_added_unit_could_be_ready_at_is_its_definition(data, n_nodes, n_units):
+    """_first_ready against its definition, unit by unit: over the added units with no input in a
+    changed (removed or added) unit, the least of (the latest event of an input's unit) + 1, 0 for a
+    unit without inputs; NEVER for none."""
+    import types
+
+    import numpy as np
+
+    from disco.sim.delta import _NEVER, _first_ready
+
+    old_of = np.array(data.draw(st.lists(st.integers(0, n_units - 1), min_size=n_nodes, max_size=n_nodes)))
+    pos = np.array(data.draw(st.lists(st.sampled_from([0, 1, 2, 5, 9]), min_size=n_units,  # (placed: a kept unit is)
+                                      max_size=n_units)), np.int64)
+    nodes = st.integers(0, n_nodes - 1)
+
+    def units(k):
+        return [types.SimpleNamespace(members=tuple(data.draw(st.lists(nodes, min_size=1, max_size=3))),
+                                      preds=tuple(data.draw(st.lists(nodes, max_size=4)))) for _ in range(k)]
+
+    added, removed = units(data.draw(st.integers(1, 4))), units(data.draw(st.integers(0, 3)))
+    changed = {m for u in added + removed for m in u.members}
+    want = min((max((int(pos[old_of[p]]) + 1 for p in u.preds), default=0)
+                for u in added if not changed.intersection(u.preds)), default=_NEVER)
+    assert _first_ready(added, removed, pos, old_of) == want
