@@ -380,8 +380,19 @@ def gather_class(n: Node) -> tuple:
     return (n.computation, n.replica_groups, n.dtype)
 
 
+# id(plan) -> (the plan, the graph, the backend) of a validation that passed, while both live
+_PASSED: dict[int, tuple[weakref.ref, weakref.ref, str]] = {}
+_PASSED_KEPT = 4096
+
+
 def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
     """Raises ValueError describing the first problem found; returns None for a valid plan.
+
+    Plans and graphs are immutable, so a plan object that passed for a graph object and backend
+    passes again: that is remembered while both live (the last :data:`_PASSED_KEPT`), and asking
+    again costs a lookup. A search's start plans are validated where they are made and again by
+    :func:`disco.search.problem`, each at 46k nodes tens of milliseconds (measured on CPU). A plan
+    that fails is checked again each time.
 
     Args:
       plan: the plan.
@@ -391,6 +402,17 @@ def validate(plan: FusionPlan, graph: HloGraph, backend: str = "cpu") -> None:
     """
     require_graph(graph)
     backend = plan_options.normalize(backend)
+    key = id(plan)
+    hit = _PASSED.get(key)
+    if hit is not None and hit[0]() is plan and hit[1]() is graph and hit[2] == backend:
+        return
+    _validate(plan, graph, backend)
+    while len(_PASSED) >= _PASSED_KEPT:
+        _PASSED.pop(next(iter(_PASSED)), None)
+    _PASSED[key] = (weakref.ref(plan, lambda _, key=key: _PASSED.pop(key, None)), weakref.ref(graph), backend)
+
+
+def _validate(plan: FusionPlan, graph: HloGraph, backend: str) -> None:
     if backend == "gpu" and plan.groups:
         raise ValueError(f"plan has {len(plan.groups)} fusion group(s) and the backend is GPU: {GPU_GROUPS_REASON}")
     plan_options.check(plan.compile_options, backend)

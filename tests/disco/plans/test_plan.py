@@ -105,6 +105,31 @@ def test_valid_plan_passes():
 
 
 @pytest.mark.fast
+def test_a_plan_that_passed_for_a_graph_is_not_checked_again_and_one_that_failed_is(monkeypatch):
+    from disco.plans import check
+
+    calls = []
+    real = check._validate
+    monkeypatch.setattr(check, "_validate", lambda *a: (calls.append(a[0]), real(*a)))
+    ok = make_plan(buckets=[["r1"], ["r2"]])
+    ok.validate(DIAMOND)
+    ok.validate(DIAMOND)
+    assert calls == [ok]  # the same plan object, graph object and backend: remembered
+    ok.validate(DIAMOND, "gpu")  # another backend...
+    assert calls == [ok, ok]
+    again = graph(DIAMOND.nodes, DIAMOND.edges)  # ...an equal graph that is another object
+    ok.validate(again)
+    twin = make_plan(buckets=[["r1"], ["r2"]])  # ...an equal plan that is another object
+    twin.validate(DIAMOND)
+    assert calls == [ok, ok, ok, twin]
+    bad = make_plan([["x", "c"]])
+    for _ in range(2):
+        with pytest.raises(ValueError, match="opcode 'dot'"):
+            bad.validate(DIAMOND)
+    assert calls[-2:] == [bad, bad]
+
+
+@pytest.mark.fast
 def test_compiler_options():
     p = make_plan([["a"]], [["r1"], ["r2"]], xla_fusion="off")
     opts = p.compiler_options("cpu")["xla_disable_hlo_passes"].split(",")
