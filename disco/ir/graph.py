@@ -217,11 +217,21 @@ class HloGraph:
         """Per node, its consumers' indices in edge order, made once per graph."""
         return self._maps[2]
 
+    def edge_array(self) -> np.ndarray:
+        """``edges`` as an (E, 2) int64 array, made once per graph (read only)."""
+        return self._edges
+
     def __getstate__(self) -> dict[str, Any]:
-        """The fields, without the maps made from them (a pickle holds what makes a graph)."""
-        state = dict(self.__dict__)
-        state.pop("_maps", None)
-        return state
+        """The fields, without what is made from them (a pickle holds what makes a graph)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_maps", "_edges")}
+
+    @functools.cached_property
+    def _edges(self) -> np.ndarray:
+        import numpy as np
+
+        arr = np.array(self.edges, np.int64).reshape(-1, 2)
+        arr.flags.writeable = False
+        return arr
 
     @functools.cached_property
     def _maps(self) -> tuple[Mapping[str, int], tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:

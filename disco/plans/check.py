@@ -15,8 +15,6 @@ from disco.ir.step_checks import GUIDE_POINTER, double_reductions
 from disco.plans import options as plan_options
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from disco.plans.plan import FusionPlan
 
 
@@ -45,21 +43,6 @@ def _cluster_of(plan: FusionPlan, index: Mapping[str, int]) -> tuple[list[int], 
     return cluster, labels
 
 
-_EDGES: dict[int, tuple[weakref.ref, np.ndarray]] = {}  # id(graph) -> (the graph, its edges as an array)
-
-
-def _edge_array(graph: HloGraph) -> np.ndarray:
-    """``graph.edges`` as an (E, 2) int64 array, kept while the graph lives."""
-    import numpy as np
-
-    key = id(graph)
-    hit = _EDGES.get(key)
-    if hit is None or hit[0]() is not graph:
-        arr = np.array(graph.edges, np.int64).reshape(-1, 2)
-        hit = _EDGES[key] = (weakref.ref(graph, lambda _, key=key: _EDGES.pop(key, None)), arr)
-    return hit[1]
-
-
 def _has_cycle(cluster: list[int], graph: HloGraph, extra: list[tuple[int, int]]) -> bool:
     """Whether the graph with ``extra`` edges, each node contracted into its ``cluster``, has a cycle:
     a strongly connected component of two or more clusters (scipy's, in C). :func:`contraction_cycle`
@@ -69,7 +52,7 @@ def _has_cycle(cluster: list[int], graph: HloGraph, extra: list[tuple[int, int]]
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    edges = _edge_array(graph)
+    edges = graph.edge_array()
     if extra:
         edges = np.concatenate((edges, np.array(extra, np.int64).reshape(-1, 2)))
     of = np.asarray(cluster, np.int64)
@@ -306,7 +289,7 @@ def check_gather_after(plan: FusionPlan, graph: HloGraph, index: Mapping[str, in
     gathers = parameter_gathers(graph)
     boundary = _shard_map_boundary(graph)
     seen: set[tuple[str, str]] = set()
-    users = users_of(graph) if plan.groups else {}
+    users = users_of(graph)
     groups = {f"group {gi}": g for gi, g in enumerate(plan.groups)}
     for pi, pair in enumerate(plan.gather_after):
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
@@ -417,8 +400,7 @@ def _validate(plan: FusionPlan, graph: HloGraph, backend: str) -> None:
         raise ValueError(f"plan has {len(plan.groups)} fusion group(s) and the backend is GPU: {GPU_GROUPS_REASON}")
     plan_options.check(plan.compile_options, backend)
     index = graph.name_index()
-    users = users_of(graph) if plan.groups else {}
-    preds = preds_of(graph) if plan.groups else {}
+    users, preds = users_of(graph), preds_of(graph)
     owner: dict[str, str] = {}
     for gi, group in enumerate(plan.groups):
         if len(group) < 1:

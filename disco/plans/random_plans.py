@@ -18,21 +18,11 @@ from disco.plans.check import (
 )
 
 
-def _adjacency(graph: HloGraph) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    succ: dict[int, list[int]] = collections.defaultdict(list)
-    pred: dict[int, list[int]] = collections.defaultdict(list)
-    for s, d in graph.edges:
-        succ[s].append(d)
-        pred[d].append(s)
-    return succ, pred
-
-
 def random_groups(graph: HloGraph, rng: random.Random, *, n_groups: int = 8, max_size: int = 4,
                   tries: int = 200) -> tuple[tuple[str, ...], ...]:
     """Grows up to ``n_groups`` connected groups of fusible ops, each valid on its own and together."""
-    succ, pred = _adjacency(graph)
     preds = preds_of(graph)
-    index = graph.index()
+    index = graph.name_index()
     users = users_of(graph)
     allowed = groupable(graph, preds)
     fusible = [i for i, n in enumerate(graph.nodes) if allowed[i] and n.opcode != "constant"]
@@ -51,7 +41,7 @@ def random_groups(graph: HloGraph, rng: random.Random, *, n_groups: int = 8, max
             if len(members) >= size:
                 break
             cur = rng.choice(members)
-            cand = [j for j in succ[cur] + pred[cur]
+            cand = [j for j in users[cur] + preds[cur]
                     if j not in taken and j not in members and graph.nodes[j].computation == comp
                     and allowed[j]]
             if cand:

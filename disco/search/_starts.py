@@ -160,7 +160,7 @@ def _ready_times(sim: Simulator, plan: FusionPlan) -> dict[int, float]:
     from disco.sim.simulator import Simulator
 
     graph = sim.graph
-    idx = graph.index()
+    idx = graph.name_index()
     n = len(graph.nodes)
     end = [-1.0] * n
     free = Simulator(graph, _FreeCollectives(sim.costs), sim.cluster)  # type: ignore[arg-type]
@@ -168,9 +168,7 @@ def _ready_times(sim: Simulator, plan: FusionPlan) -> dict[int, float]:
         if ev.stream == "compute":
             for m in ev.members:
                 end[idx[m]] = ev.end
-    pred: list[list[int]] = [[] for _ in range(n)]
-    for s, d in graph.edges:
-        pred[d].append(s)
+    pred = graph.operands_of()
     finish = [0.0] * n
     for i in range(n):
         finish[i] = end[i] if end[i] >= 0 else max((finish[p] for p in pred[i]), default=0.0)

@@ -136,7 +136,7 @@ def test_json_round_trip():
     assert again.to_json() == graph.to_json()
 
 
-def test_a_graphs_name_index_and_adjacency_are_its_own_and_it_pickles_without_them():
+def test_a_graphs_name_index_adjacency_and_edge_array_are_its_own_and_it_pickles_without_them():
     import pickle
 
     step, args = zoo_step("mlp")
@@ -149,8 +149,12 @@ def test_a_graphs_name_index_and_adjacency_are_its_own_and_it_pickles_without_th
     preds = [[s for s, d in graph.edges if d == i] for i in range(len(graph.nodes))]
     users = [[d for s, d in graph.edges if s == i] for i in range(len(graph.nodes))]
     assert list(map(list, graph.operands_of())) == preds and list(map(list, graph.users_of())) == users
+    edges = graph.edge_array()
+    assert edges.tolist() == [list(e) for e in graph.edges] and graph.edge_array() is edges
+    assert not edges.flags.writeable
     again = pickle.loads(pickle.dumps(graph))
-    assert again == graph and "_maps" not in again.__dict__ and again.name_index() == index
+    assert "_maps" not in again.__dict__ and "_edges" not in again.__dict__
+    assert again == graph and again.name_index() == index
 
 
 def test_inlined_call_flops_count_once():
